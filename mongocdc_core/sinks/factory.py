@@ -1,0 +1,25 @@
+"""Turns a ``--sink`` specification (``jsonl:DIR``, ``parquet:DIR``, ``kafka:HOST:PORT``) into a sink."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mongocdc_core.sinks.base import Sink
+
+SINK_FORMS = "jsonl:DIR, parquet:DIR or kafka:HOST:PORT"
+
+
+def open_sink(spec: str, cfg: Any = None) -> Sink:
+    """Open the sink named by ``spec``; ``cfg`` (a ConnectorConfig) carries sink pass-through settings."""
+    kind, sep, target = spec.partition(":")
+    if not sep or not target:
+        raise ValueError(f"sink {spec!r} is not of the form {SINK_FORMS}")
+    if kind == "jsonl":
+        from mongocdc_core.sinks.jsonl import JsonlSink
+
+        return JsonlSink(target)
+    if kind == "parquet":
+        from mongocdc_core.sinks.parquet import ParquetSink
+
+        return ParquetSink(target)
+    raise ValueError(f"unknown sink kind {kind!r} in {spec!r}; expected {SINK_FORMS}")

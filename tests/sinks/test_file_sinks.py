@@ -1,0 +1,122 @@
+"""The jsonl and parquet sinks: layout, order, tombstones, atomic single-file output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from mongocdc_core.events.records import Record
+from mongocdc_core.positions import Position
+from mongocdc_core.sinks.base import SinkError
+from mongocdc_core.sinks.factory import open_sink
+from mongocdc_core.sinks.jsonl import JsonlSink
+from mongocdc_core.sinks.parquet import LANDING_SCHEMA, ParquetSink
+
+TOPIC = "shop.inventory.orders"
+
+
+def _records() -> list[Record]:
+    pos = Position(1700000000, 3)
+    source = {"db": "inventory", "collection": "orders", "snapshot": "false", "ord": 3}
+    create = {"op": "c", "ts_ms": 5, "after": '{"_id": 1, "a": 1}', "source": source}
+    update = {
+        "op": "u",
+        "ts_ms": 6,
+        "updateDescription": {"updatedFields": '{"a": 2}', "removedFields": ["b"], "truncatedArrays": None},
+        "source": source,
+    }
+    delete = {"op": "d", "ts_ms": 7, "before": None, "source": source}
+    key = orjson.dumps({"id": "1"})
+    return [
+        Record(TOPIC, key, orjson.dumps(create), pos, "inventory.orders", "c"),
+        Record(TOPIC, key, orjson.dumps({"schema": {}, "payload": update}), Position(1700000000, 4), "inventory.orders", "u"),
+        Record(TOPIC, key, orjson.dumps(delete), Position(1700000000, 5), "inventory.orders", "d"),
+        Record(TOPIC, key, None, Position(1700000000, 5), "inventory.orders", "d"),
+        Record("shop.transaction", b'{"id":"t"}', b'{"status":"BEGIN"}', pos, None, None),
+    ]
+
+
+def test_jsonl_writes_one_file_per_topic_in_order(tmp_path: Path) -> None:
+    sink = JsonlSink(tmp_path)
+    sink.write(_records())
+    sink.close()
+    lines = (tmp_path / f"{TOPIC}.jsonl").read_bytes().splitlines()
+    parsed = [orjson.loads(line) for line in lines]
+    assert [p["value"] and (p["value"].get("op") or p["value"]["payload"]["op"]) for p in parsed] == ["c", "u", "d", None]
+    assert parsed[-1] == {"key": {"id": "1"}, "value": None}
+    assert (tmp_path / "shop.transaction.jsonl").exists()
+
+
+def test_jsonl_appends_across_sinks_and_rejects_after_close(tmp_path: Path) -> None:
+    for _ in range(2):
+        sink = JsonlSink(tmp_path)
+        sink.write(_records()[:1])
+        sink.close()
+    assert len((tmp_path / f"{TOPIC}.jsonl").read_bytes().splitlines()) == 2
+    with pytest.raises(SinkError, match="closed"):
+        sink.write(_records())
+
+
+def test_jsonl_rejects_topic_that_is_not_a_file_name(tmp_path: Path) -> None:
+    sink = JsonlSink(tmp_path)
+    with pytest.raises(SinkError, match="file name"):
+        sink.write([Record("a/b", None, None, Position(1, 1), None, None)])
+
+
+def test_parquet_rolling_files_carry_landing_columns(tmp_path: Path) -> None:
+    sink = ParquetSink(tmp_path)
+    sink.write(_records())
+    sink.flush()
+    sink.write(_records()[:1])
+    sink.close()
+    files = sorted((tmp_path / TOPIC).glob("part-*.parquet"))
+    assert len(files) == 2 and not list((tmp_path / TOPIC).glob(".*"))
+    table = max((pq.read_table(f) for f in files), key=lambda t: t.num_rows)
+    assert table.schema.equals(LANDING_SCHEMA)
+    rows = table.to_pylist()
+    assert [r["op"] for r in rows] == ["c", "u", "d", None]
+    assert rows[0]["after"] == '{"_id": 1, "a": 1}' and rows[0]["key"] == '{"id":"1"}'
+    assert rows[1]["updated_fields"] == '{"a": 2}' and rows[1]["removed_fields"] == ["b"]
+    assert rows[1]["position"] == Position(1700000000, 4).to_str() and rows[1]["pos_increment"] == 4
+    assert rows[3]["value"] is None and rows[2]["snapshot"] == "false"
+
+
+def test_parquet_single_file_is_replaced_atomically(tmp_path: Path) -> None:
+    target = tmp_path / "part" / "window.parquet"
+    first = ParquetSink.to_file(target)
+    first.write(_records())
+    first.close()
+    assert pq.read_table(target).num_rows == 5
+    second = ParquetSink.to_file(target)
+    second.write(_records()[:2])
+    assert pq.read_table(target).num_rows == 5  # the old file stays until the new one is complete
+    second.close()
+    assert pq.read_table(target).num_rows == 2
+    failed = ParquetSink.to_file(target)
+    failed.write(_records())
+    failed.abort()
+    assert pq.read_table(target).num_rows == 2 and len(list(target.parent.iterdir())) == 1
+
+
+def test_parquet_single_file_without_records_is_empty_not_stale(tmp_path: Path) -> None:
+    target = tmp_path / "w.parquet"
+    sink = ParquetSink.to_file(target)
+    sink.write(_records())
+    sink.close()
+    empty = ParquetSink.to_file(target)
+    empty.close()
+    assert pq.read_table(target).num_rows == 0
+
+
+@pytest.mark.parametrize("spec", ["jsonl", "jsonl:", "s3:bucket", "kafkaa:1:2"])
+def test_open_sink_rejects_bad_specs(spec: str) -> None:
+    with pytest.raises(ValueError, match="sink"):
+        open_sink(spec)
+
+
+def test_open_sink_opens_file_sinks(tmp_path: Path) -> None:
+    assert isinstance(open_sink(f"jsonl:{tmp_path}/j"), JsonlSink)
+    assert isinstance(open_sink(f"parquet:{tmp_path}/p"), ParquetSink)
