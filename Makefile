@@ -3,16 +3,25 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+KAFKA_POM := mongocdc_core/devstack/kafka/pom.xml
+KAFKA_JARS := .jars/kafka
+KAFKA_STAMP := $(KAFKA_JARS)/.complete
 
 .PHONY: setup test lint demo dev bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(KAFKA_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# Kafka broker jars from Maven Central; re-fetched only when the pom changes.
+$(KAFKA_STAMP): $(KAFKA_POM)
+	rm -rf $(KAFKA_JARS)
+	mvn -q -B -f $(KAFKA_POM) dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(KAFKA_JARS)
+	touch $@
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests

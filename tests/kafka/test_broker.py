@@ -1,0 +1,309 @@
+"""The local Kafka broker behaves like the real thing the sinks and signal channel rely on."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from mongocdc_core.devstack import kafka_broker as kb
+from mongocdc_core.devstack.kafka_broker import KafkaBroker, KafkaBrokerError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+END = b"__end__"
+
+Record = tuple[bytes | None, bytes | None]
+
+
+def _topic(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _produce(producer: Producer, topic: str, records: Sequence[Record]) -> None:
+    errors: list[KafkaError] = []
+
+    def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            errors.append(err)
+
+    for key, value in records:
+        producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+    assert producer.flush(30) == 0, "messages still in flight after 30s"
+    assert errors == []
+
+
+def _consume_until_end(bootstrap: str, topic: str, **config: str) -> list[Record]:
+    """Everything in ``topic`` up to the END sentinel (which the producer writes last)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            **config,
+        }
+    )
+    consumer.subscribe([topic])
+    seen: list[Record] = []
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            if msg.value() == END:
+                return seen
+            seen.append((msg.key(), msg.value()))
+    finally:
+        consumer.close()
+    raise AssertionError(f"no end marker in {topic} after 60s; got {seen!r}")
+
+
+def _idempotent_producer(bootstrap: str) -> Producer:
+    return Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5}
+    )
+
+
+def test_produce_consume_round_trip(kafka_bootstrap: str) -> None:
+    topic = _topic("roundtrip")
+    records: list[Record] = [(f"k{i}".encode(), f"v{i}".encode()) for i in range(200)]
+    _produce(_idempotent_producer(kafka_bootstrap), topic, [*records, (b"end", END)])
+
+    assert _consume_until_end(kafka_bootstrap, topic) == records
+
+
+def test_transactions_hide_aborted_records_from_read_committed(kafka_bootstrap: str) -> None:
+    topic = _topic("txn")
+    producer = Producer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "transactional.id": f"tx-{uuid.uuid4().hex[:8]}",
+            "acks": "all",
+        }
+    )
+    producer.init_transactions(30)
+    batches = [
+        ([(b"a", b"1"), (b"b", b"2"), (b"c", b"3")], True),
+        ([(b"x", b"aborted-1"), (b"y", b"aborted-2")], False),
+        ([(b"d", b"4"), (b"e", END)], True),
+    ]
+    for batch, commit in batches:
+        producer.begin_transaction()
+        for key, value in batch:
+            producer.produce(topic, key=key, value=value)
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.flush(30)  # the aborted records really reach the log before the abort marker
+            producer.abort_transaction(30)
+
+    committed = _consume_until_end(kafka_bootstrap, topic, **{"isolation.level": "read_committed"})
+    uncommitted = _consume_until_end(kafka_bootstrap, topic, **{"isolation.level": "read_uncommitted"})
+
+    assert committed == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3"), (b"d", b"4")]
+    assert uncommitted == [
+        (b"a", b"1"),
+        (b"b", b"2"),
+        (b"c", b"3"),
+        (b"x", b"aborted-1"),
+        (b"y", b"aborted-2"),
+        (b"d", b"4"),
+    ]
+
+
+def test_compacted_topic_can_be_created_and_keeps_tombstones(kafka_bootstrap: str) -> None:
+    topic = _topic("compacted")
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"})]
+    )
+    futures[topic].result(30)
+
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    configs = admin.describe_configs([resource])[resource].result(30)
+    assert configs["cleanup.policy"].value == "compact"
+
+    _produce(_idempotent_producer(kafka_bootstrap), topic, [(b"k", b"v"), (b"k", None), (b"end", END)])
+    assert _consume_until_end(kafka_bootstrap, topic) == [(b"k", b"v"), (b"k", None)]
+
+
+def test_restart_on_same_data_dir_keeps_data_mid_stream(kafka_broker: KafkaBroker) -> None:
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = _topic("restart")
+    producer = _idempotent_producer(bootstrap)
+    before = [(f"b{i}".encode(), b"before") for i in range(50)]
+    _produce(producer, topic, before)
+    jvm_pid = kafka_broker.pid
+    assert jvm_pid is not None
+
+    kafka_broker.stop()
+    assert not kafka_broker.is_running
+    with pytest.raises(ProcessLookupError):
+        os.kill(jvm_pid, 0)
+    kafka_broker.start()
+
+    assert kafka_broker.bootstrap_servers == bootstrap
+    after = [(f"a{i}".encode(), b"after") for i in range(50)]
+    _produce(producer, topic, [*after, (b"end", END)])  # the same producer reconnects by itself
+    assert _consume_until_end(bootstrap, topic) == before + after
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_port_taken_is_a_clear_error(held_port: int, tmp_path: Path) -> None:
+    broker = KafkaBroker(held_port, tmp_path / "data")
+    with pytest.raises(KafkaBrokerError, match=rf"port {held_port} on 127\.0\.0\.1 is already in use"):
+        broker.start()
+    assert not broker.is_running
+
+
+def test_missing_jars_dir_says_run_make_setup(tmp_path: Path) -> None:
+    missing = tmp_path / "no-jars-here"
+    with pytest.raises(KafkaBrokerError, match=r"does not exist; run `make setup`") as excinfo:
+        KafkaBroker(None, tmp_path / "data", missing).start()
+    assert str(missing) in str(excinfo.value)
+
+
+def test_jars_dir_without_kafka_jar_says_run_make_setup(tmp_path: Path) -> None:
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "slf4j-api-1.7.36.jar").write_bytes(b"")
+    with pytest.raises(KafkaBrokerError, match=r"no Kafka broker jar .* run `make setup`"):
+        KafkaBroker(None, tmp_path / "data", jars).start()
+
+
+def test_jars_dir_defaults_to_env_then_repo(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(kb.JARS_ENV, raising=False)
+    assert kb.default_jars_dir() == REPO_ROOT / ".jars" / "kafka"
+    monkeypatch.setenv(kb.JARS_ENV, str(tmp_path))
+    assert kb.default_jars_dir() == tmp_path
+    assert KafkaBroker(None, tmp_path / "data").jars_dir == tmp_path
+
+
+def test_no_java_on_path_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(KafkaBrokerError, match=r"no `java` executable on PATH"):
+        KafkaBroker(None, tmp_path / "data").start()
+
+
+def test_invalid_setting_fails_formatting_with_the_tool_output(tmp_path: Path) -> None:
+    broker = KafkaBroker(None, tmp_path / "data", properties={"log.segment.bytes": "lots"})
+    with pytest.raises(KafkaBrokerError, match=r"formatting Kafka storage .* failed") as excinfo:
+        broker.start()
+    assert "log.segment.bytes" in str(excinfo.value)
+
+
+def test_second_broker_on_a_data_dir_in_use_is_refused(kafka_broker: KafkaBroker) -> None:
+    """Kafka itself notices too late (after writing to the metadata log), so the wrapper must refuse."""
+    second = KafkaBroker(None, kafka_broker.data_dir, kafka_broker.jars_dir)
+    with pytest.raises(
+        KafkaBrokerError, match=rf"is in use by another Kafka broker \(JVM pid {kafka_broker.pid},"
+    ):
+        second.start()
+    assert kafka_broker.is_running
+    assert AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers}).list_topics(timeout=30).brokers
+
+
+def test_broker_exiting_early_reports_its_log_tail(
+    held_port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The port is taken after the wrapper checked it (a race): the JVM dies and its log explains why."""
+    monkeypatch.setattr(kb, "_check_port_free", lambda port, role: None)
+    broker = KafkaBroker(held_port, tmp_path / "data")
+    with pytest.raises(KafkaBrokerError, match=r"exited during start-up with code \d+") as excinfo:
+        broker.start()
+    assert "Address already in use" in str(excinfo.value)
+    assert str(broker.log_path) in str(excinfo.value)
+    assert not broker.is_running
+
+
+def _read_line_containing(proc: subprocess.Popen[str], needle: str, timeout: float) -> str:
+    assert proc.stdout is not None
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if selector.select(timeout=0.5):
+            line = proc.stdout.readline()
+            if needle in line:
+                return line
+            if line == "" and proc.poll() is not None:
+                break
+    raise AssertionError(f"{needle!r} not printed within {timeout}s (exit code {proc.poll()})")
+
+
+def test_cli_runs_in_foreground_until_sigterm(tmp_path: Path, kafka_broker: KafkaBroker) -> None:
+    port = kb._free_ports(1)[0]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mongocdc_core.devstack.kafka_broker",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "cli"),
+            "--jars-dir",
+            str(kafka_broker.jars_dir),
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        line = _read_line_containing(proc, f"Kafka broker ready at 127.0.0.1:{port}", timeout=120)
+        jvm_pid = int(line.rsplit("pid ", 1)[1].rstrip(")\n"))
+        metadata = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=30)
+        assert kb.NODE_ID in metadata.brokers
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with pytest.raises(ProcessLookupError):
+        os.kill(jvm_pid, 0)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", port))  # the JVM released the port
+
+
+def test_cli_reports_a_taken_port(held_port: int, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mongocdc_core.devstack.kafka_broker",
+            "--port",
+            str(held_port),
+            "--data-dir",
+            str(tmp_path / "cli"),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert f"port {held_port}" in result.stderr and "already in use" in result.stderr
