@@ -1,0 +1,145 @@
+"""``mongocdc run``: the connector as a command, with rich progress and a graceful SIGTERM.
+
+The command only wires things together (config, sink, offset store, engine) and draws progress;
+everything it runs is the public engine API, so the Dagster assets and this command behave alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Mapping
+from types import FrameType
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from mongocdc_core.config import ConfigError, ConnectorConfig
+from mongocdc_core.dispatcher import ProgressListener
+from mongocdc_core.engine import Engine
+from mongocdc_core.offsets import FileOffsetStore, OffsetStore
+from mongocdc_core.positions import Position
+from mongocdc_core.sinks.factory import open_sink
+from mongocdc_core.source.errors import CdcError
+
+
+class RichProgress(ProgressListener):
+    """Snapshot bars per collection and a streaming counter, drawn on stderr."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self._tasks: dict[str, TaskID] = {}
+        self._stream_task: TaskID | None = None
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> RichProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def snapshot_started(self, totals: Mapping[str, int | None]) -> None:
+        with self._lock:
+            for namespace, total in totals.items():
+                self._tasks[namespace] = self.progress.add_task(f"snapshot {namespace}", total=total)
+
+    def snapshot_progress(self, namespace: str, copied: int, total: int | None) -> None:
+        with self._lock:
+            task = self._tasks.get(namespace)
+            if task is None:
+                task = self._tasks[namespace] = self.progress.add_task(f"snapshot {namespace}", total=total)
+            self.progress.update(task, completed=copied, total=max(total or 0, copied) or None)
+
+    def snapshot_collection_done(self, namespace: str, copied: int) -> None:
+        with self._lock:
+            task = self._tasks.get(namespace)
+            if task is not None:
+                self.progress.update(task, completed=copied, total=copied)
+
+    def snapshot_finished(self, completed: bool, documents: int) -> None:
+        state = "completed" if completed else "stopped"
+        self.progress.console.log(f"snapshot {state}: {documents} documents")
+
+    def streaming_started(self, position: Position | None) -> None:
+        start = f"after {position.to_str()}" if position else "from now"
+        self.progress.console.log(f"streaming {start}")
+        with self._lock:
+            self._stream_task = self.progress.add_task("streaming events", total=None)
+
+    def streaming_progress(self, events: int, counts: Mapping[str, int], position: Position | None) -> None:
+        with self._lock:
+            if self._stream_task is not None:
+                detail = " ".join(f"{op}={n}" for op, n in sorted(counts.items()))
+                self.progress.update(self._stream_task, completed=events, description=f"streaming events {detail}")
+
+
+def _offset_store(spec: str, cfg: ConnectorConfig) -> OffsetStore:
+    """``PATH`` or ``file:PATH`` is the default file store."""
+    return FileOffsetStore(spec.removeprefix("file:"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mongocdc run", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="Debezium connector JSON or .properties file")
+    parser.add_argument("--sink", required=True, help="jsonl:DIR, parquet:DIR or kafka:HOST:PORT")
+    parser.add_argument("--offsets", required=True, help="offset store: a file path (or file:PATH)")
+    parser.add_argument("--max-events", type=int, default=None, help="stop after this many change events")
+    parser.add_argument("--until-idle", type=float, default=None, help="stop after this many seconds without events")
+    parser.add_argument("--metrics-file", default=None, help="rewrite Debezium metrics as JSON here while running")
+    parser.add_argument("--no-progress", action="store_true", help="no progress display")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console(stderr=True)
+    try:
+        cfg = ConnectorConfig.load(args.config)
+    except (ConfigError, OSError) as exc:
+        console.print(f"[red]mongocdc: invalid configuration {args.config}:[/red]\n{exc}")
+        return 2
+    try:
+        sink = open_sink(args.sink, cfg)
+    except ValueError as exc:
+        console.print(f"[red]mongocdc: {exc}[/red]")
+        return 2
+    offsets = _offset_store(args.offsets, cfg)
+    listener = RichProgress(console) if not args.no_progress else None
+    engine = Engine(cfg, sink, offsets, progress=listener, metrics_file=args.metrics_file)
+
+    def _graceful(signum: int, frame: FrameType | None) -> None:
+        console.log(f"{signal.Signals(signum).name}: stopping after the current batch")
+        engine.stop()
+
+    signal.signal(signal.SIGTERM, _graceful)
+    signal.signal(signal.SIGINT, _graceful)
+    try:
+        if listener is not None:
+            with listener:
+                summary = engine.run(max_events=args.max_events, until_idle=args.until_idle)
+        else:
+            summary = engine.run(max_events=args.max_events, until_idle=args.until_idle)
+    except CdcError as exc:
+        console.print(f"[red]mongocdc: {exc}[/red]")
+        return 1
+    finally:
+        sink.close()
+        offsets.close()
+    console.print(engine.metrics.summary())
+    console.print(f"stopped: {summary.stopped_because}; {summary.records} records, {summary.events} change events")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
