@@ -1,0 +1,165 @@
+"""Start and stop an emulated replica set from tests, demos and benchmarks.
+
+``EmulatedReplicaSet`` runs the emulator either in this process (background threads, fastest)
+or as a separate ``python -m mongocdc_core.devstack.server`` process, which cross-process tests
+and crash tests (``kill()`` sends SIGKILL) need. ``start()`` after ``stop()``/``kill()`` reuses
+the same port and dbpath, so a restarted server looks like the same mongod to clients.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from types import TracebackType
+
+from .server import EmulatorServer, ServerConfig
+
+STARTUP_TIMEOUT_SECONDS = 30.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class EmulatedReplicaSet:
+    """A running emulator with a ``uri`` for pymongo; usable as a context manager."""
+
+    def __init__(
+        self,
+        port: int | None = None,
+        replset: str = "rs0",
+        oplog_size_mb: float = 64.0,
+        noop_interval: float = 10.0,
+        dbpath: str | None = None,
+        in_process: bool = True,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.replset = replset
+        self.oplog_size_mb = oplog_size_mb
+        self.noop_interval = noop_interval
+        self.dbpath = dbpath
+        self.in_process = in_process
+        self.server: EmulatorServer | None = None
+        self.process: subprocess.Popen[str] | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"mongodb://{self.host}:{self.port}/?replicaSet={self.replset}"
+
+    @property
+    def running(self) -> bool:
+        if self.server is not None:
+            return True
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> EmulatedReplicaSet:
+        if self.running:
+            raise RuntimeError(f"the emulator on port {self.port} is already running")
+        if self.in_process:
+            config = ServerConfig(self.host, self.port, self.replset, self.oplog_size_mb, self.noop_interval, self.dbpath)
+            deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+            while True:
+                try:
+                    self.server = EmulatorServer(config)
+                    break
+                except OSError:  # the previous instance's socket may linger briefly
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+            self.server.start()
+        else:
+            self._start_process()
+        return self
+
+    def _start_process(self) -> None:
+        command = [
+            sys.executable, "-m", "mongocdc_core.devstack.server", "--host", self.host, "--port", str(self.port),
+            "--replset", self.replset, "--oplog-size-mb", str(self.oplog_size_mb),
+            "--noop-interval", str(self.noop_interval),
+        ]  # fmt: skip
+        if self.dbpath:
+            command += ["--dbpath", self.dbpath]
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        while True:
+            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            line = self._read_ready_line(process, deadline)
+            if line is not None:
+                self.process = process
+                return
+            stderr = process.stderr.read() if process.stderr else ""
+            if "cannot listen" not in stderr or time.monotonic() > deadline:
+                raise RuntimeError(f"the emulator did not start on port {self.port}: {stderr.strip() or 'no output'}")
+            time.sleep(0.2)
+
+    @staticmethod
+    def _read_ready_line(process: subprocess.Popen[str], deadline: float) -> str | None:
+        assert process.stdout is not None
+        selector = selectors.DefaultSelector()
+        selector.register(process.stdout, selectors.EVENT_READ)
+        try:
+            while time.monotonic() < deadline:
+                if selector.select(timeout=0.2):
+                    line = process.stdout.readline()
+                    if "listening on" in line:
+                        return line
+                    if not line:
+                        process.wait(timeout=5)
+                        return None
+                elif process.poll() is not None:
+                    return None
+            process.kill()
+            process.wait()
+            return None
+        finally:
+            selector.close()
+
+    def stop(self) -> None:
+        """Clean shutdown (SIGTERM for a subprocess); data is checkpointed with a dbpath."""
+        if self.server is not None:
+            self.server.faults.cancel()
+            self.server.shutdown()
+            self.server = None
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGTERM)
+                try:
+                    self.process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+            self._close_pipes()
+            self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL the subprocess (a crash: no checkpoint, only the journal survives)."""
+        if self.process is None:
+            raise RuntimeError("kill() needs an emulator started with in_process=False")
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self._close_pipes()
+        self.process = None
+
+    def _close_pipes(self) -> None:
+        assert self.process is not None
+        for pipe in (self.process.stdout, self.process.stderr):
+            if pipe is not None:
+                pipe.close()
+
+    def __enter__(self) -> EmulatedReplicaSet:
+        if not self.running:
+            self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()

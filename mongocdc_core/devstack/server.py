@@ -1,0 +1,468 @@
+"""The emulated MongoDB 7.0 single-member replica set: TCP server, topology and dispatch.
+
+A development and test stand-in for mongod (no MongoDB server can be installed on the project's
+machines). pymongo and the official drivers connect to it over TCP exactly as to mongod, with
+``?replicaSet=<name>``. One thread serves each connection; all data lives in ``ServerState``.
+
+Run it with ``mongocdc emulator --port 27017 --replset rs0`` or
+``python -m mongocdc_core.devstack.server --port 27017``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import signal
+import socket
+import socketserver
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import bson
+from bson import Int64, ObjectId
+
+from . import wire
+from .commands import COMMANDS, Context, load_all
+from .cursors import CursorRegistry
+from .errors import (
+    COMMAND_NOT_FOUND,
+    INTERRUPTED_DUE_TO_REPL_STATE_CHANGE,
+    NOT_PRIMARY_NO_SECONDARY_OK,
+    NOT_WRITABLE_PRIMARY,
+    CommandError,
+    command_error,
+)
+from .faults import DropConnection, FailPointError, Faults
+from .oplog import ClusterClock, Oplog
+from .state import OPERATION_NOT_SUPPORTED_IN_TRANSACTION, ServerState
+
+UNAUTHORIZED = (13, "Unauthorized")
+PROTOCOL_ERROR = (17, "ProtocolError")
+RETRYABLE_CODES = frozenset({6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
+# Commands a secondary answers; everything else needs the primary (reads without secondaryOk too).
+_SECONDARY_OK_READS = frozenset({"find", "getMore", "aggregate", "count", "distinct", "listCollections",
+                                 "listIndexes", "listDatabases", "dbStats", "collStats", "killCursors"})  # fmt: skip
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 27017
+    replset: str = "rs0"
+    oplog_size_mb: float = 192.0
+    noop_interval: float = 10.0
+    dbpath: str | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class Topology:
+    """Replica set state as ``hello`` reports it; waiters are woken on every change."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.process_id = ObjectId()
+        self.counter = 0
+        self.term = 1
+        self.primary = True
+        self.set_version = 1
+        self.election_id = self.new_election_id()
+        self.stopping = False
+
+    def new_election_id(self) -> ObjectId:
+        """mongod's election id layout: 0x7fffffff then the term."""
+        return ObjectId(bytes.fromhex("7fffffff") + self.term.to_bytes(8, "big"))
+
+    def version(self) -> dict[str, Any]:
+        return {"processId": self.process_id, "counter": Int64(self.counter)}
+
+    def step_down(self) -> None:
+        with self.cond:
+            self.primary = False
+            self.counter += 1
+            self.cond.notify_all()
+
+    def elect(self) -> None:
+        with self.cond:
+            self.term += 1
+            self.election_id = self.new_election_id()
+            self.primary = True
+            self.counter += 1
+            self.cond.notify_all()
+
+    def wait_for_change(self, counter: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while self.counter == counter and not self.stopping:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self.cond.wait(remaining)
+
+
+class Connection:
+    """One client connection; ``close`` is used by fault injection to drop it."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, sock: socket.socket, peer: str) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.id = next(self._ids)
+        self.closed = False
+        self.app_name: str | None = None
+        self.send_lock = threading.Lock()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: _TCPServer
+
+    def handle(self) -> None:
+        emulator = self.server.emulator
+        sock: socket.socket = self.request
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = Connection(sock, f"{self.client_address[0]}:{self.client_address[1]}")
+        emulator.add_connection(conn)
+        try:
+            emulator.serve_connection(conn)
+        finally:
+            emulator.remove_connection(conn)
+
+
+class _TCPServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], emulator: EmulatorServer) -> None:
+        self.emulator = emulator
+        super().__init__(address, _Handler)
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
+    chunks = []
+    remaining = size
+    while remaining:
+        chunk = sock.recv(min(remaining, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+class EmulatorServer:
+    """The whole emulated replica set member: state, cursors, topology, faults and the socket."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        load_all()
+        self.config = config
+        self.oplog = Oplog(max(1, int(config.oplog_size_mb * 1024 * 1024)), ClusterClock())
+        self.state = ServerState(self.oplog)
+        self.cursors = CursorRegistry()
+        self.topology = Topology()
+        self.faults = Faults(self)
+        self.started = time.time()
+        self._connections: dict[int, Connection] = {}
+        self._conn_lock = threading.Lock()
+        self._request_ids = itertools.count(1)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.persistence: Any = None
+        if config.dbpath:
+            from .persistence import Persistence
+
+            self.persistence = Persistence(config.dbpath, self.state)
+            self.persistence.load()
+            self.topology.term = self.state.term
+            self.topology.election_id = self.topology.new_election_id()
+        self._tcp = _TCPServer((config.host, config.port), self)
+        self.config.port = self._tcp.server_address[1]
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Serve in background threads (returns once the socket accepts connections)."""
+        self._spawn(self._tcp.serve_forever, "emulator-accept", 0.2)
+        self._spawn(self._noop_loop, "emulator-noop")
+        if self.persistence is not None:
+            self._spawn(self._checkpoint_loop, "emulator-checkpoint")
+
+    def _spawn(self, target: Any, name: str, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def shutdown(self) -> None:
+        """Stop accepting, close every connection, checkpoint (with --dbpath) and return."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        with self.topology.cond:
+            self.topology.stopping = True
+            self.topology.cond.notify_all()
+        self._tcp.shutdown()
+        self._tcp.server_close()
+        self.drop_connections()
+        with self.oplog.cond:
+            self.oplog.cond.notify_all()
+        if self.persistence is not None:
+            self.persistence.checkpoint()
+            self.persistence.close()
+        self.cursors.clear()
+
+    def _noop_loop(self) -> None:
+        interval = self.config.noop_interval
+        if interval <= 0:
+            return
+        while not self._stop.wait(interval):
+            if self.topology.primary:
+                self.state.write_noop()
+
+    def _checkpoint_loop(self) -> None:
+        while not self._stop.wait(30.0):
+            self.persistence.checkpoint_if_large()
+
+    # -- connections ----------------------------------------------------------------------
+    def add_connection(self, conn: Connection) -> None:
+        with self._conn_lock:
+            self._connections[conn.id] = conn
+
+    def remove_connection(self, conn: Connection) -> None:
+        with self._conn_lock:
+            self._connections.pop(conn.id, None)
+
+    def connection_count(self) -> int:
+        with self._conn_lock:
+            return len(self._connections)
+
+    def drop_connections(self, keep: Connection | None = None) -> int:
+        with self._conn_lock:
+            victims = [c for c in self._connections.values() if c is not keep]
+        for conn in victims:
+            conn.close()
+        return len(victims)
+
+    def serve_connection(self, conn: Connection) -> None:
+        """Read messages until the client goes away; malformed framing closes the connection."""
+        sock = conn.sock
+        while not conn.closed and not self._stop.is_set():
+            try:
+                head = _recv_exact(sock, wire.HEADER.size)
+                if head is None:
+                    return
+                header = wire.parse_header(head)
+                body = _recv_exact(sock, header.length - wire.HEADER.size)
+                if body is None:
+                    return
+            except wire.WireError:
+                return  # the stream cannot be re-synchronised
+            except OSError:
+                return
+            try:
+                request = wire.parse_message(header, body)
+            except wire.WireError as exc:
+                if header.op_code not in (wire.OP_MSG, wire.OP_QUERY):
+                    return
+                payload = bson.encode(command_error(PROTOCOL_ERROR, str(exc)).to_reply())
+                self._send(conn, wire.encode_op_msg(next(self._request_ids), header.request_id, payload)
+                           if header.op_code == wire.OP_MSG
+                           else wire.encode_op_reply(next(self._request_ids), header.request_id, payload))  # fmt: skip
+                continue
+            reply = self.execute(request, conn)
+            if reply is None or request.more_to_come:
+                continue
+            if request.legacy:
+                message = wire.encode_op_reply(next(self._request_ids), header.request_id, reply)
+            else:
+                message = wire.encode_op_msg(next(self._request_ids), header.request_id, reply, request.checksum)
+            if not self._send(conn, message):
+                return
+
+    def _send(self, conn: Connection, message: bytes) -> bool:
+        try:
+            with conn.send_lock:
+                conn.sock.sendall(message)
+            return True
+        except OSError:
+            return False
+
+    # -- dispatch -------------------------------------------------------------------------
+    def execute(self, request: wire.Request, conn: Connection) -> bytes | None:
+        """Run one command and return the encoded reply (None: the connection was dropped)."""
+        cmd = request.command
+        try:
+            reply = self._run(cmd, conn, request)
+        except CommandError as exc:
+            reply = exc.to_reply()
+        except DropConnection:
+            conn.close()
+            return None
+        except Exception as exc:  # a bug must fail the command, not the server
+            reply = CommandError(1, "InternalError", f"{type(exc).__name__}: {exc}").to_reply()
+        if conn.closed:
+            return None
+        now = self.oplog.clock.current()
+        reply.setdefault("$clusterTime", {"clusterTime": now, "signature": {"hash": bson.Binary(b"\x00" * 20), "keyId": Int64(0)}})
+        reply.setdefault("operationTime", now)
+        try:
+            return bson.encode(reply)
+        except Exception as exc:
+            return bson.encode(CommandError(1, "InternalError", f"reply could not be encoded: {exc}").to_reply())
+
+    def _run(self, cmd: dict[str, Any], conn: Connection, request: wire.Request) -> dict[str, Any]:
+        if not cmd:
+            raise command_error((40415, "Location40415"), "empty command")
+        name = next(iter(cmd))
+        db = cmd.get("$db")
+        if not isinstance(db, str):
+            raise command_error((40571, "Location40571"), "OP_MSG requests require a $db argument")
+        spec = COMMANDS.get(name)
+        if spec is None:
+            raise command_error(COMMAND_NOT_FOUND, f"no such command: '{name}'")
+        if spec.admin_only and db != "admin":
+            raise command_error(UNAUTHORIZED, f"{name} may only be run against the admin database.")
+        ctx = Context(self, conn, db, cmd, name)
+        self._attach_session(ctx, spec.in_transaction)
+        try:
+            self.faults.before_command(name, conn)
+        except FailPointError as exc:
+            if exc.explicit_labels:
+                raise
+            raise self._retryable(ctx, spec.write, exc) from None
+        topology_at_start = self.topology.counter
+        if spec.primary and not self.topology.primary:
+            if name in _SECONDARY_OK_READS and _secondary_ok(cmd):
+                pass
+            elif name in _SECONDARY_OK_READS:
+                raise command_error(NOT_PRIMARY_NO_SECONDARY_OK, "not primary and secondaryOk=false")
+            else:
+                raise self._retryable(ctx, spec.write, command_error(NOT_WRITABLE_PRIMARY, "not primary"))
+        retry_key = None
+        if spec.write and ctx.session is not None and ctx.txn is None and "txnNumber" in cmd:
+            retry_key = int(cmd["txnNumber"])
+            previous = ctx.session.retry_replies.get(retry_key)
+            if previous is not None:
+                return dict(previous)
+        try:
+            reply = spec.handler(ctx)
+        except CommandError as exc:
+            if ctx.txn is not None and exc.code not in (251, 256) and name not in ("commitTransaction", "abortTransaction"):
+                ctx.txn.state = "aborted"
+                if "TransientTransactionError" not in exc.labels and exc.code in (112, 10107, 11602, 189):
+                    exc.labels = (*exc.labels, "TransientTransactionError")
+            raise self._retryable(ctx, spec.write, exc) from None
+        if self.topology.counter != topology_at_start and name in ("getMore", "aggregate", "find"):
+            raise command_error(INTERRUPTED_DUE_TO_REPL_STATE_CHANGE, "operation was interrupted because the node stepped down")
+        reply.setdefault("ok", 1.0)
+        if retry_key is not None and ctx.session is not None and not reply.get("writeErrors"):
+            ctx.session.retry_replies = {retry_key: dict(reply)}
+        return reply
+
+    def _retryable(self, ctx: Context, write: bool, exc: CommandError) -> CommandError:
+        retryable_cmd = (write and "txnNumber" in ctx.cmd and ctx.txn is None) or ctx.name in ("commitTransaction", "abortTransaction")
+        if retryable_cmd and exc.code in RETRYABLE_CODES and "RetryableWriteError" not in exc.labels:
+            exc.labels = (*exc.labels, "RetryableWriteError")
+        return exc
+
+    def _attach_session(self, ctx: Context, in_transaction: bool) -> None:
+        cmd = ctx.cmd
+        lsid = cmd.get("lsid")
+        if lsid is None:
+            if "txnNumber" in cmd:
+                raise command_error((50768, "Location50768"), "Transaction number requires a session ID to also be specified")
+            return
+        session = self.state.session(lsid)
+        session.last_use = time.monotonic()
+        ctx.session = session
+        autocommit = cmd.get("autocommit")
+        if autocommit is None:
+            if cmd.get("startTransaction"):
+                raise command_error((72, "InvalidOptions"), "txnNumber may only be provided for multi-document transactions and retryable write commands. autocommit:false was not provided, and startTransaction was specified")
+            if "txnNumber" in cmd and ctx.name not in ("commitTransaction", "abortTransaction"):
+                txn_number = int(cmd["txnNumber"])
+                if txn_number > session.txn_number:
+                    session.txn_number = txn_number
+                    session.retry_replies = {}
+            return
+        if autocommit is not False:
+            raise command_error((72, "InvalidOptions"), "Specifying autocommit=true is not allowed.")
+        if "txnNumber" not in cmd:
+            raise command_error((50768, "Location50768"), "'autocommit' field requires a transaction number to also be specified")
+        if not in_transaction:
+            raise command_error(OPERATION_NOT_SUPPORTED_IN_TRANSACTION, f"Cannot run '{ctx.name}' in a multi-document transaction.")
+        if ctx.name in ("commitTransaction", "abortTransaction"):
+            return
+        if not self.topology.primary:
+            raise command_error(NOT_WRITABLE_PRIMARY, "not primary", labels=("TransientTransactionError",))
+        ctx.txn = self.state.transaction_for(session, int(cmd["txnNumber"]), bool(cmd.get("startTransaction")))
+
+
+def _secondary_ok(cmd: dict[str, Any]) -> bool:
+    pref = cmd.get("$readPreference")
+    return isinstance(pref, dict) and pref.get("mode") not in (None, "primary")
+
+
+# --------------------------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mongocdc emulator",
+        description="Run the emulated MongoDB 7.0 single-member replica set (development/test stand-in).",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=27017, help="TCP port (0 picks a free one)")
+    parser.add_argument("--replset", default="rs0", help="replica set name (default rs0)")
+    parser.add_argument("--oplog-size-mb", type=float, default=192.0, help="oplog cap in MiB (default 192)")
+    parser.add_argument("--noop-interval", type=float, default=10.0, help="seconds between periodic no-op oplog entries (0: never)")
+    parser.add_argument("--dbpath", default=None, help="directory for data files; in memory when omitted")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``mongocdc emulator ...``: run in the foreground until SIGTERM/SIGINT."""
+    args = build_parser().parse_args(argv)
+    if args.oplog_size_mb <= 0:
+        print(f"--oplog-size-mb must be positive, got {args.oplog_size_mb}", file=sys.stderr)
+        return 2
+    if args.port < 0 or args.port > 65535:
+        print(f"--port must be between 0 and 65535, got {args.port}", file=sys.stderr)
+        return 2
+    config = ServerConfig(args.host, args.port, args.replset, args.oplog_size_mb, args.noop_interval, args.dbpath)
+    try:
+        server = EmulatorServer(config)
+    except OSError as exc:
+        print(f"cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.start()
+    print(f"mongocdc emulator listening on {config.host}:{config.port} (replica set {config.replset})", flush=True)
+    while not stop.wait(0.5):
+        pass
+    server.shutdown()
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

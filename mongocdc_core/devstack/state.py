@@ -1,0 +1,978 @@
+"""The emulator's data: catalog, documents, indexes, pre/post images, transactions.
+
+One ``ServerState`` holds everything a mongod would keep on disk. Every mutation happens while
+holding ``oplog.cond`` so the order of the oplog is the order in which writes were applied, and
+every applied write produces its oplog entry (mongod 7.0 layout, see the emulator contract) and,
+when ``--dbpath`` is set, a journal record flushed before the reply is sent.
+
+Stored documents are never modified in place: an update builds a new dict. Cursors can therefore
+hold plain references to documents as a consistent snapshot of what they matched. Each document is
+kept with its BSON encoding so that ``find`` replies are assembled from bytes without re-encoding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import bson
+from bson import Int64, ObjectId, Timestamp
+from bson.binary import Binary
+
+from . import matching, oplog_diff
+from .errors import (
+    BAD_VALUE,
+    BSON_OBJECT_TOO_LARGE,
+    DUPLICATE_KEY,
+    ILLEGAL_OPERATION,
+    INVALID_NAMESPACE,
+    INVALID_OPTIONS,
+    NAMESPACE_EXISTS,
+    NAMESPACE_NOT_FOUND,
+    NO_SUCH_TRANSACTION,
+    TRANSACTION_COMMITTED,
+    CommandError,
+    command_error,
+)
+from .oplog import Oplog, ts_key
+from .wire import MAX_BSON_OBJECT_SIZE
+
+IdKey = tuple[Any, ...]
+StoredDoc = tuple[dict[str, Any], bytes]  # the document and its BSON encoding
+
+INDEX_NOT_FOUND = (27, "IndexNotFound")
+INDEX_OPTIONS_CONFLICT = (85, "IndexOptionsConflict")
+INDEX_KEY_SPECS_CONFLICT = (86, "IndexKeySpecsConflict")
+TRANSACTION_TOO_OLD = (225, "TransactionTooOld")
+CONFLICTING_OPERATION_IN_PROGRESS = (217, "ConflictingOperationInProgress")
+OPERATION_NOT_SUPPORTED_IN_TRANSACTION = (263, "OperationNotSupportedInTransaction")
+
+ID_INDEX: dict[str, Any] = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
+SYSTEM_DATABASES = ("admin", "config", "local")
+
+
+def id_key(value: Any) -> IdKey:
+    """The hashable identity of an ``_id`` (equal for values mongod treats as equal)."""
+    if isinstance(value, ObjectId):
+        return (8, value.binary)
+    return matching.bson_sort_key(value)
+
+
+_EPOCH = datetime.datetime(1970, 1, 1)
+
+
+def now_ms() -> datetime.datetime:
+    """The current UTC time (naive) at millisecond precision, as BSON dates carry it."""
+    return _EPOCH + datetime.timedelta(milliseconds=time.time_ns() // 1_000_000)
+
+
+def format_value(value: Any) -> str:
+    """A value the way mongod prints it in error messages (``{ name: "x" }``)."""
+    if isinstance(value, str):
+        return '"' + value.replace('"', '\\"') + '"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, ObjectId):
+        return f"ObjectId('{value}')"
+    if isinstance(value, Mapping):
+        if not value:
+            return "{}"
+        return "{ " + ", ".join(f"{k}: {format_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[ " + ", ".join(format_value(v) for v in value) + " ]"
+    if isinstance(value, datetime.datetime):
+        return f"new Date({matching.bson_sort_key(value)[1]})"
+    return str(value)
+
+
+def check_namespace(db: str, coll: str | None = None) -> None:
+    """mongod's rules for database and collection names."""
+    if not db or any(ch in db for ch in '/\\. "$\x00') or len(db) > 63:
+        raise command_error(INVALID_NAMESPACE, f"Invalid database name: '{db}'")
+    if coll is not None:
+        if not coll or coll.startswith(".") or "$" in coll or "\x00" in coll:
+            raise command_error(INVALID_NAMESPACE, f"Invalid collection name: {coll}")
+
+
+@dataclass
+class Index:
+    """A secondary (or ``_id``) index; unique ones keep their entries to enforce uniqueness."""
+
+    spec: dict[str, Any]  # as listIndexes shows it: v, key, name, unique, ...
+    entries: dict[IdKey, IdKey] = field(default_factory=dict)  # index key -> document id key
+
+    @property
+    def name(self) -> str:
+        return str(self.spec["name"])
+
+    @property
+    def unique(self) -> bool:
+        return bool(self.spec.get("unique"))
+
+    def key_of(self, doc: Mapping[str, Any]) -> IdKey | None:
+        """The index key of a document, or None when a sparse/partial index skips it."""
+        pattern = self.spec["key"]
+        partial = self.spec.get("partialFilterExpression")
+        if partial and not matching.matches(partial, doc):
+            return None
+        values = []
+        present = False
+        for path in pattern:
+            value = matching.get_path(doc, path)
+            if value is matching._MISSING:
+                value = None
+            else:
+                present = True
+            values.append(matching.bson_sort_key(value))
+        if self.spec.get("sparse") and not present:
+            return None
+        return tuple(values)
+
+    def key_values(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        result = {}
+        for path in self.spec["key"]:
+            value = matching.get_path(doc, path)
+            result[path] = None if value is matching._MISSING else value
+        return result
+
+
+class Collection:
+    """One collection: documents in insertion order, catalog options and indexes."""
+
+    def __init__(self, db: str, name: str, ui: uuid.UUID, options: dict[str, Any]) -> None:
+        self.db = db
+        self.name = name
+        self.uuid = ui
+        self.options = options
+        self.docs: dict[IdKey, StoredDoc] = {}
+        self.indexes: dict[str, Index] = {"_id_": Index(dict(ID_INDEX))}
+
+    @property
+    def ns(self) -> str:
+        return f"{self.db}.{self.name}"
+
+    @property
+    def uuid(self) -> uuid.UUID:
+        return self._uuid
+
+    @uuid.setter
+    def uuid(self, value: uuid.UUID) -> None:
+        self._uuid = value
+        self._ui = Binary.from_uuid(value)
+
+    @property
+    def ui(self) -> Binary:
+        """The uuid as oplog entries carry it (BSON binary subtype 4)."""
+        return self._ui
+
+    def clone(self) -> Collection:
+        """A copy sharing the (immutable) documents: a transaction's private view."""
+        other = Collection(self.db, self.name, self.uuid, dict(self.options))
+        other.docs = dict(self.docs)
+        other.indexes = {name: Index(dict(ix.spec), dict(ix.entries)) for name, ix in self.indexes.items()}
+        return other
+
+    def check_unique(self, doc: Mapping[str, Any], key: IdKey) -> None:
+        """Raise mongod's DuplicateKey error if ``doc`` (stored under ``key``) violates an index."""
+        for index in self.indexes.values():
+            if index.name == "_id_":
+                existing = self.docs.get(key)
+                if existing is not None:
+                    self._duplicate(index, doc)
+                continue
+            if not index.unique:
+                continue
+            ikey = index.key_of(doc)
+            if ikey is not None:
+                owner = index.entries.get(ikey)
+                if owner is not None and owner != key:
+                    self._duplicate(index, doc)
+
+    def check_unique_replacement(self, doc: Mapping[str, Any], key: IdKey) -> None:
+        for index in self.indexes.values():
+            if not index.unique or index.name == "_id_":
+                continue
+            ikey = index.key_of(doc)
+            if ikey is not None:
+                owner = index.entries.get(ikey)
+                if owner is not None and owner != key:
+                    self._duplicate(index, doc)
+
+    def _duplicate(self, index: Index, doc: Mapping[str, Any]) -> None:
+        values = index.key_values(doc)
+        raise DuplicateKeyError(
+            f"E11000 duplicate key error collection: {self.ns} index: {index.name} dup key: {format_value(values)}",
+            dict(index.spec["key"]),
+            values,
+        )
+
+    def put(self, key: IdKey, stored: StoredDoc) -> None:
+        """Store a document (insert or replace), maintaining unique index entries."""
+        old = self.docs.get(key)
+        for index in self.indexes.values():
+            if index.unique and index.name != "_id_":
+                if old is not None:
+                    okey = index.key_of(old[0])
+                    if okey is not None and index.entries.get(okey) == key:
+                        del index.entries[okey]
+                nkey = index.key_of(stored[0])
+                if nkey is not None:
+                    index.entries[nkey] = key
+        self.docs[key] = stored
+
+    def remove(self, key: IdKey) -> StoredDoc | None:
+        old = self.docs.pop(key, None)
+        if old is not None:
+            for index in self.indexes.values():
+                if index.unique and index.name != "_id_":
+                    okey = index.key_of(old[0])
+                    if okey is not None and index.entries.get(okey) == key:
+                        del index.entries[okey]
+        return old
+
+    def build_index(self, index: Index) -> None:
+        """Populate a new unique index, failing like mongod on existing duplicates."""
+        if not index.unique or index.name == "_id_":
+            return
+        for key, (doc, _) in self.docs.items():
+            ikey = index.key_of(doc)
+            if ikey is None:
+                continue
+            if ikey in index.entries:
+                values = index.key_values(doc)
+                raise DuplicateKeyError(
+                    f"Index build failed: {self.uuid}: Collection {self.ns} ( {self.uuid} ) :: caused by :: "
+                    f"E11000 duplicate key error collection: {self.ns} index: {index.name} dup key: {format_value(values)}",
+                    dict(index.spec["key"]),
+                    values,
+                )
+            index.entries[ikey] = key
+
+    def catalog_entry(self) -> dict[str, Any]:
+        return {
+            "db": self.db,
+            "name": self.name,
+            "uuid": Binary.from_uuid(self.uuid),
+            "options": self.options,
+            "indexes": [ix.spec for ix in self.indexes.values()],
+        }
+
+
+class DuplicateKeyError(CommandError):
+    """E11000 with the ``keyPattern``/``keyValue`` mongod adds to the write error."""
+
+    def __init__(self, errmsg: str, key_pattern: dict[str, Any], key_value: dict[str, Any]) -> None:
+        super().__init__(DUPLICATE_KEY[0], DUPLICATE_KEY[1], errmsg)
+        self.key_pattern = key_pattern
+        self.key_value = key_value
+
+    def to_reply(self) -> dict[str, Any]:
+        reply = super().to_reply()
+        reply["keyPattern"] = self.key_pattern
+        reply["keyValue"] = self.key_value
+        return reply
+
+
+def encode_document(doc: Mapping[str, Any]) -> bytes:
+    raw = bson.encode(doc)
+    if len(raw) > MAX_BSON_OBJECT_SIZE:
+        raise command_error(BSON_OBJECT_TOO_LARGE, f"object to insert too large. size in bytes: {len(raw)}, max size: {MAX_BSON_OBJECT_SIZE}")
+    return raw
+
+
+@dataclass
+class _Effect:
+    """One document change of a transaction, replayed onto the real collection at commit."""
+
+    db: str
+    coll: str
+    key: IdKey
+    stored: StoredDoc | None  # None: delete
+
+
+@dataclass
+class Transaction:
+    """A multi-document transaction of one session: private collection copies and its operations."""
+
+    lsid: dict[str, Any]
+    txn_number: int
+    state: str = "in_progress"  # in_progress | committed | aborted
+    collections: dict[tuple[str, str], Collection] = field(default_factory=dict)
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    effects: list[_Effect] = field(default_factory=list)
+    images: list[tuple[uuid.UUID, int, dict[str, Any] | None, dict[str, Any] | None]] = field(default_factory=list)
+    commit_ts: Timestamp | None = None
+
+
+@dataclass
+class Session:
+    lsid: dict[str, Any]
+    txn_number: int = -1
+    txn: Transaction | None = None
+    retry_replies: dict[int, dict[str, Any]] = field(default_factory=dict)
+    last_use: float = 0.0
+
+
+class ServerState:
+    """Catalog, documents, images and sessions of the emulated replica set member.
+
+    Implements the change stream host protocol (``collection_uuid``, ``collection_options``,
+    ``lookup_document``, ``change_stream_images``, ``run_pipeline``).
+    """
+
+    def __init__(self, oplog: Oplog) -> None:
+        self.oplog = oplog
+        self.lock = oplog.cond
+        self.term = 1
+        self.catalog: dict[str, dict[str, Collection]] = {}
+        # (collection uuid, ts key, applyOps index) -> (pre, post); insertion order is ts order
+        self.images: OrderedDict[tuple[uuid.UUID, tuple[int, int], int], tuple[dict[str, Any] | None, dict[str, Any] | None]] = OrderedDict()
+        self.sessions: dict[bytes, Session] = {}
+        self.journal: Callable[[dict[str, Any]], None] | None = None
+        self.flush_journal: Callable[[], None] = lambda: None
+        self._batch: list[dict[str, Any]] | None = None
+
+    # ---------------------------------------------------------------------------------------
+    # host protocol for change streams
+    # ---------------------------------------------------------------------------------------
+    def collection_uuid(self, db: str, coll: str) -> uuid.UUID | None:
+        with self.lock:
+            found = self.catalog.get(db, {}).get(coll)
+            return found.uuid if found is not None else None
+
+    def collection_options(self, db: str, coll: str) -> dict[str, Any]:
+        with self.lock:
+            found = self.catalog.get(db, {}).get(coll)
+            return dict(found.options) if found is not None else {}
+
+    def lookup_document(self, db: str, coll: str, document_key: dict[str, Any]) -> dict[str, Any] | None:
+        with self.lock:
+            found = self.catalog.get(db, {}).get(coll)
+            if found is None or "_id" not in document_key:
+                return None
+            stored = found.docs.get(id_key(document_key["_id"]))
+            if stored is None:
+                return None
+            doc = stored[0]
+            for path, value in document_key.items():
+                if path != "_id" and not matching._values_equal(matching.get_path(doc, path), value):
+                    return None
+            return doc
+
+    def change_stream_images(self, ui: uuid.UUID, ts: Timestamp, index: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None] | None:
+        with self.lock:
+            return self.images.get((ui, ts_key(ts), index))
+
+    def run_pipeline(self, docs: list[dict[str, Any]], stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return matching.run_pipeline(docs, stages)
+
+    # ---------------------------------------------------------------------------------------
+    # catalog
+    # ---------------------------------------------------------------------------------------
+    def get_collection(self, db: str, coll: str, txn: Transaction | None = None) -> Collection | None:
+        """The collection as the caller sees it (a transaction sees its own snapshot)."""
+        with self.lock:
+            if txn is not None:
+                view = txn.collections.get((db, coll))
+                if view is not None:
+                    return view
+                base = self.catalog.get(db, {}).get(coll)
+                if base is None:
+                    return None
+                view = base.clone()
+                txn.collections[(db, coll)] = view
+                return view
+            return self.catalog.get(db, {}).get(coll)
+
+    def database_names(self) -> list[str]:
+        with self.lock:
+            return [name for name, colls in self.catalog.items() if colls]
+
+    def collections(self, db: str) -> list[Collection]:
+        with self.lock:
+            return list(self.catalog.get(db, {}).values())
+
+    def _journal(self, record: dict[str, Any]) -> None:
+        if self.journal is not None:
+            self.journal(record)
+
+    def _next_ts(self) -> Timestamp:
+        return self.oplog.clock.next()
+
+    def _entry(self, ts: Timestamp, op: str, ns: str, o: dict[str, Any], ui: Binary | None = None,
+               o2: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+        entry: dict[str, Any] = {"op": op, "ns": ns}
+        if ui is not None:
+            entry["ui"] = ui
+        entry["o"] = o
+        if o2 is not None:
+            entry["o2"] = o2
+        entry.update(ts=ts, t=Int64(self.term), v=Int64(2), wall=now_ms())
+        return entry
+
+    def _append(self, entries: list[dict[str, Any]]) -> None:
+        for entry in entries:
+            self._journal({"k": "oplog", "e": entry})
+        if self._batch is not None:
+            self._batch.extend(entries)
+            return
+        self.oplog.append(entries)
+        self._prune_images()
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Hold the lock for a whole write command and append its oplog entries in one go
+        (readers wait on the same lock, so they see the same order either way)."""
+        with self.lock:
+            if self._batch is not None:
+                yield
+                return
+            self._batch = []
+            try:
+                yield
+            finally:
+                entries, self._batch = self._batch, None
+                if entries:
+                    self.oplog.append(entries)
+                    self._prune_images()
+                self.flush_journal()
+
+    def _prune_images(self) -> None:
+        first = self.oplog.first_ts()
+        if first is None or not self.images:
+            return
+        limit = ts_key(first)
+        while self.images:
+            key = next(iter(self.images))
+            if key[1] >= limit:
+                break
+            self.images.popitem(last=False)
+
+    def _record_images(self, coll: Collection, ts: Timestamp, index: int,
+                       pre: dict[str, Any] | None, post: dict[str, Any] | None) -> None:  # fmt: skip
+        self.images[(coll.uuid, ts_key(ts), index)] = (pre, post)
+        self._journal({"k": "img", "ui": Binary.from_uuid(coll.uuid), "ts": ts, "i": index, "pre": pre, "post": post})
+
+    def _create_collection(self, db: str, name: str, options: dict[str, Any], ui: uuid.UUID | None = None) -> Collection:
+        coll = Collection(db, name, ui or uuid.uuid4(), options)
+        self.catalog.setdefault(db, {})[name] = coll
+        self._journal({"k": "coll", **coll.catalog_entry()})
+        return coll
+
+    def _journal_catalog(self, coll: Collection) -> None:
+        self._journal({"k": "coll", **coll.catalog_entry()})
+
+    def create_collection(self, db: str, name: str, options: dict[str, Any], implicit: bool = False) -> Collection:
+        """``create`` (explicit) or the implicit creation on first insert, with its oplog entry."""
+        check_namespace(db, name)
+        with self.lock:
+            if name in self.catalog.get(db, {}):
+                existing = self.catalog[db][name]
+                if implicit:
+                    return existing
+                if existing.options == options:
+                    return existing  # mongod 7.0: same options -> ok
+                raise command_error(NAMESPACE_EXISTS, f"Collection {db}.{name} already exists with different options")
+            coll = self._create_collection(db, name, options)
+            o: dict[str, Any] = {"create": name, **options}
+            o["idIndex"] = dict(ID_INDEX)
+            self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", o, ui=coll.ui)])
+            self.flush_journal()
+            return coll
+
+    def _require(self, db: str, name: str) -> Collection:
+        coll = self.catalog.get(db, {}).get(name)
+        if coll is None:
+            raise command_error(NAMESPACE_NOT_FOUND, f"ns does not exist: {db}.{name}")
+        return coll
+
+    def drop_collection(self, db: str, name: str) -> int | None:
+        """Drop a collection; returns its index count (None if it did not exist)."""
+        with self.lock:
+            coll = self.catalog.get(db, {}).get(name)
+            if coll is None:
+                return None
+            del self.catalog[db][name]
+            if not self.catalog[db]:
+                del self.catalog[db]
+            self._journal({"k": "drop", "db": db, "name": name})
+            self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", {"drop": name}, ui=coll.ui)])
+            self.flush_journal()
+            return len(coll.indexes)
+
+    def drop_database(self, db: str) -> None:
+        with self.lock:
+            if db not in self.catalog:
+                return
+            colls = list(self.catalog.get(db, {}))
+            for name in colls:
+                coll = self.catalog[db].pop(name)
+                self._journal({"k": "drop", "db": db, "name": name})
+                self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", {"drop": name}, ui=coll.ui)])
+            self.catalog.pop(db, None)
+            self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", {"dropDatabase": 1})])
+            self.flush_journal()
+
+    def rename_collection(self, source: str, target: str, drop_target: bool, stay_temp: bool = False) -> None:
+        """``renameCollection`` within or across databases (cross-db keeps mongod's single entry)."""
+        sdb, _, sname = source.partition(".")
+        tdb, _, tname = target.partition(".")
+        check_namespace(sdb, sname)
+        check_namespace(tdb, tname)
+        with self.lock:
+            coll = self.catalog.get(sdb, {}).get(sname)
+            if coll is None:
+                raise command_error(NAMESPACE_NOT_FOUND, "source namespace does not exist")
+            if source == target:
+                raise command_error(ILLEGAL_OPERATION, "Can't rename a collection to itself")
+            existing = self.catalog.get(tdb, {}).get(tname)
+            dropped: Any = False
+            if existing is not None:
+                if not drop_target:
+                    raise command_error(NAMESPACE_EXISTS, "target namespace exists")
+                dropped = existing.ui
+                del self.catalog[tdb][tname]
+                self._journal({"k": "drop", "db": tdb, "name": tname})
+            del self.catalog[sdb][sname]
+            if not self.catalog[sdb]:
+                del self.catalog[sdb]
+            if sdb != tdb:
+                coll.uuid = uuid.uuid4()  # cross-database rename copies into a new collection
+            coll.db, coll.name = tdb, tname
+            self.catalog.setdefault(tdb, {})[tname] = coll
+            self._journal({"k": "rename", "from": source, "to": target, "uuid": Binary.from_uuid(coll.uuid)})
+            o = {"renameCollection": source, "to": target, "stayTemp": stay_temp, "dropTarget": dropped}
+            self._append([self._entry(self._next_ts(), "c", f"{sdb}.$cmd", o, ui=coll.ui)])
+            self.flush_journal()
+
+    def coll_mod(self, db: str, name: str, changes: dict[str, Any]) -> None:
+        with self.lock:
+            coll = self._require(db, name)
+            coll.options = {**coll.options, **changes}
+            self._journal_catalog(coll)
+            self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", {"collMod": name, **changes}, ui=coll.ui)])
+            self.flush_journal()
+
+    def create_indexes(self, db: str, name: str, specs: list[dict[str, Any]]) -> tuple[int, int, bool]:
+        """Create indexes; returns (indexes before, after, whether the collection was created)."""
+        with self.lock:
+            created = name not in self.catalog.get(db, {})
+            coll = self.create_collection(db, name, {}, implicit=True)
+            before = len(coll.indexes)
+            for spec in specs:
+                index = Index(spec)
+                same_name = coll.indexes.get(index.name)
+                same_key = next((ix for ix in coll.indexes.values() if ix.spec["key"] == spec["key"]), None)
+                if same_name is not None:
+                    if same_name.spec != spec:
+                        if same_name.spec["key"] != spec["key"]:
+                            raise command_error(
+                                INDEX_KEY_SPECS_CONFLICT,
+                                f"An existing index has the same name as the requested index. When index names are not specified, "
+                                f"they are auto generated and can cause conflicts. Please refer to our documentation. "
+                                f"Requested index: {format_value(spec)}, existing index: {format_value(same_name.spec)}",
+                            )
+                        raise command_error(
+                            INDEX_OPTIONS_CONFLICT,
+                            f"An equivalent index already exists with the same name but different options. "
+                            f"Requested index: {format_value(spec)}, existing index: {format_value(same_name.spec)}",
+                        )
+                    continue
+                if same_key is not None and same_key.spec.get("unique", False) == spec.get("unique", False):
+                    raise command_error(
+                        INDEX_OPTIONS_CONFLICT,
+                        f"Index already exists with a different name: {same_key.name}",
+                    )
+                coll.build_index(index)
+                coll.indexes[index.name] = index
+                self._journal_catalog(coll)
+                self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", {"createIndexes": name, **spec}, ui=coll.ui)])
+            self.flush_journal()
+            return before, len(coll.indexes), created
+
+    def drop_indexes(self, db: str, name: str, which: Any) -> int:
+        with self.lock:
+            coll = self._require(db, name)
+            before = len(coll.indexes)
+            if which == "*":
+                targets = [n for n in coll.indexes if n != "_id_"]
+            elif isinstance(which, list):
+                targets = list(which)
+            elif isinstance(which, str):
+                targets = [which]
+            elif isinstance(which, Mapping):
+                found = [n for n, ix in coll.indexes.items() if ix.spec["key"] == dict(which)]
+                if not found:
+                    raise command_error(INDEX_NOT_FOUND, f"can't find index with key: {format_value(dict(which))}")
+                targets = found
+            else:
+                raise command_error(BAD_VALUE, "'index' must be a string, an array of strings or an object")
+            for target in targets:
+                if target == "_id_":
+                    raise command_error(INVALID_OPTIONS, "cannot drop _id index")
+                if target not in coll.indexes:
+                    raise command_error(INDEX_NOT_FOUND, f"index not found with name [{target}]")
+            for target in targets:
+                del coll.indexes[target]
+                self._journal_catalog(coll)
+                self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", {"dropIndexes": name, "index": target}, ui=coll.ui)])
+            self.flush_journal()
+            return before
+
+    # ---------------------------------------------------------------------------------------
+    # document writes
+    # ---------------------------------------------------------------------------------------
+    def _write_target(self, db: str, name: str, txn: Transaction | None) -> Collection:
+        if txn is None:
+            existing = self.catalog.get(db, {}).get(name)
+            if existing is not None:
+                return existing
+        check_namespace(db, name)
+        if db == "local" or name.startswith("system."):
+            raise command_error(INVALID_NAMESPACE, f"cannot write to '{db}.{name}'")
+        if name not in self.catalog.get(db, {}):
+            self.create_collection(db, name, {}, implicit=True)
+        target = self.get_collection(db, name, txn)
+        assert target is not None
+        return target
+
+    def _images_enabled(self, coll: Collection) -> bool:
+        setting = coll.options.get("changeStreamPreAndPostImages")
+        return isinstance(setting, Mapping) and bool(setting.get("enabled"))
+
+    def _emit(self, txn: Transaction | None, coll: Collection, op: str, o: dict[str, Any], o2: dict[str, Any] | None,
+              key: IdKey, stored: StoredDoc | None, pre: dict[str, Any] | None) -> None:  # fmt: skip
+        """Record one applied document change: oplog entry + journal now, or into the transaction."""
+        images = self._images_enabled(coll) and op in ("u", "d")
+        post = stored[0] if stored is not None else None
+        if txn is not None:
+            txn.effects.append(_Effect(coll.db, coll.name, key, stored))
+            op_doc: dict[str, Any] = {"op": op, "ns": coll.ns, "ui": coll.ui, "o": o}
+            if o2 is not None:
+                op_doc["o2"] = o2
+            if images:
+                txn.images.append((coll.uuid, len(txn.ops), pre, post))
+            txn.ops.append(op_doc)
+            return
+        ts = self._next_ts()
+        if stored is None:
+            self._journal({"k": "del", "db": coll.db, "c": coll.name, "id": pre["_id"] if pre else o["_id"]})
+        else:
+            self._journal({"k": "put", "db": coll.db, "c": coll.name, "d": stored[1]})
+        if images:
+            self._record_images(coll, ts, 0, pre, post)
+        self._append([self._entry(ts, op, coll.ns, o, ui=coll.ui, o2=o2)])
+
+    def insert_one(self, db: str, name: str, doc: dict[str, Any], txn: Transaction | None) -> None:
+        """Insert a document (``_id`` generated at the front when missing)."""
+        if "_id" not in doc:
+            doc = {"_id": ObjectId(), **doc}
+        elif next(iter(doc)) != "_id":
+            doc = {"_id": doc["_id"], **{k: v for k, v in doc.items() if k != "_id"}}
+        if isinstance(doc["_id"], list):
+            raise command_error(BAD_VALUE, "can't use an array for _id")
+        for name_ in doc:
+            if name_.startswith("$"):
+                raise command_error(BAD_VALUE, f"Document can't have $ prefixed field names: {name_}")
+        raw = encode_document(doc)
+        with self.lock:
+            coll = self._write_target(db, name, txn)
+            if txn is not None and coll.options.get("capped"):
+                raise command_error(
+                    OPERATION_NOT_SUPPORTED_IN_TRANSACTION,
+                    f"Collection '{coll.ns}' is a capped collection. Writes in transactions are not allowed on capped collections.",
+                )
+            key = id_key(doc["_id"])
+            coll.check_unique(doc, key)
+            coll.put(key, (doc, raw))
+            self._emit(txn, coll, "i", doc, {"_id": doc["_id"]}, key, (doc, raw), None)
+            if coll.options.get("capped") and txn is None:
+                self._enforce_cap(coll)
+
+    def _enforce_cap(self, coll: Collection) -> None:
+        """Capped collections drop their oldest documents past ``max`` documents or ``size``
+        bytes; since FCV 5.0 mongod logs these as ordinary delete entries."""
+        raw_max, raw_size = coll.options.get("max"), coll.options.get("size")
+        max_docs = int(raw_max) if isinstance(raw_max, (int, float)) and raw_max > 0 else 0
+        max_bytes = int(raw_size) if isinstance(raw_size, (int, float)) and raw_size > 0 else 0
+        total = sum(len(raw) for _, raw in coll.docs.values()) if max_bytes else 0
+        while len(coll.docs) > 1:
+            over_count = bool(max_docs) and len(coll.docs) > max_docs
+            over_size = bool(max_bytes) and total > max_bytes
+            if not (over_count or over_size):
+                break
+            oldest = next(iter(coll.docs))
+            total -= len(coll.docs[oldest][1])
+            self.delete_stored(coll, oldest, None)
+
+    def replace_stored(self, coll: Collection, key: IdKey, old: dict[str, Any], new: dict[str, Any],
+                       update: Any, txn: Transaction | None) -> None:  # fmt: skip
+        """Store the result of an update and log it (diff for operator updates, else the full doc)."""
+        raw = encode_document(new)
+        coll.check_unique_replacement(new, key)
+        coll.put(key, (new, raw))
+        if isinstance(update, Mapping) and not matching.is_operator_update(update):
+            o = new
+        else:
+            o = {"$v": 2, "diff": oplog_diff.compute_diff(old, new)}
+        self._emit(txn, coll, "u", o, {"_id": new["_id"]}, key, (new, raw), old)
+
+    def delete_stored(self, coll: Collection, key: IdKey, txn: Transaction | None) -> None:
+        old = coll.remove(key)
+        if old is not None:
+            self._emit(txn, coll, "d", {"_id": old[0]["_id"]}, None, key, None, old[0])
+
+    def update_documents(
+        self, db: str, name: str, query: dict[str, Any], update: Any, *, multi: bool, upsert: bool,
+        array_filters: list[dict[str, Any]] | None, txn: Transaction | None, sort: dict[str, Any] | None = None,
+    ) -> tuple[int, int, Any, dict[str, Any] | None, dict[str, Any] | None]:  # fmt: skip
+        """Apply one update statement; returns (n matched, n modified, upserted _id, pre, post)."""
+        matching.validate_filter(query)
+        matching.validate_update(update)
+        with self.lock:
+            coll = self.get_collection(db, name, txn)
+            candidates = self.match(coll, query, sort=sort, limit=0 if multi else 1) if coll is not None else []
+            if not candidates:
+                if not upsert:
+                    return 0, 0, None, None, None
+                seed = matching.upsert_seed(query)
+                if isinstance(update, Mapping) and not matching.is_operator_update(update):
+                    new = matching.apply_update(seed, update, is_insert=True)
+                    if "_id" not in new and "_id" in seed:
+                        new = {"_id": seed["_id"], **new}
+                else:
+                    new = matching.apply_update(seed, update, query=query, array_filters=array_filters, is_insert=True)
+                self.insert_one(db, name, new if "_id" in new else {"_id": ObjectId(), **new}, txn)
+                inserted = self.get_collection(db, name, txn)
+                assert inserted is not None
+                upserted_doc = list(inserted.docs.values())[-1][0]
+                return 0, 0, upserted_doc["_id"], None, upserted_doc
+            modified = 0
+            pre = post = None
+            assert coll is not None
+            for old in candidates:
+                new = matching.apply_update(old, update, query=query, array_filters=array_filters)
+                pre, post = old, new
+                if new == old and bson.encode(new) == coll.docs[id_key(old["_id"])][1]:
+                    continue
+                self.replace_stored(coll, id_key(old["_id"]), old, new, update, txn)
+                modified += 1
+            return len(candidates), modified, None, pre, post
+
+    def delete_documents(self, db: str, name: str, query: dict[str, Any], limit: int, txn: Transaction | None,
+                         sort: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        matching.validate_filter(query)
+        with self.lock:
+            coll = self.get_collection(db, name, txn)
+            if coll is None:
+                return []
+            if db == "local" or name.startswith("system."):
+                raise command_error(INVALID_NAMESPACE, f"cannot delete from '{db}.{name}'")
+            victims = self.match(coll, query, sort=sort, limit=limit)
+            for doc in victims:
+                self.delete_stored(coll, id_key(doc["_id"]), txn)
+            return victims
+
+    # ---------------------------------------------------------------------------------------
+    # reads
+    # ---------------------------------------------------------------------------------------
+    def match(self, coll: Collection, query: Mapping[str, Any], sort: Mapping[str, Any] | None = None,
+              limit: int = 0, skip: int = 0) -> list[dict[str, Any]]:  # fmt: skip
+        """Documents of ``coll`` matching ``query`` in sort (or storage) order."""
+        return [d for d, _ in self.match_stored(coll, query, sort=sort, limit=limit, skip=skip)]
+
+    def match_stored(self, coll: Collection, query: Mapping[str, Any], sort: Mapping[str, Any] | None = None,
+                     limit: int = 0, skip: int = 0) -> list[StoredDoc]:  # fmt: skip
+        with self.lock:
+            stored = self._candidates(coll, query)
+        if query:
+            applies = matching.matches
+            stored = [s for s in stored if applies(query, s[0])]
+        if sort:
+            order = matching.sort_documents([s[0] for s in stored], sort)
+            by_id = {id(s[0]): s for s in stored}
+            stored = [by_id[id(d)] for d in order]
+        if skip:
+            stored = stored[skip:]
+        if limit:
+            stored = stored[:limit]
+        return stored
+
+    def _candidates(self, coll: Collection, query: Mapping[str, Any]) -> list[StoredDoc]:
+        """All documents, or only the one an ``_id`` equality names (the fast path)."""
+        if "_id" in query:
+            wanted = query["_id"]
+            if isinstance(wanted, Mapping) and wanted and all(k.startswith("$") for k in wanted):
+                if set(wanted) == {"$eq"}:
+                    wanted = wanted["$eq"]
+                elif set(wanted) == {"$in"} and isinstance(wanted["$in"], list) and not any(
+                    isinstance(v, (Mapping, list)) or hasattr(v, "pattern") for v in wanted["$in"]
+                ):
+                    found = (coll.docs.get(id_key(v)) for v in wanted["$in"])
+                    return [s for s in found if s is not None]
+                else:
+                    return list(coll.docs.values())
+            if isinstance(wanted, (list, Mapping)) or hasattr(wanted, "pattern"):
+                return list(coll.docs.values())
+            one = coll.docs.get(id_key(wanted))
+            return [one] if one is not None else []
+        return list(coll.docs.values())
+
+    # ---------------------------------------------------------------------------------------
+    # sessions and transactions
+    # ---------------------------------------------------------------------------------------
+    def session(self, lsid: Mapping[str, Any]) -> Session:
+        key = _lsid_key(lsid)
+        with self.lock:
+            found = self.sessions.get(key)
+            if found is None:
+                found = self.sessions[key] = Session(dict(lsid))
+            return found
+
+    def end_sessions(self, lsids: Iterable[Mapping[str, Any]]) -> None:
+        with self.lock:
+            for lsid in lsids:
+                found = self.sessions.pop(_lsid_key(lsid), None)
+                if found is not None and found.txn is not None and found.txn.state == "in_progress":
+                    found.txn.state = "aborted"
+
+    def transaction_for(self, session: Session, txn_number: int, start: bool) -> Transaction:
+        """The transaction a command with ``autocommit: false`` runs in (mongod's state rules)."""
+        with self.lock:
+            if txn_number < session.txn_number:
+                raise command_error(
+                    TRANSACTION_TOO_OLD,
+                    f"Cannot start transaction {txn_number} on session {_lsid_text(session.lsid)} because a newer "
+                    f"transaction {session.txn_number} has already started.",
+                )
+            if start:
+                if txn_number == session.txn_number and session.txn is not None:
+                    if session.txn.state == "committed":
+                        raise command_error(TRANSACTION_COMMITTED, f"Transaction with {{ txnNumber: {txn_number} }} has been committed.")
+                    raise command_error(
+                        CONFLICTING_OPERATION_IN_PROGRESS,
+                        f"Cannot start a transaction with txnNumber {txn_number}: it is already in progress",
+                    )
+                if session.txn is not None and session.txn.state == "in_progress":
+                    session.txn.state = "aborted"
+                session.txn_number = txn_number
+                session.txn = Transaction(session.lsid, txn_number)
+                return session.txn
+            txn = session.txn
+            if txn is None or txn.txn_number != txn_number or session.txn_number != txn_number:
+                raise _no_such_transaction(txn_number)
+            if txn.state == "aborted":
+                raise _no_such_transaction(txn_number, aborted=True)
+            if txn.state == "committed":
+                raise command_error(TRANSACTION_COMMITTED, f"Transaction with {{ txnNumber: {txn_number} }} has been committed.")
+            return txn
+
+    def commit_transaction(self, session: Session, txn_number: int) -> Timestamp:
+        """Apply a transaction atomically as ONE applyOps oplog entry; a retried commit is a no-op."""
+        with self.lock:
+            txn = session.txn
+            if txn is None or txn.txn_number != txn_number or session.txn_number != txn_number:
+                raise _no_such_transaction(txn_number)
+            if txn.state == "committed":
+                assert txn.commit_ts is not None
+                return txn.commit_ts
+            if txn.state == "aborted":
+                raise _no_such_transaction(txn_number, aborted=True)
+            txn.state = "committed"
+            ts = self._next_ts()
+            txn.commit_ts = ts
+            if not txn.ops:
+                return self.oplog.clock.current()
+            for effect in txn.effects:
+                base = self.catalog.get(effect.db, {}).get(effect.coll)
+                if base is None:
+                    base = self._create_collection(effect.db, effect.coll, {})
+                if effect.stored is None:
+                    removed = base.remove(effect.key)
+                    if removed is not None:
+                        self._journal({"k": "del", "db": effect.db, "c": effect.coll, "id": removed[0]["_id"]})
+                else:
+                    base.put(effect.key, effect.stored)
+                    self._journal({"k": "put", "db": effect.db, "c": effect.coll, "d": effect.stored[1]})
+            for ui, index, pre, post in txn.images:
+                base_coll = next((c for colls in self.catalog.values() for c in colls.values() if c.uuid == ui), None)
+                if base_coll is not None:
+                    self._record_images(base_coll, ts, index, pre, post)
+            entry: dict[str, Any] = {
+                "lsid": _oplog_lsid(txn.lsid),
+                "txnNumber": Int64(txn.txn_number),
+                "op": "c",
+                "ns": "admin.$cmd",
+                "o": {"applyOps": txn.ops},
+                "ts": ts,
+                "t": Int64(self.term),
+                "v": Int64(2),
+                "wall": now_ms(),
+                "prevOpTime": {"ts": Timestamp(0, 0), "t": Int64(-1)},
+            }
+            self._append([entry])
+            self.flush_journal()
+            return ts
+
+    def abort_transaction(self, session: Session, txn_number: int) -> None:
+        with self.lock:
+            txn = session.txn
+            if txn is None or txn.txn_number != txn_number or txn.state == "aborted":
+                raise _no_such_transaction(txn_number, aborted=txn is not None and txn.state == "aborted")
+            if txn.state == "committed":
+                raise command_error(TRANSACTION_COMMITTED, "Transaction has been committed.")
+            txn.state = "aborted"
+
+    # ---------------------------------------------------------------------------------------
+    # periodic no-op and persistence support
+    # ---------------------------------------------------------------------------------------
+    def write_noop(self, message: str = "periodic noop") -> None:
+        with self.lock:
+            self._append([self._entry(self._next_ts(), "n", "", {"msg": message})])
+            self.flush_journal()
+
+    def iter_collections(self) -> Iterator[Collection]:
+        for colls in self.catalog.values():
+            yield from colls.values()
+
+
+
+
+def _lsid_key(lsid: Mapping[str, Any]) -> bytes:
+    ident = lsid.get("id")
+    if isinstance(ident, uuid.UUID):
+        return ident.bytes
+    if isinstance(ident, (bytes, Binary)):
+        return bytes(ident)
+    raise command_error(BAD_VALUE, "lsid.id must be a UUID")
+
+
+def _lsid_text(lsid: Mapping[str, Any]) -> str:
+    key = _lsid_key(lsid)
+    return f"{uuid.UUID(bytes=key)} - 47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU="
+
+
+def _oplog_lsid(lsid: Mapping[str, Any]) -> dict[str, Any]:
+    """The lsid as mongod logs it: ``{id: UUID, uid: sha256 of the (empty) user name}``."""
+    import hashlib
+
+    ident = lsid["id"]
+    if not isinstance(ident, Binary):
+        ident = Binary(_lsid_key(lsid), 4)
+    return {"id": ident, "uid": Binary(hashlib.sha256(b"").digest(), 0)}
+
+
+def _no_such_transaction(txn_number: int, aborted: bool = False) -> CommandError:
+    if aborted:
+        message = f"Transaction with {{ txnNumber: {txn_number} }} has been aborted."
+    else:
+        message = f"Given transaction number {txn_number} does not match any in-progress transactions."
+    return command_error(NO_SUCH_TRANSACTION, message, labels=("TransientTransactionError",))

@@ -1,0 +1,71 @@
+"""Root fixtures: a MongoDB replica set for every test that needs one.
+
+By default the tests run against the emulated replica set (started once per session, in this
+process). Set ``MONGOCDC_TEST_MONGODB_URI`` to run them against a real MongoDB 7.0 replica set
+instead; tests marked ``fault`` need the emulator's fault injection and are then skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from pymongo import MongoClient
+from pymongo.database import Database
+
+from mongocdc_core.devstack.fixture import EmulatedReplicaSet
+
+REAL_URI_ENV = "MONGOCDC_TEST_MONGODB_URI"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not os.environ.get(REAL_URI_ENV):
+        return
+    skip = pytest.mark.skip(reason=f"needs the emulator's fault injection ({REAL_URI_ENV} is set)")
+    for item in items:
+        if "fault" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def _session_emulator() -> Iterator[EmulatedReplicaSet | None]:
+    if os.environ.get(REAL_URI_ENV):
+        yield None
+        return
+    with EmulatedReplicaSet(noop_interval=1.0) as emulated:
+        yield emulated
+
+
+@pytest.fixture(scope="session")
+def mongo_uri(_session_emulator: EmulatedReplicaSet | None) -> str:
+    """Connection string of the replica set under test (``...?replicaSet=rs0``)."""
+    real = os.environ.get(REAL_URI_ENV)
+    if real:
+        return real
+    assert _session_emulator is not None
+    return _session_emulator.uri
+
+
+@pytest.fixture(scope="session")
+def emulator(_session_emulator: EmulatedReplicaSet | None) -> EmulatedReplicaSet:
+    """The session's emulator handle (fault injection); tests using it are marked ``fault``."""
+    if _session_emulator is None:
+        pytest.skip(f"needs the emulator's fault injection ({REAL_URI_ENV} is set)")
+    return _session_emulator
+
+
+@pytest.fixture(scope="session")
+def mongo_client(mongo_uri: str) -> Iterator[MongoClient]:
+    client: MongoClient = MongoClient(mongo_uri, serverSelectionTimeoutMS=10_000, uuidRepresentation="standard")
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def fresh_db(mongo_client: MongoClient) -> Iterator[Database]:
+    """A uniquely named database, dropped after the test."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield mongo_client[name]
+    mongo_client.drop_database(name)

@@ -1,0 +1,79 @@
+"""``local.oplog.rs`` as drivers and tools read it: entry layout, ``ts`` ranges, natural order."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from typing import Any
+
+from bson import Binary, Timestamp
+from pymongo import MongoClient
+from pymongo.database import Database
+
+
+def _oplog(client: MongoClient) -> Any:
+    return client.local["oplog.rs"]
+
+
+def _last_ts(client: MongoClient) -> Timestamp:
+    last = _oplog(client).find_one(sort=[("$natural", -1)])
+    assert last is not None
+    return last["ts"]
+
+
+def _as_uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(bytes=bytes(value))
+
+
+def _entries_for(client: MongoClient, start: Timestamp, ns: str) -> list[dict[str, Any]]:
+    return [e for e in _oplog(client).find({"ts": {"$gt": start}}) if e["ns"] in (ns, ns.split(".")[0] + ".$cmd")]
+
+
+def test_crud_entries_have_mongod_layout(mongo_client: MongoClient, fresh_db: Database) -> None:
+    fresh_db.create_collection("c")
+    info = next(fresh_db.list_collections(filter={"name": "c"}))
+    ui = _as_uuid(info["info"]["uuid"])
+    start = _last_ts(mongo_client)
+    ns = f"{fresh_db.name}.c"
+    fresh_db.c.insert_one({"_id": 1, "a": 1})
+    fresh_db.c.update_one({"_id": 1}, {"$set": {"a": 2}})
+    fresh_db.c.replace_one({"_id": 1}, {"b": 1})
+    fresh_db.c.delete_one({"_id": 1})
+    entries = _entries_for(mongo_client, start, ns)
+    assert [e["op"] for e in entries] == ["i", "u", "u", "d"]
+    insert, update, replace, delete = entries
+    assert insert["o"] == {"_id": 1, "a": 1} and insert["o2"] == {"_id": 1}
+    assert update["o"]["$v"] == 2 and "diff" in update["o"] and update["o2"] == {"_id": 1}
+    assert replace["o"] == {"_id": 1, "b": 1} and "$v" not in replace["o"]
+    assert delete["o"] == {"_id": 1}
+    keys = [(e["ts"].time, e["ts"].inc) for e in entries]
+    assert keys == sorted(keys) and len(set(keys)) == 4
+    for entry in entries:
+        assert entry["ns"] == ns and _as_uuid(entry["ui"]) == ui
+        assert entry["v"] == 2 and isinstance(entry["t"], int) and isinstance(entry["wall"], datetime.datetime)
+
+
+def test_command_entries(mongo_client: MongoClient, fresh_db: Database) -> None:
+    start = _last_ts(mongo_client)
+    fresh_db.create_collection("x", changeStreamPreAndPostImages={"enabled": True})
+    fresh_db.x.create_index("k")
+    fresh_db.x.drop()
+    commands = [e for e in _oplog(mongo_client).find({"ts": {"$gt": start}, "op": "c"}) if e["ns"] == f"{fresh_db.name}.$cmd"]
+    bodies = [e["o"] for e in commands]
+    assert bodies[0]["create"] == "x" and bodies[0]["changeStreamPreAndPostImages"] == {"enabled": True}
+    assert bodies[1]["createIndexes"] == "x" and bodies[1]["key"] == {"k": 1}
+    assert bodies[2] == {"drop": "x"}
+    assert all(isinstance(e["ui"], (uuid.UUID, Binary)) for e in commands)
+
+
+def test_ts_range_and_natural_order(mongo_client: MongoClient, fresh_db: Database) -> None:
+    fresh_db.c.insert_many([{"_id": i} for i in range(5)])
+    ns = f"{fresh_db.name}.c"
+    inserts = list(_oplog(mongo_client).find({"ns": ns, "op": "i"}))
+    assert [e["o"]["_id"] for e in inserts] == list(range(5))
+    third = inserts[2]["ts"]
+    from_third = list(_oplog(mongo_client).find({"ts": {"$gte": third}, "ns": ns}))
+    assert [e["o"]["_id"] for e in from_third] == [2, 3, 4]
+    newest_first = list(_oplog(mongo_client).find({"ns": ns}).sort("$natural", -1).limit(2))
+    assert [e["o"]["_id"] for e in newest_first] == [4, 3]
+    assert _oplog(mongo_client).count_documents({"ts": {"$lt": third}, "ns": ns, "op": "i"}) == 2
