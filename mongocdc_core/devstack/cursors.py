@@ -174,6 +174,11 @@ class CursorRegistry:
                 else:
                     self._cursors[cursor_id] = (cursor, time.monotonic())
 
+    def is_tailable(self, cursor_id: int) -> bool:
+        with self._lock:
+            found = self._cursors.get(cursor_id)
+            return found is not None and isinstance(found[0], TailableCursor)
+
     def kill(self, cursor_ids: Sequence[int]) -> tuple[list[int], list[int]]:
         killed: list[int] = []
         missing: list[int] = []

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
+import bson
 import mongomock
 from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.datetime_ms import DatetimeMS
@@ -234,6 +235,25 @@ def _bson_eq(doc_val: Any, search_val: Any) -> bool:
     return bool(doc_val == search_val)
 
 
+_mongomock_parse = mm_aggregate._Parser.parse
+
+
+def _parse_expression(parser: Any, expression: Any) -> Any:
+    """mongomock's expression parser plus ``$bsonSize`` (which mongomock lacks)."""
+    if isinstance(expression, dict) and len(expression) == 1 and "$bsonSize" in expression:
+        try:
+            value = parser.parse(expression["$bsonSize"])
+        except KeyError:
+            return None
+        if value is None or value is mm_filtering.NOTHING:
+            return None
+        if not isinstance(value, Mapping):
+            raise command_error((31393, "Location31393"), f"$bsonSize requires a document input, found: {_type_name(value)}")
+        return len(bson.encode(value))
+    return _mongomock_parse(parser, expression)
+
+
+setattr(mm_aggregate._Parser, "parse", _parse_expression)  # noqa: B010 (a deliberate override)
 mm_filtering.bson_compare = _bson_compare
 mm_filtering.operator_eq = _bson_eq
 mm_filtering._filterer_inst._operator_map["$eq"] = mm_filtering._list_expand(_bson_eq)

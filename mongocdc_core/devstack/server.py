@@ -26,6 +26,7 @@ import bson
 from bson import Int64, ObjectId
 
 from . import wire
+from .changestream import change_stream_error_labels
 from .commands import COMMANDS, Context, load_all
 from .cursors import CursorRegistry
 from .errors import (
@@ -190,6 +191,8 @@ class EmulatorServer:
             self.persistence.load()
             self.topology.term = self.state.term
             self.topology.election_id = self.topology.new_election_id()
+        if not len(self.oplog):
+            self.state.write_noop("initiating set")  # mongod's oplog is never empty either
         self._tcp = _TCPServer((config.host, config.port), self)
         self.config.port = self._tcp.server_address[1]
 
@@ -305,8 +308,11 @@ class EmulatorServer:
         """Run one command and return the encoded reply (None: the connection was dropped)."""
         cmd = request.command
         try:
-            reply = self._run(cmd, conn, request)
+            reply = self._run(cmd, conn)
         except CommandError as exc:
+            if self._is_change_stream(cmd) and not getattr(exc, "explicit_labels", False):
+                extra = [label for label in change_stream_error_labels(exc.code) if label not in exc.labels]
+                exc.labels = (*exc.labels, *extra)
             reply = exc.to_reply()
         except DropConnection:
             conn.close()
@@ -323,7 +329,15 @@ class EmulatorServer:
         except Exception as exc:
             return bson.encode(CommandError(1, "InternalError", f"reply could not be encoded: {exc}").to_reply())
 
-    def _run(self, cmd: dict[str, Any], conn: Connection, request: wire.Request) -> dict[str, Any]:
+    def _is_change_stream(self, cmd: dict[str, Any]) -> bool:
+        """A ``$changeStream`` aggregate or a getMore on a change stream cursor."""
+        if "aggregate" in cmd:
+            pipeline = cmd.get("pipeline")
+            return bool(pipeline) and isinstance(pipeline, list) and isinstance(pipeline[0], dict) and "$changeStream" in pipeline[0]
+        cursor_id = cmd.get("getMore")
+        return isinstance(cursor_id, int) and self.cursors.is_tailable(cursor_id)
+
+    def _run(self, cmd: dict[str, Any], conn: Connection) -> dict[str, Any]:
         if not cmd:
             raise command_error((40415, "Location40415"), "empty command")
         name = next(iter(cmd))
@@ -386,7 +400,6 @@ class EmulatorServer:
                 raise command_error((50768, "Location50768"), "Transaction number requires a session ID to also be specified")
             return
         session = self.state.session(lsid)
-        session.last_use = time.monotonic()
         ctx.session = session
         autocommit = cmd.get("autocommit")
         if autocommit is None:

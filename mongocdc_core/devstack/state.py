@@ -12,6 +12,7 @@ kept with its BSON encoding so that ``find`` replies are assembled from bytes wi
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import datetime
 import time
@@ -51,6 +52,7 @@ INDEX_OPTIONS_CONFLICT = (85, "IndexOptionsConflict")
 INDEX_KEY_SPECS_CONFLICT = (86, "IndexKeySpecsConflict")
 TRANSACTION_TOO_OLD = (225, "TransactionTooOld")
 CONFLICTING_OPERATION_IN_PROGRESS = (217, "ConflictingOperationInProgress")
+WRITE_CONFLICT = (112, "WriteConflict")
 OPERATION_NOT_SUPPORTED_IN_TRANSACTION = (263, "OperationNotSupportedInTransaction")
 
 ID_INDEX: dict[str, Any] = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
@@ -154,6 +156,13 @@ class Collection:
         self.options = options
         self.docs: dict[IdKey, StoredDoc] = {}
         self.indexes: dict[str, Index] = {"_id_": Index(dict(ID_INDEX))}
+        self._sorted_ids: list[IdKey] | None = None  # the _id index, built on first range read
+
+    def sorted_ids(self) -> list[IdKey]:
+        """Document ids in BSON order (the ``_id`` index), kept up to date once built."""
+        if self._sorted_ids is None:
+            self._sorted_ids = sorted(self.docs)
+        return self._sorted_ids
 
     @property
     def ns(self) -> str:
@@ -226,11 +235,20 @@ class Collection:
                 nkey = index.key_of(stored[0])
                 if nkey is not None:
                     index.entries[nkey] = key
+        if old is None and self._sorted_ids is not None:
+            if not self._sorted_ids or key > self._sorted_ids[-1]:
+                self._sorted_ids.append(key)
+            else:
+                bisect.insort(self._sorted_ids, key)
         self.docs[key] = stored
 
     def remove(self, key: IdKey) -> StoredDoc | None:
         old = self.docs.pop(key, None)
         if old is not None:
+            if self._sorted_ids is not None:
+                position = bisect.bisect_left(self._sorted_ids, key)
+                if position < len(self._sorted_ids) and self._sorted_ids[position] == key:
+                    del self._sorted_ids[position]
             for index in self.indexes.values():
                 if index.unique and index.name != "_id_":
                     okey = index.key_of(old[0])
@@ -310,6 +328,7 @@ class Transaction:
     effects: list[_Effect] = field(default_factory=list)
     images: list[tuple[uuid.UUID, int, dict[str, Any] | None, dict[str, Any] | None]] = field(default_factory=list)
     commit_ts: Timestamp | None = None
+    touched: set[tuple[str, str, IdKey]] = field(default_factory=set)
 
 
 @dataclass
@@ -318,7 +337,6 @@ class Session:
     txn_number: int = -1
     txn: Transaction | None = None
     retry_replies: dict[int, dict[str, Any]] = field(default_factory=dict)
-    last_use: float = 0.0
 
 
 class ServerState:
@@ -534,7 +552,7 @@ class ServerState:
             if source == target:
                 raise command_error(ILLEGAL_OPERATION, "Can't rename a collection to itself")
             existing = self.catalog.get(tdb, {}).get(tname)
-            dropped: Any = False
+            dropped: Binary | None = None
             if existing is not None:
                 if not drop_target:
                     raise command_error(NAMESPACE_EXISTS, "target namespace exists")
@@ -549,7 +567,9 @@ class ServerState:
             coll.db, coll.name = tdb, tname
             self.catalog.setdefault(tdb, {})[tname] = coll
             self._journal({"k": "rename", "from": source, "to": target, "uuid": Binary.from_uuid(coll.uuid)})
-            o = {"renameCollection": source, "to": target, "stayTemp": stay_temp, "dropTarget": dropped}
+            o: dict[str, Any] = {"renameCollection": source, "to": target, "stayTemp": stay_temp}
+            if dropped is not None:
+                o["dropTarget"] = dropped  # mongod 7.0 logs it only when a target was dropped
             self._append([self._entry(self._next_ts(), "c", f"{sdb}.$cmd", o, ui=coll.ui)])
             self.flush_journal()
 
@@ -691,6 +711,7 @@ class ServerState:
                     f"Collection '{coll.ns}' is a capped collection. Writes in transactions are not allowed on capped collections.",
                 )
             key = id_key(doc["_id"])
+            self._check_conflict(txn, coll, key)
             coll.check_unique(doc, key)
             coll.put(key, (doc, raw))
             self._emit(txn, coll, "i", doc, {"_id": doc["_id"]}, key, (doc, raw), None)
@@ -713,10 +734,29 @@ class ServerState:
             total -= len(coll.docs[oldest][1])
             self.delete_stored(coll, oldest, None)
 
+    def _check_conflict(self, txn: Transaction | None, view: Collection, key: IdKey) -> None:
+        """WriteConflict (a TransientTransactionError) when a transaction writes a document that
+        changed outside it after its snapshot was taken, as mongod's snapshot isolation does."""
+        if txn is None:
+            return
+        marker = (view.db, view.name, key)
+        if marker in txn.touched:
+            return
+        base = self.catalog.get(view.db, {}).get(view.name)
+        if base is not None and base.docs.get(key) is not view.docs.get(key):
+            txn.state = "aborted"
+            raise command_error(
+                WRITE_CONFLICT,
+                "Write conflict during plan execution and yielding is disabled. :: Please retry your operation or multi-document transaction.",
+                labels=("TransientTransactionError",),
+            )
+        txn.touched.add(marker)
+
     def replace_stored(self, coll: Collection, key: IdKey, old: dict[str, Any], new: dict[str, Any],
                        update: Any, txn: Transaction | None) -> None:  # fmt: skip
         """Store the result of an update and log it (diff for operator updates, else the full doc)."""
         raw = encode_document(new)
+        self._check_conflict(txn, coll, key)
         coll.check_unique_replacement(new, key)
         coll.put(key, (new, raw))
         if isinstance(update, Mapping) and not matching.is_operator_update(update):
@@ -726,6 +766,7 @@ class ServerState:
         self._emit(txn, coll, "u", o, {"_id": new["_id"]}, key, (new, raw), old)
 
     def delete_stored(self, coll: Collection, key: IdKey, txn: Transaction | None) -> None:
+        self._check_conflict(txn, coll, key)
         old = coll.remove(key)
         if old is not None:
             self._emit(txn, coll, "d", {"_id": old[0]["_id"]}, None, key, None, old[0])
@@ -792,19 +833,54 @@ class ServerState:
     def match_stored(self, coll: Collection, query: Mapping[str, Any], sort: Mapping[str, Any] | None = None,
                      limit: int = 0, skip: int = 0) -> list[StoredDoc]:  # fmt: skip
         with self.lock:
+            ranged = _id_range(query)
+            order = dict(sort) if sort else {}
+            if ranged is not None and order in ({}, {"_id": 1}, {"_id": -1}):
+                stored = self._id_range_read(coll, ranged, descending=order == {"_id": -1},
+                                             limit=0 if len(query) > 1 else (skip + limit if limit else 0))  # fmt: skip
+                rest = {k: v for k, v in query.items() if k != "_id"}
+                if rest:
+                    stored = [s for s in stored if matching.matches(rest, s[0])]
+                stored = stored[skip:] if skip else stored
+                return stored[:limit] if limit else stored
             stored = self._candidates(coll, query)
         if query:
             applies = matching.matches
             stored = [s for s in stored if applies(query, s[0])]
         if sort:
-            order = matching.sort_documents([s[0] for s in stored], sort)
+            in_order = matching.sort_documents([s[0] for s in stored], sort)
             by_id = {id(s[0]): s for s in stored}
-            stored = [by_id[id(d)] for d in order]
+            stored = [by_id[id(d)] for d in in_order]
         if skip:
             stored = stored[skip:]
         if limit:
             stored = stored[:limit]
         return stored
+
+    @staticmethod
+    def _id_range_read(coll: Collection, bounds: tuple[IdKey | None, bool, IdKey | None, bool],
+                       descending: bool, limit: int) -> list[StoredDoc]:  # fmt: skip
+        """Documents whose ``_id`` lies within the bounds, in ``_id`` order, via the _id index."""
+        lower, lower_inclusive, upper, upper_inclusive = bounds
+        keys = coll.sorted_ids()
+        rank = (lower or upper or (0,))[0]
+        if lower is None:
+            start = bisect.bisect_left(keys, (rank,))
+        else:
+            start = (bisect.bisect_left if lower_inclusive else bisect.bisect_right)(keys, lower)
+        if upper is None:
+            stop = bisect.bisect_left(keys, (rank + 1,))
+        else:
+            stop = (bisect.bisect_right if upper_inclusive else bisect.bisect_left)(keys, upper)
+        if stop <= start:
+            return []
+        if descending:
+            first = start if not limit else max(start, stop - limit)
+            selected = keys[first:stop][::-1]
+        else:
+            selected = keys[start : stop if not limit else min(stop, start + limit)]
+        docs = coll.docs
+        return [docs[k] for k in selected]
 
     def _candidates(self, coll: Collection, query: Mapping[str, Any]) -> list[StoredDoc]:
         """All documents, or only the one an ``_id`` equality names (the fast path)."""
@@ -944,6 +1020,37 @@ class ServerState:
             yield from colls.values()
 
 
+
+
+_RANGE_OPERATORS = {"$gt": (True, False), "$gte": (True, True), "$lt": (False, False), "$lte": (False, True)}
+_RANGEABLE = (int, float, str, ObjectId, datetime.datetime, Timestamp, Binary)
+
+
+def _id_range(query: Mapping[str, Any]) -> tuple[IdKey | None, bool, IdKey | None, bool] | None:
+    """Bounds of an ``_id`` range condition (``{_id: {$gte: a, $lt: b}}``) the _id index can
+    answer exactly, with mongod's type bracketing; None when the condition is anything else."""
+    cond = query.get("_id")
+    if not isinstance(cond, Mapping) or not cond or not set(cond) <= set(_RANGE_OPERATORS):
+        return None
+    lower: IdKey | None = None
+    upper: IdKey | None = None
+    lower_inclusive = upper_inclusive = True
+    for op, value in cond.items():
+        if isinstance(value, bool) or not isinstance(value, _RANGEABLE) or (isinstance(value, float) and value != value):
+            return None
+        key = id_key(value)
+        is_lower, inclusive = _RANGE_OPERATORS[op]
+        if is_lower:
+            if lower is not None:
+                return None
+            lower, lower_inclusive = key, inclusive
+        else:
+            if upper is not None:
+                return None
+            upper, upper_inclusive = key, inclusive
+    if lower is not None and upper is not None and lower[0] != upper[0]:
+        return (lower, True, lower, False)  # different type brackets: nothing matches
+    return lower, lower_inclusive, upper, upper_inclusive
 
 
 def _lsid_key(lsid: Mapping[str, Any]) -> bytes:

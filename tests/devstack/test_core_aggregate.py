@@ -86,3 +86,12 @@ def test_unknown_stage_and_missing_cursor(fresh_db: Database) -> None:
 
 def test_aggregate_on_missing_collection_is_empty(fresh_db: Database) -> None:
     assert list(fresh_db.nothing.aggregate([{"$match": {"a": 1}}])) == []
+
+
+def test_bson_size_and_expr_with_missing_fields(fresh_db: Database) -> None:
+    fresh_db.c.insert_many([{"_id": 1, "d": {"a": 1}, "n": 7}, {"_id": 2}])
+    sizes = list(fresh_db.c.aggregate([{"$project": {"s": {"$bsonSize": "$d"}}}]))
+    assert sizes == [{"_id": 1, "s": 12}, {"_id": 2, "s": None}]
+    small = {"$expr": {"$lte": [{"$ifNull": [{"$bsonSize": "$d"}, 0]}, 5]}}
+    assert [d["_id"] for d in fresh_db.c.find(small)] == [2]
+    assert [d["_id"] for d in fresh_db.c.find({"$expr": {"$gt": ["$n", 5]}})] == [1]

@@ -224,3 +224,20 @@ def test_document_too_large(fresh_db: Database) -> None:
     with pytest.raises(WriteError) as info:
         fresh_db.c.update_one({"_id": 1}, {"$set": {"more": "y" * (2 * 1024 * 1024)}})
     assert info.value.code in (10334, 17419)
+
+
+def test_id_range_reads_follow_type_bracketing(fresh_db: Database) -> None:
+    oids = [ObjectId() for _ in range(3)]
+    ids = [5, 1, 3.5, Int64(2), "b", "a", *oids, datetime.datetime(2020, 1, 1), 7]
+    fresh_db.c.insert_many([{"_id": i, "k": n % 2} for n, i in enumerate(ids)])
+    c = fresh_db.c
+    assert [d["_id"] for d in c.find({"_id": {"$gte": 2, "$lt": 7}}).sort("_id", 1)] == [2, 3.5, 5]
+    assert [d["_id"] for d in c.find({"_id": {"$gt": 2}}).sort("_id", -1).limit(2)] == [7, 5]
+    assert [d["_id"] for d in c.find({"_id": {"$gt": "a"}})] == ["b"]
+    assert [d["_id"] for d in c.find({"_id": {"$gte": oids[1]}}).sort("_id", 1)] == oids[1:]
+    assert [d["_id"] for d in c.find({"_id": {"$lt": 3}}).sort("_id", 1)] == [1, 2]
+    assert [d["_id"] for d in c.find({"_id": {"$gt": 1, "$lt": "z"}})] == []
+    assert [d["_id"] for d in c.find({"_id": {"$gte": 1}, "k": 0}).sort("_id", 1).skip(1).limit(2)] == [5, 7]
+    c.delete_one({"_id": 5})
+    c.insert_one({"_id": 4})
+    assert [d["_id"] for d in c.find({"_id": {"$gte": 3}}).sort("_id", 1)] == [3.5, 4, 7]

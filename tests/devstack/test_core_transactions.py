@@ -131,3 +131,16 @@ def test_retried_write_is_not_applied_twice(mongo_client: MongoClient, fresh_db:
     assert [r["n"] for r in replies] == [1, 1] and not any("writeErrors" in r for r in replies)
     assert fresh_db.c.count_documents({}) == 1
     assert mongo_client.local["oplog.rs"].count_documents({"ns": f"{fresh_db.name}.c", "op": "i"}) == 1
+
+
+def test_write_conflict_with_a_change_after_the_snapshot(mongo_client: MongoClient, fresh_db: Database) -> None:
+    fresh_db.c.insert_many([{"_id": 1, "n": 0}, {"_id": 2, "n": 0}])
+    with mongo_client.start_session() as session:
+        session.start_transaction()
+        assert fresh_db.c.count_documents({}, session=session) == 2  # the snapshot is taken
+        fresh_db.c.update_one({"_id": 1}, {"$inc": {"n": 1}})  # outside the transaction
+        with pytest.raises(OperationFailure) as info:
+            fresh_db.c.update_one({"_id": 1}, {"$inc": {"n": 10}}, session=session)
+        assert info.value.code == 112 and info.value.has_error_label("TransientTransactionError")
+        session.abort_transaction()
+    assert one(fresh_db.c, {"_id": 1})["n"] == 1

@@ -57,7 +57,8 @@ def list_databases(ctx: Context) -> dict[str, Any]:
     entries = []
     total = 0
     for name in sorted(names):
-        size = sum(len(raw) for coll in ctx.state.collections(name) for _, raw in coll.docs.values())
+        with ctx.state.lock:
+            size = sum(len(raw) for coll in ctx.state.collections(name) for _, raw in coll.docs.values())
         if name == "local":
             size += ctx.state.oplog.size_bytes()
         total += size
@@ -92,7 +93,8 @@ def list_indexes(ctx: Context) -> dict[str, Any]:
     coll = ctx.state.get_collection(ctx.db, name)
     if coll is None:
         raise command_error(NAMESPACE_NOT_FOUND, f"ns does not exist: {ctx.db}.{name}")
-    specs = [dict(ix.spec) for ix in coll.indexes.values()]
+    with ctx.state.lock:
+        specs = [dict(ix.spec) for ix in coll.indexes.values()]
     cursor_opts = ctx.get("cursor", Mapping) or {}
     ns = f"{ctx.db}.{name}"
     return _cursor_reply(ctx, ListCursor(ns, specs, _encode_checked), ns, cursor_opts.get("batchSize"), False, "firstBatch")
@@ -227,9 +229,10 @@ def rename_collection(ctx: Context) -> dict[str, Any]:
 
 @command("dbStats", "dbstats")
 def db_stats(ctx: Context) -> dict[str, Any]:
-    colls = ctx.state.collections(ctx.db)
-    objects = sum(len(c.docs) for c in colls)
-    size = sum(len(raw) for c in colls for _, raw in c.docs.values())
+    with ctx.state.lock:
+        colls = ctx.state.collections(ctx.db)
+        objects = sum(len(c.docs) for c in colls)
+        size = sum(len(raw) for c in colls for _, raw in c.docs.values())
     return {
         "db": ctx.db,
         "collections": len(colls),
@@ -249,7 +252,8 @@ def coll_stats(ctx: Context) -> dict[str, Any]:
     coll = ctx.state.get_collection(ctx.db, name)
     if coll is None:
         raise command_error(NAMESPACE_NOT_FOUND, f"Collection [{ctx.db}.{name}] not found.")
-    size = sum(len(raw) for _, raw in coll.docs.values())
+    with ctx.state.lock:
+        size = sum(len(raw) for _, raw in coll.docs.values())
     return {
         "ns": coll.ns,
         "count": len(coll.docs),

@@ -56,6 +56,8 @@ def _run_statements(ctx: Context, items: list[Any], run: Callable[[int, Any], No
         try:
             run(index, item)
         except CommandError as exc:
+            if "TransientTransactionError" in exc.labels:
+                raise  # mongod reports these as command errors, not write errors
             errors.append(_write_error(index, exc))
             if ordered or ctx.txn is not None:
                 break
@@ -436,7 +438,8 @@ def aggregate(ctx: Context) -> dict[str, Any]:
 
         source = changestream.open_change_stream(ctx.state, ctx.db, name, pipeline, ctx.cmd)
         stream = TailableCursor(ns, source)
-        batch = stream.next_batch(batch_size, 0) if batch_size != 0 else []
+        first_size = DEFAULT_FIRST_BATCH if batch_size is None else batch_size
+        batch = stream.next_batch(first_size, 0) if first_size != 0 else []
         cursor_id = 0 if stream.exhausted else ctx.cursors.register(stream)
         return {"cursor": cursor_document(cursor_id, ns, "firstBatch", encode_array(batch), stream.extra_fields())}
     for stage in pipeline[1:]:
