@@ -6,10 +6,14 @@ STAMP := $(VENV)/.installed
 KAFKA_POM := mongocdc_core/devstack/kafka/pom.xml
 KAFKA_JARS := .jars/kafka
 KAFKA_STAMP := $(KAFKA_JARS)/.complete
+DRIVERS_JAVA := tests/drivers/java
+DRIVERS_NODE := tests/drivers/node
+DRIVERS_JAR := $(DRIVERS_JAVA)/target/driver-check.jar
+DRIVERS_NODE_STAMP := $(DRIVERS_NODE)/node_modules/.installed
 
 .PHONY: setup test lint demo dev bench clean
 
-setup: $(STAMP) $(KAFKA_STAMP)
+setup: $(STAMP) $(KAFKA_STAMP) $(DRIVERS_JAR) $(DRIVERS_NODE_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +25,16 @@ $(STAMP): pyproject.toml
 $(KAFKA_STAMP): $(KAFKA_POM)
 	rm -rf $(KAFKA_JARS)
 	mvn -q -B -f $(KAFKA_POM) dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(KAFKA_JARS)
+	touch $@
+
+# The official Java and Node.js drivers' checks against the emulator (tests/drivers).
+$(DRIVERS_JAR): $(DRIVERS_JAVA)/pom.xml $(wildcard $(DRIVERS_JAVA)/src/main/java/mongocdc/drivers/*.java) $(wildcard $(DRIVERS_JAVA)/src/main/resources/*)
+	rm -rf $(DRIVERS_JAVA)/target
+	mvn -q -B -ntp -f $(DRIVERS_JAVA)/pom.xml package
+	touch $@
+
+$(DRIVERS_NODE_STAMP): $(DRIVERS_NODE)/package.json $(DRIVERS_NODE)/package-lock.json
+	cd $(DRIVERS_NODE) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 test: setup
@@ -37,4 +51,4 @@ bench: setup
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(DRIVERS_JAVA)/target $(DRIVERS_NODE)/node_modules
