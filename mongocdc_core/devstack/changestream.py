@@ -387,7 +387,8 @@ class ChangeStreamCursor:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                self._oplog.wait_for_entries_after(self._last_seen(), remaining)
+                if not self._oplog.wait_for_entries_after(self._last_seen(), remaining):
+                    break  # timed out, or interrupted by a step-down
                 self._fill(limit)
         except CommandError as exc:
             self._failed = exc

@@ -145,7 +145,7 @@ class Faults:
             for session in server.state.sessions.values():
                 if session.txn is not None and session.txn.state == "in_progress":
                     session.txn.state = "aborted"
-            server.oplog.cond.notify_all()
+        server.oplog.interrupt()
         if self._election_timer is not None:
             self._election_timer.cancel()
         self._election_timer = threading.Timer(seconds, self._elect)

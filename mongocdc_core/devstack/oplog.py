@@ -70,6 +70,7 @@ class Oplog:
         self._head = 0  # index of the first live entry; the prefix before it awaits compaction
         self._bytes = 0
         self._truncated_before: TsKey | None = None
+        self._interrupts = 0  # bumped by ``interrupt`` (step-down) to end every waiting reader
 
     # -- writing ---------------------------------------------------------------------------
     def append(self, entries: Sequence[dict[str, Any]]) -> None:
@@ -148,14 +149,24 @@ class Oplog:
         first = self.first_ts()
         return first is not None and ts_key(first) <= ts_key(ts)
 
+    def interrupt(self) -> None:
+        """Wake every ``wait_for_entries_after`` with False, as a step-down kills waiting getMores."""
+        with self.cond:
+            self._interrupts += 1
+            self.cond.notify_all()
+
     def wait_for_entries_after(self, ts: Timestamp | None, timeout: float) -> bool:
-        """Block until an entry newer than ``ts`` exists or ``timeout`` seconds pass."""
+        """Block until an entry newer than ``ts`` exists (True) or ``timeout`` seconds pass or
+        ``interrupt`` is called (False)."""
         deadline = time.monotonic() + timeout
         with self.cond:
+            interrupts = self._interrupts
             while True:
                 last = self._keys[-1] if self._head < len(self._keys) else None
                 if last is not None and (ts is None or last > ts_key(ts)):
                     return True
+                if self._interrupts != interrupts:
+                    return False
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False

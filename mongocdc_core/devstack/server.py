@@ -43,6 +43,8 @@ from .state import OPERATION_NOT_SUPPORTED_IN_TRANSACTION, ServerState
 
 UNAUTHORIZED = (13, "Unauthorized")
 PROTOCOL_ERROR = (17, "ProtocolError")
+# mongod's NotPrimaryError category: error replies with these codes carry ``topologyVersion``.
+NOT_PRIMARY_CODES = frozenset({10107, 11602, 13435, 13436, 189})
 RETRYABLE_CODES = frozenset({6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
 # Commands a secondary answers; everything else needs the primary (reads without secondaryOk too).
 _SECONDARY_OK_READS = frozenset({"find", "getMore", "aggregate", "count", "distinct", "listCollections",
@@ -310,10 +312,13 @@ class EmulatorServer:
         try:
             reply = self._run(cmd, conn)
         except CommandError as exc:
-            if self._is_change_stream(cmd) and not getattr(exc, "explicit_labels", False):
+            if self._labels_change_stream_error(cmd, exc):
                 extra = [label for label in change_stream_error_labels(exc.code) if label not in exc.labels]
                 exc.labels = (*exc.labels, *extra)
             reply = exc.to_reply()
+            if exc.code in NOT_PRIMARY_CODES:
+                # Drivers compare it with the hello they know to ignore stale NotPrimary errors.
+                reply["topologyVersion"] = self.topology.version()
         except DropConnection:
             conn.close()
             return None
@@ -328,6 +333,17 @@ class EmulatorServer:
             return bson.encode(reply)
         except Exception as exc:
             return bson.encode(CommandError(1, "InternalError", f"reply could not be encoded: {exc}").to_reply())
+
+    def _labels_change_stream_error(self, cmd: dict[str, Any], exc: CommandError) -> bool:
+        """Whether mongod would add its change stream labels to this error.
+
+        A ``failCommand`` error with explicit ``errorLabels`` keeps exactly those. Without them, a
+        getMore's fail point fires before the cursor is checked out, so mongod never learns the
+        cursor is a change stream and adds nothing; an aggregate's command is known up front.
+        """
+        if isinstance(exc, FailPointError) and (exc.explicit_labels or next(iter(cmd), None) == "getMore"):
+            return False
+        return self._is_change_stream(cmd)
 
     def _is_change_stream(self, cmd: dict[str, Any]) -> bool:
         """A ``$changeStream`` aggregate or a getMore on a change stream cursor."""

@@ -22,4 +22,8 @@ def open_sink(spec: str, cfg: Any = None) -> Sink:
         from mongocdc_core.sinks.parquet import ParquetSink
 
         return ParquetSink(target)
+    if kind == "kafka":
+        from mongocdc_core.sinks.kafka import KafkaSink
+
+        return KafkaSink.from_config(target, cfg)
     raise ValueError(f"unknown sink kind {kind!r} in {spec!r}; expected {SINK_FORMS}")

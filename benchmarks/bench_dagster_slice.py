@@ -1,0 +1,104 @@
+"""What a Dagster run costs around a stream slice: events/s through `materialize` vs the engine alone.
+
+Starts the emulator as a separate process, waits for a one-minute window that lies wholly inside its
+oplog, writes N documents into it, and once the window has closed reads it in this process: a warm-up pass, the
+baseline ``api.stream_window`` into a ``ParquetSink.to_file`` (exactly what the asset does inside),
+then the ``stream_slice`` asset through ``dagster.materialize`` on an ephemeral instance. The ratio
+(Dagster events/s over engine events/s) is the fraction of the engine's speed left after Dagster's
+run overhead and the asset's landing check; it approaches 1 as slices grow.
+
+Usage: ``python benchmarks/bench_dagster_slice.py [--events 20000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import orjson
+from bson import Timestamp
+from dagster import DagsterInstance, materialize
+from pymongo import MongoClient
+from rich.console import Console
+from rich.table import Table
+
+from mongocdc_core import api
+from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.devstack.fixture import EmulatedReplicaSet
+from mongocdc_core.sinks.parquet import ParquetSink
+from mongocdc_dagster.assets.cdc import build_cdc_assets
+from mongocdc_dagster.partitions import COLLECTIONS_PARTITIONS_NAME, CdcPartitions
+from mongocdc_dagster.resources import MongoCdcKafkaResource, MongoCdcResource
+from mongocdc_dagster.settings import CdcSettings
+
+
+def _sleep_until(when: datetime) -> None:
+    delay = (when - datetime.now(UTC)).total_seconds()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=20_000, help="documents inserted into the window")
+    args = parser.parse_args()
+    console = Console()
+    with EmulatedReplicaSet(in_process=False, noop_interval=1.0) as emulator, tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        config = home / "connector.json"
+        config.write_bytes(orjson.dumps({"name": "bench", "config": {
+            "mongodb.connection.string": emulator.uri, "topic.prefix": "bench", "database.include.list": "bench"}}))
+        cfg = ConnectorConfig.load(config)
+        first = datetime.fromtimestamp(api.oplog_window(cfg).first.time, UTC)
+        settings = CdcSettings.from_env({"MONGOCDC_CONFIG": str(config), "MONGOCDC_HOME": str(home),
+                                         "MONGOCDC_SLICE_GRANULARITY": "1min",
+                                         "MONGOCDC_SLICE_START": first.replace(second=0, microsecond=0).isoformat()})
+        partitions = CdcPartitions.from_settings(settings)
+        window_start = partitions.window(partitions.window_key_containing(first) or "").end
+        console.print(f"waiting for the window starting {window_start:%H:%M:%S} (inside the oplog)")
+        _sleep_until(window_start)
+        client: MongoClient[dict[str, object]] = MongoClient(emulator.uri)
+        docs = [{"_id": i, "name": f"customer-{i}", "value": i * 3, "tags": ["a", "b"]} for i in range(args.events)]
+        for offset in range(0, len(docs), 1000):
+            client.bench.orders.insert_many(docs[offset:offset + 1000])
+        client.close()
+        window_key = partitions.window_key_containing(window_start)
+        assert window_key is not None
+        window = partitions.window(window_key)
+        _sleep_until(window.end)
+        time.sleep(1.5)  # the emulator's no-op entry moves the cluster time past the window end
+
+        start, end = Timestamp(int(window.start.timestamp()), 0), Timestamp(int(window.end.timestamp()), 0)
+        for _ in range(2):  # the first pass warms the emulator's caches; the second is the baseline
+            began = time.perf_counter()
+            sink = ParquetSink.to_file(home / "baseline.parquet")
+            direct = api.stream_window(cfg, "bench.orders", start, end, sink)
+            sink.close()
+            direct_s = time.perf_counter() - began
+
+        assets = build_cdc_assets(cfg, settings.landing_dir, partitions)
+        resources = {"mongocdc": MongoCdcResource(config_path=str(config), home=str(home)),
+                     "kafka": MongoCdcKafkaResource()}
+        with DagsterInstance.ephemeral() as instance:
+            instance.add_dynamic_partitions(COLLECTIONS_PARTITIONS_NAME, ["bench.orders"])
+            began = time.perf_counter()
+            result = materialize([assets.stream_slice], partition_key=str(partitions.slice_key("bench.orders", window_key)),
+                                 resources=resources, instance=instance)
+            dagster_s = time.perf_counter() - began
+        assert result.success and direct.events == args.events, (direct.events, args.events)
+
+    table = Table(title=f"stream slice of {direct.events} events")
+    table.add_column("path")
+    table.add_column("seconds", justify="right")
+    table.add_column("events/s", justify="right")
+    table.add_row("api.stream_window (baseline)", f"{direct_s:.2f}", f"{direct.events / direct_s:,.0f}")
+    table.add_row("dagster materialize", f"{dagster_s:.2f}", f"{direct.events / dagster_s:,.0f}")
+    console.print(table)
+    console.print(f"ratio dagster/engine: {direct_s / dagster_s:.2f}")
+
+
+if __name__ == "__main__":
+    main()

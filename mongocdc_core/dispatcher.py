@@ -1,0 +1,334 @@
+"""Debezium's event dispatcher: raw MongoDB documents -> records -> sink, and the offset context.
+
+Both sources (snapshot and stream) hand raw documents here. The dispatcher converts them
+(``EventConverter``), writes the records to the sink in batches, emits heartbeats, and records
+offsets only after ``sink.flush()`` returned for every record written before them: a crash can
+repeat records but never lose one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from bson import Timestamp
+
+from mongocdc_core.events import EventConverter, Record
+from mongocdc_core.events.transactions import transaction_id
+from mongocdc_core.metrics import ConnectorMetrics
+from mongocdc_core.offsets import Offset, OffsetStore, SnapshotState
+from mongocdc_core.positions import Position
+from mongocdc_core.sinks.base import Sink
+from mongocdc_core.source.oplog import token_timestamp
+from mongocdc_core.source.snapshot import SnapshotChunk, StartPoint
+
+
+class ProgressListener:
+    """Hooks for rendering progress (the CLI draws them with rich); override what you need.
+
+    Called from the engine's threads; implementations must be quick and must not raise.
+    """
+
+    def snapshot_started(self, totals: Mapping[str, int | None]) -> None:
+        """A snapshot of these collections (estimated document counts) begins."""
+
+    def snapshot_progress(self, namespace: str, copied: int, total: int | None) -> None:
+        """``copied`` documents of ``namespace`` were delivered so far."""
+
+    def snapshot_collection_done(self, namespace: str, copied: int) -> None:
+        """``namespace`` was copied completely and its records flushed."""
+
+    def snapshot_finished(self, completed: bool, documents: int) -> None:
+        """The snapshot ended (``completed`` False when it was stopped)."""
+
+    def streaming_started(self, position: Position | None) -> None:
+        """Streaming begins after ``position`` (None: from now)."""
+
+    def streaming_progress(self, events: int, counts: Mapping[str, int], position: Position | None) -> None:
+        """``events`` change events were dispatched so far (``counts`` by op)."""
+
+
+class Dispatcher:
+    """Converts, batches, writes, heartbeats and commits offsets for one engine run."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        converter: EventConverter,
+        sink: Sink,
+        offsets: OffsetStore | None,
+        metrics: ConnectorMetrics,
+        offset: Offset,
+        *,
+        progress: ProgressListener | None = None,
+        flush_interval_s: float = 60.0,
+    ) -> None:
+        self.cfg = cfg
+        self.converter = converter
+        self.sink = sink
+        self.offsets = offsets
+        self.metrics = metrics
+        self.offset = offset
+        self.progress = progress
+        self.flush_interval_s = flush_interval_s
+        self.heartbeat_interval_s = cfg.heartbeat_interval_ms / 1000
+        self.batch_size = cfg.max_batch_size
+        self._buffer: list[Record] = []
+        self._captured: dict[tuple[Any, Any], bool] = {}  # the filters' verdict per namespace
+        # Ad hoc snapshot hooks (set by the engine): events of the signaling collection, and every
+        # captured data event (incremental snapshot windows de-duplicate against them).
+        self.on_signal: Callable[[Mapping[str, Any], Position], None] | None = None
+        self.on_stream_event: Callable[[str, Any, Position], bool] | None = None
+        self._last_commit = time.monotonic()
+        self._last_heartbeat = time.monotonic()
+        self._latest_token: dict[str, Any] | None = offset.resume_token
+        self._dirty = False
+        last = offset.position
+        self._last_key: tuple[int, int] | None = (last.seconds, last.increment) if last else None
+        self._ordinal = last.ordinal if last else 0
+        self._txn: str | None = None
+        self.events = 0
+        self.counts: dict[str, int] = {"c": 0, "u": 0, "d": 0}
+        self.first_position: Position | None = None
+        self.last_event_position: Position | None = None
+        self.last_position: Position | None = last
+        self.records_written = 0
+        self.snapshot_documents = 0
+        self._snapshot_copied: dict[str, int] = {}
+        self._snapshot_totals: dict[str, int | None] = {}
+        self._last_progress_report = 0.0
+
+    # -- writing and committing -----------------------------------------------------------------------
+
+    def _write(self, records: list[Record]) -> None:
+        self._buffer.extend(records)
+        if len(self._buffer) >= self.batch_size:
+            self.drain()
+
+    def write(self, records: list[Record]) -> None:
+        """Deliver records produced outside the dispatcher (notifications) in stream order."""
+        if records:
+            self._write(records)
+
+    def set_incremental(self, state: dict[str, Any] | None) -> None:
+        """Record incremental snapshot progress in the offset (saved with the next commit)."""
+        self.offset.incremental = state
+        self._dirty = True
+
+    def drain(self) -> None:
+        """Hand buffered records to the sink (they are durable only after the next commit)."""
+        if self._buffer:
+            self.sink.write(self._buffer)
+            self.records_written += len(self._buffer)
+            self._buffer = []
+
+    def commit(self) -> None:
+        """Flush the sink, then save the offset (order matters: never record an undelivered position)."""
+        self.drain()
+        self.sink.flush()
+        if self.offsets is not None and self._dirty:
+            self.offsets.save(self.offset)
+        self._dirty = False
+        self._last_commit = time.monotonic()
+
+    def maybe_commit(self) -> None:
+        """Commit when ``offset.flush.interval.ms`` elapsed since the last commit."""
+        if time.monotonic() - self._last_commit >= self.flush_interval_s:
+            self.commit()
+
+    def finish(self) -> None:
+        """End an open transaction (END record) and commit; for graceful stops and the end of a window."""
+        self._write(self.converter.flush())
+        self.commit()
+
+    # -- snapshot -------------------------------------------------------------------------------------
+
+    def snapshot_started(self, state: SnapshotState, totals: Mapping[str, int | None]) -> None:
+        """Record that a snapshot is in progress (so an interrupted one is redone on restart)."""
+        self.offset.snapshot = state
+        self.offset.resume_token = state.start_token
+        self.offset.position = state.start_position
+        self._latest_token = state.start_token
+        start = state.start_position
+        # Events sharing the start's clusterTime sort after the reads (ordinal >= 1).
+        self._last_key = (start.seconds, start.increment) if start is not None else None
+        self._ordinal = 0
+        self._snapshot_totals = dict(totals)
+        self._snapshot_copied = dict.fromkeys(totals, 0)
+        self._dirty = True
+        self.commit()
+        if self.progress is not None:
+            self.progress.snapshot_started(totals)
+
+    def snapshot_chunk(self, chunk: SnapshotChunk, position: Position, read_at: datetime.datetime) -> None:
+        """Read events for one chunk; when the collection is complete, flush and mark it done."""
+        db, _, coll = chunk.namespace.partition(".")
+        convert = self.converter.convert_read
+        records = [
+            convert(doc, db, coll, position, marker, read_at)
+            for doc, marker in zip(chunk.documents, chunk.markers, strict=True)
+        ]
+        self._write(records)
+        n = len(records)
+        self.snapshot_documents += n
+        copied = self._snapshot_copied.get(chunk.namespace, 0) + n
+        self._snapshot_copied[chunk.namespace] = copied
+        if n:
+            self.metrics.snapshot.rows(chunk.namespace, n, position.to_str())
+        if chunk.final:
+            state = self.offset.snapshot
+            if state is not None and chunk.namespace not in state.completed:
+                state.completed.append(chunk.namespace)
+            self._dirty = True
+            self.commit()
+            self.metrics.snapshot.table_done()
+            if self.progress is not None:
+                self.progress.snapshot_collection_done(chunk.namespace, copied)
+        elif self.progress is not None:
+            self.progress.snapshot_progress(chunk.namespace, copied, self._snapshot_totals.get(chunk.namespace))
+
+    def snapshot_finished(self, completed: bool) -> None:
+        """Mark the snapshot done (streaming starts from its start token) and commit."""
+        state = self.offset.snapshot
+        if state is not None and completed:
+            state.running = False
+            self.offset.snapshot = None
+        self._dirty = True
+        self.commit()
+        if self.progress is not None:
+            self.progress.snapshot_finished(completed, self.snapshot_documents)
+
+    # -- streaming ------------------------------------------------------------------------------------
+
+    def start_at(self, start: StartPoint) -> None:
+        """Record a streaming start point (no snapshot, no offset yet) and commit it."""
+        self.offset.resume_token = start.token
+        self.offset.position = start.position
+        self._latest_token = start.token
+        self.last_position = start.position
+        self._last_key = (start.position.seconds, start.position.increment)
+        self._ordinal = 0
+        self._dirty = True
+        self.commit()
+
+    # -- streaming (events) ------------------------------------------------------------------------------------
+
+    def _position(self, cluster_time: Timestamp) -> Position:
+        """clusterTime plus an ordinal counting the events that share it (a transaction's operations)."""
+        key = (cluster_time.time, cluster_time.inc)
+        if key == self._last_key:
+            self._ordinal += 1
+        else:
+            self._last_key = key
+            self._ordinal = 0
+        return Position(key[0], key[1], self._ordinal)
+
+    def change(self, doc: Mapping[str, Any], token: dict[str, Any]) -> bool:
+        """Dispatch one change event; True when it produced a data event (not filtered)."""
+        ns = doc.get("ns") or {}
+        db, coll = ns.get("db"), ns.get("coll")
+        signal = self.on_signal is not None and self.cfg.is_signal_collection(db, coll)
+        captured = self._captured.get((db, coll))
+        if captured is None:
+            captured = (
+                isinstance(db, str)
+                and isinstance(coll, str)
+                and self.cfg.collection_included(db, coll)
+                and not self.cfg.is_signal_collection(db, coll)
+            )
+            self._captured[(db, coll)] = captured
+        cluster_time = doc.get("clusterTime")
+        if not isinstance(cluster_time, Timestamp):
+            cluster_time = token_timestamp(token) or Timestamp(0, 0)
+        position = self._position(cluster_time)
+        records = self.converter.convert_change(doc, position) if captured else []
+        op = next((r.op for r in records if r.op is not None), None)
+        if records:
+            self._write(records)
+        # Only now may the offset move past this event: it was converted and handed to the sink.
+        self._advance(token, position)
+        if signal and self.on_signal is not None:
+            self.on_signal(doc, position)
+        if op is None:
+            self.metrics.streaming.filtered()
+            return False
+        if self.on_stream_event is not None:
+            self.on_stream_event(f"{db}.{coll}", (doc.get("documentKey") or {}).get("_id"), position)
+        self._count(doc, op, position, cluster_time)
+        return True
+
+    def _count(self, doc: Mapping[str, Any], op: str, position: Position, cluster_time: Timestamp) -> None:
+        self.events += 1
+        self.counts[op] = self.counts.get(op, 0) + 1
+        if self.first_position is None:
+            self.first_position = position
+        self.last_event_position = position
+        streaming = self.metrics.streaming
+        lsid = doc.get("lsid")
+        txn = transaction_id(lsid, doc.get("txnNumber")) if lsid is not None else None
+        if txn != self._txn:
+            if self._txn is not None:
+                streaming.NumberOfCommittedTransactions += 1
+            self._txn = txn
+        if txn is not None:
+            streaming.LastTransactionId = txn
+        streaming.event(op, position, cluster_time.time * 1000, self._latest_token)
+        if self.progress is not None:
+            now = time.monotonic()
+            if now - self._last_progress_report >= 0.2:
+                self._last_progress_report = now
+                self.progress.streaming_progress(self.events, self.counts, position)
+
+    def _advance(self, token: dict[str, Any], position: Position) -> None:
+        self._latest_token = token
+        self.last_position = position
+        self.offset.resume_token = token
+        self.offset.position = position
+        self._dirty = True
+
+    def progress_token(self, token: Mapping[str, Any]) -> None:
+        """A post-batch resume token: the stream scanned up to it. Offsets move with the next heartbeat."""
+        self._latest_token = dict(token)
+
+    def end_transaction_if_open(self) -> None:
+        """Emit END for a transaction whose last event was dispatched (heartbeat or end of window)."""
+        records = self.converter.flush()
+        if records:
+            self._write(records)
+            if self._txn is not None:
+                self.metrics.streaming.NumberOfCommittedTransactions += 1
+                self._txn = None
+
+    def heartbeat_if_due(self) -> None:
+        """Every ``heartbeat.interval.ms``: a heartbeat record carrying the latest scanned position.
+
+        This is what moves the offset forward while only uncaptured collections change, so a long
+        quiet period does not let the stored position fall out of the oplog.
+        """
+        if self.heartbeat_interval_s <= 0:
+            return
+        now = time.monotonic()
+        if now - self._last_heartbeat < self.heartbeat_interval_s:
+            return
+        self._last_heartbeat = now
+        token = self._latest_token
+        ts = token_timestamp(token)
+        position = self.last_position
+        if ts is not None:
+            candidate = Position.from_timestamp(ts)
+            if position is None or candidate > position:
+                position = candidate
+                self._last_key = (ts.time, ts.inc)
+                self._ordinal = 0
+        if position is None:
+            return
+        self.end_transaction_if_open()
+        self._write([self.converter.heartbeat_record(position, int(time.time() * 1000))])
+        if token is not None and token != self.offset.resume_token:
+            self.offset.resume_token = token
+            self.offset.position = position
+            self.last_position = position
+            self._dirty = True
+        self.metrics.streaming.NumberOfHeartbeats += 1

@@ -1,0 +1,291 @@
+"""Debezium's snapshot and streaming metrics, under Debezium's attribute names.
+
+Debezium exposes these as JMX MBeans (``context=snapshot`` and ``context=streaming``); here they
+are plain counters that the engine updates, readable in-process (``snapshot()``), as a JSON file
+rewritten atomically every few seconds while the engine runs, and as a printable ``summary()``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+class SnapshotMetrics:
+    """``debezium.mongodb:type=connector-metrics,context=snapshot``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.LastEvent = ""
+        self.last_event_monotonic: float | None = None
+        self.TotalNumberOfEventsSeen = 0
+        self.NumberOfEventsFiltered = 0
+        self.CapturedTables: list[str] = []
+        self.QueueTotalCapacity = 0
+        self.QueueRemainingCapacity = 0
+        self.MaxQueueSizeInBytes = 0
+        self.CurrentQueueSizeInBytes = 0
+        self.TotalTableCount = 0
+        self.RemainingTableCount = 0
+        self.SnapshotRunning = False
+        self.SnapshotPaused = False
+        self.SnapshotAborted = False
+        self.SnapshotCompleted = False
+        self.started_monotonic: float | None = None
+        self.ended_monotonic: float | None = None
+        self.SnapshotPausedDurationInSeconds = 0
+        self.RowsScanned: dict[str, int] = {}
+        self.NumberOfDisconnects = 0
+
+    def start(self, collections: Iterable[str]) -> None:
+        with self._lock:
+            self.CapturedTables = list(collections)
+            self.TotalTableCount = len(self.CapturedTables)
+            self.RemainingTableCount = self.TotalTableCount
+            self.RowsScanned = {}
+            self.SnapshotRunning = True
+            self.SnapshotAborted = False
+            self.SnapshotCompleted = False
+            self.started_monotonic = time.monotonic()
+            self.ended_monotonic = None
+
+    def rows(self, namespace: str, count: int, last_event: str) -> None:
+        with self._lock:
+            self.RowsScanned[namespace] = self.RowsScanned.get(namespace, 0) + count
+            self.TotalNumberOfEventsSeen += count
+            self.LastEvent = last_event
+            self.last_event_monotonic = time.monotonic()
+
+    def table_done(self) -> None:
+        with self._lock:
+            self.RemainingTableCount = max(0, self.RemainingTableCount - 1)
+
+    def finish(self, *, aborted: bool) -> None:
+        with self._lock:
+            self.SnapshotRunning = False
+            self.SnapshotAborted = aborted
+            self.SnapshotCompleted = not aborted
+            self.ended_monotonic = time.monotonic()
+
+    @property
+    def SnapshotDurationInSeconds(self) -> int:  # noqa: N802 - Debezium's attribute name
+        if self.started_monotonic is None:
+            return 0
+        end = self.ended_monotonic if self.ended_monotonic is not None else time.monotonic()
+        return int(end - self.started_monotonic)
+
+    def as_dict(self) -> dict[str, Any]:
+        with self._lock:
+            since = _millis_since(self.last_event_monotonic)
+            return {
+                "LastEvent": self.LastEvent,
+                "MilliSecondsSinceLastEvent": since,
+                "TotalNumberOfEventsSeen": self.TotalNumberOfEventsSeen,
+                "NumberOfEventsFiltered": self.NumberOfEventsFiltered,
+                "CapturedTables": list(self.CapturedTables),
+                "QueueTotalCapacity": self.QueueTotalCapacity,
+                "QueueRemainingCapacity": self.QueueRemainingCapacity,
+                "MaxQueueSizeInBytes": self.MaxQueueSizeInBytes,
+                "CurrentQueueSizeInBytes": self.CurrentQueueSizeInBytes,
+                "TotalTableCount": self.TotalTableCount,
+                "RemainingTableCount": self.RemainingTableCount,
+                "SnapshotRunning": self.SnapshotRunning,
+                "SnapshotPaused": self.SnapshotPaused,
+                "SnapshotAborted": self.SnapshotAborted,
+                "SnapshotCompleted": self.SnapshotCompleted,
+                "SnapshotDurationInSeconds": self.SnapshotDurationInSeconds,
+                "SnapshotPausedDurationInSeconds": self.SnapshotPausedDurationInSeconds,
+                "RowsScanned": dict(self.RowsScanned),
+                "NumberOfDisconnects": self.NumberOfDisconnects,
+            }
+
+
+class StreamingMetrics:
+    """``debezium.mongodb:type=connector-metrics,context=streaming``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last_position: Any = None
+        self._last_token: Any = None
+        self._last_cluster_time_ms: int | None = None
+        self._last_processed_ms = 0.0
+        self.last_event_monotonic: float | None = None
+        self.TotalNumberOfEventsSeen = 0
+        self.TotalNumberOfCreateEventsSeen = 0
+        self.TotalNumberOfUpdateEventsSeen = 0
+        self.TotalNumberOfDeleteEventsSeen = 0
+        self.NumberOfEventsFiltered = 0
+        self.CapturedTables: list[str] = []
+        self.QueueTotalCapacity = 0
+        self.QueueRemainingCapacity = 0
+        self.MaxQueueSizeInBytes = 0
+        self.CurrentQueueSizeInBytes = 0
+        self.Connected = False
+        self.NumberOfCommittedTransactions = 0
+        self.LastTransactionId = ""
+        self.NumberOfDisconnects = 0
+        self.NumberOfPrimaryElections = 0
+        self.NumberOfHeartbeats = 0
+
+    def event(self, op: str | None, position: Any, cluster_time_ms: int | None, resume_token: Any) -> None:
+        """Count one dispatched change event (``op`` c/u/d, None for other kinds).
+
+        ``position`` and ``resume_token`` are kept as given and turned into text only when the
+        metrics are read: this runs once per event on the hot path.
+        """
+        with self._lock:
+            self.TotalNumberOfEventsSeen += 1
+            if op == "c":
+                self.TotalNumberOfCreateEventsSeen += 1
+            elif op == "u":
+                self.TotalNumberOfUpdateEventsSeen += 1
+            elif op == "d":
+                self.TotalNumberOfDeleteEventsSeen += 1
+            self._last_position = position
+            self._last_token = resume_token
+            self.last_event_monotonic = time.monotonic()
+            if cluster_time_ms is not None:
+                self._last_cluster_time_ms = cluster_time_ms
+                self._last_processed_ms = time.time() * 1000
+
+    @property
+    def LastEvent(self) -> str:  # noqa: N802 - Debezium's attribute name
+        return "" if self._last_position is None else str(self._last_position)
+
+    @property
+    def SourceEventPosition(self) -> dict[str, str]:  # noqa: N802 - Debezium's attribute name
+        if self._last_position is None:
+            return {}
+        return {"position": str(self._last_position), "resume_token": str(self._last_token)}
+
+    @property
+    def MilliSecondsBehindSource(self) -> int:  # noqa: N802 - Debezium's attribute name
+        if self._last_cluster_time_ms is None:
+            return -1
+        return max(0, int(self._last_processed_ms - self._last_cluster_time_ms))
+
+    def filtered(self, count: int = 1) -> None:
+        with self._lock:
+            self.NumberOfEventsFiltered += count
+
+    def as_dict(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "LastEvent": self.LastEvent,
+                "MilliSecondsSinceLastEvent": _millis_since(self.last_event_monotonic),
+                "TotalNumberOfEventsSeen": self.TotalNumberOfEventsSeen,
+                "TotalNumberOfCreateEventsSeen": self.TotalNumberOfCreateEventsSeen,
+                "TotalNumberOfUpdateEventsSeen": self.TotalNumberOfUpdateEventsSeen,
+                "TotalNumberOfDeleteEventsSeen": self.TotalNumberOfDeleteEventsSeen,
+                "NumberOfEventsFiltered": self.NumberOfEventsFiltered,
+                "CapturedTables": list(self.CapturedTables),
+                "QueueTotalCapacity": self.QueueTotalCapacity,
+                "QueueRemainingCapacity": self.QueueRemainingCapacity,
+                "MaxQueueSizeInBytes": self.MaxQueueSizeInBytes,
+                "CurrentQueueSizeInBytes": self.CurrentQueueSizeInBytes,
+                "Connected": self.Connected,
+                "MilliSecondsBehindSource": self.MilliSecondsBehindSource,
+                "NumberOfCommittedTransactions": self.NumberOfCommittedTransactions,
+                "SourceEventPosition": dict(self.SourceEventPosition),
+                "LastTransactionId": self.LastTransactionId,
+                "NumberOfDisconnects": self.NumberOfDisconnects,
+                "NumberOfPrimaryElections": self.NumberOfPrimaryElections,
+                "NumberOfHeartbeats": self.NumberOfHeartbeats,
+            }
+
+
+def _millis_since(mono: float | None) -> int:
+    return -1 if mono is None else int((time.monotonic() - mono) * 1000)
+
+
+class ConnectorMetrics:
+    """Both metric groups of one connector, plus the periodic JSON file writer."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        self.snapshot = SnapshotMetrics()
+        self.streaming = StreamingMetrics()
+        self._writer: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def as_dict(self) -> dict[str, Any]:
+        """Debezium's MBean names as keys, attribute maps as values."""
+        base = f"debezium.mongodb:type=connector-metrics,server={self.server},task=0"
+        return {
+            base.replace("type=connector-metrics,", "type=connector-metrics,context=snapshot,"): (
+                self.snapshot.as_dict()
+            ),
+            base.replace("type=connector-metrics,", "type=connector-metrics,context=streaming,"): (
+                self.streaming.as_dict()
+            ),
+        }
+
+    def write_file(self, path: str | os.PathLike[str]) -> None:
+        """Replace ``path`` atomically with the current metrics as JSON."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(orjson.dumps(self.as_dict(), option=orjson.OPT_INDENT_2))
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def start_file_writer(self, path: str | os.PathLike[str], interval_s: float = 2.0) -> None:
+        """Rewrite ``path`` every ``interval_s`` seconds until ``stop_file_writer``."""
+        if self._writer is not None:
+            return
+        self._stop.clear()
+
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                self.write_file(path)
+
+        self.write_file(path)
+        self._writer = threading.Thread(target=loop, name="mongocdc-metrics", daemon=True)
+        self._writer.start()
+
+    def stop_file_writer(self, path: str | os.PathLike[str] | None) -> None:
+        """Stop the writer and write the final values once more."""
+        self._stop.set()
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        if path is not None:
+            self.write_file(path)
+
+    def summary(self) -> str:
+        """A few human-readable lines for the end of a run."""
+        snap = self.snapshot.as_dict()
+        stream = self.streaming.as_dict()
+        lines = []
+        if snap["TotalTableCount"]:
+            state = "completed" if snap["SnapshotCompleted"] else ("aborted" if snap["SnapshotAborted"] else "running")
+            lines.append(
+                f"snapshot: {state}, {snap['TotalTableCount']} collections, "
+                f"{snap['TotalNumberOfEventsSeen']} documents in {snap['SnapshotDurationInSeconds']} s"
+            )
+            for ns, rows in sorted(snap["RowsScanned"].items()):
+                lines.append(f"  {ns}: {rows} rows")
+        lines.append(
+            f"streaming: {stream['TotalNumberOfEventsSeen']} events (create {stream['TotalNumberOfCreateEventsSeen']}, "
+            f"update {stream['TotalNumberOfUpdateEventsSeen']}, delete {stream['TotalNumberOfDeleteEventsSeen']}), "
+            f"{stream['NumberOfEventsFiltered']} filtered, {stream['NumberOfCommittedTransactions']} transactions, "
+            f"{stream['NumberOfHeartbeats']} heartbeats"
+        )
+        lines.append(
+            f"connection: {stream['NumberOfDisconnects']} disconnects, "
+            f"{stream['NumberOfPrimaryElections']} primary elections"
+        )
+        if stream["LastEvent"]:
+            lines.append(f"last position: {stream['LastEvent']}")
+        return "\n".join(lines)

@@ -1,0 +1,500 @@
+"""Kafka sink: every record to its topic through an idempotent confluent-kafka producer.
+
+Why it is lossless: the producer is idempotent with ``acks=all`` and ``message.timeout.ms=0``
+(retry forever instead of dropping), so while the broker is away records wait in a bounded local
+queue and ``write`` blocks when that queue is full; ``flush`` returns only once every record written
+so far is acknowledged and raises ``SinkError`` (sticky) on any delivery error, and the engine
+records an offset only after ``flush`` returned. Record keys are the Kafka keys and the partitioner
+is Java's murmur2, so all events of a document land in one partition, in order, exactly where Kafka
+Connect would put them.
+
+With ``mongocdc.kafka.exactly.once=true`` the producer is transactional (``transactional.id`` = the
+connector name): records go into an open transaction that the Kafka offset store commits together
+with the offset (``commit_with_offset``), so a ``read_committed`` consumer sees each event once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from mongocdc_core.events.records import Record
+from mongocdc_core.positions import Position
+from mongocdc_core.sinks.base import SinkError
+
+log = logging.getLogger(__name__)
+
+# mongocdc.kafka.* settings this module reads (prefix stripped) and their defaults.
+SETTINGS_DEFAULTS: dict[str, str] = {
+    "topic.creation.enable": "true",
+    "topic.partitions": "1",
+    "topic.replication.factor": "-1",
+    "topic.cleanup.policy": "delete",
+    "exactly.once": "false",
+    "transaction.timeout.ms": "900000",
+}
+_CLEANUP_POLICIES = ("delete", "compact", "compact,delete", "delete,compact")
+_ADMIN_TIMEOUT_S = 30.0
+_BLOCKED_LOG_EVERY_S = 10.0
+_POLL_STEP_S = 0.1
+_TOPIC_EXISTS = KafkaError.TOPIC_ALREADY_EXISTS
+
+
+def _bool(name: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered not in ("true", "false"):
+        raise ValueError(f"mongocdc.kafka.{name} must be true or false, got {value!r}")
+    return lowered == "true"
+
+
+def _int(name: str, value: str, minimum: int) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise ValueError(f"mongocdc.kafka.{name} must be an integer, got {value!r}") from None
+    if number < minimum:
+        raise ValueError(f"mongocdc.kafka.{name} must be >= {minimum}, got {number}")
+    return number
+
+
+@dataclass(frozen=True)
+class KafkaSinkSettings:
+    """What the sink needs from a connector config (all of it optional, so ``cfg=None`` works)."""
+
+    bootstrap_servers: str
+    connector_name: str = "mongocdc"
+    topic_creation: bool = True
+    partitions: int = 1
+    replication_factor: int = -1
+    cleanup_policy: str = "delete"
+    exactly_once: bool = False
+    transaction_timeout_ms: int = 900_000
+    max_queue_messages: int = 8192
+    max_queue_bytes: int = 0
+    producer_overrides: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, bootstrap_servers: str, cfg: Any = None) -> KafkaSinkSettings:
+        """Read ``mongocdc.kafka.*``, ``producer.override.*`` and the queue bounds; unknown
+        ``mongocdc.kafka.*`` names are an error (a typo must not silently change delivery)."""
+        if not bootstrap_servers.strip():
+            raise ValueError("Kafka sink needs bootstrap servers (kafka:HOST:PORT)")
+        given: Mapping[str, str] = getattr(cfg, "mongocdc_kafka", None) or {}
+        unknown = sorted(set(given) - set(SETTINGS_DEFAULTS))
+        if unknown:
+            names = ", ".join(f"mongocdc.kafka.{k}" for k in unknown)
+            known = ", ".join(f"mongocdc.kafka.{k}" for k in SETTINGS_DEFAULTS)
+            raise ValueError(f"unknown Kafka sink setting(s) {names}; known: {known}")
+        raw = {**SETTINGS_DEFAULTS, **given}
+        policy = raw["topic.cleanup.policy"].strip().lower()
+        if policy not in _CLEANUP_POLICIES:
+            raise ValueError(
+                f"mongocdc.kafka.topic.cleanup.policy must be one of {', '.join(_CLEANUP_POLICIES)}, got {policy!r}"
+            )
+        replication = _int("topic.replication.factor", raw["topic.replication.factor"], -1)
+        if replication == 0:
+            raise ValueError("mongocdc.kafka.topic.replication.factor must be -1 (broker default) or >= 1, got 0")
+        return cls(
+            bootstrap_servers=bootstrap_servers.strip(),
+            connector_name=connector_name(cfg),
+            topic_creation=_bool("topic.creation.enable", raw["topic.creation.enable"]),
+            partitions=_int("topic.partitions", raw["topic.partitions"], 1),
+            replication_factor=replication,
+            cleanup_policy=policy,
+            exactly_once=_bool("exactly.once", raw["exactly.once"]),
+            transaction_timeout_ms=_int("transaction.timeout.ms", raw["transaction.timeout.ms"], 1000),
+            max_queue_messages=int(getattr(cfg, "max_queue_size", 8192) or 8192),
+            max_queue_bytes=int(getattr(cfg, "max_queue_size_in_bytes", 0) or 0),
+            producer_overrides=dict(getattr(cfg, "producer_overrides", None) or {}),
+        )
+
+    def producer_config(self) -> dict[str, Any]:
+        """librdkafka settings: lossless defaults, bounded queue, then the user's overrides."""
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "client.id": f"mongocdc-{self.connector_name}",
+            "enable.idempotence": True,
+            "acks": "all",
+            "partitioner": "murmur2_random",  # Java's partitioner: same partition as Kafka Connect
+            "linger.ms": 5,
+            "message.timeout.ms": 0,  # never give up on a record: wait for the broker to return
+            "queue.buffering.max.messages": max(1, self.max_queue_messages),
+            "delivery.report.only.error": True,
+        }
+        if self.max_queue_bytes > 0:
+            conf["queue.buffering.max.kbytes"] = max(1, math.ceil(self.max_queue_bytes / 1024))
+        if self.exactly_once:
+            conf["transactional.id"] = self.connector_name
+            conf["transaction.timeout.ms"] = self.transaction_timeout_ms
+            # A transactional producer cannot wait longer for a record than the transaction lives.
+            conf["message.timeout.ms"] = self.transaction_timeout_ms
+        conf.update(self.producer_overrides)
+        return conf
+
+    def topic_config(self) -> dict[str, str]:
+        return {"cleanup.policy": self.cleanup_policy}
+
+
+def connector_name(cfg: Any) -> str:
+    """The connector's ``name`` (``topic.prefix`` when unnamed): transactional.id and offset key."""
+    name = getattr(cfg, "name", None) or getattr(cfg, "topic_prefix", None)
+    return str(name) if name else "mongocdc"
+
+
+def admin_config(producer_conf: Mapping[str, Any]) -> dict[str, Any]:
+    """The connection part of a producer config, for an AdminClient/Consumer on the same cluster."""
+    keep = ("bootstrap.servers", "client.id")
+    security = ("security.", "sasl.", "ssl.")
+    return {k: v for k, v in producer_conf.items() if k in keep or k.startswith(security)}
+
+
+def create_topics(
+    admin: AdminClient,
+    topics: Iterable[str],
+    *,
+    partitions: int,
+    replication_factor: int,
+    config: Mapping[str, str],
+    stop: threading.Event | None = None,
+    on_retry: Any = None,
+) -> None:
+    """Create the missing ones among ``topics`` (existing topics are left alone).
+
+    Transient failures (broker away) are retried until ``stop`` is set; anything else raises
+    ``SinkError`` naming the topic and Kafka's error.
+    """
+    pending = sorted(set(topics))
+    while pending:
+        new = [NewTopic(t, num_partitions=partitions, replication_factor=replication_factor, config=dict(config))
+               for t in pending]
+        futures = admin.create_topics(new, operation_timeout=_ADMIN_TIMEOUT_S, request_timeout=_ADMIN_TIMEOUT_S)
+        retry: list[str] = []
+        for topic, future in futures.items():
+            try:
+                future.result()
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                if err.code() == _TOPIC_EXISTS:
+                    continue
+                if err.retriable() or err.code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT,
+                                                     KafkaError._ALL_BROKERS_DOWN):
+                    retry.append(topic)
+                    continue
+                raise SinkError(f"cannot create Kafka topic {topic!r}: {err.str()}") from exc
+        pending = retry
+        if pending:
+            if stop is not None and stop.is_set():
+                raise SinkError(f"cannot create Kafka topics {pending}: the broker is unavailable")
+            if on_retry is not None:
+                on_retry(pending)
+            time.sleep(1.0)
+
+
+class KafkaSinkMetrics:
+    """Delivery health, readable while the engine runs (``as_dict`` for the metrics file)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.BrokerUnavailable = False
+        self.SinkBlocked = False
+        self.MilliSecondsBlocked = 0
+        self.NumberOfBlockedPeriods = 0
+        self.TotalNumberOfRecordsSent = 0
+        self.NumberOfTransactionsCommitted = 0
+        self.LastError = ""
+        self._blocked_since: float | None = None
+
+    def block(self) -> bool:
+        """Enter the blocked state; True when it was not blocked before."""
+        with self._lock:
+            if self._blocked_since is not None:
+                return False
+            self._blocked_since = time.monotonic()
+            self.SinkBlocked = True
+            self.NumberOfBlockedPeriods += 1
+            return True
+
+    def unblock(self) -> float:
+        """Leave the blocked state; the seconds it lasted (0 when it was not blocked)."""
+        with self._lock:
+            self.BrokerUnavailable = False
+            if self._blocked_since is None:
+                return 0.0
+            blocked = time.monotonic() - self._blocked_since
+            self._blocked_since = None
+            self.SinkBlocked = False
+            self.MilliSecondsBlocked += int(blocked * 1000)
+            return blocked
+
+    def as_dict(self) -> dict[str, Any]:
+        with self._lock:
+            current = 0 if self._blocked_since is None else int((time.monotonic() - self._blocked_since) * 1000)
+            return {
+                "BrokerUnavailable": self.BrokerUnavailable,
+                "SinkBlocked": self.SinkBlocked,
+                "MilliSecondsBlocked": self.MilliSecondsBlocked + current,
+                "NumberOfBlockedPeriods": self.NumberOfBlockedPeriods,
+                "TotalNumberOfRecordsSent": self.TotalNumberOfRecordsSent,
+                "NumberOfTransactionsCommitted": self.NumberOfTransactionsCommitted,
+                "LastError": self.LastError,
+            }
+
+
+class KafkaSink:
+    """Produces records to Kafka; see the module docstring for the delivery guarantees."""
+
+    def __init__(
+        self,
+        settings: KafkaSinkSettings,
+        *,
+        init_timeout: float = 60.0,
+        on_acknowledged: Callable[[Message], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = KafkaSinkMetrics()
+        self._on_acknowledged = on_acknowledged
+        conf = settings.producer_config()
+        if on_acknowledged is not None:  # successful deliveries are reported too (costs a callback each)
+            conf["delivery.report.only.error"] = False
+        conf["error_cb"] = self._on_error
+        conf.setdefault("logger", logging.getLogger("mongocdc_core.sinks.kafka.librdkafka"))
+        conf["on_delivery"] = self._on_delivery
+        self._producer = Producer(conf)
+        self._admin = AdminClient(admin_config(conf)) if settings.topic_creation else None
+        self._known_topics: set[str] = set()
+        self._delivery_errors: list[tuple[str, KafkaError]] = []
+        self._fatal: KafkaError | None = None
+        self._closed = False
+        self._stop = threading.Event()
+        self._last_blocked_log = 0.0
+        self.transactional = settings.exactly_once
+        self._in_txn = False
+        self._txn_max_position: Position | None = None
+        self._committed_position: Position | None = None
+        if self.transactional:
+            try:
+                # Fences an earlier instance with the same transactional.id and aborts its open transaction.
+                self._producer.init_transactions(init_timeout)
+            except KafkaException as exc:
+                raise SinkError(
+                    f"cannot initialise Kafka transactions (transactional.id {settings.connector_name!r}) "
+                    f"on {settings.bootstrap_servers}: {exc.args[0].str()}"
+                ) from exc
+
+    @classmethod
+    def from_config(cls, bootstrap_servers: str, cfg: Any = None) -> KafkaSink:
+        return cls(KafkaSinkSettings.from_config(bootstrap_servers, cfg))
+
+    # -- callbacks (run inside poll/flush on the calling thread) ---------------------------------------
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self._delivery_errors.append((str(msg.topic()), err))
+            self.metrics.LastError = f"{msg.topic()}: {err.str()}"
+        elif self._on_acknowledged is not None:
+            self._on_acknowledged(msg)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._fatal = err
+            self.metrics.LastError = err.str()
+            log.error("Kafka producer fatal error: %s", err.str())
+            return
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            if not self.metrics.BrokerUnavailable:
+                log.warning("Kafka broker(s) %s unavailable; records are kept and retried", self.settings.bootstrap_servers)
+            self.metrics.BrokerUnavailable = True
+        else:
+            log.debug("Kafka producer: %s", err.str())
+
+    # -- Sink protocol -------------------------------------------------------------------------------
+
+    def write(self, records: Sequence[Record]) -> None:
+        """Queue records for delivery; blocks (bounded memory) while the local queue is full."""
+        self._check_usable()
+        if not records:
+            return
+        if self._admin is not None:
+            missing = {r.topic for r in records} - self._known_topics
+            if missing:
+                self._create(missing)
+        if self.transactional:
+            self._begin()
+        produce = self._producer.produce
+        for record in records:
+            while True:
+                try:
+                    produce(record.topic, value=record.value, key=record.key)
+                    break
+                except BufferError:
+                    self._wait_for_room()
+            if self.transactional and (self._txn_max_position is None or record.position > self._txn_max_position):
+                self._txn_max_position = record.position
+        self.metrics.TotalNumberOfRecordsSent += len(records)
+        if self.metrics.SinkBlocked:
+            self._unblocked()
+        self._producer.poll(0)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Return once every record written so far is acknowledged by Kafka; ``SinkError`` on any
+        delivery error (sticky: the sink stays failed, so no later offset can pass a lost record)."""
+        self._check_usable()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        waiting_since = time.monotonic()
+        while True:
+            left = self._producer.flush(_POLL_STEP_S * 5)
+            self._check_usable()
+            if left == 0:
+                break
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise SinkError(f"{left} records not acknowledged by Kafka within {timeout}s")
+            if now - waiting_since > 2.0 and self.metrics.block():
+                self._last_blocked_log = now
+                log.warning("Kafka sink blocked: waiting for %d records to be acknowledged", left)
+            elif self.metrics.SinkBlocked and now - self._last_blocked_log > _BLOCKED_LOG_EVERY_S:
+                self._last_blocked_log = now
+                log.warning("Kafka sink still blocked: %d records waiting for the broker", left)
+        if self.metrics.SinkBlocked:
+            self._unblocked()
+        self.metrics.BrokerUnavailable = False
+
+    def close(self) -> None:
+        """Flush; in exactly-once mode commit an open transaction only if the last committed offset
+        covers every record in it (otherwise abort: a restart produces them again)."""
+        if self._closed:
+            return
+        try:
+            if self._fatal is None and not self._delivery_errors:
+                self.flush()
+                if self.transactional and self._in_txn:
+                    covered = self._txn_max_position is None or (
+                        self._committed_position is not None and self._txn_max_position <= self._committed_position
+                    )
+                    if covered:
+                        self._commit()
+                    else:
+                        log.info("aborting the open Kafka transaction: its records are after the committed offset")
+                        self._producer.abort_transaction(_ADMIN_TIMEOUT_S)
+                        self._in_txn = False
+        finally:
+            self._closed = True
+            self._stop.set()
+
+    def poll(self, timeout: float = 0.0) -> None:
+        """Serve delivery callbacks now (thread-safe; e.g. a latency probe's own thread)."""
+        self._producer.poll(timeout)
+
+    # -- exactly-once: the offset store commits through here -----------------------------------------
+
+    def commit_with_offset(self, topic: str, key: bytes, value: bytes, position: Position | None) -> None:
+        """Write the offset record and commit it atomically with every record since the last commit."""
+        if not self.transactional:
+            raise SinkError("commit_with_offset needs mongocdc.kafka.exactly.once=true")
+        self._check_usable()
+        if self._admin is not None and topic not in self._known_topics:
+            self._known_topics.add(topic)  # the offset store created it (compacted)
+        self._begin()
+        while True:
+            try:
+                self._producer.produce(topic, value=value, key=key)
+                break
+            except BufferError:
+                self._wait_for_room()
+        self.flush()
+        self._commit()
+        self._committed_position = position
+
+    def _begin(self) -> None:
+        if not self._in_txn:
+            self._call_txn(self._producer.begin_transaction, "begin")
+            self._in_txn = True
+            self._txn_max_position = None
+
+    def _commit(self) -> None:
+        self._call_txn(lambda: self._producer.commit_transaction(self.settings.transaction_timeout_ms / 1000), "commit")
+        self._in_txn = False
+        self._txn_max_position = None
+        self.metrics.NumberOfTransactionsCommitted += 1
+
+    def _call_txn(self, call: Any, what: str) -> None:
+        """A transactional API call: retried when retriable; an abortable error aborts and raises."""
+        while True:
+            try:
+                call()
+                return
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                if err.retriable():
+                    self._wait_for_broker(f"{what} transaction")
+                    continue
+                if err.txn_requires_abort():
+                    try:
+                        self._producer.abort_transaction(_ADMIN_TIMEOUT_S)
+                    except KafkaException:
+                        log.exception("aborting the Kafka transaction failed")
+                    self._in_txn = False
+                    self._fatal = err
+                    raise SinkError(f"Kafka transaction {what} failed and was aborted: {err.str()}") from exc
+                self._fatal = err
+                raise SinkError(f"Kafka transaction {what} failed: {err.str()}") from exc
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise SinkError("the Kafka sink is closed")
+        if self._fatal is not None:
+            raise SinkError(f"the Kafka producer failed: {self._fatal.str()}")
+        if self._delivery_errors:
+            topic, err = self._delivery_errors[0]
+            more = f" (and {len(self._delivery_errors) - 1} more)" if len(self._delivery_errors) > 1 else ""
+            raise SinkError(f"delivery to Kafka topic {topic!r} failed: {err.str()}{more}")
+
+    def _wait_for_room(self) -> None:
+        """The local queue is full (broker slow or away): serve the producer until there is room."""
+        now = time.monotonic()
+        if self.metrics.block():
+            self._last_blocked_log = now
+            log.warning("Kafka producer queue full (%d records); waiting for the broker", len(self._producer))
+        elif now - self._last_blocked_log > _BLOCKED_LOG_EVERY_S:
+            self._last_blocked_log = now
+            log.warning("Kafka sink still blocked: %d records waiting for the broker", len(self._producer))
+        self._producer.poll(_POLL_STEP_S)
+        self._check_usable()
+
+    def _wait_for_broker(self, what: str) -> None:
+        if self.metrics.block():
+            log.warning("Kafka sink blocked: cannot %s, waiting for the broker", what)
+        self._producer.poll(_POLL_STEP_S * 5)
+
+    def _unblocked(self) -> None:
+        blocked = self.metrics.unblock()
+        if blocked:
+            log.warning("Kafka sink resumed after %.1fs blocked", blocked)
+
+    def _create(self, topics: set[str]) -> None:
+        assert self._admin is not None
+
+        def retrying(pending: list[str]) -> None:
+            if self.metrics.block():
+                log.warning("Kafka sink blocked: cannot create topics %s yet, retrying", pending)
+
+        create_topics(
+            self._admin,
+            topics,
+            partitions=self.settings.partitions,
+            replication_factor=self.settings.replication_factor,
+            config=self.settings.topic_config(),
+            stop=self._stop,
+            on_retry=retrying,
+        )
+        self._known_topics |= topics

@@ -1,0 +1,274 @@
+"""Connecting to MongoDB: client from the config, topology check, reconnection with backoff.
+
+The connector needs an oplog, so a replica set or a sharded cluster (through mongos) is accepted
+and a standalone server is refused with the explanation the Debezium documentation gives. When
+MongoDB is unreachable the engine retries with exponential backoff (``connect.backoff.*``,
+``connect.max.attempts``) instead of failing on the first network error.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pymongo import MongoClient, monitoring
+from pymongo.errors import (
+    AutoReconnect,
+    ConnectionFailure,
+    NetworkTimeout,
+    NotPrimaryError,
+    OperationFailure,
+    PyMongoError,
+    ServerSelectionTimeoutError,
+)
+
+from mongocdc_core.metrics import ConnectorMetrics
+from mongocdc_core.source.errors import ConnectError, TopologyError
+
+T = TypeVar("T")
+
+# mongod codes after which the same operation succeeds once a (new) primary is reachable.
+_RETRIABLE_CODES = frozenset(
+    {
+        6,  # HostUnreachable
+        7,  # HostNotFound
+        89,  # NetworkTimeout
+        91,  # ShutdownInProgress
+        189,  # PrimarySteppedDown
+        262,  # ExceededTimeLimit
+        9001,  # SocketException
+        10107,  # NotWritablePrimary
+        11600,  # InterruptedAtShutdown
+        11602,  # InterruptedDueToReplStateChange
+        13435,  # NotPrimaryNoSecondaryOk
+        13436,  # NotPrimaryOrSecondary
+        43,  # CursorNotFound (the cursor died with its connection)
+        237,  # CursorKilled
+        133,  # FailedToSatisfyReadPreference
+        150,  # StaleEpoch
+        234,  # RetryChangeStream
+    }
+)
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """Whether reconnecting and resuming from the last position can fix ``exc``."""
+    if isinstance(exc, (AutoReconnect, ConnectionFailure, NetworkTimeout, NotPrimaryError, ServerSelectionTimeoutError)):
+        return True
+    if isinstance(exc, OperationFailure):
+        labels = (exc.details or {}).get("errorLabels", []) if isinstance(exc.details, dict) else []
+        if "ResumableChangeStreamError" in labels or "RetryableWriteError" in labels:
+            return True
+        return exc.code in _RETRIABLE_CODES
+    return False
+
+
+@dataclass(frozen=True)
+class Topology:
+    """What ``hello`` said about the deployment."""
+
+    kind: str  # "replica_set" or "sharded"
+    set_name: str | None
+    hosts: tuple[str, ...]
+
+
+def _count_disconnect(metrics: ConnectorMetrics, lock: threading.Lock) -> None:
+    with lock:
+        if metrics.snapshot.SnapshotRunning:
+            metrics.snapshot.NumberOfDisconnects += 1
+        else:
+            metrics.streaming.NumberOfDisconnects += 1
+
+
+class _DisconnectListener(monitoring.CommandListener, monitoring.ConnectionPoolListener):
+    """Counts disconnects: every interruption after which the driver or the engine reconnects.
+
+    A connection closed because of an error (a broken socket, found while in use or when taken
+    from the pool) is one disconnect; a command failing with a retriable server error (not primary,
+    interrupted, resumable change stream error) on a connection that stays open is another. The
+    two never overlap, so each interruption is counted once whether pymongo resumed the change
+    stream by itself or the engine reopened it.
+    """
+
+    def __init__(self, metrics: ConnectorMetrics | None) -> None:
+        self.metrics = metrics
+        self._lock = threading.Lock()
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        failure = event.failure or {}
+        code = failure.get("code")
+        labels = failure.get("errorLabels") or []
+        if self.metrics is not None and (code in _RETRIABLE_CODES or "ResumableChangeStreamError" in labels):
+            _count_disconnect(self.metrics, self._lock)
+
+    def connection_closed(self, event: monitoring.ConnectionClosedEvent) -> None:
+        if self.metrics is not None and event.reason == monitoring.ConnectionClosedReason.ERROR:
+            _count_disconnect(self.metrics, self._lock)
+
+    # Events that say nothing about disconnects.
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        """Not counted."""
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        """Not counted."""
+
+    def pool_created(self, event: monitoring.PoolCreatedEvent) -> None:
+        """Not counted."""
+
+    def pool_ready(self, event: monitoring.PoolReadyEvent) -> None:
+        """Not counted."""
+
+    def pool_cleared(self, event: monitoring.PoolClearedEvent) -> None:
+        """Not counted (the connections it closes are)."""
+
+    def pool_closed(self, event: monitoring.PoolClosedEvent) -> None:
+        """Not counted."""
+
+    def connection_created(self, event: monitoring.ConnectionCreatedEvent) -> None:
+        """Not counted."""
+
+    def connection_ready(self, event: monitoring.ConnectionReadyEvent) -> None:
+        """Not counted."""
+
+    def connection_check_out_started(self, event: monitoring.ConnectionCheckOutStartedEvent) -> None:
+        """Not counted."""
+
+    def connection_check_out_failed(self, event: monitoring.ConnectionCheckOutFailedEvent) -> None:
+        """Not counted."""
+
+    def connection_checked_out(self, event: monitoring.ConnectionCheckedOutEvent) -> None:
+        """Not counted."""
+
+    def connection_checked_in(self, event: monitoring.ConnectionCheckedInEvent) -> None:
+        """Not counted."""
+
+
+class _ElectionListener(monitoring.ServerListener):
+    """Counts primary elections: a primary reporting an electionId other than the one seen before."""
+
+    def __init__(self, metrics: ConnectorMetrics | None) -> None:
+        self.metrics = metrics
+        self._election_ids: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+
+    def opened(self, event: monitoring.ServerOpeningEvent) -> None:
+        """Nothing to count when the driver starts monitoring a server."""
+
+    def closed(self, event: monitoring.ServerClosedEvent) -> None:
+        """Nothing to count when the driver stops monitoring a server."""
+
+    def description_changed(self, event: monitoring.ServerDescriptionChangedEvent) -> None:
+        if self.metrics is None:
+            return
+        new = event.new_description
+        streaming = self.metrics.streaming
+        with self._lock:
+            election = new.election_id
+            if new.server_type_name == "RSPrimary" and election is not None:
+                previous = self._election_ids.get(event.server_address)
+                if previous is not None and previous != election:
+                    streaming.NumberOfPrimaryElections += 1
+                self._election_ids[event.server_address] = election
+
+
+def open_client(cfg: Any, metrics: ConnectorMetrics | None = None, **overrides: Any) -> MongoClient[Any]:
+    """A MongoClient for ``mongodb.connection.string`` with the config's driver options."""
+    kwargs: dict[str, Any] = dict(cfg.connection_kwargs())
+    kwargs.setdefault("tz_aware", True)
+    kwargs.update(overrides)
+    listeners = list(kwargs.pop("event_listeners", []))
+    listeners += [_ElectionListener(metrics), _DisconnectListener(metrics)]
+    return MongoClient(cfg.mongodb_connection_string, event_listeners=listeners, **kwargs)
+
+
+def check_topology(client: MongoClient[Any]) -> Topology:
+    """Accept a replica set or mongos; refuse a standalone server (it has no oplog)."""
+    hello = client.admin.command("hello")
+    if hello.get("msg") == "isdbgrid":
+        return Topology("sharded", None, tuple(hello.get("hosts", ())))
+    if hello.get("setName"):
+        return Topology("replica_set", hello["setName"], tuple(hello.get("hosts", ())))
+    address = client.address
+    where = f"{address[0]}:{address[1]}" if address else "the configured server"
+    raise TopologyError(
+        f"mongodb.connection.string points at a standalone MongoDB server ({where}). The MongoDB "
+        "connector captures changes from replica sets and sharded clusters only: a standalone server "
+        "has no oplog, so it has no change streams. Convert it to a single-member replica set "
+        "(start mongod with --replSet and run rs.initiate()) and connect with ?replicaSet=<name>."
+    )
+
+
+class Backoff:
+    """Debezium's reconnection delays: initial, doubled after each failure, capped, limited attempts.
+
+    With the defaults (1000 ms, 120000 ms, 16 attempts) the delays are 1, 2, 4, ... 64, 120, 120 ...
+    seconds, just over 20 minutes in total, as the seed's table shows.
+    """
+
+    def __init__(self, initial_ms: int, max_ms: int, max_attempts: int) -> None:
+        if initial_ms < 0 or max_ms < 0:
+            raise ValueError("connect.backoff.initial.delay.ms and connect.backoff.max.delay.ms must be >= 0")
+        if max_attempts < 1:
+            raise ValueError(f"connect.max.attempts must be a positive integer, got {max_attempts}")
+        self.initial_ms = initial_ms
+        self.max_ms = max(max_ms, initial_ms)
+        self.max_attempts = max_attempts
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> Backoff:
+        return cls(
+            int(cfg.connect_backoff_initial_delay_ms),
+            int(cfg.connect_backoff_max_delay_ms),
+            int(cfg.connect_max_attempts),
+        )
+
+    def delay_ms(self, attempt: int) -> int:
+        """Delay before reconnection attempt ``attempt`` (1-based)."""
+        return int(min(self.initial_ms * (2 ** min(attempt - 1, 40)), self.max_ms))
+
+    def run(
+        self,
+        operation: Callable[[], T],
+        *,
+        what: str,
+        stop: threading.Event | None = None,
+        on_retry: Callable[[int, BaseException], None] | None = None,
+    ) -> T:
+        """Run ``operation``; on retriable errors wait and retry up to ``max_attempts`` times."""
+        attempt = 0
+        while True:
+            try:
+                return operation()
+            except PyMongoError as exc:
+                if not is_retriable(exc):
+                    raise
+                attempt += 1
+                if attempt > self.max_attempts:
+                    raise ConnectError(
+                        f"{what}: MongoDB unreachable after {self.max_attempts} reconnection attempts "
+                        f"(connect.max.attempts): {exc}"
+                    ) from exc
+                if on_retry is not None:
+                    on_retry(attempt, exc)
+                if stop is not None:
+                    if stop.wait(self.delay_ms(attempt) / 1000):
+                        raise
+                else:
+                    threading.Event().wait(self.delay_ms(attempt) / 1000)
+
+
+def connect(
+    cfg: Any, metrics: ConnectorMetrics | None = None, stop: threading.Event | None = None
+) -> tuple[MongoClient[Any], Topology]:
+    """Open a client and check the topology, retrying with backoff while MongoDB is unreachable."""
+    client = open_client(cfg, metrics)
+    try:
+        topology = Backoff.from_config(cfg).run(lambda: check_topology(client), what="connecting", stop=stop)
+    except BaseException:
+        client.close()
+        raise
+    if metrics is not None:
+        metrics.streaming.Connected = True
+    return client, topology

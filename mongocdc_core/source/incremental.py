@@ -1,0 +1,816 @@
+"""Incremental snapshots: chunked reads de-duplicated against the stream with watermarks (DBLog).
+
+For every chunk a worker thread writes an *open* watermark into the signaling collection, reads
+the next ``incremental.snapshot.chunk.size`` documents in ``_id`` order into a buffer, and closes
+the window (``insert_insert``: a second *close* document; ``insert_delete``: deleting the open
+one). The dispatcher sees both watermarks in the change stream, in order with the data changes:
+every streamed event between them whose key is in the buffer supersedes (drops) the buffered
+read; when the close arrives the remaining reads are emitted as ``op: r`` with
+``source.snapshot = "incremental"`` at the close watermark's position. Streaming never waits for
+the reads and the reads never wait for streaming, except that a worker starts its next chunk only
+after the dispatcher emitted the previous one (that bounds the memory to one chunk per worker).
+
+Chunks follow MongoDB's own ``_id`` order across BSON types (see :func:`read_chunk`): the
+index-friendly ``{_id: {$gt: last}}`` within ``last``'s type bracket, and an aggregation
+comparison (no type bracketing) to continue into the brackets after it. A collection's snapshot
+ends at a short chunk or at the largest ``_id`` it had when its snapshot started, so a collection
+that keeps growing still finishes; later inserts come from the stream.
+
+Progress (collections left, last key of the last emitted chunk, rows) is part of the
+connector's offset (``Offset.incremental``) and is saved together with the resume token after the
+chunk's reads were flushed, so a restarted connector continues with the next chunk.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+from bson import Code, Decimal128, MaxKey, MinKey, ObjectId, Regex, Timestamp, json_util
+from bson.datetime_ms import DatetimeMS
+from pymongo import MongoClient
+from pymongo.collection import Collection
+
+from mongocdc_core.dispatcher import Dispatcher, ProgressListener
+from mongocdc_core.events import EventConverter, EventOptions
+from mongocdc_core.metrics import ConnectorMetrics, SnapshotMetrics
+from mongocdc_core.offsets import Offset
+from mongocdc_core.positions import Position
+from mongocdc_core.sinks.base import Sink
+from mongocdc_core.source.connection import connect
+from mongocdc_core.source.errors import CdcError
+from mongocdc_core.source.signals import WATERMARK_CLOSE, WATERMARK_OPEN, LogNotifier, Notifier
+from mongocdc_core.source.snapshot import SnapshotChunk, collection_filter, record_start
+from mongocdc_core.source.stream import ChangeStreamReader, EventQueue, StartPoint
+
+log = logging.getLogger("mongocdc.incremental")
+
+AGGREGATE = "Incremental Snapshot"
+MARKER = "incremental"
+_CANONICAL = json_util.CANONICAL_JSON_OPTIONS
+
+
+def key_identity(value: Any) -> str:
+    """A hashable identity of an ``_id`` value of any BSON type (the same for reads and events)."""
+    return json_util.dumps({"_id": value}, json_options=_CANONICAL)
+
+
+def bson_bracket(value: Any) -> int | None:
+    """MongoDB's canonical type order of an ``_id`` value (None: let the server compare it).
+
+    Query comparisons (``$gt``) only match values of the same bracket; aggregation comparisons
+    compare across brackets in this order.
+    """
+    if value is None:
+        return 1
+    if isinstance(value, (Code, Regex, MinKey, MaxKey)):
+        return None
+    if isinstance(value, bool):
+        return 8
+    if isinstance(value, (int, float, Decimal128)):
+        return 2
+    if isinstance(value, str):
+        return 3
+    if isinstance(value, Mapping):
+        return 4
+    if isinstance(value, (bytes, uuid.UUID)):
+        return 6
+    if isinstance(value, ObjectId):
+        return 7
+    if isinstance(value, (datetime.datetime, DatetimeMS)):
+        return 9
+    if isinstance(value, Timestamp):
+        return 10
+    return None
+
+
+def _ordering(value: Any) -> Any:
+    """A Python value ordered like MongoDB orders ``value`` within its bracket, or None."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float, Decimal128)):
+        number = value.to_decimal() if isinstance(value, Decimal128) else value
+        return None if number != number else number  # NaN: leave it to the server
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, ObjectId):
+        return value.binary
+    if isinstance(value, (datetime.datetime, DatetimeMS)):
+        return int(DatetimeMS(value)) if isinstance(value, datetime.datetime) else int(value)
+    if isinstance(value, Timestamp):
+        return (value.time, value.inc)
+    return None
+
+
+def past_maximum(key: Any, maximum: Any) -> bool:
+    """True when ``key`` is known to sort at or after ``maximum`` (unknown: False, keep reading)."""
+    if key_identity(key) == key_identity(maximum):
+        return True
+    left, right = bson_bracket(key), bson_bracket(maximum)
+    if left is None or right is None:
+        return False
+    if left != right:
+        return left > right
+    a, b = _ordering(key), _ordering(maximum)
+    return a is not None and b is not None and bool(a > b)
+
+
+def _and(bound: dict[str, Any], condition: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {"$and": [bound, dict(condition)]} if condition else bound
+
+
+def read_chunk(
+    collection: Collection[Any], last: tuple[Any] | None, condition: Mapping[str, Any] | None, size: int
+) -> list[dict[str, Any]]:
+    """The next ``size`` documents after ``last`` (a 1-tuple; None: from the start) in ``_id`` order.
+
+    ``{_id: {$gt: last}}`` uses the ``_id`` index but only matches ``last``'s type bracket, which is a
+    correct prefix of the answer; when it comes back short, the rest comes from the brackets after
+    it with an aggregation comparison (no type bracketing; ``$literal`` keeps a key such as ``"$x"``
+    from being read as a field path). Keys MongoDB brackets specially (MinKey, MaxKey, code,
+    regex) always use the aggregation comparison.
+    """
+
+    def find(query: dict[str, Any], limit: int) -> list[dict[str, Any]]:
+        return list(collection.find(query).sort("_id", 1).limit(limit))
+
+    if last is None:
+        return find(dict(condition) if condition else {}, size)
+    key = last[0]
+    documents: list[dict[str, Any]] = []
+    if bson_bracket(key) is not None:
+        documents = find(_and({"_id": {"$gt": key}}, condition), size)
+        if len(documents) == size:
+            return documents
+        key = documents[-1]["_id"] if documents else key
+    after = {"$expr": {"$gt": ["$_id", {"$literal": key}]}}
+    return documents + find(_and(after, condition), size - len(documents))
+
+
+# -- what the snapshotter needs from its host ------------------------------------------------------------
+
+
+class SnapshotOutput(Protocol):
+    """Where emitted reads and progress go (the dispatcher, on its own thread)."""
+
+    def emit_reads(self, namespace: str, documents: Sequence[Mapping[str, Any]], position: Position) -> None:
+        """Write ``r`` records (marker ``incremental``) for ``documents`` at ``position``."""
+
+    def save_progress(self, state: dict[str, Any] | None) -> None:
+        """Record the progress; it becomes durable with the next offset commit (after the sink flush)."""
+
+
+class DispatcherOutput:
+    """:class:`SnapshotOutput` over a :class:`Dispatcher` (the offset's ``incremental`` field)."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    def emit_reads(self, namespace: str, documents: Sequence[Mapping[str, Any]], position: Position) -> None:
+        docs = [dict(d) for d in documents]
+        chunk = SnapshotChunk(namespace, docs, [MARKER] * len(docs), final=False)
+        self.dispatcher.snapshot_chunk(chunk, position, datetime.datetime.now(datetime.UTC))
+
+    def save_progress(self, state: dict[str, Any] | None) -> None:
+        self.dispatcher.set_incremental(state)
+
+
+# -- state -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class IncrementalState:
+    """Progress of one incremental snapshot; JSON form lives in ``Offset.incremental``.
+
+    ``last_keys[ns]`` / ``max_keys[ns]`` are 1-tuples (a key may itself be null); a collection
+    without an entry in ``last_keys`` has not emitted a chunk yet.
+    """
+
+    id: str
+    collections: list[str]
+    filters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    last_keys: dict[str, tuple[Any]] = field(default_factory=dict)
+    max_keys: dict[str, tuple[Any] | None] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)
+    completed: list[str] = field(default_factory=list)
+    paused: bool = False
+
+    @property
+    def remaining(self) -> list[str]:
+        done = set(self.completed)
+        return [ns for ns in self.collections if ns not in done]
+
+    def to_json(self) -> dict[str, Any]:
+        """Extended-JSON text for BSON values so keys of every type survive exactly."""
+        return {
+            "id": self.id,
+            "collections": list(self.collections),
+            "completed": list(self.completed),
+            "filters": {ns: json_util.dumps(q, json_options=_CANONICAL) for ns, q in self.filters.items()},
+            "last_keys": {ns: json_util.dumps({"k": k[0]}, json_options=_CANONICAL) for ns, k in self.last_keys.items()},
+            "max_keys": {
+                ns: None if k is None else json_util.dumps({"k": k[0]}, json_options=_CANONICAL)
+                for ns, k in self.max_keys.items()
+            },
+            "rows": dict(self.rows),
+            "paused": self.paused,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> IncrementalState:
+        def key(text: str | None) -> tuple[Any] | None:
+            return None if text is None else (json_util.loads(text, json_options=_CANONICAL)["k"],)
+
+        try:
+            return cls(
+                id=str(data["id"]),
+                collections=list(data["collections"]),
+                completed=list(data.get("completed", [])),
+                filters={ns: json_util.loads(q, json_options=_CANONICAL) for ns, q in data.get("filters", {}).items()},
+                last_keys={ns: (json_util.loads(t, json_options=_CANONICAL)["k"],) for ns, t in data.get("last_keys", {}).items()},
+                max_keys={ns: key(t) for ns, t in data.get("max_keys", {}).items()},
+                rows={ns: int(n) for ns, n in data.get("rows", {}).items()},
+                paused=bool(data.get("paused", False)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CdcError(f"stored incremental snapshot progress is not readable ({exc!r}): {dict(data)!r}") from exc
+
+
+@dataclass
+class _Window:
+    """One chunk between its watermarks. ``touched``: keys streamed while the window was open."""
+
+    id: str
+    namespace: str
+    chunk_size: int
+    opened: bool = False
+    buffer: dict[str, dict[str, Any]] = field(default_factory=dict)
+    last_key: tuple[Any] | None = None
+    touched: set[str] = field(default_factory=set)
+    done: bool = False  # the collection ends with this chunk
+    read_done: threading.Event = field(default_factory=threading.Event)
+    emitted: threading.Event = field(default_factory=threading.Event)
+    discarded: bool = False
+
+
+class IncrementalSnapshotter:
+    """Runs incremental snapshots next to streaming; the dispatcher feeds it through two hooks.
+
+    Dispatcher thread: :meth:`on_stream_event` for every data change of a captured collection,
+    :meth:`on_signal_event` for every insert/delete in the signaling collection,
+    :meth:`poll` once per loop (re-raises a worker's failure). Signals (any thread via the
+    :class:`~mongocdc_core.source.signals.SignalProcessor`): :meth:`start`, :meth:`stop`,
+    :meth:`pause`, :meth:`resume`. Up to ``snapshot.max.threads`` collections are read at once.
+    """
+
+    def __init__(
+        self,
+        client: MongoClient[Any],
+        cfg: Any,
+        output: SnapshotOutput,
+        *,
+        notifier: Notifier | None = None,
+        metrics: SnapshotMetrics | None = None,
+        state: IncrementalState | None = None,
+        progress: ProgressListener | None = None,
+    ) -> None:
+        if not cfg.signal_data_collection:
+            raise CdcError("incremental snapshots need signal.data.collection (the watermarks are written there)")
+        self.client = client
+        self.cfg = cfg
+        self.output = output
+        self.notifier = notifier or LogNotifier(cfg.topic_prefix)
+        self.metrics = metrics
+        self.progress = progress
+        self.chunk_size = int(cfg.incremental_snapshot_chunk_size)
+        self.strategy = cfg.incremental_snapshot_watermarking_strategy
+        db, _, coll = cfg.signal_data_collection.partition(".")
+        self.signals = client[db][coll]
+        self.state: IncrementalState | None = state
+        self._lock = threading.RLock()
+        self._windows: dict[str, _Window] = {}
+        self._workers: list[threading.Thread] = []
+        self._claimed: set[str] = set()
+        self._stopped: set[str] = set()
+        self._halt = threading.Event()  # engine shutdown or stop-snapshot: workers end, progress kept
+        self._resume = threading.Event()
+        self._errors: list[BaseException] = []
+        self._paused_at: float | None = None
+        self.finished = threading.Event()
+        if state is not None and state.remaining:
+            if state.paused:
+                self._paused_at = time.monotonic()
+            else:
+                self._resume.set()
+            self._begin(resumed=True)
+        else:
+            self.state = None
+            self.finished.set()
+
+    # -- control (signals) ---------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self.state is not None and not self.finished.is_set()
+
+    def collections(self) -> list[str]:
+        """Collections of the running snapshot not finished yet."""
+        with self._lock:
+            return self.state.remaining if self.state is not None else []
+
+    def start(self, signal_id: str, namespaces: Sequence[str], filters: Mapping[str, dict[str, Any]]) -> None:
+        """Add collections to the running snapshot, or start a new one."""
+        with self._lock:
+            if self.running and self.state is not None:
+                added = [ns for ns in namespaces if ns not in self.state.remaining]
+                for ns in added:
+                    if ns in self.state.completed:
+                        self.state.completed.remove(ns)
+                        for table in (self.state.last_keys, self.state.max_keys, self.state.rows):
+                            table.pop(ns, None)
+                    if ns not in self.state.collections:
+                        self.state.collections.append(ns)
+                    self._stopped.discard(ns)
+                    self._claimed.discard(ns)
+                self.state.filters.update({ns: dict(q) for ns, q in filters.items() if ns in added})
+                if self.metrics is not None:
+                    self.metrics.TotalTableCount += len(added)
+                    self.metrics.RemainingTableCount += len(added)
+                self._spawn()
+                self._notify("STARTED", {"data_collections": ",".join(added)})
+                return
+            self.state = IncrementalState(signal_id, list(namespaces), {ns: dict(q) for ns, q in filters.items()})
+            self._stopped.clear()
+            self._claimed.clear()
+            self._halt = threading.Event()
+            self._resume.set()
+            self._paused_at = None
+            self.finished.clear()
+            self._begin(resumed=False)
+
+    def _begin(self, *, resumed: bool) -> None:
+        assert self.state is not None
+        if self.metrics is not None:
+            self.metrics.start(self.state.collections)
+            self.metrics.RemainingTableCount = len(self.state.remaining)
+            self.metrics.SnapshotPaused = self.state.paused
+        if self.progress is not None:
+            self.progress.snapshot_started(dict.fromkeys(self.state.remaining))
+        self._notify("STARTED", {"data_collections": ",".join(self.state.remaining),
+                                 **({"resumed": "true"} if resumed else {})})
+        self.output.save_progress(self.state.to_json())
+        self._spawn()
+
+    def stop(self, namespaces: Sequence[str] | None) -> list[str]:
+        """Stop the whole snapshot (None) or drop some collections from it; returns what was stopped."""
+        with self._lock:
+            if not self.running or self.state is None:
+                return []
+            targets = self.state.remaining if namespaces is None else [ns for ns in namespaces if ns in self.state.remaining]
+            if not targets:
+                return []
+            self._stopped.update(targets)
+            self.state.collections = [ns for ns in self.state.collections if ns not in targets]
+            for table in (self.state.last_keys, self.state.max_keys, self.state.rows, self.state.filters):
+                for ns in targets:
+                    table.pop(ns, None)
+            for window in self._windows.values():
+                if window.namespace in targets:
+                    window.discarded = True
+                    window.emitted.set()
+            if self.metrics is not None:
+                self.metrics.RemainingTableCount = max(0, self.metrics.RemainingTableCount - len(targets))
+            if self.state.remaining:
+                self._notify("ABORTED", {"data_collections": ",".join(targets)})
+                self.output.save_progress(self.state.to_json())
+            else:
+                self._finish(aborted=True)
+            return targets
+
+    def pause(self) -> bool:
+        """Hold the workers before their next chunk (the open window still completes)."""
+        with self._lock:
+            if not self.running or self.state is None or self.state.paused:
+                return False
+            self.state.paused = True
+            self._resume.clear()
+            self._paused_at = time.monotonic()
+            if self.metrics is not None:
+                self.metrics.SnapshotPaused = True
+            self.output.save_progress(self.state.to_json())
+            self._notify("PAUSED", {})
+            return True
+
+    def resume(self) -> bool:
+        with self._lock:
+            if not self.running or self.state is None or not self.state.paused:
+                return False
+            self.state.paused = False
+            if self.metrics is not None:
+                self.metrics.SnapshotPaused = False
+                if self._paused_at is not None:
+                    self.metrics.SnapshotPausedDurationInSeconds += int(time.monotonic() - self._paused_at)
+            self._paused_at = None
+            self._resume.set()
+            self.output.save_progress(self.state.to_json())
+            self._notify("RESUMED", {})
+            return True
+
+    def shutdown(self) -> None:
+        """Engine stopping: end the workers, keep the progress (the next run continues)."""
+        self._halt.set()
+        self._resume.set()
+        with self._lock:
+            for window in self._windows.values():
+                window.emitted.set()
+            workers = list(self._workers)
+        for worker in workers:
+            worker.join(timeout=10)
+
+    # -- dispatcher hooks ------------------------------------------------------------------------------
+
+    def on_stream_event(self, namespace: str, document_key: Any, position: Position) -> bool:
+        """A streamed data change of ``namespace``; True when it superseded a read of an open window."""
+        if not self._windows:
+            return False
+        identity = key_identity(document_key)
+        hit = False
+        with self._lock:
+            for window in self._windows.values():
+                if window.opened and window.namespace == namespace:
+                    window.touched.add(identity)
+                    hit = hit or identity in window.buffer
+        return hit
+
+    def on_signal_event(self, change: Mapping[str, Any], position: Position) -> bool:
+        """An insert/delete in the signaling collection; True when it was one of our watermarks."""
+        op = change.get("operationType")
+        doc_id = (change.get("documentKey") or {}).get("_id")
+        if not isinstance(doc_id, str):
+            return False
+        window_id, _, suffix = doc_id.rpartition("-")
+        with self._lock:
+            window = self._windows.get(window_id)
+        if window is None:
+            return False
+        if op == "insert" and suffix == "open":
+            window.opened = True
+            return True
+        closes = (op == "insert" and suffix == "close") or (op == "delete" and suffix == "open")
+        if not closes:
+            return False
+        self._close(window, position)
+        return True
+
+    def poll(self) -> None:
+        """Re-raise a worker's failure on the dispatcher's thread."""
+        if self._errors:
+            error = self._errors.pop(0)
+            raise CdcError(f"incremental snapshot failed: {error}") from error
+
+    # -- emission (dispatcher thread) ------------------------------------------------------------------
+
+    def _close(self, window: _Window, position: Position) -> None:
+        if not window.read_done.wait(30):
+            raise CdcError(f"incremental snapshot window {window.id} closed before its chunk was read")
+        with self._lock:
+            self._windows.pop(window.id, None)
+            state = self.state
+            if window.discarded or state is None or window.namespace not in state.remaining:
+                window.emitted.set()
+                return
+            reads = [doc for identity, doc in window.buffer.items() if identity not in window.touched]
+            ns = window.namespace
+        if reads:
+            self.output.emit_reads(ns, reads, position)
+        with self._lock:
+            state.rows[ns] = state.rows.get(ns, 0) + len(reads)
+            done = window.done
+            if window.last_key is not None:
+                state.last_keys[ns] = window.last_key
+            if done:
+                state.completed.append(ns)
+                if self.metrics is not None:
+                    self.metrics.table_done()
+                self._notify("TABLE_SCAN_COMPLETED", {
+                    "data_collection": ns, "scanned_collection": ns,
+                    "total_rows_scanned": str(state.rows[ns]), "status": "SUCCEEDED" if state.rows[ns] else "EMPTY",
+                })
+                if self.progress is not None:
+                    self.progress.snapshot_collection_done(ns, state.rows[ns])
+            else:
+                self._notify("IN_PROGRESS", {
+                    "data_collections": ",".join(state.remaining),
+                    "current_collection_in_progress": ns,
+                    "maximum_key": _key_text(state.max_keys.get(ns)),
+                    "last_processed_key": _key_text(window.last_key),
+                    "rows": str(state.rows[ns]),
+                })
+            if not state.remaining:
+                self._finish(aborted=False)
+            else:
+                self.output.save_progress(state.to_json())
+        window.emitted.set()
+
+    def _finish(self, *, aborted: bool) -> None:
+        """Called under the lock: the snapshot is over (completed, or stopped by a signal)."""
+        self.output.save_progress(None)
+        documents = sum(self.state.rows.values()) if self.state is not None else 0
+        self.state = None
+        self._halt.set()
+        self._resume.set()
+        if self.metrics is not None:
+            self.metrics.finish(aborted=aborted)
+        if self.progress is not None:
+            self.progress.snapshot_finished(not aborted, documents)
+        self._notify("ABORTED" if aborted else "COMPLETED", {})
+        self.finished.set()
+
+    # -- workers -------------------------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        """Start workers up to ``snapshot.max.threads`` for collections nobody reads yet."""
+        assert self.state is not None
+        waiting = [ns for ns in self.state.remaining if ns not in self._claimed]
+        self._workers = [w for w in self._workers if w.is_alive()]
+        free = max(1, int(self.cfg.snapshot_max_threads)) - len(self._workers)
+        for _ in range(min(free, len(waiting))):
+            worker = threading.Thread(target=self._work, args=(self._halt,), name="mongocdc-incremental", daemon=True)
+            self._workers.append(worker)
+            worker.start()
+
+    def _claim(self) -> str | None:
+        with self._lock:
+            if self.state is None:
+                return None
+            for ns in self.state.remaining:
+                if ns not in self._claimed:
+                    self._claimed.add(ns)
+                    return ns
+            return None
+
+    def _work(self, halt: threading.Event) -> None:
+        try:
+            while not halt.is_set() and (ns := self._claim()) is not None:
+                self._snapshot_collection(ns, halt)
+        except BaseException as exc:
+            log.exception("incremental snapshot worker failed")
+            self._errors.append(exc)
+
+    def _snapshot_collection(self, ns: str, halt: threading.Event) -> None:
+        db, _, coll = ns.partition(".")
+        collection = self.client[db][coll]
+        with self._lock:
+            if self.state is None:
+                return
+            condition = self.state.filters.get(ns)
+            known = ns in self.state.max_keys
+            maximum = self.state.max_keys.get(ns)
+        if not known:
+            top = collection.find(condition or {}, {"_id": 1}).sort("_id", -1).limit(1)
+            found = next(iter(top), None)
+            maximum = None if found is None else (found["_id"],)
+            with self._lock:
+                if self.state is None:
+                    return
+                self.state.max_keys[ns] = maximum
+        while not halt.is_set():
+            self._resume.wait()
+            with self._lock:
+                state = self.state
+                if halt.is_set() or state is None or ns in self._stopped or ns not in state.remaining:
+                    return
+                last = state.last_keys.get(ns)
+                window = _Window(uuid.uuid4().hex, ns, self.chunk_size)
+                self._windows[window.id] = window
+            # Even an empty collection gets a (trivial) window, so every emission and every progress
+            # update happens on the dispatcher's thread, in stream order.
+            self._watermark(window, WATERMARK_OPEN)
+            documents: list[dict[str, Any]] = []
+            if maximum is not None:
+                documents = read_chunk(collection, last, condition, self.chunk_size)
+            with self._lock:
+                window.buffer = {key_identity(d["_id"]): d for d in documents}
+                window.last_key = (documents[-1]["_id"],) if documents else None
+                # Done at a short chunk or at the largest key of the start (later inserts are streamed).
+                window.done = len(documents) < self.chunk_size or (
+                    maximum is not None and any(past_maximum(d["_id"], maximum[0]) for d in documents)
+                )
+            window.read_done.set()
+            self._close_watermark(window)
+            while not window.emitted.wait(0.2):
+                if halt.is_set():
+                    return
+            if window.discarded or window.done:
+                return
+
+    def _watermark(self, window: _Window, kind: str) -> None:
+        suffix = "open" if kind == WATERMARK_OPEN else "close"
+        state = self.state
+        self.signals.insert_one({
+            "_id": f"{window.id}-{suffix}",
+            "type": kind,
+            "data": {"snapshot": state.id if state is not None else "", "data-collection": window.namespace},
+        })
+
+    def _close_watermark(self, window: _Window) -> None:
+        if self.strategy == "insert_delete":
+            self.signals.delete_one({"_id": f"{window.id}-open"})
+        else:
+            self._watermark(window, WATERMARK_CLOSE)
+
+    def _notify(self, kind: str, data: Mapping[str, str]) -> None:
+        try:
+            self.notifier.notify(AGGREGATE, kind, {"connector_name": self.cfg.topic_prefix, **data})
+        except Exception:  # notifications never break the snapshot
+            log.exception("notification %s failed", kind)
+
+
+def _key_text(key: tuple[Any] | None) -> str:
+    return "" if key is None else json_util.dumps(key[0], json_options=json_util.RELAXED_JSON_OPTIONS)
+
+
+# -- standalone run (for orchestrators) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IncrementalSnapshotResult:
+    """One collection's incremental snapshot.
+
+    ``documents`` reads and ``events`` streamed changes were delivered; ``first_position`` /
+    ``last_position`` are the first and last chunk's positions (None when nothing was read);
+    everything of the collection up to ``end_position`` is in the sink, so a stream slice starting
+    after it continues seamlessly.
+    """
+
+    namespace: str
+    documents: int
+    events: int
+    duration_s: float
+    first_position: Position | None
+    last_position: Position | None
+    end_position: Position | None
+    resumed: bool
+
+
+class _StateFile:
+    """The standalone run's progress file, replaced atomically."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def load(self, namespace: str) -> IncrementalState | None:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            state = IncrementalState.from_json(orjson.loads(raw))
+        except orjson.JSONDecodeError as exc:
+            raise CdcError(f"incremental snapshot state file {self.path} is not valid JSON: {exc}") from exc
+        if state.collections != [namespace]:
+            raise CdcError(
+                f"incremental snapshot state file {self.path} belongs to {state.collections}, not {namespace!r}; "
+                "use another state_path or remove the file"
+            )
+        return state
+
+    def save(self, state: dict[str, Any] | None) -> None:
+        if state is None:
+            self.path.unlink(missing_ok=True)
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(orjson.dumps(state))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+class _StandaloneOutput:
+    """Reads go through the dispatcher; progress is written to the state file after a sink flush."""
+
+    def __init__(self, dispatcher: Dispatcher, state_file: _StateFile | None) -> None:
+        self.dispatcher = dispatcher
+        self.state_file = state_file
+        self.first: Position | None = None
+        self.last: Position | None = None
+
+    def emit_reads(self, namespace: str, documents: Sequence[Mapping[str, Any]], position: Position) -> None:
+        docs = [dict(d) for d in documents]
+        chunk = SnapshotChunk(namespace, docs, [MARKER] * len(docs), final=False)
+        self.dispatcher.snapshot_chunk(chunk, position, datetime.datetime.now(datetime.UTC))
+        self.first = self.first or position
+        self.last = position
+
+    def save_progress(self, state: dict[str, Any] | None) -> None:
+        if self.state_file is not None:
+            self.dispatcher.commit()  # never record progress ahead of the reads it covers
+            self.state_file.save(state)
+
+
+def incremental_snapshot_collection(
+    cfg: Any,
+    namespace: str,
+    sink: Sink,
+    *,
+    filter: dict[str, Any] | None = None,  # noqa: A002 - the API's name
+    progress: ProgressListener | None = None,
+    state_path: str | os.PathLike[str] | None = None,
+) -> IncrementalSnapshotResult:
+    """Incremental snapshot of one collection with its own change stream, into ``sink``.
+
+    Watermarks go to ``signal.data.collection``; the stream watches that collection and
+    ``namespace``. Reads carry their chunk's closing-watermark position; the collection's changes
+    streamed while the snapshot ran are delivered too, so applying the sink's records in order
+    gives the collection as it was at the end. ``filter`` defaults to the collection's
+    ``snapshot.collection.filter.overrides`` entry. With ``state_path`` an interrupted run
+    continues from its last completed chunk; the file is removed when the snapshot completes.
+    """
+    db, dot, coll = namespace.partition(".")
+    if not (db and dot and coll):
+        raise CdcError(f"namespace must be '<database>.<collection>', got {namespace!r}")
+    if not cfg.signal_data_collection:
+        raise CdcError("incremental_snapshot_collection needs signal.data.collection (watermarks are written there)")
+    started = time.monotonic()
+    state_file = _StateFile(state_path) if state_path is not None else None
+    client, topology = connect(cfg)
+    try:
+        signal_db = cfg.signal_data_collection.partition(".")[0]
+        target = client[db] if signal_db == db else client
+        signal_coll = cfg.signal_data_collection.partition(".")[2]
+        pipeline = [{"$match": {"$or": [{"ns.db": db, "ns.coll": coll}, {"ns.db": signal_db, "ns.coll": signal_coll}]}}]
+        start = record_start(client, target)
+        converter = EventConverter(EventOptions.from_config(cfg, rs=topology.set_name or ""))
+        metrics = ConnectorMetrics(cfg.topic_prefix)
+        dispatcher = Dispatcher(cfg, converter, sink, None, metrics, Offset(), progress=progress)
+        stored = state_file.load(namespace) if state_file is not None else None
+        query = filter if filter is not None else collection_filter(cfg, namespace)
+        output = _StandaloneOutput(dispatcher, state_file)
+        snapshotter = IncrementalSnapshotter(
+            client, cfg, output, metrics=metrics.snapshot, state=stored, progress=progress,
+        )
+        if stored is None:
+            snapshotter.start(f"api-{uuid.uuid4()}", [namespace], {namespace: query} if query else {})
+        queue = EventQueue(cfg.max_queue_size, cfg.max_queue_size_in_bytes, metrics.streaming)
+        reader = ChangeStreamReader(
+            client, cfg, StartPoint(resume_after=start.token), queue, target=target, pipeline=pipeline,
+        )
+        events = 0
+        reader.start()
+        try:
+            while not snapshotter.finished.is_set():
+                for item in queue.get_batch(cfg.max_batch_size, cfg.poll_interval_ms / 1000):
+                    if item.kind == "error":
+                        assert item.error is not None
+                        raise item.error
+                    if item.kind != "change":
+                        continue
+                    assert item.doc is not None and item.token is not None
+                    ns = item.doc.get("ns") or {}
+                    full = f"{ns.get('db')}.{ns.get('coll')}"
+                    if full == namespace:
+                        key = (item.doc.get("documentKey") or {}).get("_id")
+                        if dispatcher.change(item.doc, item.token):
+                            events += 1
+                        assert dispatcher.last_position is not None
+                        snapshotter.on_stream_event(namespace, key, dispatcher.last_position)
+                    elif full == cfg.signal_data_collection:
+                        dispatcher.change(item.doc, item.token)
+                        assert dispatcher.last_position is not None
+                        snapshotter.on_signal_event(item.doc, dispatcher.last_position)
+                dispatcher.drain()
+                snapshotter.poll()
+            dispatcher.finish()
+        finally:
+            snapshotter.shutdown()
+            reader.stop()
+            queue.close()
+            reader.join()
+    finally:
+        client.close()
+    return IncrementalSnapshotResult(
+        namespace=namespace,
+        documents=dispatcher.snapshot_documents,
+        events=events,
+        duration_s=time.monotonic() - started,
+        first_position=output.first,
+        last_position=output.last,
+        end_position=dispatcher.last_position,
+        resumed=stored is not None,
+    )

@@ -1,0 +1,103 @@
+"""The oplog window and the "is my position still in it" check.
+
+A change stream can only resume from a position the oplog still holds. Checking the stored
+offset against the window before streaming (and recognising ChangeStreamHistoryLost while
+streaming) turns a would-be silent gap into either a new snapshot (``when_needed``) or a clear
+error that explains the recovery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bson import Timestamp
+from pymongo import MongoClient
+from pymongo.errors import OperationFailure, PyMongoError
+
+from mongocdc_core.positions import decode_resume_token_timestamp
+
+CHANGE_STREAM_HISTORY_LOST = 286
+INVALID_RESUME_TOKEN = 260
+CHANGE_STREAM_FATAL_ERROR = 280
+CAPPED_POSITION_LOST = 136  # an open cursor whose oplog position was purged under it
+
+
+@dataclass(frozen=True)
+class OplogWindow:
+    """First and last oplog entry times, the oplog's size and its cap."""
+
+    first: Timestamp
+    last: Timestamp
+    size_bytes: int
+    max_bytes: int | None
+    hours: float
+
+    def contains(self, ts: Timestamp) -> bool:
+        """Whether a stream can resume at ``ts`` (the entry at ``ts`` or later is still there)."""
+        return (ts.time, ts.inc) >= (self.first.time, self.first.inc)
+
+
+def oplog_window(client: MongoClient[Any]) -> OplogWindow | None:
+    """Read ``local.oplog.rs``; None where it is not readable (through mongos, or not authorized)."""
+    oplog = client.local["oplog.rs"]
+    try:
+        first = oplog.find_one({}, {"ts": 1}, sort=[("$natural", 1)])
+        last = oplog.find_one({}, {"ts": 1}, sort=[("$natural", -1)])
+    except OperationFailure:
+        return None
+    if not first or not last:
+        return None
+    size, max_size = 0, None
+    try:
+        stats = client.local.command("collStats", "oplog.rs")
+        size = int(stats.get("size", 0))
+        max_size = int(stats["maxSize"]) if stats.get("maxSize") else None
+    except PyMongoError:
+        pass
+    hours = max(0, last["ts"].time - first["ts"].time) / 3600
+    return OplogWindow(first["ts"], last["ts"], size, max_size, hours)
+
+
+def current_cluster_time(client: MongoClient[Any]) -> Timestamp:
+    """The deployment's current clusterTime (what a snapshot started now is consistent with)."""
+    reply = client.admin.command("hello")
+    cluster = reply.get("$clusterTime", {}).get("clusterTime")
+    if isinstance(cluster, Timestamp):
+        return cluster
+    op_time = reply.get("operationTime") or reply.get("lastWrite", {}).get("opTime", {}).get("ts")
+    if isinstance(op_time, Timestamp):
+        return op_time
+    window = oplog_window(client)
+    if window is None:
+        raise RuntimeError("the server reported no clusterTime and its oplog is not readable")
+    return window.last
+
+
+def token_timestamp(token: dict[str, Any] | None) -> Timestamp | None:
+    """clusterTime of a resume token, None when absent or not decodable (tokens are opaque)."""
+    if not token:
+        return None
+    try:
+        return decode_resume_token_timestamp(token)
+    except ValueError:
+        return None
+
+
+def position_lost(client: MongoClient[Any], ts: Timestamp | None) -> tuple[bool, Timestamp | None]:
+    """Whether ``ts`` has left the oplog, and the oplog's first time (None if unknown)."""
+    if ts is None:
+        return False, None
+    window = oplog_window(client)
+    if window is None:
+        return False, None
+    return not window.contains(ts), window.first
+
+
+def is_history_lost(exc: BaseException) -> bool:
+    """ChangeStreamHistoryLost, CappedPositionLost, or a resume token the server no longer recognises."""
+    return isinstance(exc, OperationFailure) and exc.code in (
+        CHANGE_STREAM_HISTORY_LOST,
+        INVALID_RESUME_TOKEN,
+        CAPPED_POSITION_LOST,
+    )

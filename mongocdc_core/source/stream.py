@@ -1,0 +1,406 @@
+"""The change stream reader: Debezium's internal pipeline, resume, oversize handling, bounded queue.
+
+A reader thread owns the change stream and puts raw change documents into a bounded queue
+(``max.queue.size`` items and, when set, ``max.queue.size.in.bytes``); the dispatcher takes them
+out in batches. The queue is what bounds memory when the sink is slower than MongoDB. The reader
+remembers the resume token of the last document it queued, so after an error it reopens the
+stream exactly after it (pymongo resumes transparently once; the rest is handled here with
+Debezium's backoff).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import bson
+from bson import Timestamp
+from pymongo import MongoClient
+from pymongo.change_stream import ChangeStream
+from pymongo.errors import OperationFailure, PyMongoError
+
+from mongocdc_core.metrics import StreamingMetrics
+from mongocdc_core.source.connection import Backoff, is_retriable
+from mongocdc_core.source.errors import CdcError, ConnectError, HistoryLostError, OversizeEventError
+from mongocdc_core.source.oplog import is_history_lost, oplog_window, token_timestamp
+
+BSON_OBJECT_TOO_LARGE = 10334
+_NS_FIELD = "__mongocdc_ns"
+_OPERATION_TYPES = {"c": ("insert",), "u": ("update", "replace"), "d": ("delete",)}
+
+
+# -- pipeline --------------------------------------------------------------------------------------------
+
+
+def watch_options(cfg: Any) -> dict[str, Any]:
+    """``fullDocument`` / ``fullDocumentBeforeChange`` for ``capture.mode`` as Debezium sets them."""
+    mode = cfg.capture_mode
+    options: dict[str, Any] = {}
+    if mode in ("change_streams_update_full", "change_streams_update_full_with_pre_image"):
+        options["full_document"] = "required" if cfg.capture_mode_full_update_type == "post_image" else "updateLookup"
+    if mode in ("change_streams_with_pre_image", "change_streams_update_full_with_pre_image"):
+        options["full_document_before_change"] = "whenAvailable"
+    return options
+
+
+def _name_condition(patterns: tuple[str, ...], field: str, regex: bool) -> dict[str, Any]:
+    """Anchored, case-insensitive regex match (or literal ``$in``) of ``field`` against ``patterns``."""
+    if not regex:
+        return {field: {"$in": list(patterns)}}
+    return {"$or": [{field: {"$regex": f"^(?:{p})$", "$options": "i"}} for p in patterns]}
+
+
+def internal_pipeline(cfg: Any) -> list[dict[str, Any]]:
+    """Debezium's stages: capture-relevant operation types and namespaces, signal collection always.
+
+    The namespace filters run on the server (so uncaptured events never cross the network) and are
+    checked again on the client with the config's own matcher, which is authoritative.
+    """
+    regex = cfg.filters_match_mode == "regex"
+    allowed_ops = [op for code, ops in _OPERATION_TYPES.items() if code not in cfg.skipped_operations for op in ops]
+    data: list[dict[str, Any]] = [{"operationType": {"$in": allowed_ops}}, {"ns.coll": {"$not": re.compile("^system\\.")}}]
+    data.append({"ns.db": {"$nin": ["admin", "config", "local"]}})
+    if cfg.database_include_list:
+        data.append(_name_condition(cfg.database_include_list, "ns.db", regex))
+    if cfg.database_exclude_list:
+        data.append({"$nor": [_name_condition(cfg.database_exclude_list, "ns.db", regex)]})
+    if cfg.collection_include_list:
+        data.append(_name_condition(cfg.collection_include_list, _NS_FIELD, regex))
+    if cfg.collection_exclude_list:
+        data.append({"$nor": [_name_condition(cfg.collection_exclude_list, _NS_FIELD, regex)]})
+    match: dict[str, Any] = {"$and": data}
+    if cfg.signal_data_collection:
+        # Signals are inserts; deletes close incremental-snapshot windows (insert_delete watermarks).
+        signals = {_NS_FIELD: cfg.signal_data_collection, "operationType": {"$in": ["insert", "delete"]}}
+        match = {"$or": [match, signals]}
+    return [
+        {"$addFields": {_NS_FIELD: {"$concat": ["$ns.db", ".", "$ns.coll"]}}},
+        {"$match": match},
+        {"$project": {_NS_FIELD: 0}},
+    ]
+
+
+def oversize_stages(cfg: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(stages before the user's, trailing stages) for ``cursor.oversize.handling.mode``."""
+    mode = cfg.cursor_oversize_handling_mode
+    if mode == "skip" and cfg.cursor_oversize_skip_threshold > 0:
+        limit = cfg.cursor_oversize_skip_threshold
+        size_ok = [
+            {"$lte": [{"$ifNull": [{"$bsonSize": f"${field}"}, 0]}, limit]}
+            for field in ("fullDocument", "fullDocumentBeforeChange")
+        ]
+        return [{"$match": {"$expr": {"$and": size_ok}}}], []
+    if mode == "split":
+        return [], [{"$changeStreamSplitLargeEvent": {}}]
+    return [], []
+
+
+def build_pipeline(cfg: Any) -> list[dict[str, Any]]:
+    """The effective pipeline for ``cursor.pipeline.order`` (internal_first, user_first, user_only)."""
+    user = list(cfg.cursor_pipeline or [])
+    before, trailing = oversize_stages(cfg)
+    order = cfg.cursor_pipeline_order
+    if order == "user_only":
+        stages = user
+    elif order == "user_first":
+        stages = user + internal_pipeline(cfg)
+    else:
+        stages = internal_pipeline(cfg) + user
+    return before + stages + trailing
+
+
+def watch_target(client: MongoClient[Any], cfg: Any) -> Any:
+    """The client, database or collection to watch for ``capture.scope``/``capture.target``."""
+    scope = cfg.capture_scope
+    if scope == "database":
+        return client[cfg.capture_target]
+    if scope == "collection":
+        db, _, coll = str(cfg.capture_target).partition(".")
+        return client[db][coll]
+    return client
+
+
+# -- bounded queue ---------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class StreamItem:
+    """One thing the reader hands over: a change (``doc``), a progress token only, an end, or an error."""
+
+    kind: str  # "change" | "progress" | "end" | "error"
+    doc: dict[str, Any] | None = None
+    token: dict[str, Any] | None = None
+    size: int = 0
+    error: BaseException | None = None
+
+
+class EventQueue:
+    """Debezium's ChangeEventQueue: bounded by count and (optionally) bytes; blocks the producer."""
+
+    def __init__(self, max_items: int, max_bytes: int, metrics: StreamingMetrics | None = None) -> None:
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+        self._items: deque[StreamItem] = deque()
+        self._bytes = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._waiting = 0  # threads blocked in put/get: notify only when someone waits
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.QueueTotalCapacity = max_items
+            metrics.QueueRemainingCapacity = max_items
+            metrics.MaxQueueSizeInBytes = max_bytes
+
+    def put(self, item: StreamItem, stop: threading.Event) -> bool:
+        """Enqueue, waiting while full; False if ``stop`` was set or the queue closed meanwhile."""
+        with self._cond:
+            while not self._closed and not stop.is_set() and self._items and (
+                len(self._items) >= self.max_items
+                or (self.max_bytes > 0 and self._bytes + item.size > self.max_bytes)
+            ):
+                self._waiting += 1
+                self._cond.wait(0.1)
+                self._waiting -= 1
+            if self._closed or stop.is_set():
+                return False
+            self._items.append(item)
+            self._bytes += item.size
+            self._update_metrics()
+            if self._waiting:
+                self._cond.notify_all()
+            return True
+
+    def get_batch(self, max_items: int, timeout: float) -> list[StreamItem]:
+        """Up to ``max_items`` items, waiting at most ``timeout`` seconds for the first one."""
+        with self._cond:
+            if not self._items:
+                self._waiting += 1
+                self._cond.wait(timeout)
+                self._waiting -= 1
+            batch: list[StreamItem] = []
+            while self._items and len(batch) < max_items:
+                item = self._items.popleft()
+                self._bytes -= item.size
+                batch.append(item)
+            self._update_metrics()
+            if self._waiting and batch:
+                self._cond.notify_all()
+            return batch
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _update_metrics(self) -> None:
+        if self.metrics is not None:
+            self.metrics.QueueRemainingCapacity = max(0, self.max_items - len(self._items))
+            self.metrics.CurrentQueueSizeInBytes = self._bytes
+
+
+# -- reader ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    """Where a stream starts: after a resume token, at a cluster time, or now (both None)."""
+
+    resume_after: dict[str, Any] | None = None
+    start_at: Timestamp | None = None
+
+
+def _ts_key(ts: Timestamp) -> tuple[int, int]:
+    return (ts.time, ts.inc)
+
+
+class ChangeStreamReader(threading.Thread):
+    """Reads the change stream into an ``EventQueue`` until stopped, at ``stop_at``, or on a fatal error."""
+
+    def __init__(
+        self,
+        client: MongoClient[Any],
+        cfg: Any,
+        start: StartPoint,
+        queue: EventQueue,
+        *,
+        metrics: StreamingMetrics | None = None,
+        stop_at: Timestamp | None = None,
+        target: Any = None,
+        pipeline: list[dict[str, Any]] | None = None,
+        measure_bytes: bool | None = None,
+        on_retry: Callable[[int, BaseException], None] | None = None,
+    ) -> None:
+        super().__init__(name="mongocdc-change-stream", daemon=True)
+        self.client = client
+        self.cfg = cfg
+        self.queue = queue
+        self.metrics = metrics
+        self.stop_at = stop_at
+        self.stop_event = threading.Event()
+        self._target = target if target is not None else watch_target(client, cfg)
+        self._pipeline = pipeline if pipeline is not None else build_pipeline(cfg)
+        self._options = watch_options(cfg)
+        self._resume_after = start.resume_after
+        self._start_at = start.start_at
+        self._measure = cfg.max_queue_size_in_bytes > 0 if measure_bytes is None else measure_bytes
+        self._backoff = Backoff.from_config(cfg)
+        self._retries_used = 0
+        self._on_retry = on_retry
+        self._fragments: list[dict[str, Any]] = []
+        self._last_progress: dict[str, Any] | None = None
+
+    # The last token queued: what a reopened stream resumes after.
+    @property
+    def resume_token(self) -> dict[str, Any] | None:
+        return self._resume_after
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def _open(self) -> ChangeStream[Any]:
+        await_ms = self.cfg.cursor_max_await_time_ms or None
+        kwargs: dict[str, Any] = dict(self._options)
+        if self._resume_after is not None:
+            kwargs["resume_after"] = self._resume_after
+        elif self._start_at is not None:
+            kwargs["start_at_operation_time"] = self._start_at
+        stream: ChangeStream[Any] = self._target.watch(
+            self._pipeline, batch_size=self.cfg.max_batch_size, max_await_time_ms=await_ms, **kwargs
+        )
+        return stream
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # handed to the dispatcher, which raises it on its thread
+            self.queue.put(StreamItem("error", error=exc), threading.Event())
+
+    def _fatal(self, exc: PyMongoError) -> BaseException:
+        if is_history_lost(exc):
+            start = token_timestamp(self._resume_after) or self._start_at
+            window = None
+            try:
+                window = oplog_window(self.client)
+            except PyMongoError:
+                pass
+            lost = HistoryLostError(
+                f"change stream history lost while resuming at {start}: {exc}. "
+                "The oplog no longer holds the stream's position.",
+                position=start,
+                oplog_first=window.first if window else None,
+            )
+            return lost
+        if isinstance(exc, OperationFailure) and exc.code == BSON_OBJECT_TOO_LARGE:
+            return OversizeEventError(
+                f"a change event exceeds MongoDB's 16 MiB BSON limit ({exc}); with "
+                "cursor.oversize.handling.mode=fail the connector stops. Set it to 'split' "
+                "($changeStreamSplitLargeEvent, MongoDB 6.0.9+) or to 'skip' with cursor.oversize.skip.threshold."
+            )
+        return exc
+
+    def _run(self) -> None:
+        stream: ChangeStream[Any] | None = None
+        failures = 0
+        max_retries = self.cfg.errors_max_retries
+        try:
+            while not self.stop_event.is_set():
+                try:
+                    if stream is None:
+                        stream = self._open()
+                        if self.metrics is not None:
+                            self.metrics.Connected = True
+                    doc = stream.try_next()
+                    failures = 0
+                except PyMongoError as exc:
+                    if stream is not None:
+                        stream.close()
+                        stream = None
+                    self._fragments = []
+                    if self.metrics is not None:
+                        self.metrics.Connected = False
+                    if not is_retriable(exc):
+                        raise self._fatal(exc) from exc
+                    self._retries_used += 1
+                    if 0 <= max_retries < self._retries_used:
+                        raise CdcError(
+                            f"giving up after {max_retries} retries (errors.max.retries): {exc}"
+                        ) from exc
+                    failures += 1
+                    if failures > self._backoff.max_attempts:
+                        raise ConnectError(
+                            f"change stream: MongoDB unreachable after {self._backoff.max_attempts} "
+                            f"reconnection attempts (connect.max.attempts): {exc}"
+                        ) from exc
+                    if self._on_retry is not None:
+                        self._on_retry(failures, exc)
+                    self.stop_event.wait(self._backoff.delay_ms(failures) / 1000)
+                    continue
+                if doc is None:
+                    token = stream.resume_token
+                    self._progress(dict(token) if token is not None else None)
+                    if not stream.alive:
+                        self.queue.put(StreamItem("end"), self.stop_event)
+                        return
+                    continue
+                if not self._handle(doc):
+                    return
+        finally:
+            if stream is not None:
+                stream.close()
+
+    def _progress(self, token: dict[str, Any] | None) -> None:
+        """Hand over a post-batch resume token (offsets and heartbeats advance on idle streams)."""
+        if token is None or token == self._last_progress or self._fragments:
+            return
+        self._last_progress = token
+        if self.stop_at is not None:
+            ts = token_timestamp(token)
+            if ts is not None and _ts_key(ts) >= _ts_key(self.stop_at):
+                self.queue.put(StreamItem("end", token=token), self.stop_event)
+                self.stop_event.set()
+                return
+        if self.queue.put(StreamItem("progress", token=token), self.stop_event):
+            self._resume_after = token
+
+    def _handle(self, doc: dict[str, Any]) -> bool:
+        """Queue one change (reassembling split fragments); False when the stream must end."""
+        split = doc.get("splitEvent")
+        if split is not None:
+            self._fragments.append(doc)
+            if split.get("fragment") != split.get("of"):
+                return True
+            doc = _reassemble(self._fragments)
+            self._fragments = []
+        token = doc["_id"]
+        if self.stop_at is not None:
+            ct = doc.get("clusterTime")
+            if isinstance(ct, Timestamp) and _ts_key(ct) >= _ts_key(self.stop_at):
+                self.queue.put(StreamItem("end", token=token), self.stop_event)
+                self.stop_event.set()
+                return False
+        size = len(bson.encode(doc)) if self._measure else 0
+        if not self.queue.put(StreamItem("change", doc=doc, token=token, size=size), self.stop_event):
+            return False
+        self._resume_after = token
+        self._last_progress = token
+        return True
+
+
+def _reassemble(fragments: list[dict[str, Any]]) -> dict[str, Any]:
+    """Join ``$changeStreamSplitLargeEvent`` fragments into the event they were cut from.
+
+    Each fragment carries a disjoint set of top-level fields; the last fragment's ``_id`` is the
+    token to resume after once the whole event is processed.
+    """
+    merged: dict[str, Any] = {}
+    for fragment in fragments:
+        for key, value in fragment.items():
+            if key not in ("_id", "splitEvent"):
+                merged[key] = value
+    merged["_id"] = fragments[-1]["_id"]
+    return merged
+

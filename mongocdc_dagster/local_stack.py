@@ -1,0 +1,145 @@
+"""The local development stack's defaults, in one place, and the `make dev` launcher.
+
+With neither ``MONGOCDC_CONFIG`` nor ``MONGOCDC_HOME`` set, the Dagster definitions point at the stack
+this module starts: the emulated replica set on 127.0.0.1:27117 (replica set ``rs0``), state and landing
+zone under ``.local/`` in the repository, and the connector config shipped next to this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EMULATOR_HOST = "127.0.0.1"
+EMULATOR_PORT = 27117
+REPLICA_SET = "rs0"
+LOCAL_DIR = REPO_ROOT / ".local"
+DEFAULT_HOME = LOCAL_DIR
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "local_connector.json"
+DAGSTER_YAML = REPO_ROOT / "dagster.yaml"
+WORKSPACE_YAML = REPO_ROOT / "workspace.yaml"
+DEMO_DATABASE = "inventory"
+DEMO_SIGNAL_COLLECTION = "debezium_signal"
+
+
+def emulator_uri(port: int = EMULATOR_PORT) -> str:
+    """The connection string of the local emulator."""
+    return f"mongodb://{EMULATOR_HOST}:{port}/?replicaSet={REPLICA_SET}"
+
+
+def wait_for_port(host: str, port: int, timeout: float) -> None:
+    """Block until something accepts TCP connections on host:port (a started server), or fail."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing is listening on {host}:{port} after {timeout:.0f}s") from None
+            time.sleep(0.2)
+
+
+def seed_demo_data(uri: str) -> int:
+    """Insert a small demo data set when the demo database is empty; returns the documents inserted."""
+    from pymongo import MongoClient
+
+    client: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=10_000)
+    try:
+        db = client[DEMO_DATABASE]
+        if any(name != DEMO_SIGNAL_COLLECTION for name in db.list_collection_names()):
+            return 0
+        customers = [
+            {"_id": 1001 + i, "first_name": first, "last_name": last, "email": f"{first.lower()}@example.com"}
+            for i, (first, last) in enumerate(
+                [("Sally", "Thomas"), ("George", "Bailey"), ("Edward", "Walker"), ("Anne", "Kretchmar")]
+            )
+        ]
+        products = [
+            {"_id": 101 + i, "name": name, "description": desc, "weight": weight}
+            for i, (name, desc, weight) in enumerate(
+                [
+                    ("scooter", "Small 2-wheel scooter", 3.14),
+                    ("car battery", "12V car battery", 8.1),
+                    ("hammer", "12oz carpenter's hammer", 0.75),
+                    ("rocks", "box of assorted rocks", 5.3),
+                ]
+            )
+        ]
+        orders = [
+            {"_id": 10001 + i, "purchaser_id": 1001 + i % 4, "product_id": 101 + i % 4, "quantity": 1 + i}
+            for i in range(6)
+        ]
+        db.customers.insert_many(customers)
+        db.products.insert_many(products)
+        db.orders.insert_many(orders)
+        db.create_collection(DEMO_SIGNAL_COLLECTION)
+        return len(customers) + len(products) + len(orders)
+    finally:
+        client.close()
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m mongocdc_dagster.local_stack",
+        description="Start the emulated replica set, seed demo data, and run `dagster dev` against it.",
+    )
+    parser.add_argument("--port", type=int, default=EMULATOR_PORT, help="emulator port (default 27117)")
+    parser.add_argument("--dagster-port", type=int, default=3000, help="Dagster UI port (default 3000)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`make dev`: emulator in the background, demo data, then `dagster dev` in the foreground."""
+    args = _parse_args(argv)
+    dagster_home = LOCAL_DIR / "dagster"
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(DAGSTER_YAML, dagster_home / "dagster.yaml")
+    # The emulator gets its own session so a Ctrl-C reaches Dagster only; it is stopped after Dagster exits,
+    # letting sensors finish their calls while Dagster shuts down.
+    emulator = subprocess.Popen(
+        [sys.executable, "-m", "mongocdc_core.devstack.server", "--port", str(args.port),
+         "--replset", REPLICA_SET, "--dbpath", str(LOCAL_DIR / "mongo")],
+        cwd=REPO_ROOT, start_new_session=True,
+    )
+    try:
+        wait_for_port(EMULATOR_HOST, args.port, timeout=60)
+        seeded = seed_demo_data(emulator_uri(args.port))
+        print(f"emulator on {emulator_uri(args.port)}; seeded {seeded} demo documents", flush=True)
+        env = dict(os.environ, DAGSTER_HOME=str(dagster_home))
+        env.setdefault("MONGOCDC_HOME", str(DEFAULT_HOME))
+        if args.port != EMULATOR_PORT and "MONGOCDC_CONFIG" not in env:
+            print("note: the shipped connector config points at port 27117", file=sys.stderr)
+        dagster = subprocess.Popen(
+            [str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1",
+             "-p", str(args.dagster_port), "-w", str(WORKSPACE_YAML)],
+            cwd=REPO_ROOT, env=env,
+        )
+
+        def forward(signum: int, frame: object) -> None:
+            """A terminal's Ctrl-C already reached Dagster (same process group); `kill` of this process did not."""
+            if signum == signal.SIGTERM:
+                dagster.send_signal(signal.SIGINT)
+
+        signal.signal(signal.SIGINT, forward)
+        signal.signal(signal.SIGTERM, forward)
+        return dagster.wait()
+    finally:
+        emulator.terminate()
+        try:
+            emulator.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            emulator.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""With the kafka resource configured, a snapshot run lands its Parquet file AND publishes the same records."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+from cdc_helpers import CdcEnv, materialization_metadata, register
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from dagster import DagsterInstance, materialize
+
+from mongocdc_core.devstack.kafka_broker import KafkaBroker, KafkaBrokerError, check_jars, default_jars_dir
+from mongocdc_dagster.resources import MongoCdcKafkaResource
+
+
+@pytest.fixture(scope="module")
+def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real single-node broker; missing jars skip locally and fail under CI (as tests/kafka does)."""
+    try:
+        check_jars(default_jars_dir())
+    except KafkaBrokerError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set but the Kafka jars are missing: {exc}", pytrace=False)
+        pytest.skip(f"Kafka jars missing (run `make setup`): {exc}")
+    with KafkaBroker(None, tmp_path_factory.mktemp("kafka"), default_jars_dir()) as broker:
+        yield broker.bootstrap_servers
+
+
+def _keys(bootstrap: str, topic: str) -> list[str]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex[:8]}",
+                         "enable.partition.eof": True, "enable.auto.commit": False})
+    keys: list[str] = []
+    try:
+        meta = consumer.list_topics(topic, timeout=30).topics[topic]
+        pending = set(meta.partitions)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions])
+        deadline = time.monotonic() + 60
+        while pending and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            error = msg.error()
+            if error is not None:
+                assert error.code() == KafkaError._PARTITION_EOF, error
+                pending.discard(msg.partition())
+                continue
+            raw = msg.key()
+            assert raw is not None
+            key = orjson.loads(raw)
+            payload = key["payload"] if "schema" in key else key  # with or without the Connect JSON schema
+            keys.append(orjson.dumps(payload).decode())
+    finally:
+        consumer.close()
+    return keys
+
+
+def test_snapshot_publishes_to_kafka_and_lands_parquet(cdc: CdcEnv, instance: DagsterInstance, bootstrap: str) -> None:
+    cdc.db.parts.insert_many([{"_id": i, "n": i} for i in range(8)])
+    ns = cdc.ns("parts")
+    register(instance, ns)
+    resources = {**cdc.resources, "kafka": MongoCdcKafkaResource(bootstrap_servers=bootstrap)}
+    assert materialize([cdc.assets.snapshot], partition_key=ns, resources=resources, instance=instance).success
+    path = Path(materialization_metadata(instance, cdc.assets.snapshot_key, ns)["path"])
+    landed = sorted(pq.read_table(path)["key"].to_pylist())
+    assert sorted(_keys(bootstrap, f"testsrv.{ns}")) == landed and len(landed) == 8

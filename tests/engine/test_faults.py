@@ -1,0 +1,244 @@
+"""Failures: step-down, dropped connections, history loss, kill -9 of the engine process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from mongocdc_core.engine import Engine
+from mongocdc_core.offsets import FileOffsetStore, MemoryOffsetStore
+from mongocdc_core.source.errors import HistoryLostError
+from tests.engine.engine_support import (
+    Background,
+    MemorySink,
+    make_config,
+    replay,
+    run_engine,
+    source_state,
+    wait_for,
+)
+
+pytestmark = pytest.mark.fault
+
+
+def _ids(sink: MemorySink) -> set[Any]:
+    return {orjson.loads(v["after"])["_id"] for v in sink.values() if v["op"] in ("c", "r")}
+
+
+def _run_with_fault(fresh_db: Any, mongo_uri: str, fault: Any) -> tuple[MemorySink, Engine]:
+    fresh_db.warmup.insert_one({})  # a fresh emulator's oplog must not be empty (see requests.md)
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "no_data"})
+    offsets = MemoryOffsetStore()
+    sink = MemorySink()
+    engine = Engine(cfg, sink, offsets)
+    bg = Background(engine).start()
+    wait_for(lambda: offsets.load() is not None)
+    writer_client = fresh_db.client
+    for i in range(30):
+        writer_client[fresh_db.name].a.insert_one({"_id": i})
+        if i == 10:
+            fault(writer_client)
+
+    def done() -> bool:
+        bg.check()
+        return len(_ids(sink)) >= 30
+
+    wait_for(done, timeout=60)
+    bg.stop()
+    return sink, engine
+
+
+def test_primary_step_down_mid_stream_loses_nothing(fresh_db: Any, mongo_uri: str, emulator: Any) -> None:
+    def step_down(client: Any) -> None:
+        try:
+            client.admin.command("replSetStepDown", 1, force=True, secondaryCatchUpPeriodSecs=0)
+        except Exception:  # the stepping-down primary closes connections, as mongod does
+            pass
+
+    sink, engine = _run_with_fault(fresh_db, mongo_uri, step_down)
+    assert _ids(sink) == set(range(30))
+    assert engine.metrics.streaming.NumberOfPrimaryElections >= 1
+
+
+def test_dropped_connections_mid_stream_lose_nothing(fresh_db: Any, mongo_uri: str, emulator: Any) -> None:
+    def drop(client: Any) -> None:
+        try:
+            client.admin.command("mongocdcDropConnections")
+        except Exception:  # our own connection may be among the dropped ones
+            pass
+
+    sink, engine = _run_with_fault(fresh_db, mongo_uri, drop)
+    assert _ids(sink) == set(range(30))
+    assert engine.metrics.streaming.NumberOfDisconnects >= 1
+
+
+def test_failing_getmore_is_retried_with_backoff(fresh_db: Any, mongo_uri: str, emulator: Any) -> None:
+    def fail_getmore(client: Any) -> None:
+        client.admin.command(
+            "configureFailPoint",
+            "failCommand",
+            mode={"times": 3},
+            data={"failCommands": ["getMore", "aggregate"], "errorCode": 11602, "errorLabels": ["ResumableChangeStreamError"]},
+        )
+
+    sink, engine = _run_with_fault(fresh_db, mongo_uri, fail_getmore)
+    assert _ids(sink) == set(range(30))
+    assert engine.metrics.streaming.NumberOfDisconnects >= 1
+
+
+def _lose_history(fresh_db: Any, mongo_uri: str, mode: str) -> tuple[Any, MemoryOffsetStore]:
+    fresh_db.a.insert_many([{"_id": i} for i in range(3)])
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": mode})
+    offsets = MemoryOffsetStore()
+    run_engine(cfg, MemorySink(), offsets, until_idle=0.2)
+    fresh_db.a.insert_one({"_id": 3})  # changed while the connector is stopped...
+    fresh_db.a.insert_one({"_id": 4})
+    now = fresh_db.client.admin.command("hello")["$clusterTime"]["clusterTime"]
+    fresh_db.client.admin.command("mongocdcTruncateOplog", before=now)  # ...and purged from the oplog
+    return cfg, offsets
+
+
+def test_history_lost_with_initial_stops_with_a_clear_message(fresh_db: Any, mongo_uri: str, emulator: Any) -> None:
+    cfg, offsets = _lose_history(fresh_db, mongo_uri, "initial")
+    with pytest.raises(HistoryLostError) as info:
+        run_engine(cfg, MemorySink(), offsets, until_idle=0.2)
+    text = str(info.value)
+    assert "no longer in the oplog" in text and "snapshot.mode=initial" in text and "when_needed" in text
+
+
+def test_history_lost_with_when_needed_takes_a_new_snapshot(fresh_db: Any, mongo_uri: str, emulator: Any) -> None:
+    cfg, offsets = _lose_history(fresh_db, mongo_uri, "when_needed")
+    sink = MemorySink()
+    summary = run_engine(cfg, sink, offsets, until_idle=0.3)
+    assert summary.snapshot_performed
+    assert replay(sink.records, f"{fresh_db.name}.a") == source_state(fresh_db.a)
+
+
+def test_history_lost_mid_stream_is_detected(fresh_db: Any, mongo_uri: str, emulator: Any) -> None:
+    """The oplog is purged past the reader's position while the engine is running."""
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "initial", "max.queue.size": 4, "max.batch.size": 2})
+    offsets = MemoryOffsetStore()
+    run_engine(cfg, MemorySink(), offsets, until_idle=0.1)
+    fresh_db.a.insert_many([{"_id": i, "pad": "x" * 1000} for i in range(200)])
+    sink = MemorySink()
+    engine = Engine(cfg, sink, offsets)
+    gate = threading.Event()
+    original = sink.write
+
+    def slow_write(records: Any) -> None:
+        original(records)
+        if not gate.is_set():
+            gate.set()
+            now = fresh_db.client.admin.command("hello")["$clusterTime"]["clusterTime"]
+            fresh_db.a.insert_one({"_id": "last"})
+            fresh_db.client.admin.command("mongocdcTruncateOplog", before=now)
+
+    sink.write = slow_write  # type: ignore[method-assign]
+    with pytest.raises(HistoryLostError, match="no longer in the oplog"):
+        engine.run(until_idle=5)
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys
+    from mongocdc_core.config import ConnectorConfig
+    from mongocdc_core.engine import Engine
+    from mongocdc_core.offsets import FileOffsetStore
+    from mongocdc_core.sinks.jsonl import JsonlSink
+    cfg = ConnectorConfig.from_dict({
+        "mongodb.connection.string": sys.argv[1], "topic.prefix": "srv",
+        "collection.include.list": sys.argv[2] + "\\\\..*", "poll.interval.ms": "50",
+        "cursor.max.await.time.ms": "100", "offset.flush.interval.ms": "100",
+        "mongocdc.schemas.enable": "false", "max.batch.size": "16",
+    })
+    sink = JsonlSink(sys.argv[3])
+    print("ready", flush=True)
+    Engine(cfg, sink, FileOffsetStore(sys.argv[4])).run(until_idle=float(sys.argv[5]))
+    sink.close()
+    """
+)
+
+
+def _child(uri: str, db: str, out: Path, offsets: Path, idle: float) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    return subprocess.Popen(
+        [sys.executable, "-c", _CHILD, uri, db, str(out), str(offsets), str(idle)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _jsonl(out: Path, topic: str) -> list[tuple[bytes, bytes | None]]:
+    path = out / f"{topic}.jsonl"
+    if not path.exists():
+        return []
+    pairs = []
+    for line in path.read_bytes().splitlines():
+        try:
+            item = orjson.loads(line)
+        except orjson.JSONDecodeError:  # a torn last line from the killed process
+            continue
+        value = item["value"]
+        pairs.append((orjson.dumps(item["key"]), orjson.dumps(value) if value is not None else None))
+    return pairs
+
+
+def test_kill_9_mid_stream_then_restart_loses_nothing(fresh_db: Any, mongo_uri: str, emulator: Any, tmp_path: Path) -> None:
+    from mongocdc_core.replay import Replayer, canonical
+
+    out, offsets = tmp_path / "out", tmp_path / "offsets.json"
+    fresh_db.a.insert_many([{"_id": i, "n": 0} for i in range(50)])
+    proc = _child(mongo_uri, fresh_db.name, out, offsets, idle=60)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    topic = f"srv.{fresh_db.name}.a"
+    wait_for(lambda: len(_jsonl(out, topic)) >= 50, timeout=60)  # snapshot delivered
+    for i in range(300):
+        fresh_db.a.update_one({"_id": i % 50}, {"$inc": {"n": 1}})
+        if i % 7 == 0:
+            fresh_db.a.insert_one({"_id": 1000 + i})
+        if i == 150:
+            os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    stored = FileOffsetStore(offsets).load()
+    assert stored is not None and stored.resume_token is not None
+
+    restart = _child(mongo_uri, fresh_db.name, out, offsets, idle=1.0)
+    assert restart.wait(120) == 0
+    pairs = _jsonl(out, topic)
+    rebuilt = Replayer().apply_all(pairs).documents(f"{fresh_db.name}.a")
+    assert canonical(rebuilt) == source_state(fresh_db.a)
+    inserted = {orjson.loads(orjson.loads(v)["after"])["_id"] for _, v in pairs if v and orjson.loads(v)["op"] == "c"}
+    assert inserted == {1000 + i for i in range(0, 300, 7)}
+
+
+
+def test_errors_max_retries_zero_fails_on_the_first_retriable_error(
+    fresh_db: Any, mongo_uri: str, emulator: Any
+) -> None:
+    from mongocdc_core.source.errors import CdcError
+
+    fresh_db.warmup.insert_one({})
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "no_data", "errors.max.retries": 0})
+    offsets = MemoryOffsetStore()
+    run_engine(cfg, MemorySink(), offsets, until_idle=0.1)
+    fresh_db.client.admin.command(
+        "configureFailPoint",
+        "failCommand",
+        mode={"times": 2},  # pymongo resumes once by itself; the second failure reaches the engine
+        data={"failCommands": ["aggregate", "getMore"], "errorCode": 11602, "errorLabels": ["ResumableChangeStreamError"]},
+    )
+    try:
+        with pytest.raises(CdcError, match="errors.max.retries"):
+            run_engine(cfg, MemorySink(), offsets, until_idle=5)
+    finally:
+        fresh_db.client.admin.command("configureFailPoint", "failCommand", mode="off")

@@ -1,0 +1,249 @@
+"""snapshot.mode behaviour, markers, parallel copy, filter overrides, interrupted snapshots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from mongocdc_core.dispatcher import ProgressListener
+from mongocdc_core.engine import Engine
+from mongocdc_core.offsets import MemoryOffsetStore, Offset
+from mongocdc_core.source.snapshot import SnapshotChunk, SnapshotCopier
+from tests.engine.engine_support import MemorySink, make_config, replay, run_engine, source_state
+
+
+def _seed(db: Any, sizes: dict[str, int]) -> None:
+    for name, n in sizes.items():
+        if n:
+            db[name].insert_many([{"_id": i, "n": i, "coll": name} for i in range(n)])
+        else:
+            db.create_collection(name)
+
+
+def _markers(sink: MemorySink) -> list[tuple[str, str]]:
+    return [(v["source"]["collection"], v["source"]["snapshot"]) for v in sink.values() if v["op"] == "r"]
+
+
+def test_initial_snapshot_then_stream_then_no_second_snapshot(fresh_db: Any, mongo_uri: str) -> None:
+    _seed(fresh_db, {"a": 3, "b": 2})
+    cfg = make_config(mongo_uri, fresh_db.name)
+    offsets = MemoryOffsetStore()
+    sink = MemorySink()
+    summary = run_engine(cfg, sink, offsets, until_idle=0.5)
+    assert summary.snapshot_performed and summary.snapshot_completed
+    assert summary.snapshot_documents == 5
+    assert _markers(sink) == [
+        ("a", "first"),
+        ("a", "true"),
+        ("a", "last_in_data_collection"),
+        ("b", "first_in_data_collection"),
+        ("b", "last"),
+    ]
+    # every read carries the snapshot's start position, recorded before the copy
+    positions = {r.position for r in sink.data()}
+    assert len(positions) == 1
+    stored = offsets.load()
+    assert stored is not None and stored.snapshot is None and stored.resume_token is not None
+
+    fresh_db.a.insert_one({"_id": 10})
+    fresh_db.b.delete_one({"_id": 0})
+    second = MemorySink()
+    summary = run_engine(cfg, second, offsets, until_idle=0.5)
+    assert not summary.snapshot_performed
+    assert [v["op"] for v in second.values()] == ["c", "d"]
+    assert all(r.position > next(iter(positions)) for r in second.data())
+    for name in ("a", "b"):
+        ns = f"{fresh_db.name}.{name}"
+        assert replay(sink.records + second.records, ns) == source_state(fresh_db[name])
+
+
+def test_changes_during_the_snapshot_are_streamed_afterwards(fresh_db: Any, mongo_uri: str) -> None:
+    _seed(fresh_db, {"a": 50})
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.fetch.size": 5})
+    sink = MemorySink()
+    engine = Engine(cfg, sink, MemoryOffsetStore())
+    original = sink.write
+    changed: list[int] = []
+
+    def write_and_change(records: Any) -> None:
+        original(records)
+        if not changed:  # first chunk delivered: change documents the copy may or may not have seen
+            changed.append(1)
+            fresh_db.a.update_one({"_id": 49}, {"$set": {"n": -1}})
+            fresh_db.a.insert_one({"_id": 100})
+
+    sink.write = write_and_change  # type: ignore[method-assign]
+    engine.run(until_idle=0.5)
+    ns = f"{fresh_db.name}.a"
+    assert replay(sink.records, ns) == source_state(fresh_db.a)
+    assert {v["op"] for v in sink.values()} >= {"r", "u", "c"}
+
+
+def test_always_snapshots_on_every_start(fresh_db: Any, mongo_uri: str) -> None:
+    _seed(fresh_db, {"a": 2})
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "always"})
+    offsets = MemoryOffsetStore()
+    for _ in range(2):
+        sink = MemorySink()
+        summary = run_engine(cfg, sink, offsets, until_idle=0.3)
+        assert summary.snapshot_performed and summary.snapshot_documents == 2
+
+
+def test_initial_only_stops_after_the_snapshot(fresh_db: Any, mongo_uri: str) -> None:
+    _seed(fresh_db, {"a": 2})
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "initial_only"})
+    offsets = MemoryOffsetStore()
+    summary = run_engine(cfg, MemorySink(), offsets, until_idle=30)
+    assert summary.stopped_because == "snapshot_only" and summary.snapshot_documents == 2
+    again = run_engine(cfg, MemorySink(), offsets, until_idle=30)
+    assert not again.snapshot_performed and again.stopped_because == "snapshot_only"
+
+
+@pytest.mark.parametrize("mode", ["no_data", "never"])
+def test_no_data_streams_from_now_without_reads(fresh_db: Any, mongo_uri: str, mode: str) -> None:
+    _seed(fresh_db, {"a": 3})
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": mode})
+    offsets = MemoryOffsetStore()
+    first = MemorySink()
+    summary = run_engine(cfg, first, offsets, until_idle=0.3)
+    assert not summary.snapshot_performed and first.data() == []
+    assert offsets.load() is not None  # "now" was pinned, so the next start misses nothing
+    fresh_db.a.insert_one({"_id": 7})
+    second = MemorySink()
+    run_engine(cfg, second, offsets, until_idle=0.5)
+    assert [(v["op"], v["after"]) for v in second.values()] == [("c", '{"_id": 7}')]
+
+
+def test_when_needed_snapshots_without_offset_only(fresh_db: Any, mongo_uri: str) -> None:
+    _seed(fresh_db, {"a": 2})
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "when_needed"})
+    offsets = MemoryOffsetStore()
+    assert run_engine(cfg, MemorySink(), offsets, until_idle=0.3).snapshot_performed
+    assert not run_engine(cfg, MemorySink(), offsets, until_idle=0.3).snapshot_performed
+
+
+def test_configuration_based(fresh_db: Any, mongo_uri: str) -> None:
+    _seed(fresh_db, {"a": 2})
+    cfg = make_config(
+        mongo_uri,
+        fresh_db.name,
+        **{
+            "snapshot.mode": "configuration_based",
+            "snapshot.mode.configuration.based.snapshot.data": "true",
+            "snapshot.mode.configuration.based.start.stream": "false",
+        },
+    )
+    summary = run_engine(cfg, MemorySink(), MemoryOffsetStore(), until_idle=30)
+    assert summary.snapshot_documents == 2 and summary.stopped_because == "snapshot_only"
+
+
+def test_parallel_copy_markers_and_completeness(fresh_db: Any, mongo_uri: str) -> None:
+    sizes = {"a": 40, "b": 1, "c": 0, "d": 25, "e": 7}
+    _seed(fresh_db, sizes)
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.max.threads": 3, "snapshot.fetch.size": 4})
+    sink = MemorySink()
+    run_engine(cfg, sink, MemoryOffsetStore(), until_idle=0.3)
+    markers = _markers(sink)
+    assert len(markers) == sum(sizes.values())
+    assert markers[0][1] == "first" and markers[-1][1] == "last"
+    assert [m for _, m in markers].count("first") == 1 and [m for _, m in markers].count("last") == 1
+    for name, n in sizes.items():
+        mine = [m for c, m in markers if c == name]
+        assert len(mine) == n
+        if n > 1:
+            assert mine[0] in ("first", "first_in_data_collection")
+            assert mine[-1] in ("last", "last_in_data_collection")
+        for name2 in sizes:
+            assert replay(sink.records, f"{fresh_db.name}.{name2}") == source_state(fresh_db[name2])
+
+
+def test_snapshot_filters_and_include_list(fresh_db: Any, mongo_uri: str) -> None:
+    _seed(fresh_db, {"a": 10, "b": 3, "c": 3})
+    db = fresh_db.name
+    cfg = make_config(
+        mongo_uri,
+        db,
+        **{
+            "snapshot.include.collection.list": f"{db}\\.(a|b)",
+            "snapshot.collection.filter.overrides": f"{db}.a",
+            f"snapshot.collection.filter.overrides.{db}.a": '{"n": {"$gte": 7}}',
+        },
+    )
+    sink = MemorySink()
+    run_engine(cfg, sink, MemoryOffsetStore(), until_idle=0.3)
+    reads = [(v["source"]["collection"], orjson.loads(v["after"])["_id"]) for v in sink.values()]
+    assert reads == [("a", 7), ("a", 8), ("a", 9), ("b", 0), ("b", 1), ("b", 2)]
+
+
+def test_snapshot_delay_and_stop_during_delay(fresh_db: Any, mongo_uri: str) -> None:
+    _seed(fresh_db, {"a": 1})
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.delay.ms": 60000})
+    offsets = MemoryOffsetStore()
+    engine = Engine(cfg, MemorySink(), offsets)
+    import threading
+
+    threading.Timer(0.3, engine.stop).start()
+    summary = engine.run(until_idle=0.3)
+    assert summary.snapshot_performed and not summary.snapshot_completed
+
+
+def test_interrupted_snapshot_skips_completed_collections(fresh_db: Any, mongo_uri: str) -> None:
+    _seed(fresh_db, {"a": 3, "b": 4})
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.fetch.size": 2})
+    offsets = MemoryOffsetStore()
+
+    class StopInB(ProgressListener):
+        def snapshot_progress(self, namespace: str, copied: int, total: int | None) -> None:
+            if namespace.endswith(".b"):
+                engine.stop()  # stop while b is being copied: a is complete
+
+    engine = Engine(cfg, MemorySink(), offsets, progress=StopInB())
+    summary = engine.run(until_idle=0.3)
+    assert not summary.snapshot_completed
+    stored = offsets.load()
+    assert isinstance(stored, Offset) and stored.snapshot is not None and stored.snapshot.running
+    assert stored.snapshot.completed == [f"{fresh_db.name}.a"]
+
+    resumed = MemorySink()
+    summary = run_engine(cfg, resumed, offsets, until_idle=0.3)
+    assert summary.snapshot_completed
+    assert {v["source"]["collection"] for v in resumed.values()} == {"b"}
+    assert len(resumed.values()) == 4
+
+
+def _copy_all(client: Any, cfg: Any, namespaces: list[str], threads: int) -> tuple[list[Any], SnapshotCopier]:
+    chunks: list[SnapshotChunk] = []
+
+    def emit(chunk: SnapshotChunk) -> bool:
+        chunks.append(chunk)
+        return True
+
+    copier = SnapshotCopier(client, cfg, namespaces, emit, threads=threads, chunk_size=7, split_min_documents=10)
+    assert copier.run()
+    return chunks, copier
+
+
+def test_large_collection_is_split_into_id_ranges(fresh_db: Any, mongo_uri: str) -> None:
+    fresh_db.a.insert_many([{"_id": i} for i in range(100)])
+    cfg = make_config(mongo_uri, fresh_db.name)
+    ns = f"{fresh_db.name}.a"
+    units = SnapshotCopier(fresh_db.client, cfg, [ns], lambda c: True, threads=4, split_min_documents=10)._split(ns, 4)
+    assert len(units) == 4
+    chunks, _ = _copy_all(fresh_db.client, cfg, [ns], threads=4)
+    ids = [d["_id"] for c in chunks for d in c.documents]
+    assert sorted(ids) == list(range(100))
+    markers = [m for c in chunks for m in c.markers]
+    assert markers[0] == "first" and markers[-1] == "last" and set(markers[1:-1]) == {"true"}
+    assert [c.final for c in chunks].count(True) == 1 and chunks[-1].final
+
+
+def test_mixed_id_types_are_not_split(fresh_db: Any, mongo_uri: str) -> None:
+    fresh_db.a.insert_many([{"_id": i} for i in range(30)] + [{"_id": f"s{i}"} for i in range(30)])
+    cfg = make_config(mongo_uri, fresh_db.name)
+    ns = f"{fresh_db.name}.a"
+    copier = SnapshotCopier(fresh_db.client, cfg, [ns], lambda c: True, threads=4, split_min_documents=10)
+    assert len(copier._split(ns, 4)) == 1
+    chunks, _ = _copy_all(fresh_db.client, cfg, [ns], threads=4)
+    assert len([d for c in chunks for d in c.documents]) == 60
