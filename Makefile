@@ -6,6 +6,8 @@ STAMP := $(VENV)/.installed
 KAFKA_POM := mongocdc_core/devstack/kafka/pom.xml
 KAFKA_JARS := .jars/kafka
 KAFKA_STAMP := $(KAFKA_JARS)/.complete
+SPARK_JARS_DIR := .jars/spark
+SPARK_JARS_STAMP := $(SPARK_JARS_DIR)/.installed
 DRIVERS_JAVA := tests/drivers/java
 DRIVERS_NODE := tests/drivers/node
 DRIVERS_JAR := $(DRIVERS_JAVA)/target/driver-check.jar
@@ -13,7 +15,7 @@ DRIVERS_NODE_STAMP := $(DRIVERS_NODE)/node_modules/.installed
 
 .PHONY: setup test lint demo dev bench clean
 
-setup: $(STAMP) $(KAFKA_STAMP) $(DRIVERS_JAR) $(DRIVERS_NODE_STAMP)
+setup: $(STAMP) $(KAFKA_STAMP) $(SPARK_JARS_STAMP) $(DRIVERS_JAR) $(DRIVERS_NODE_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +27,12 @@ $(STAMP): pyproject.toml
 $(KAFKA_STAMP): $(KAFKA_POM)
 	rm -rf $(KAFKA_JARS)
 	mvn -q -B -f $(KAFKA_POM) dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(KAFKA_JARS)
+	touch $@
+
+# Delta Lake and the Spark Kafka source (pyspark ships Spark, Scala and Hadoop themselves).
+$(SPARK_JARS_STAMP): mongocdc_core/tables/pom.xml
+	rm -rf $(SPARK_JARS_DIR)
+	mvn -q -B -f mongocdc_core/tables/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(SPARK_JARS_DIR)
 	touch $@
 
 # The official Java and Node.js drivers' checks against the emulator (tests/drivers).
@@ -43,6 +51,11 @@ test: setup
 lint: setup
 	$(PY) -m ruff check mongocdc_core mongocdc_dagster tests benchmarks
 	$(PY) -m mypy mongocdc_core mongocdc_dagster
+
+# Local stack: emulated replica set on 127.0.0.1:27117 (data in .local/mongo), demo data when empty,
+# and `dagster dev` on http://127.0.0.1:3000 with DAGSTER_HOME=.local/dagster. Ctrl-C stops everything.
+dev: setup
+	$(PY) -m mongocdc_dagster.local_stack
 
 demo: setup
 	$(PY) -m mongocdc_core.demo
