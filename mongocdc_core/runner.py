@@ -19,13 +19,23 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.dispatcher import ProgressListener
 from mongocdc_core.engine import Engine
-from mongocdc_core.offsets import FileOffsetStore, OffsetStore
+from mongocdc_core.offsets import OffsetError
+from mongocdc_core.offsets_factory import open_offset_store
 from mongocdc_core.positions import Position
+from mongocdc_core.sinks.base import SinkError
 from mongocdc_core.sinks.factory import open_sink
 from mongocdc_core.source.errors import CdcError
 
 
-class RichProgress(ProgressListener):
+class ReadyLine(ProgressListener):
+    """Prints one ``streaming`` line on stdout when streaming begins, for scripts waiting on it."""
+
+    def streaming_started(self, position: Position | None) -> None:
+        start = position.to_str() if position else "now"
+        print(f"mongocdc: streaming after {start}", flush=True)
+
+
+class RichProgress(ReadyLine):
     """Snapshot bars per collection and a streaming counter, drawn on stderr."""
 
     def __init__(self, console: Console) -> None:
@@ -72,8 +82,7 @@ class RichProgress(ProgressListener):
         self.progress.console.log(f"snapshot {state}: {documents} documents")
 
     def streaming_started(self, position: Position | None) -> None:
-        start = f"after {position.to_str()}" if position else "from now"
-        self.progress.console.log(f"streaming {start}")
+        super().streaming_started(position)
         with self._lock:
             self._stream_task = self.progress.add_task("streaming events", total=None)
 
@@ -84,16 +93,11 @@ class RichProgress(ProgressListener):
                 self.progress.update(self._stream_task, completed=events, description=f"streaming events {detail}")
 
 
-def _offset_store(spec: str, cfg: ConnectorConfig) -> OffsetStore:
-    """``PATH`` or ``file:PATH`` is the default file store."""
-    return FileOffsetStore(spec.removeprefix("file:"))
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mongocdc run", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="Debezium connector JSON or .properties file")
     parser.add_argument("--sink", required=True, help="jsonl:DIR, parquet:DIR or kafka:HOST:PORT")
-    parser.add_argument("--offsets", required=True, help="offset store: a file path (or file:PATH)")
+    parser.add_argument("--offsets", required=True, help="offset store: PATH, file:PATH or kafka:HOST:PORT[/TOPIC]")
     parser.add_argument("--max-events", type=int, default=None, help="stop after this many change events")
     parser.add_argument("--until-idle", type=float, default=None, help="stop after this many seconds without events")
     parser.add_argument("--metrics-file", default=None, help="rewrite Debezium metrics as JSON here while running")
@@ -111,11 +115,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         sink = open_sink(args.sink, cfg)
-    except ValueError as exc:
-        console.print(f"[red]mongocdc: {exc}[/red]")
+    except (ValueError, SinkError) as exc:
+        console.print(f"[red]mongocdc: cannot open sink {args.sink}: {exc}[/red]")
         return 2
-    offsets = _offset_store(args.offsets, cfg)
-    listener = RichProgress(console) if not args.no_progress else None
+    try:
+        offsets = open_offset_store(args.offsets, cfg, sink)
+    except (ValueError, OffsetError) as exc:
+        sink.close()
+        console.print(f"[red]mongocdc: cannot open offsets {args.offsets}: {exc}[/red]")
+        return 2
+    listener = RichProgress(console) if not args.no_progress else ReadyLine()
     engine = Engine(cfg, sink, offsets, progress=listener, metrics_file=args.metrics_file)
 
     def _graceful(signum: int, frame: FrameType | None) -> None:
@@ -125,12 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _graceful)
     signal.signal(signal.SIGINT, _graceful)
     try:
-        if listener is not None:
+        if isinstance(listener, RichProgress):
             with listener:
                 summary = engine.run(max_events=args.max_events, until_idle=args.until_idle)
         else:
             summary = engine.run(max_events=args.max_events, until_idle=args.until_idle)
-    except CdcError as exc:
+    except (CdcError, SinkError, OffsetError) as exc:
         console.print(f"[red]mongocdc: {exc}[/red]")
         return 1
     finally:
