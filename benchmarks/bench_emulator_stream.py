@@ -1,81 +1,112 @@
 """Throughput of the emulator's change streams as pymongo sees them.
 
-Starts an emulated replica set in this process, writes N documents, then drains their N insert
-events through ``collection.watch(start_at_operation_time=...)``. As a same-process baseline it
-drains the same N documents with ``find``; the ratio shows how much dearer an event is than a
-plain document, independent of the machine. The engine benchmarks need the emulator to deliver
-well over 30k events/s so that they measure the engine, not the emulator.
+Starts an emulated replica set in this process, writes N documents (``--workload insert``), or
+writes them and then updates each once (``update``: the stream drains the N update events), or
+inserts them in transactions of 500 (``transaction``), then drains the N events through
+``collection.watch(start_at_operation_time=...)``. As a same-process baseline it drains the N
+documents with ``find``; the ratio shows how much dearer an event is than a plain document,
+independent of the machine. Server and client share this process, so the process CPU time of a
+drain (both sides' work) is reported next to wall time: on a loaded machine wall-clock rates
+swing with the load, CPU-time rates much less.
 
-Usage: ``python -m benchmarks.bench_emulator_stream [--docs 200000]``
+The engine benchmarks need the emulator to deliver well over 30k insert events/s so that they
+measure the engine, not the emulator.
+
+Usage: ``python -m benchmarks.bench_emulator_stream [--docs 200000] [--workload insert]``
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 from bson import Timestamp
-from pymongo import InsertOne, MongoClient
+from pymongo import InsertOne, MongoClient, UpdateOne
 from rich.console import Console
 from rich.table import Table
 
 from mongocdc_core.devstack.fixture import EmulatedReplicaSet
 
+WORKLOADS = ("insert", "update", "transaction")
+BATCH = 5000
+TRANSACTION_SIZE = 500
 
-def _write(client: MongoClient, count: int) -> Timestamp:
-    """Insert ``count`` small documents; return the cluster time before the first write."""
+
+def _document(i: int) -> dict[str, object]:
+    return {"_id": i, "name": f"doc-{i}", "value": i * 3, "tags": ["a", "b"]}
+
+
+def _write(client: MongoClient, count: int, workload: str = "insert") -> Timestamp:
+    """Write the workload; return the cluster time before its first event."""
     coll = client.bench.events
     coll.drop()
     client.bench.create_collection("events")
     start = client.admin.command("ping")["operationTime"]
-    batch = 5000
-    for base in range(0, count, batch):
-        coll.bulk_write(
-            [InsertOne({"_id": i, "name": f"doc-{i}", "value": i * 3, "tags": ["a", "b"]})
-             for i in range(base, min(count, base + batch))],
-            ordered=False,
-        )
+    if workload == "transaction":
+        for base in range(0, count, TRANSACTION_SIZE):
+            with client.start_session() as session, session.start_transaction():
+                coll.insert_many([_document(i) for i in range(base, min(count, base + TRANSACTION_SIZE))], session=session)
+        return start
+    for base in range(0, count, BATCH):
+        coll.bulk_write([InsertOne(_document(i)) for i in range(base, min(count, base + BATCH))], ordered=False)
+    if workload == "update":
+        start = client.admin.command("ping")["operationTime"]
+        for base in range(0, count, BATCH):
+            coll.bulk_write(
+                [UpdateOne({"_id": i}, {"$set": {"value": -i, "seen": True}}) for i in range(base, min(count, base + BATCH))],
+                ordered=False,
+            )
     return start
 
 
-def _drain_stream(client: MongoClient, start: Timestamp, count: int) -> float:
+def _timed(run: Callable[[], int]) -> tuple[int, float, float]:
+    """(items, wall seconds, process CPU seconds) of ``run``."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    items = run()
+    return items, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def _drain_stream(client: MongoClient, start: Timestamp, count: int) -> int:
     seen = 0
-    began = time.perf_counter()
     with client.bench.events.watch(start_at_operation_time=start, max_await_time_ms=500) as stream:
         while seen < count:
             if stream.try_next() is not None:
                 seen += 1
-    return time.perf_counter() - began
+    return seen
 
 
-def _drain_find(client: MongoClient, count: int) -> float:
-    began = time.perf_counter()
+def _drain_find(client: MongoClient, count: int) -> int:
     seen = sum(1 for _ in client.bench.events.find({}))
     if seen != count:
         raise RuntimeError(f"find returned {seen} documents, expected {count}")
-    return time.perf_counter() - began
+    return seen
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--docs", type=int, default=200_000, help="documents to write and events to drain")
+    parser.add_argument("--workload", choices=WORKLOADS, default="insert", help="which events to drain")
     args = parser.parse_args(argv)
+    if args.docs <= 0:
+        parser.error(f"--docs must be positive, got {args.docs}")
     console = Console()
     with EmulatedReplicaSet(oplog_size_mb=1024, noop_interval=10.0) as emulated:
         client: MongoClient = MongoClient(emulated.uri, uuidRepresentation="standard")
         began = time.perf_counter()
-        start = _write(client, args.docs)
+        start = _write(client, args.docs, args.workload)
         write_s = time.perf_counter() - began
-        stream_s = _drain_stream(client, start, args.docs)
-        find_s = _drain_find(client, args.docs)
+        events, stream_s, stream_cpu = _timed(lambda: _drain_stream(client, start, args.docs))
+        docs, find_s, find_cpu = _timed(lambda: _drain_find(client, args.docs))
         client.close()
-    table = Table(title=f"emulator change stream drain ({args.docs} events)")
+    table = Table(title=f"emulator change stream drain ({events} {args.workload} events)")
     table.add_column("measure")
-    table.add_column("rate", justify="right")
-    table.add_row("write (bulk insert)", f"{args.docs / write_s:,.0f} docs/s")
-    table.add_row("change stream drain", f"{args.docs / stream_s:,.0f} events/s")
-    table.add_row("find drain (baseline)", f"{args.docs / find_s:,.0f} docs/s")
-    table.add_row("stream / find ratio", f"{find_s / stream_s:.2f}")
+    table.add_column("wall-clock rate", justify="right")
+    table.add_column("per CPU-second", justify="right")
+    table.add_row("write", f"{args.docs / write_s:,.0f} docs/s", "")
+    table.add_row("change stream drain", f"{events / stream_s:,.0f} events/s", f"{events / stream_cpu:,.0f} events/s")
+    table.add_row("find drain (baseline)", f"{docs / find_s:,.0f} docs/s", f"{docs / find_cpu:,.0f} docs/s")
+    table.add_row("stream / find ratio", f"{find_s / stream_s:.2f}", f"{find_cpu / stream_cpu:.2f}")
     console.print(table)
 
 

@@ -27,6 +27,7 @@ from mongocdc_core.sinks.base import Sink
 from mongocdc_core.source import oplog as _oplog
 from mongocdc_core.source.connection import Topology, connect
 from mongocdc_core.source.errors import CdcError, HistoryLostError
+from mongocdc_core.source.incremental import IncrementalSnapshotResult, incremental_snapshot_collection
 from mongocdc_core.source.oplog import OplogWindow
 from mongocdc_core.source.snapshot import (
     SnapshotChunk,
@@ -41,10 +42,12 @@ __all__ = [
     "CdcError",
     "ConfigError",
     "HistoryLostError",
+    "IncrementalSnapshotResult",
     "OplogWindow",
     "SliceResult",
     "SnapshotResult",
     "current_cluster_time",
+    "incremental_snapshot_collection",
     "list_captured_collections",
     "oplog_window",
     "snapshot_collection",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from mongocdc_core.positions import Position
 from mongocdc_core.sinks.base import Sink
 from mongocdc_core.source.blocking import AdHocSnapshots
 from mongocdc_core.source.connection import connect
-from mongocdc_core.source.errors import CdcError, HistoryLostError
+from mongocdc_core.source.errors import CdcError, ConnectError, HistoryLostError
 from mongocdc_core.source.oplog import position_lost, token_timestamp
 from mongocdc_core.source.snapshot import (
     SnapshotChunk,
@@ -39,6 +40,8 @@ from mongocdc_core.source.snapshot import (
     snapshot_collections,
 )
 from mongocdc_core.source.stream import ChangeStreamReader, EventQueue, StartPoint, watch_target
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -81,10 +84,6 @@ class Engine:
     def stop(self) -> None:
         """Ask a running ``run`` to finish: it flushes the sink and records the offset, then returns."""
         self._stop.set()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
 
     # -- run ------------------------------------------------------------------------------------------
 
@@ -136,6 +135,7 @@ class Engine:
         if offset_exists and not take_snapshot and stored is not None:
             take_snapshot = self._check_offset(client, snapshotter, token_timestamp(stored.resume_token))
         snapshot_performed = snapshot_completed = False
+        restarts = 0
         while True:
             if take_snapshot:
                 snapshot_performed = True
@@ -149,6 +149,17 @@ class Engine:
                 return self._summary(dispatcher, snapshot_performed, snapshot_completed, "snapshot_only", started)
             try:
                 reason = self._stream(client, dispatcher, max_events, until_idle)
+            except ConnectError as unreachable:
+                # Debezium restarts a task that failed with a retriable error after
+                # retriable.restart.connector.wait.ms, errors.max.retries times (-1: always).
+                restarts += 1
+                if 0 <= self.cfg.errors_max_retries < restarts:
+                    raise
+                log.warning("%s; restarting in %d ms", unreachable, self.cfg.retriable_restart_connector_wait_ms)
+                if self._stop.wait(self.cfg.retriable_restart_connector_wait_ms / 1000):
+                    return self._summary(dispatcher, snapshot_performed, snapshot_completed, "stop", started)
+                take_snapshot = False
+                continue
             except HistoryLostError as lost:
                 if not snapshotter.should_snapshot_on_data_error():
                     raise HistoryLostError.for_offset(

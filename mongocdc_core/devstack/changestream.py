@@ -270,18 +270,18 @@ def _check_namespace(db: str, coll: str | None, spec: StreamSpec) -> None:
 # -- the cursor -----------------------------------------------------------------------------------
 
 _OUT_OF_SCOPE: dict[str, Any] = {}
-# (token hex, token, clusterTime key, event as a document or as encoded BSON)
-_Pending = tuple[str, dict[str, Any], tuple[int, int], Any]
+# (token hex, token or None when it is just ``{_data: hex}``, clusterTime, event as a document or
+# as encoded BSON). Queued events have the same shape with the event encoded.
+_Pending = tuple[str, dict[str, Any] | None, Timestamp, Any]
+_Ready = tuple[str, dict[str, Any] | None, Timestamp, bytes]
+# A transaction's (txnNumber, lsid, the encoded txnNumber and lsid elements that precede ``_id``).
+_Txn = tuple[Any, Any, bytes]
+_INT32 = struct.Struct("<i")
+_TIMESTAMP = struct.Struct("<II")
 
 
-@dataclass
-class _Ready:
-    """An encoded event waiting to be returned."""
-
-    hex: str
-    token: dict[str, Any]
-    ts: tuple[int, int]
-    raw: RawBSONDocument
+def _token(hex_: str, token: dict[str, Any] | None) -> dict[str, Any]:
+    return token if token is not None else {"_data": hex_}
 
 
 class ChangeStreamCursor:
@@ -316,10 +316,10 @@ class ChangeStreamCursor:
         self._pre_mode = spec.full_document_before_change
         self._post_mode = spec.full_document
         self._needs_images = self._pre_mode != "off" or self._post_mode in ("whenAvailable", "required")
-        # Inserts (and deletes without pre-images) of plain streams are built straight as BSON.
-        self._fast_insert = not stages and not self._expanded
-        self._fast_delete = self._fast_insert and self._pre_mode == "off"
+        # Without user stages (which need documents) CRUD events are encoded straight to BSON.
+        self._raw_events = not stages
         self._ns_bytes: dict[str, bytes] = {}
+        self._ui_elements: dict[bytes, bytes] = {}
         self._last_wall: Any = None
         self._last_wall_bytes = b""
         # Resume filter: events whose token is <= _resume_hex were already seen by the client.
@@ -374,8 +374,8 @@ class ChangeStreamCursor:
     def post_batch_resume_token(self) -> dict[str, Any]:
         return self._pbrt
 
-    def next_batch(self, batch_size: int | None, max_time_ms: int | None) -> list[RawBSONDocument]:
-        """The next batch of encoded events; waits up to ``max_time_ms`` for the first one."""
+    def next_batch(self, batch_size: int | None, max_time_ms: int | None) -> list[bytes]:
+        """The next batch of BSON-encoded events; waits up to ``max_time_ms`` for the first one."""
         if self._failed is not None:
             raise self._failed
         limit = batch_size if batch_size is not None and batch_size > 0 else None
@@ -417,22 +417,25 @@ class ChangeStreamCursor:
             f"Last seen record id: RecordId({position[0] << 32 | position[1]})",
         )
 
-    def _take(self, limit: int | None) -> list[RawBSONDocument]:
-        out: list[RawBSONDocument] = []
+    def _take(self, limit: int | None) -> list[bytes]:
+        out: list[bytes] = []
         budget = BSON_OBJ_MAX_USER_SIZE
         ready = self._ready
         last: _Ready | None = None
-        while ready and (limit is None or len(out) < limit):
-            size = len(ready[0].raw.raw)
-            if out and size > budget:
+        count = len(ready) if limit is None else min(limit, len(ready))
+        append = out.append
+        popleft = ready.popleft
+        while count:
+            size = len(ready[0][3])
+            if size > budget and out:
                 break
-            item = ready.popleft()
+            last = popleft()
             budget -= size
-            out.append(item.raw)
-            last = item
+            append(last[3])
+            count -= 1
         if last is not None:
-            self._pbrt = last.token
-            self._pbrt_ts = last.ts
+            self._pbrt = _token(last[0], last[1])
+            self._pbrt_ts = ts_key(last[2])
         if not ready and self._at_end and self._scanned_any and not self._closed and not (self._must_find and not self._found):
             scanned = ts_key(self._scan_from)
             if scanned > self._pbrt_ts:
@@ -444,7 +447,7 @@ class ChangeStreamCursor:
         """Scan the oplog until enough events are ready (or the oplog end is reached)."""
         want = limit if limit is not None else 1 << 62
         ready = self._ready
-        ready_bytes = sum(len(r.raw.raw) for r in ready) if limit is None else 0
+        ready_bytes = sum(len(r[3]) for r in ready) if limit is None else 0
         while not self._closing and len(ready) < want and ready_bytes < BSON_OBJ_MAX_USER_SIZE:
             chunk = 512 if limit is None else max(16, min(512, want - len(ready)))
             with self._oplog.cond:
@@ -454,17 +457,20 @@ class ChangeStreamCursor:
             if not entries:
                 return
             events: list[_Pending] = []
+            entry_events = self._entry_events
+            last = entries[-1]
             for entry in entries:
-                self._entry_events(entry, events)
-                self._scan_from = entry["ts"]
-                self._scan_inclusive = False
-                self._scanned_any = True
+                entry_events(entry, events)
                 if self._closing:
+                    last = entry
                     break
+            self._scan_from = last["ts"]
+            self._scan_inclusive = False
+            self._scanned_any = True
             before = len(ready)
             self._deliver(events)
             if limit is None:
-                ready_bytes += sum(len(ready[i].raw.raw) for i in range(before, len(ready)))
+                ready_bytes += sum(len(ready[i][3]) for i in range(before, len(ready)))
             if self._closing:
                 self._closed = True
             if self._at_end:
@@ -475,9 +481,9 @@ class ChangeStreamCursor:
         if not events:
             return
         if self.stages:
-            tokens = {hex_: (token, ts) for hex_, token, ts, _ in events}
+            tokens = {hex_: (_token(hex_, token), ts) for hex_, token, ts, _ in events}
             outputs = self.host.run_pipeline([event for _, _, _, event in events], self.stages)
-            staged = []
+            staged: list[_Pending] = []
             for out in outputs:
                 ident = out.get("_id")
                 hex_ = ident.get("_data") if isinstance(ident, Mapping) else None
@@ -490,20 +496,27 @@ class ChangeStreamCursor:
                         "allowed.",
                         NON_RESUMABLE,
                     )
-                token, ts = tokens[hex_]
-                staged.append((hex_, token, ts, out))
+                staged.append((hex_, *tokens[hex_], out))
             events = staged
         append = self._ready.append
-        for hex_, token, ts, event in events:
-            raw = event if isinstance(event, bytes) else encode_event(event)
+        for item in events:
+            hex_, token, ts, event = item
+            if type(event) is bytes:
+                raw = event
+                if len(raw) <= MAX_CHANGE_EVENT_SIZE and self._split_resume is None:
+                    append(item)  # the common case: an ordinary event, queued as it is
+                    continue
+            else:
+                raw = encode_event(event)
             size = len(raw)
+            full_token = _token(hex_, token)
             if size > MAX_CHANGE_EVENT_SIZE and self.split:
                 seen = self._split_resume if hex_ == self._resume_base_hex else None
                 self._split_resume = None
                 as_doc = dict(bson.decode(raw, codec_options=CODEC_OPTIONS)) if isinstance(event, bytes) else event
-                for frag_hex, frag_token, fragment in self._fragments(token, as_doc):
+                for frag_hex, frag_token, fragment in self._fragments(full_token, as_doc):
                     if seen is None or frag_hex > seen:
-                        append(_Ready(frag_hex, frag_token, ts, RawBSONDocument(fragment, RAW_CODEC_OPTIONS)))
+                        append((frag_hex, frag_token, ts, fragment))
                 continue
             if self._split_resume is not None and hex_ == self._resume_base_hex:
                 raise command_error(
@@ -516,9 +529,9 @@ class ChangeStreamCursor:
                 raise command_error(
                     BSON_OBJECT_TOO_LARGE,
                     f"BSONObj size: {size} (0x{size:X}) is invalid. Size must be between 0 and "
-                    f"{BSON_OBJ_MAX_INTERNAL_SIZE}(16MB) First element: _id: {_format_value(token)}",
+                    f"{BSON_OBJ_MAX_INTERNAL_SIZE}(16MB) First element: _id: {_format_value(full_token)}",
                 )
-            append(_Ready(hex_, token, ts, RawBSONDocument(raw, RAW_CODEC_OPTIONS)))
+            append((hex_, full_token, ts, raw))
 
     def _fragments(self, token: dict[str, Any], event: Mapping[str, Any]) -> list[tuple[str, dict[str, Any], bytes]]:
         """Split an oversized event into fragments the way mongod's split stage does."""
@@ -627,7 +640,12 @@ class ChangeStreamCursor:
         if op == "c" and "applyOps" in entry["o"]:
             if "lsid" not in entry:
                 return
-            txn = (entry["txnNumber"], entry["lsid"])
+            prefix = b""
+            if self._raw_events:
+                prefix = b"\x12txnNumber\x00" + struct.pack("<q", int(entry["txnNumber"])) + _element(
+                    "lsid", entry["lsid"]
+                )
+            txn: _Txn = (entry["txnNumber"], entry["lsid"], prefix)
             for index, inner in enumerate(entry["o"]["applyOps"]):
                 self._op_events(inner, ts, entry["wall"], index, txn, out)
                 if self._closing:
@@ -641,7 +659,7 @@ class ChangeStreamCursor:
         ts: Timestamp,
         wall: Any,
         index: int,
-        txn: tuple[Any, Any] | None,
+        txn: _Txn | None,
         out: list[_Pending],
     ) -> None:
         op = op_doc["op"]
@@ -650,17 +668,14 @@ class ChangeStreamCursor:
             return
         if op not in ("i", "u", "d"):
             return
+        if self._raw_events:
+            self._raw_crud_event(op_doc, op, ts, wall, index, txn, out)
+            return
         ns = self._ns_info(op_doc["ns"])
         if ns is _OUT_OF_SCOPE:
             return
         o = op_doc["o"]
         ui = op_doc["ui"]
-        if txn is None and ((op == "i" and self._fast_insert) or (op == "d" and self._fast_delete)):
-            built = self._fast_event(op, op_doc, o, ui, ts, wall)
-            if built is not None:
-                if built[0]:
-                    out.append(built)
-                return
         event: dict[str, Any] = {}
         if txn is not None:
             event["txnNumber"] = Int64(txn[0])
@@ -680,7 +695,7 @@ class ChangeStreamCursor:
             event["fullDocument"] = o
             event["ns"] = ns
             event["documentKey"] = key
-            out.append((hex_, token, (ts.time, ts.inc), event))
+            out.append((hex_, token, ts, event))
             return
         if op == "d":
             key = o
@@ -705,48 +720,91 @@ class ChangeStreamCursor:
         if op_type == "update":
             event["updateDescription"] = update_description(o["diff"], self._expanded)
         if self._needs_images or (op_type == "update" and self._post_mode == "updateLookup"):
-            self._add_images(event, op_type, ui, ts, index, txn)
-        out.append((hex_, token, (ts.time, ts.inc), event))
+            self._add_images(event, op_type, ui, ts, index, txn, ns, key)
+        out.append((hex_, token, ts, event))
 
-    def _fast_event(
-        self, op: str, op_doc: Mapping[str, Any], o: Mapping[str, Any], ui: Any, ts: Timestamp, wall: Any
-    ) -> tuple[str, dict[str, Any], tuple[int, int], bytes] | None:
-        """An insert or delete event encoded directly from cached BSON fragments.
+    def _raw_crud_event(
+        self,
+        op_doc: Mapping[str, Any],
+        op: str,
+        ts: Timestamp,
+        wall: Any,
+        index: int,
+        txn: _Txn | None,
+        out: list[_Pending],
+    ) -> None:
+        """A CRUD event encoded straight to BSON: the bytes ``encode_event`` gives the dict path's event.
 
-        Returns None when the document key is not a simple ``{_id}`` (the caller then builds the
-        event as a document), and an entry with an empty hex when the resume filter drops it.
+        Constant elements (operationType, ns, wallTime within one millisecond, transaction
+        fields) come from caches; the documents go through one ``bson.encode`` call.
         """
-        key = (op_doc.get("o2") or {"_id": o["_id"]}) if op == "i" else o
-        key_part = rt.simple_key_bytes(key)
-        if key_part is None:
-            return None
-        op_type = "insert" if op == "i" else "delete"
-        token = self._tokens.crud(ts, 0, ui, op_type, key, key_part)
-        hex_ = token["_data"]
-        if not self._admit(hex_):
-            return ("", token, (0, 0), b"")
-        ns_part = self._ns_bytes.get(op_doc["ns"])
+        ns_name = op_doc["ns"]
+        ns_part = self._ns_bytes.get(ns_name)
         if ns_part is None:
-            ns_part = b"\x03ns\x00" + bson.encode(self._ns_info(op_doc["ns"]))
-            self._ns_bytes[op_doc["ns"]] = ns_part
-        hex_bytes = hex_.encode()
+            info = self._ns_info(ns_name)
+            ns_part = b"" if info is _OUT_OF_SCOPE else _element("ns", info)
+            self._ns_bytes[ns_name] = ns_part
+        if not ns_part:
+            return
+        o = op_doc["o"]
+        ui = op_doc["ui"]
+        if op == "i":
+            key = op_doc.get("o2") or {"_id": o["_id"]}
+            op_type = "insert"
+        elif op == "d":
+            key = o
+            op_type = "delete"
+        else:
+            key = op_doc["o2"]
+            op_type = "update" if o.get("$v") == 2 else "replace"
+        key_hex = rt.simple_key_hex(key)
+        token: dict[str, Any] | None = None
+        if key_hex is not None:
+            hex_ = self._tokens.crud_hex(ts, index, ui, op_type, key_hex)
+            hex_bytes = hex_.encode()
+            id_element = b"".join((
+                b"\x03_id\x00", _INT32.pack(len(hex_bytes) + 17), b"\x02_data\x00", _INT32.pack(len(hex_bytes) + 1),
+                hex_bytes, b"\x00\x00",
+            ))  # fmt: skip
+        else:
+            token = self._tokens.crud(ts, index, ui, op_type, key)
+            hex_ = token["_data"]
+            id_element = _element("_id", token)
+        if self._resume_hex is not None and not self._admit(hex_):
+            return
+        rest: dict[str, Any] = {}
+        if op_type == "insert" or op_type == "replace":
+            rest["fullDocument"] = o
+        rest["ns"] = None  # placeholder keeping the field order; spliced from ns_part below
+        rest["documentKey"] = key
+        if op_type == "update":
+            rest["updateDescription"] = update_description(o["diff"], self._expanded)
+        if op != "i" and (self._needs_images or (op_type == "update" and self._post_mode == "updateLookup")):
+            ns_info = self._ns_info(ns_name)
+            self._add_images(rest, op_type, ui, ts, index, txn, ns_info, key)
+        encoded = bson.encode(rest, codec_options=CODEC_OPTIONS)
+        cut = encoded.index(b"\x0ans\x00", 4)
         body = b"".join((
-            b"\x03_id\x00",
-            struct.pack("<i", len(hex_bytes) + 17),
-            b"\x02_data\x00",
-            struct.pack("<i", len(hex_bytes) + 1),
-            hex_bytes,
-            b"\x00\x00",
-            _INSERT_TYPE if op == "i" else _DELETE_TYPE,
+            txn[2] if txn is not None else b"",
+            id_element,
+            _OPERATION_TYPES[op_type],
             b"\x11clusterTime\x00",
-            struct.pack("<II", ts.inc, ts.time),
+            _TIMESTAMP.pack(ts.inc, ts.time),
+            self._ui_element(ui) if self._expanded else b"",
             self._wall_element(wall),
-            b"\x03fullDocument\x00" + bson.encode(o, codec_options=CODEC_OPTIONS) if op == "i" else b"",
+            encoded[4:cut],
             ns_part,
-            b"\x03documentKey\x00",
-            bson.encode(key, codec_options=CODEC_OPTIONS),
-        ))
-        return (hex_, token, (ts.time, ts.inc), struct.pack("<i", len(body) + 5) + body + b"\x00")
+            encoded[cut + 4 : -1],
+        ))  # fmt: skip
+        out.append((hex_, token, ts, _INT32.pack(len(body) + 5) + body + b"\x00"))
+
+    def _ui_element(self, ui: Any) -> bytes:
+        """The ``collectionUUID`` element of expanded events."""
+        raw = bytes(ui) if isinstance(ui, bytes) else rt.as_uuid(ui).bytes
+        element = self._ui_elements.get(raw)
+        if element is None:
+            element = self._ui_elements[raw] = _element("collectionUUID", ui)
+        return element
 
     def _wall_element(self, wall: Any) -> bytes:
         """The ``wallTime`` BSON element; consecutive entries mostly share one millisecond."""
@@ -756,8 +814,17 @@ class ChangeStreamCursor:
         return self._last_wall_bytes
 
     def _add_images(
-        self, event: dict[str, Any], op_type: str, ui: Any, ts: Timestamp, index: int, txn: tuple[Any, Any] | None
+        self,
+        event: dict[str, Any],
+        op_type: str,
+        ui: Any,
+        ts: Timestamp,
+        index: int,
+        txn: _Txn | None,
+        ns: Mapping[str, Any],
+        document_key: Mapping[str, Any],
     ) -> None:
+        """Append ``fullDocumentBeforeChange`` / ``fullDocument`` (post-image) as the stream asks."""
         images = None
         if self._needs_images:
             collection_uuid = self._uuid_cache.get(ui)
@@ -771,19 +838,18 @@ class ChangeStreamCursor:
                 raise command_error(
                     NO_MATCHING_DOCUMENT,
                     "Change stream was configured to require a pre-image for all update, delete and replace "
-                    f"events, but the pre-image was not found for event: {_event_summary(event, txn)}",
+                    f"events, but the pre-image was not found for event: {_event_summary(op_type, ns, ts, txn)}",
                 )
             event["fullDocumentBeforeChange"] = pre
         if op_type != "update" or self._post_mode == "default":
             return
         if self._post_mode == "updateLookup":
-            ns = event["ns"]
-            post = self.host.lookup_document(ns["db"], ns["coll"], dict(event["documentKey"]))
+            post = self.host.lookup_document(ns["db"], ns["coll"], dict(document_key))
         elif post is None and self._post_mode == "required":
             raise command_error(
                 NO_MATCHING_DOCUMENT,
                 "Change stream was configured to require a post-image for all update events, but the "
-                f"post-image was not found for event: {_event_summary(event, txn)}",
+                f"post-image was not found for event: {_event_summary(op_type, ns, ts, txn)}",
             )
         event["fullDocument"] = post
 
@@ -793,7 +859,7 @@ class ChangeStreamCursor:
         ts: Timestamp,
         wall: Any,
         index: int,
-        txn: tuple[Any, Any] | None,
+        txn: _Txn | None,
         out: list[_Pending],
     ) -> None:
         o = op_doc["o"]
@@ -877,7 +943,7 @@ class ChangeStreamCursor:
             event["stateBeforeChange"] = state_before
         hex_ = token["_data"]
         if self._admit(hex_):
-            out.append((hex_, token, (ts.time, ts.inc), event))
+            out.append((hex_, token, ts, event))
         if not invalidates:
             return
         inv_token = rt.encode(
@@ -894,7 +960,7 @@ class ChangeStreamCursor:
             return
         invalidate = {"_id": inv_token, "operationType": "invalidate", "clusterTime": ts, "wallTime": wall}
         if self._admit(inv_hex):
-            out.append((inv_hex, inv_token, (ts.time, ts.inc), invalidate))
+            out.append((inv_hex, inv_token, ts, invalidate))
         self._closing = True
 
     def _coll_in_scope(self, db: str, coll: str) -> bool:
@@ -905,8 +971,15 @@ class ChangeStreamCursor:
         return self._db_in_scope(db)
 
 
-_INSERT_TYPE = b"\x02operationType\x00" + struct.pack("<i", 7) + b"insert\x00"
-_DELETE_TYPE = b"\x02operationType\x00" + struct.pack("<i", 7) + b"delete\x00"
+_OPERATION_TYPES = {
+    name: b"\x02operationType\x00" + struct.pack("<i", len(name) + 1) + name.encode() + b"\x00"
+    for name in ("insert", "update", "replace", "delete")
+}
+
+
+def _element(name: str, value: Any) -> bytes:
+    """One encoded BSON element (type, name, value) as nested in an event."""
+    return bson.encode({name: value}, codec_options=CODEC_OPTIONS)[4:-1]
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
@@ -938,12 +1011,12 @@ def encode_event(event: Mapping[str, Any]) -> bytes:
     return (len(body) + 5).to_bytes(4, "little") + body + b"\x00"
 
 
-def _event_summary(event: Mapping[str, Any], txn: tuple[Any, Any] | None) -> str:
+def _event_summary(op_type: str, ns: Mapping[str, Any], ts: Timestamp, txn: _Txn | None) -> str:
     """mongod's ``Document::toString`` of ``{operationType, ns, clusterTime, txnNumber}``."""
     parts = [
-        f"operationType: {_format_value(event['operationType'])}",
-        f"ns: {_format_value(event['ns'])}",
-        f"clusterTime: {_format_value(event['clusterTime'])}",
+        f"operationType: {_format_value(op_type)}",
+        f"ns: {_format_value(ns)}",
+        f"clusterTime: {_format_value(ts)}",
     ]
     if txn is not None:
         parts.append(f"txnNumber: {int(txn[0])}")

@@ -362,12 +362,43 @@ class EventTokenEncoder:
     byte strings keeps the per-event cost to a few concatenations.
     """
 
-    __slots__ = ("_op_parts", "_last_ui", "_last_uuid_part")
+    __slots__ = ("_op_parts", "_last_ui", "_last_uuid_part", "_hex_ui", "_hex_middles", "_txn_hex")
 
     def __init__(self) -> None:
         self._op_parts: dict[str, bytes] = {}
         self._last_ui: Any = None
         self._last_uuid_part = b""
+        self._hex_ui: Any = None  # the ``ui`` object ``_hex_middles`` were built for
+        self._hex_middles: dict[tuple[str, int], str] = {}
+        self._txn_hex: dict[int, str] = {}
+
+    def crud_hex(self, cluster_time: Timestamp, txn_op_index: int, ui: Any, operation_type: str, key_hex: str) -> str:
+        """``_data`` of a CRUD event token whose document key is simple (``key_hex``: ``simple_key_hex``).
+
+        Such tokens carry no type bits; the hex string is spliced from cached hex pieces, which
+        is what makes the change stream's per-event cost small.
+        """
+        if ui is not self._hex_ui:
+            if not (self._hex_ui is not None and bytes(ui) == bytes(self._hex_ui)):
+                self._hex_middles = {}
+            self._hex_ui = ui
+        middle = self._hex_middles.get((operation_type, txn_op_index))
+        if middle is None:
+            txn = self._txn_hex.get(txn_op_index)
+            if txn is None:
+                w = _Writer()
+                w._integer(txn_op_index)
+                txn = bytes(w.buf).hex().upper()
+                if len(self._txn_hex) < 65536:
+                    self._txn_hex[txn_op_index] = txn
+            middle = (
+                b"\x2b\x04\x2c\x01\x00".hex().upper()
+                + txn
+                + (b"\x6e\x5a\x10\x04" + as_uuid(ui).bytes).hex().upper()
+                + (b"\x46\x3coperationType\x00\x3c" + operation_type.encode() + b"\x00\x46documentKey\x00\x46").hex().upper()
+            )
+            self._hex_middles[(operation_type, txn_op_index)] = middle
+        return f"82{cluster_time.time:08X}{cluster_time.inc:08X}{middle}{key_hex}0004"
 
     def crud(
         self,
@@ -444,6 +475,25 @@ def simple_key_bytes(document_key: Mapping[str, Any]) -> bytes | None:
     if kind is str:
         return b"\x3c_id\x00\x3c" + value.encode().replace(b"\x00", b"\x00\xff") + b"\x00\x00"
     return None
+
+
+_OID_KEY_HEX = (b"\x64_id\x00\x64").hex().upper()
+
+
+def simple_key_hex(document_key: Mapping[str, Any]) -> str | None:
+    """``simple_key_bytes`` as upper-case hex (what the token's ``_data`` contains), or None."""
+    if len(document_key) != 1:
+        return None
+    value = document_key.get("_id", _MISSING)
+    kind = type(value)
+    if kind is int and 0 < value < (1 << 31):
+        shifted = value << 1
+        nbytes = (shifted.bit_length() + 7) // 8
+        return f"1E5F696400{_NUM_POS_1BYTE + nbytes - 1:02X}{shifted:0{2 * nbytes}X}00"
+    if kind is ObjectId:
+        return _OID_KEY_HEX + value.binary.hex().upper() + "00"
+    raw = simple_key_bytes(document_key)
+    return None if raw is None else raw.hex().upper()
 
 
 def as_uuid(ui: Any) -> uuid.UUID:
@@ -635,7 +685,10 @@ def token_bytes(token: Any) -> bytes:
         )
     data = token["_data"]
     type_bits = token.get("_typeBits")
-    if type_bits is not None and not (isinstance(type_bits, Binary) and type_bits.subtype == 0):
+    # BinData subtype 0 arrives as plain bytes (the server decodes commands with default options).
+    if type_bits is not None and not (
+        isinstance(type_bits, bytes) and (not isinstance(type_bits, Binary) or type_bits.subtype == 0)
+    ):
         raise _bad(40648, f"Bad resume token: _typeBits of wrong type {token!r}")
     if not _HEX_RE.match(data):
         raise command_error(FAILED_TO_PARSE, "resume token string was not a valid hex string")

@@ -15,6 +15,7 @@ import itertools
 import signal
 import socket
 import socketserver
+import struct
 import sys
 import threading
 import time
@@ -24,6 +25,7 @@ from typing import Any
 
 import bson
 from bson import Int64, ObjectId
+from bson.raw_bson import RawBSONDocument
 
 from . import wire
 from .changestream import change_stream_error_labels
@@ -306,8 +308,8 @@ class EmulatorServer:
             return False
 
     # -- dispatch -------------------------------------------------------------------------
-    def execute(self, request: wire.Request, conn: Connection) -> bytes | None:
-        """Run one command and return the encoded reply (None: the connection was dropped)."""
+    def execute(self, request: wire.Request, conn: Connection) -> list[bytes] | None:
+        """Run one command and return the encoded reply, in pieces (None: the connection was dropped)."""
         cmd = request.command
         try:
             reply = self._run(cmd, conn)
@@ -330,9 +332,9 @@ class EmulatorServer:
         reply.setdefault("$clusterTime", {"clusterTime": now, "signature": {"hash": bson.Binary(b"\x00" * 20), "keyId": Int64(0)}})
         reply.setdefault("operationTime", now)
         try:
-            return bson.encode(reply)
+            return _encode_reply(reply)
         except Exception as exc:
-            return bson.encode(CommandError(1, "InternalError", f"reply could not be encoded: {exc}").to_reply())
+            return [bson.encode(CommandError(1, "InternalError", f"reply could not be encoded: {exc}").to_reply())]
 
     def _labels_change_stream_error(self, cmd: dict[str, Any], exc: CommandError) -> bool:
         """Whether mongod would add its change stream labels to this error.
@@ -438,6 +440,20 @@ class EmulatorServer:
         if not self.topology.primary:
             raise command_error(NOT_WRITABLE_PRIMARY, "not primary", labels=("TransientTransactionError",))
         ctx.txn = self.state.transaction_for(session, int(cmd["txnNumber"]), bool(cmd.get("startTransaction")))
+
+
+_CURSOR_ELEMENT = b"\x03cursor\x00"
+
+
+def _encode_reply(reply: dict[str, Any]) -> list[bytes]:
+    """The reply's BSON as pieces to frame; a leading raw ``cursor`` (a batch) is not copied here."""
+    cursor = reply.get("cursor")
+    if isinstance(cursor, RawBSONDocument) and next(iter(reply)) == "cursor":
+        rest = bson.encode({key: value for key, value in reply.items() if key != "cursor"})
+        raw = bytes(cursor.raw)  # no copy: it already is bytes
+        size = 4 + len(_CURSOR_ELEMENT) + len(raw) + len(rest) - 4
+        return [struct.pack("<i", size), _CURSOR_ELEMENT, raw, rest[4:]]
+    return [bson.encode(reply)]
 
 
 def _secondary_ok(cmd: dict[str, Any]) -> bool:

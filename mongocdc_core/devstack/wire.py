@@ -8,6 +8,7 @@ crash of the server: every problem raises ``WireError`` with a message naming wh
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,25 +199,23 @@ def parse_message(header: Header, body: bytes) -> Request:
     raise WireError(f"unsupported opCode {header.op_code}")
 
 
-def encode_op_msg(request_id: int, response_to: int, payload: bytes, checksum: bool = False) -> bytes:
-    """Frame an already BSON-encoded reply document as an OP_MSG."""
+def encode_op_msg(request_id: int, response_to: int, payload: bytes | Sequence[bytes], checksum: bool = False) -> bytes:
+    """Frame a BSON-encoded reply document (whole, or as consecutive pieces) as an OP_MSG.
+
+    The pieces are joined once, together with the header: a change stream reply can be 16 MiB,
+    and every extra copy of it costs as much as encoding a few thousand events.
+    """
+    parts = (payload,) if isinstance(payload, bytes) else payload
     flags = FLAG_CHECKSUM_PRESENT if checksum else 0
-    length = HEADER.size + 4 + 1 + len(payload) + (4 if checksum else 0)
-    message = b"".join(
-        (HEADER.pack(length, request_id, response_to, OP_MSG), struct.pack("<I", flags), b"\x00", payload)
-    )
+    length = HEADER.size + 4 + 1 + sum(map(len, parts)) + (4 if checksum else 0)
+    message = b"".join((HEADER.pack(length, request_id, response_to, OP_MSG), struct.pack("<I", flags), b"\x00", *parts))
     if checksum:
         message += struct.pack("<I", crc32c(message))
     return message
 
 
-def encode_op_reply(request_id: int, response_to: int, payload: bytes) -> bytes:
-    """Frame a reply document as a legacy OP_REPLY with one document."""
-    length = HEADER.size + 20 + len(payload)
-    return b"".join(
-        (
-            HEADER.pack(length, request_id, response_to, OP_REPLY),
-            struct.pack("<iqii", 0, 0, 0, 1),
-            payload,
-        )
-    )
+def encode_op_reply(request_id: int, response_to: int, payload: bytes | Sequence[bytes]) -> bytes:
+    """Frame a reply document (whole, or as consecutive pieces) as a legacy OP_REPLY with one document."""
+    parts = (payload,) if isinstance(payload, bytes) else payload
+    length = HEADER.size + 20 + sum(map(len, parts))
+    return b"".join((HEADER.pack(length, request_id, response_to, OP_REPLY), struct.pack("<iqii", 0, 0, 0, 1), *parts))

@@ -336,6 +336,9 @@ class KafkaSink:
                     break
                 except BufferError:
                     self._wait_for_room()
+                except KafkaException as exc:  # refused locally, e.g. larger than message.max.bytes
+                    self._fatal = exc.args[0]
+                    raise SinkError(f"cannot produce to Kafka topic {record.topic!r}: {exc.args[0].str()}") from exc
             if self.transactional and (self._txn_max_position is None or record.position > self._txn_max_position):
                 self._txn_max_position = record.position
         self.metrics.TotalNumberOfRecordsSent += len(records)

@@ -74,54 +74,33 @@ class Topology:
     hosts: tuple[str, ...]
 
 
-def _count_disconnect(metrics: ConnectorMetrics, lock: threading.Lock) -> None:
-    with lock:
-        if metrics.snapshot.SnapshotRunning:
-            metrics.snapshot.NumberOfDisconnects += 1
-        else:
-            metrics.streaming.NumberOfDisconnects += 1
+class _DisconnectListener(monitoring.ConnectionPoolListener):
+    """Counts disconnects: each time the driver lost the server and cleared its connection pool.
 
-
-class _DisconnectListener(monitoring.CommandListener, monitoring.ConnectionPoolListener):
-    """Counts disconnects: every interruption after which the driver or the engine reconnects.
-
-    A connection closed because of an error (a broken socket, found while in use or when taken
-    from the pool) is one disconnect; a command failing with a retriable server error (not primary,
-    interrupted, resumable change stream error) on a connection that stays open is another. The
-    two never overlap, so each interruption is counted once whether pymongo resumed the change
-    stream by itself or the engine reopened it.
+    That happens on network errors, "not primary" and shutdown errors, whether the failing
+    operation was the engine's or the driver's own monitoring; the change stream reader adds the
+    retriable errors that reached it without such a loss (see ``ChangeStreamReader``).
     """
 
     def __init__(self, metrics: ConnectorMetrics | None) -> None:
         self.metrics = metrics
         self._lock = threading.Lock()
 
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        failure = event.failure or {}
-        code = failure.get("code")
-        labels = failure.get("errorLabels") or []
-        if self.metrics is not None and (code in _RETRIABLE_CODES or "ResumableChangeStreamError" in labels):
-            _count_disconnect(self.metrics, self._lock)
-
-    def connection_closed(self, event: monitoring.ConnectionClosedEvent) -> None:
-        if self.metrics is not None and event.reason == monitoring.ConnectionClosedReason.ERROR:
-            _count_disconnect(self.metrics, self._lock)
+    def pool_cleared(self, event: monitoring.PoolClearedEvent) -> None:
+        if self.metrics is None:
+            return
+        with self._lock:
+            if self.metrics.snapshot.SnapshotRunning:
+                self.metrics.snapshot.NumberOfDisconnects += 1
+            else:
+                self.metrics.streaming.NumberOfDisconnects += 1
 
     # Events that say nothing about disconnects.
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        """Not counted."""
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        """Not counted."""
-
     def pool_created(self, event: monitoring.PoolCreatedEvent) -> None:
         """Not counted."""
 
     def pool_ready(self, event: monitoring.PoolReadyEvent) -> None:
         """Not counted."""
-
-    def pool_cleared(self, event: monitoring.PoolClearedEvent) -> None:
-        """Not counted (the connections it closes are)."""
 
     def pool_closed(self, event: monitoring.PoolClosedEvent) -> None:
         """Not counted."""
@@ -131,6 +110,9 @@ class _DisconnectListener(monitoring.CommandListener, monitoring.ConnectionPoolL
 
     def connection_ready(self, event: monitoring.ConnectionReadyEvent) -> None:
         """Not counted."""
+
+    def connection_closed(self, event: monitoring.ConnectionClosedEvent) -> None:
+        """Not counted (a clear closes many connections; the clear itself is the disconnect)."""
 
     def connection_check_out_started(self, event: monitoring.ConnectionCheckOutStartedEvent) -> None:
         """Not counted."""
@@ -234,7 +216,6 @@ class Backoff:
         *,
         what: str,
         stop: threading.Event | None = None,
-        on_retry: Callable[[int, BaseException], None] | None = None,
     ) -> T:
         """Run ``operation``; on retriable errors wait and retry up to ``max_attempts`` times."""
         attempt = 0
@@ -250,8 +231,6 @@ class Backoff:
                         f"{what}: MongoDB unreachable after {self.max_attempts} reconnection attempts "
                         f"(connect.max.attempts): {exc}"
                     ) from exc
-                if on_retry is not None:
-                    on_retry(attempt, exc)
                 if stop is not None:
                     if stop.wait(self.delay_ms(attempt) / 1000):
                         raise

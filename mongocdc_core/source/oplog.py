@@ -19,7 +19,6 @@ from mongocdc_core.positions import decode_resume_token_timestamp
 
 CHANGE_STREAM_HISTORY_LOST = 286
 INVALID_RESUME_TOKEN = 260
-CHANGE_STREAM_FATAL_ERROR = 280
 CAPPED_POSITION_LOST = 136  # an open cursor whose oplog position was purged under it
 
 

@@ -428,4 +428,7 @@ class SnapshotCopier:
             if part_done:
                 self._active -= 1
                 self._parts_left[namespace] -= 1
-            return self.emit(SnapshotChunk(namespace, docs, markers, final))
+            accepted = self.emit(SnapshotChunk(namespace, docs, markers, final))
+            if not accepted:
+                self.stop.set()  # the receiver is stopping: the copy is incomplete
+            return accepted

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 import threading
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,8 +230,6 @@ class ChangeStreamReader(threading.Thread):
         stop_at: Timestamp | None = None,
         target: Any = None,
         pipeline: list[dict[str, Any]] | None = None,
-        measure_bytes: bool | None = None,
-        on_retry: Callable[[int, BaseException], None] | None = None,
     ) -> None:
         super().__init__(name="mongocdc-change-stream", daemon=True)
         self.client = client
@@ -246,17 +243,11 @@ class ChangeStreamReader(threading.Thread):
         self._options = watch_options(cfg)
         self._resume_after = start.resume_after
         self._start_at = start.start_at
-        self._measure = cfg.max_queue_size_in_bytes > 0 if measure_bytes is None else measure_bytes
+        self._measure = cfg.max_queue_size_in_bytes > 0  # sizing costs an encode: only when bounded
         self._backoff = Backoff.from_config(cfg)
         self._retries_used = 0
-        self._on_retry = on_retry
         self._fragments: list[dict[str, Any]] = []
         self._last_progress: dict[str, Any] | None = None
-
-    # The last token queued: what a reopened stream resumes after.
-    @property
-    def resume_token(self) -> dict[str, Any] | None:
-        return self._resume_after
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -324,6 +315,8 @@ class ChangeStreamReader(threading.Thread):
                         self.metrics.Connected = False
                     if not is_retriable(exc):
                         raise self._fatal(exc) from exc
+                    if self.metrics is not None:
+                        self.metrics.NumberOfDisconnects += 1
                     self._retries_used += 1
                     if 0 <= max_retries < self._retries_used:
                         raise CdcError(
@@ -335,8 +328,6 @@ class ChangeStreamReader(threading.Thread):
                             f"change stream: MongoDB unreachable after {self._backoff.max_attempts} "
                             f"reconnection attempts (connect.max.attempts): {exc}"
                         ) from exc
-                    if self._on_retry is not None:
-                        self._on_retry(failures, exc)
                     self.stop_event.wait(self._backoff.delay_ms(failures) / 1000)
                     continue
                 if doc is None:

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
-from mongocdc_core.tables.changelog import to_changelog
+from mongocdc_core.tables.changelog import table_exists, to_changelog
 from mongocdc_core.tables.current_state import merge_current_state
 
 
@@ -42,6 +42,8 @@ class StreamSettings:
     pattern: bool = False
     starting_offsets: str = "earliest"
     max_offsets_per_trigger: int | None = None
+    #: Process what the topics hold now, then stop (batch-like runs and tests); else run until stopped.
+    available_now: bool = False
 
 
 def _payload(value: Column) -> Column:
@@ -104,11 +106,10 @@ def process_batch(spark: SparkSession, settings: StreamSettings, batch: DataFram
     rows = kafka_changelog_rows(batch).localCheckpoint()
     if rows.isEmpty():
         return
-    (
-        rows.write.format("delta").mode("append").partitionBy("collection")
-        .option("txnAppId", app_id).option("txnVersion", batch_id)
-        .save(settings.changelog_location)
-    )
+    writer = rows.write.format("delta").mode("append").partitionBy("collection")
+    if not table_exists(spark, settings.changelog_location):
+        writer = writer.option("delta.enableChangeDataFeed", "true")
+    writer.option("txnAppId", app_id).option("txnVersion", batch_id).save(settings.changelog_location)
     merge_current_state(
         spark, settings.changelog_location, settings.state_location, changes=rows.select("collection", "_id")
     )
@@ -132,10 +133,12 @@ def start_stream(spark: SparkSession, settings: StreamSettings, query_name: str 
         reader = reader.option("subscribe", ",".join(settings.topics))
     if settings.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
-    return (
+    writer = (
         reader.load()
         .writeStream.queryName(query_name)
         .option("checkpointLocation", settings.checkpoint_location)
         .foreachBatch(lambda batch, batch_id: process_batch(spark, settings, batch, batch_id, query_name))
-        .start()
     )
+    if settings.available_now:
+        writer = writer.trigger(availableNow=True)
+    return writer.start()

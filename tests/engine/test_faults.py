@@ -90,7 +90,10 @@ def test_failing_getmore_is_retried_with_backoff(fresh_db: Any, mongo_uri: str, 
             data={"failCommands": ["getMore", "aggregate"], "errorCode": 11602, "errorLabels": ["ResumableChangeStreamError"]},
         )
 
-    sink, engine = _run_with_fault(fresh_db, mongo_uri, fail_getmore)
+    try:
+        sink, engine = _run_with_fault(fresh_db, mongo_uri, fail_getmore)
+    finally:
+        fresh_db.client.admin.command("configureFailPoint", "failCommand", mode="off")
     assert _ids(sink) == set(range(30))
     assert engine.metrics.streaming.NumberOfDisconnects >= 1
 
@@ -242,3 +245,27 @@ def test_errors_max_retries_zero_fails_on_the_first_retriable_error(
             run_engine(cfg, MemorySink(), offsets, until_idle=5)
     finally:
         fresh_db.client.admin.command("configureFailPoint", "failCommand", mode="off")
+
+
+def test_unreachable_stream_restarts_after_the_retriable_wait(fresh_db: Any, mongo_uri: str, emulator: Any) -> None:
+    fresh_db.warmup.insert_one({})
+    cfg = make_config(
+        mongo_uri,
+        fresh_db.name,
+        **{"snapshot.mode": "no_data", "connect.max.attempts": 1, "retriable.restart.connector.wait.ms": 100},
+    )
+    offsets = MemoryOffsetStore()
+    run_engine(cfg, MemorySink(), offsets, until_idle=0.1)
+    fresh_db.a.insert_many([{"_id": i} for i in range(5)])
+    fresh_db.client.admin.command(
+        "configureFailPoint",
+        "failCommand",
+        mode={"times": 6},  # more consecutive failures than connect.max.attempts allows
+        data={"failCommands": ["aggregate", "getMore"], "errorCode": 11602, "errorLabels": ["ResumableChangeStreamError"]},
+    )
+    sink = MemorySink()
+    try:
+        run_engine(cfg, sink, offsets, until_idle=1.0)
+    finally:
+        fresh_db.client.admin.command("configureFailPoint", "failCommand", mode="off")
+    assert _ids(sink) == set(range(5))

@@ -14,6 +14,7 @@ from kafka_support import (
     data_events,
     expected_events,
     make_config,
+    read_topic,
     wait_for,
     write_config,
     write_load,
@@ -21,8 +22,11 @@ from kafka_support import (
 from pymongo.database import Database
 
 from mongocdc_core.engine import Engine
+from mongocdc_core.events.records import Record
+from mongocdc_core.offsets import Offset
 from mongocdc_core.offsets_factory import open_offset_store
 from mongocdc_core.offsets_kafka import KafkaOffsetStore
+from mongocdc_core.positions import Position
 from mongocdc_core.sinks.factory import open_sink
 from mongocdc_core.sinks.kafka import KafkaSink
 
@@ -86,3 +90,27 @@ def test_kill_9_at_random_points_never_duplicates_or_loses(
     assert sorted(committed) == sorted(expected), "read_committed must see every event exactly once"
     uncommitted = data_events(kafka_bootstrap, topic, committed=False)
     assert len(uncommitted) >= len(committed)  # aborted batches are in the log, hidden from read_committed
+
+
+def test_close_commits_only_records_the_committed_offset_covers(kafka_bootstrap: str) -> None:
+    """At close, an open transaction whose records lie after the committed offset is aborted (a restart
+    produces them again); one holding only covered records (END, heartbeat) is committed."""
+    cfg = make_config("mongodb://127.0.0.1:1/?replicaSet=rs0", "db", **{"mongocdc.kafka.exactly.once": "true"})
+    offsets_topic = f"eos-offsets-{uuid.uuid4().hex[:8]}"
+    topic = f"eos-close-{uuid.uuid4().hex[:8]}"
+
+    def record(seconds: int, value: bytes) -> Record:
+        return Record(topic, b'{"id":"1"}', value, Position(seconds, 1), "db.c", "c")
+
+    sink = open_sink(f"kafka:{kafka_bootstrap}", cfg)
+    store = open_offset_store(f"kafka:{kafka_bootstrap}/{offsets_topic}", cfg, sink)
+    sink.write([record(10, b'{"n":1}')])
+    store.save(Offset(resume_token={"_data": "82"}, position=Position(10, 1)))
+    sink.write([record(10, b'{"n":2}')])  # covered by the committed offset: committed at close
+    sink.close()
+    sink = open_sink(f"kafka:{kafka_bootstrap}", cfg)
+    store = open_offset_store(f"kafka:{kafka_bootstrap}/{offsets_topic}", cfg, sink)
+    sink.write([record(11, b'{"n":3}')])  # after the committed offset: aborted at close
+    sink.close()
+    store.close()
+    assert [v for _, _, v in read_topic(kafka_bootstrap, topic, committed=True)] == [b'{"n":1}', b'{"n":2}']

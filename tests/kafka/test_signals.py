@@ -17,7 +17,7 @@ from mongocdc_core.sinks.kafka import KafkaSink
 from mongocdc_core.source.signals import Signal, SignalProcessor
 from mongocdc_core.source.signals_kafka import KafkaSignalChannel
 
-EXECUTE = {"type": "execute-snapshot", "data": {"data-collections": ["db1.c1", "db1.c2"], "type": "INCREMENTAL"}}
+EXECUTE: dict[str, Any] = {"type": "execute-snapshot", "data": {"data-collections": ["db1.c1", "db1.c2"], "type": "INCREMENTAL"}}
 
 
 def _cfg(bootstrap: str, **props: str) -> ConnectorConfig:

@@ -10,7 +10,7 @@ import bson
 from bson import Int64, Timestamp
 
 from .. import matching
-from ..cursors import DEFAULT_FIRST_BATCH, ListCursor, TailableCursor, cursor_document, encode_array
+from ..cursors import DEFAULT_FIRST_BATCH, ListCursor, TailableCursor, cursor_document
 from ..errors import BAD_VALUE, FAILED_TO_PARSE, INVALID_OPTIONS, TYPE_MISMATCH, CommandError, command_error
 from ..state import Collection, StoredDoc, Transaction, check_namespace
 from . import Context, command
@@ -216,7 +216,7 @@ def _cursor_reply(ctx: Context, cursor: Any, ns: str, batch_size: int | None, si
         cursor_id = ctx.cursors.register(cursor)
     else:
         cursor.close()
-    return {"cursor": cursor_document(cursor_id, ns, key, encode_array(batch), cursor.extra_fields())}
+    return {"cursor": cursor_document(cursor_id, ns, key, batch, cursor.extra_fields())}
 
 
 def _encode_stored(stored: StoredDoc) -> bytes:
@@ -333,7 +333,7 @@ def get_more(ctx: Context) -> dict[str, Any]:
         exhausted = cursor.exhausted
     finally:
         ctx.cursors.release(int(cursor_id), cursor)
-    return {"cursor": cursor_document(0 if exhausted else int(cursor_id), ns, "nextBatch", encode_array(batch), extra)}
+    return {"cursor": cursor_document(0 if exhausted else int(cursor_id), ns, "nextBatch", batch, extra)}
 
 
 @command("killCursors", in_transaction=True)
@@ -441,7 +441,7 @@ def aggregate(ctx: Context) -> dict[str, Any]:
         first_size = DEFAULT_FIRST_BATCH if batch_size is None else batch_size
         batch = stream.next_batch(first_size, 0) if first_size != 0 else []
         cursor_id = 0 if stream.exhausted else ctx.cursors.register(stream)
-        return {"cursor": cursor_document(cursor_id, ns, "firstBatch", encode_array(batch), stream.extra_fields())}
+        return {"cursor": cursor_document(cursor_id, ns, "firstBatch", batch, stream.extra_fields())}
     for stage in pipeline[1:]:
         if "$changeStream" in stage:
             raise command_error((40602, "Location40602"), "$changeStream is only valid as the first stage in a pipeline")
