@@ -3,7 +3,9 @@
 It starts the emulated replica set, seeds the inventory data set, runs the connector through its
 snapshot and then streaming while a scripted workload changes the data (inserts, updates,
 replaces, deletes and transactions), prints what each topic received, and replays the records to
-show they rebuild exactly the documents now in the source.
+show they rebuild exactly the documents now in the source. Finally Spark turns the Parquet landing
+zone into the changelog and current-state Delta tables, prints them, and reconciles current_state
+with the source collections.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from mongocdc_core.offsets import FileOffsetStore
 from mongocdc_core.replay import Replayer, differences
 from mongocdc_core.runner import RichProgress
 from mongocdc_core.sinks.jsonl import JsonlSink
+from mongocdc_core.sinks.parquet import ParquetSink
+from mongocdc_core.sinks.tee import TeeSink
 
 REPO = Path(__file__).resolve().parent.parent
 TOPIC_PREFIX = "demo"
@@ -73,10 +77,35 @@ def _topic_table(out: Path) -> tuple[Table, list[tuple[Any, Any]]]:
     return table, data
 
 
+def _tables(console: Console, client: MongoClient[Any], landing: Path, root: Path) -> list[str]:
+    """Build the Delta tables from the landing zone, print them, and reconcile with the source."""
+    from mongocdc_core.tables import TableLocations, materialize, print_tables, reconcile, spark_session
+
+    console.rule("tables (PySpark + Delta Lake)")
+    spark = spark_session()
+    try:
+        locations = TableLocations(str(root))
+        data_topics = sorted(landing.glob(f"{TOPIC_PREFIX}.{inventory.DATABASE}.*"))
+        materialize(spark, locations, data_topics)
+        print_tables(spark, locations, limit=5, console=console)
+        namespaces = [f"{inventory.DATABASE}.{name}" for name in inventory.COLLECTIONS]
+        result = reconcile(spark, locations.current_state, client, namespaces)
+    finally:
+        spark.stop()
+    for item in result.collections:
+        state = "[green]matches[/green]" if item.matches else "[red]DIFFERS[/red]"
+        console.print(f"reconciliation {item.namespace}: table {item.table_count} rows, source {item.source_count}: {state}")
+    if result.matches:
+        console.print("[bold green]current_state equals the source (count and order-independent hash)[/bold green]")
+        return []
+    return [f"current_state differs at {key}" for key in result.mismatching_keys[:10]]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mongocdc demo", description=__doc__.splitlines()[0])
     parser.add_argument("--home", default=str(REPO / ".local" / "demo"), help="where the demo keeps its files")
     parser.add_argument("--steps", type=int, default=300, help="workload operations")
+    parser.add_argument("--no-tables", action="store_true", help="skip the Spark tables and their reconciliation")
     args = parser.parse_args(argv)
     console = Console()
     home = Path(args.home)
@@ -101,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             workload.update(inventory.run_workload(MongoClient(rs.uri), steps=args.steps, pause=lambda: time.sleep(0.005)))
 
         worker = threading.Thread(target=drive, name="workload")
-        sink = JsonlSink(out)
+        landing = home / "landing"
+        sink = TeeSink([JsonlSink(out), ParquetSink(landing)])
         offsets = FileOffsetStore(home / "offsets.json")
         with RichProgress(Console(stderr=True)) as progress:
             engine = Engine(cfg, sink, offsets, progress=progress)
@@ -124,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             state = "[green]identical[/green]" if not diff else "[red]DIFFERENT[/red]"
             console.print(f"replay of {inventory.DATABASE}.{name}: {len(rebuilt)} documents, source {len(source)}: {state}")
             problems += diff
+        if not args.no_tables:
+            problems += _tables(console, client, landing, home / "tables")
         client.close()
     console.print(f"records written to {out} (stopped: {summary.stopped_because})")
     if problems:

@@ -120,3 +120,15 @@ def test_open_sink_rejects_bad_specs(spec: str) -> None:
 def test_open_sink_opens_file_sinks(tmp_path: Path) -> None:
     assert isinstance(open_sink(f"jsonl:{tmp_path}/j"), JsonlSink)
     assert isinstance(open_sink(f"parquet:{tmp_path}/p"), ParquetSink)
+
+
+def test_tee_sink_delivers_to_every_sink(tmp_path: Path) -> None:
+    from mongocdc_core.sinks.tee import TeeSink
+
+    tee = TeeSink([JsonlSink(tmp_path / "j"), ParquetSink(tmp_path / "p")])
+    tee.write(_records())
+    tee.close()
+    assert len((tmp_path / "j" / f"{TOPIC}.jsonl").read_bytes().splitlines()) == 4
+    assert sum(pq.read_table(f).num_rows for f in (tmp_path / "p" / TOPIC).glob("*.parquet")) == 4
+    with pytest.raises(ValueError, match="at least one"):
+        TeeSink([])

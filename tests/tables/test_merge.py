@@ -6,11 +6,20 @@ import random
 from pathlib import Path
 
 import mongomock
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from mongocdc_core.tables import TableLocations, materialize, read_changelog, read_current_state, reconcile
+from mongocdc_core.tables import (
+    TableLocations,
+    materialize,
+    read_changelog,
+    read_current_state,
+    reconcile,
+    refresh_current_state,
+    write_changelog,
+)
 from mongocdc_core.tables.current_state import merge_current_state
 
 from .workload import DB, Workload, converter, slice_records, snapshot_records, write_landing
@@ -18,7 +27,7 @@ from .workload import DB, Workload, converter, slice_records, snapshot_records, 
 
 def _expected_client(workload: Workload) -> mongomock.MongoClient:
     """The model's final documents in a mongomock database, so reconcile() compares against them."""
-    client = mongomock.MongoClient()
+    client: mongomock.MongoClient = mongomock.MongoClient()
     for coll, docs in workload.docs.items():
         if docs:
             client[DB][coll].insert_many([dict(d) for d in docs.values()])
@@ -84,3 +93,24 @@ def test_current_state_matches_model_in_any_order(spark: SparkSession, tmp_path:
     again = {r["_id"]: r["document"] for r in read_current_state(spark, rebuilt.current_state).collect()}
     assert again == incremental
     assert read_current_state(spark, rebuilt.current_state).where(F.col("op") == "d").count() == 0
+
+
+def test_refresh_follows_the_changelog_change_feed(spark: SparkSession, tmp_path: Path) -> None:
+    """What the Dagster current_state asset runs: first a rebuild, then only what the changelog gained."""
+    wl, files = _scenario(tmp_path / "landing", "change_streams", seed=21)
+    tables = TableLocations(str(tmp_path / "tables"))
+    namespaces = [f"{DB}.orders", f"{DB}.users"]
+    write_changelog(spark, tables.changelog, [files["snap_orders"], files["snap_users"], files["slice1"]])
+    first = refresh_current_state(spark, tables, namespaces)
+    assert first.upserted > 0
+    write_changelog(spark, tables.changelog, [files["slice3"], files["slice2"]])
+    second = refresh_current_state(spark, tables, namespaces)
+    new_keys = {
+        (row["collection"], row["key"])
+        for name in ("slice2", "slice3")
+        for row in pq.read_table(files[name], columns=["collection", "key", "op"]).to_pylist()
+        if row["op"] is not None
+    }
+    assert second.keys_touched == len(new_keys)  # only the keys the change feed brought, not a rebuild
+    assert reconcile(spark, tables.current_state, _expected_client(wl), namespaces).matches
+    assert refresh_current_state(spark, tables, namespaces).keys_touched == 0  # nothing new
