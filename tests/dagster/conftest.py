@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cdc_helpers import CdcEnv, make_env
+from tests.dagster.cdc_helpers import CdcEnv, make_env
 from dagster import DagsterInstance, instance_for_test
 from pymongo.database import Database
 

@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from cdc_helpers import CdcEnv, checks_of, make_env, materialization_metadata, register
+from tests.dagster.cdc_helpers import CdcEnv, checks_of, make_env, materialization_metadata, register
 from dagster import AssetKey, DagsterInstance, materialize
 
 from mongocdc_core.positions import Position
+from mongocdc_dagster.assets.cdc import source_count_result
+from mongocdc_dagster.landing import count_rows_at
 from mongocdc_dagster.translator import CdcAssetProps, MongoCdcTranslator
 
 
@@ -37,6 +39,46 @@ def test_snapshot_lands_one_file_and_overwrites_it(cdc: CdcEnv, instance: Dagste
     assert Position.parse(meta2["position"]) > Position.parse(meta["position"])
     assert pq.read_table(path).num_rows == 20
     assert [p.name for p in path.parent.iterdir()] == ["snapshot.parquet"]  # replaced, no temp files left
+
+
+def test_incremental_snapshot_lands_reads_with_their_chunk_positions(cdc: CdcEnv, instance: DagsterInstance) -> None:
+    cdc.db.ledger.insert_many([{"_id": i, "amount": i * 10} for i in range(40)])
+    ns = cdc.ns("ledger")
+    register(instance, ns)
+    result = materialize([cdc.assets.incremental_snapshot], partition_key=ns, resources=cdc.resources,
+                         instance=instance)
+    assert result.success
+    assert checks_of(result) == {"landing_envelopes": True, "source_count": True}
+    meta = materialization_metadata(instance, cdc.assets.incremental_snapshot_key, ns)
+    assert meta["documents"] == 40
+    path = Path(meta["path"])
+    assert path == cdc.settings.landing_dir / "incremental_snapshot" / ns / "snapshot.parquet"
+    table = pq.read_table(path, columns=["op", "snapshot", "position"])
+    reads = [row for row in table.to_pylist() if row["op"] == "r"]
+    assert len(reads) == 40 and {row["snapshot"] for row in reads} == {"incremental"}
+    assert max(row["position"] for row in reads) <= meta["position"]
+
+
+def test_count_check_corrects_for_writes_after_the_snapshot_position(cdc: CdcEnv, instance: DagsterInstance) -> None:
+    cdc.db.stock.insert_many([{"_id": i} for i in range(10)])
+    ns = cdc.ns("stock")
+    register(instance, ns)
+    assert materialize([cdc.assets.snapshot], partition_key=ns, resources=cdc.resources, instance=instance).success
+    meta = materialization_metadata(instance, cdc.assets.snapshot_key, ns)
+    path, position = Path(meta["path"]), Position.parse(meta["position"])
+    cdc.db.stock.insert_many([{"_id": 100 + i} for i in range(3)])
+    cdc.db.stock.delete_one({"_id": 0})
+    cfg = cdc.mongocdc.load_config()
+    check = source_count_result(cdc.assets.snapshot_key, cdc.mongocdc, cfg, ns, count_rows_at(path, position),
+                                position, None)
+    values = {k: v.value for k, v in check.metadata.items()}
+    assert check.passed and values["source_count_now"] == 12 and values["expected_at_position"] == 10
+    assert (values["inserts_since"], values["deletes_since"]) == (3, 1)
+    table = pq.read_table(path)
+    pq.write_table(table.slice(1), path)  # a read lost from the landing file
+    lost = count_rows_at(path, position)
+    assert lost == 9
+    assert not source_count_result(cdc.assets.snapshot_key, cdc.mongocdc, cfg, ns, lost, position, None).passed
 
 
 def test_filtered_snapshot_from_run_config_gets_its_own_file(cdc: CdcEnv, instance: DagsterInstance) -> None:

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import pyarrow.parquet as pq
 import pytest
 from bson import ObjectId, Timestamp
-from cdc_helpers import write_config
+from tests.dagster.cdc_helpers import write_config
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from pymongo import MongoClient
 
@@ -124,6 +124,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     dagster_home = tmp / "dagster_home"
     dagster_home.mkdir()
     shutil.copyfile(local_stack.DAGSTER_YAML, dagster_home / "dagster.yaml")
+    # Create the SQLite storage once, here: the webserver and the daemon migrating a fresh home at the same
+    # moment can leave two alembic heads behind.
+    with DagsterInstance.from_config(str(dagster_home)) as instance:
+        instance.get_runs(limit=1)
+        instance.all_instigator_state()
     port = free_port()
     env = dict(os.environ, DAGSTER_HOME=str(dagster_home), MONGOCDC_CONFIG=str(config),
                MONGOCDC_HOME=str(tmp / "home"), MONGOCDC_SLICE_GRANULARITY="1min",
@@ -184,30 +189,52 @@ def test_discovery_then_snapshot_backfill_through_graphql(stack: Stack) -> None:
         assert table.num_rows == count and set(table["op"].to_pylist()) == {"r"}
 
 
-def test_signal_launches_one_filtered_snapshot_run(stack: Stack) -> None:
-    signal_id = ObjectId()
+def _signal_sensor_started(stack: Stack) -> bool:
+    """The signal sensor has ticked once (it ignores signals older than its first tick)."""
+    with stack.instance() as instance:
+        return any(state.name == "mongocdc_signals" and getattr(state.instigator_data, "cursor", None)
+                   for state in instance.all_instigator_state())
+
+
+def test_signals_launch_a_filtered_blocking_and_an_incremental_snapshot(stack: Stack) -> None:
+    wait_for("the signal sensor's first tick", lambda: _signal_sensor_started(stack), 60, stack.logs)
+    blocking, incremental = ObjectId(), ObjectId()
     with stack.client() as client:
-        client[stack.db].signals.insert_one({"_id": signal_id, "type": "execute-snapshot", "data": {
-            "data-collections": [f"{stack.db}\\.cust.*"], "type": "blocking",
-            "additional-conditions": [{"data-collection": f"{stack.db}.customers", "filter": '{"tier": 1}'}]}})
-    runs = wait_for("the signal sensor's run", lambda: (
-        lambda rs: rs if _succeeded(stack, rs) else None)(stack.runs(**{"mongocdc/signal_id": str(signal_id)})),
-        120, stack.logs)
-    assert [r.tags["mongocdc/collection"] for r in runs] == [f"{stack.db}.customers"]
+        client[stack.db].signals.insert_many([
+            {"_id": blocking, "type": "execute-snapshot", "data": {
+                "data-collections": [f"{stack.db}\\.cust.*"], "type": "blocking",
+                "additional-conditions": [{"data-collection": f"{stack.db}.customers", "filter": '{"tier": 1}'}]}},
+            {"_id": incremental, "type": "execute-snapshot", "data": {"data-collections": [f"{stack.db}.orders"]}},
+        ])
+
+    def finished() -> list[Any] | None:
+        runs = [r for s in (blocking, incremental) for r in stack.runs(**{"mongocdc/signal_id": str(s)})]
+        return runs if len(runs) == 2 and _succeeded(stack, runs) else None
+
+    runs = wait_for("the signal sensor's runs", finished, 150, stack.logs)
+    assert sorted((r.tags["mongocdc/collection"], r.tags["mongocdc/snapshot_type"]) for r in runs) == [
+        (f"{stack.db}.customers", "blocking"), (f"{stack.db}.orders", "incremental")]
     files = list((stack.home / "landing" / "snapshot" / f"{stack.db}.customers").glob("filtered-*.parquet"))
     assert len(files) == 1 and pq.read_table(files[0]).num_rows == 10
+    ops = pq.read_table(stack.home / "landing" / "incremental_snapshot" / f"{stack.db}.orders" / "snapshot.parquet",
+                        columns=["op"])["op"].to_pylist()
+    assert ops.count("r") == 12
 
 
 def test_schedule_lands_the_closed_window(stack: Stack) -> None:
-    wait = (stack.slice_start - datetime.now(UTC)).total_seconds() + 0.5
-    if wait > 0:
-        time.sleep(wait)
+    now = datetime.now(UTC)
+    window_start = max(now.replace(second=0, microsecond=0), stack.slice_start)
+    if window_start <= now and (now - window_start).total_seconds() > 50:
+        window_start += timedelta(minutes=1)  # too late in this window for the writes: use the next one
+    if window_start > now:
+        time.sleep((window_start - now).total_seconds() + 0.5)
     with stack.client() as client:
         orders = client[stack.db].orders
         orders.insert_many([{"_id": 100 + i, "qty": i} for i in range(7)])
         orders.update_one({"_id": 1}, {"$inc": {"qty": 5}})
         orders.delete_one({"_id": 2})
-    window_key = stack.slice_start.strftime("%Y-%m-%d-%H:%M")
+    assert datetime.now(UTC) < window_start + timedelta(minutes=1), "the writes spilled into the next window"
+    window_key = window_start.strftime("%Y-%m-%d-%H:%M")
     partitions = [f"{stack.db}.{c}|{window_key}" for c in ("customers", "orders")]
 
     def landed() -> list[Any] | None:
@@ -217,11 +244,11 @@ def test_schedule_lands_the_closed_window(stack: Stack) -> None:
     runs = wait_for("the schedule's stream slice runs", landed, 170, stack.logs)
     assert all(r.tags.get("dagster/schedule_name") == "mongocdc_latest_window" for r in runs)
     path = stack.home / "landing" / "stream_slice" / f"{stack.db}.orders" / (
-        stack.slice_start.strftime("%Y%m%dT%H%M%SZ") + ".parquet")
+        window_start.strftime("%Y%m%dT%H%M%SZ") + ".parquet")
     ops = pq.read_table(path)["op"].to_pylist()
     assert (ops.count("c"), ops.count("u"), ops.count("d"), ops.count(None)) == (7, 1, 1, 1)
-    start = Timestamp(int(stack.slice_start.timestamp()), 0)
-    end = Timestamp(int(stack.slice_start.timestamp()) + 60, 0)
+    start = Timestamp(int(window_start.timestamp()), 0)
+    end = Timestamp(int(window_start.timestamp()) + 60, 0)
 
     class Discard:
         def write(self, records: Any) -> None: ...
@@ -239,7 +266,7 @@ def test_schedule_lands_the_closed_window(stack: Stack) -> None:
                     reason="chromium is not installed (apt-get install -y chromium); required when CI is set")
 def test_asset_graph_page_shows_the_cdc_assets(stack: Stack, tmp_path: Path) -> None:
     assert CHROMIUM is not None, "CI is set but chromium is missing: apt-get install -y chromium"
-    url = f"http://127.0.0.1:{stack.port}/asset-groups/mongocdc"
+    url = f"http://127.0.0.1:{stack.port}/asset-groups"  # the global asset lineage graph
 
     def dom() -> str | None:
         result = subprocess.run(
@@ -252,4 +279,4 @@ def test_asset_graph_page_shows_the_cdc_assets(stack: Stack, tmp_path: Path) -> 
         return text if "stream_slice" in text and "snapshot" in text else None
 
     page = wait_for("the asset graph to render the CDC assets", dom, 100, stack.logs)
-    assert "mongocdc" in page
+    assert "Global asset lineage" in page

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 import pytest
-from cdc_helpers import CdcEnv, materialization_metadata, register
+from tests.dagster.cdc_helpers import CdcEnv, materialization_metadata, register
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from dagster import DagsterInstance, materialize
 

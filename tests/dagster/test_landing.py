@@ -12,7 +12,7 @@ import pytest
 
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.parquet import LANDING_SCHEMA
-from mongocdc_dagster.landing import Expectation, count_rows_at, validate_file
+from mongocdc_dagster.landing import Expectation, count_rows_at, live_keys, validate_file
 
 NS = "inv.orders"
 POS = Position(1_700_000_000, 3)
@@ -65,3 +65,14 @@ def test_each_defect_is_reported_with_its_row(tmp_path: Path, row: dict[str, Any
 def test_count_rows_at_counts_only_reads_at_the_position(tmp_path: Path) -> None:
     rows = [_row("r"), _row("r"), _row("r", position=Position(POS.seconds + 5, 1)), _row("c")]
     assert count_rows_at(_file(tmp_path, rows), POS) == 2
+
+
+def test_incremental_files_mix_reads_and_streamed_changes(tmp_path: Path) -> None:
+    later = Position(POS.seconds + 1, 1)
+    reads = [_row("r", key='{"id":"1"}'), _row("r", key='{"id":"2"}'), _row("r", key='{"id":"3"}')]
+    changes = [_row("d", position=later, key='{"id":"2"}'), _row(None, position=later, key='{"id":"2"}'),
+               _row("c", position=later, key='{"id":"9"}')]
+    path = _file(tmp_path, reads + changes)
+    assert validate_file(path, Expectation(NS, snapshot=True, incremental=True)).passed
+    assert not validate_file(path, Expectation(NS, snapshot=True)).passed  # a blocking snapshot has only reads
+    assert live_keys(path) == 3  # 1, 3 and 9: the delete of 2 has the higher position

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bson import ObjectId, Timestamp
-from cdc_helpers import CdcEnv, register
+from tests.dagster.cdc_helpers import CdcEnv, register
 from dagster import (
     AssetMaterialization,
     DagsterInstance,
@@ -56,10 +56,28 @@ def test_discovery_adds_and_removes_collection_partitions(cdc: CdcEnv, instance:
     assert remove.partition_keys == [cdc.ns("beta")]
 
 
+def _started(cdc: CdcEnv, instance: DagsterInstance) -> str:
+    """The cursor of a signal sensor's first tick (which only notes where the collection stands)."""
+    result = _evaluate(build_signal_sensor(30, cdc.assets), instance, cdc.mongocdc)
+    assert isinstance(result, SensorResult) and "predate the sensor" in str(result.skip_reason)
+    assert result.cursor is not None
+    return result.cursor
+
+
+def test_signals_sent_before_the_sensor_started_are_not_replayed(cdc: CdcEnv, instance: DagsterInstance) -> None:
+    cdc.db.create_collection("old")
+    cdc.db.signals.insert_one({"_id": 5, "type": "execute-snapshot",
+                               "data": {"data-collections": [".*"], "type": "blocking"}})
+    cursor = _started(cdc, instance)
+    again = _evaluate(build_signal_sensor(30, cdc.assets), instance, cdc.mongocdc, cursor=cursor)
+    assert isinstance(again, SkipReason) and "no new signals" in (again.skip_message or "")
+
+
 def test_signal_sensor_launches_one_run_per_signal_and_collection(cdc: CdcEnv, instance: DagsterInstance) -> None:
     for name in ("customers", "customers_eu", "orders"):
         cdc.db.create_collection(name)
     register(instance, cdc.ns("customers"))
+    cursor = _started(cdc, instance)
     db = cdc.db.name
     signal_id = ObjectId()
     cdc.db.signals.insert_many([
@@ -68,34 +86,42 @@ def test_signal_sensor_launches_one_run_per_signal_and_collection(cdc: CdcEnv, i
             "additional-conditions": [{"data-collection": f"{db}.customers_eu", "filter": '{"eu": true}'}]}},
         {"_id": ObjectId(), "type": "execute-snapshot", "data": {"data-collections": "not-a-list", "type": "blocking"}},
         {"_id": ObjectId(), "type": "log", "data": {"message": "hello"}},
+        {"_id": ObjectId(), "type": "execute-snapshot", "data": {"data-collections": [f"{db}\\.orders"]}},
     ])
+    # an incremental snapshot's chunk watermark (string _id) in the same collection is not a request
+    cdc.db.signals.insert_one({"_id": "api-1-open", "type": "snapshot-window-open", "data": {}})
     sensor = build_signal_sensor(30, cdc.assets)
-    result = _evaluate(sensor, instance, cdc.mongocdc)
+    result = _evaluate(sensor, instance, cdc.mongocdc, cursor=cursor)
     assert isinstance(result, SensorResult)
     requests = {str(r.partition_key): r for r in result.run_requests or []}
-    assert sorted(requests) == [cdc.ns("customers"), cdc.ns("customers_eu")]
+    assert sorted(requests) == [cdc.ns("customers"), cdc.ns("customers_eu"), cdc.ns("orders")]
+    incremental = requests.pop(cdc.ns("orders"))  # the type defaults to incremental, as in Debezium
+    assert incremental.asset_selection == [cdc.assets.incremental_snapshot_key]
+    assert incremental.tags["mongocdc/snapshot_type"] == "incremental"
+    assert all(r.asset_selection == [cdc.assets.snapshot_key] for r in requests.values())
     eu = requests[cdc.ns("customers_eu")]
     assert eu.run_key == f"{signal_id}:{cdc.ns('customers_eu')}"
     assert eu.run_config["ops"]["mongocdc_snapshot"]["config"] == {"filter": '{"eu": true}', "signal_id": str(signal_id)}
     assert requests[cdc.ns("customers")].run_config["ops"]["mongocdc_snapshot"]["config"]["filter"] is None
     # a matched collection that was not yet a partition is registered in the same tick
     (add,) = result.dynamic_partitions_requests or []
-    assert add.partition_keys == [cdc.ns("customers_eu")]
+    assert add.partition_keys == [cdc.ns("customers_eu"), cdc.ns("orders")]
     again = _evaluate(sensor, instance, cdc.mongocdc, cursor=result.cursor)
     assert isinstance(again, SkipReason) and "no new signals" in (again.skip_message or "")
 
 
 def test_malformed_and_unsupported_signals_become_skip_reasons(cdc: CdcEnv, instance: DagsterInstance) -> None:
+    cursor = _started(cdc, instance)
     cdc.db.signals.insert_many([
         {"_id": 1, "type": "execute-snapshot", "data": {"data-collections": ["(unclosed"], "type": "blocking"}},
         {"_id": 2, "type": "execute-snapshot", "data": {"data-collections": [".*"]}},  # incremental by default
         {"_id": 3, "type": "execute-snapshot", "data": "{not json"},
     ])
-    result = _evaluate(build_signal_sensor(30, cdc.assets), instance, cdc.mongocdc)
+    result = _evaluate(build_signal_sensor(30, cdc.assets), instance, cdc.mongocdc, cursor=cursor)
     assert isinstance(result, SensorResult) and not result.run_requests
     reason = str(result.skip_reason)
     assert "signal 1" in reason and "not a regular expression" in reason
-    assert "incremental snapshots are not available" in reason
+    assert "signal 2 matches no captured collection" in reason
     assert "signal 3" in reason and "not JSON" in reason
     assert result.cursor is not None and "3" in result.cursor
 
@@ -112,8 +138,9 @@ def test_stop_snapshot_cancels_matching_queued_runs(cdc: CdcEnv, instance: Dagst
     ns, other = cdc.ns("big"), cdc.ns("small")
     doomed = _queued_run(instance, {TAG_COLLECTION: ns, TAG_SNAPSHOT_TYPE: "blocking"})
     spared = _queued_run(instance, {TAG_COLLECTION: other, TAG_SNAPSHOT_TYPE: "blocking"})
+    cursor = _started(cdc, instance)
     cdc.db.signals.insert_one({"type": "stop-snapshot", "data": {"data-collections": [ns], "type": "BLOCKING"}})
-    result = _evaluate(build_signal_sensor(30, cdc.assets), instance, cdc.mongocdc)
+    result = _evaluate(build_signal_sensor(30, cdc.assets), instance, cdc.mongocdc, cursor=cursor)
     assert "cancelled 1 run" in str(result.skip_reason)
     assert instance.get_run_by_id(doomed.run_id).status == DagsterRunStatus.CANCELED  # type: ignore[union-attr]
     assert instance.get_run_by_id(spared.run_id).status == DagsterRunStatus.QUEUED  # type: ignore[union-attr]

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from cdc_helpers import CdcEnv, checks_of, materialization_metadata, register
+from tests.dagster.cdc_helpers import CdcEnv, checks_of, materialization_metadata, register
 from dagster import DagsterInstance, materialize
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from bson import Timestamp
+from bson import Int64, Timestamp
 from pymongo import MongoClient
 from pymongo.change_stream import ChangeStream
 from pymongo.collection import Collection
@@ -450,3 +450,14 @@ def test_pymongo_resumes_after_not_primary_but_not_after_history_loss(
         with pytest.raises(OperationFailure) as info:
             next_event(stream)
     assert info.value.code == 286
+
+
+def test_resume_after_a_token_with_type_bits(coll: Collection[Any]) -> None:
+    """An Int64 ``_id`` puts ``_typeBits`` (BinData subtype 0) in the token; resuming with it works."""
+    with coll.watch(max_await_time_ms=AWAIT_MS) as opened:
+        coll.insert_one({"_id": Int64(5)})
+        coll.insert_one({"_id": 6})
+        first = next_event(opened)
+    assert "_typeBits" in first["_id"]
+    with coll.watch(resume_after=first["_id"], max_await_time_ms=AWAIT_MS) as resumed:
+        assert next_event(resumed)["documentKey"] == {"_id": 6}

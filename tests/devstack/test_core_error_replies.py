@@ -50,7 +50,8 @@ def _reply_of(run: Any) -> dict[str, Any]:
     """The server's error reply of a command pymongo raised on (NotPrimary codes raise NotPrimaryError)."""
     with pytest.raises((OperationFailure, NotPrimaryError)) as info:
         run()
-    details = info.value.details
+    error = info.value
+    details = error.details if isinstance(error, (OperationFailure, NotPrimaryError)) else None
     assert isinstance(details, dict)
     return details
 

@@ -8,7 +8,12 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mongocdc_core.devstack.oplog_diff import compute_diff, strict_equal, update_description
+from mongocdc_core.devstack.oplog_diff import (
+    _DescriptionBuilder,
+    compute_diff,
+    strict_equal,
+    update_description,
+)
 
 
 def apply_diff(doc: dict[str, Any], diff: dict[str, Any]) -> dict[str, Any]:
@@ -172,3 +177,24 @@ def _unordered(value: Any) -> Any:
     if isinstance(value, list):
         return [_unordered(v) for v in value]
     return (type(value).__name__, value)
+
+
+_FLAT_NAMES = st.sampled_from(["a", "b", "a.b", "0", "x1", "1", ""])
+_FLAT_SECTION = st.dictionaries(_FLAT_NAMES, st.one_of(st.integers(), st.text(max_size=3), st.none()), max_size=3)
+
+
+@settings(max_examples=300)
+@given(diff=st.dictionaries(st.sampled_from(["u", "i", "d"]), _FLAT_SECTION, max_size=3), expanded=st.booleans())
+def test_flat_diff_shortcut_equals_the_general_walk(diff: dict[str, Any], expanded: bool) -> None:
+    """Top-level-only diffs skip the path walker; the result, key order included, must not change."""
+    builder = _DescriptionBuilder()
+    builder.document(diff)
+    expected: dict[str, Any] = {
+        "updatedFields": builder.updated, "removedFields": builder.removed, "truncatedArrays": builder.truncated,
+    }  # fmt: skip
+    if expanded:
+        expected["disambiguatedPaths"] = builder.disambiguated
+    got = update_description(diff, expanded)
+    assert got == expected
+    assert list(got["updatedFields"]) == list(expected["updatedFields"])
+    assert list(got) == list(expected)

@@ -9,7 +9,7 @@ import time
 import uuid
 from pathlib import Path
 
-from kafka_support import (
+from tests.kafka.kafka_support import (
     ConnectorProcess,
     data_events,
     expected_events,

@@ -8,7 +8,7 @@ import time
 import uuid
 from pathlib import Path
 
-from kafka_support import (
+from tests.kafka.kafka_support import (
     Background,
     ConnectorProcess,
     StreamingStarted,

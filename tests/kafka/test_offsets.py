@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
-from kafka_support import make_config, read_topic
+from tests.kafka.kafka_support import make_config, read_topic
 from pymongo.database import Database
 
 from mongocdc_core.config import ConnectorConfig

@@ -9,7 +9,7 @@ from typing import Any, cast
 import orjson
 import pytest
 from confluent_kafka import Producer
-from kafka_support import read_topic, wait_for
+from tests.kafka.kafka_support import read_topic, wait_for
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.notifications import NotificationService

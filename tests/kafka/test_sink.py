@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
-from kafka_support import (
+from tests.kafka.kafka_support import (
     Background,
     StreamingStarted,
     by_key,
