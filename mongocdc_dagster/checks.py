@@ -31,7 +31,7 @@ def build_checks(assets: CdcAssets, partitions: CdcPartitions) -> list[AssetChec
     @asset_check(asset=assets.stream_slice_key, name="no_gap_since_snapshot",
                  description="Every window between a collection's last full snapshot and its latest slice is landed.")
     def no_gap(context: AssetCheckExecutionContext) -> AssetCheckResult:
-        histories = collection_histories(context.instance, partitions, assets.snapshot_key, assets.stream_slice_key)
+        histories = collection_histories(context.instance, partitions, assets.snapshot_keys, assets.stream_slice_key)
         gaps = {ns: missing_windows(h, partitions) for ns, h in histories.items()}
         gaps = {ns: keys for ns, keys in gaps.items() if keys}
         return AssetCheckResult(
@@ -46,7 +46,7 @@ def build_checks(assets: CdcAssets, partitions: CdcPartitions) -> list[AssetChec
     def fresh(context: AssetCheckExecutionContext) -> AssetCheckResult:
         now = datetime.now(UTC)
         limit = timedelta(seconds=partitions.seconds * FRESHNESS_WINDOWS)
-        histories = collection_histories(context.instance, partitions, assets.snapshot_key, assets.stream_slice_key)
+        histories = collection_histories(context.instance, partitions, assets.snapshot_keys, assets.stream_slice_key)
         lags: dict[str, str] = {}
         stale: dict[str, str] = {}
         for ns, history in histories.items():

@@ -2,19 +2,18 @@
 
 Everything is configured by the environment (see settings.py): MONGOCDC_CONFIG names the connector config
 `mongocdc run` takes, MONGOCDC_HOME holds the landing zone, tables and state; with neither set it points at
-the local stack `make dev` starts. The Spark tables (assets/tables.py) join when that module is present.
+the local stack `make dev` starts.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from typing import Any
 
 from dagster import Definitions, EnvVar, in_process_executor
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_dagster.assets.cdc import build_cdc_assets
+from mongocdc_dagster.assets.tables import table_assets, table_checks
 from mongocdc_dagster.checks import build_checks
 from mongocdc_dagster.partitions import CdcPartitions
 from mongocdc_dagster.resources import MongoCdcKafkaResource, MongoCdcResource, build_pyspark_resource
@@ -23,23 +22,12 @@ from mongocdc_dagster.sensors import build_sensors
 from mongocdc_dagster.settings import ENV_PASSWORD, ENV_SPARK_MASTER, CdcSettings
 from mongocdc_dagster.translator import MongoCdcTranslator
 
-TABLES_MODULE = "mongocdc_dagster.assets.tables"
-
-
-def _table_definitions() -> tuple[list[Any], list[Any]]:
-    """The Spark engineer's table assets and checks, when their module exists in this checkout."""
-    if importlib.util.find_spec(TABLES_MODULE) is None:
-        return [], []
-    module = importlib.import_module(TABLES_MODULE)
-    return list(module.table_assets), list(module.table_checks)
-
 
 def build_definitions(settings: CdcSettings, translator: MongoCdcTranslator | None = None) -> Definitions:
     """All CDC definitions for one connector, configured by `settings`."""
     cfg = ConnectorConfig.load(settings.config_path)
     partitions = CdcPartitions.from_settings(settings)
     cdc = build_cdc_assets(cfg, settings.landing_dir, partitions, translator)
-    table_assets, table_checks = _table_definitions()
     password = EnvVar(ENV_PASSWORD) if os.environ.get(ENV_PASSWORD) else None
     return Definitions(
         assets=[*cdc.assets, *table_assets],

@@ -7,6 +7,7 @@ snapshot stands; the oplog window sensor and the continuity and freshness checks
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -36,8 +37,13 @@ def known_collections(instance: DagsterInstance) -> list[str]:
     return sorted(instance.get_dynamic_partitions(COLLECTIONS_PARTITIONS_NAME))
 
 
-def last_full_snapshot(instance: DagsterInstance, snapshot_key: AssetKey, namespace: str) -> Position | None:
-    """Position of the newest unfiltered snapshot of `namespace` (filtered ones do not reset the baseline)."""
+def last_full_snapshot(instance: DagsterInstance, snapshot_keys: Sequence[AssetKey], namespace: str) -> Position | None:
+    """Position of the newest unfiltered snapshot of `namespace` of any kind (filtered ones do not reset the baseline)."""
+    found = [p for p in (_last_full(instance, key, namespace) for key in snapshot_keys) if p is not None]
+    return max(found) if found else None
+
+
+def _last_full(instance: DagsterInstance, snapshot_key: AssetKey, namespace: str) -> Position | None:
     cursor: str | None = None
     while True:
         result = instance.fetch_materializations(
@@ -60,7 +66,7 @@ def last_full_snapshot(instance: DagsterInstance, snapshot_key: AssetKey, namesp
 
 
 def collection_histories(
-    instance: DagsterInstance, partitions: CdcPartitions, snapshot_key: AssetKey, slice_key: AssetKey
+    instance: DagsterInstance, partitions: CdcPartitions, snapshot_keys: Sequence[AssetKey], slice_key: AssetKey
 ) -> dict[str, CollectionHistory]:
     """Every known collection's history, keyed by namespace."""
     windows: dict[str, list[str]] = defaultdict(list)
@@ -70,7 +76,7 @@ def collection_histories(
     names = set(known_collections(instance)) | set(windows)
     return {
         ns: CollectionHistory(
-            ns, last_full_snapshot(instance, snapshot_key, ns),
+            ns, last_full_snapshot(instance, snapshot_keys, ns),
             tuple(sorted(windows.get(ns, []), key=lambda k: partitions.window(k).start)),
         )
         for ns in sorted(names)

@@ -28,13 +28,18 @@ MAX_REPORTED = 20
 
 @dataclass(frozen=True)
 class Expectation:
-    """What every row of one partition's file must satisfy."""
+    """What every row of one partition's file must satisfy.
+
+    `snapshot`: only reads (op r). `incremental`: reads plus the changes streamed while the chunks were
+    copied, each with its own marker. Neither: only changes (a stream slice).
+    """
 
     namespace: str
     snapshot: bool
     low: Position | None = None  # inclusive
     high: Position | None = None  # exclusive
     exact: Position | None = None  # snapshot reads all carry this position
+    incremental: bool = False
 
 
 def _rows(path: Path) -> Iterator[dict[str, Any]]:
@@ -74,7 +79,7 @@ def _row_problem(row: dict[str, Any], expect: Expectation, previous: dict[str, A
         return None
     if op not in _OPS:
         return f"op {op!r} is not one of c, u, d, r"
-    if expect.snapshot and op != "r":
+    if expect.snapshot and not expect.incremental and op != "r":
         return f"snapshot record has op {op!r}, expected 'r'"
     if not expect.snapshot and op == "r":
         return "stream slice record has op 'r' (reads belong to snapshots)"
@@ -92,9 +97,9 @@ def _row_problem(row: dict[str, Any], expect: Expectation, previous: dict[str, A
         return f"source names {source.get('db')}.{source.get('collection')}, not {expect.namespace}"
     if not isinstance(value.get("ts_ms"), int):
         return "value has no integer ts_ms"
-    markers = _SNAPSHOT_MARKERS if expect.snapshot else _STREAM_MARKERS
+    markers = _SNAPSHOT_MARKERS if op == "r" else _STREAM_MARKERS
     if str(source.get("snapshot", "false")).lower() not in markers:
-        return f"source.snapshot {source.get('snapshot')!r} is wrong for a {'snapshot' if expect.snapshot else 'stream'} record"
+        return f"source.snapshot {source.get('snapshot')!r} is wrong for an {op!r} record"
     if op in ("c", "r") and not isinstance(value.get("after"), str):
         return f"{op!r} record has no 'after' document (a JSON string)"
     if op == "d" and value.get("after") is not None:
@@ -142,3 +147,16 @@ def count_rows_at(path: Path, position: Position) -> int:
     wanted = position.to_str()
     return sum(1 for op, pos in zip(table["op"].to_pylist(), table["position"].to_pylist(), strict=True)
                if op == "r" and pos == wanted)
+
+
+def live_keys(path: Path) -> int:
+    """Keys whose highest-position record is not a delete: the collection's size the file implies."""
+    table = pq.read_table(path, columns=["key", "op", "position"])
+    latest: dict[str, tuple[str, str]] = {}
+    for key, op, position in zip(table["key"].to_pylist(), table["op"].to_pylist(), table["position"].to_pylist(),
+                                 strict=True):
+        if op is None:
+            continue  # tombstones repeat the delete before them
+        if key not in latest or position >= latest[key][0]:
+            latest[key] = (position, op)
+    return sum(1 for _, op in latest.values() if op != "d")

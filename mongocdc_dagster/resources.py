@@ -6,12 +6,10 @@ reach the engine through, so a test or a deployment swaps the connector by swapp
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bson import Timestamp
 from dagster import ConfigurableResource
 from dagster_pyspark import PySparkResource
 from pydantic import Field
@@ -19,7 +17,6 @@ from pymongo import MongoClient
 
 from mongocdc_core import api
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.events.records import Record
 from mongocdc_core.sinks.base import Sink
 from mongocdc_core.source.connection import open_client
 from mongocdc_dagster.settings import CdcSettings
@@ -67,9 +64,6 @@ class MongoCdcResource(ConfigurableResource):  # type: ignore[misc]
     def oplog_window(self) -> api.OplogWindow:
         return api.oplog_window(self.load_config())
 
-    def current_cluster_time(self) -> Timestamp:
-        return api.current_cluster_time(self.load_config())
-
 
 class MongoCdcKafkaResource(ConfigurableResource):  # type: ignore[misc]
     """Optional Kafka delivery next to the landing zone (the `kafka:HOST:PORT` sink of `mongocdc run`)."""
@@ -89,35 +83,15 @@ class MongoCdcKafkaResource(ConfigurableResource):  # type: ignore[misc]
         return open_sink(f"kafka:{self.bootstrap_servers}", cfg)
 
 
-class TeeSink:
-    """Delivers every record to several sinks; durable only when all of them are."""
-
-    def __init__(self, sinks: Sequence[Sink]) -> None:
-        if not sinks:
-            raise ValueError("TeeSink needs at least one sink")
-        self.sinks = list(sinks)
-
-    def write(self, records: Sequence[Record]) -> None:
-        for sink in self.sinks:
-            sink.write(records)
-
-    def flush(self, timeout: float | None = None) -> None:
-        for sink in self.sinks:
-            sink.flush(timeout)
-
-    def close(self) -> None:
-        for sink in self.sinks:
-            sink.close()
-
-
 def build_pyspark_resource(settings: CdcSettings, master: str) -> PySparkResource:
     """Local-mode Spark by default; the same assets run on a cluster by changing `master`."""
+    from mongocdc_core.tables import spark_conf
+
     return PySparkResource(
         spark_config={
+            **spark_conf(local_tuning=master.startswith("local")),
             "spark.master": master,
             "spark.app.name": "mongocdc",
             "spark.sql.warehouse.dir": str(settings.home / "spark-warehouse"),
-            "spark.sql.session.timeZone": "UTC",
-            "spark.ui.enabled": "false",
         }
     )

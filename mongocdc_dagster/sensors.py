@@ -12,7 +12,6 @@ import orjson
 from bson import json_util
 from dagster import (
     AddDynamicPartitionsRequest,
-    AssetKey,
     AssetObservation,
     AssetSelection,
     DagsterRunStatus,
@@ -28,6 +27,7 @@ from dagster import (
     sensor,
 )
 
+from mongocdc_core.source.signals import WATERMARK_CLOSE, WATERMARK_OPEN
 from mongocdc_dagster.assets.cdc import CdcAssets
 from mongocdc_dagster.history import collection_histories, known_collections, needed_window_start
 from mongocdc_dagster.partitions import COLLECTIONS_PARTITIONS_NAME, CdcPartitions
@@ -35,6 +35,9 @@ from mongocdc_dagster.resources import MongoCdcResource
 from mongocdc_dagster.signals import EXECUTE, SignalError, SnapshotSignal, parse_signal, signal_id_of
 
 SIGNAL_BATCH = 100
+# Incremental snapshots write their chunk watermarks (string _ids) into the same collection; they are
+# not requests, and skipping them keeps the _id cursor on the signals' own _id type.
+_NOT_WATERMARK = {"type": {"$nin": [WATERMARK_OPEN, WATERMARK_CLOSE]}}
 WARN_FRACTION = 0.25  # warn when the next needed window is in the oldest quarter of the oplog
 _ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 
@@ -68,8 +71,8 @@ def build_discovery_sensor(interval_s: int) -> SensorDefinition:
     return discovery
 
 
-def _decode_cursor(cursor: str | None) -> Any:
-    return None if not cursor else json_util.loads(cursor)["last_id"]
+def _cursor(last_id: Any) -> str:
+    return json_util.dumps({"last_id": last_id})
 
 
 def _run_snapshot_type(run_tags: dict[str, str], asset_selection: Any, assets: CdcAssets) -> str | None:
@@ -77,6 +80,8 @@ def _run_snapshot_type(run_tags: dict[str, str], asset_selection: Any, assets: C
         return run_tags[TAG_SNAPSHOT_TYPE]
     if asset_selection and assets.snapshot_key in asset_selection:
         return "blocking"
+    if asset_selection and assets.incremental_snapshot_key in asset_selection:
+        return "incremental"
     return None
 
 
@@ -95,17 +100,16 @@ def _stop_runs(context: SensorEvaluationContext, signal: SnapshotSignal, assets:
     return stopped
 
 
-def build_signal_sensor(interval_s: int, assets: CdcAssets, incremental_key: AssetKey | None = None) -> SensorDefinition:
+def build_signal_sensor(interval_s: int, assets: CdcAssets) -> SensorDefinition:
     """Turns execute-snapshot / stop-snapshot signals into runs / cancellations, one run per signal and collection.
 
-    The cursor holds the `_id` of the last signal handled; each tick reads at most SIGNAL_BATCH newer
-    signals in `_id` order. Run keys `<signal _id>:<collection>` make a signal launch at most once even if
-    the cursor is reset. Signals are expected to share one `_id` type (ObjectId when the inserts omit it).
+    The first tick only records the newest existing `_id`; later ticks read at most SIGNAL_BATCH newer
+    signals in `_id` order and the cursor holds the `_id` of the last one handled. Run keys
+    `<signal _id>:<collection>` make a signal launch at most once even if the cursor is rewound. Signals
+    are expected to share one `_id` type (ObjectId when the inserts omit it).
     """
-    targets = [assets.snapshot_key] + ([incremental_key] if incremental_key is not None else [])
-
     @sensor(name="mongocdc_signals", minimum_interval_seconds=interval_s,
-            default_status=DefaultSensorStatus.RUNNING, target=AssetSelection.assets(*targets),
+            default_status=DefaultSensorStatus.RUNNING, target=AssetSelection.assets(*assets.snapshot_keys),
             description="Reads Debezium snapshot signals from signal.data.collection.")
     def signals(context: SensorEvaluationContext, mongocdc: MongoCdcResource) -> SensorResult | SkipReason:
         cfg = mongocdc.load_config()
@@ -114,11 +118,19 @@ def build_signal_sensor(interval_s: int, assets: CdcAssets, incremental_key: Ass
         if "source" not in cfg.signal_enabled_channels:
             return SkipReason(f"the source signal channel is not enabled ({', '.join(cfg.signal_enabled_channels)})")
         db, _, coll = cfg.signal_data_collection.partition(".")
-        last_id = _decode_cursor(context.cursor)
-        query = {} if last_id is None else {"_id": {"$gt": last_id}}
         client = mongocdc.client()
         try:
-            docs = list(client[db][coll].find(query).sort("_id", 1).limit(SIGNAL_BATCH))
+            signals_coll = client[db][coll]
+            if not context.cursor:
+                # Like Debezium's source channel, only signals sent after the sensor started count: a new or
+                # reset sensor must not replay the collection's history.
+                newest = signals_coll.find_one(_NOT_WATERMARK, {"_id": 1}, sort=[("_id", -1)])
+                last = None if newest is None else newest["_id"]
+                return SensorResult(skip_reason=f"started; signals up to _id {last!r} predate the sensor",
+                                    cursor=_cursor(last))
+            last_id = json_util.loads(context.cursor)["last_id"]
+            query = dict(_NOT_WATERMARK) if last_id is None else {**_NOT_WATERMARK, "_id": {"$gt": last_id}}
+            docs = list(signals_coll.find(query).sort("_id", 1).limit(SIGNAL_BATCH))
         finally:
             client.close()
         if not docs:
@@ -143,20 +155,13 @@ def build_signal_sensor(interval_s: int, assets: CdcAssets, incremental_key: Ass
                 context.log.info(f"stop-snapshot {signal.signal_id}: cancelled {len(stopped)} run(s) {stopped}")
                 notes.append(f"stop-snapshot {signal.signal_id} cancelled {len(stopped)} run(s)")
                 continue
-            if signal.snapshot_type == "incremental" and incremental_key is None:
-                message = (f"signal {signal.signal_id}: incremental snapshots are not available in this build "
-                           "(mongocdc_core has no incremental snapshot API); send type 'blocking'")
-                context.log.warning(message)
-                notes.append(message)
-                continue
             if captured is None:
                 captured = mongocdc.captured_collections(cfg)
             matched = signal.matching(captured)
             if not matched:
                 notes.append(f"signal {signal.signal_id} matches no captured collection")
                 continue
-            key = incremental_key if signal.snapshot_type == "incremental" else assets.snapshot_key
-            assert key is not None
+            key = assets.incremental_snapshot_key if signal.snapshot_type == "incremental" else assets.snapshot_key
             for namespace in matched:
                 if namespace not in collections:
                     new_partitions.add(namespace)
@@ -168,10 +173,10 @@ def build_signal_sensor(interval_s: int, assets: CdcAssets, incremental_key: Ass
                     run_config={"ops": {"_".join(key.path): {"config": {
                         "filter": filter_text, "signal_id": signal.signal_id}}}},
                     tags={TAG_KIND: key.path[-1], TAG_COLLECTION: namespace, TAG_SIGNAL: signal.signal_id,
-                          TAG_SNAPSHOT_TYPE: signal.snapshot_type or "blocking"},
+                          TAG_SNAPSHOT_TYPE: signal.snapshot_type or "incremental"},
                 ))
             context.log.info(f"execute-snapshot {signal.signal_id}: {signal.snapshot_type} snapshot of {matched}")
-        cursor = json_util.dumps({"last_id": docs[-1]["_id"]})
+        cursor = _cursor(docs[-1]["_id"])
         partition_requests = (
             [AddDynamicPartitionsRequest(COLLECTIONS_PARTITIONS_NAME, sorted(new_partitions))] if new_partitions else []
         )
@@ -215,7 +220,7 @@ def build_oplog_window_sensor(interval_s: int, assets: CdcAssets, partitions: Cd
         lost: list[str] = []
         at_risk: list[str] = []
         run_requests: list[RunRequest] = []
-        histories = collection_histories(context.instance, partitions, assets.snapshot_key, assets.stream_slice_key)
+        histories = collection_histories(context.instance, partitions, assets.snapshot_keys, assets.stream_slice_key)
         for namespace, history in histories.items():
             if history.window_keys:
                 end = partitions.window(history.window_keys[-1]).end
@@ -251,10 +256,9 @@ def build_oplog_window_sensor(interval_s: int, assets: CdcAssets, partitions: Cd
     return oplog_window
 
 
-def build_sensors(interval_s: int, assets: CdcAssets, partitions: CdcPartitions,
-                  incremental_key: AssetKey | None = None) -> Sequence[SensorDefinition]:
+def build_sensors(interval_s: int, assets: CdcAssets, partitions: CdcPartitions) -> Sequence[SensorDefinition]:
     return [
         build_discovery_sensor(interval_s),
-        build_signal_sensor(interval_s, assets, incremental_key),
+        build_signal_sensor(interval_s, assets),
         build_oplog_window_sensor(interval_s, assets, partitions),
     ]

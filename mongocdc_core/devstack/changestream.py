@@ -6,9 +6,11 @@ resume tokens (``resume_token``), ``updateDescription`` (``oplog_diff``), invali
 resume checks and error codes/labels as mongod. The server registers the cursor as a
 tailable-await cursor and calls ``next_batch`` for the aggregate's first batch and every getMore.
 
-Events are returned already encoded (``RawBSONDocument``) so the server embeds them in its reply
-without encoding them a second time; the size checks (16 MiB batches, oversized events,
-``$changeStreamSplitLargeEvent``) need the encoded size anyway.
+Events are returned already encoded as BSON so the server splices them into its reply without
+encoding them a second time; the size checks (16 MiB batches, oversized events,
+``$changeStreamSplitLargeEvent``) need the encoded size anyway. Streams without user stages
+encode CRUD events straight from cached BSON fragments (``_raw_crud_event``), which is what
+makes draining a large oplog cheap; streams with stages build documents for ``run_pipeline``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import bson
 from bson import Int64, Timestamp
 from bson.binary import UuidRepresentation
 from bson.codec_options import CodecOptions
-from bson.raw_bson import RawBSONDocument
 
 from mongocdc_core.devstack import resume_token as rt
 from mongocdc_core.devstack.errors import (
@@ -47,9 +48,6 @@ from mongocdc_core.devstack.oplog import Oplog, ts_key
 from mongocdc_core.devstack.oplog_diff import update_description
 
 CODEC_OPTIONS: CodecOptions[Any] = CodecOptions(uuid_representation=UuidRepresentation.STANDARD, tz_aware=True)
-RAW_CODEC_OPTIONS: CodecOptions[Any] = CodecOptions(
-    document_class=RawBSONDocument, uuid_representation=UuidRepresentation.STANDARD, tz_aware=True
-)
 
 BSON_OBJ_MAX_USER_SIZE = 16 * 1024 * 1024
 BSON_OBJ_MAX_INTERNAL_SIZE = BSON_OBJ_MAX_USER_SIZE + 16 * 1024
@@ -773,7 +771,8 @@ class ChangeStreamCursor:
         if self._resume_hex is not None and not self._admit(hex_):
             return
         rest: dict[str, Any] = {}
-        if op_type == "insert" or op_type == "replace":
+        leading_document = op_type == "insert" or op_type == "replace"
+        if leading_document:
             rest["fullDocument"] = o
         rest["ns"] = None  # placeholder keeping the field order; spliced from ns_part below
         rest["documentKey"] = key
@@ -783,7 +782,8 @@ class ChangeStreamCursor:
             ns_info = self._ns_info(ns_name)
             self._add_images(rest, op_type, ui, ts, index, txn, ns_info, key)
         encoded = bson.encode(rest, codec_options=CODEC_OPTIONS)
-        cut = encoded.index(b"\x0ans\x00", 4)
+        # The null ``ns`` placeholder follows fullDocument (type byte, "fullDocument\0", the document) if any.
+        cut = 18 + _INT32.unpack_from(encoded, 18)[0] if leading_document else 4
         body = b"".join((
             txn[2] if txn is not None else b"",
             id_element,

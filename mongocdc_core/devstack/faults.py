@@ -11,11 +11,12 @@ mongod's own commands (same syntax and behaviour as a real single-member replica
   secondary) and the node elects itself again after ``<secs>`` seconds with a new term and
   ``electionId`` (it logs a ``new primary`` no-op). Connections stay open, as on mongod >= 4.2.
 - ``{configureFailPoint: 'failCommand', mode: 'alwaysOn' | 'off' | {times: n} | {skip: n},
-  data: {failCommands: [...], errorCode, errorLabels, closeConnection, blockConnection,
-  blockTimeMS, appName}}`` — mongod's test fail point: matching commands sleep ``blockTimeMS``
-  when ``blockConnection``, then either have their connection closed without a reply
-  (``closeConnection``) or fail with ``errorCode`` (labels from ``errorLabels``, else the
-  labels mongod would add). The reply's ``count`` is how often the fail point had triggered.
+  data: {failCommands: [...], errorCode, errorLabels, writeConcernError, closeConnection,
+  blockConnection, blockTimeMS, appName}}`` — mongod's test fail point: matching commands sleep
+  ``blockTimeMS`` when ``blockConnection``, then either have their connection closed without a
+  reply (``closeConnection``), or fail with ``errorCode`` (labels from ``errorLabels``, else the
+  labels mongod would add), or run and get ``writeConcernError`` added to their reply. The reply's
+  ``count`` is how often the fail point had triggered.
 
 Emulator-only commands (run on ``admin``):
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bson import Timestamp
@@ -68,6 +70,14 @@ class FailPointError(CommandError):
         self.explicit_labels = labels is not None
 
 
+@dataclass(frozen=True)
+class FailPointOutcome:
+    """A ``writeConcernError`` the fail point adds to a command that otherwise succeeds."""
+
+    write_concern_error: dict[str, Any]
+    labels: list[str] | None  # the fail point's ``errorLabels``; None: the labels mongod adds
+
+
 class Faults:
     """Fail point state plus the re-election timer of the server it belongs to."""
 
@@ -81,22 +91,25 @@ class Faults:
         self.delay_ms = 0
         self._election_timer: threading.Timer | None = None
 
-    def before_command(self, name: str, conn: Connection) -> None:
-        """Apply the reply delay and the ``failCommand`` fail point to one command."""
+    def before_command(self, name: str, conn: Connection) -> FailPointOutcome | None:
+        """Apply the reply delay and the ``failCommand`` fail point to one command.
+
+        Returns what to add to the command's reply (a ``writeConcernError``), if anything.
+        """
         if name in _FAULT_COMMANDS:
-            return
+            return None
         if self.delay_ms and name not in _HANDSHAKE:
             time.sleep(self.delay_ms / 1000.0)
         with self._lock:
             data = self.fail_data
             if data is None or name not in data.get("failCommands", ()):
-                return
+                return None
             app = data.get("appName")
             if app is not None and app != getattr(conn, "app_name", None):
-                return
+                return None
             if self.fail_skip:
                 self.fail_skip -= 1
-                return
+                return None
             if self.fail_times is not None:
                 self.fail_times -= 1
                 if self.fail_times <= 0:
@@ -106,9 +119,14 @@ class Faults:
             time.sleep(float(data.get("blockTimeMS", 0)) / 1000.0)
         if data.get("closeConnection"):
             raise DropConnection()
+        labels = data.get("errorLabels")
+        explicit = list(labels) if isinstance(labels, list) else None
         if "errorCode" in data:
-            labels = data.get("errorLabels")
-            raise FailPointError(int(data["errorCode"]), list(labels) if isinstance(labels, list) else None)
+            raise FailPointError(int(data["errorCode"]), explicit)
+        concern = data.get("writeConcernError")
+        if isinstance(concern, Mapping):
+            return FailPointOutcome(dict(concern), explicit)
+        return None
 
     def configure_fail_point(self, name: str, mode: Any, data: Any) -> int:
         if name != "failCommand":

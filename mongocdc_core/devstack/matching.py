@@ -253,10 +253,42 @@ def _parse_expression(parser: Any, expression: Any) -> Any:
     return _mongomock_parse(parser, expression)
 
 
+_mongomock_in = mm_filtering._in_op
+
+
+def _bson_in(doc_val: Any, search_val: Any) -> bool:
+    """mongomock's ``$in`` (and, through it, ``$nin``) plus numeric equality with Decimal128."""
+    if _mongomock_in(doc_val, search_val):
+        return True
+    candidates = doc_val if isinstance(doc_val, (list, tuple)) else [doc_val]
+    return any(
+        _bson_eq(value, wanted)
+        for wanted in search_val
+        if _is_number(wanted)
+        for value in candidates
+        if _is_number(value) and (isinstance(value, Decimal128) or isinstance(wanted, Decimal128))
+    )
+
+
+def _bson_extreme(pick: Callable[..., Any]) -> Callable[[Any], Any]:
+    """``$min``/``$max`` (accumulator and expression) in BSON order: mongomock uses Python's
+    ``min``/``max``, which cannot order Decimal128 against other numbers, nor mixed types."""
+
+    def accumulate(values: Any) -> Any:
+        present = [v for v in values if v is not None and v is not mm_filtering.NOTHING]
+        return pick(present, key=bson_sort_key) if present else None
+
+    return accumulate
+
+
+mm_aggregate._GROUPING_OPERATOR_MAP["$min"] = _bson_extreme(min)
+mm_aggregate._GROUPING_OPERATOR_MAP["$max"] = _bson_extreme(max)
 setattr(mm_aggregate._Parser, "parse", _parse_expression)  # noqa: B010 (a deliberate override)
 mm_filtering.bson_compare = _bson_compare
 mm_filtering.operator_eq = _bson_eq
 mm_filtering._filterer_inst._operator_map["$eq"] = mm_filtering._list_expand(_bson_eq)
+mm_filtering._in_op = _bson_in  # ``$nin`` looks the module global up at call time
+mm_filtering._filterer_inst._operator_map["$in"] = _bson_in
 
 _MOCK_ERRORS = (mongomock.OperationFailure, NotImplementedError, ValueError, TypeError, KeyError)
 
@@ -272,12 +304,45 @@ def validate_filter(query: Any) -> None:
         matches(query, {})
 
 
+def _numbers_by_value(query: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``query`` with implicit equality to a number spelled ``{$eq: n}``.
+
+    mongomock's implicit equality uses Python ``==``, for which ``Decimal128('1') != 1``; mongod
+    compares numbers of all types by value, which the ``$eq`` hook above does.
+    """
+    changed: dict[str, Any] = {}
+    for key, value in query.items():
+        if key in ("$and", "$or", "$nor") and isinstance(value, list):
+            parts = [_numbers_by_value(part) if isinstance(part, Mapping) else part for part in value]
+            if any(new is not old for new, old in zip(parts, value, strict=True)):
+                changed[key] = parts
+        elif key.startswith("$"):
+            continue
+        elif _is_number(value):
+            changed[key] = {"$eq": value}
+        elif isinstance(value, Mapping) and isinstance(value.get("$elemMatch"), Mapping):
+            inner = _numbers_by_value(value["$elemMatch"])
+            if inner is not value["$elemMatch"]:
+                changed[key] = {**value, "$elemMatch": inner}
+    return {**query, **changed} if changed else query
+
+
+_last_rewrite: tuple[Any, Mapping[str, Any]] = (None, {})  # (query, its rewrite): filters run per document
+
+
 def matches(query: Mapping[str, Any], doc: Mapping[str, Any]) -> bool:
     """Whether ``doc`` satisfies the filter ``query`` (mongod's matching rules, via mongomock)."""
+    global _last_rewrite
     if not query:
         return True
+    last = _last_rewrite
+    if last[0] is query:
+        rewritten = last[1]
+    else:
+        rewritten = _numbers_by_value(query)
+        _last_rewrite = (query, rewritten)
     try:
-        return bool(mm_filtering.filter_applies(query, doc))
+        return bool(mm_filtering.filter_applies(rewritten, doc))
     except KeyError:
         # mongomock's $expr raises KeyError for a missing field, which mongod evaluates as
         # missing; no document with a missing field can then satisfy the expression.

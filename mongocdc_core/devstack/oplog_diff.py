@@ -207,9 +207,17 @@ class _DescriptionBuilder:
 
 def update_description(diff: Mapping[str, Any], show_expanded_events: bool = False) -> dict[str, Any]:
     """The change event's ``updateDescription`` for a ``$v: 2`` diff, field order as mongod's."""
+    if _is_flat(diff):
+        # Top-level fields only (the common ``$set``/``$unset`` of plain fields): paths are the names.
+        updated = dict(diff.get("u", ()))
+        updated.update(diff.get("i", ()))
+        out: dict[str, Any] = {"updatedFields": updated, "removedFields": list(diff.get("d", ())), "truncatedArrays": []}
+        if show_expanded_events:
+            out["disambiguatedPaths"] = {}
+        return out
     builder = _DescriptionBuilder()
     builder.document(diff)
-    out: dict[str, Any] = {
+    out = {
         "updatedFields": builder.updated,
         "removedFields": builder.removed,
         "truncatedArrays": builder.truncated,
@@ -217,3 +225,14 @@ def update_description(diff: Mapping[str, Any], show_expanded_events: bool = Fal
     if show_expanded_events:
         out["disambiguatedPaths"] = builder.disambiguated
     return out
+
+
+def _is_flat(diff: Mapping[str, Any]) -> bool:
+    """A diff of top-level fields whose names need no disambiguation (no dots)."""
+    for section, fields in diff.items():
+        if section not in ("u", "i", "d") or not isinstance(fields, Mapping):
+            return False
+        for name in fields:
+            if "." in name:
+                return False
+    return True

@@ -39,7 +39,7 @@ from .errors import (
     CommandError,
     command_error,
 )
-from .faults import DropConnection, FailPointError, Faults
+from .faults import DropConnection, FailPointError, FailPointOutcome, Faults
 from .oplog import ClusterClock, Oplog
 from .state import OPERATION_NOT_SUPPORTED_IN_TRANSACTION, ServerState
 
@@ -370,7 +370,7 @@ class EmulatorServer:
         ctx = Context(self, conn, db, cmd, name)
         self._attach_session(ctx, spec.in_transaction)
         try:
-            self.faults.before_command(name, conn)
+            outcome = self.faults.before_command(name, conn)
         except FailPointError as exc:
             if exc.explicit_labels:
                 raise
@@ -402,7 +402,23 @@ class EmulatorServer:
         reply.setdefault("ok", 1.0)
         if retry_key is not None and ctx.session is not None and not reply.get("writeErrors"):
             ctx.session.retry_replies = {retry_key: dict(reply)}
+        if outcome is not None:  # after caching: a retry gets the write's result without it
+            self._add_write_concern_error(ctx, spec.write, reply, outcome)
         return reply
+
+    def _add_write_concern_error(self, ctx: Context, write: bool, reply: dict[str, Any], outcome: FailPointOutcome) -> None:
+        """A fail point's ``writeConcernError``, with the labels and topologyVersion mongod adds."""
+        concern = outcome.write_concern_error
+        reply["writeConcernError"] = concern
+        code = concern.get("code")
+        labels = outcome.labels
+        if labels is None:
+            retryable_cmd = (write and "txnNumber" in ctx.cmd and ctx.txn is None) or ctx.name in ("commitTransaction", "abortTransaction")
+            labels = ["RetryableWriteError"] if retryable_cmd and code in RETRYABLE_CODES else []
+        if labels:
+            reply["errorLabels"] = list(labels)
+        if code in NOT_PRIMARY_CODES:
+            reply["topologyVersion"] = self.topology.version()
 
     def _retryable(self, ctx: Context, write: bool, exc: CommandError) -> CommandError:
         retryable_cmd = (write and "txnNumber" in ctx.cmd and ctx.txn is None) or ctx.name in ("commitTransaction", "abortTransaction")

@@ -299,10 +299,23 @@ class DuplicateKeyError(CommandError):
         return reply
 
 
+# mongod's errors for documents over 16 MiB produced by an update or an upsert (not an insert).
+UPDATE_TOO_LARGE = (17419, "Location17419")
+UPSERT_TOO_LARGE = (17420, "Location17420")
+
+
 def encode_document(doc: Mapping[str, Any]) -> bytes:
     raw = bson.encode(doc)
     if len(raw) > MAX_BSON_OBJECT_SIZE:
         raise command_error(BSON_OBJECT_TOO_LARGE, f"object to insert too large. size in bytes: {len(raw)}, max size: {MAX_BSON_OBJECT_SIZE}")
+    return raw
+
+
+def encode_updated(doc: Mapping[str, Any]) -> bytes:
+    """The BSON of an update's result; too large is 17419, as mongod's update stage reports it."""
+    raw = bson.encode(doc)
+    if len(raw) > MAX_BSON_OBJECT_SIZE:
+        raise command_error(UPDATE_TOO_LARGE, f"Resulting document after update is larger than {MAX_BSON_OBJECT_SIZE}")
     return raw
 
 
@@ -755,7 +768,7 @@ class ServerState:
     def replace_stored(self, coll: Collection, key: IdKey, old: dict[str, Any], new: dict[str, Any],
                        update: Any, txn: Transaction | None) -> None:  # fmt: skip
         """Store the result of an update and log it (diff for operator updates, else the full doc)."""
-        raw = encode_document(new)
+        raw = encode_updated(new)
         self._check_conflict(txn, coll, key)
         coll.check_unique_replacement(new, key)
         coll.put(key, (new, raw))
@@ -791,6 +804,8 @@ class ServerState:
                         new = {"_id": seed["_id"], **new}
                 else:
                     new = matching.apply_update(seed, update, query=query, array_filters=array_filters, is_insert=True)
+                if len(bson.encode(new)) > MAX_BSON_OBJECT_SIZE:
+                    raise command_error(UPSERT_TOO_LARGE, f"Document to upsert is larger than {MAX_BSON_OBJECT_SIZE}")
                 self.insert_one(db, name, new if "_id" in new else {"_id": ObjectId(), **new}, txn)
                 inserted = self.get_collection(db, name, txn)
                 assert inserted is not None

@@ -1,4 +1,4 @@
-"""The CDC assets: `snapshot` (per collection) and `stream_slice` (collection x time window).
+"""The CDC assets: `snapshot`, `incremental_snapshot` (per collection), `stream_slice` (collection x window).
 
 Each materialisation writes exactly one Parquet file for its partition through
 ``ParquetSink.to_file`` (temp file + rename at close), so re-running a partition replaces its file and
@@ -40,10 +40,11 @@ from mongocdc_core.events.records import Record
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.base import Sink
 from mongocdc_core.sinks.parquet import ParquetSink
-from mongocdc_dagster.landing import EnvelopeReport, Expectation, count_rows_at, validate_file
+from mongocdc_core.sinks.tee import TeeSink
+from mongocdc_dagster.landing import EnvelopeReport, Expectation, count_rows_at, live_keys, validate_file
 from mongocdc_dagster.partitions import CdcPartitions
 from mongocdc_dagster.progress import RunLogProgress
-from mongocdc_dagster.resources import MongoCdcKafkaResource, MongoCdcResource, TeeSink
+from mongocdc_dagster.resources import MongoCdcKafkaResource, MongoCdcResource
 from mongocdc_dagster.translator import CdcAssetProps, MongoCdcTranslator
 
 ENVELOPE_CHECK = "landing_envelopes"
@@ -130,29 +131,30 @@ def source_count_result(
     mongocdc: MongoCdcResource,
     cfg: ConnectorConfig,
     namespace: str,
-    path: Path,
+    in_file: int,
     position: Position,
     filter_doc: dict[str, Any] | None,
 ) -> AssetCheckResult:
-    """Snapshot reads at the snapshot position vs the source count, corrected for writes since.
+    """The documents a snapshot file implies at `position` vs the source count, corrected for writes since.
 
     The source is counted now; when that differs from the file, the inserts and deletes between the
     snapshot position and now are read from the oplog, so `now - inserts + deletes` is the exact count
     at the snapshot position (for a filtered snapshot, updates can move documents in or out of the
     filter, so a difference there is a warning, not proof of loss).
     """
-    in_file = count_rows_at(path, position)
     db, _, coll = namespace.partition(".")
     client = mongocdc.client()
     try:
         now = client[db][coll].count_documents(filter_doc or {})
     finally:
         client.close()
-    metadata: dict[str, Any] = {"snapshot_reads": in_file, "source_count_now": now, "position": str(position)}
+    metadata: dict[str, Any] = {"documents_in_file": in_file, "source_count_now": now, "position": str(position)}
     if in_file == now:
         return AssetCheckResult(asset_key=key, check_name=COUNT_CHECK, passed=True, metadata=metadata)
     counter = _CountingSink()
-    api.stream_window(cfg, namespace, position.timestamp, api.current_cluster_time(cfg), counter)
+    now_ts = api.current_cluster_time(cfg)
+    # the window is half-open: end one increment past now so a write at exactly `now` is counted
+    api.stream_window(cfg, namespace, position.timestamp, Timestamp(now_ts.time, now_ts.inc + 1), counter)
     inserts, deletes = counter.counts.get("c", 0), counter.counts.get("d", 0)
     expected = now - inserts + deletes
     metadata.update({"inserts_since": inserts, "deletes_since": deletes, "expected_at_position": expected})
@@ -173,13 +175,20 @@ class CdcAssets:
     """The CDC asset definitions and the keys sensors, schedules and checks target."""
 
     snapshot: AssetsDefinition
+    incremental_snapshot: AssetsDefinition
     stream_slice: AssetsDefinition
     snapshot_key: AssetKey
+    incremental_snapshot_key: AssetKey
     stream_slice_key: AssetKey
 
     @property
+    def snapshot_keys(self) -> list[AssetKey]:
+        """Both snapshot kinds: either one resets a collection's baseline."""
+        return [self.snapshot_key, self.incremental_snapshot_key]
+
+    @property
     def assets(self) -> list[AssetsDefinition]:
-        return [self.snapshot, self.stream_slice]
+        return [self.snapshot, self.incremental_snapshot, self.stream_slice]
 
 
 def build_cdc_assets(
@@ -189,10 +198,12 @@ def build_cdc_assets(
     """Build the assets for one connector; `translator` controls keys, groups, tags and metadata."""
     translator = translator or MongoCdcTranslator()
     snap_props = CdcAssetProps.from_config("snapshot", cfg, str(landing_dir))
+    inc_props = CdcAssetProps.from_config("incremental_snapshot", cfg, str(landing_dir))
     slice_props = CdcAssetProps.from_config("stream_slice", cfg, str(landing_dir))
     snap_spec = translator.get_asset_spec(snap_props)
+    inc_spec = translator.get_asset_spec(inc_props)
     slice_spec = translator.get_asset_spec(slice_props)
-    snap_key, slice_key = snap_spec.key, slice_spec.key
+    snap_key, inc_key, slice_key = snap_spec.key, inc_spec.key, slice_spec.key
 
     @multi_asset(
         name="_".join(snap_key.path),
@@ -240,7 +251,61 @@ def build_cdc_assets(
         )
         report = validate_file(path, Expectation(namespace, snapshot=True, exact=result.position))
         yield _envelope_result(snap_key, report)
-        yield source_count_result(snap_key, mongocdc, cfg_now, namespace, path, result.position, filter_doc)
+        yield source_count_result(snap_key, mongocdc, cfg_now, namespace, count_rows_at(path, result.position),
+                                  result.position, filter_doc)
+
+    @multi_asset(
+        name="_".join(inc_key.path),
+        specs=[inc_spec],
+        partitions_def=partitions.collections,
+        check_specs=[
+            AssetCheckSpec(ENVELOPE_CHECK, asset=inc_key,
+                           description="every record is a valid read or streamed change event"),
+            AssetCheckSpec(COUNT_CHECK, asset=inc_key,
+                           description="the keys alive at the snapshot's end equal the source count there"),
+        ],
+    )
+    def incremental_snapshot_asset(
+        context: AssetExecutionContext, config: SnapshotConfig, mongocdc: MongoCdcResource,
+        kafka: MongoCdcKafkaResource,
+    ) -> Iterator[MaterializeResult | AssetCheckResult]:
+        namespace = context.partition_key
+        cfg_now = mongocdc.load_config()
+        _require_captured(mongocdc, cfg_now, namespace)
+        filter_doc = parse_filter(config.filter)
+        path = mongocdc.landing_dir / "incremental_snapshot" / namespace / f"{snapshot_file_name(config.filter)}.parquet"
+        parquet = ParquetSink.to_file(path)
+        sink = _open_sinks(parquet, kafka, cfg_now)
+        context.log.info(f"incremental snapshot of {namespace} into {path}" + (f" with filter {config.filter}" if filter_doc else ""))
+        try:
+            # No state file: a retried run copies the collection again into a new file, so the landed file is
+            # always one whole snapshot (resuming would land only the chunks after the failure).
+            result = api.incremental_snapshot_collection(
+                cfg_now, namespace, sink, filter=filter_doc, progress=RunLogProgress(context.log)
+            )
+            sink.close()
+        except BaseException:
+            parquet.abort()
+            raise
+        end = result.end_position or Position.from_timestamp(api.current_cluster_time(cfg_now))
+        yield MaterializeResult(
+            asset_key=inc_key,
+            metadata={
+                **translator.get_collection_metadata(inc_props, namespace),
+                "documents": result.documents,
+                "streamed_events": result.events,
+                "duration_s": round(result.duration_s, 3),
+                "first_position": str(result.first_position) if result.first_position else None,
+                "last_position": str(result.last_position) if result.last_position else None,
+                "position": str(end),
+                "path": MetadataValue.path(str(path)),
+                "filter": config.filter,
+                "signal_id": config.signal_id,
+            },
+        )
+        report = validate_file(path, Expectation(namespace, snapshot=True, incremental=True))
+        yield _envelope_result(inc_key, report)
+        yield source_count_result(inc_key, mongocdc, cfg_now, namespace, live_keys(path), end, filter_doc)
 
     @multi_asset(
         name="_".join(slice_key.path),
@@ -302,4 +367,4 @@ def build_cdc_assets(
         )
         yield _envelope_result(slice_key, report)
 
-    return CdcAssets(snapshot_asset, stream_slice_asset, snap_key, slice_key)
+    return CdcAssets(snapshot_asset, incremental_snapshot_asset, stream_slice_asset, snap_key, inc_key, slice_key)

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.dagster.cdc_helpers import CdcEnv, make_env
 from dagster import DagsterInstance, instance_for_test
 from pymongo.database import Database
+
+from tests.dagster.cdc_helpers import CdcEnv, make_env
 
 
 @pytest.fixture

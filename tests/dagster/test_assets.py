@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from tests.dagster.cdc_helpers import CdcEnv, checks_of, make_env, materialization_metadata, register
 from dagster import AssetKey, DagsterInstance, materialize
 
 from mongocdc_core.positions import Position
 from mongocdc_dagster.assets.cdc import source_count_result
 from mongocdc_dagster.landing import count_rows_at
 from mongocdc_dagster.translator import CdcAssetProps, MongoCdcTranslator
+from tests.dagster.cdc_helpers import CdcEnv, checks_of, make_env, materialization_metadata, register
 
 
 def test_snapshot_lands_one_file_and_overwrites_it(cdc: CdcEnv, instance: DagsterInstance) -> None:

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from mongocdc_core.sinks.tee import TeeSink
 from mongocdc_dagster import local_stack
 from mongocdc_dagster.definitions import build_definitions
-from mongocdc_dagster.resources import MongoCdcKafkaResource, MongoCdcResource, TeeSink
+from mongocdc_dagster.resources import MongoCdcKafkaResource, MongoCdcResource
 from mongocdc_dagster.settings import CdcSettings
 
 

@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 import pyarrow.parquet as pq
 import pytest
 from bson import ObjectId, Timestamp
-from tests.dagster.cdc_helpers import write_config
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from pymongo import MongoClient
 
@@ -36,6 +35,7 @@ from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.devstack.fixture import EmulatedReplicaSet, free_port
 from mongocdc_dagster import local_stack
 from mongocdc_dagster.partitions import COLLECTIONS_PARTITIONS_NAME
+from tests.dagster.cdc_helpers import write_config
 
 pytestmark = pytest.mark.slow
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from bson import ObjectId, Timestamp
-from tests.dagster.cdc_helpers import CdcEnv, register
 from dagster import (
+    AssetCheckResult,
     AssetMaterialization,
     DagsterInstance,
     DagsterRunStatus,
+    RunRequest,
     SensorResult,
     SkipReason,
     build_asset_check_context,
@@ -34,6 +36,7 @@ from mongocdc_dagster.sensors import (
     build_oplog_window_sensor,
     build_signal_sensor,
 )
+from tests.dagster.cdc_helpers import CdcEnv, register
 
 
 def _evaluate(sensor: Any, instance: DagsterInstance, resource: MongoCdcResource, cursor: str | None = None) -> Any:
@@ -201,9 +204,15 @@ def test_schedule_requests_the_latest_closed_window_of_every_collection(cdc: Cdc
     schedule = build_latest_window_schedule(cdc.assets, cdc.partitions, "* * * * *")
     tick = datetime(2026, 11, 22, 10, 31, tzinfo=UTC)
     with build_schedule_context(instance=instance, scheduled_execution_time=tick) as context:
-        requests = list(schedule(context))
+        requests = list(cast(Iterator[RunRequest], schedule(context)))
     keys = sorted(str(r.partition_key) for r in requests)
     assert keys == [f"{cdc.ns('a')}|2026-11-22-10:30", f"{cdc.ns('b')}|2026-11-22-10:30"]
+
+
+def _run_check(check: Any, instance: DagsterInstance) -> AssetCheckResult:
+    result = check(build_asset_check_context(instance=instance))
+    assert isinstance(result, AssetCheckResult)
+    return result
 
 
 def test_gap_and_freshness_checks(cdc: CdcEnv, instance: DagsterInstance) -> None:
@@ -216,15 +225,15 @@ def test_gap_and_freshness_checks(cdc: CdcEnv, instance: DagsterInstance) -> Non
         _slice(instance, cdc, holey, base + timedelta(minutes=minute))
     _snapshot(instance, cdc, whole, base + timedelta(minutes=40))  # newer than its slices: no gap counted
     _slice(instance, cdc, whole, base)
-    gap = no_gap(build_asset_check_context(instance=instance))
+    gap = _run_check(no_gap, instance)
     assert not gap.passed
-    assert (base + timedelta(minutes=2)).strftime("%Y-%m-%d-%H:%M") in gap.metadata["missing_windows"].value
-    assert whole not in gap.metadata["missing_windows"].value
-    freshness = fresh(build_asset_check_context(instance=instance))
-    assert not freshness.passed and holey in freshness.metadata["stale"].value
+    assert (base + timedelta(minutes=2)).strftime("%Y-%m-%d-%H:%M") in str(gap.metadata["missing_windows"].value)
+    assert whole not in str(gap.metadata["missing_windows"].value)
+    freshness = _run_check(fresh, instance)
+    assert not freshness.passed and holey in str(freshness.metadata["stale"].value)
     _slice(instance, cdc, holey, base + timedelta(minutes=2))
-    assert no_gap(build_asset_check_context(instance=instance)).passed
+    assert _run_check(no_gap, instance).passed
     for ns in (holey, whole):
         _slice(instance, cdc, ns, datetime.now(UTC) - timedelta(minutes=1))
-    assert fresh(build_asset_check_context(instance=instance)).passed
-    assert not no_gap(build_asset_check_context(instance=instance)).passed  # jumped ahead: a gap again
+    assert _run_check(fresh, instance).passed
+    assert not _run_check(no_gap, instance).passed  # jumped ahead: a gap again

@@ -8,8 +8,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from tests.dagster.cdc_helpers import CdcEnv, checks_of, materialization_metadata, register
 from dagster import DagsterInstance, materialize
+
+from tests.dagster.cdc_helpers import CdcEnv, checks_of, materialization_metadata, register
 
 
 def wait_for_window_inside_oplog(cdc: CdcEnv) -> datetime:

@@ -135,3 +135,35 @@ def test_interrupted_change_stream_get_more_is_resumable() -> None:
             assert reply["topologyVersion"]["counter"] > known["counter"]
         finally:
             client.close()
+
+
+@pytest.mark.parametrize("code", [*NOT_PRIMARY_CODES, 91, 64])
+def test_write_concern_error_from_the_fail_point(direct: MongoClient[Any], code: int) -> None:
+    """The write happens; the reply carries the writeConcernError (and topologyVersion for NotPrimary codes)."""
+    direct.admin.command(
+        "configureFailPoint", "failCommand", mode={"times": 1},
+        data={"failCommands": ["insert"], "appName": APP, "writeConcernError": {"code": code, "errmsg": "injected"}},
+    )  # fmt: skip
+    reply = direct.error_replies.command("insert", "c", documents=[{"_id": code}])
+    assert reply["ok"] == 1.0 and reply["n"] == 1
+    assert reply["writeConcernError"] == {"code": code, "errmsg": "injected"}
+    assert ("topologyVersion" in reply) is (code in NOT_PRIMARY_CODES)
+    assert direct.error_replies.c.count_documents({"_id": code}) == 1
+
+
+def test_retryable_write_concern_error_is_retried(emulator: EmulatedReplicaSet) -> None:
+    """A retryable code in writeConcernError labels a retryable write RetryableWriteError; pymongo retries."""
+    client: MongoClient[Any] = MongoClient(emulator.uri, appName=APP)
+    try:
+        client.admin.command(
+            "configureFailPoint", "failCommand", mode={"times": 1},
+            data={"failCommands": ["insert"], "appName": APP, "writeConcernError": {"code": 89, "errmsg": "timed out"}},
+        )  # fmt: skip
+        client.error_replies.c.insert_one({"_id": 1})  # the retry answers from the first execution
+        assert client.error_replies.c.count_documents({}) == 1
+        off = client.admin.command("configureFailPoint", "failCommand", mode="off")
+        assert off["count"] == 1
+    finally:
+        client.admin.command("configureFailPoint", "failCommand", mode="off")
+        client.drop_database("error_replies")
+        client.close()

@@ -9,16 +9,6 @@ import time
 import uuid
 from pathlib import Path
 
-from tests.kafka.kafka_support import (
-    ConnectorProcess,
-    data_events,
-    expected_events,
-    make_config,
-    read_topic,
-    wait_for,
-    write_config,
-    write_load,
-)
 from pymongo.database import Database
 
 from mongocdc_core.engine import Engine
@@ -29,6 +19,16 @@ from mongocdc_core.offsets_kafka import KafkaOffsetStore
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.factory import open_sink
 from mongocdc_core.sinks.kafka import KafkaSink
+from tests.kafka.kafka_support import (
+    ConnectorProcess,
+    data_events,
+    expected_events,
+    make_config,
+    read_topic,
+    wait_for,
+    write_config,
+    write_load,
+)
 
 
 def test_batches_and_offsets_commit_together(

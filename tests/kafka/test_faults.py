@@ -8,6 +8,12 @@ import time
 import uuid
 from pathlib import Path
 
+from pymongo.database import Database
+
+from mongocdc_core.devstack.kafka_broker import KafkaBroker
+from mongocdc_core.engine import Engine
+from mongocdc_core.offsets import FileOffsetStore
+from mongocdc_core.sinks.kafka import KafkaSink
 from tests.kafka.kafka_support import (
     Background,
     ConnectorProcess,
@@ -19,12 +25,6 @@ from tests.kafka.kafka_support import (
     write_config,
     write_load,
 )
-from pymongo.database import Database
-
-from mongocdc_core.devstack.kafka_broker import KafkaBroker
-from mongocdc_core.engine import Engine
-from mongocdc_core.offsets import FileOffsetStore
-from mongocdc_core.sinks.kafka import KafkaSink
 
 
 def _per_key_in_order(events: list[tuple[int, str]]) -> bool:

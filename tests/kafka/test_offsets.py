@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
-from tests.kafka.kafka_support import make_config, read_topic
 from pymongo.database import Database
 
 from mongocdc_core.config import ConnectorConfig
@@ -19,6 +18,7 @@ from mongocdc_core.offsets_kafka import DEFAULT_OFFSETS_TOPIC, KafkaOffsetStore
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.factory import open_sink
 from mongocdc_core.sinks.jsonl import JsonlSink
+from tests.kafka.kafka_support import make_config, read_topic
 
 
 def _topic() -> str:

@@ -9,13 +9,13 @@ from typing import Any, cast
 import orjson
 import pytest
 from confluent_kafka import Producer
-from tests.kafka.kafka_support import read_topic, wait_for
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.notifications import NotificationService
 from mongocdc_core.sinks.kafka import KafkaSink
 from mongocdc_core.source.signals import Signal, SignalProcessor
 from mongocdc_core.source.signals_kafka import KafkaSignalChannel
+from tests.kafka.kafka_support import read_topic, wait_for
 
 EXECUTE: dict[str, Any] = {"type": "execute-snapshot", "data": {"data-collections": ["db1.c1", "db1.c2"], "type": "INCREMENTAL"}}
 

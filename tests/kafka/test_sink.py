@@ -10,16 +10,6 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
-from tests.kafka.kafka_support import (
-    Background,
-    StreamingStarted,
-    by_key,
-    list_topics,
-    make_config,
-    read_jsonl,
-    read_topic,
-    wait_for,
-)
 from pymongo import MongoClient
 from pymongo.database import Database
 
@@ -32,6 +22,16 @@ from mongocdc_core.sinks.base import SinkError
 from mongocdc_core.sinks.factory import open_sink
 from mongocdc_core.sinks.jsonl import JsonlSink
 from mongocdc_core.sinks.kafka import KafkaSink, KafkaSinkSettings
+from tests.kafka.kafka_support import (
+    Background,
+    StreamingStarted,
+    by_key,
+    list_topics,
+    make_config,
+    read_jsonl,
+    read_topic,
+    wait_for,
+)
 
 
 def _record(topic: str, key: bytes | None, value: bytes | None, n: int = 1) -> Record:

@@ -266,8 +266,30 @@ def _oplog_entries(query: Mapping[str, Any], sort: Mapping[str, Any] | None, opl
     return entries
 
 
+# The fields mongod 7.0's find parser knows (find_command.idl) plus the generic arguments every
+# command accepts (generic_argument.idl); anything else is rejected with 40415, as mongod does.
+_FIND_FIELDS = frozenset(
+    {"find", "filter", "projection", "sort", "hint", "skip", "limit", "batchSize", "singleBatch", "let", "max",
+     "min", "returnKey", "showRecordId", "tailable", "oplogReplay", "noCursorTimeout", "awaitData",
+     "allowPartialResults", "collation", "allowDiskUse", "readOnce", "allowSpeculativeMajorityRead",
+     "$_requestResumeToken", "$_resumeAfter", "$_startAt", "term", "includeQueryStatsMetrics",
+     "encryptionInformation", "isTimeseriesNamespace", "mirrored"}
+)
+GENERIC_ARGUMENTS = frozenset(
+    {"apiVersion", "apiStrict", "apiDeprecationErrors", "$db", "maxTimeMS", "readConcern", "writeConcern", "lsid",
+     "clientOperationKey", "txnNumber", "autocommit", "startTransaction", "stmtId", "comment", "$readPreference",
+     "$clusterTime", "$audit", "$client", "$configServerState", "allowImplicitCollectionCreation",
+     "$oplogQueryData", "$queryOptions", "$replData", "databaseVersion", "help", "shardVersion", "tracking_info",
+     "coordinator", "maxTimeMSOpOnly", "usesDefaultMaxTimeMS", "mayBypassWriteBlocking", "$gleStats",
+     "$configTime", "$topologyTime", "readOnly", "$traceCtx"}
+)
+
+
 @command("find", primary=True, in_transaction=True)
 def find(ctx: Context) -> dict[str, Any]:
+    for field in ctx.cmd:
+        if field not in _FIND_FIELDS and field not in GENERIC_ARGUMENTS:
+            raise command_error((40415, "Location40415"), f"BSON field 'find.{field}' is an unknown field.")
     name = ctx.collection_name()
     check_namespace(ctx.db, name)
     cmd = ctx.cmd
