@@ -332,6 +332,17 @@ def merge_current_state(
         .whenNotMatchedInsert(condition="NOT s.deleted", values=assignments)
         .execute()
     )
+    if changes is not None:
+        # Keys whose changelog rows were all replaced away (a re-written landing file without them)
+        # have no winner row above; with no record left they must leave current_state too.
+        orphans = keys.join(relevant.select(*_KEY).distinct(), list(_KEY), "left_anti")
+        if not orphans.isEmpty():
+            (
+                target.alias("t")
+                .merge(orphans.alias("o"), f"{in_scope} AND t.collection = o.collection AND t._id = o._id")
+                .whenMatchedDelete()
+                .execute()
+            )
     state = spark.read.format("delta").load(state_location).where(F.col("collection").isin(names))
     result.rows = {r["collection"]: int(r["count"]) for r in state.groupBy("collection").count().collect()}
     for name in names:
