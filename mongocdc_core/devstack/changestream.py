@@ -44,6 +44,7 @@ from mongocdc_core.devstack.errors import (
     CommandError,
     command_error,
 )
+from mongocdc_core.devstack.matching import bson_type_name
 from mongocdc_core.devstack.oplog import Oplog, ts_key
 from mongocdc_core.devstack.oplog_diff import update_description
 
@@ -140,7 +141,7 @@ def parse_spec(spec: Any) -> StreamSpec:
         if not isinstance(value, bool):
             raise command_error(
                 TYPE_MISMATCH,
-                f"BSON field '$changeStream.{key}' is the wrong type '{_type_name(value)}', expected type 'bool'",
+                f"BSON field '$changeStream.{key}' is the wrong type '{bson_type_name(value)}', expected type 'bool'",
             )
         flags[key] = value
     given = [k for k in ("resumeAfter", "startAfter", "startAtOperationTime") if k in spec]
@@ -154,7 +155,7 @@ def parse_spec(spec: Any) -> StreamSpec:
         if not isinstance(resume_token, Mapping):
             raise command_error(
                 TYPE_MISMATCH,
-                f"BSON field '$changeStream.{given[0]}' is the wrong type '{_type_name(resume_token)}', "
+                f"BSON field '$changeStream.{given[0]}' is the wrong type '{bson_type_name(resume_token)}', "
                 "expected type 'object'",
             )
         resume = rt.decode(resume_token)
@@ -170,7 +171,7 @@ def parse_spec(spec: Any) -> StreamSpec:
             raise command_error(
                 TYPE_MISMATCH,
                 "BSON field '$changeStream.startAtOperationTime' is the wrong type "
-                f"'{_type_name(start_at)}', expected type 'timestamp'",
+                f"'{bson_type_name(start_at)}', expected type 'timestamp'",
             )
     return StreamSpec(
         full_document=full_document,
@@ -189,29 +190,13 @@ def _enum(spec: Mapping[str, Any], key: str, allowed: Sequence[str]) -> str:
     if not isinstance(value, str):
         raise command_error(
             TYPE_MISMATCH,
-            f"BSON field '$changeStream.{key}' is the wrong type '{_type_name(value)}', expected type 'string'",
+            f"BSON field '$changeStream.{key}' is the wrong type '{bson_type_name(value)}', expected type 'string'",
         )
     if value not in allowed:
         raise command_error(
             BAD_VALUE, f"Enumeration value '{value}' for field '$changeStream.{key}' is not a valid value."
         )
     return value
-
-
-def _type_name(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "double"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, Mapping):
-        return "object"
-    if isinstance(value, list):
-        return "array"
-    return type(value).__name__
 
 
 def open_change_stream(

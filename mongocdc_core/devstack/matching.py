@@ -248,7 +248,7 @@ def _parse_expression(parser: Any, expression: Any) -> Any:
         if value is None or value is mm_filtering.NOTHING:
             return None
         if not isinstance(value, Mapping):
-            raise command_error((31393, "Location31393"), f"$bsonSize requires a document input, found: {_type_name(value)}")
+            raise command_error((31393, "Location31393"), f"$bsonSize requires a document input, found: {bson_type_name(value)}")
         return len(bson.encode(value))
     return _mongomock_parse(parser, expression)
 
@@ -602,7 +602,8 @@ def _put_in(parent: Any, key: str, value: Any) -> None:
         parent[key] = value
 
 
-def _type_name(value: Any) -> str:
+def bson_type_name(value: Any) -> str:
+    """mongod's name for a value's BSON type, as its error messages write it."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -688,7 +689,7 @@ def _apply_one(op: str, doc: dict[str, Any], parts: list[str], value: Any, ctx: 
                 current.pop(-1 if value == 1 else 0)
         elif op == "$pullAll":
             if not isinstance(value, list):
-                raise command_error(BAD_VALUE, f"$pullAll requires an array argument but was given a {_type_name(value)}")
+                raise command_error(BAD_VALUE, f"$pullAll requires an array argument but was given a {bson_type_name(value)}")
             keys = {bson_sort_key(v) for v in value}
             current[:] = [item for item in current if bson_sort_key(item) not in keys]
         else:
@@ -708,7 +709,7 @@ def _apply_one(op: str, doc: dict[str, Any], parts: list[str], value: Any, ctx: 
             raise command_error(
                 TYPE_MISMATCH,
                 f"Cannot apply {op} to a value of non-numeric type. {{_id: {ctx.doc_id!r}}} has the field "
-                f"'{parts[-1]}' of non-numeric type {_type_name(current)}",
+                f"'{parts[-1]}' of non-numeric type {bson_type_name(current)}",
             )
         else:
             base = current
@@ -739,7 +740,7 @@ def _apply_one(op: str, doc: dict[str, Any], parts: list[str], value: Any, ctx: 
         elif not isinstance(current, list):
             raise command_error(
                 BAD_VALUE,
-                f"The field '{path}' must be an array but is of type {_type_name(current)} in document {{_id: {ctx.doc_id!r}}}",
+                f"The field '{path}' must be an array but is of type {bson_type_name(current)} in document {{_id: {ctx.doc_id!r}}}",
             )
         if op == "$push":
             if isinstance(value, Mapping) and "$each" in value:
@@ -756,7 +757,7 @@ def _apply_one(op: str, doc: dict[str, Any], parts: list[str], value: Any, ctx: 
             raise command_error(BAD_VALUE, "$bit should be a document with at least one of and/or/xor")
         result_value = 0 if current is _MISSING else current
         if not isinstance(result_value, int) or isinstance(result_value, bool):
-            raise command_error(BAD_VALUE, f"Cannot apply $bit to a value of non-integral type.{{_id: {ctx.doc_id!r}}} has the field {parts[-1]} of non-integer type {_type_name(result_value)}")
+            raise command_error(BAD_VALUE, f"Cannot apply $bit to a value of non-integral type.{{_id: {ctx.doc_id!r}}} has the field {parts[-1]} of non-integer type {bson_type_name(result_value)}")
         for kind, operand in value.items():
             if kind == "and":
                 result_value &= operand

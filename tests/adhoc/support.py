@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -12,9 +11,9 @@ from bson import Timestamp
 from pymongo import MongoClient
 
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.engine import Engine, RunSummary
 from mongocdc_core.events.records import Record
 from mongocdc_core.replay import Replayer
+from tests.engine.engine_support import Background
 
 
 class MemorySink:
@@ -85,38 +84,6 @@ def cluster_time(client: MongoClient[Any]) -> Timestamp:
     ts = client.admin.command("ping")["operationTime"]
     assert isinstance(ts, Timestamp)
     return ts
-
-
-class Background:
-    """An engine running on a thread until ``stop()``; its error, if any, is raised by ``check``."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.summary: RunSummary | None = None
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.summary = self.engine.run()
-        except BaseException as exc:
-            self.error = exc
-
-    def start(self) -> Background:
-        self._thread.start()
-        return self
-
-    def check(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    def stop(self, timeout: float = 30) -> RunSummary:
-        self.engine.stop()
-        self._thread.join(timeout)
-        assert not self._thread.is_alive(), "engine did not stop"
-        self.check()
-        assert self.summary is not None
-        return self.summary
 
 
 def wait_for(predicate: Callable[[], bool], engine: Background | None = None, timeout: float = 30) -> None:

@@ -99,7 +99,7 @@ class Background:
         if self.error is not None:
             raise self.error
 
-    def stop(self, timeout: float = 30) -> RunSummary:
+    def stop(self, timeout: float = 60) -> RunSummary:
         self.engine.stop()
         self._thread.join(timeout)
         assert not self._thread.is_alive(), "engine did not stop"

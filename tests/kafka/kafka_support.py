@@ -18,7 +18,6 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.dispatcher import ProgressListener
-from mongocdc_core.engine import Engine, RunSummary
 from mongocdc_core.positions import Position
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -134,39 +133,6 @@ class StreamingStarted(ProgressListener):
 
     def streaming_started(self, position: Position | None) -> None:
         self.started.set()
-
-
-class Background:
-    """Runs an engine on a thread until ``stop()``; keeps its summary or error."""
-
-    def __init__(self, engine: Engine, **run_kwargs: Any) -> None:
-        self.engine = engine
-        self.summary: RunSummary | None = None
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, kwargs=run_kwargs, daemon=True)
-
-    def _run(self, **kwargs: Any) -> None:
-        try:
-            self.summary = self.engine.run(**kwargs)
-        except BaseException as exc:
-            self.error = exc
-
-    def start(self) -> Background:
-        self._thread.start()
-        return self
-
-    def check(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    def stop(self, timeout: float = 60) -> RunSummary:
-        self.engine.stop()
-        self._thread.join(timeout)
-        assert not self._thread.is_alive(), "engine did not stop"
-        if self.error is not None:
-            raise self.error
-        assert self.summary is not None
-        return self.summary
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 30, interval: float = 0.05, what: str = "") -> None:

@@ -14,8 +14,8 @@ from mongocdc_core.devstack.kafka_broker import KafkaBroker
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import FileOffsetStore
 from mongocdc_core.sinks.kafka import KafkaSink
+from tests.engine.engine_support import Background
 from tests.kafka.kafka_support import (
-    Background,
     ConnectorProcess,
     StreamingStarted,
     data_events,

@@ -22,8 +22,8 @@ from mongocdc_core.sinks.base import SinkError
 from mongocdc_core.sinks.factory import open_sink
 from mongocdc_core.sinks.jsonl import JsonlSink
 from mongocdc_core.sinks.kafka import KafkaSink, KafkaSinkSettings
+from tests.engine.engine_support import Background
 from tests.kafka.kafka_support import (
-    Background,
     StreamingStarted,
     by_key,
     list_topics,
