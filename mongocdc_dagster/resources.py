@@ -46,6 +46,10 @@ class MongoCdcResource(ConfigurableResource):  # type: ignore[misc]
         """Where one snapshot partition's single Parquet file lives."""
         return self.landing_dir / "snapshot" / namespace / f"{name}.parquet"
 
+    def incremental_snapshot_path(self, namespace: str, name: str) -> Path:
+        """Where one incremental snapshot partition's single Parquet file lives."""
+        return self.landing_dir / "incremental_snapshot" / namespace / f"{name}.parquet"
+
     def slice_path(self, namespace: str, window_start: datetime) -> Path:
         """Where one stream slice's single Parquet file lives (no ':' so Hadoop paths accept it)."""
         return self.landing_dir / "stream_slice" / namespace / f"{window_start.strftime('%Y%m%dT%H%M%SZ')}.parquet"

@@ -12,6 +12,7 @@ definition time and cannot resolve them from strings.
 import hashlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -98,8 +99,18 @@ def snapshot_file_name(filter_text: str | None) -> str:
     return "filtered-" + hashlib.sha1(filter_text.strip().encode()).hexdigest()[:12]
 
 
-def _open_sinks(parquet: ParquetSink, kafka: MongoCdcKafkaResource, cfg: ConnectorConfig) -> Sink:
-    return TeeSink([parquet, kafka.open_sink(cfg)]) if kafka.enabled else parquet
+@contextmanager
+def _landing_sink(path: Path, kafka: MongoCdcKafkaResource, cfg: ConnectorConfig) -> Iterator[Sink]:
+    """A partition's single landing file (and Kafka when configured): moved into place when the block
+    succeeds, discarded when it fails, so a failed run never replaces the previous file."""
+    parquet = ParquetSink.to_file(path)
+    sink: Sink = TeeSink([parquet, kafka.open_sink(cfg)]) if kafka.enabled else parquet
+    try:
+        yield sink
+        sink.close()
+    except BaseException:
+        parquet.abort()
+        raise
 
 
 def _require_captured(mongocdc: MongoCdcResource, cfg: ConnectorConfig, namespace: str) -> None:
@@ -224,17 +235,11 @@ def build_cdc_assets(
         _require_captured(mongocdc, cfg_now, namespace)
         filter_doc = parse_filter(config.filter)
         path = mongocdc.snapshot_path(namespace, snapshot_file_name(config.filter))
-        parquet = ParquetSink.to_file(path)
-        sink = _open_sinks(parquet, kafka, cfg_now)
         context.log.info(f"blocking snapshot of {namespace} into {path}" + (f" with filter {config.filter}" if filter_doc else ""))
-        try:
+        with _landing_sink(path, kafka, cfg_now) as sink:
             result = api.snapshot_collection(
                 cfg_now, namespace, sink, filter=filter_doc, progress=RunLogProgress(context.log)
             )
-            sink.close()
-        except BaseException:
-            parquet.abort()
-            raise
         yield MaterializeResult(
             asset_key=snap_key,
             metadata={
@@ -273,20 +278,14 @@ def build_cdc_assets(
         cfg_now = mongocdc.load_config()
         _require_captured(mongocdc, cfg_now, namespace)
         filter_doc = parse_filter(config.filter)
-        path = mongocdc.landing_dir / "incremental_snapshot" / namespace / f"{snapshot_file_name(config.filter)}.parquet"
-        parquet = ParquetSink.to_file(path)
-        sink = _open_sinks(parquet, kafka, cfg_now)
+        path = mongocdc.incremental_snapshot_path(namespace, snapshot_file_name(config.filter))
         context.log.info(f"incremental snapshot of {namespace} into {path}" + (f" with filter {config.filter}" if filter_doc else ""))
-        try:
+        with _landing_sink(path, kafka, cfg_now) as sink:
             # No state file: a retried run copies the collection again into a new file, so the landed file is
             # always one whole snapshot (resuming would land only the chunks after the failure).
             result = api.incremental_snapshot_collection(
                 cfg_now, namespace, sink, filter=filter_doc, progress=RunLogProgress(context.log)
             )
-            sink.close()
-        except BaseException:
-            parquet.abort()
-            raise
         end = result.end_position or Position.from_timestamp(api.current_cluster_time(cfg_now))
         yield MaterializeResult(
             asset_key=inc_key,
@@ -326,24 +325,18 @@ def build_cdc_assets(
         start = Timestamp(int(window.start.timestamp()), 0)
         end = Timestamp(int(window.end.timestamp()), 0)
         path = mongocdc.slice_path(namespace, window.start)
-        parquet = ParquetSink.to_file(path)
-        sink = _open_sinks(parquet, kafka, cfg_now)
         context.log.info(f"stream slice of {namespace} over [{window.start.isoformat()}, {window.end.isoformat()}) into {path}")
         started = time.monotonic()
-        try:
-            result = api.stream_window(cfg_now, namespace, start, end, sink, progress=RunLogProgress(context.log))
-            sink.close()
-        except api.HistoryLostError as exc:
-            parquet.abort()
-            raise Failure(
-                description=f"history lost for {namespace} window {window_key}: {exc}",
-                metadata={"collection": namespace, "window": window_key,
-                          "remedy": "snapshot the collection again (the oplog no longer holds this window)"},
-                allow_retries=False,
-            ) from exc
-        except BaseException:
-            parquet.abort()
-            raise
+        with _landing_sink(path, kafka, cfg_now) as sink:
+            try:
+                result = api.stream_window(cfg_now, namespace, start, end, sink, progress=RunLogProgress(context.log))
+            except api.HistoryLostError as exc:
+                raise Failure(
+                    description=f"history lost for {namespace} window {window_key}: {exc}",
+                    metadata={"collection": namespace, "window": window_key,
+                              "remedy": "snapshot the collection again (the oplog no longer holds this window)"},
+                    allow_retries=False,
+                ) from exc
         lag = (datetime.now(UTC) - window.end).total_seconds()
         yield MaterializeResult(
             asset_key=slice_key,
