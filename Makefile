@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-KAFKA_POM := mongocdc_core/devstack/kafka/pom.xml
+KAFKA_POM := mongocdc_devstack/kafka/pom.xml
 KAFKA_JARS := .jars/kafka
 KAFKA_STAMP := $(KAFKA_JARS)/.complete
 SPARK_JARS_DIR := .jars/spark
@@ -58,7 +58,7 @@ dev: setup
 	$(PY) -m mongocdc_dagster.local_stack
 
 demo: setup
-	$(PY) -m mongocdc_core.demo
+	$(PY) -m mongocdc_devstack.demo
 
 bench: setup
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done

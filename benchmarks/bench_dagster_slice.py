@@ -27,7 +27,7 @@ from rich.table import Table
 
 from mongocdc_core import api
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.devstack.fixture import EmulatedReplicaSet
+from mongocdc_devstack.fixture import EmulatedReplicaSet
 from mongocdc_core.sinks.parquet import ParquetSink
 from mongocdc_dagster.assets.cdc import build_cdc_assets
 from mongocdc_dagster.partitions import COLLECTIONS_PARTITIONS_NAME, CdcPartitions

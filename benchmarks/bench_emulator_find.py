@@ -21,7 +21,7 @@ from pymongo import MongoClient
 from rich.console import Console
 from rich.table import Table
 
-from mongocdc_core.devstack.fixture import EmulatedReplicaSet
+from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 
 def _documents(count: int) -> list[dict[str, object]]:

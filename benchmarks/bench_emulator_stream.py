@@ -26,7 +26,7 @@ from pymongo import InsertOne, MongoClient, UpdateOne
 from rich.console import Console
 from rich.table import Table
 
-from mongocdc_core.devstack.fixture import EmulatedReplicaSet
+from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 WORKLOADS = ("insert", "update", "transaction")
 BATCH = 5000

@@ -18,7 +18,7 @@ from typing import Any
 from pymongo import MongoClient
 
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.devstack.fixture import EmulatedReplicaSet
+from mongocdc_devstack.fixture import EmulatedReplicaSet
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import MemoryOffsetStore, Offset
 from mongocdc_core.positions import Position, decode_resume_token_timestamp

@@ -26,7 +26,7 @@ from rich.table import Table
 
 from mongocdc_core.api import snapshot_collection
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.devstack.fixture import EmulatedReplicaSet
+from mongocdc_devstack.fixture import EmulatedReplicaSet
 from mongocdc_core.events.records import Record
 from mongocdc_core.source.incremental import incremental_snapshot_collection
 

@@ -20,7 +20,7 @@ from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.dispatcher import ProgressListener
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import OffsetError
-from mongocdc_core.offsets_factory import open_offset_store
+from mongocdc_core.offsets import open_offset_store
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.base import SinkError
 from mongocdc_core.sinks.factory import open_sink

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     # The emulator gets its own session so a Ctrl-C reaches Dagster only; it is stopped after Dagster exits,
     # letting sensors finish their calls while Dagster shuts down.
     emulator = subprocess.Popen(
-        [sys.executable, "-m", "mongocdc_core.devstack.server", "--port", str(args.port),
+        [sys.executable, "-m", "mongocdc_devstack.server", "--port", str(args.port),
          "--replset", REPLICA_SET, "--dbpath", str(LOCAL_DIR / "mongo")],
         cwd=REPO_ROOT, start_new_session=True,
     )

@@ -15,7 +15,7 @@ import pytest
 from pymongo import MongoClient
 from pymongo.database import Database
 
-from mongocdc_core.devstack.fixture import EmulatedReplicaSet
+from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 REAL_URI_ENV = "MONGOCDC_TEST_MONGODB_URI"
 

@@ -93,7 +93,7 @@ def test_sigterm_stops_gracefully_and_restart_continues(tmp_path: Path, mongo_ur
 @pytest.mark.slow
 def test_demo_rebuilds_the_source(tmp_path: Path) -> None:
     result = subprocess.run(
-        [PY, "-m", "mongocdc_core.demo", "--home", str(tmp_path / "demo"), "--steps", "60"],
+        [PY, "-m", "mongocdc_devstack.demo", "--home", str(tmp_path / "demo"), "--steps", "60"],
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -19,8 +19,8 @@ from pymongo import MongoClient
 from pymongo.collection import Collection
 from pymongo.database import Database
 
-from mongocdc_core.devstack import changestream
-from mongocdc_core.devstack.fixture import EmulatedReplicaSet
+from mongocdc_devstack import changestream
+from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 pytestmark = pytest.mark.fault
 

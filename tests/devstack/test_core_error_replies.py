@@ -15,7 +15,7 @@ import pytest
 from pymongo import MongoClient
 from pymongo.errors import NotPrimaryError, OperationFailure
 
-from mongocdc_core.devstack.fixture import EmulatedReplicaSet
+from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 pytestmark = pytest.mark.fault
 

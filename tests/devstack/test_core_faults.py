@@ -10,7 +10,7 @@ from bson import Timestamp
 from pymongo import MongoClient
 from pymongo.errors import AutoReconnect, NotPrimaryError, OperationFailure
 
-from mongocdc_core.devstack.fixture import EmulatedReplicaSet
+from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 pytestmark = pytest.mark.fault
 

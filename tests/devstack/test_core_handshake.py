@@ -13,7 +13,7 @@ from pymongo import MongoClient
 from pymongo.database import Database
 from pymongo.errors import OperationFailure
 
-from mongocdc_core.devstack.wire import crc32c
+from mongocdc_devstack.wire import crc32c
 
 from .core_helpers import op_msg, recv_message, reply_document
 

@@ -10,8 +10,8 @@ import pytest
 from pymongo import MongoClient
 from pymongo.errors import DuplicateKeyError
 
-from mongocdc_core.devstack.fixture import EmulatedReplicaSet
-from mongocdc_core.devstack.persistence import JOURNAL
+from mongocdc_devstack.fixture import EmulatedReplicaSet
+from mongocdc_devstack.persistence import JOURNAL
 
 pytestmark = pytest.mark.fault
 

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mongocdc_core.devstack.oplog_diff import (
+from mongocdc_devstack.oplog_diff import (
     _DescriptionBuilder,
     compute_diff,
     strict_equal,

@@ -10,8 +10,8 @@ from bson import Binary, Int64, ObjectId, Timestamp
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mongocdc_core.devstack import resume_token as rt
-from mongocdc_core.devstack.errors import CommandError
+from mongocdc_devstack import resume_token as rt
+from mongocdc_devstack.errors import CommandError
 
 UUID = uuid.UUID("12345678-1234-5678-1234-567812345678")
 

@@ -25,7 +25,7 @@ import orjson
 import pytest
 from pymongo.database import Database
 
-from mongocdc_core.devstack.fixture import EmulatedReplicaSet
+from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 DRIVERS_DIR = Path(__file__).resolve().parent
 JAVA_JAR = DRIVERS_DIR / "java" / "target" / "driver-check.jar"

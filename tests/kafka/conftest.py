@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mongocdc_core.devstack.kafka_broker import KafkaBroker, KafkaBrokerError, check_jars, default_jars_dir
+from mongocdc_devstack.kafka_broker import KafkaBroker, KafkaBrokerError, check_jars, default_jars_dir
 
 
 @pytest.fixture(scope="session")

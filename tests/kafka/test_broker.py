@@ -17,8 +17,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from mongocdc_core.devstack import kafka_broker as kb
-from mongocdc_core.devstack.kafka_broker import KafkaBroker, KafkaBrokerError
+from mongocdc_devstack import kafka_broker as kb
+from mongocdc_devstack.kafka_broker import KafkaBroker, KafkaBrokerError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 END = b"__end__"
@@ -258,7 +258,7 @@ def test_cli_runs_in_foreground_until_sigterm(tmp_path: Path, kafka_broker: Kafk
         [
             sys.executable,
             "-m",
-            "mongocdc_core.devstack.kafka_broker",
+            "mongocdc_devstack.kafka_broker",
             "--port",
             str(port),
             "--data-dir",
@@ -294,7 +294,7 @@ def test_cli_reports_a_taken_port(held_port: int, tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "mongocdc_core.devstack.kafka_broker",
+            "mongocdc_devstack.kafka_broker",
             "--port",
             str(held_port),
             "--data-dir",

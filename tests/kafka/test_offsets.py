@@ -13,8 +13,8 @@ from pymongo.database import Database
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import FileOffsetStore, Offset, OffsetError, SnapshotState
-from mongocdc_core.offsets_factory import open_offset_store
-from mongocdc_core.offsets_kafka import DEFAULT_OFFSETS_TOPIC, KafkaOffsetStore
+from mongocdc_core.offsets import open_offset_store
+from mongocdc_core.offsets.kafka import DEFAULT_OFFSETS_TOPIC, KafkaOffsetStore
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.factory import open_sink
 from mongocdc_core.sinks.jsonl import JsonlSink

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from mongocdc_core.devstack.kafka_broker import KafkaBroker, KafkaBrokerError, check_jars, default_jars_dir
+from mongocdc_devstack.kafka_broker import KafkaBroker, KafkaBrokerError, check_jars, default_jars_dir
 from mongocdc_core.tables.session import spark_session
 
 

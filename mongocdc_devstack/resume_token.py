@@ -26,7 +26,7 @@ from typing import Any
 from bson import Binary, Code, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.datetime_ms import DatetimeMS
 
-from mongocdc_core.devstack.errors import FAILED_TO_PARSE, INVALID_RESUME_TOKEN, CommandError, command_error
+from mongocdc_devstack.errors import FAILED_TO_PARSE, INVALID_RESUME_TOKEN, CommandError, command_error
 
 TOKEN_VERSION = 2
 EVENT_TOKEN = 128

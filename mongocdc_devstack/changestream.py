@@ -29,8 +29,8 @@ from bson import Int64, Timestamp
 from bson.binary import UuidRepresentation
 from bson.codec_options import CodecOptions
 
-from mongocdc_core.devstack import resume_token as rt
-from mongocdc_core.devstack.errors import (
+from mongocdc_devstack import resume_token as rt
+from mongocdc_devstack.errors import (
     BAD_VALUE,
     BSON_OBJECT_TOO_LARGE,
     CHANGE_STREAM_FATAL_ERROR,
@@ -44,9 +44,9 @@ from mongocdc_core.devstack.errors import (
     CommandError,
     command_error,
 )
-from mongocdc_core.devstack.matching import bson_type_name
-from mongocdc_core.devstack.oplog import Oplog, ts_key
-from mongocdc_core.devstack.oplog_diff import update_description
+from mongocdc_devstack.matching import bson_type_name
+from mongocdc_devstack.oplog import Oplog, ts_key
+from mongocdc_devstack.oplog_diff import update_description
 
 CODEC_OPTIONS: CodecOptions[Any] = CodecOptions(uuid_representation=UuidRepresentation.STANDARD, tz_aware=True)
 

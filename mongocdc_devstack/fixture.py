@@ -1,7 +1,7 @@
 """Start and stop an emulated replica set from tests, demos and benchmarks.
 
 ``EmulatedReplicaSet`` runs the emulator either in this process (background threads, fastest)
-or as a separate ``python -m mongocdc_core.devstack.server`` process, which cross-process tests
+or as a separate ``python -m mongocdc_devstack.server`` process, which cross-process tests
 and crash tests (``kill()`` sends SIGKILL) need. ``start()`` after ``stop()``/``kill()`` reuses
 the same port and dbpath, so a restarted server looks like the same mongod to clients.
 """
@@ -83,7 +83,7 @@ class EmulatedReplicaSet:
 
     def _start_process(self) -> None:
         command = [
-            sys.executable, "-m", "mongocdc_core.devstack.server", "--host", self.host, "--port", str(self.port),
+            sys.executable, "-m", "mongocdc_devstack.server", "--host", self.host, "--port", str(self.port),
             "--replset", self.replset, "--oplog-size-mb", str(self.oplog_size_mb),
             "--noop-interval", str(self.noop_interval),
         ]  # fmt: skip

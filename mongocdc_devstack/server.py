@@ -5,7 +5,7 @@ machines). pymongo and the official drivers connect to it over TCP exactly as to
 ``?replicaSet=<name>``. One thread serves each connection; all data lives in ``ServerState``.
 
 Run it with ``mongocdc emulator --port 27017 --replset rs0`` or
-``python -m mongocdc_core.devstack.server --port 27017``.
+``python -m mongocdc_devstack.server --port 27017``.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from mongocdc_core.offsets import Offset, OffsetError
+from mongocdc_core.offsets.model import Offset, OffsetError
 from mongocdc_core.sinks.base import SinkError
 from mongocdc_core.sinks.kafka import KafkaSink, admin_config, connector_name, create_topics
 

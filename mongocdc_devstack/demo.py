@@ -25,8 +25,8 @@ from rich.console import Console
 from rich.table import Table
 
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.devstack import inventory
-from mongocdc_core.devstack.fixture import EmulatedReplicaSet
+from mongocdc_devstack import inventory
+from mongocdc_devstack.fixture import EmulatedReplicaSet
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import FileOffsetStore
 from mongocdc_core.replay import Replayer, differences

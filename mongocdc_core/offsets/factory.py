@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mongocdc_core.offsets import FileOffsetStore, OffsetStore
+from mongocdc_core.offsets.file import FileOffsetStore
+from mongocdc_core.offsets.model import OffsetStore
 
 OFFSET_FORMS = "PATH, file:PATH or kafka:HOST:PORT[/TOPIC]"
 
@@ -23,7 +24,7 @@ def open_offset_store(spec: str, cfg: Any = None, sink: Any = None) -> OffsetSto
         raise ValueError(f"empty offset store; expected {OFFSET_FORMS}")
     transactional = isinstance(sink, KafkaSink) and sink.transactional
     if spec.startswith("kafka:"):
-        from mongocdc_core.offsets_kafka import kafka_offset_store, parse_kafka_spec
+        from mongocdc_core.offsets.kafka import kafka_offset_store, parse_kafka_spec
 
         target = spec.removeprefix("kafka:")
         if transactional:
