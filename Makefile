@@ -49,8 +49,8 @@ test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 lint: setup
-	$(PY) -m ruff check mongocdc_core mongocdc_dagster tests benchmarks
-	$(PY) -m mypy mongocdc_core mongocdc_dagster
+	$(PY) -m ruff check mongocdc_core mongocdc_dagster mongocdc_devstack tests benchmarks
+	$(PY) -m mypy mongocdc_core mongocdc_dagster mongocdc_devstack
 
 # Local stack: emulated replica set on 127.0.0.1:27117 (data in .local/mongo), demo data when empty,
 # and `dagster dev` on http://127.0.0.1:3000 with DAGSTER_HOME=.local/dagster. Ctrl-C stops everything.

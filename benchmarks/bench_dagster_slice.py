@@ -27,12 +27,12 @@ from rich.table import Table
 
 from mongocdc_core import api
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_devstack.fixture import EmulatedReplicaSet
 from mongocdc_core.sinks.parquet import ParquetSink
 from mongocdc_dagster.assets.cdc import build_cdc_assets
 from mongocdc_dagster.partitions import COLLECTIONS_PARTITIONS_NAME, CdcPartitions
 from mongocdc_dagster.resources import MongoCdcKafkaResource, MongoCdcResource
 from mongocdc_dagster.settings import CdcSettings
+from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 ROUNDS = 3  # best of three for each path: the change stream's polling makes single runs noisy
 

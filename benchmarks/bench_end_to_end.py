@@ -18,12 +18,12 @@ from typing import Any
 from pymongo import MongoClient
 
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_devstack.fixture import EmulatedReplicaSet
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import MemoryOffsetStore, Offset
 from mongocdc_core.positions import Position, decode_resume_token_timestamp
 from mongocdc_core.sinks.jsonl import JsonlSink
 from mongocdc_core.source.stream import build_pipeline, watch_options
+from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 
 def _config(uri: str) -> ConnectorConfig:

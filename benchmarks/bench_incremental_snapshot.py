@@ -26,9 +26,9 @@ from rich.table import Table
 
 from mongocdc_core.api import snapshot_collection
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_devstack.fixture import EmulatedReplicaSet
 from mongocdc_core.events.records import Record
 from mongocdc_core.source.incremental import incremental_snapshot_collection
+from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 NAMESPACE = "bench.items"
 

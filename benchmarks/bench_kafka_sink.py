@@ -31,12 +31,12 @@ from rich.console import Console
 from rich.table import Table
 
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_devstack.fixture import EmulatedReplicaSet
-from mongocdc_devstack.kafka_broker import KafkaBroker
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import FileOffsetStore
 from mongocdc_core.sinks.jsonl import JsonlSink
 from mongocdc_core.sinks.kafka import KafkaSink, KafkaSinkSettings
+from mongocdc_devstack.fixture import EmulatedReplicaSet
+from mongocdc_devstack.kafka_broker import KafkaBroker
 
 
 def _config(uri: str, prefix: str) -> ConnectorConfig:

@@ -19,8 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.dispatcher import ProgressListener
 from mongocdc_core.engine import Engine
-from mongocdc_core.offsets import OffsetError
-from mongocdc_core.offsets import open_offset_store
+from mongocdc_core.offsets import OffsetError, open_offset_store
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.base import SinkError
 from mongocdc_core.sinks.factory import open_sink

@@ -25,8 +25,6 @@ from rich.console import Console
 from rich.table import Table
 
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_devstack import inventory
-from mongocdc_devstack.fixture import EmulatedReplicaSet
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import FileOffsetStore
 from mongocdc_core.replay import Replayer, differences
@@ -34,6 +32,8 @@ from mongocdc_core.runner import RichProgress
 from mongocdc_core.sinks.jsonl import JsonlSink
 from mongocdc_core.sinks.parquet import ParquetSink
 from mongocdc_core.sinks.tee import TeeSink
+from mongocdc_devstack import inventory
+from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 REPO = Path(__file__).resolve().parent.parent
 TOPIC_PREFIX = "demo"

@@ -32,9 +32,9 @@ from pymongo import MongoClient
 
 from mongocdc_core import api
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_devstack.fixture import EmulatedReplicaSet, free_port
 from mongocdc_dagster import local_stack
 from mongocdc_dagster.partitions import COLLECTIONS_PARTITIONS_NAME
+from mongocdc_devstack.fixture import EmulatedReplicaSet, free_port
 from tests.dagster.cdc_helpers import write_config
 
 pytestmark = pytest.mark.slow

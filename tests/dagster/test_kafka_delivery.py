@@ -14,8 +14,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from dagster import DagsterInstance, materialize
 
-from mongocdc_devstack.kafka_broker import KafkaBroker, KafkaBrokerError, check_jars, default_jars_dir
 from mongocdc_dagster.resources import MongoCdcKafkaResource
+from mongocdc_devstack.kafka_broker import KafkaBroker, KafkaBrokerError, check_jars, default_jars_dir
 from tests.dagster.cdc_helpers import CdcEnv, materialization_metadata, register
 
 

@@ -320,9 +320,9 @@ def test_metrics_file_and_summary(tmp_path: Any) -> None:
 
 
 def test_unreachable_server_fails_after_the_configured_attempts() -> None:
-    from mongocdc_devstack.fixture import free_port
     from mongocdc_core.source.connection import connect
     from mongocdc_core.source.errors import ConnectError
+    from mongocdc_devstack.fixture import free_port
 
     cfg = ConnectorConfig.from_dict(
         {

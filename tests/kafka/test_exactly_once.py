@@ -13,8 +13,7 @@ from pymongo.database import Database
 
 from mongocdc_core.engine import Engine
 from mongocdc_core.events.records import Record
-from mongocdc_core.offsets import Offset
-from mongocdc_core.offsets import open_offset_store
+from mongocdc_core.offsets import Offset, open_offset_store
 from mongocdc_core.offsets.kafka import KafkaOffsetStore
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.factory import open_sink

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from pymongo.database import Database
 
-from mongocdc_devstack.kafka_broker import KafkaBroker
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import FileOffsetStore
 from mongocdc_core.sinks.kafka import KafkaSink
+from mongocdc_devstack.kafka_broker import KafkaBroker
 from tests.engine.engine_support import Background
 from tests.kafka.kafka_support import (
     ConnectorProcess,

@@ -12,8 +12,7 @@ from pymongo.database import Database
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.engine import Engine
-from mongocdc_core.offsets import FileOffsetStore, Offset, OffsetError, SnapshotState
-from mongocdc_core.offsets import open_offset_store
+from mongocdc_core.offsets import FileOffsetStore, Offset, OffsetError, SnapshotState, open_offset_store
 from mongocdc_core.offsets.kafka import DEFAULT_OFFSETS_TOPIC, KafkaOffsetStore
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.factory import open_sink

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from mongocdc_devstack.kafka_broker import KafkaBroker, KafkaBrokerError, check_jars, default_jars_dir
 from mongocdc_core.tables.session import spark_session
+from mongocdc_devstack.kafka_broker import KafkaBroker, KafkaBrokerError, check_jars, default_jars_dir
 
 
 @pytest.fixture(scope="session")
