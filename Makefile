@@ -13,7 +13,7 @@ DRIVERS_NODE := tests/drivers/node
 DRIVERS_JAR := $(DRIVERS_JAVA)/target/driver-check.jar
 DRIVERS_NODE_STAMP := $(DRIVERS_NODE)/node_modules/.installed
 
-.PHONY: setup test lint demo dev bench clean
+.PHONY: setup test test-fast lint demo dev bench clean
 
 setup: $(STAMP) $(KAFKA_STAMP) $(SPARK_JARS_STAMP) $(DRIVERS_JAR) $(DRIVERS_NODE_STAMP)
 
@@ -45,8 +45,15 @@ $(DRIVERS_NODE_STAMP): $(DRIVERS_NODE)/package.json $(DRIVERS_NODE)/package-lock
 	cd $(DRIVERS_NODE) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+# The whole suite on two workers; a file, and all Spark tests, stay on one worker each.
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
+
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PYTEST) tests
+
+# Everything that needs neither Kafka, Spark, the Dagster daemon, pymongo's suite nor Debezium.
+test-fast: setup
+	$(PYTEST) -m "not kafka and not spark and not daemon and not conformance and not compat and not slow" tests
 
 lint: setup
 	$(PY) -m ruff check mongocdc_core mongocdc_dagster mongocdc_devstack tests benchmarks

@@ -20,7 +20,21 @@ from mongocdc_devstack.fixture import EmulatedReplicaSet
 REAL_URI_ENV = "MONGOCDC_TEST_MONGODB_URI"
 
 
+#: Fixtures that put a test in a stage of its own (``make test-fast`` leaves these stages out).
+STAGE_FIXTURES = {"kafka_broker": "kafka", "kafka_bootstrap": "kafka", "spark": "spark"}
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        for fixture, marker in STAGE_FIXTURES.items():
+            if fixture in fixtures:
+                item.add_marker(marker)
+        # Under pytest-xdist (--dist loadgroup) a file stays on one worker, so its module fixtures are built
+        # once; every Spark test shares one worker, so the run starts one Spark JVM, not one per worker.
+        group = "spark" if "spark" in item.keywords else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
     if not os.environ.get(REAL_URI_ENV):
         return
     skip = pytest.mark.skip(reason=f"needs the emulator's fault injection ({REAL_URI_ENV} is set)")
