@@ -13,8 +13,9 @@ from mongocdc_core.config.specs import INT64_MAX, INTEGER, PropertySpec
 # The aggregation stages MongoDB accepts in a change stream pipeline (after $changeStream).
 CHANGE_STREAM_STAGES = ("$addFields", "$match", "$project", "$replaceRoot", "$replaceWith", "$redact", "$set",
                         "$unset")
-# Prometheus label names: the tags become labels of every metric.
+# Prometheus label names: the tags become labels of every metric, next to the exporter's own labels.
 _TAG_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+RESERVED_METRIC_LABELS = ("plugin", "context", "server", "task", "table")
 
 
 def split_list(value: str) -> tuple[str, ...]:
@@ -142,5 +143,7 @@ def parse_tags(text: str) -> dict[str, str]:
             raise Invalid(f"tag name {key!r} must start with a letter and use only letters, digits and '_'")
         if key in tags:
             raise Invalid(f"tag {key!r} is given twice")
+        if key in RESERVED_METRIC_LABELS:
+            raise Invalid(f"tag {key!r} is set by the connector itself (reserved: {', '.join(RESERVED_METRIC_LABELS)})")
         tags[key] = value
     return tags
