@@ -49,6 +49,11 @@ AGGREGATE_SIGNAL = "Signal"
 QUOTE_LIMIT = 200
 #: The longest reason a rejection notification or log line carries.
 REASON_LIMIT = 2000
+#: Longest ``data-collections`` entry (a namespace is at most 255 bytes): compiling a pattern of
+#: megabytes would hold the stream for minutes.
+MAX_PATTERN_LENGTH = 1024
+#: Longest filter in the simple ``field='value' AND ...`` form; larger filters are query documents.
+MAX_SIMPLE_FILTER_LENGTH = 64 * 1024
 
 
 def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
@@ -200,6 +205,8 @@ def collection_pattern(entry: str) -> re.Pattern[str]:
     text = entry.strip()
     if not text:
         raise SignalError("data-collections entries must be non-empty strings")
+    if len(text) > MAX_PATTERN_LENGTH:
+        raise SignalError(f"data-collections entry {quote(text)} is longer than {MAX_PATTERN_LENGTH} characters")
     if text.startswith('"'):
         parts = _quoted_parts(entry, text)
         text = r"\.".join(re.escape(p) for p in parts)
@@ -292,6 +299,9 @@ def parse_filter(value: Any) -> dict[str, Any]:
         if not isinstance(parsed, dict):
             raise SignalError(f"filter {quote(text)} must be a JSON object")
         return parsed
+    if len(text) > MAX_SIMPLE_FILTER_LENGTH:
+        raise SignalError(f"filter {quote(text)} is longer than {MAX_SIMPLE_FILTER_LENGTH} characters; write a "
+                          "filter this large as a MongoDB query document")
     if re.match(r"(?i)^\s*select\b", text):
         raise SignalError(
             f"filter {quote(text)} is a SQL statement; MongoDB needs a query document such as "
