@@ -772,3 +772,27 @@ def test_repr_masks_secrets(caplog: pytest.LogCaptureFixture) -> None:
 def test_errors_do_not_echo_passwords() -> None:
     error = config_error({"mongodb.password": "topsecret-value"})
     assert "topsecret-value" not in str(error)
+
+
+def test_mongocdc_properties_are_validated_whatever_the_sink() -> None:
+    error = config_error({"mongocdc.kafka.exactly.onse": "true", "mongocdc.metrics.prot": "1"})
+    assert error.properties == ("mongocdc.kafka.exactly.onse", "mongocdc.metrics.prot")
+    assert "did you mean 'mongocdc.kafka.exactly.once'?" in str(error)
+    assert "did you mean 'mongocdc.metrics.port'?" in str(error)
+    config = cfg({"mongocdc.kafka.exactly.once": "TRUE", "mongocdc.kafka.topic.cleanup.policy": "Compact"})
+    assert config.mongocdc_kafka_exactly_once is True and config.mongocdc_kafka_topic_cleanup_policy == "compact"
+
+
+def test_change_stream_pipeline_stages_are_checked() -> None:
+    allowed = cfg({"cursor.pipeline": '[{"$match": {"operationType": "insert"}}, {"$set": {"x": 1}}]'})
+    assert [next(iter(stage)) for stage in allowed.cursor_pipeline] == ["$match", "$set"]
+    error = config_error({"cursor.pipeline": '[{"$match": {}}, {"$out": "x"}]'})
+    assert error.properties == ("cursor.pipeline",)
+    assert "stage 2 uses '$out', which a change stream does not allow" in str(error)
+
+
+def test_snapshot_list_must_name_captured_collections() -> None:
+    ok = cfg({"collection.include.list": "inv\\..*", "snapshot.include.collection.list": "inv.orders,other\\..*"})
+    assert ok.snapshot_include_collection_list == ("inv.orders", "other\\..*")  # patterns cannot be checked
+    error = config_error({"collection.include.list": "inv\\..*", "snapshot.include.collection.list": "crm.people"})
+    assert error.properties == ("snapshot.include.collection.list",) and "crm.people" in str(error)
