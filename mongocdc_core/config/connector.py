@@ -141,6 +141,7 @@ class ConnectorConfig:
     properties: dict[str, str]
     warnings: tuple[str, ...]
     filters: CollectionFilters
+    _topics: TopicNamingStrategy
 
     _frozen: ClassVar[bool] = False
 
@@ -189,6 +190,7 @@ class ConnectorConfig:
         object.__setattr__(self, "properties", raw)
         object.__setattr__(self, "warnings", tuple(draft.warnings))
         object.__setattr__(self, "filters", filters_of(typed))
+        object.__setattr__(self, "_topics", topic_naming(self.topic_naming_strategy, self.topic_settings()))
         for message in draft.warnings:
             log.warning("%s", message)
         object.__setattr__(self, "_frozen", True)
@@ -335,8 +337,8 @@ class ConnectorConfig:
                              self.topic_transaction)
 
     def topic_naming(self) -> TopicNamingStrategy:
-        """The ``topic.naming.strategy`` in use."""
-        return topic_naming(self.topic_naming_strategy, self.topic_settings())
+        """The ``topic.naming.strategy`` in use (resolved once, when the config was validated)."""
+        return self._topics
 
     def data_topic(self, db: str, collection: str) -> str:
         """The topic of a collection's change events, as the converter names it."""
