@@ -52,8 +52,6 @@ class NotificationService:
     def __init__(self, cfg: ConnectorConfig) -> None:
         self.channels = cfg.notification_enabled_channels
         self.topic: str | None = cfg.notification_sink_topic_name
-        if "sink" in self.channels and not self.topic:
-            raise ValueError("notification.sink.topic.name is required when notification.enabled.channels includes sink")
         self.connector_name = cfg.name or cfg.topic_prefix
         self.schemas = cfg.mongocdc_schemas_enable
         self.sent: list[dict[str, Any]] = []
