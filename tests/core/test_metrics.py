@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
+import sys
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from pymongo.database import Database
 
 from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.metrics import ConnectorMetrics
@@ -45,7 +52,8 @@ def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def _labels(context: str, **extra: str) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted({"plugin": "mongodb", "server": "shop", "task": "0", "context": context, **extra}.items()))
+    labels = {"plugin": "mongodb", "server": "shop", "task": "0", "context": context}
+    return tuple(sorted({**labels, **extra}.items()))
 
 
 def test_prometheus_exporter_serves_debezium_names_and_labels_over_http() -> None:
@@ -112,3 +120,42 @@ def test_metrics_port_property() -> None:
     assert ConnectorConfig({**BASE, "mongocdc.metrics.port": "9404"}).mongocdc_metrics_port == 9404
     with pytest.raises(ConfigError, match="mongocdc.metrics.port: must be <= 65535"):
         ConnectorConfig({**BASE, "mongocdc.metrics.port": "70000"})
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_mongocdc_run_serves_metrics_while_it_streams(tmp_path: Path, mongo_uri: str, fresh_db: Database[Any]) -> None:
+    fresh_db.items.insert_one({"_id": 0})
+    port = _free_port()
+    config = tmp_path / "connector.properties"
+    config.write_text(
+        f"mongodb.connection.string={mongo_uri}\ntopic.prefix=scrape\ncollection.include.list={fresh_db.name}\\..*\n"
+        f"mongocdc.metrics.port={port}\ncustom.metric.tags=env=test\n"
+    )
+    args = ["run", "--config", str(config), "--sink", f"jsonl:{tmp_path / 'out'}",
+            "--offsets", str(tmp_path / "offsets.json"), "--no-progress"]
+    proc = subprocess.Popen([sys.executable, "-m", "mongocdc_core.cli", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and "streaming" in proc.stdout.readline()
+        fresh_db.items.insert_many([{"_id": i} for i in range(1, 4)])
+        streaming = ("debezium_metrics_TotalNumberOfEventsSeen", _labels("streaming", env="test", server="scrape"))
+        samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        deadline = time.monotonic() + 60  # a guard against hanging, not the oracle: the counts are
+        while time.monotonic() < deadline and samples.get(streaming, 0) < 3:
+            try:
+                samples = _scrape(port)
+            except urllib.error.URLError:
+                pass
+            time.sleep(0.2)
+        assert samples[streaming] == 3
+        rows = ("debezium_metrics_RowsScanned",
+                _labels("snapshot", env="test", server="scrape", table=f"{fresh_db.name}.items"))
+        assert samples[rows] == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
