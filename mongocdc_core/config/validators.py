@@ -31,7 +31,7 @@ from mongocdc_core.config.specs import (
     RENAMED_1X,
     TOPIC_CHARS,
 )
-from mongocdc_core.config.uri import uri_parts
+from mongocdc_core.config.uri import MASK, uri_parts
 from mongocdc_core.config.values import split_regex_list
 from mongocdc_core.events.naming import TopicNamingError, strategy_class
 
@@ -109,6 +109,9 @@ def connection_string(d: Draft) -> None:
         uri_parser.parse_uri(checked, validate=True, warn=False)
     except (ConfigurationError, ValueError, TypeError) as exc:
         reason = str(exc).replace(" Refer to docstring.", "")
+        password = re.match(r"^mongodb(?:\+srv)?://[^:/@]*:([^@/]*)@", uri)
+        if password and password.group(1):
+            reason = reason.replace(password.group(1), MASK)  # never echo a secret, whatever the driver says
         d.problem("mongodb.connection.string", f"is not a valid MongoDB connection string: {reason}")
 
 

@@ -796,3 +796,12 @@ def test_snapshot_list_must_name_captured_collections() -> None:
     assert ok.snapshot_include_collection_list == ("inv.orders", "other\\..*")  # patterns cannot be checked
     error = config_error({"collection.include.list": "inv\\..*", "snapshot.include.collection.list": "crm.people"})
     assert error.properties == ("snapshot.include.collection.list",) and "crm.people" in str(error)
+
+
+@pytest.mark.parametrize("uri", [
+    "mongodb://bob:topsecret-value@h:99999/",
+    "mongodb://bob:topsecret-value@h/?replicaSet=rs0&bogusOption=topsecret-value",
+])
+def test_connection_string_errors_name_the_property_without_the_password(uri: str) -> None:
+    error = config_error({"mongodb.connection.string": uri})
+    assert error.properties == ("mongodb.connection.string",) and "topsecret-value" not in str(error)
