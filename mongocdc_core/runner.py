@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.dispatcher import ProgressListener
 from mongocdc_core.engine import Engine
+from mongocdc_core.metrics.prometheus import PrometheusExporter
 from mongocdc_core.offsets import OffsetError, open_offset_store
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.base import SinkError
@@ -92,6 +93,13 @@ class RichProgress(ReadyLine):
                 self.progress.update(self._stream_task, completed=events, description=f"streaming events {detail}")
 
 
+def _port(text: str) -> int:
+    """A TCP port for ``--metrics-port``; argparse turns the error into one usage line."""
+    if not text.strip().isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port between 1 and 65535, got {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mongocdc run", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="Debezium connector JSON or .properties file")
@@ -100,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-events", type=int, default=None, help="stop after this many change events")
     parser.add_argument("--until-idle", type=float, default=None, help="stop after this many seconds without events")
     parser.add_argument("--metrics-file", default=None, help="rewrite Debezium metrics as JSON here while running")
+    parser.add_argument("--metrics-port", type=_port, default=None,
+                        help="serve the metrics in Prometheus format on this port (overrides mongocdc.metrics.port)")
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
     return parser
 
@@ -125,6 +135,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     listener = RichProgress(console) if not args.no_progress else ReadyLine()
     engine = Engine(cfg, sink, offsets, progress=listener, metrics_file=args.metrics_file)
+    port = cfg.mongocdc_metrics_port if args.metrics_port is None else args.metrics_port
+    exporter = PrometheusExporter(engine.metrics, port, tags=cfg.custom_metric_tags) if port else None
+    try:
+        if exporter is not None:
+            exporter.start()
+            console.print(f"mongocdc: metrics on http://0.0.0.0:{exporter.port}/metrics")
+    except OSError as exc:
+        sink.close()
+        offsets.close()
+        console.print(f"[red]mongocdc: --metrics-port / mongocdc.metrics.port: {exc.strerror or exc}[/red]")
+        return 2
 
     def _graceful(signum: int, frame: FrameType | None) -> None:
         console.log(f"{signal.Signals(signum).name}: stopping after the current batch")
@@ -142,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]mongocdc: {exc}[/red]")
         return 1
     finally:
+        if exporter is not None:
+            exporter.stop()
         sink.close()
         offsets.close()
     console.print(engine.metrics.summary())

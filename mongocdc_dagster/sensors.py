@@ -165,7 +165,7 @@ def build_signal_sensor(interval_s: int, assets: CdcAssets) -> SensorDefinition:
             for namespace in matched:
                 if namespace not in collections:
                     new_partitions.add(namespace)
-                filter_text = signal.conditions.get(namespace)
+                filter_text = signal.condition_for(namespace)
                 run_requests.append(RunRequest(
                     run_key=f"{signal.signal_id}:{namespace}",
                     partition_key=namespace,

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dagster import AssetKey, AssetSpec, MetadataValue
 
 from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.events.naming import TopicNamingStrategy
 
 CdcKind = Literal["snapshot", "incremental_snapshot", "stream_slice"]
 _TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -42,10 +43,11 @@ class CdcAssetProps:
     connector_name: str
     topic_prefix: str
     landing_dir: str
+    topics: TopicNamingStrategy = field(compare=False, repr=False)
 
     @classmethod
     def from_config(cls, kind: CdcKind, cfg: ConnectorConfig, landing_dir: str) -> CdcAssetProps:
-        return cls(kind, cfg.name or cfg.topic_prefix, cfg.topic_prefix, landing_dir)
+        return cls(kind, cfg.name or cfg.topic_prefix, cfg.topic_prefix, landing_dir, cfg.topic_naming())
 
 
 def _tag_value(text: str) -> str:
@@ -86,7 +88,7 @@ class MongoCdcTranslator:
     def get_collection_metadata(self, props: CdcAssetProps, namespace: str) -> Mapping[str, Any]:
         """Facts about one collection attached to each of its materialisations."""
         db, _, coll = namespace.partition(".")
-        return {"collection": namespace, "database": db, "topic": f"{props.topic_prefix}.{db}.{coll}"}
+        return {"collection": namespace, "database": db, "topic": props.topics.data_change_topic(db, coll)}
 
     def get_asset_spec(self, props: CdcAssetProps) -> AssetSpec:
         return AssetSpec(

@@ -97,9 +97,8 @@ class EventConverter:
         self._tracker = TransactionTracker(options) if options.provide_transaction_metadata else None
         self._legacy = options.event_format == "oplog_1x"
         self._skipped = options.skipped_operations
-        self.heartbeat_topic = (
-            f"{options.topic_heartbeat_prefix}{options.topic_delimiter}{options.topic_prefix}"
-        )
+        self._topics = options.topics()
+        self.heartbeat_topic = self._topics.heartbeat_topic()
         self._heartbeat_key = self._serializer.dumps(
             Serializer.schema_prefix(heartbeat_key_schema()), {"serverName": options.topic_prefix}
         )
@@ -107,11 +106,10 @@ class EventConverter:
 
     @property
     def transaction_topic(self) -> str:
-        o = self.options
-        return f"{o.topic_prefix}{o.topic_delimiter}{o.topic_transaction}"
+        return self._topics.transaction_topic()
 
     def topic_for(self, db: str, coll: str) -> str:
-        """``<topic.prefix><delimiter><db><delimiter><collection>``."""
+        """The collection's topic, as ``topic.naming.strategy`` names it."""
         return self._collection(db, coll).topic
 
     def _collection(self, db: str, coll: str) -> _Collection:
@@ -120,7 +118,7 @@ class EventConverter:
         except KeyError:
             pass
         o = self.options
-        topic = f"{o.topic_prefix}{o.topic_delimiter}{db}{o.topic_delimiter}{coll}"
+        topic = self._topics.data_change_topic(db, coll)
         schema_base = adjust_schema_name(topic, o.schema_name_adjustment_mode)
         value_schema = (envelope_schema_1x if self._legacy else envelope_schema)(f"{schema_base}.Envelope")
         ctx = _Collection(

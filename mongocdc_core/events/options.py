@@ -10,7 +10,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING
+
+from mongocdc_core.events.naming import DEFAULT_STRATEGY, TopicNamingStrategy, TopicSettings, topic_naming
+
+if TYPE_CHECKING:  # the event layer reads a config but never needs the config package at run time
+    from mongocdc_core.config import ConnectorConfig
 
 CAPTURE_MODES = (
     "change_streams",
@@ -45,6 +50,7 @@ class EventOptions:
     topic_delimiter: str = "."
     topic_transaction: str = "transaction"
     topic_heartbeat_prefix: str = "__debezium-heartbeat"
+    topic_naming_strategy: str = DEFAULT_STRATEGY
     capture_mode: str = "change_streams_update_full"
     tombstones_on_delete: bool = True
     skipped_operations: frozenset[str] = frozenset({"t"})
@@ -81,9 +87,19 @@ class EventOptions:
             raise ValueError(
                 f"skipped.operations accepts c, u, d, t or none; unknown: {', '.join(sorted(unknown))}"
             )
+        topic_naming(self.topic_naming_strategy, self.topic_settings)  # an unknown strategy fails here
         object.__setattr__(self, "skipped_operations", frozenset(self.skipped_operations) - {"none"})
         object.__setattr__(self, "field_exclude_list", tuple(self.field_exclude_list))
         object.__setattr__(self, "field_renames", tuple(self.field_renames))
+
+    @property
+    def topic_settings(self) -> TopicSettings:
+        """The ``topic.*`` options a naming strategy reads."""
+        return TopicSettings(self.topic_prefix, self.topic_delimiter, self.topic_heartbeat_prefix, self.topic_transaction)
+
+    def topics(self) -> TopicNamingStrategy:
+        """The configured topic naming strategy (``topic.naming.strategy``)."""
+        return topic_naming(self.topic_naming_strategy, self.topic_settings)
 
     @property
     def update_full(self) -> bool:
@@ -96,13 +112,16 @@ class EventOptions:
         return self.capture_mode.endswith("with_pre_image")
 
     @classmethod
-    def from_config(cls, cfg: Any, *, rs: str = "", now_ns: Callable[[], int] = time.time_ns) -> EventOptions:
+    def from_config(
+        cls, cfg: ConnectorConfig, *, rs: str = "", now_ns: Callable[[], int] = time.time_ns
+    ) -> EventOptions:
         """Read the options from a ``ConnectorConfig`` (property ``a.b.c`` is attribute ``a_b_c``)."""
         return cls(
             topic_prefix=cfg.topic_prefix,
             topic_delimiter=cfg.topic_delimiter,
             topic_transaction=cfg.topic_transaction,
             topic_heartbeat_prefix=cfg.topic_heartbeat_prefix,
+            topic_naming_strategy=cfg.topic_naming_strategy,
             capture_mode=cfg.capture_mode,
             tombstones_on_delete=cfg.tombstones_on_delete,
             skipped_operations=frozenset(cfg.skipped_operations),

@@ -52,7 +52,7 @@ class TransactionTracker:
     """Stateful BEGIN/END emitter; feed it every emitted data event in stream order."""
 
     def __init__(self, options: EventOptions) -> None:
-        self.topic = f"{options.topic_prefix}{options.topic_delimiter}{options.topic_transaction}"
+        self.topic = options.topics().transaction_topic()
         self._serializer = Serializer(options.schemas_enable)
         self._key_prefix = Serializer.schema_prefix(transaction_key_schema())
         self._value_prefix = Serializer.schema_prefix(transaction_value_schema())

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.offsets.file import FileOffsetStore
 from mongocdc_core.offsets.model import OffsetStore
 
 OFFSET_FORMS = "PATH, file:PATH or kafka:HOST:PORT[/TOPIC]"
 
 
-def open_offset_store(spec: str, cfg: Any = None, sink: Any = None) -> OffsetStore:
+def open_offset_store(spec: str, cfg: ConnectorConfig | None = None, sink: Any = None) -> OffsetStore:
     """Open the store named by ``spec``; ``sink`` is the run's sink (needed for exactly-once)."""
     from mongocdc_core.sinks.kafka import KafkaSink
 

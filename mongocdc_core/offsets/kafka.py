@@ -21,6 +21,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.offsets.model import Offset, OffsetError
 from mongocdc_core.sinks.base import SinkError
 from mongocdc_core.sinks.kafka import KafkaSink, admin_config, connector_name, create_topics
@@ -172,12 +173,12 @@ def parse_kafka_spec(target: str) -> tuple[str, str]:
     return bootstrap, topic or DEFAULT_OFFSETS_TOPIC
 
 
-def kafka_offset_store(target: str, cfg: Any, sink: Any = None) -> KafkaOffsetStore:
+def kafka_offset_store(target: str, cfg: ConnectorConfig | None, sink: Any = None) -> KafkaOffsetStore:
     """The store for ``kafka:`` + ``target``; the transactional sink joins in exactly-once mode."""
     bootstrap, topic = parse_kafka_spec(target)
     if not bootstrap:
         raise ValueError(f"offset store kafka:{target} names no bootstrap servers (kafka:HOST:PORT/TOPIC)")
-    overrides = dict(getattr(cfg, "producer_overrides", None) or {})
+    overrides = dict(cfg.producer_overrides) if cfg is not None else {}
     client = admin_config(overrides)
     client.pop("bootstrap.servers", None)
     client.pop("client.id", None)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.sinks.base import Sink
 
 SINK_FORMS = "jsonl:DIR, parquet:DIR or kafka:HOST:PORT"
 
 
-def open_sink(spec: str, cfg: Any = None) -> Sink:
+def open_sink(spec: str, cfg: ConnectorConfig | None = None) -> Sink:
     """Open the sink named by ``spec``; ``cfg`` (a ConnectorConfig) carries sink pass-through settings."""
     kind, sep, target = spec.partition(":")
     if not sep or not target:

@@ -26,43 +26,17 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events.records import Record
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.base import SinkError
 
 log = logging.getLogger(__name__)
 
-# mongocdc.kafka.* settings this module reads (prefix stripped) and their defaults.
-SETTINGS_DEFAULTS: dict[str, str] = {
-    "topic.creation.enable": "true",
-    "topic.partitions": "1",
-    "topic.replication.factor": "-1",
-    "topic.cleanup.policy": "delete",
-    "exactly.once": "false",
-    "transaction.timeout.ms": "900000",
-}
-_CLEANUP_POLICIES = ("delete", "compact", "compact,delete", "delete,compact")
 _ADMIN_TIMEOUT_S = 30.0
 _BLOCKED_LOG_EVERY_S = 10.0
 _POLL_STEP_S = 0.1
 _TOPIC_EXISTS = KafkaError.TOPIC_ALREADY_EXISTS
-
-
-def _bool(name: str, value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered not in ("true", "false"):
-        raise ValueError(f"mongocdc.kafka.{name} must be true or false, got {value!r}")
-    return lowered == "true"
-
-
-def _int(name: str, value: str, minimum: int) -> int:
-    try:
-        number = int(value.strip())
-    except ValueError:
-        raise ValueError(f"mongocdc.kafka.{name} must be an integer, got {value!r}") from None
-    if number < minimum:
-        raise ValueError(f"mongocdc.kafka.{name} must be >= {minimum}, got {number}")
-    return number
 
 
 @dataclass(frozen=True)
@@ -82,38 +56,25 @@ class KafkaSinkSettings:
     producer_overrides: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_config(cls, bootstrap_servers: str, cfg: Any = None) -> KafkaSinkSettings:
-        """Read ``mongocdc.kafka.*``, ``producer.override.*`` and the queue bounds; unknown
-        ``mongocdc.kafka.*`` names are an error (a typo must not silently change delivery)."""
+    def from_config(cls, bootstrap_servers: str, cfg: ConnectorConfig | None = None) -> KafkaSinkSettings:
+        """The ``mongocdc.kafka.*`` settings, ``producer.override.*`` and the queue bounds of ``cfg``
+        (validated with the rest of the config); the defaults without one."""
         if not bootstrap_servers.strip():
             raise ValueError("Kafka sink needs bootstrap servers (kafka:HOST:PORT)")
-        given: Mapping[str, str] = getattr(cfg, "mongocdc_kafka", None) or {}
-        unknown = sorted(set(given) - set(SETTINGS_DEFAULTS))
-        if unknown:
-            names = ", ".join(f"mongocdc.kafka.{k}" for k in unknown)
-            known = ", ".join(f"mongocdc.kafka.{k}" for k in SETTINGS_DEFAULTS)
-            raise ValueError(f"unknown Kafka sink setting(s) {names}; known: {known}")
-        raw = {**SETTINGS_DEFAULTS, **given}
-        policy = raw["topic.cleanup.policy"].strip().lower()
-        if policy not in _CLEANUP_POLICIES:
-            raise ValueError(
-                f"mongocdc.kafka.topic.cleanup.policy must be one of {', '.join(_CLEANUP_POLICIES)}, got {policy!r}"
-            )
-        replication = _int("topic.replication.factor", raw["topic.replication.factor"], -1)
-        if replication == 0:
-            raise ValueError("mongocdc.kafka.topic.replication.factor must be -1 (broker default) or >= 1, got 0")
+        if cfg is None:
+            return cls(bootstrap_servers=bootstrap_servers.strip())
         return cls(
             bootstrap_servers=bootstrap_servers.strip(),
             connector_name=connector_name(cfg),
-            topic_creation=_bool("topic.creation.enable", raw["topic.creation.enable"]),
-            partitions=_int("topic.partitions", raw["topic.partitions"], 1),
-            replication_factor=replication,
-            cleanup_policy=policy,
-            exactly_once=_bool("exactly.once", raw["exactly.once"]),
-            transaction_timeout_ms=_int("transaction.timeout.ms", raw["transaction.timeout.ms"], 1000),
-            max_queue_messages=int(getattr(cfg, "max_queue_size", 8192) or 8192),
-            max_queue_bytes=int(getattr(cfg, "max_queue_size_in_bytes", 0) or 0),
-            producer_overrides=dict(getattr(cfg, "producer_overrides", None) or {}),
+            topic_creation=cfg.mongocdc_kafka_topic_creation_enable,
+            partitions=cfg.mongocdc_kafka_topic_partitions,
+            replication_factor=cfg.mongocdc_kafka_topic_replication_factor,
+            cleanup_policy=cfg.mongocdc_kafka_topic_cleanup_policy,
+            exactly_once=cfg.mongocdc_kafka_exactly_once,
+            transaction_timeout_ms=cfg.mongocdc_kafka_transaction_timeout_ms,
+            max_queue_messages=cfg.max_queue_size,
+            max_queue_bytes=cfg.max_queue_size_in_bytes,
+            producer_overrides=dict(cfg.producer_overrides),
         )
 
     def producer_config(self) -> dict[str, Any]:
@@ -143,10 +104,11 @@ class KafkaSinkSettings:
         return {"cleanup.policy": self.cleanup_policy}
 
 
-def connector_name(cfg: Any) -> str:
+def connector_name(cfg: ConnectorConfig | None) -> str:
     """The connector's ``name`` (``topic.prefix`` when unnamed): transactional.id and offset key."""
-    name = getattr(cfg, "name", None) or getattr(cfg, "topic_prefix", None)
-    return str(name) if name else "mongocdc"
+    if cfg is None:
+        return "mongocdc"
+    return cfg.name or cfg.topic_prefix
 
 
 def admin_config(producer_conf: Mapping[str, Any]) -> dict[str, Any]:
@@ -164,7 +126,7 @@ def create_topics(
     replication_factor: int,
     config: Mapping[str, str],
     stop: threading.Event | None = None,
-    on_retry: Any = None,
+    on_retry: Callable[[list[str]], None] | None = None,
 ) -> None:
     """Create the missing ones among ``topics`` (existing topics are left alone).
 
@@ -290,7 +252,7 @@ class KafkaSink:
                 ) from exc
 
     @classmethod
-    def from_config(cls, bootstrap_servers: str, cfg: Any = None) -> KafkaSink:
+    def from_config(cls, bootstrap_servers: str, cfg: ConnectorConfig | None = None) -> KafkaSink:
         return cls(KafkaSinkSettings.from_config(bootstrap_servers, cfg))
 
     # -- callbacks (run inside poll/flush on the calling thread) ---------------------------------------

@@ -19,7 +19,8 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,6 +43,32 @@ SNAPSHOT_INCREMENTAL = "incremental"
 SNAPSHOT_BLOCKING = "blocking"
 
 AGGREGATE_SIGNAL = "Signal"
+
+#: How much of a bad value a message quotes: enough to recognise it, never enough to flood a log or
+#: to make a notification larger than a Kafka message may be.
+QUOTE_LIMIT = 200
+#: The longest reason a rejection notification or log line carries.
+REASON_LIMIT = 2000
+#: Longest ``data-collections`` entry (a namespace is at most 255 bytes): compiling a pattern of
+#: megabytes would hold the stream for minutes.
+MAX_PATTERN_LENGTH = 1024
+#: Longest filter in the simple ``field='value' AND ...`` form; larger filters are query documents.
+MAX_SIMPLE_FILTER_LENGTH = 64 * 1024
+
+
+def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` cut to ``limit`` characters, saying how much was left out."""
+    text = value if isinstance(value, str) else None
+    if text is not None and len(text) > limit:
+        return f"{text[:limit]!r}... ({len(text) - limit} more characters)"
+    shown = repr(value)
+    if len(shown) > limit:
+        return f"{shown[:limit]}... ({len(shown) - limit} more characters)"
+    return shown
+
+
+def _bounded(reason: str) -> str:
+    return reason if len(reason) <= REASON_LIMIT else f"{reason[:REASON_LIMIT]}... ({len(reason) - REASON_LIMIT} more characters)"
 
 
 class SignalError(ValueError):
@@ -77,13 +104,14 @@ def _data(value: Any, signal_id: str) -> dict[str, Any]:
 
 def _signal_type(value: Any, signal_id: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise SignalError(f"signal {signal_id}: 'type' must be a non-empty string, got {value!r}")
+        raise SignalError(f"signal {signal_id}: 'type' must be a non-empty string, got {quote(value)}")
     return value.strip()
 
 
 def _id_text(value: Any) -> str:
-    """A signal id as text (an ObjectId ``_id`` becomes its hex string)."""
-    return value if isinstance(value, str) else str(value)
+    """A signal id as text (an ObjectId ``_id`` becomes its hex string), cut to a quotable length."""
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= QUOTE_LIMIT else text[:QUOTE_LIMIT] + "..."
 
 
 def parse_signal_document(document: Mapping[str, Any], channel: str = CHANNEL_SOURCE) -> Signal:
@@ -117,14 +145,14 @@ def parse_signal_json(
         key_text = key.decode("utf-8", errors="replace") if isinstance(key, bytes) else key
         if key_text != topic_prefix:
             raise SignalError(
-                f"signal {label}: message key {key_text!r} does not match topic.prefix {topic_prefix!r}"
+                f"signal {label}: message key {quote(key_text)} does not match topic.prefix {topic_prefix!r}"
             )
     try:
         parsed = json_util.loads(text)
     except ValueError as exc:
-        raise SignalError(f"signal {label} on the {channel} channel is not valid JSON: {exc}: {text[:200]!r}") from exc
+        raise SignalError(f"signal {label} on the {channel} channel is not valid JSON: {exc}: {quote(text)}") from exc
     if not isinstance(parsed, Mapping):
-        raise SignalError(f"signal {label} on the {channel} channel must be a JSON object, got {text[:200]!r}")
+        raise SignalError(f"signal {label} on the {channel} channel must be a JSON object, got {quote(text)}")
     if id is not None and "id" not in parsed and "_id" not in parsed:
         parsed = {**parsed, "id": id}
     return parse_signal_document(parsed, channel)
@@ -133,6 +161,38 @@ def parse_signal_json(
 # -- collection names and filters ------------------------------------------------------------------------
 
 _QUOTED_PART = re.compile(r'"((?:[^"]|"")*)"')
+
+
+def _quoted_parts(entry: str, text: str) -> list[str]:
+    """The parts of ``"db"."My.Collection"``, unquoted."""
+    parts: list[str] = []
+    rest = text
+    while rest:
+        match = _QUOTED_PART.match(rest)
+        if match is None:
+            raise SignalError(
+                f"data-collections entry {quote(entry)}: quote every part, as in \"db\".\"My.Collection\""
+            )
+        parts.append(match.group(1).replace('""', '"'))
+        rest = rest[match.end():]
+        if rest.startswith("."):
+            rest = rest[1:]
+            if not rest:
+                raise SignalError(f"data-collections entry {quote(entry)} ends with a dot")
+        elif rest:
+            raise SignalError(f"data-collections entry {quote(entry)}: expected '.' between quoted parts")
+    return parts
+
+
+_PLAIN_NAMESPACE = re.compile(r"[\w$-]+(?:\\?\.[\w$-]+)+")
+
+
+def literal_namespace(entry: str) -> str | None:
+    """The one ``db.collection`` an entry names when it is a plain or quoted name, None for a pattern."""
+    text = entry.strip()
+    if text.startswith('"'):
+        return ".".join(_quoted_parts(entry, text))
+    return text.replace("\\.", ".") if _PLAIN_NAMESPACE.fullmatch(text) else None
 
 
 def collection_pattern(entry: str) -> re.Pattern[str]:
@@ -145,28 +205,15 @@ def collection_pattern(entry: str) -> re.Pattern[str]:
     text = entry.strip()
     if not text:
         raise SignalError("data-collections entries must be non-empty strings")
+    if len(text) > MAX_PATTERN_LENGTH:
+        raise SignalError(f"data-collections entry {quote(text)} is longer than {MAX_PATTERN_LENGTH} characters")
     if text.startswith('"'):
-        parts: list[str] = []
-        rest = text
-        while rest:
-            match = _QUOTED_PART.match(rest)
-            if match is None:
-                raise SignalError(
-                    f"data-collections entry {entry!r}: quote every part, as in \"db\".\"My.Collection\""
-                )
-            parts.append(match.group(1).replace('""', '"'))
-            rest = rest[match.end():]
-            if rest.startswith("."):
-                rest = rest[1:]
-                if not rest:
-                    raise SignalError(f"data-collections entry {entry!r} ends with a dot")
-            elif rest:
-                raise SignalError(f"data-collections entry {entry!r}: expected '.' between quoted parts")
+        parts = _quoted_parts(entry, text)
         text = r"\.".join(re.escape(p) for p in parts)
     try:
         return re.compile(f"(?:{text})", re.IGNORECASE)
     except re.error as exc:
-        raise SignalError(f"data-collections entry {entry!r} is not a valid regular expression: {exc}") from exc
+        raise SignalError(f"data-collections entry {quote(entry)} is not a valid regular expression: {exc}") from exc
 
 
 def match_collections(entries: Sequence[str], candidates: Iterable[str]) -> list[str]:
@@ -188,15 +235,15 @@ def _split_and(text: str) -> list[str]:
     """Split on ``AND`` outside quoted strings."""
     parts: list[str] = []
     start = 0
-    quote: str | None = None
+    mark: str | None = None
     i = 0
     while i < len(text):
         ch = text[i]
-        if quote:
-            if ch == quote:
-                quote = None
+        if mark:
+            if ch == mark:
+                mark = None
         elif ch in "'\"":
-            quote = ch
+            mark = ch
         else:
             match = _AND.match(text, i)
             if match and text[i].isspace():
@@ -204,21 +251,21 @@ def _split_and(text: str) -> list[str]:
                 start = i = match.end()
                 continue
         i += 1
-    if quote:
-        raise SignalError(f"filter {text!r} has an unterminated {quote} quote")
+    if mark:
+        raise SignalError(f"filter {quote(text)} has an unterminated {mark} quote")
     parts.append(text[start:])
     return parts
 
 
 def _literal(text: str, whole: str) -> Any:
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        quote, inner = text[0], text[1:-1]
-        if quote in inner.replace(quote * 2, ""):
+        mark, inner = text[0], text[1:-1]
+        if mark in inner.replace(mark * 2, ""):
             raise SignalError(
-                f"filter {whole!r}: cannot translate {text!r}; use field='value' terms joined by AND "
+                f"filter {quote(whole)}: cannot translate {quote(text)}; use field='value' terms joined by AND "
                 "(no OR, parentheses or functions) or a MongoDB query document"
             )
-        return inner.replace(quote * 2, quote)
+        return inner.replace(mark * 2, mark)
     lowered = text.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
@@ -227,7 +274,7 @@ def _literal(text: str, whole: str) -> Any:
     if _NUMBER.match(text):
         return int(text) if re.fullmatch(r"[+-]?\d+", text) else float(text)
     raise SignalError(
-        f"filter {whole!r}: cannot translate, {text!r} is not a value ('text', a number, true, false or "
+        f"filter {quote(whole)}: cannot translate, {quote(text)} is not a value ('text', a number, true, false or "
         "null); use field='value' terms joined by AND (no OR, parentheses or functions) or a MongoDB query document"
     )
 
@@ -242,19 +289,22 @@ def parse_filter(value: Any) -> dict[str, Any]:
     if isinstance(value, Mapping):
         return dict(value)
     if not isinstance(value, str) or not value.strip():
-        raise SignalError(f"filter must be a query document or a non-empty string, got {value!r}")
+        raise SignalError(f"filter must be a query document or a non-empty string, got {quote(value)}")
     text = value.strip()
     if text.startswith("{"):
         try:
             parsed = json_util.loads(text)
         except ValueError as exc:
-            raise SignalError(f"filter {text!r} is not a valid JSON query document: {exc}") from exc
+            raise SignalError(f"filter {quote(text)} is not a valid JSON query document: {exc}") from exc
         if not isinstance(parsed, dict):
-            raise SignalError(f"filter {text!r} must be a JSON object")
+            raise SignalError(f"filter {quote(text)} must be a JSON object")
         return parsed
+    if len(text) > MAX_SIMPLE_FILTER_LENGTH:
+        raise SignalError(f"filter {quote(text)} is longer than {MAX_SIMPLE_FILTER_LENGTH} characters; write a "
+                          "filter this large as a MongoDB query document")
     if re.match(r"(?i)^\s*select\b", text):
         raise SignalError(
-            f"filter {text!r} is a SQL statement; MongoDB needs a query document such as "
+            f"filter {quote(text)} is a SQL statement; MongoDB needs a query document such as "
             "{\"color\": \"blue\"} or the simple form color='blue' AND brand='MyBrand'"
         )
     terms: list[dict[str, Any]] = []
@@ -262,7 +312,7 @@ def parse_filter(value: Any) -> dict[str, Any]:
         match = _TERM.match(part)
         if match is None:
             raise SignalError(
-                f"filter {text!r}: cannot translate {part.strip()!r}; use field='value' terms joined by AND "
+                f"filter {quote(text)}: cannot translate {quote(part.strip())}; use field='value' terms joined by AND "
                 "(no OR, parentheses or functions) or a MongoDB query document"
             )
         name = match.group("field").strip('"`')
@@ -298,65 +348,105 @@ class SnapshotRequest:
 
 def _entries(value: Any, signal_id: str, what: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise SignalError(f"signal {signal_id}: '{what}' must be an array of strings, got {value!r}")
+        raise SignalError(f"signal {signal_id}: '{what}' must be an array of strings, got {quote(value)}")
     for entry in value:
         collection_pattern(entry)
     return tuple(value)
 
 
+@contextmanager
+def _labelled(signal_id: str) -> Iterator[None]:
+    """Every problem found in a signal's data names the signal."""
+    try:
+        yield
+    except SignalError as exc:
+        if str(exc).startswith(f"signal {signal_id}"):
+            raise
+        raise SignalError(f"signal {signal_id}: {exc}") from exc
+
+
 def parse_execute_snapshot(signal: Signal) -> SnapshotRequest:
     """Validate an ``execute-snapshot`` signal's data (type, data-collections, additional-conditions)."""
+    with _labelled(signal.id):
+        return _parse_execute_snapshot(signal)
+
+
+def _parse_execute_snapshot(signal: Signal) -> SnapshotRequest:
     data = signal.data
     kind = data.get("type", SNAPSHOT_INCREMENTAL)
     if not isinstance(kind, str) or kind.lower() not in (SNAPSHOT_INCREMENTAL, SNAPSHOT_BLOCKING):
-        raise SignalError(f"signal {signal.id}: snapshot type must be 'incremental' or 'blocking', got {kind!r}")
+        raise SignalError(f"signal {signal.id}: snapshot type must be 'incremental' or 'blocking', got {quote(kind)}")
     if "data-collections" not in data:
         raise SignalError(f"signal {signal.id}: execute-snapshot requires 'data-collections'")
     collections = _entries(data["data-collections"], signal.id, "data-collections")
+    if not collections:
+        raise SignalError(f"signal {signal.id}: 'data-collections' is empty, so there is nothing to snapshot; "
+                          "list the collections (<db>.<collection> or regular expressions)")
     conditions: list[tuple[str, dict[str, Any]]] = []
     legacy = data.get("additional-condition")
     if legacy not in (None, ""):
         conditions.extend((entry, parse_filter(legacy)) for entry in collections)
     raw = data.get("additional-conditions") or []
     if not isinstance(raw, list):
-        raise SignalError(f"signal {signal.id}: 'additional-conditions' must be an array, got {raw!r}")
+        raise SignalError(f"signal {signal.id}: 'additional-conditions' must be an array, got {quote(raw)}")
     for item in raw:
         if not isinstance(item, Mapping) or not isinstance(item.get("data-collection"), str):
             raise SignalError(
                 f"signal {signal.id}: each additional condition needs a 'data-collection' string and a "
-                f"'filter', got {item!r}"
+                f"'filter', got {quote(item)}"
             )
         if "filter" not in item:
-            raise SignalError(f"signal {signal.id}: additional condition for {item['data-collection']!r} has no 'filter'")
-        collection_pattern(item["data-collection"])
+            raise SignalError(f"signal {signal.id}: additional condition for {quote(item['data-collection'])} has no 'filter'")
+        if not _names_a_signal_collection(item["data-collection"], collections):
+            raise SignalError(
+                f"signal {signal.id}: additional condition for {quote(item['data-collection'])} names a collection "
+                f"that is not in data-collections {quote(list(collections))}"
+            )
         try:
             query = parse_filter(item["filter"])
         except SignalError as exc:
-            raise SignalError(f"signal {signal.id}: additional condition for {item['data-collection']!r}: {exc}") from exc
+            raise SignalError(f"signal {signal.id}: additional condition for {quote(item['data-collection'])}: {exc}") from exc
         conditions.append((item["data-collection"], query))
     return SnapshotRequest(signal.id, kind.lower(), collections, tuple(conditions))
 
 
+def _names_a_signal_collection(entry: str, collections: Sequence[str]) -> bool:
+    """Whether an ``additional-conditions`` entry is one of the signal's ``data-collections``: the same
+    entry (case aside), or a collection name that one of them matches."""
+    collection_pattern(entry)
+    if any(entry.strip().lower() == c.strip().lower() for c in collections):
+        return True
+    name = literal_namespace(entry)
+    return name is not None and any(collection_pattern(c).fullmatch(name) for c in collections)
+
+
 @dataclass(frozen=True)
 class StopRequest:
-    """A validated ``stop-snapshot``: ``collections`` None stops the whole incremental snapshot."""
+    """A validated ``stop-snapshot``: ``collections`` None stops the whole snapshot of that type."""
 
     signal_id: str
     collections: tuple[str, ...] | None
+    snapshot_type: str = SNAPSHOT_INCREMENTAL
 
 
 def parse_stop_snapshot(signal: Signal) -> StopRequest:
-    """Validate a ``stop-snapshot``; the seed requires ``type: incremental``."""
+    """Validate a ``stop-snapshot``: the seed requires ``data.type``; the engine stops incremental
+    snapshots, where blocking snapshots run as separate jobs (Dagster) those can be stopped too."""
+    with _labelled(signal.id):
+        return _parse_stop_snapshot(signal)
+
+
+def _parse_stop_snapshot(signal: Signal) -> StopRequest:
     kind = signal.data.get("type")
-    if not isinstance(kind, str) or kind.lower() != SNAPSHOT_INCREMENTAL:
+    if not isinstance(kind, str) or kind.lower() not in (SNAPSHOT_INCREMENTAL, SNAPSHOT_BLOCKING):
         raise SignalError(
-            f"signal {signal.id}: stop-snapshot requires data.type 'incremental' (only incremental snapshots "
-            f"can be stopped), got {kind!r}"
+            f"signal {signal.id}: stop-snapshot requires data.type 'incremental' (or 'blocking' for snapshots "
+            f"run as separate jobs), got {quote(kind)}"
         )
     raw = signal.data.get("data-collections")
     if raw is None or raw == []:
-        return StopRequest(signal.id, None)
-    return StopRequest(signal.id, _entries(raw, signal.id, "data-collections"))
+        return StopRequest(signal.id, None, kind.lower())
+    return StopRequest(signal.id, _entries(raw, signal.id, "data-collections"), kind.lower())
 
 
 # -- notifications ---------------------------------------------------------------------------------------
@@ -444,6 +534,7 @@ class SignalProcessor:
     def reject(self, channel: str, reason: str, signal_id: str = "") -> None:
         """Report a signal that could not be parsed (thread-safe, never raises)."""
         self.rejected += 1
+        reason = _bounded(reason)
         log.warning("skipping signal %s from the %s channel: %s", signal_id or "?", channel, reason)
         self._notify(AGGREGATE_SIGNAL, "REJECTED", {"signal_id": signal_id, "channel": channel, "reason": reason})
 
@@ -491,39 +582,39 @@ class SignalProcessor:
 
     def _execute(self, signal: Signal) -> None:
         kind = signal.type.lower()
-        log.info("signal %s from the %s channel: %s %s", signal.id, signal.channel, signal.type,
-                 orjson.dumps(signal.data, default=str).decode())
+        log.info("signal %s from the %s channel: %s %s", signal.id, signal.channel, quote(signal.type),
+                 quote(orjson.dumps(signal.data, default=str).decode()))
         if kind == "execute-snapshot":
             self._execute_snapshot(parse_execute_snapshot(signal))
         elif kind == "stop-snapshot":
             request = parse_stop_snapshot(signal)
+            if request.snapshot_type != SNAPSHOT_INCREMENTAL:
+                raise SignalError(f"signal {signal.id}: a blocking snapshot cannot be stopped, it holds the stream "
+                                  "until it completes; only incremental snapshots can be stopped")
             stopped = self.snapshots.stop(
                 None if request.collections is None else match_collections(request.collections, self.snapshots.collections())
             )
             log.info("signal %s stopped the incremental snapshot of %s", signal.id, ", ".join(stopped) or "nothing")
         elif kind == "pause-snapshot":
             if not self.snapshots.pause():
-                log.info("signal %s: no incremental snapshot is running, nothing to pause", signal.id)
+                raise SignalError(f"signal {signal.id}: no incremental snapshot is running, nothing to pause")
         elif kind == "resume-snapshot":
             if not self.snapshots.resume():
-                log.info("signal %s: no paused incremental snapshot, nothing to resume", signal.id)
+                raise SignalError(f"signal {signal.id}: no paused incremental snapshot, nothing to resume")
         elif kind == "log":
             message = signal.data.get("message")
             if not isinstance(message, str):
                 raise SignalError(f"signal {signal.id}: log requires data.message as a string")
-            log.info("log signal %s: %s", signal.id, message)
+            log.info("log signal %s: %s", signal.id, message if len(message) <= REASON_LIMIT else quote(message, REASON_LIMIT))
         elif kind in WATERMARK_TYPES:
             return  # another run's window marker: not a command
         else:
             raise SignalError(
-                f"signal {signal.id}: unknown signal type {signal.type!r} (known: execute-snapshot, stop-snapshot, "
+                f"signal {signal.id}: unknown signal type {quote(signal.type)} (known: execute-snapshot, stop-snapshot, "
                 "pause-snapshot, resume-snapshot, log)"
             )
 
     def _execute_snapshot(self, request: SnapshotRequest) -> None:
-        if not request.collections:
-            log.info("signal %s: empty data-collections, no snapshot to run", request.signal_id)
-            return
         namespaces, filters = request.resolve(self.candidates())
         if not namespaces:
             raise SignalError(

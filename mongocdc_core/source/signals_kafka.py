@@ -18,10 +18,10 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.source.signals import CHANNEL_KAFKA, Signal, SignalError, parse_signal_json
 
 log = logging.getLogger(__name__)
@@ -39,14 +39,14 @@ def _log_reject(channel: str, reason: str, signal_id: str) -> None:
 class KafkaSignalChannel:
     """Reads the signal topic; ``read()`` polls once, ``start()`` polls on a thread until ``stop()``."""
 
-    def __init__(self, cfg: Any, submit: Callable[[Signal], None], reject: Reject | None = None) -> None:
+    def __init__(self, cfg: ConnectorConfig, submit: Callable[[Signal], None], reject: Reject | None = None) -> None:
         bootstrap = cfg.signal_kafka_bootstrap_servers
         if not bootstrap:
             raise ValueError("signal.kafka.bootstrap.servers is required for the Kafka signal channel")
         self.topic: str = cfg.signal_kafka_topic or f"{cfg.topic_prefix}-signal"
         self.topic_prefix: str = cfg.topic_prefix
         self.poll_timeout_s = cfg.signal_kafka_poll_timeout_ms / 1000
-        self.commit = bool(cfg.signal_consumer_offset_commit_enabled)
+        self.commit = cfg.signal_consumer_offset_commit_enabled
         self.submit = submit
         self.reject = reject or _log_reject
         self._consumer = Consumer(

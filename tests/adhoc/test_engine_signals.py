@@ -132,10 +132,10 @@ def test_malformed_signals_are_skipped_and_the_stream_goes_on(mongo_uri: str, fr
                                                    "additional-conditions": [{"data-collection": f"{db}.items",
                                                                               "filter": "a=1 OR b=2"}]}},
             {"type": "stop-snapshot", "data": {}},
-            {"type": "execute-snapshot", "data": {"data-collections": []}},  # nothing to do, not an error
+            {"type": "execute-snapshot", "data": {"data-collections": []}},  # names nothing: reported
         ])
         fresh_db.items.insert_one({"_id": 99})
-        wait_for(lambda: len(kinds(sink, "Signal")) == 6 and len(sink.data(f"{db}.items")) == 1, engine)
+        wait_for(lambda: len(kinds(sink, "Signal")) == 7 and len(sink.data(f"{db}.items")) == 1, engine)
         fresh_db.signals.insert_one(_execute([f"{db}.items"]))
         wait_for(lambda: "COMPLETED" in kinds(sink, SNAPSHOT), engine)
     finally:
@@ -143,7 +143,7 @@ def test_malformed_signals_are_skipped_and_the_stream_goes_on(mongo_uri: str, fr
     reasons = " | ".join(n["additional_data"]["reason"] for n in notifications(sink, "Signal"))
     for expected in ("unknown signal type 'no-such-signal'", "'type' must be a non-empty string",
                      "'data' is not valid JSON", "'incremental' or 'blocking'", "cannot translate",
-                     "requires data.type 'incremental'"):
+                     "requires data.type 'incremental'", "'data-collections' is empty"):
         assert expected in reasons
     assert sorted(read_ids(sink, f"{db}.items")) == [0, 1, 2, 99]
 

@@ -257,11 +257,13 @@ def test_processor_runs_signals_in_order() -> None:
     assert processor.rejected == 0 and notifier.sent == []
 
 
-def test_empty_data_collections_does_nothing() -> None:
+def test_empty_data_collections_is_rejected() -> None:
     processor, control, notifier = _processor()
     processor.receive_document({"_id": 1, "type": "execute-snapshot", "data": {"data-collections": []}})
     processor.process()
-    assert control.calls == [] and processor.rejected == 0
+    assert control.calls == [] and processor.rejected == 1
+    (sent,) = notifier.sent
+    assert sent["type"] == "REJECTED" and "'data-collections' is empty" in sent["additional_data"]["reason"]
 
 
 @pytest.mark.parametrize(

@@ -140,6 +140,13 @@ SEED_DEFAULTS: list[tuple[str, str | None, Any]] = [
     ("mongocdc.event.format", None, "change_streams"),
     ("mongocdc.schemas.enable", None, True),
     ("mongocdc.metrics.file", None, None),
+    ("mongocdc.metrics.port", None, 0),
+    ("mongocdc.kafka.topic.creation.enable", None, True),
+    ("mongocdc.kafka.topic.partitions", None, 1),
+    ("mongocdc.kafka.topic.replication.factor", None, -1),
+    ("mongocdc.kafka.topic.cleanup.policy", None, "delete"),
+    ("mongocdc.kafka.exactly.once", None, False),
+    ("mongocdc.kafka.transaction.timeout.ms", None, 900000),
 ]
 SEED_000 = sorted((Path(__file__).resolve().parents[3] / "shared" / "seeds").glob("000_*.txt"))
 
@@ -397,7 +404,6 @@ def test_snapshot_filter_overrides_and_pass_through_groups() -> None:
         "signal.consumer.security.protocol": "SSL",
         "signal.consumer.offset.commit.enabled": "true",
         "producer.override.linger.ms": "5",
-        "mongocdc.kafka.bootstrap.servers": "127.0.0.1:9092",
         "key.converter.schemas.enable": "false",
     })
     assert config.snapshot_collection_filter_overrides == {
@@ -409,7 +415,6 @@ def test_snapshot_filter_overrides_and_pass_through_groups() -> None:
     assert config.signal_consumer_properties == {"security.protocol": "SSL"}
     assert config.signal_consumer_offset_commit_enabled is True
     assert config.producer_overrides == {"linger.ms": "5"}
-    assert config.mongocdc_kafka == {"bootstrap.servers": "127.0.0.1:9092"}
     assert config.get("producer.override.linger.ms") == "5"
 
 
@@ -719,10 +724,13 @@ def test_connection_kwargs_from_properties() -> None:
 
 def test_connection_string_settings_win() -> None:
     config = cfg({
-        "mongodb.connection.string": "mongodb://a:b@h:27017/?authSource=x&TLS=false&connectTimeoutMS=1",
+        "mongodb.connection.string": "mongodb://a:b@h:27017/?authSource=x&TLS=true&connectTimeoutMS=1",
         "mongodb.user": "debezium", "mongodb.password": "dbz", "mongodb.ssl.enabled": "true",
     })
     assert config.connection_kwargs() == {}
+    # TLS asked for by the property but switched off by the URI is a contradiction, not a silent plain run.
+    error = config_error({"mongodb.connection.string": "mongodb://h/?tls=false", "mongodb.ssl.enabled": "true"})
+    assert error.properties == ("mongodb.ssl.enabled",) and "tls=false" in str(error)
     auth = cfg({"mongodb.connection.string": "mongodb://h/?authSource=x", "mongodb.user": "u"})
     assert auth.connection_kwargs() == {"username": "u", "connectTimeoutMS": 10000}
 
@@ -749,7 +757,7 @@ def test_repr_masks_secrets(caplog: pytest.LogCaptureFixture) -> None:
             "mongodb.user": "debezium", "mongodb.password": "s3cr3t-pw",
             "signal.consumer.ssl.keystore.password": "ks-pw",
             "signal.consumer.sasl.jaas.config": "org.Login required password=\"jaas-pw\";",
-            "mongocdc.kafka.sasl.client.secret": "client-secret",
+            "producer.override.sasl.client.secret": "client-secret",
             "snapshot.mode": "never",
         })
     text = repr(config) + str(config) + caplog.text
@@ -764,3 +772,36 @@ def test_repr_masks_secrets(caplog: pytest.LogCaptureFixture) -> None:
 def test_errors_do_not_echo_passwords() -> None:
     error = config_error({"mongodb.password": "topsecret-value"})
     assert "topsecret-value" not in str(error)
+
+
+def test_mongocdc_properties_are_validated_whatever_the_sink() -> None:
+    error = config_error({"mongocdc.kafka.exactly.onse": "true", "mongocdc.metrics.prot": "1"})
+    assert error.properties == ("mongocdc.kafka.exactly.onse", "mongocdc.metrics.prot")
+    assert "did you mean 'mongocdc.kafka.exactly.once'?" in str(error)
+    assert "did you mean 'mongocdc.metrics.port'?" in str(error)
+    config = cfg({"mongocdc.kafka.exactly.once": "TRUE", "mongocdc.kafka.topic.cleanup.policy": "Compact"})
+    assert config.mongocdc_kafka_exactly_once is True and config.mongocdc_kafka_topic_cleanup_policy == "compact"
+
+
+def test_change_stream_pipeline_stages_are_checked() -> None:
+    allowed = cfg({"cursor.pipeline": '[{"$match": {"operationType": "insert"}}, {"$set": {"x": 1}}]'})
+    assert [next(iter(stage)) for stage in allowed.cursor_pipeline] == ["$match", "$set"]
+    error = config_error({"cursor.pipeline": '[{"$match": {}}, {"$out": "x"}]'})
+    assert error.properties == ("cursor.pipeline",)
+    assert "stage 2 uses '$out', which a change stream does not allow" in str(error)
+
+
+def test_snapshot_list_must_name_captured_collections() -> None:
+    ok = cfg({"collection.include.list": "inv\\..*", "snapshot.include.collection.list": "inv.orders,other\\..*"})
+    assert ok.snapshot_include_collection_list == ("inv.orders", "other\\..*")  # patterns cannot be checked
+    error = config_error({"collection.include.list": "inv\\..*", "snapshot.include.collection.list": "crm.people"})
+    assert error.properties == ("snapshot.include.collection.list",) and "crm.people" in str(error)
+
+
+@pytest.mark.parametrize("uri", [
+    "mongodb://bob:topsecret-value@h:99999/",
+    "mongodb://bob:topsecret-value@h/?replicaSet=rs0&bogusOption=topsecret-value",
+])
+def test_connection_string_errors_name_the_property_without_the_password(uri: str) -> None:
+    error = config_error({"mongodb.connection.string": uri})
+    assert error.properties == ("mongodb.connection.string",) and "topsecret-value" not in str(error)

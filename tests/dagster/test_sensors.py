@@ -123,9 +123,9 @@ def test_malformed_and_unsupported_signals_become_skip_reasons(cdc: CdcEnv, inst
     result = _evaluate(build_signal_sensor(30, cdc.assets), instance, cdc.mongocdc, cursor=cursor)
     assert isinstance(result, SensorResult) and not result.run_requests
     reason = str(result.skip_reason)
-    assert "signal 1" in reason and "not a regular expression" in reason
+    assert "signal 1" in reason and "not a valid regular expression" in reason
     assert "signal 2 matches no captured collection" in reason
-    assert "signal 3" in reason and "not JSON" in reason
+    assert "signal 3" in reason and "not valid JSON" in reason
     assert result.cursor is not None and "3" in result.cursor
 
 

@@ -21,7 +21,15 @@ def test_execute_snapshot_with_regexes_quoted_names_and_conditions() -> None:
     assert signal is not None and signal.signal_id == str(oid) and signal.snapshot_type == "blocking"
     assert signal.matching(["inv.customers", "inv.my.coll", "inv.myXcoll", "other.customers"]) == [
         "inv.customers", "inv.my.coll"]
-    assert signal.conditions == {"inv.my.coll": '{"a": {"$gt": 1}}'}
+    assert signal.condition_for("inv.my.coll") == '{"a": {"$gt": 1}}' and signal.condition_for("inv.customers") is None
+
+
+def test_the_sensor_accepts_what_the_engine_accepts() -> None:
+    signal = parse_signal({"_id": 2, "type": "execute-snapshot", "data": {
+        "data-collections": ["INV.Orders"],
+        "additional-conditions": [{"data-collection": "inv.orders", "filter": "status='open' AND qty>5"}]}})
+    assert signal is not None and signal.matching(["inv.orders", "inv.other"]) == ["inv.orders"]
+    assert signal.condition_for("inv.orders") == '{"$and": [{"status": "open"}, {"qty": {"$gt": 5}}]}'
 
 
 def test_defaults_follow_debezium() -> None:
@@ -33,17 +41,20 @@ def test_defaults_follow_debezium() -> None:
 
 
 @pytest.mark.parametrize(("doc", "message"), [
-    ({"_id": 1, "type": 5}, "'type' must be a string"),
-    ({"_id": 1, "type": "execute-snapshot", "data": []}, "'data' must be an object"),
-    ({"_id": 1, "type": "execute-snapshot", "data": "{oops"}, "not JSON"),
-    ({"_id": 1, "type": "execute-snapshot", "data": {}}, "needs data.data-collections"),
-    ({"_id": 1, "type": "execute-snapshot", "data": {"data-collections": "a.b"}}, "must be a list"),
-    ({"_id": 1, "type": "execute-snapshot", "data": {"data-collections": ["["]}}, "not a regular expression"),
+    ({"_id": 1, "type": 5}, "'type' must be a non-empty string"),
+    ({"_id": 1, "type": "execute-snapshot", "data": []}, "'data' must be a JSON object"),
+    ({"_id": 1, "type": "execute-snapshot", "data": "{oops"}, "not valid JSON"),
+    ({"_id": 1, "type": "execute-snapshot", "data": {}}, "requires 'data-collections'"),
+    ({"_id": 1, "type": "execute-snapshot", "data": {"data-collections": "a.b"}}, "must be an array of strings"),
+    ({"_id": 1, "type": "execute-snapshot", "data": {"data-collections": ["["]}}, "not a valid regular expression"),
     ({"_id": 1, "type": "execute-snapshot", "data": {"data-collections": ["a.b"], "type": "full"}},
-     "is not incremental or blocking"),
-    ({"_id": 1, "type": "stop-snapshot", "data": {"data-collections": ["a.b"]}}, "needs data.type"),
+     "must be 'incremental' or 'blocking'"),
+    ({"_id": 1, "type": "stop-snapshot", "data": {"data-collections": ["a.b"]}}, "requires data.type"),
     ({"_id": 1, "type": "execute-snapshot", "data": {"data-collections": ["a.b"], "additional-conditions": [
-        {"data-collection": "a.b", "filter": "color='blue'"}]}}, "not a MongoDB query in JSON"),
+        {"data-collection": "a.b", "filter": "color='blue' OR size=2"}]}}, "cannot translate"),
+    ({"_id": 1, "type": "execute-snapshot", "data": {"data-collections": []}}, "'data-collections' is empty"),
+    ({"_id": 1, "type": "execute-snapshot", "data": {"data-collections": ["a.b"], "additional-conditions": [
+        {"data-collection": "a.c", "filter": "{}"}]}}, "not in data-collections"),
 ])
 def test_malformed_signals_name_the_problem(doc: dict[str, Any], message: str) -> None:
     with pytest.raises(SignalError, match="signal 1") as info:

@@ -349,7 +349,7 @@ def test_every_payload_follows_its_schema(event_format: str) -> None:
 def test_schema_name_adjustment_for_avro() -> None:
     conv = converter(topic_prefix="my-server", schema_name_adjustment_mode="avro")
     (record,) = conv.convert_change(insert(ns={"db": "inv-1", "coll": "cust omers"}), POSITION)
-    assert record.topic == "my-server.inv-1.cust omers"
+    assert record.topic == "my-server.inv-1.cust_omers"  # sanitised like every topic (events/naming.py)
     assert schema(record)["name"] == "my_server.inv_1.cust_omers.Envelope"
     assert record.key is not None
     assert orjson.loads(record.key)["schema"]["name"] == "my_server.inv_1.cust_omers.Key"
@@ -382,23 +382,16 @@ def test_event_options_validation() -> None:
 
 
 def test_event_options_from_config() -> None:
-    class Cfg:
-        topic_prefix = "p"
-        topic_delimiter = "."
-        topic_transaction = "tx"
-        topic_heartbeat_prefix = "hb"
-        capture_mode = "change_streams"
-        tombstones_on_delete = False
-        skipped_operations = frozenset({"none"})
-        field_exclude_list = ("a.b.c",)
-        field_renames = ("a.b.c:d",)
-        schema_name_adjustment_mode = "avro"
-        field_name_adjustment_mode = "none"
-        provide_transaction_metadata = True
-        mongocdc_event_format = "oplog_1x"
-        mongocdc_schemas_enable = False
+    from mongocdc_core.config import ConnectorConfig
 
-    opts = EventOptions.from_config(Cfg(), rs="rs9", now_ns=lambda: 7)
+    cfg = ConnectorConfig({
+        "mongodb.connection.string": "mongodb://h/?replicaSet=rs0", "topic.prefix": "p",
+        "topic.transaction": "tx", "topic.heartbeat.prefix": "hb", "capture.mode": "change_streams",
+        "tombstones.on.delete": "false", "skipped.operations": "none", "field.exclude.list": "a.b.c",
+        "field.renames": "a.b.c:d", "schema.name.adjustment.mode": "avro", "provide.transaction.metadata": "true",
+        "mongocdc.event.format": "oplog_1x", "mongocdc.schemas.enable": "false",
+    })
+    opts = EventOptions.from_config(cfg, rs="rs9", now_ns=lambda: 7)
     assert opts == EventOptions(
         topic_prefix="p",
         topic_transaction="tx",

@@ -150,8 +150,9 @@ def test_sink_notifications_need_a_topic_name() -> None:
     service = NotificationService(cfg)
     service.notify("Incremental Snapshot", "STARTED", {"data_collections": "db.c"})
     assert service.drain() == [] and service.sent[0]["type"] == "STARTED"
-    with pytest.raises(ValueError, match="notification.sink.topic.name"):
-        NotificationService(type("Cfg", (), {"notification_enabled_channels": ("sink",)})())
+    with pytest.raises(ValueError, match="notification.sink.topic.name"):  # refused by the config itself
+        ConnectorConfig.from_dict({"mongodb.connection.string": "mongodb://127.0.0.1:1/?replicaSet=rs0",
+                                   "topic.prefix": "t", "notification.enabled.channels": "sink"})
 
 
 def test_sink_notifications_carry_the_schema_when_schemas_are_enabled(kafka_bootstrap: str) -> None:

@@ -186,9 +186,9 @@ def test_queue_bounds_come_from_max_queue_size() -> None:
     ("props", "message"),
     [
         ({"mongocdc.kafka.topic.partitons": "2"}, "mongocdc.kafka.topic.partitons"),
-        ({"mongocdc.kafka.topic.partitions": "0"}, "topic.partitions must be >= 1"),
+        ({"mongocdc.kafka.topic.partitions": "0"}, "topic.partitions: must be >= 1"),
         ({"mongocdc.kafka.topic.cleanup.policy": "forever"}, "cleanup.policy"),
-        ({"mongocdc.kafka.exactly.once": "yes"}, "exactly.once must be true or false"),
+        ({"mongocdc.kafka.exactly.once": "yes"}, "exactly.once: expected true or false"),
         ({"mongocdc.kafka.topic.replication.factor": "0"}, "replication.factor"),
     ],
 )

@@ -1,21 +1,19 @@
 """Debezium's snapshot and streaming metrics, under Debezium's attribute names.
 
 Debezium exposes these as JMX MBeans (``context=snapshot`` and ``context=streaming``); here they
-are plain counters that the engine updates, readable in-process (``snapshot()``), as a JSON file
-rewritten atomically every few seconds while the engine runs, and as a printable ``summary()``.
+are plain counters that the engine updates, readable in-process (``as_dict()``) and as a printable
+``summary()``. Exporters (``json_file``, ``prometheus``) publish them; this module does no I/O.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
-import orjson
+from mongocdc_core.metrics.json_file import JsonFileExporter
 
 
 class SnapshotMetrics:
@@ -212,54 +210,35 @@ class ConnectorMetrics:
         self.server = server
         self.snapshot = SnapshotMetrics()
         self.streaming = StreamingMetrics()
-        self._writer: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._file: JsonFileExporter | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Debezium's MBean names as keys, attribute maps as values."""
-        base = f"debezium.mongodb:type=connector-metrics,server={self.server},task=0"
-        return {
-            base.replace("type=connector-metrics,", "type=connector-metrics,context=snapshot,"): (
-                self.snapshot.as_dict()
-            ),
-            base.replace("type=connector-metrics,", "type=connector-metrics,context=streaming,"): (
-                self.streaming.as_dict()
-            ),
-        }
+        return {self.mbean_name(context): values for context, values in self.contexts().items()}
+
+    def contexts(self) -> dict[str, dict[str, Any]]:
+        """The attribute maps by Debezium context (``snapshot``, ``streaming``)."""
+        return {"snapshot": self.snapshot.as_dict(), "streaming": self.streaming.as_dict()}
+
+    def mbean_name(self, context: str) -> str:
+        """Debezium's MBean name of one context."""
+        return f"debezium.mongodb:type=connector-metrics,context={context},server={self.server},task=0"
 
     def write_file(self, path: str | os.PathLike[str]) -> None:
         """Replace ``path`` atomically with the current metrics as JSON."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(orjson.dumps(self.as_dict(), option=orjson.OPT_INDENT_2))
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        JsonFileExporter(self.as_dict, path).write()
 
     def start_file_writer(self, path: str | os.PathLike[str], interval_s: float = 2.0) -> None:
         """Rewrite ``path`` every ``interval_s`` seconds until ``stop_file_writer``."""
-        if self._writer is not None:
-            return
-        self._stop.clear()
-
-        def loop() -> None:
-            while not self._stop.wait(interval_s):
-                self.write_file(path)
-
-        self.write_file(path)
-        self._writer = threading.Thread(target=loop, name="mongocdc-metrics", daemon=True)
-        self._writer.start()
+        if self._file is None:
+            self._file = JsonFileExporter(self.as_dict, path, interval_s)
+            self._file.start()
 
     def stop_file_writer(self, path: str | os.PathLike[str] | None) -> None:
         """Stop the writer and write the final values once more."""
-        self._stop.set()
-        if self._writer is not None:
-            self._writer.join()
-            self._writer = None
+        if self._file is not None:
+            self._file.stop()
+            self._file = None
         if path is not None:
             self.write_file(path)
 
