@@ -257,6 +257,9 @@ PROPERTY_SPECS: tuple[PropertySpec, ...] = (
        group="mongocdc"),
     _p("mongocdc.metrics.file", "str", None, "JSON file the engine rewrites with its metrics.",
        group="mongocdc"),
+    _p("mongocdc.snapshot.split.size", "int", "250000",
+       "Collections with more documents are snapshotted as _id ranges of about this many documents, copied in "
+       "parallel and resumed range by range (0 = never split).", minimum=0, group="mongocdc"),
 )
 
 PROPERTIES: dict[str, PropertySpec] = {spec.name: spec for spec in PROPERTY_SPECS}
@@ -691,6 +694,7 @@ class ConnectorConfig:
     mongocdc_event_format: str
     mongocdc_schemas_enable: bool
     mongocdc_metrics_file: str | None
+    mongocdc_snapshot_split_size: int
     # -- pass-through groups and bookkeeping
     signal_consumer_properties: dict[str, str]
     producer_overrides: dict[str, str]
