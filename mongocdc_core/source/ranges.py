@@ -8,7 +8,7 @@ whole bracket in between (``$type``), and the head of the high bracket. Every pi
 ``_id`` index, on mongod as on any driver-visible server, and the ranges of a plan cover each
 document exactly once, whatever mix of ``_id`` types the collection holds.
 
-Boundaries come from ``$bucketAuto`` on ``_id``: the server's own order, computed by the server.
+Boundaries are quantiles of a random sample of ``_id`` values sorted by the server, in its own order.
 """
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ BRACKETS: tuple[tuple[str, ...], ...] = (
     ("javascriptWithScope",),
     ("maxKey",),
 )
+#: At most this many ranges per collection, and this many sampled keys per range to place the boundaries.
+MAX_RANGES = 10_000
+SAMPLES_PER_RANGE = 20
+
 _NUMBERS, _STRINGS, _OBJECTS, _BINARY, _OBJECT_ID, _BOOL, _DATES, _TIMESTAMPS = 2, 3, 4, 6, 7, 8, 9, 10
 
 
@@ -81,11 +85,12 @@ def _types(first: int, last: int) -> list[str]:
 @dataclass(frozen=True)
 class IdRange:
     """``_id`` from ``low`` (inclusive unless ``low_exclusive``; None: from the start) to ``high``
-    (exclusive; None: to the end), in the server's ``_id`` order."""
+    (exclusive unless ``high_inclusive``; None: to the end), in the server's ``_id`` order."""
 
     low: Any = None
     high: Any = None
     low_exclusive: bool = False
+    high_inclusive: bool = False
 
     @property
     def whole(self) -> bool:
@@ -93,7 +98,7 @@ class IdRange:
 
     def after(self, key: Any) -> IdRange:
         """The rest of this range after ``key`` (a key read from it), for resuming."""
-        return IdRange(key, self.high, low_exclusive=True)
+        return IdRange(key, self.high, low_exclusive=True, high_inclusive=self.high_inclusive)
 
     def query(self) -> dict[str, Any]:
         """A query document matching exactly the ``_id`` values of the range (uses the ``_id`` index)."""
@@ -102,8 +107,9 @@ class IdRange:
         low_bracket = 0 if self.low is None else _require_bracket(self.low)
         high_bracket = len(BRACKETS) - 1 if self.high is None else _require_bracket(self.high)
         low_op = "$gt" if self.low_exclusive else "$gte"
+        high_op = "$lte" if self.high_inclusive else "$lt"
         if self.low is not None and self.high is not None and low_bracket == high_bracket:
-            return {"_id": {low_op: self.low, "$lt": self.high}}
+            return {"_id": {low_op: self.low, high_op: self.high}}
         pieces: list[dict[str, Any]] = []
         first_whole, last_whole = low_bracket, high_bracket
         if self.low is not None:
@@ -114,7 +120,7 @@ class IdRange:
         if first_whole <= last_whole:
             pieces.append({"_id": {"$type": _types(first_whole, last_whole)}})
         if self.high is not None:
-            pieces.append({"_id": {"$lt": self.high}})
+            pieces.append({"_id": {high_op: self.high}})
         return pieces[0] if len(pieces) == 1 else {"$or": pieces}
 
     def to_json(self) -> dict[str, Any]:
@@ -123,6 +129,7 @@ class IdRange:
             "low": None if self.low is None else encode_key(self.low),
             "high": None if self.high is None else encode_key(self.high),
             "low_exclusive": self.low_exclusive,
+            "high_inclusive": self.high_inclusive,
         }
 
     @classmethod
@@ -132,6 +139,7 @@ class IdRange:
             None if low is None else decode_key(low),
             None if high is None else decode_key(high),
             bool(data.get("low_exclusive", False)),
+            bool(data.get("high_inclusive", False)),
         )
 
     def describe(self) -> str:
@@ -139,7 +147,7 @@ class IdRange:
             return json_util.dumps(value, json_options=json_util.RELAXED_JSON_OPTIONS)
 
         low = "start" if self.low is None else ("(" if self.low_exclusive else "[") + text(self.low)
-        high = "end" if self.high is None else text(self.high) + ")"
+        high = "end" if self.high is None else text(self.high) + ("]" if self.high_inclusive else ")")
         return f"{low} .. {high}"
 
 
@@ -162,22 +170,46 @@ def _require_bracket(value: Any) -> int:
 def plan_ranges(collection: Collection[Any], split_size: int, *, count: int | None = None) -> list[IdRange]:
     """Split ``collection`` into ranges of about ``split_size`` documents (one range when smaller).
 
-    Boundaries are ``$bucketAuto`` bucket minimums over ``_id``; a boundary of a type that cannot
-    bound a range (MinKey, regex, code, …) merges its bucket into the previous one. ``split_size``
-    of 0 or less disables splitting.
+    Boundaries are quantiles of a random sample of ``_id`` values that the server sorts in its own
+    order (``$sample`` reads random documents without scanning the collection); a boundary of a type
+    that cannot bound a range (MinKey, regex, code, …) merges its range into the previous one.
+    ``split_size`` of 0 or less disables splitting.
     """
     total = collection.estimated_document_count() if count is None else count
     if split_size <= 0 or total <= split_size:
         return [IdRange()]
-    buckets = min(math.ceil(total / split_size), 100_000)
-    found = collection.aggregate(
-        [{"$bucketAuto": {"groupBy": "$_id", "buckets": buckets}}, {"$project": {"_id": 1}}], allowDiskUse=True
-    )
-    bounds = [bucket["_id"]["min"] for bucket in found][1:]
-    bounds = [value for value in bounds if bracket_of(value) is not None]
+    parts = min(math.ceil(total / split_size), MAX_RANGES)
+    size = min(total, parts * SAMPLES_PER_RANGE)
+    sample = [
+        doc["_id"]
+        for doc in collection.aggregate(
+            [{"$sample": {"size": size}}, {"$project": {"_id": 1}}, {"$sort": {"_id": 1}}], allowDiskUse=True
+        )
+    ]
+    step = len(sample) / parts
+    bounds: list[Any] = []
+    seen: set[str] = set()
+    for k in range(1, parts):
+        value = sample[int(k * step)]
+        identity = encode_key(value)
+        if bracket_of(value) is not None and identity not in seen:  # a sample may repeat a key
+            seen.add(identity)
+            bounds.append(value)
     if not bounds:
         return [IdRange()]
-    ranges = [IdRange(None, bounds[0])]
+    # The outer ranges end at the smallest and largest _id that exist now (an index lookup each), so
+    # no range has to name whole type brackets that hold nothing. A key outside them inserted later
+    # comes after the snapshot's start position, so the stream delivers it.
+    lowest = _extreme(collection, 1)
+    highest = _extreme(collection, -1)
+    ranges = [IdRange(lowest, bounds[0])]
     ranges += [IdRange(low, high) for low, high in zip(bounds, bounds[1:], strict=False)]
-    ranges.append(IdRange(bounds[-1], None))
+    ranges.append(IdRange(bounds[-1], highest, high_inclusive=highest is not None))
     return ranges
+
+
+def _extreme(collection: Collection[Any], direction: int) -> Any:
+    """The smallest (1) or largest (-1) ``_id`` when it can bound a range, else None (unbounded)."""
+    found = collection.find_one({}, {"_id": 1}, sort=[("_id", direction)])
+    value = None if found is None else found["_id"]
+    return value if bracket_of(value) is not None else None

@@ -279,7 +279,8 @@ class SnapshotCopier:
     A collection of more than ``mongocdc.snapshot.split.size`` documents is planned as ranges of
     about that size (:mod:`mongocdc_core.source.ranges`, every ``_id`` type in the server's order);
     all ranges of all collections form one pool, biggest first, each range read in ``_id`` order
-    with its own cursor and ``snapshot.fetch.size``. With ``progress`` (the offset's
+    with its own cursor and ``snapshot.fetch.size`` (``split_size`` overrides the property; 0 never
+    splits, for a caller that already copies one range). With ``progress`` (the offset's
     :class:`SnapshotState`), the plan is recorded there and ranges already done, or the keys of a
     range already delivered, are skipped: a resumed snapshot copies only what is left.
 
@@ -300,6 +301,7 @@ class SnapshotCopier:
         filters: dict[str, dict[str, Any] | None] | None = None,
         stop: threading.Event | None = None,
         progress: SnapshotState | None = None,
+        split_size: int | None = None,
     ) -> None:
         self.client = client
         self.cfg = cfg
@@ -309,7 +311,7 @@ class SnapshotCopier:
         self.chunk_size = max(1, self.fetch_size or chunk_size)
         self.filters = filters if filters is not None else {ns: collection_filter(cfg, ns) for ns in collections}
         self.stop = stop or threading.Event()
-        self.split_size = int(cfg.mongocdc_snapshot_split_size)
+        self.split_size = int(cfg.mongocdc_snapshot_split_size if split_size is None else split_size)
         self.progress = progress
         self._collections = list(collections)
         self._pending: list[_Unit] = []
