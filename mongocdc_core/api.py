@@ -29,6 +29,7 @@ from mongocdc_core.source.connection import Topology, connect
 from mongocdc_core.source.errors import CdcError, HistoryLostError
 from mongocdc_core.source.incremental import IncrementalSnapshotResult, incremental_snapshot_collection
 from mongocdc_core.source.oplog import OplogWindow
+from mongocdc_core.source.ranges import IdRange, plan_ranges
 from mongocdc_core.source.snapshot import (
     SnapshotChunk,
     SnapshotCopier,
@@ -42,6 +43,7 @@ __all__ = [
     "CdcError",
     "ConfigError",
     "HistoryLostError",
+    "IdRange",
     "IncrementalSnapshotResult",
     "OplogWindow",
     "SliceResult",
@@ -50,6 +52,7 @@ __all__ = [
     "incremental_snapshot_collection",
     "list_captured_collections",
     "oplog_window",
+    "plan_snapshot_ranges",
     "snapshot_collection",
     "stream_window",
 ]
@@ -116,19 +119,30 @@ def current_cluster_time(cfg: Any) -> Timestamp:
         return _oplog.current_cluster_time(client)
 
 
+def plan_snapshot_ranges(cfg: Any, namespace: str, split_size: int | None = None) -> list[IdRange]:
+    """The ``_id`` ranges of about ``split_size`` documents (default ``mongocdc.snapshot.split.size``)
+    that a snapshot of ``namespace`` is copied as; orchestrators run one range per partition."""
+    db, coll = _split(namespace)
+    with _client(cfg) as (client, _):
+        size = cfg.mongocdc_snapshot_split_size if split_size is None else split_size
+        return plan_ranges(client[db][coll], int(size))
+
+
 def snapshot_collection(
     cfg: Any,
     namespace: str,
     sink: Sink,
     *,
     filter: dict[str, Any] | None = None,
+    id_range: IdRange | None = None,
     progress: ProgressListener | None = None,
 ) -> SnapshotResult:
     """Blocking snapshot of one collection into ``sink`` (flushed before returning).
 
     The position is recorded before the copy starts; every read record carries it, so any change
     streamed after it supersedes the read. ``filter`` defaults to the collection's
-    ``snapshot.collection.filter.overrides`` entry.
+    ``snapshot.collection.filter.overrides`` entry; ``id_range`` copies one range of
+    :func:`plan_snapshot_ranges` only (the union of all ranges is the whole snapshot).
     """
     db, coll = _split(namespace)
     started = time.monotonic()
@@ -136,6 +150,8 @@ def snapshot_collection(
         start = record_start(client, client[db][coll])
         converter = EventConverter(EventOptions.from_config(cfg, rs=topology.set_name or ""))
         query = filter if filter is not None else collection_filter(cfg, namespace)
+        if id_range is not None and not id_range.whole:
+            query = {"$and": [query, id_range.query()]} if query else id_range.query()
         metrics = ConnectorMetrics(cfg.topic_prefix)
         dispatcher = Dispatcher(cfg, converter, sink, None, metrics, Offset(), progress=progress)
         if progress is not None:
@@ -149,7 +165,7 @@ def snapshot_collection(
         dispatcher.sink = counting
         SnapshotCopier(
             client, cfg, [namespace], emit, threads=1, chunk_size=min(cfg.max_batch_size, 1024),
-            filters={namespace: query},
+            filters={namespace: query}, split_size=0 if id_range is not None else None,
         ).run()
         dispatcher.commit()
         if progress is not None:

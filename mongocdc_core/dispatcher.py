@@ -177,12 +177,15 @@ class Dispatcher:
         self._snapshot_copied[chunk.namespace] = copied
         if n:
             self.metrics.snapshot.rows(chunk.namespace, n, position.to_str())
-        if chunk.final:
-            state = self.offset.snapshot
-            if state is not None and chunk.namespace not in state.completed:
-                state.completed.append(chunk.namespace)
+        state = self.offset.snapshot
+        if state is not None:
+            state.record_part(chunk.namespace, chunk.part, chunk.after, chunk.part_done, chunk.final)
             self._dirty = True
-            self.commit()
+        if chunk.final or chunk.part_done:
+            self.commit()  # a finished range is never copied again, even after kill -9
+        else:
+            self.maybe_commit()  # bounds what kill -9 repeats inside a long range
+        if chunk.final:
             self.metrics.snapshot.table_done()
             if self.progress is not None:
                 self.progress.snapshot_collection_done(chunk.namespace, copied)

@@ -242,6 +242,7 @@ class Engine:
             threads=self.cfg.snapshot_max_threads,
             chunk_size=min(self.cfg.max_batch_size, 1024),
             stop=threading.Event(),
+            progress=state,
         )
         threading.Thread(target=self._forward_stop, args=(copier.stop,), daemon=True).start()
         try:

@@ -14,7 +14,18 @@ from collections.abc import Mapping
 from types import FrameType
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
 
 from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.dispatcher import ProgressListener
@@ -35,8 +46,19 @@ class ReadyLine(ProgressListener):
         print(f"mongocdc: streaming after {start}", flush=True)
 
 
+class RateColumn(ProgressColumn):
+    """Documents (or events) per second of a task, as rich measures it over its recent updates."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text("" if speed is None else f"{speed:,.0f}/s", style="progress.data.speed")
+
+
+TOTAL = "snapshot (all collections)"
+
+
 class RichProgress(ReadyLine):
-    """Snapshot bars per collection and a streaming counter, drawn on stderr."""
+    """Snapshot bars per collection and in total (count, rate, ETA) and a streaming counter, on stderr."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
@@ -44,11 +66,16 @@ class RichProgress(ReadyLine):
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
+            RateColumn(),
             TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
             console=console,
             transient=False,
         )
         self._tasks: dict[str, TaskID] = {}
+        self._copied: dict[str, int] = {}
+        self._total_task: TaskID | None = None
         self._stream_task: TaskID | None = None
         self._lock = threading.Lock()
 
@@ -63,6 +90,13 @@ class RichProgress(ReadyLine):
         with self._lock:
             for namespace, total in totals.items():
                 self._tasks[namespace] = self.progress.add_task(f"snapshot {namespace}", total=total)
+            known = [t for t in totals.values() if t is not None]
+            if len(totals) > 1:
+                self._total_task = self.progress.add_task(TOTAL, total=sum(known) if known else None)
+
+    def _update_total(self) -> None:
+        if self._total_task is not None:
+            self.progress.update(self._total_task, completed=sum(self._copied.values()))
 
     def snapshot_progress(self, namespace: str, copied: int, total: int | None) -> None:
         with self._lock:
@@ -70,12 +104,16 @@ class RichProgress(ReadyLine):
             if task is None:
                 task = self._tasks[namespace] = self.progress.add_task(f"snapshot {namespace}", total=total)
             self.progress.update(task, completed=copied, total=max(total or 0, copied) or None)
+            self._copied[namespace] = copied
+            self._update_total()
 
     def snapshot_collection_done(self, namespace: str, copied: int) -> None:
         with self._lock:
             task = self._tasks.get(namespace)
             if task is not None:
                 self.progress.update(task, completed=copied, total=copied)
+            self._copied[namespace] = copied
+            self._update_total()
 
     def snapshot_finished(self, completed: bool, documents: int) -> None:
         state = "completed" if completed else "stopped"

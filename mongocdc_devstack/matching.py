@@ -284,11 +284,64 @@ def _bson_extreme(pick: Callable[..., Any]) -> Callable[[Any], Any]:
 mm_aggregate._GROUPING_OPERATOR_MAP["$min"] = _bson_extreme(min)
 mm_aggregate._GROUPING_OPERATOR_MAP["$max"] = _bson_extreme(max)
 setattr(mm_aggregate._Parser, "parse", _parse_expression)  # noqa: B010 (a deliberate override)
+#: ``$type`` as mongod takes it: aliases or numeric codes, alone or in an array, plus ``"number"``.
+_TYPE_TESTS: dict[str, Callable[[Any], bool]] = {
+    "double": lambda v: isinstance(v, float),
+    "string": lambda v: isinstance(v, str),
+    "object": lambda v: isinstance(v, Mapping),
+    "array": lambda v: isinstance(v, list),
+    "binData": lambda v: isinstance(v, (bytes, Binary)),
+    "undefined": lambda v: False,
+    "objectId": lambda v: isinstance(v, ObjectId),
+    "bool": lambda v: isinstance(v, bool),
+    "date": lambda v: isinstance(v, (datetime.datetime, DatetimeMS)),
+    "null": lambda v: v is None,
+    "regex": lambda v: isinstance(v, (Regex, re.Pattern)),
+    "dbPointer": lambda v: False,
+    "javascript": lambda v: isinstance(v, Code) and v.scope is None,
+    "symbol": lambda v: False,
+    "javascriptWithScope": lambda v: isinstance(v, Code) and v.scope is not None,
+    "int": lambda v: isinstance(v, int) and not isinstance(v, (bool, Int64)) and -(2**31) <= v < 2**31,
+    "timestamp": lambda v: isinstance(v, Timestamp),
+    "long": lambda v: isinstance(v, Int64) or (isinstance(v, int) and not isinstance(v, bool) and not -(2**31) <= v < 2**31),
+    "decimal": lambda v: isinstance(v, Decimal128),
+    "minKey": lambda v: isinstance(v, MinKey),
+    "maxKey": lambda v: isinstance(v, MaxKey),
+}
+_TYPE_CODES = {1: "double", 2: "string", 3: "object", 4: "array", 5: "binData", 6: "undefined", 7: "objectId",
+               8: "bool", 9: "date", 10: "null", 11: "regex", 12: "dbPointer", 13: "javascript", 14: "symbol",
+               15: "javascriptWithScope", 16: "int", 17: "timestamp", 18: "long", 19: "decimal", -1: "minKey",
+               127: "maxKey"}
+_NUMBER_TYPES = ("double", "int", "long", "decimal")
+
+
+def _type_names(spec: Any) -> list[str]:
+    names: list[str] = []
+    for item in spec if isinstance(spec, list) else [spec]:
+        if isinstance(item, (int, float)) and not isinstance(item, bool) and int(item) in _TYPE_CODES:
+            names.append(_TYPE_CODES[int(item)])
+        elif item == "number":
+            names.extend(_NUMBER_TYPES)
+        elif isinstance(item, str) and item in _TYPE_TESTS:
+            names.append(item)
+        else:
+            raise command_error(BAD_VALUE, f"Unknown type name alias: {item}")
+    return names
+
+
+def _type_op(doc_val: Any, spec: Any, in_array: bool = False) -> bool:
+    names = _type_names(spec)
+    if any(_TYPE_TESTS[name](doc_val) for name in names):
+        return True
+    return isinstance(doc_val, list) and not in_array and any(_type_op(v, spec, in_array=True) for v in doc_val)
+
+
 mm_filtering.bson_compare = _bson_compare
 mm_filtering.operator_eq = _bson_eq
 mm_filtering._filterer_inst._operator_map["$eq"] = mm_filtering._list_expand(_bson_eq)
 mm_filtering._in_op = _bson_in  # ``$nin`` looks the module global up at call time
 mm_filtering._filterer_inst._operator_map["$in"] = _bson_in
+mm_filtering._filterer_inst._operator_map["$type"] = _type_op
 
 _MOCK_ERRORS = (mongomock.OperationFailure, NotImplementedError, ValueError, TypeError, KeyError)
 

@@ -850,6 +850,12 @@ class ServerState:
         with self.lock:
             ranged = _id_range(query)
             order = dict(sort) if sort else {}
+            if not query and order in ({"_id": 1}, {"_id": -1}):  # a whole-collection read in index order
+                keys = coll.sorted_ids()
+                selected = keys[::-1] if order == {"_id": -1} else keys
+                selected = selected[skip:] if skip else selected
+                selected = selected[:limit] if limit else selected
+                return [coll.docs[k] for k in selected]
             if ranged is not None and order in ({}, {"_id": 1}, {"_id": -1}):
                 stored = self._id_range_read(coll, ranged, descending=order == {"_id": -1},
                                              limit=0 if len(query) > 1 else (skip + limit if limit else 0))  # fmt: skip

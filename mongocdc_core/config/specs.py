@@ -234,6 +234,9 @@ PROPERTY_SPECS: tuple[PropertySpec, ...] = (
     _p("mongocdc.metrics.port", "int", "0",
        "Serve the metrics in Prometheus text format on this port (0 = off).", minimum=0, group="mongocdc",
        maximum=65535),
+    _p("mongocdc.snapshot.split.size", "int", "250000",
+       "Collections with more documents are snapshotted as _id ranges of about this many documents, copied in "
+       "parallel and resumed range by range (0 = never split).", minimum=0, group="mongocdc"),
     # -- mongocdc's Kafka sink (read only by the Kafka sink, validated whatever the sink) -------------------
     _p("mongocdc.kafka.topic.creation.enable", "bool", "true", "Create missing topics before writing.",
        group="mongocdc"),

@@ -19,11 +19,13 @@ class OffsetError(RuntimeError):
 
 @dataclass
 class SnapshotState:
-    """Progress of an initial/blocking snapshot, so a stopped snapshot is redone where needed.
+    """Progress of an initial/blocking snapshot, so a stopped snapshot resumes where it stopped.
 
-    ``completed`` collections were copied and flushed; the others in ``collections`` are copied
-    again on restart. ``start_position``/``start_token`` were recorded before the copy started and
-    are where streaming begins afterwards.
+    ``completed`` collections were copied and flushed. ``parts[ns]`` is the plan of a collection
+    being copied: its ``_id`` ranges (``IdRange`` JSON), each with ``done`` and ``after`` (the last
+    key copied *and flushed*, as canonical Extended JSON), so a restart copies only what is left.
+    ``start_position``/``start_token`` were recorded before the copy started and are where
+    streaming begins afterwards.
     """
 
     collections: list[str]
@@ -31,6 +33,7 @@ class SnapshotState:
     start_position: Position | None = None
     start_token: dict[str, Any] | None = None
     running: bool = True
+    parts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def remaining(self) -> list[str]:
@@ -38,10 +41,24 @@ class SnapshotState:
         done = set(self.completed)
         return [ns for ns in self.collections if ns not in done]
 
+    def record_part(self, namespace: str, part: int, after: str | None, done: bool, collection_done: bool) -> None:
+        """A chunk of ``part`` of ``namespace`` was handed to the sink (durable with the next commit)."""
+        entries = self.parts.get(namespace)
+        if entries is not None and 0 <= part < len(entries):
+            if after is not None:
+                entries[part]["after"] = after
+            if done:
+                entries[part]["done"] = True
+        if collection_done:
+            self.parts.pop(namespace, None)
+            if namespace not in self.completed:
+                self.completed.append(namespace)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "collections": list(self.collections),
             "completed": list(self.completed),
+            "parts": {ns: [dict(entry) for entry in entries] for ns, entries in self.parts.items()},
             "start_position": self.start_position.to_str() if self.start_position else None,
             "start_token": _token_to_json(self.start_token),
             "running": self.running,
@@ -53,6 +70,7 @@ class SnapshotState:
         return cls(
             collections=list(data.get("collections", [])),
             completed=list(data.get("completed", [])),
+            parts={str(ns): [dict(entry) for entry in entries] for ns, entries in (data.get("parts") or {}).items()},
             start_position=Position.parse(pos) if pos else None,
             start_token=_token_from_json(data.get("start_token")),
             running=bool(data.get("running", False)),

@@ -30,7 +30,9 @@ class JsonlSink:
         if handle is None:
             if "/" in topic or topic in ("", ".", ".."):
                 raise SinkError(f"topic {topic!r} cannot be used as a file name")
-            handle = open(self.directory / f"{topic}.jsonl", "ab")  # kept open across batches
+            path = self.directory / f"{topic}.jsonl"
+            _drop_torn_tail(path)
+            handle = open(path, "ab")  # kept open across batches
             self._files[topic] = handle
         return handle
 
@@ -63,3 +65,37 @@ class JsonlSink:
             handle.close()
         self._files.clear()
         self._closed = True
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line that ``kill -9`` left half-written, before appending after it.
+
+    Its record was never acknowledged (the offset is saved only after a flush returned), so the
+    restarted connector delivers it again in full; without the cut the two would fuse into one
+    unreadable line and lose the record that follows.
+    """
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return
+    if size == 0:
+        return
+    with open(path, "r+b") as fh:
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            return
+        keep = 0
+        step = 1 << 16
+        end = size
+        while end > 0:
+            start = max(0, end - step)
+            fh.seek(start)
+            block = fh.read(end - start)
+            newline = block.rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            end = start
+        fh.truncate(keep)
+        fh.flush()
+        os.fsync(fh.fileno())

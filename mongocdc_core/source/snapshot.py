@@ -14,19 +14,21 @@ group ``mongocdc.snapshot_modes``; the entry point name is matched against
 
 from __future__ import annotations
 
-import datetime
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
-from bson import Decimal128, Int64, ObjectId, Timestamp, json_util
+from bson import Timestamp, json_util
 from pymongo import MongoClient
 
+from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.offsets.model import SnapshotState
 from mongocdc_core.positions import Position
 from mongocdc_core.source.errors import CdcError
 from mongocdc_core.source.oplog import current_cluster_time, token_timestamp
+from mongocdc_core.source.ranges import IdRange, decode_key, encode_key, plan_ranges
 
 ENTRY_POINT_GROUP = "mongocdc.snapshot_modes"
 
@@ -240,12 +242,20 @@ def snapshot_marker(first_collection: bool, last_collection: bool, first_record:
 
 @dataclass(slots=True)
 class SnapshotChunk:
-    """Documents of one collection in delivery order, with their markers; ``final`` ends the collection."""
+    """Documents of one collection in delivery order, with their markers; ``final`` ends the collection.
+
+    ``part`` is the ``_id`` range the documents come from, ``part_done`` says that range is complete,
+    and ``after`` is the last key of the chunk (canonical Extended JSON): once the chunk is flushed,
+    a restart resumes the range after it.
+    """
 
     namespace: str
     documents: list[dict[str, Any]]
     markers: list[str]
     final: bool
+    part: int = 0
+    part_done: bool = False
+    after: str | None = None
 
 
 EmitFn = Callable[[SnapshotChunk], bool]
@@ -255,43 +265,34 @@ _END = object()
 
 @dataclass(frozen=True, slots=True)
 class _Unit:
-    """A piece of work: one collection, or one ``_id`` range of a split collection."""
+    """A piece of work: one ``_id`` range (possibly the whole collection), with its estimated size."""
 
     namespace: str
+    part: int
     query: dict[str, Any]
-
-
-_NUMBER_TYPES = (int, float, Int64, Decimal128)
-
-
-def _id_bracket(value: Any) -> type | None:
-    """The BSON comparison bracket of an ``_id`` when ranges over it are safe, else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, _NUMBER_TYPES):
-        return int
-    if isinstance(value, (str, ObjectId, datetime.datetime)):
-        return type(value)
-    return None
+    weight: float
 
 
 class SnapshotCopier:
-    """Copies collections with up to ``threads`` workers and hands chunks to ``emit`` in order.
+    """Copies collections as ``_id`` ranges with up to ``threads`` workers, handing chunks to ``emit``.
+
+    A collection of more than ``mongocdc.snapshot.split.size`` documents is planned as ranges of
+    about that size (:mod:`mongocdc_core.source.ranges`, every ``_id`` type in the server's order);
+    all ranges of all collections form one pool, biggest first, each range read in ``_id`` order
+    with its own cursor and ``snapshot.fetch.size`` (``split_size`` overrides the property; 0 never
+    splits, for a caller that already copies one range). With ``progress`` (the offset's
+    :class:`SnapshotState`), the plan is recorded there and ranges already done, or the keys of a
+    range already delivered, are skipped: a resumed snapshot copies only what is left.
 
     ``emit`` is called under one lock, so chunks reach it in the order their markers describe;
     it returns False to stop the copy (engine stopping). Markers: the first record delivered is
     ``first``; the final record of the collection that finishes last is ``last``.
-
-    With more threads than collections, a collection of at least ``split_min_documents`` is
-    split into ``_id`` ranges copied in parallel. Ranges are only used when the smallest and the
-    largest ``_id`` share one comparison bracket (number, string, ObjectId, date): MongoDB sorts
-    by type first, so then every ``_id`` is in that bracket and the ranges cover all documents.
     """
 
     def __init__(
         self,
         client: MongoClient[Any],
-        cfg: Any,
+        cfg: ConnectorConfig,
         collections: Sequence[str],
         emit: EmitFn,
         *,
@@ -299,7 +300,8 @@ class SnapshotCopier:
         chunk_size: int = 1024,
         filters: dict[str, dict[str, Any] | None] | None = None,
         stop: threading.Event | None = None,
-        split_min_documents: int = 20_000,
+        progress: SnapshotState | None = None,
+        split_size: int | None = None,
     ) -> None:
         self.client = client
         self.cfg = cfg
@@ -309,7 +311,8 @@ class SnapshotCopier:
         self.chunk_size = max(1, self.fetch_size or chunk_size)
         self.filters = filters if filters is not None else {ns: collection_filter(cfg, ns) for ns in collections}
         self.stop = stop or threading.Event()
-        self.split_min_documents = split_min_documents
+        self.split_size = int(cfg.mongocdc_snapshot_split_size if split_size is None else split_size)
+        self.progress = progress
         self._collections = list(collections)
         self._pending: list[_Unit] = []
         self._parts_left: dict[str, int] = {}
@@ -319,13 +322,23 @@ class SnapshotCopier:
         self._lock = threading.Lock()
         self._errors: list[BaseException] = []
 
+    def plan(self, namespace: str) -> list[IdRange]:
+        """The ``_id`` ranges ``namespace`` is copied as (one when it is small)."""
+        db, _, coll = namespace.partition(".")
+        return plan_ranges(self.client[db][coll], self.split_size)
+
     def run(self) -> bool:
         """Copy everything; True when complete, False when stopped. Re-raises a worker's error."""
-        spare = self.max_threads // max(1, len(self._collections))
+        finished: list[str] = []
         for namespace in self._collections:
-            units = self._split(namespace, spare) if spare > 1 else [self._unit(namespace, None)]
+            units = self._units(namespace)
+            if not units:
+                finished.append(namespace)
             self._pending.extend(units)
             self._parts_left[namespace] = len(units)
+        self._pending.sort(key=lambda unit: -unit.weight)  # biggest work first; stable within a collection
+        for namespace in finished:  # every range was done before a restart: only the end is left to record
+            self._deliver(namespace, 0, [], part_done=False)
         workers = [
             threading.Thread(target=self._worker, name=f"mongocdc-snapshot-{i}", daemon=True)
             for i in range(max(1, min(self.max_threads, len(self._pending))))
@@ -338,38 +351,30 @@ class SnapshotCopier:
             raise self._errors[0]
         return not self.stop.is_set()
 
-    def _unit(self, namespace: str, id_range: dict[str, Any] | None) -> _Unit:
-        base = self.filters.get(namespace) or {}
-        if id_range is None:
-            return _Unit(namespace, base)
-        query = {"_id": id_range}
-        return _Unit(namespace, {"$and": [base, query]} if base else query)
-
-    def _split(self, namespace: str, parts: int) -> list[_Unit]:
-        """``_id`` ranges of about equal size, or the whole collection when splitting is unsafe."""
+    def _units(self, namespace: str) -> list[_Unit]:
+        """The ranges of ``namespace`` still to copy (planned now, or taken from ``progress``)."""
+        entries = self.progress.parts.get(namespace) if self.progress is not None else None
+        if entries is None:
+            entries = [{"range": r.to_json(), "done": False, "after": None} for r in self.plan(namespace)]
+            if self.progress is not None:
+                self.progress.parts[namespace] = entries
+        elif any(entry.get("after") or entry.get("done") for entry in entries):
+            self._started.add(namespace)  # resumed: its first record was delivered before the restart
+            self._emitted_any = True
         db, _, coll = namespace.partition(".")
-        collection = self.client[db][coll]
-        count = collection.estimated_document_count()
-        if count < self.split_min_documents:
-            return [self._unit(namespace, None)]
-        lowest = collection.find_one({}, {"_id": 1}, sort=[("_id", 1)])
-        highest = collection.find_one({}, {"_id": 1}, sort=[("_id", -1)])
-        if lowest is None or highest is None:
-            return [self._unit(namespace, None)]
-        bracket = _id_bracket(lowest["_id"])
-        if bracket is None or bracket is not _id_bracket(highest["_id"]):
-            return [self._unit(namespace, None)]
-        bounds: list[Any] = []
-        for k in range(1, parts):
-            found = collection.find_one({}, {"_id": 1}, sort=[("_id", 1)], skip=k * count // parts)
-            if found is not None and (not bounds or found["_id"] > bounds[-1]):
-                bounds.append(found["_id"])
-        if not bounds:
-            return [self._unit(namespace, None)]
-        ranges: list[dict[str, Any]] = [{"$lt": bounds[0]}]
-        ranges += [{"$gte": lo, "$lt": hi} for lo, hi in zip(bounds, bounds[1:], strict=False)]
-        ranges.append({"$gte": bounds[-1]})
-        return [self._unit(namespace, r) for r in ranges]
+        weight = self.client[db][coll].estimated_document_count() / max(1, len(entries))
+        base = self.filters.get(namespace) or {}
+        units = []
+        for part, entry in enumerate(entries):
+            if entry.get("done"):
+                continue
+            id_range = IdRange.from_json(entry["range"])
+            if entry.get("after") is not None:
+                id_range = id_range.after(decode_key(entry["after"]))
+            bound = id_range.query()
+            query = {"$and": [base, bound]} if base and bound else (bound or base)
+            units.append(_Unit(namespace, part, query, weight))
+        return units
 
     def _claim(self) -> _Unit | None:
         with self._lock:
@@ -389,13 +394,13 @@ class SnapshotCopier:
 
     def _copy(self, unit: _Unit) -> None:
         db, _, coll = unit.namespace.partition(".")
-        cursor = self.client[db][coll].find(unit.query, batch_size=self.fetch_size)
+        cursor = self.client[db][coll].find(unit.query, batch_size=self.fetch_size).sort("_id", 1)
         try:
             it = iter(cursor)
             batch: list[dict[str, Any]] = []
             current = next(it, _END)
             if current is _END:
-                self._deliver(unit.namespace, [], part_done=True)
+                self._deliver(unit.namespace, unit.part, [], part_done=True)
                 return
             while current is not _END:
                 if self.stop.is_set():
@@ -403,17 +408,17 @@ class SnapshotCopier:
                 following = next(it, _END)
                 batch.append(current)  # type: ignore[arg-type]
                 if following is _END or len(batch) >= self.chunk_size:
-                    if not self._deliver(unit.namespace, batch, part_done=following is _END):
+                    if not self._deliver(unit.namespace, unit.part, batch, part_done=following is _END):
                         return
                     batch = []
                 current = following
         finally:
             cursor.close()
 
-    def _deliver(self, namespace: str, docs: list[dict[str, Any]], *, part_done: bool) -> bool:
+    def _deliver(self, namespace: str, part: int, docs: list[dict[str, Any]], *, part_done: bool) -> bool:
         with self._lock:
-            final = part_done and self._parts_left[namespace] == 1  # the collection is complete
-            last_collection = final and self._active == 1 and not self._pending
+            final = self._parts_left[namespace] == 0 or (part_done and self._parts_left[namespace] == 1)
+            last_collection = final and self._active <= 1 and not self._pending
             first_chunk = bool(docs) and namespace not in self._started
             first_collection = first_chunk and not self._emitted_any
             markers = [MARK_TRUE] * len(docs)
@@ -428,7 +433,9 @@ class SnapshotCopier:
             if part_done:
                 self._active -= 1
                 self._parts_left[namespace] -= 1
-            accepted = self.emit(SnapshotChunk(namespace, docs, markers, final))
+            after = encode_key(docs[-1]["_id"]) if docs else None
+            chunk = SnapshotChunk(namespace, docs, markers, final, part, part_done, after)
+            accepted = self.emit(chunk)
             if not accepted:
                 self.stop.set()  # the receiver is stopping: the copy is incomplete
             return accepted
