@@ -15,7 +15,9 @@ from bson import Timestamp
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 
-from mongocdc_core.positions import decode_resume_token_timestamp
+from mongocdc_core.positions import token_timestamp
+
+__all__ = ["OplogWindow", "current_cluster_time", "is_history_lost", "oplog_window", "position_lost", "token_timestamp"]
 
 CHANGE_STREAM_HISTORY_LOST = 286
 INVALID_RESUME_TOKEN = 260
@@ -71,16 +73,6 @@ def current_cluster_time(client: MongoClient[Any]) -> Timestamp:
     if window is None:
         raise RuntimeError("the server reported no clusterTime and its oplog is not readable")
     return window.last
-
-
-def token_timestamp(token: dict[str, Any] | None) -> Timestamp | None:
-    """clusterTime of a resume token, None when absent or not decodable (tokens are opaque)."""
-    if not token:
-        return None
-    try:
-        return decode_resume_token_timestamp(token)
-    except ValueError:
-        return None
 
 
 def position_lost(client: MongoClient[Any], ts: Timestamp | None) -> tuple[bool, Timestamp | None]:

@@ -21,10 +21,13 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
-from bson import Decimal128, Int64, ObjectId, Timestamp, json_util
+from bson import Decimal128, Int64, ObjectId, json_util
 from pymongo import MongoClient
+from pymongo.errors import PyMongoError
 
+from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.positions import Position
+from mongocdc_core.receiver import SnapshotChunk, StartPoint
 from mongocdc_core.source.errors import CdcError
 from mongocdc_core.source.oplog import current_cluster_time, token_timestamp
 
@@ -200,15 +203,6 @@ def collection_filter(cfg: Any, namespace: str) -> dict[str, Any] | None:
     return parsed
 
 
-@dataclass(frozen=True)
-class StartPoint:
-    """Where a snapshot stands in the stream: streaming resumes after ``token``."""
-
-    token: dict[str, Any] | None
-    position: Position
-    cluster_time: Timestamp
-
-
 def record_start(client: MongoClient[Any], watch_target: Any) -> StartPoint:
     """Open a change stream and keep its first post-batch resume token, before any copying.
 
@@ -220,6 +214,20 @@ def record_start(client: MongoClient[Any], watch_target: Any) -> StartPoint:
         token = stream.resume_token
     ts = token_timestamp(dict(token) if token else None) or cluster_time
     return StartPoint(dict(token) if token else None, Position.from_timestamp(ts), cluster_time)
+
+
+def estimate_count(client: MongoClient[Any], cfg: ConnectorConfig, namespace: str) -> int | None:
+    """Document count for progress totals (exact with a filter override, estimated otherwise)."""
+    db, _, coll = namespace.partition(".")
+    try:
+        query = collection_filter(cfg, namespace)
+        if query:
+            return int(client[db][coll].count_documents(query))
+        return int(client[db][coll].estimated_document_count())
+    except CdcError:
+        raise
+    except PyMongoError:  # a count is only for display; the copy itself reports real errors
+        return None
 
 
 # -- copying ---------------------------------------------------------------------------------------------
@@ -236,16 +244,6 @@ def snapshot_marker(first_collection: bool, last_collection: bool, first_record:
     if first_record:
         return MARK_FIRST_IN_COLLECTION
     return MARK_TRUE
-
-
-@dataclass(slots=True)
-class SnapshotChunk:
-    """Documents of one collection in delivery order, with their markers; ``final`` ends the collection."""
-
-    namespace: str
-    documents: list[dict[str, Any]]
-    markers: list[str]
-    final: bool
 
 
 EmitFn = Callable[[SnapshotChunk], bool]
