@@ -143,9 +143,11 @@ class CapturePipeline:
     # -- wiring ------------------------------------------------------------------------------------------
 
     def _on_retry(self, state: ConnectionState) -> None:
-        log.warning("%s", state.line())
+        """Show the connection state: to the progress listener, else in the log."""
         if self.progress is not None:
             self.progress.connecting(state)
+        else:
+            log.warning("%s", state.line())
 
     def connect(self) -> MongoClient[Any]:
         """(Re)connect, retrying with backoff and reporting each failed attempt; ``Stopped`` on stop."""

@@ -75,12 +75,16 @@ class ProgressListener:
         """``events`` change events were dispatched so far (``counts`` by op)."""
 
     def connecting(self, state: ConnectionState) -> None:
-        """MongoDB did not answer: which host, attempt k of n, the next try and the last error."""
+        """MongoDB did not answer: which host, the last error, reconnection attempt k of n and when."""
 
 
 @dataclass(frozen=True)
 class ConnectionState:
-    """One failed connection attempt, for the connection-state line the CLI shows."""
+    """One failed connection attempt, for the connection-state line the CLI shows.
+
+    ``attempt`` counts the reconnection attempts (``connect.max.attempts`` of them), the next of
+    which starts in ``next_try_s`` seconds.
+    """
 
     hosts: str
     attempt: int
@@ -89,8 +93,8 @@ class ConnectionState:
     error: str
 
     def line(self) -> str:
-        """One line: ``connecting to HOST: attempt k of n failed (ERROR); next try in s s``."""
+        """``connecting to HOST failed (ERROR); reconnection attempt k of n in s s``."""
         return (
-            f"connecting to {self.hosts}: attempt {self.attempt} of {self.max_attempts} failed ({self.error}); "
-            f"next try in {self.next_try_s:g} s"
+            f"connecting to {self.hosts} failed ({self.error}); reconnection attempt {self.attempt} of "
+            f"{self.max_attempts} in {self.next_try_s:g} s"
         )

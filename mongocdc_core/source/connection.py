@@ -287,7 +287,9 @@ def code_name(exc: OperationFailure) -> str | None:
 
 def one_line(exc: BaseException) -> str:
     """An error's message on one line, without the driver's full server reply or topology dump."""
-    text = str(exc).split(", full error:")[0].split(", Timeout:")[0]
+    text = str(exc)
+    for tail in (", full error:", ", Timeout:", " (configured timeouts:"):
+        text = text.split(tail)[0]
     return " ".join(text.split())
 
 
