@@ -204,11 +204,11 @@ class _Run:
 
     def _decide(self) -> str:
         """The first phase from the stored offset and the snapshotter (``complete``: nothing to do)."""
+        if self.stored is not None:
+            self._check_offset_source(self.stored)
         stored = self.stored
         offset_exists = stored is not None and (stored.resume_token is not None or stored.snapshot is not None)
         in_progress = stored is not None and stored.snapshot_in_progress
-        if stored is not None and offset_exists:
-            self._check_offset_source(stored)
         take = self.snapshotter.should_snapshot_data(offset_exists, in_progress)
         self.previous_token = dict(stored.resume_token) if stored is not None and stored.resume_token and not in_progress else None
         if take:

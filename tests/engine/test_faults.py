@@ -351,3 +351,55 @@ def _join(bg: Background, timeout: float = 60) -> None:
     assert not bg._thread.is_alive(), "the run did not end"
     bg.check()
     raise AssertionError(f"the run ended cleanly: {bg.summary}")
+
+
+def _fail_next(admin: Any, commands: list[str], code: int) -> None:
+    """The next of ``commands`` fails with ``code`` and no error labels (not resumable by label)."""
+    admin.command(
+        "configureFailPoint", "failCommand", mode={"times": 1},
+        data={"failCommands": commands, "errorCode": code, "errorLabels": []},
+    )
+
+
+def test_fatal_getmore_error_is_one_clear_error(fresh_db: Any, mongo_uri: str, emulator: Any) -> None:
+    from mongocdc_core.source.errors import ChangeStreamFailedError
+
+    fresh_db.warmup.insert_one({})
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "no_data"})
+    offsets = MemoryOffsetStore()
+    run_engine(cfg, MemorySink(), offsets)
+    fresh_db.a.insert_one({"_id": 1})
+    _fail_next(fresh_db.client.admin, ["getMore", "aggregate"], 280)
+    try:
+        with pytest.raises(ChangeStreamFailedError) as info:
+            run_engine(cfg, MemorySink(), offsets)
+    finally:
+        fresh_db.client.admin.command("configureFailPoint", "failCommand", mode="off")
+    text = str(info.value)
+    assert "280" in text and "ChangeStreamFatalError" in text and "\n" not in text
+
+
+@pytest.mark.parametrize("code", [136, 286])
+def test_history_lost_codes_resume_while_the_position_is_still_in_the_oplog(
+    fresh_db: Any, mongo_uri: str, emulator: Any, code: int
+) -> None:
+    fresh_db.warmup.insert_one({})
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "no_data"})
+    offsets = MemoryOffsetStore()
+    run_engine(cfg, MemorySink(), offsets)
+    fresh_db.a.insert_many([{"_id": i} for i in range(5)])
+    _fail_next(fresh_db.client.admin, ["getMore", "aggregate"], code)
+    sink = MemorySink()
+    try:
+        run_engine(cfg, sink, offsets)
+    finally:
+        fresh_db.client.admin.command("configureFailPoint", "failCommand", mode="off")
+    assert _ids(sink) == set(range(5))
+
+
+def test_initial_only_after_its_snapshot_is_complete_even_when_the_oplog_moved_on(
+    fresh_db: Any, mongo_uri: str, emulator: Any
+) -> None:
+    cfg, offsets = _lose_history(fresh_db, mongo_uri, "initial_only")
+    summary = run_engine(cfg, MemorySink(), offsets)
+    assert summary.stopped_because == "snapshot_only" and not summary.snapshot_performed

@@ -249,3 +249,35 @@ def test_mixed_id_types_are_not_split(fresh_db: Any, mongo_uri: str) -> None:
     assert len(copier._split(ns, 4)) == 1
     chunks, _ = _copy_all(fresh_db.client, cfg, [ns], threads=4)
     assert len([d for c in chunks for d in c.documents]) == 60
+
+
+def _offsets_of_another_replica_set(cfg: Any) -> MemoryOffsetStore:
+    """Offsets a connector recorded against another deployment (same name, new connection string)."""
+    offsets = MemoryOffsetStore()
+    run_engine(cfg, MemorySink(), offsets)
+    stored = offsets.load()
+    assert stored is not None and stored.replica_set  # offsets name the replica set they belong to
+    stored.replica_set = f"{stored.replica_set}-before-migration"
+    offsets.save(stored)
+    return offsets
+
+
+def test_offsets_of_another_replica_set_are_refused_by_default(fresh_db: Any, mongo_uri: str) -> None:
+    from mongocdc_core.source.errors import OffsetInvalidError
+
+    _seed(fresh_db, {"a": 2})
+    cfg = make_config(mongo_uri, fresh_db.name)
+    offsets = _offsets_of_another_replica_set(cfg)
+    with pytest.raises(OffsetInvalidError, match="mongodb.allow.offset.invalidation=true"):
+        run_engine(cfg, MemorySink(), offsets)
+
+
+def test_allowed_offset_invalidation_takes_a_new_snapshot(fresh_db: Any, mongo_uri: str) -> None:
+    _seed(fresh_db, {"a": 2})
+    cfg = make_config(mongo_uri, fresh_db.name)
+    offsets = _offsets_of_another_replica_set(cfg)
+    sink = MemorySink()
+    summary = run_engine(cfg.with_properties({"mongodb.allow.offset.invalidation": "true"}), sink, offsets)
+    assert summary.snapshot_performed and summary.snapshot_documents == 2
+    stored = offsets.load()
+    assert stored is not None and stored.replica_set is not None and not stored.replica_set.endswith("migration")

@@ -13,6 +13,7 @@ from mongocdc_core.api import current_cluster_time
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import FileOffsetStore, MemoryOffsetStore
 from mongocdc_core.positions import decode_resume_token_timestamp
+from mongocdc_core.source.errors import CdcError
 from tests.engine.engine_support import (
     Background,
     MemorySink,
@@ -280,3 +281,41 @@ def test_capture_scope_watches_only_the_target(fresh_db: Any, mongo_uri: str, sc
     finally:
         fresh_db.client.drop_database(other.name)
     assert seen == ([(db, "a"), (db, "b")] if scope == "database" else [(db, "a")])
+
+
+def test_post_image_without_post_images_says_how_to_enable_them(fresh_db: Any, mongo_uri: str) -> None:
+    fresh_db.a.insert_one({"_id": 1, "n": 1})  # created without changeStreamPreAndPostImages
+    cfg = make_config(mongo_uri, fresh_db.name, **{"capture.mode.full.update.type": "post_image"})
+    offsets = _pinned(cfg)
+    fresh_db.a.update_one({"_id": 1}, {"$inc": {"n": 1}})
+    with pytest.raises(CdcError) as info:
+        _stream(cfg, offsets)
+    text = str(info.value)
+    assert 'db.runCommand({collMod: "<collection>", changeStreamPreAndPostImages: {enabled: true}})' in text
+    assert "post_image" in text and "\n" not in text
+
+
+class _OutageSink(MemorySink):
+    """A sink whose first flush with records pending blocks, as a producer waiting out a Kafka outage."""
+
+    def __init__(self, outage_s: float) -> None:
+        super().__init__()
+        self.outage_s = outage_s
+        self.outages = 0
+
+    def flush(self, timeout: float | None = None) -> None:
+        if self.records and not self.outages:
+            self.outages += 1
+            time.sleep(self.outage_s)
+        super().flush(timeout)
+
+
+def test_time_blocked_on_the_sink_is_not_idle(fresh_db: Any, mongo_uri: str) -> None:
+    """--until-idle must not stop while events are still queued behind a blocked sink."""
+    cfg = make_config(mongo_uri, fresh_db.name, **{"max.batch.size": 2, "offset.flush.interval.ms": 0})
+    offsets = _pinned(cfg)
+    fresh_db.a.insert_many([{"_id": i} for i in range(50)])
+    sink = _OutageSink(outage_s=1.5)
+    summary = Engine(cfg.with_properties({"snapshot.mode": "no_data"}), sink, offsets).run(until_idle=0.5)
+    assert sink.outages == 1 and summary.stopped_because == "idle"
+    assert summary.events == 50 and len(sink.durable) == 50
