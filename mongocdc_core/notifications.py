@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events.records import Record
 from mongocdc_core.positions import Position
 
@@ -48,13 +49,11 @@ _KEEP_SENT = 1000
 class NotificationService:
     """Sends notifications to the channels in ``notification.enabled.channels``."""
 
-    def __init__(self, cfg: Any) -> None:
-        self.channels = tuple(getattr(cfg, "notification_enabled_channels", ()) or ())
-        self.topic: str | None = getattr(cfg, "notification_sink_topic_name", None)
-        if "sink" in self.channels and not self.topic:
-            raise ValueError("notification.sink.topic.name is required when notification.enabled.channels includes sink")
-        self.connector_name = str(getattr(cfg, "name", None) or getattr(cfg, "topic_prefix", "") or "")
-        self.schemas = bool(getattr(cfg, "mongocdc_schemas_enable", False))
+    def __init__(self, cfg: ConnectorConfig) -> None:
+        self.channels = tuple(cfg.notification_enabled_channels)
+        self.topic: str | None = cfg.notification_sink_topic_name
+        self.connector_name = cfg.name or cfg.topic_prefix or ""
+        self.schemas = cfg.mongocdc_schemas_enable
         self.sent: list[dict[str, Any]] = []
         self._pending: list[Record] = []
         self._lock = threading.Lock()

@@ -123,7 +123,7 @@ _BUILTIN = {
 }
 
 
-def load_snapshotter(cfg: Any) -> Snapshotter:
+def load_snapshotter(cfg: ConnectorConfig) -> Snapshotter:
     """The snapshotter for ``snapshot.mode`` (and its ``configuration_based``/``custom`` properties)."""
     mode = cfg.snapshot_mode
     if mode in _BUILTIN:
@@ -159,7 +159,7 @@ def load_snapshotter(cfg: Any) -> Snapshotter:
 # -- what and from where ---------------------------------------------------------------------------------
 
 
-def snapshot_collections(client: MongoClient[Any], cfg: Any) -> list[str]:
+def snapshot_collections(client: MongoClient[Any], cfg: ConnectorConfig) -> list[str]:
     """``db.coll`` of every collection (not view) an initial snapshot copies, sorted."""
     found: list[str] = []
     for db in client.list_database_names():
@@ -173,7 +173,7 @@ def snapshot_collections(client: MongoClient[Any], cfg: Any) -> list[str]:
     return sorted(found)
 
 
-def captured_collections(client: MongoClient[Any], cfg: Any) -> list[str]:
+def captured_collections(client: MongoClient[Any], cfg: ConnectorConfig) -> list[str]:
     """``db.coll`` of every existing collection the connector captures (filters), sorted."""
     found: list[str] = []
     for db in client.list_database_names():
@@ -187,7 +187,7 @@ def captured_collections(client: MongoClient[Any], cfg: Any) -> list[str]:
     return sorted(found)
 
 
-def collection_filter(cfg: Any, namespace: str) -> dict[str, Any] | None:
+def collection_filter(cfg: ConnectorConfig, namespace: str) -> dict[str, Any] | None:
     """The ``snapshot.collection.filter.overrides.<db>.<coll>`` query, parsed from (extended) JSON."""
     text = (cfg.snapshot_collection_filter_overrides or {}).get(namespace)
     if not text:
@@ -289,7 +289,7 @@ class SnapshotCopier:
     def __init__(
         self,
         client: MongoClient[Any],
-        cfg: Any,
+        cfg: ConnectorConfig,
         collections: Sequence[str],
         emit: EmitFn,
         *,

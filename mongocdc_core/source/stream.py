@@ -24,6 +24,7 @@ from pymongo import MongoClient
 from pymongo.change_stream import ChangeStream
 from pymongo.errors import OperationFailure, PyMongoError
 
+from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.metrics import StreamingMetrics
 from mongocdc_core.receiver import ConnectionState
 from mongocdc_core.source.connection import Backoff, code_name, hosts_of, is_retriable, one_line
@@ -52,7 +53,7 @@ _OPERATION_TYPES = {"c": ("insert",), "u": ("update", "replace"), "d": ("delete"
 # -- pipeline --------------------------------------------------------------------------------------------
 
 
-def watch_options(cfg: Any) -> dict[str, Any]:
+def watch_options(cfg: ConnectorConfig) -> dict[str, Any]:
     """``fullDocument`` / ``fullDocumentBeforeChange`` for ``capture.mode`` as Debezium sets them."""
     mode = cfg.capture_mode
     options: dict[str, Any] = {}
@@ -70,7 +71,7 @@ def _name_condition(patterns: tuple[str, ...], field: str, regex: bool) -> dict[
     return {"$or": [{field: {"$regex": f"^(?:{p})$", "$options": "i"}} for p in patterns]}
 
 
-def internal_pipeline(cfg: Any) -> list[dict[str, Any]]:
+def internal_pipeline(cfg: ConnectorConfig) -> list[dict[str, Any]]:
     """Debezium's stages: capture-relevant operation types and namespaces, signal collection always.
 
     The namespace filters run on the server (so uncaptured events never cross the network) and are
@@ -100,7 +101,7 @@ def internal_pipeline(cfg: Any) -> list[dict[str, Any]]:
     ]
 
 
-def oversize_stages(cfg: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def oversize_stages(cfg: ConnectorConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(stages before the user's, trailing stages) for ``cursor.oversize.handling.mode``."""
     mode = cfg.cursor_oversize_handling_mode
     if mode == "skip" and cfg.cursor_oversize_skip_threshold > 0:
@@ -115,7 +116,7 @@ def oversize_stages(cfg: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     return [], []
 
 
-def build_pipeline(cfg: Any) -> list[dict[str, Any]]:
+def build_pipeline(cfg: ConnectorConfig) -> list[dict[str, Any]]:
     """The effective pipeline for ``cursor.pipeline.order`` (internal_first, user_first, user_only)."""
     user = list(cfg.cursor_pipeline or [])
     before, trailing = oversize_stages(cfg)
@@ -129,15 +130,15 @@ def build_pipeline(cfg: Any) -> list[dict[str, Any]]:
     return before + stages + trailing
 
 
-def watch_target(client: MongoClient[Any], cfg: Any) -> Any:
+def watch_target(client: MongoClient[Any], cfg: ConnectorConfig) -> Any:
     """The client, database or collection to watch for ``capture.scope``/``capture.target``."""
-    scope = cfg.capture_scope
-    if scope == "database":
-        return client[cfg.capture_target]
-    if scope == "collection":
-        db, _, coll = str(cfg.capture_target).partition(".")
+    scope, target = cfg.capture_scope, cfg.capture_target
+    if scope == "database" and target:
+        return client[target]
+    if scope == "collection" and target:
+        db, _, coll = target.partition(".")
         return client[db][coll]
-    return client
+    return client  # the config requires capture.target for the narrower scopes
 
 
 # -- bounded queue ---------------------------------------------------------------------------------------
@@ -244,7 +245,7 @@ class ChangeStreamReader(threading.Thread):
     def __init__(
         self,
         client: MongoClient[Any],
-        cfg: Any,
+        cfg: ConnectorConfig,
         start: StartPoint,
         queue: EventQueue,
         *,

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.notifications import NotificationService
 from mongocdc_core.sinks.kafka import KafkaSink
 from mongocdc_core.source.signals import Signal, SignalProcessor
@@ -150,8 +150,8 @@ def test_sink_notifications_need_a_topic_name() -> None:
     service = NotificationService(cfg)
     service.notify("Incremental Snapshot", "STARTED", {"data_collections": "db.c"})
     assert service.drain() == [] and service.sent[0]["type"] == "STARTED"
-    with pytest.raises(ValueError, match="notification.sink.topic.name"):
-        NotificationService(type("Cfg", (), {"notification_enabled_channels": ("sink",)})())
+    with pytest.raises(ConfigError, match="notification.sink.topic.name"):
+        cfg.with_properties({"notification.enabled.channels": "sink"})
 
 
 def test_sink_notifications_carry_the_schema_when_schemas_are_enabled(kafka_bootstrap: str) -> None:
