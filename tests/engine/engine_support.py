@@ -119,6 +119,14 @@ class Background:
         if self.error is not None:
             raise self.error
 
+    def wait(self, timeout: float = 60) -> RunSummary:
+        """Wait for the run to end by itself (its bound); its summary, or its error raised."""
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the run did not end"
+        self.check()
+        assert self.summary is not None
+        return self.summary
+
     def stop(self, timeout: float = 60) -> RunSummary:
         self.engine.stop()
         self._thread.join(timeout)

@@ -87,8 +87,9 @@ def _token(ts: Timestamp) -> dict[str, Any]:
 
 def _insert(i: int) -> tuple[dict[str, Any], dict[str, Any]]:
     ts = Timestamp(1_700_000_000, i)
-    doc = {
-        "_id": _token(ts),
+    token = _token(ts)
+    doc: dict[str, Any] = {
+        "_id": token,
         "operationType": "insert",
         "clusterTime": ts,
         "wallTime": datetime.datetime(2023, 11, 14, tzinfo=datetime.UTC),
@@ -96,7 +97,7 @@ def _insert(i: int) -> tuple[dict[str, Any], dict[str, Any]]:
         "documentKey": {"_id": i},
         "fullDocument": {"_id": i, "n": i},
     }
-    return doc, doc["_id"]
+    return doc, token
 
 
 def _dispatcher(sink: LedgerSink, store: CheckingStore, cfg: ConnectorConfig) -> Dispatcher:

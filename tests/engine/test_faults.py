@@ -304,7 +304,11 @@ def test_unlimited_restarts_keep_retrying_while_mongodb_stays_down(
             server.start()
             client.shop.a.insert_one({"_id": 2})
             now = cluster_time(client)
-            wait_for(lambda: bg.check() is None and _ids(sink) == {1, 2}, timeout=60)
+            def caught_up() -> bool:
+                bg.check()
+                return _ids(sink) == {1, 2}
+
+            wait_for(caught_up, timeout=60)
             summary = bg.stop()
         assert summary.events == 2 and offsets.load() is not None
         assert (last := offsets.load()) is not None and last.position is not None
@@ -315,7 +319,7 @@ def test_unlimited_restarts_keep_retrying_while_mongodb_stays_down(
 
 
 def test_history_lost_while_a_getmore_is_blocked_is_not_an_idle_stop(fresh_db: Any, mongo_uri: str, emulator: Any) -> None:
-    """A getMore blocked longer than until_idle is not idle; the purged position fails the run."""
+    """A stream blocked on the server longer than until_idle is not idle; the purged position fails the run."""
     fresh_db.a.insert_one({"_id": 0})
     cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "initial"})
     offsets = MemoryOffsetStore()
@@ -323,7 +327,9 @@ def test_history_lost_while_a_getmore_is_blocked_is_not_an_idle_stop(fresh_db: A
     admin = fresh_db.client.admin
     admin.command(
         "configureFailPoint", "failCommand", mode={"times": 1},
-        data={"failCommands": ["getMore"], "blockConnection": True, "blockTimeMS": 3000},
+        # The stream's first command (its aggregate, then a getMore) blocks for 3 s: the oplog is
+        # purged past the stored position meanwhile, so the blocked stream has lost history.
+        data={"failCommands": ["aggregate", "getMore"], "blockConnection": True, "blockTimeMS": 3000},
     )
     try:
         streaming = threading.Event()
@@ -338,19 +344,11 @@ def test_history_lost_while_a_getmore_is_blocked_is_not_an_idle_stop(fresh_db: A
         fresh_db.a.insert_one({"_id": 2})
         admin.command("mongocdcTruncateOplog", before=cluster_time(fresh_db.client))
         with pytest.raises(HistoryLostError) as info:
-            _join(bg)
+            bg.wait()
     finally:
         admin.command("configureFailPoint", "failCommand", mode="off")
     text = str(info.value)
     assert "no longer in the oplog" in text and "snapshot.mode=initial" in text and "when_needed" in text
-
-
-def _join(bg: Background, timeout: float = 60) -> None:
-    """Wait for a run to end by itself and raise its error."""
-    bg._thread.join(timeout)
-    assert not bg._thread.is_alive(), "the run did not end"
-    bg.check()
-    raise AssertionError(f"the run ended cleanly: {bg.summary}")
 
 
 def _fail_next(admin: Any, commands: list[str], code: int) -> None:
