@@ -75,14 +75,26 @@ def current_cluster_time(client: MongoClient[Any]) -> Timestamp:
     return window.last
 
 
+def oplog_first(client: MongoClient[Any]) -> Timestamp | None:
+    """Time of the oldest oplog entry; None where the oplog is not readable."""
+    try:
+        first = client.local["oplog.rs"].find_one({}, {"ts": 1}, sort=[("$natural", 1)])
+    except OperationFailure:
+        return None
+    return first["ts"] if first else None
+
+
 def position_lost(client: MongoClient[Any], ts: Timestamp | None) -> tuple[bool, Timestamp | None]:
-    """Whether ``ts`` has left the oplog, and the oplog's first time (None if unknown)."""
+    """Whether ``ts`` has left the oplog, and the oplog's first time (None if unknown).
+
+    Reads only the oldest entry (no ``collStats``): it runs at every start and every clean stop.
+    """
     if ts is None:
         return False, None
-    window = oplog_window(client)
-    if window is None:
+    first = oplog_first(client)
+    if first is None:
         return False, None
-    return not window.contains(ts), window.first
+    return (ts.time, ts.inc) < (first.time, first.inc), first
 
 
 def is_history_lost(exc: BaseException) -> bool:
