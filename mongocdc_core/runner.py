@@ -144,18 +144,38 @@ def parse_stop_at(text: str) -> Timestamp:
         ) from None
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of events, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number of seconds, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mongocdc run", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="Debezium connector JSON or .properties file")
     parser.add_argument("--sink", required=True, help="jsonl:DIR, parquet:DIR or kafka:HOST:PORT")
     parser.add_argument("--offsets", required=True, help="offset store: PATH, file:PATH or kafka:HOST:PORT[/TOPIC]")
-    parser.add_argument("--max-events", type=int, default=None, help="stop after this many change events")
+    parser.add_argument("--max-events", type=_positive_int, default=None, help="stop after this many change events")
     parser.add_argument(
         "--stop-at", type=parse_stop_at, default=None, metavar="SECONDS[:INC]",
         help="stop once every change up to this cluster time was delivered",
     )
     parser.add_argument(
-        "--until-idle", type=float, default=None,
+        "--until-idle", type=_seconds, default=None,
         help="stop after MongoDB reported nothing new for this many seconds",
     )
     parser.add_argument("--metrics-file", default=None, help="rewrite Debezium metrics as JSON here while running")

@@ -103,13 +103,18 @@ def test_sigterm_stops_gracefully_and_restart_continues(tmp_path: Path, mongo_ur
     assert ids == ["0", "1", "2"]  # a graceful stop repeats nothing and loses nothing
 
 
-def test_stop_at_must_be_a_cluster_time(tmp_path: Path) -> None:
+def test_bounds_are_checked_on_the_command_line(tmp_path: Path) -> None:
     config = _config(tmp_path, "mongodb://127.0.0.1:1/?replicaSet=rs0", "x")
     result = _mongocdc(
         "run", "--config", str(config), "--sink", f"jsonl:{tmp_path}/out", "--offsets", str(tmp_path / "o.json"),
         "--stop-at", "yesterday",
     )
     assert result.returncode == 2 and "SECONDS[:INCREMENT]" in result.stderr
+    for bad in (["--max-events", "0"], ["--until-idle", "-1"]):
+        result = _mongocdc(
+            "run", "--config", str(config), "--sink", f"jsonl:{tmp_path}/out", "--offsets", str(tmp_path / "o.json"), *bad
+        )
+        assert result.returncode == 2 and bad[0] in result.stderr and "Traceback" not in result.stderr
 
 
 def _unreachable_config(tmp_path: Path, **extra: str) -> tuple[Path, int]:
