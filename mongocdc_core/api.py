@@ -1,8 +1,9 @@
 """The engine's functions for orchestrators (Dagster assets, sensors): each call is self-contained.
 
-Every function opens its own MongoClient from the config and closes it, so calls can run in
-separate processes. Snapshots and stream windows write into the given sink and flush it before
-returning; they never touch the connector's offsets.
+Every function runs its own :class:`~mongocdc_core.pipeline.CapturePipeline` (which connects
+from the config and closes the connection at the end), so calls can run in separate processes.
+Snapshots and stream windows write into the given sink and flush it before returning; they never
+touch the connector's offsets.
 """
 
 from __future__ import annotations
