@@ -24,10 +24,9 @@ from pymongo import MongoClient
 from rich.console import Console
 from rich.table import Table
 
-from mongocdc_core.api import snapshot_collection
+from mongocdc_core.api import incremental_snapshot_collection, snapshot_collection
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events.records import Record
-from mongocdc_core.source.incremental import incremental_snapshot_collection
 from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 NAMESPACE = "bench.items"

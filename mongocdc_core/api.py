@@ -1,43 +1,42 @@
 """The engine's functions for orchestrators (Dagster assets, sensors): each call is self-contained.
 
-Every function opens its own MongoClient from the config and closes it, so calls can run in
-separate processes. Snapshots and stream windows write into the given sink and flush it before
-returning; they never touch the connector's offsets.
+Every function runs its own :class:`~mongocdc_core.pipeline.CapturePipeline` (which connects
+from the config and closes the connection at the end), so calls can run in separate processes.
+Snapshots and stream windows write into the given sink and flush it before returning; they never
+touch the connector's offsets.
 """
 
 from __future__ import annotations
 
-import datetime
+import os
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from bson import Timestamp
-from pymongo import MongoClient
 
-from mongocdc_core.config import ConfigError
-from mongocdc_core.dispatcher import Dispatcher, ProgressListener
-from mongocdc_core.events import EventConverter, EventOptions
-from mongocdc_core.metrics import ConnectorMetrics
+from mongocdc_core.config import ConfigError, ConnectorConfig
+from mongocdc_core.events.records import Record
 from mongocdc_core.offsets import Offset
+from mongocdc_core.pipeline import Bound, CapturePipeline
 from mongocdc_core.positions import Position
+from mongocdc_core.receiver import ProgressListener
 from mongocdc_core.sinks.base import Sink
 from mongocdc_core.source import oplog as _oplog
-from mongocdc_core.source.connection import Topology, connect
 from mongocdc_core.source.errors import CdcError, HistoryLostError
-from mongocdc_core.source.incremental import IncrementalSnapshotResult, incremental_snapshot_collection
+from mongocdc_core.source.incremental import (
+    IncrementalSnapshotResult,
+    IncrementalSnapshotter,
+    IncrementalStateFile,
+    StandaloneOutput,
+)
 from mongocdc_core.source.oplog import OplogWindow
 from mongocdc_core.source.ranges import IdRange, plan_ranges
-from mongocdc_core.source.snapshot import (
-    SnapshotChunk,
-    SnapshotCopier,
-    captured_collections,
-    collection_filter,
-    record_start,
-)
-from mongocdc_core.source.stream import ChangeStreamReader, EventQueue, StartPoint, watch_target
+from mongocdc_core.source.snapshot import captured_collections, collection_filter, record_start
+from mongocdc_core.source.stream import StartPoint, watch_target
 
 __all__ = [
     "CdcError",
@@ -83,12 +82,11 @@ class SliceResult:
 
 
 @contextmanager
-def _client(cfg: Any) -> Iterator[tuple[MongoClient[Any], Topology]]:
-    client, topology = connect(cfg)
-    try:
-        yield client, topology
-    finally:
-        client.close()
+def _pipeline(cfg: ConnectorConfig, sink: Sink, progress: ProgressListener | None = None) -> Iterator[CapturePipeline]:
+    """A connected capture pipeline with a fresh dispatcher (no offsets: callers keep positions)."""
+    with CapturePipeline(cfg, sink, progress=progress) as pipeline:
+        pipeline.open_dispatcher(Offset())
+        yield pipeline
 
 
 def _split(namespace: str) -> tuple[str, str]:
@@ -98,42 +96,55 @@ def _split(namespace: str) -> tuple[str, str]:
     return db, coll
 
 
-def list_captured_collections(cfg: Any) -> list[str]:
+class _NoSink:
+    """For calls that only read metadata: nothing is ever written."""
+
+    def write(self, records: Sequence[Record]) -> None:
+        raise CdcError("this call writes no records")
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Nothing to flush."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+def list_captured_collections(cfg: ConnectorConfig) -> list[str]:
     """Existing collections the include/exclude filters capture, as sorted ``db.coll``."""
-    with _client(cfg) as (client, _):
-        return captured_collections(client, cfg)
+    with CapturePipeline(cfg, _NoSink()) as pipeline:
+        return captured_collections(pipeline.client, cfg)
 
 
-def oplog_window(cfg: Any) -> OplogWindow:
+def oplog_window(cfg: ConnectorConfig) -> OplogWindow:
     """The oplog's first and last entry times and size; raises where the oplog is not readable."""
-    with _client(cfg) as (client, _):
-        window = _oplog.oplog_window(client)
+    with CapturePipeline(cfg, _NoSink()) as pipeline:
+        window = _oplog.oplog_window(pipeline.client)
     if window is None:
         raise CdcError("local.oplog.rs is not readable (connected through mongos, or missing privileges)")
     return window
 
 
-def current_cluster_time(cfg: Any) -> Timestamp:
+def current_cluster_time(cfg: ConnectorConfig) -> Timestamp:
     """The deployment's current clusterTime."""
-    with _client(cfg) as (client, _):
-        return _oplog.current_cluster_time(client)
+    with CapturePipeline(cfg, _NoSink()) as pipeline:
+        return _oplog.current_cluster_time(pipeline.client)
 
 
-def plan_snapshot_ranges(cfg: Any, namespace: str, split_size: int | None = None) -> list[IdRange]:
+def plan_snapshot_ranges(cfg: ConnectorConfig, namespace: str, split_size: int | None = None) -> list[IdRange]:
     """The ``_id`` ranges of about ``split_size`` documents (default ``mongocdc.snapshot.split.size``)
     that a snapshot of ``namespace`` is copied as; orchestrators run one range per partition."""
     db, coll = _split(namespace)
-    with _client(cfg) as (client, _):
-        size = cfg.mongocdc_snapshot_split_size if split_size is None else split_size
-        return plan_ranges(client[db][coll], int(size))
+    size = cfg.mongocdc_snapshot_split_size if split_size is None else split_size
+    with CapturePipeline(cfg, _NoSink()) as pipeline:
+        return plan_ranges(pipeline.client[db][coll], size)
 
 
 def snapshot_collection(
-    cfg: Any,
+    cfg: ConnectorConfig,
     namespace: str,
     sink: Sink,
     *,
-    filter: dict[str, Any] | None = None,
+    filter: dict[str, Any] | None = None,  # noqa: A002 - the API's name
     id_range: IdRange | None = None,
     progress: ProgressListener | None = None,
 ) -> SnapshotResult:
@@ -146,27 +157,19 @@ def snapshot_collection(
     """
     db, coll = _split(namespace)
     started = time.monotonic()
-    with _client(cfg) as (client, topology):
-        start = record_start(client, client[db][coll])
-        converter = EventConverter(EventOptions.from_config(cfg, rs=topology.set_name or ""))
+    counting = _CountingSink(sink)
+    with _pipeline(cfg, counting, progress) as pipeline:
+        start = record_start(pipeline.client, pipeline.client[db][coll])
         query = filter if filter is not None else collection_filter(cfg, namespace)
         if id_range is not None and not id_range.whole:
             query = {"$and": [query, id_range.query()]} if query else id_range.query()
-        metrics = ConnectorMetrics(cfg.topic_prefix)
-        dispatcher = Dispatcher(cfg, converter, sink, None, metrics, Offset(), progress=progress)
         if progress is not None:
             progress.snapshot_started({namespace: None})
-
-        def emit(chunk: SnapshotChunk) -> bool:
-            dispatcher.snapshot_chunk(chunk, start.position, datetime.datetime.now(datetime.UTC))
-            return True
-
-        counting = _CountingSink(sink)
-        dispatcher.sink = counting
-        SnapshotCopier(
-            client, cfg, [namespace], emit, threads=1, chunk_size=min(cfg.max_batch_size, 1024),
-            filters={namespace: query}, split_size=0 if id_range is not None else None,
-        ).run()
+        pipeline.copy(
+            [namespace], start.position, threads=1, filters={namespace: query},
+            split_size=0 if id_range is not None else None,
+        )
+        dispatcher = pipeline.dispatcher
         dispatcher.commit()
         if progress is not None:
             progress.snapshot_finished(True, dispatcher.snapshot_documents)
@@ -187,7 +190,7 @@ class _CountingSink:
         self.inner = inner
         self.bytes = 0
 
-    def write(self, records: Any) -> None:
+    def write(self, records: Sequence[Record]) -> None:
         self.bytes += sum(len(r.value) for r in records if r.value is not None)
         self.inner.write(records)
 
@@ -203,7 +206,7 @@ def _key(ts: Timestamp) -> tuple[int, int]:
 
 
 def stream_window(
-    cfg: Any,
+    cfg: ConnectorConfig,
     namespace: str | None,
     start: Timestamp,
     end: Timestamp,
@@ -222,56 +225,119 @@ def stream_window(
         raise CdcError(f"window bounds must be bson.Timestamp values, got {start!r} and {end!r}")
     if _key(end) <= _key(start):
         raise CdcError(f"empty window: end {end} is not after start {start}")
-    with _client(cfg) as (client, topology):
+    with _pipeline(cfg, sink, progress) as pipeline:
+        client = pipeline.client
         window = _oplog.oplog_window(client)
         if window is not None and not window.contains(start):
             raise HistoryLostError.for_window(start, end, window.first)
-        if namespace is not None:
-            db, coll = _split(namespace)
-            target = client[db][coll]
-        else:
-            target = watch_target(client, cfg)
-        converter = EventConverter(EventOptions.from_config(cfg, rs=topology.set_name or ""))
-        metrics = ConnectorMetrics(cfg.topic_prefix)
-        dispatcher = Dispatcher(cfg, converter, sink, None, metrics, Offset(), progress=progress)
-        queue = EventQueue(cfg.max_queue_size, cfg.max_queue_size_in_bytes, metrics.streaming)
-        reader = ChangeStreamReader(
-            client, cfg, StartPoint(start_at=start), queue, metrics=metrics.streaming, stop_at=end, target=target
-        )
+        target = client[_split(namespace)[0]][_split(namespace)[1]] if namespace is not None else watch_target(client, cfg)
         if progress is not None:
             progress.streaming_started(Position.from_timestamp(start))
-        end_token: dict[str, Any] | None = None
-        reader.start()
         try:
-            done = False
-            while not done:
-                for item in queue.get_batch(cfg.max_batch_size, cfg.poll_interval_ms / 1000):
-                    if item.kind == "change":
-                        assert item.doc is not None and item.token is not None
-                        ns = item.doc.get("ns") or {}
-                        if namespace is None or f"{ns.get('db')}.{ns.get('coll')}" == namespace:
-                            dispatcher.change(item.doc, item.token)
-                    elif item.kind == "end":
-                        end_token = item.token
-                        done = True
-                        break
-                    elif item.kind == "error":
-                        assert item.error is not None
-                        if isinstance(item.error, HistoryLostError):
-                            raise HistoryLostError.for_window(start, end, item.error.oplog_first) from item.error
-                        raise item.error
-                dispatcher.drain()
-            dispatcher.finish()
-        finally:
-            reader.stop()
-            queue.close()
-            reader.join()
+            outcome = pipeline.stream(
+                StartPoint(start_at=start), Bound(), target=target, window_end=end,
+                accept=None if namespace is None else namespace.__eq__,
+            )
+        except HistoryLostError as lost:
+            raise HistoryLostError.for_window(start, end, lost.oplog_first) from lost
+        if outcome.reason != "end":
+            raise CdcError(f"stream window [{start}, {end}) stopped before its end ({outcome.reason})")
+        dispatcher = pipeline.dispatcher
+        dispatcher.finish()
     return SliceResult(
         namespace=namespace,
         counts=dict(dispatcher.counts),
         events=dispatcher.events,
         first_position=dispatcher.first_position,
         last_position=dispatcher.last_event_position,
-        resume_token=end_token,
+        resume_token=outcome.end_token,
     )
 
+
+class _IncrementalCompanion:
+    """A standalone incremental snapshot next to its own stream (no signals, no blocking snapshots)."""
+
+    def __init__(self, snapshotter: IncrementalSnapshotter, namespace: str) -> None:
+        self.snapshotter = snapshotter
+        self.namespace = namespace
+        self.events = 0
+
+    @property
+    def busy(self) -> bool:
+        return self.snapshotter.running
+
+    def on_signal(self, change: Any, position: Position) -> None:
+        self.snapshotter.on_signal_event(change, position)
+
+    def on_stream_event(self, namespace: str, document_key: Any, position: Position) -> bool:
+        self.events += namespace == self.namespace
+        return self.snapshotter.on_stream_event(namespace, document_key, position)
+
+    def process(self) -> None:
+        self.snapshotter.poll()
+
+    def take_blocking(self) -> None:
+        return None
+
+    def run_blocking(self, request: object) -> bool:
+        raise CdcError("a standalone incremental snapshot runs no blocking snapshots")
+
+
+def incremental_snapshot_collection(
+    cfg: ConnectorConfig,
+    namespace: str,
+    sink: Sink,
+    *,
+    filter: dict[str, Any] | None = None,  # noqa: A002 - the API's name
+    progress: ProgressListener | None = None,
+    state_path: str | os.PathLike[str] | None = None,
+) -> IncrementalSnapshotResult:
+    """Incremental snapshot of one collection with its own change stream, into ``sink``.
+
+    Watermarks go to ``signal.data.collection``; the stream watches that collection and
+    ``namespace``. Reads carry their chunk's closing-watermark position; the collection's changes
+    streamed while the snapshot ran are delivered too, so applying the sink's records in order
+    gives the collection as it was at the end. ``filter`` defaults to the collection's
+    ``snapshot.collection.filter.overrides`` entry. With ``state_path`` an interrupted run
+    continues from its last completed chunk; the file is removed when the snapshot completes.
+    """
+    db, coll = _split(namespace)
+    if not cfg.signal_data_collection:
+        raise CdcError("incremental_snapshot_collection needs signal.data.collection (watermarks are written there)")
+    started = time.monotonic()
+    state_file = IncrementalStateFile(state_path) if state_path is not None else None
+    signal_db, _, signal_coll = cfg.signal_data_collection.partition(".")
+    with _pipeline(cfg, sink, progress) as pipeline:
+        client = pipeline.client
+        target = client[db] if signal_db == db else client
+        stages = [{"$match": {"$or": [{"ns.db": db, "ns.coll": coll}, {"ns.db": signal_db, "ns.coll": signal_coll}]}}]
+        start = record_start(client, target)
+        dispatcher = pipeline.dispatcher
+        stored = state_file.load(namespace) if state_file is not None else None
+        query = filter if filter is not None else collection_filter(cfg, namespace)
+        output = StandaloneOutput(dispatcher, state_file)
+        snapshotter = IncrementalSnapshotter(
+            client, cfg, output, metrics=pipeline.metrics.snapshot, state=stored, progress=progress,
+        )
+        if stored is None:
+            snapshotter.start(f"api-{uuid.uuid4()}", [namespace], {namespace: query} if query else {})
+        companion = _IncrementalCompanion(snapshotter, namespace)
+        try:
+            pipeline.stream(
+                StartPoint(resume_after=start.token), Bound(), target=target, pipeline=stages,
+                accept=lambda ns: ns in (namespace, cfg.signal_data_collection),
+                companion=companion, done=snapshotter.finished.is_set,
+            )
+        finally:
+            snapshotter.shutdown()
+        dispatcher.finish()
+    return IncrementalSnapshotResult(
+        namespace=namespace,
+        documents=dispatcher.snapshot_documents,
+        events=companion.events,
+        duration_s=time.monotonic() - started,
+        first_position=output.first,
+        last_position=output.last,
+        end_position=dispatcher.last_position,
+        resumed=stored is not None,
+    )

@@ -1,6 +1,6 @@
 """Debezium's event dispatcher: raw MongoDB documents -> records -> sink, and the offset context.
 
-Both sources (snapshot and stream) hand raw documents here. The dispatcher converts them
+Sources hand raw documents here through the pipeline (they never import this module). The dispatcher converts them
 (``EventConverter``), writes the records to the sink in batches, emits heartbeats, and records
 offsets only after ``sink.flush()`` returned for every record written before them: a crash can
 repeat records but never lose one.
@@ -10,44 +10,21 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from bson import Timestamp
 
+from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events import EventConverter, Record
 from mongocdc_core.events.transactions import transaction_id
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.offsets import Offset, OffsetStore, SnapshotState
-from mongocdc_core.positions import Position
+from mongocdc_core.positions import Position, token_timestamp
+from mongocdc_core.receiver import ProgressListener, SnapshotChunk, StartPoint
 from mongocdc_core.sinks.base import Sink
-from mongocdc_core.source.oplog import token_timestamp
-from mongocdc_core.source.snapshot import SnapshotChunk, StartPoint
 
-
-class ProgressListener:
-    """Hooks for rendering progress (the CLI draws them with rich); override what you need.
-
-    Called from the engine's threads; implementations must be quick and must not raise.
-    """
-
-    def snapshot_started(self, totals: Mapping[str, int | None]) -> None:
-        """A snapshot of these collections (estimated document counts) begins."""
-
-    def snapshot_progress(self, namespace: str, copied: int, total: int | None) -> None:
-        """``copied`` documents of ``namespace`` were delivered so far."""
-
-    def snapshot_collection_done(self, namespace: str, copied: int) -> None:
-        """``namespace`` was copied completely and its records flushed."""
-
-    def snapshot_finished(self, completed: bool, documents: int) -> None:
-        """The snapshot ended (``completed`` False when it was stopped)."""
-
-    def streaming_started(self, position: Position | None) -> None:
-        """Streaming begins after ``position`` (None: from now)."""
-
-    def streaming_progress(self, events: int, counts: Mapping[str, int], position: Position | None) -> None:
-        """``events`` change events were dispatched so far (``counts`` by op)."""
+__all__ = ["Dispatcher", "ProgressListener"]
 
 
 class Dispatcher:
@@ -55,7 +32,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        cfg: Any,
+        cfg: ConnectorConfig,
         converter: EventConverter,
         sink: Sink,
         offsets: OffsetStore | None,
@@ -64,6 +41,7 @@ class Dispatcher:
         *,
         progress: ProgressListener | None = None,
         flush_interval_s: float = 60.0,
+        replica_set: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.converter = converter
@@ -73,14 +51,11 @@ class Dispatcher:
         self.offset = offset
         self.progress = progress
         self.flush_interval_s = flush_interval_s
+        self.replica_set = replica_set  # saved offsets name their deployment (offset invalidation)
         self.heartbeat_interval_s = cfg.heartbeat_interval_ms / 1000
         self.batch_size = cfg.max_batch_size
         self._buffer: list[Record] = []
         self._captured: dict[tuple[Any, Any], bool] = {}  # the filters' verdict per namespace
-        # Ad hoc snapshot hooks (set by the engine): events of the signaling collection, and every
-        # captured data event (incremental snapshot windows de-duplicate against them).
-        self.on_signal: Callable[[Mapping[str, Any], Position], None] | None = None
-        self.on_stream_event: Callable[[str, Any, Position], bool] | None = None
         self._last_commit = time.monotonic()
         self._last_heartbeat = time.monotonic()
         self._latest_token: dict[str, Any] | None = offset.resume_token
@@ -129,6 +104,8 @@ class Dispatcher:
         self.drain()
         self.sink.flush()
         if self.offsets is not None and self._dirty:
+            if self.replica_set is not None:
+                self.offset.replica_set = self.replica_set
             self.offsets.save(self.offset)
         self._dirty = False
         self._last_commit = time.monotonic()
@@ -232,7 +209,6 @@ class Dispatcher:
         """Dispatch one change event; True when it produced a data event (not filtered)."""
         ns = doc.get("ns") or {}
         db, coll = ns.get("db"), ns.get("coll")
-        signal = self.on_signal is not None and self.cfg.is_signal_collection(db, coll)
         captured = self._captured.get((db, coll))
         if captured is None:
             captured = (
@@ -252,13 +228,9 @@ class Dispatcher:
             self._write(records)
         # Only now may the offset move past this event: it was converted and handed to the sink.
         self._advance(token, position)
-        if signal and self.on_signal is not None:
-            self.on_signal(doc, position)
         if op is None:
             self.metrics.streaming.filtered()
             return False
-        if self.on_stream_event is not None:
-            self.on_stream_event(f"{db}.{coll}", (doc.get("documentKey") or {}).get("_id"), position)
         self._count(doc, op, position, cluster_time)
         return True
 

@@ -1,52 +1,57 @@
-"""The coordinator: snapshot per ``snapshot.mode``, then stream, until told to stop.
+"""The coordinator's policy: snapshot per ``snapshot.mode``, then stream, until told to stop.
 
 This is Debezium's ChangeEventSourceCoordinator: it reads the stored offset, asks the
 snapshotter whether to copy the data, checks that a stored position is still in the oplog
-(never a silent gap), runs the snapshot source and then the streaming source, both through one
-dispatcher that owns the offset context.
+(never a silent gap), runs the snapshot source and then the streaming source through one
+:class:`~mongocdc_core.pipeline.CapturePipeline`, and restarts after retriable errors as Kafka
+Connect restarts a task (``errors.max.retries`` restarts, ``retriable.restart.connector.wait.ms``
+apart, each reconnecting with the ``connect.backoff.*`` delays).
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import logging
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from pymongo import MongoClient
+from bson import Timestamp
+from pymongo.errors import PyMongoError
 
-from mongocdc_core.dispatcher import Dispatcher, ProgressListener
-from mongocdc_core.events import EventConverter, EventOptions
+from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.dispatcher import Dispatcher
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.notifications import NotificationService
 from mongocdc_core.offsets import Offset, OffsetStore, SnapshotState
-from mongocdc_core.positions import Position
+from mongocdc_core.pipeline import Bound, CapturePipeline
+from mongocdc_core.positions import Position, token_timestamp
+from mongocdc_core.receiver import ProgressListener
 from mongocdc_core.sinks.base import Sink
 from mongocdc_core.source.blocking import AdHocSnapshots
-from mongocdc_core.source.connection import connect
-from mongocdc_core.source.errors import CdcError, ConnectError, HistoryLostError
-from mongocdc_core.source.oplog import position_lost, token_timestamp
+from mongocdc_core.source.connection import is_retriable, one_line
+from mongocdc_core.source.errors import ConnectError, HistoryLostError, OffsetInvalidError, Stopped
+from mongocdc_core.source.oplog import position_lost
 from mongocdc_core.source.snapshot import (
-    SnapshotChunk,
-    SnapshotCopier,
     Snapshotter,
     captured_collections,
-    collection_filter,
+    estimate_count,
     load_snapshotter,
     record_start,
     snapshot_collections,
 )
-from mongocdc_core.source.stream import ChangeStreamReader, EventQueue, StartPoint, watch_target
+from mongocdc_core.source.stream import StartPoint, watch_target
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class RunSummary:
-    """What one ``Engine.run`` did. ``stopped_because``: max_events, idle, stop, snapshot_only, end."""
+    """What one ``Engine.run`` did.
+
+    ``stopped_because``: max_events, idle, stop_at, stop, snapshot_only (the mode does not stream;
+    ``snapshot_performed`` False: its snapshot had completed before), end (the stream was invalidated).
+    """
 
     snapshot_performed: bool
     snapshot_completed: bool
@@ -65,7 +70,7 @@ class Engine:
 
     def __init__(
         self,
-        cfg: Any,
+        cfg: ConnectorConfig,
         sink: Sink,
         offsets: OffsetStore,
         *,
@@ -87,124 +92,185 @@ class Engine:
 
     # -- run ------------------------------------------------------------------------------------------
 
-    def run(self, max_events: int | None = None, until_idle: float | None = None) -> RunSummary:
+    def run(
+        self, max_events: int | None = None, until_idle: float | None = None, stop_at: Timestamp | None = None
+    ) -> RunSummary:
         """Snapshot (per ``snapshot.mode``) then stream until ``max_events`` change events were
-        dispatched, no event arrived for ``until_idle`` seconds, or ``stop()``."""
+        dispatched, the stream passed cluster time ``stop_at`` (every event up to it delivered), it
+        was idle for ``until_idle`` seconds, or ``stop()``."""
+        bound = Bound(stop_at=stop_at, max_events=max_events, until_idle=until_idle)
         started = time.monotonic()
         if self.metrics_file:
             self.metrics.start_file_writer(self.metrics_file)
-        client: MongoClient[Any] | None = None
+        pipeline = CapturePipeline(
+            self.cfg, self.sink, offsets=self.offsets, metrics=self.metrics, progress=self.progress, stop=self._stop
+        )
         try:
-            client, topology = connect(self.cfg, self.metrics, self._stop)
-            converter = EventConverter(EventOptions.from_config(self.cfg, rs=topology.set_name or ""))
-            stored = self.offsets.load()
-            offset = stored or Offset()
-            dispatcher = Dispatcher(
-                self.cfg,
-                converter,
-                self.sink,
-                self.offsets,
-                self.metrics,
-                offset,
-                progress=self.progress,
-                flush_interval_s=self.flush_interval_s,
-            )
-            return self._run(client, dispatcher, stored, max_events, until_idle, started)
+            return _Run(self, pipeline, bound, started).execute()
         finally:
-            self.metrics.streaming.Connected = False
-            if client is not None:
-                client.close()
+            pipeline.close()
             if self.metrics_file:
                 self.metrics.stop_file_writer(self.metrics_file)
 
-    def _run(
-        self,
-        client: MongoClient[Any],
-        dispatcher: Dispatcher,
-        stored: Offset | None,
-        max_events: int | None,
-        until_idle: float | None,
-        started: float,
-    ) -> RunSummary:
-        snapshotter = load_snapshotter(self.cfg)
-        offset_exists = stored is not None and (stored.resume_token is not None or stored.snapshot is not None)
-        in_progress = stored is not None and stored.snapshot_in_progress
-        take_snapshot = snapshotter.should_snapshot_data(offset_exists, in_progress)
-        previous_token = stored.resume_token if stored is not None and not in_progress else None
-
-        if offset_exists and not take_snapshot and stored is not None:
-            take_snapshot = self._check_offset(client, snapshotter, token_timestamp(stored.resume_token))
-        snapshot_performed = snapshot_completed = False
-        restarts = 0
-        while True:
-            if take_snapshot:
-                snapshot_performed = True
-                snapshot_completed = self._snapshot(client, dispatcher, snapshotter)
-                if not snapshot_completed:
-                    return self._summary(dispatcher, True, False, "stop", started)
-                if not snapshotter.should_stream_events_starting_from_snapshot() and previous_token is not None:
-                    dispatcher.offset.resume_token = previous_token
-                    dispatcher.commit()
-            if not snapshotter.should_stream():
-                return self._summary(dispatcher, snapshot_performed, snapshot_completed, "snapshot_only", started)
-            try:
-                reason = self._stream(client, dispatcher, max_events, until_idle)
-            except ConnectError as unreachable:
-                # Debezium restarts a task that failed with a retriable error after
-                # retriable.restart.connector.wait.ms, errors.max.retries times (-1: always).
-                restarts += 1
-                if 0 <= self.cfg.errors_max_retries < restarts:
-                    raise
-                log.warning("%s; restarting in %d ms", unreachable, self.cfg.retriable_restart_connector_wait_ms)
-                if self._stop.wait(self.cfg.retriable_restart_connector_wait_ms / 1000):
-                    return self._summary(dispatcher, snapshot_performed, snapshot_completed, "stop", started)
-                take_snapshot = False
-                continue
-            except HistoryLostError as lost:
-                if not snapshotter.should_snapshot_on_data_error():
-                    raise HistoryLostError.for_offset(
-                        lost.position, lost.oplog_first, self.cfg.snapshot_mode, self._offsets_description()
-                    ) from lost
-                dispatcher.offset = Offset()
-                take_snapshot = True
-                previous_token = None
-                continue
-            return self._summary(dispatcher, snapshot_performed, snapshot_completed, reason, started)
-
-    def _offsets_description(self) -> str:
+    def offsets_description(self) -> str:
+        """How the user finds the stored offsets (for recovery messages)."""
+        description = getattr(self.offsets, "description", None)
+        if isinstance(description, str):
+            return description
         path = getattr(self.offsets, "path", None)
         return f"offset file {path}" if path is not None else "the connector's offsets"
 
-    def _check_offset(self, client: MongoClient[Any], snapshotter: Snapshotter, ts: Any) -> bool:
+
+class _Run:
+    """One ``Engine.run``: the phases (snapshot, stream) and the restarts between them."""
+
+    def __init__(self, engine: Engine, pipeline: CapturePipeline, bound: Bound, started: float) -> None:
+        self.engine = engine
+        self.cfg = engine.cfg
+        self.pipeline = pipeline
+        self.bound = bound
+        self.started = started
+        self.snapshotter: Snapshotter = load_snapshotter(engine.cfg)
+        self.dispatcher: Dispatcher | None = None
+        self.stored: Offset | None = None
+        self.phase = "start"  # start -> snapshot -> stream
+        self.previous_token: dict[str, Any] | None = None
+        self.performed = self.completed = False
+
+    def execute(self) -> RunSummary:
+        """Run the phases; restart after retriable errors as ``errors.max.retries`` allows."""
+        restarts = 0
+        while True:
+            try:
+                return self._phases()
+            except Stopped:
+                return self._summary("stop")
+            except (ConnectError, PyMongoError) as exc:
+                if isinstance(exc, PyMongoError) and not is_retriable(exc):
+                    raise
+                # Kafka Connect restarts a task that failed with a retriable error after
+                # retriable.restart.connector.wait.ms, errors.max.retries times (-1: always).
+                restarts += 1
+                limit = self.cfg.errors_max_retries
+                if 0 <= limit < restarts:
+                    if isinstance(exc, ConnectError):
+                        raise
+                    raise ConnectError(
+                        f"MongoDB unreachable and errors.max.retries={limit} restarts used up: {one_line(exc)}"
+                    ) from exc
+                wait_ms = self.cfg.retriable_restart_connector_wait_ms
+                of = "unlimited" if limit < 0 else str(limit)
+                log.warning("%s; restart %d of %s in %d ms", one_line(exc), restarts, of, wait_ms)
+                self.pipeline.close()
+                if self.engine._stop.wait(wait_ms / 1000):
+                    return self._summary("stop")
+
+    def _phases(self) -> RunSummary:
+        if not self.pipeline.connected:
+            self.pipeline.connect()
+        if self.dispatcher is None:
+            self.stored = self.engine.offsets.load()
+            self.dispatcher = self.pipeline.open_dispatcher(
+                self.stored or Offset(), flush_interval_s=self.engine.flush_interval_s
+            )
+        if self.phase == "start":
+            self.phase = self._decide()
+            if self.phase == "complete":
+                log.info("snapshot.mode=%s: the snapshot is complete, nothing to do", self.cfg.snapshot_mode)
+                return self._summary("snapshot_only")
+        while True:
+            if self.phase == "snapshot":
+                self.performed = True
+                self.completed = self._snapshot()
+                if not self.completed:
+                    return self._summary("stop")
+                if not self.snapshotter.should_stream_events_starting_from_snapshot() and self.previous_token:
+                    self.dispatcher.offset.resume_token = dict(self.previous_token)
+                    self.dispatcher.commit()
+                self.phase = "stream"
+            if not self.snapshotter.should_stream():
+                return self._summary("snapshot_only")
+            try:
+                return self._summary(self._stream())
+            except HistoryLostError as lost:
+                if not self.snapshotter.should_snapshot_on_data_error():
+                    raise HistoryLostError.for_offset(
+                        lost.position, lost.oplog_first, self.cfg.snapshot_mode, self.engine.offsets_description()
+                    ) from lost
+                log.warning("%s; snapshot.mode=when_needed takes a new snapshot", lost)
+                self.dispatcher.offset = Offset()
+                self.previous_token = None
+                self.phase = "snapshot"
+
+    def _decide(self) -> str:
+        """The first phase from the stored offset and the snapshotter (``complete``: nothing to do)."""
+        if self.stored is not None:
+            self._check_offset_source(self.stored)
+        stored = self.stored
+        offset_exists = stored is not None and (stored.resume_token is not None or stored.snapshot is not None)
+        in_progress = stored is not None and stored.snapshot_in_progress
+        take = self.snapshotter.should_snapshot_data(offset_exists, in_progress)
+        self.previous_token = dict(stored.resume_token) if stored is not None and stored.resume_token and not in_progress else None
+        if take:
+            return "snapshot"
+        if offset_exists and not self.snapshotter.should_stream():
+            return "complete"  # e.g. initial_only after its snapshot completed: its position does not matter
+        if offset_exists and stored is not None and self._offset_lost(token_timestamp(stored.resume_token)):
+            return "snapshot"
+        return "stream"
+
+    def _check_offset_source(self, stored: Offset) -> None:
+        """``mongodb.allow.offset.invalidation``: offsets recorded for another replica set."""
+        recorded = stored.replica_set
+        current = self.pipeline.topology.set_name if self.pipeline.topology is not None else None
+        if recorded is None or current is None or recorded == current:
+            return
+        if not self.cfg.mongodb_allow_offset_invalidation:
+            raise OffsetInvalidError(
+                f"the stored offsets ({self.engine.offsets_description()}) were recorded for replica set "
+                f"{recorded!r}, but mongodb.connection.string now reaches replica set {current!r}. Resuming "
+                "there could skip or repeat changes. Set mongodb.allow.offset.invalidation=true to invalidate "
+                "those offsets and take a new snapshot, or point the connector back at the original deployment."
+            )
+        log.warning(
+            "stored offsets belong to replica set %r, not %r: invalidated (mongodb.allow.offset.invalidation)",
+            recorded, current,
+        )
+        assert self.dispatcher is not None
+        self.dispatcher.offset = Offset()
+        self.stored = None
+
+    def _offset_lost(self, ts: Timestamp | None) -> bool:
         """True when a new snapshot is needed because the stored position left the oplog."""
-        lost, first = position_lost(client, ts)
+        lost, first = position_lost(self.pipeline.client, ts)
         if not lost:
             return False
-        if snapshotter.should_snapshot_on_data_error():
+        if self.snapshotter.should_snapshot_on_data_error():
             return True
-        raise HistoryLostError.for_offset(ts, first, self.cfg.snapshot_mode, self._offsets_description())
+        raise HistoryLostError.for_offset(ts, first, self.cfg.snapshot_mode, self.engine.offsets_description())
 
-    def _summary(
-        self, dispatcher: Dispatcher, performed: bool, completed: bool, reason: str, started: float
-    ) -> RunSummary:
+    def _summary(self, reason: str) -> RunSummary:
+        dispatcher = self.dispatcher
         return RunSummary(
-            snapshot_performed=performed,
-            snapshot_completed=completed,
-            snapshot_documents=dispatcher.snapshot_documents,
-            events=dispatcher.events,
-            counts=dict(dispatcher.counts),
-            records=dispatcher.records_written,
-            first_position=dispatcher.first_position,
-            last_position=dispatcher.last_position,
+            snapshot_performed=self.performed,
+            snapshot_completed=self.completed,
+            snapshot_documents=dispatcher.snapshot_documents if dispatcher else 0,
+            events=dispatcher.events if dispatcher else 0,
+            counts=dict(dispatcher.counts) if dispatcher else {"c": 0, "u": 0, "d": 0},
+            records=dispatcher.records_written if dispatcher else 0,
+            first_position=dispatcher.first_position if dispatcher else None,
+            last_position=dispatcher.last_position if dispatcher else None,
             stopped_because=reason,
-            duration_s=time.monotonic() - started,
+            duration_s=time.monotonic() - self.started,
         )
 
     # -- snapshot -------------------------------------------------------------------------------------
 
-    def _snapshot(self, client: MongoClient[Any], dispatcher: Dispatcher, snapshotter: Snapshotter) -> bool:
+    def _snapshot(self) -> bool:
         """Copy the collections (resuming an interrupted snapshot); False when stopped."""
-        if self.cfg.snapshot_delay_ms and self._stop.wait(self.cfg.snapshot_delay_ms / 1000):
+        cfg, client, dispatcher = self.cfg, self.pipeline.client, self.dispatcher
+        assert dispatcher is not None
+        if cfg.snapshot_delay_ms and self.engine._stop.wait(cfg.snapshot_delay_ms / 1000):
             return False
         state = dispatcher.offset.snapshot
         if state is not None and state.running:
@@ -212,143 +278,65 @@ class Engine:
             if lost or state.start_position is None:
                 state = None
         if state is None or not state.running:
-            start = record_start(client, watch_target(client, self.cfg))
+            start = record_start(client, watch_target(client, cfg))
             state = SnapshotState(
-                collections=snapshot_collections(client, self.cfg),
+                collections=snapshot_collections(client, cfg),
                 start_position=start.position,
                 start_token=start.token,
             )
         remaining = state.remaining
-        totals = {ns: _estimate(client, self.cfg, ns) for ns in remaining}
-        snap_metrics = self.metrics.snapshot
+        totals = {ns: estimate_count(client, cfg, ns) for ns in remaining}
+        snap_metrics = self.engine.metrics.snapshot
         snap_metrics.start(state.collections)
         snap_metrics.RemainingTableCount = len(remaining)
-        snap_metrics.QueueTotalCapacity = snap_metrics.QueueRemainingCapacity = self.cfg.max_queue_size
+        snap_metrics.QueueTotalCapacity = snap_metrics.QueueRemainingCapacity = cfg.max_queue_size
         dispatcher.snapshot_started(state, totals)
         assert state.start_position is not None
-        position = state.start_position
-
-        def emit(chunk: SnapshotChunk) -> bool:
-            if self._stop.is_set():
-                return False
-            dispatcher.snapshot_chunk(chunk, position, datetime.datetime.now(datetime.UTC))
-            return True
-
-        copier = SnapshotCopier(
-            client,
-            self.cfg,
-            remaining,
-            emit,
-            threads=self.cfg.snapshot_max_threads,
-            chunk_size=min(self.cfg.max_batch_size, 1024),
-            stop=threading.Event(),
-            progress=state,
-        )
-        threading.Thread(target=self._forward_stop, args=(copier.stop,), daemon=True).start()
         try:
-            completed = copier.run()
+            completed = self.pipeline.copy(
+                remaining, state.start_position, threads=cfg.snapshot_max_threads, progress=state
+            )
         except BaseException:
             snap_metrics.finish(aborted=True)
-            snapshotter.snapshot_aborted()
+            self.snapshotter.snapshot_aborted()
             raise
-        finally:
-            copier.stop.set()
         snap_metrics.finish(aborted=not completed)
         dispatcher.snapshot_finished(completed)
         if completed:
-            snapshotter.snapshot_completed()
+            self.snapshotter.snapshot_completed()
         else:
-            snapshotter.snapshot_aborted()
+            self.snapshotter.snapshot_aborted()
         return completed
-
-    def _forward_stop(self, target: threading.Event) -> None:
-        """Propagate ``stop()`` to the snapshot workers until they are done."""
-        while not target.is_set():
-            if self._stop.wait(0.1):
-                target.set()
 
     # -- streaming ------------------------------------------------------------------------------------
 
-    def _stream(
-        self, client: MongoClient[Any], dispatcher: Dispatcher, max_events: int | None, until_idle: float | None
-    ) -> str:
-        cfg = self.cfg
-        streaming = self.metrics.streaming
-        queue = EventQueue(cfg.max_queue_size, cfg.max_queue_size_in_bytes, streaming)
-        streaming.CapturedTables = captured_collections(client, cfg)
+    def _stream(self) -> str:
+        cfg, client, dispatcher = self.cfg, self.pipeline.client, self.dispatcher
+        assert dispatcher is not None
+        self.engine.metrics.streaming.CapturedTables = captured_collections(client, cfg)
         if dispatcher.offset.resume_token is None:
             # First start without a snapshot: pin "now" durably, so a restart misses nothing.
             dispatcher.start_at(record_start(client, watch_target(client, cfg)))
-        token = dispatcher.offset.resume_token
-        reader = ChangeStreamReader(client, cfg, StartPoint(resume_after=token), queue, metrics=streaming)
-        if self.progress is not None:
-            self.progress.streaming_started(dispatcher.offset.position)
-        poll_s = cfg.poll_interval_ms / 1000
-        dispatched_at_start = dispatcher.events
-        last_event = time.monotonic()
-        reason = "stop"
-        failed = True
+        if self.engine.progress is not None:
+            self.engine.progress.streaming_started(dispatcher.offset.position)
         notifications = NotificationService(cfg)
-        adhoc = AdHocSnapshots(client, cfg, dispatcher, self.metrics, notifications, self._stop)
-        dispatcher.on_signal = adhoc.on_signal
-        dispatcher.on_stream_event = adhoc.on_stream_event
-        reader.start()
-        try:
-            while not self._stop.is_set():
-                batch = queue.get_batch(cfg.max_batch_size, poll_s)
-                for item in batch:
-                    if item.kind == "change":
-                        assert item.doc is not None and item.token is not None
-                        if dispatcher.change(item.doc, item.token):
-                            last_event = time.monotonic()
-                            if max_events is not None and dispatcher.events - dispatched_at_start >= max_events:
-                                failed = False
-                                return "max_events"
-                    elif item.kind == "progress":
-                        assert item.token is not None
-                        dispatcher.progress_token(item.token)
-                    elif item.kind == "end":
-                        failed = False
-                        return "end"
-                    elif item.error is not None:
-                        raise item.error
-                adhoc.process()
-                dispatcher.write(notifications.drain())
-                dispatcher.drain()
-                dispatcher.heartbeat_if_due()
-                dispatcher.maybe_commit()
-                if adhoc.busy:
-                    last_event = time.monotonic()  # an incremental snapshot is running: not idle
-                if until_idle is not None and time.monotonic() - last_event >= until_idle:
-                    reason = "idle"
-                    break
-            failed = False
-            return reason
-        finally:
-            reader.stop()
-            queue.close()
-            reader.join()
-            adhoc.close()
-            dispatcher.on_signal = dispatcher.on_stream_event = None
+        adhoc = AdHocSnapshots(
+            client, cfg, dispatcher, self.engine.metrics, notifications, self.engine._stop,
+            stored_incremental=dispatcher.offset.incremental,
+        )
+
+        def housekeeping() -> None:
             dispatcher.write(notifications.drain())
-            if failed:
-                # Keep what was delivered; a failing sink raises again here, which must not hide
-                # the original error (and then the offset is not saved, as it must not be).
-                with contextlib.suppress(Exception):
-                    dispatcher.commit()
-            else:
-                dispatcher.finish()
+            dispatcher.heartbeat_if_due()
+            dispatcher.maybe_commit()
 
-
-def _estimate(client: MongoClient[Any], cfg: Any, namespace: str) -> int | None:
-    """Document count for progress totals (exact with a filter override, estimated otherwise)."""
-    db, _, coll = namespace.partition(".")
-    try:
-        query = collection_filter(cfg, namespace)
-        if query:
-            return int(client[db][coll].count_documents(query))
-        return int(client[db][coll].estimated_document_count())
-    except CdcError:
-        raise
-    except Exception:  # a count is only for display; the copy itself reports real errors
-        return None
+        try:
+            outcome = self.pipeline.stream(
+                StartPoint(resume_after=dispatcher.offset.resume_token), self.bound,
+                companion=adhoc, housekeeping=housekeeping,
+            )
+        finally:
+            adhoc.close()
+            dispatcher.write(notifications.drain())
+        dispatcher.finish()
+        return outcome.reason

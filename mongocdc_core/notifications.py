@@ -50,9 +50,9 @@ class NotificationService:
     """Sends notifications to the channels in ``notification.enabled.channels``."""
 
     def __init__(self, cfg: ConnectorConfig) -> None:
-        self.channels = cfg.notification_enabled_channels
+        self.channels = tuple(cfg.notification_enabled_channels)
         self.topic: str | None = cfg.notification_sink_topic_name
-        self.connector_name = cfg.name or cfg.topic_prefix
+        self.connector_name = cfg.name or cfg.topic_prefix or ""
         self.schemas = cfg.mongocdc_schemas_enable
         self.sent: list[dict[str, Any]] = []
         self._pending: list[Record] = []

@@ -96,3 +96,13 @@ def decode_resume_token_timestamp(token: Mapping[str, Any] | str) -> Timestamp:
             f"{_KEYSTRING_TIMESTAMP}): {token!r}"
         )
     return Timestamp(int.from_bytes(raw[1:5], "big"), int.from_bytes(raw[5:9], "big"))
+
+
+def token_timestamp(token: Mapping[str, Any] | None) -> Timestamp | None:
+    """clusterTime of a resume token, None when absent or not decodable (tokens are opaque)."""
+    if not token:
+        return None
+    try:
+        return decode_resume_token_timestamp(token)
+    except ValueError:
+        return None

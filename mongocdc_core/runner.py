@@ -1,19 +1,24 @@
-"""``mongocdc run``: the connector as a command, with rich progress and a graceful SIGTERM.
+"""``mongocdc run``: the connector as a command, with rich progress and a graceful SIGTERM/SIGINT.
 
 The command only wires things together (config, sink, offset store, engine) and draws progress;
 everything it runs is the public engine API, so the Dagster assets and this command behave alike.
+Exit codes (documented in the README, "Running the connector"): see ``EXIT_CODES``.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import signal
 import sys
 import threading
 from collections.abc import Mapping
 from types import FrameType
 
+from bson import Timestamp
 from rich.console import Console
+from rich.logging import RichHandler
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -28,22 +33,55 @@ from rich.progress import (
 from rich.text import Text
 
 from mongocdc_core.config import ConfigError, ConnectorConfig
-from mongocdc_core.dispatcher import ProgressListener
-from mongocdc_core.engine import Engine
+from mongocdc_core.engine import Engine, RunSummary
 from mongocdc_core.metrics.prometheus import PrometheusExporter
 from mongocdc_core.offsets import OffsetError, open_offset_store
 from mongocdc_core.positions import Position
+from mongocdc_core.receiver import ConnectionState, ProgressListener
 from mongocdc_core.sinks.base import SinkError
 from mongocdc_core.sinks.factory import open_sink
-from mongocdc_core.source.errors import CdcError
+from mongocdc_core.source.errors import (
+    AuthenticationError,
+    CdcError,
+    ChangeStreamFailedError,
+    ConnectError,
+    HistoryLostError,
+    OffsetInvalidError,
+)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_AUTHENTICATION = 4
+EXIT_HISTORY_LOST = 5
+EXIT_STREAM_FAILED = 6
+EXIT_OFFSETS_INVALID = 7
+# The most specific class first: a user's scripts can tell "retry later" from "act now".
+_EXIT_FOR: tuple[tuple[type[BaseException], int], ...] = (
+    (AuthenticationError, EXIT_AUTHENTICATION),
+    (ConnectError, EXIT_UNREACHABLE),
+    (HistoryLostError, EXIT_HISTORY_LOST),
+    (ChangeStreamFailedError, EXIT_STREAM_FAILED),
+    (OffsetInvalidError, EXIT_OFFSETS_INVALID),
+)
+
+
+def exit_code(exc: BaseException) -> int:
+    """The documented exit code of a failed run."""
+    return next((code for kind, code in _EXIT_FOR if isinstance(exc, kind)), EXIT_FAILED)
 
 
 class ReadyLine(ProgressListener):
-    """Prints one ``streaming`` line on stdout when streaming begins, for scripts waiting on it."""
+    """Prints one ``streaming`` line on stdout when streaming begins, for scripts waiting on it,
+    and the connection state on stderr while MongoDB does not answer."""
 
     def streaming_started(self, position: Position | None) -> None:
         start = position.to_str() if position else "now"
         print(f"mongocdc: streaming after {start}", flush=True)
+
+    def connecting(self, state: ConnectionState) -> None:
+        print(f"mongocdc: {state.line()}", file=sys.stderr, flush=True)
 
 
 class RateColumn(ProgressColumn):
@@ -85,6 +123,9 @@ class RichProgress(ReadyLine):
 
     def __exit__(self, *exc: object) -> None:
         self.progress.stop()
+
+    def connecting(self, state: ConnectionState) -> None:
+        self.progress.console.log(f"[yellow]{state.line()}[/yellow]", markup=True, highlight=False)
 
     def snapshot_started(self, totals: Mapping[str, int | None]) -> None:
         with self._lock:
@@ -136,6 +177,35 @@ def _port(text: str) -> int:
     if not text.strip().isdigit() or not 1 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port between 1 and 65535, got {text!r}")
     return int(text)
+def parse_stop_at(text: str) -> Timestamp:
+    """``SECONDS[:INCREMENT]`` (a BSON timestamp, as ``Timestamp(seconds, increment)``)."""
+    seconds, _, increment = text.partition(":")
+    try:
+        return Timestamp(int(seconds), int(increment or 0))
+    except (ValueError, TypeError, OverflowError):
+        raise argparse.ArgumentTypeError(
+            f"expected SECONDS[:INCREMENT], a cluster time such as 1735689600:1, got {text!r}"
+        ) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of events, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number of seconds, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,34 +213,84 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", required=True, help="Debezium connector JSON or .properties file")
     parser.add_argument("--sink", required=True, help="jsonl:DIR, parquet:DIR or kafka:HOST:PORT")
     parser.add_argument("--offsets", required=True, help="offset store: PATH, file:PATH or kafka:HOST:PORT[/TOPIC]")
-    parser.add_argument("--max-events", type=int, default=None, help="stop after this many change events")
-    parser.add_argument("--until-idle", type=float, default=None, help="stop after this many seconds without events")
+    parser.add_argument("--max-events", type=_positive_int, default=None, help="stop after this many change events")
+    parser.add_argument(
+        "--stop-at", type=parse_stop_at, default=None, metavar="SECONDS[:INC]",
+        help="stop once every change up to this cluster time was delivered",
+    )
+    parser.add_argument(
+        "--until-idle", type=_seconds, default=None,
+        help="stop after MongoDB reported nothing new for this many seconds",
+    )
     parser.add_argument("--metrics-file", default=None, help="rewrite Debezium metrics as JSON here while running")
     parser.add_argument("--metrics-port", type=_port, default=None,
                         help="serve the metrics in Prometheus format on this port (overrides mongocdc.metrics.port)")
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="log level (log-channel notifications are INFO)")
     return parser
+
+
+def _configure_logging(console: Console, level: str) -> None:
+    """Logs (notifications of the ``log`` channel among them) through rich, on stderr."""
+    handler = RichHandler(console=console, show_path=False, rich_tracebacks=False, markup=False)
+    logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]", handlers=[handler], force=True)
+    logging.getLogger("pymongo").setLevel(max(logging.WARNING, logging.getLevelName(level)))
+
+
+class _Stopper:
+    """Signal handler: the first SIGTERM/SIGINT asks the engine to stop, later ones are noted.
+
+    It writes with ``os.write`` only: a handler runs between two bytecodes of the main thread,
+    possibly while that thread holds rich's console lock, so it must not print through rich.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.received = 0
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.received += 1
+        name = signal.Signals(signum).name
+        if self.received == 1:
+            message = f"\nmongocdc: {name}: stopping after the current batch\n"
+        else:
+            message = f"\nmongocdc: {name}: already stopping (flushing the sink, saving the offset)\n"
+        os.write(sys.stderr.fileno(), message.encode())
+        self.engine.stop()
+
+
+def _report(console: Console, engine: Engine, summary: RunSummary) -> None:
+    console.print(engine.metrics.summary())
+    if summary.stopped_because == "snapshot_only" and not summary.snapshot_performed:
+        console.print(
+            f"snapshot already complete (snapshot.mode={engine.cfg.snapshot_mode} takes it once and does not "
+            "stream): nothing to do"
+        )
+        return
+    console.print(f"stopped: {summary.stopped_because}; {summary.records} records, {summary.events} change events")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # paths and messages stay on one line, unbroken
+    _configure_logging(console, args.log_level)
     try:
         cfg = ConnectorConfig.load(args.config)
     except (ConfigError, OSError) as exc:
         console.print(f"[red]mongocdc: invalid configuration {args.config}:[/red]\n{exc}")
-        return 2
+        return EXIT_USAGE
     try:
         sink = open_sink(args.sink, cfg)
     except (ValueError, SinkError) as exc:
         console.print(f"[red]mongocdc: cannot open sink {args.sink}: {exc}[/red]")
-        return 2
+        return EXIT_USAGE
     try:
         offsets = open_offset_store(args.offsets, cfg, sink)
     except (ValueError, OffsetError) as exc:
         sink.close()
         console.print(f"[red]mongocdc: cannot open offsets {args.offsets}: {exc}[/red]")
-        return 2
+        return EXIT_USAGE
     listener = RichProgress(console) if not args.no_progress else ReadyLine()
     engine = Engine(cfg, sink, offsets, progress=listener, metrics_file=args.metrics_file)
     port = cfg.mongocdc_metrics_port if args.metrics_port is None else args.metrics_port
@@ -183,31 +303,27 @@ def main(argv: list[str] | None = None) -> int:
         sink.close()
         offsets.close()
         console.print(f"[red]mongocdc: --metrics-port / mongocdc.metrics.port: {exc.strerror or exc}[/red]")
-        return 2
-
-    def _graceful(signum: int, frame: FrameType | None) -> None:
-        console.log(f"{signal.Signals(signum).name}: stopping after the current batch")
-        engine.stop()
-
-    signal.signal(signal.SIGTERM, _graceful)
-    signal.signal(signal.SIGINT, _graceful)
+        return EXIT_USAGE
+    stopper = _Stopper(engine)
+    signal.signal(signal.SIGTERM, stopper)
+    signal.signal(signal.SIGINT, stopper)
+    bounds = {"max_events": args.max_events, "until_idle": args.until_idle, "stop_at": args.stop_at}
     try:
         if isinstance(listener, RichProgress):
             with listener:
-                summary = engine.run(max_events=args.max_events, until_idle=args.until_idle)
+                summary = engine.run(**bounds)
         else:
-            summary = engine.run(max_events=args.max_events, until_idle=args.until_idle)
+            summary = engine.run(**bounds)
     except (CdcError, SinkError, OffsetError) as exc:
-        console.print(f"[red]mongocdc: {exc}[/red]")
-        return 1
+        console.print(f"mongocdc: {exc}", style="red", markup=False, highlight=False)
+        return exit_code(exc)
     finally:
         if exporter is not None:
             exporter.stop()
         sink.close()
         offsets.close()
-    console.print(engine.metrics.summary())
-    console.print(f"stopped: {summary.stopped_because}; {summary.records} records, {summary.events} change events")
-    return 0
+    _report(console, engine, summary)
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -90,6 +90,7 @@ class Offset:
     position: Position | None = None
     snapshot: SnapshotState | None = None
     incremental: dict[str, Any] | None = None
+    replica_set: str | None = None  # the replica set the position belongs to (None: unknown, older offsets)
 
     @property
     def snapshot_in_progress(self) -> bool:
@@ -102,6 +103,7 @@ class Offset:
             "position": self.position.to_str() if self.position else None,
             "snapshot": self.snapshot.to_json() if self.snapshot else None,
             "incremental": _token_to_json(self.incremental),
+            "replica_set": self.replica_set,
         }
 
     @classmethod
@@ -116,6 +118,7 @@ class Offset:
             position=Position.parse(pos) if pos else None,
             snapshot=SnapshotState.from_json(snap) if snap else None,
             incremental=_token_from_json(data.get("incremental")),
+            replica_set=data.get("replica_set"),
         )
 
 

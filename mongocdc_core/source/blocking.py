@@ -1,8 +1,10 @@
 """Blocking snapshots, and the coordinator that wires every ad hoc snapshot piece into the engine.
 
-A blocking snapshot runs on the dispatcher's thread: while it copies, no change is dispatched
-(the change stream reader keeps filling its bounded queue and then waits), and afterwards
-streaming continues exactly where it paused. The copy works like an initial snapshot (parallel
+A blocking snapshot is requested by a signal and run by the capture pipeline: the pipeline pauses
+streaming right after the signal's event (the change stream reader keeps filling its bounded
+queue and then waits), runs the copy through :meth:`AdHocSnapshots.run_blocking`, and resumes
+streaming exactly where it paused. Nothing here knows the dispatcher: reads go to a
+:class:`~mongocdc_core.receiver.SnapshotReceiver`. The copy works like an initial snapshot (parallel
 collections, ``source.snapshot`` markers ``first``/``true``/``last``…), with the signal's
 ``additional-conditions`` (else ``snapshot.collection.filter.overrides``) as filters. Its reads
 take the position recorded just before the copy started.
@@ -23,14 +25,16 @@ import datetime
 import logging
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pymongo import MongoClient
 
-from mongocdc_core.dispatcher import Dispatcher
+from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.positions import Position
-from mongocdc_core.source.incremental import DispatcherOutput, IncrementalSnapshotter, IncrementalState
+from mongocdc_core.receiver import SnapshotChunk, SnapshotReceiver
+from mongocdc_core.source.incremental import IncrementalSnapshotter, IncrementalState, ReceiverOutput
 from mongocdc_core.source.signals import (
     CHANNEL_FILE,
     CHANNEL_KAFKA,
@@ -43,7 +47,6 @@ from mongocdc_core.source.signals import (
     SignalProcessor,
 )
 from mongocdc_core.source.snapshot import (
-    SnapshotChunk,
     SnapshotCopier,
     captured_collections,
     collection_filter,
@@ -59,10 +62,19 @@ log = logging.getLogger("mongocdc.blocking")
 AGGREGATE = "Initial Snapshot"
 
 
+@dataclass(frozen=True)
+class BlockingRequest:
+    """A blocking snapshot a signal asked for; the pipeline runs it with streaming paused."""
+
+    signal_id: str
+    namespaces: list[str]
+    filters: dict[str, dict[str, Any]]
+
+
 def run_blocking_snapshot(
     client: MongoClient[Any],
-    cfg: Any,
-    dispatcher: Dispatcher,
+    cfg: ConnectorConfig,
+    receiver: SnapshotReceiver,
     metrics: ConnectorMetrics,
     namespaces: Sequence[str],
     filters: Mapping[str, dict[str, Any]],
@@ -70,7 +82,7 @@ def run_blocking_snapshot(
     notifier: Notifier,
     stop: threading.Event,
 ) -> bool:
-    """Copy ``namespaces`` through ``dispatcher`` (streaming waits); False when ``stop`` ended it early.
+    """Copy ``namespaces`` into ``receiver`` (streaming waits); False when ``stop`` ended it early.
 
     See the module docstring for the duplicates this can produce.
     """
@@ -86,7 +98,7 @@ def run_blocking_snapshot(
     def emit(chunk: SnapshotChunk) -> bool:
         if stop.is_set():
             return False
-        dispatcher.snapshot_chunk(chunk, position, datetime.datetime.now(datetime.UTC))
+        receiver.snapshot_chunk(chunk, position, datetime.datetime.now(datetime.UTC))
         copied[chunk.namespace] += len(chunk.documents)
         if chunk.final:
             snap.table_done()
@@ -111,7 +123,7 @@ def run_blocking_snapshot(
         raise
     finally:
         copier.stop.set()
-    dispatcher.commit()
+    receiver.commit()
     snap.finish(aborted=not completed)
     notifier.notify(AGGREGATE, "COMPLETED" if completed else "ABORTED", name)
     log.info("blocking snapshot of %s %s at %s", ", ".join(namespaces), "completed" if completed else "stopped", position)
@@ -128,34 +140,37 @@ def _forward(source: threading.Event, target: threading.Event) -> None:
 class AdHocSnapshots:
     """Everything ad hoc for one engine run: signal channels, incremental and blocking snapshots.
 
-    The engine calls :meth:`on_signal` for each event of the signaling collection and
-    :meth:`on_stream_event` for each captured data event (both from ``Dispatcher.change``),
-    :meth:`process` once per loop iteration, and :meth:`close` when streaming ends. Other signal
-    channels (Kafka) hand parsed signals to ``processor.submit``.
+    The capture pipeline calls :meth:`on_signal` for each event of the signaling collection and
+    :meth:`on_stream_event` for each captured data event (after dispatching it), :meth:`process`
+    once per loop iteration, :meth:`take_blocking` / :meth:`run_blocking` to run a requested
+    blocking snapshot with streaming paused, and :meth:`close` when streaming ends. Other signal
+    channels (Kafka, file) hand parsed signals to ``processor.submit``.
     """
 
     def __init__(
         self,
         client: MongoClient[Any],
-        cfg: Any,
-        dispatcher: Dispatcher,
+        cfg: ConnectorConfig,
+        receiver: SnapshotReceiver,
         metrics: ConnectorMetrics,
         notifier: Notifier | None,
         stop: threading.Event,
+        *,
+        stored_incremental: dict[str, Any] | None = None,
     ) -> None:
         self.client = client
         self.cfg = cfg
-        self.dispatcher = dispatcher
+        self.receiver = receiver
         self.metrics = metrics
+        self._blocking_requests: list[BlockingRequest] = []
         self.notifier: Notifier = notifier or LogNotifier(cfg.topic_prefix)
         self.stop_event = stop
         self.channels = tuple(cfg.signal_enabled_channels)
         self.incremental: IncrementalSnapshotter | None = None
         if cfg.signal_data_collection:
-            stored = dispatcher.offset.incremental
             self.incremental = IncrementalSnapshotter(
-                client, cfg, DispatcherOutput(dispatcher), notifier=self.notifier, metrics=metrics.snapshot,
-                state=IncrementalState.from_json(stored) if stored else None,
+                client, cfg, ReceiverOutput(receiver), notifier=self.notifier, metrics=metrics.snapshot,
+                state=IncrementalState.from_json(stored_incremental) if stored_incremental else None,
             )
         self.processor = SignalProcessor(
             self, self.notifier, lambda: captured_collections(client, cfg), self._blocking,
@@ -187,7 +202,8 @@ class AdHocSnapshots:
         if document.get("type") in WATERMARK_TYPES:
             return  # a window of another run (e.g. a standalone snapshot) or of a previous process
         self.processor.receive_document(document, CHANNEL_SOURCE)
-        # Act right at the signal's place in the stream: a blocking snapshot pauses streaming here.
+        # Act right at the signal's place in the stream: a blocking snapshot is queued here and the
+        # pipeline runs it before it dispatches the next event.
         self.processor.process()
 
     def on_stream_event(self, namespace: str, document_key: Any, position: Position) -> bool:
@@ -241,8 +257,17 @@ class AdHocSnapshots:
         return self.incremental.collections() if self.incremental is not None else []
 
     def _blocking(self, signal_id: str, namespaces: list[str], filters: dict[str, dict[str, Any]]) -> None:
-        log.info("signal %s: blocking snapshot of %s; streaming pauses", signal_id, ", ".join(namespaces))
-        run_blocking_snapshot(
-            self.client, self.cfg, self.dispatcher, self.metrics, namespaces, filters,
+        """Queue the request: it runs on the pipeline's thread, never from inside a dispatch."""
+        self._blocking_requests.append(BlockingRequest(signal_id, list(namespaces), dict(filters)))
+
+    def take_blocking(self) -> BlockingRequest | None:
+        """The oldest blocking snapshot a signal requested and nobody ran yet."""
+        return self._blocking_requests.pop(0) if self._blocking_requests else None
+
+    def run_blocking(self, request: BlockingRequest) -> bool:
+        """Run a requested blocking snapshot (the pipeline has paused streaming); False when stopped."""
+        log.info("signal %s: blocking snapshot of %s; streaming pauses", request.signal_id, ", ".join(request.namespaces))
+        return run_blocking_snapshot(
+            self.client, self.cfg, self.receiver, self.metrics, request.namespaces, request.filters,
             notifier=self.notifier, stop=self.stop_event,
         )

@@ -24,10 +24,14 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
+from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.metrics import ConnectorMetrics
-from mongocdc_core.source.errors import ConnectError, TopologyError
+from mongocdc_core.receiver import ConnectionState
+from mongocdc_core.source.errors import AuthenticationError, ConnectError, Stopped, TopologyError
 
 T = TypeVar("T")
+
+_AUTH_FAILED = frozenset({18})  # AuthenticationFailed
 
 # mongod codes after which the same operation succeeds once a (new) primary is reachable.
 _RETRIABLE_CODES = frozenset(
@@ -155,7 +159,7 @@ class _ElectionListener(monitoring.ServerListener):
                 self._election_ids[event.server_address] = election
 
 
-def open_client(cfg: Any, metrics: ConnectorMetrics | None = None, **overrides: Any) -> MongoClient[Any]:
+def open_client(cfg: ConnectorConfig, metrics: ConnectorMetrics | None = None, **overrides: Any) -> MongoClient[Any]:
     """A MongoClient for ``mongodb.connection.string`` with the config's driver options."""
     kwargs: dict[str, Any] = dict(cfg.connection_kwargs())
     kwargs.setdefault("tz_aware", True)
@@ -199,7 +203,7 @@ class Backoff:
         self.max_attempts = max_attempts
 
     @classmethod
-    def from_config(cls, cfg: Any) -> Backoff:
+    def from_config(cls, cfg: ConnectorConfig) -> Backoff:
         return cls(
             int(cfg.connect_backoff_initial_delay_ms),
             int(cfg.connect_backoff_max_delay_ms),
@@ -216,35 +220,101 @@ class Backoff:
         *,
         what: str,
         stop: threading.Event | None = None,
+        on_retry: Callable[[ConnectionState], None] | None = None,
+        hosts: str = "MongoDB",
     ) -> T:
-        """Run ``operation``; on retriable errors wait and retry up to ``max_attempts`` times."""
+        """Run ``operation``; on retriable errors wait and retry up to ``max_attempts`` times.
+
+        With ``stop``, each attempt is also abandoned as soon as ``stop`` is set (a server
+        selection can block for ``serverSelectionTimeoutMS``), raising :class:`Stopped`.
+        """
         attempt = 0
         while True:
             try:
-                return operation()
+                return operation() if stop is None else _until_stopped(operation, stop)
             except PyMongoError as exc:
+                if isinstance(exc, OperationFailure) and exc.code in _AUTH_FAILED:
+                    raise AuthenticationError(
+                        f"{what}: MongoDB refused the credentials of mongodb.connection.string "
+                        f"({code_name(exc) or 'AuthenticationFailed'}): check the user, password and authSource"
+                    ) from exc
                 if not is_retriable(exc):
                     raise
                 attempt += 1
                 if attempt > self.max_attempts:
                     raise ConnectError(
-                        f"{what}: MongoDB unreachable after {self.max_attempts} reconnection attempts "
-                        f"(connect.max.attempts): {exc}"
+                        f"{what}: {hosts} unreachable after {self.max_attempts} reconnection attempts "
+                        f"(connect.max.attempts): {one_line(exc)}"
                     ) from exc
-                if stop is not None:
-                    if stop.wait(self.delay_ms(attempt) / 1000):
-                        raise
-                else:
-                    threading.Event().wait(self.delay_ms(attempt) / 1000)
+                delay_s = self.delay_ms(attempt) / 1000
+                if on_retry is not None:
+                    on_retry(ConnectionState(hosts, attempt, self.max_attempts, delay_s, one_line(exc)))
+                if (stop or threading.Event()).wait(delay_s):
+                    raise Stopped(f"{what}: stopped while MongoDB was unreachable") from exc
+
+
+def _until_stopped(operation: Callable[[], T], stop: threading.Event) -> T:
+    """Run ``operation`` on a helper thread; give up waiting for it (``Stopped``) once ``stop`` is set."""
+    if stop.is_set():
+        raise Stopped("stopped before connecting")
+    done = threading.Event()
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            outcome.append(operation())
+        except BaseException as exc:  # handed to the waiting thread
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=attempt, name="mongocdc-connect", daemon=True).start()
+    while not done.wait(0.1):
+        if stop.is_set():
+            raise Stopped("stopped while connecting")
+    if failure:
+        raise failure[0]
+    return outcome[0]
+
+
+def code_name(exc: OperationFailure) -> str | None:
+    """The server's name for an error code (``codeName``), when it sent one."""
+    details = exc.details if isinstance(exc.details, dict) else {}
+    name = details.get("codeName")
+    return name if isinstance(name, str) else None
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's message on one line, without the driver's full server reply or topology dump."""
+    text = str(exc)
+    for tail in (", full error:", ", Timeout:", " (configured timeouts:"):
+        text = text.split(tail)[0]
+    return " ".join(text.split())
+
+
+def hosts_of(client: MongoClient[Any]) -> str:
+    """The seed hosts a client tries, ``host:port`` comma-separated (never the credentials)."""
+    seeds = client.topology_description.server_descriptions().keys()
+    return ",".join(f"{host}:{port}" for host, port in seeds) or "the configured MongoDB"
 
 
 def connect(
-    cfg: Any, metrics: ConnectorMetrics | None = None, stop: threading.Event | None = None
+    cfg: ConnectorConfig,
+    metrics: ConnectorMetrics | None = None,
+    stop: threading.Event | None = None,
+    on_retry: Callable[[ConnectionState], None] | None = None,
 ) -> tuple[MongoClient[Any], Topology]:
-    """Open a client and check the topology, retrying with backoff while MongoDB is unreachable."""
+    """Open a client and check the topology, retrying with backoff while MongoDB is unreachable.
+
+    Raises :class:`Stopped` when ``stop`` is set before a connection was made.
+    """
     client = open_client(cfg, metrics)
     try:
-        topology = Backoff.from_config(cfg).run(lambda: check_topology(client), what="connecting", stop=stop)
+        topology = Backoff.from_config(cfg).run(
+            lambda: check_topology(client), what="connecting", stop=stop, on_retry=on_retry,
+            hosts=hosts_of(client),
+        )
     except BaseException:
         client.close()
         raise

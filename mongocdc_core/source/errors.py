@@ -61,3 +61,19 @@ class HistoryLostError(CdcError):
             position=start,
             oplog_first=oplog_first,
         )
+
+
+class ChangeStreamFailedError(CdcError):
+    """The server ended the change stream with an error resuming cannot fix (e.g. code 280)."""
+
+
+class AuthenticationError(CdcError):
+    """MongoDB refused the credentials in ``mongodb.connection.string`` (code 18)."""
+
+
+class Stopped(Exception):
+    """``stop()`` was asked while the engine was still connecting: a clean stop, not an error."""
+
+
+class OffsetInvalidError(CdcError):
+    """Stored offsets belong to another deployment and ``mongodb.allow.offset.invalidation`` is false."""

@@ -41,17 +41,12 @@ from bson.datetime_ms import DatetimeMS
 from pymongo import MongoClient
 from pymongo.collection import Collection
 
-from mongocdc_core.dispatcher import Dispatcher, ProgressListener
-from mongocdc_core.events import EventConverter, EventOptions
-from mongocdc_core.metrics import ConnectorMetrics, SnapshotMetrics
-from mongocdc_core.offsets import Offset
+from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.metrics import SnapshotMetrics
 from mongocdc_core.positions import Position
-from mongocdc_core.sinks.base import Sink
-from mongocdc_core.source.connection import connect
+from mongocdc_core.receiver import ProgressListener, SnapshotChunk, SnapshotReceiver
 from mongocdc_core.source.errors import CdcError
 from mongocdc_core.source.signals import WATERMARK_CLOSE, WATERMARK_OPEN, LogNotifier, Notifier
-from mongocdc_core.source.snapshot import SnapshotChunk, collection_filter, record_start
-from mongocdc_core.source.stream import ChangeStreamReader, EventQueue, StartPoint
 
 log = logging.getLogger("mongocdc.incremental")
 
@@ -170,19 +165,19 @@ class SnapshotOutput(Protocol):
         """Record the progress; it becomes durable with the next offset commit (after the sink flush)."""
 
 
-class DispatcherOutput:
-    """:class:`SnapshotOutput` over a :class:`Dispatcher` (the offset's ``incremental`` field)."""
+class ReceiverOutput:
+    """:class:`SnapshotOutput` for the connector: reads and progress (the offset's ``incremental``)."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.dispatcher = dispatcher
+    def __init__(self, receiver: SnapshotReceiver) -> None:
+        self.receiver = receiver
 
     def emit_reads(self, namespace: str, documents: Sequence[Mapping[str, Any]], position: Position) -> None:
         docs = [dict(d) for d in documents]
         chunk = SnapshotChunk(namespace, docs, [MARKER] * len(docs), final=False)
-        self.dispatcher.snapshot_chunk(chunk, position, datetime.datetime.now(datetime.UTC))
+        self.receiver.snapshot_chunk(chunk, position, datetime.datetime.now(datetime.UTC))
 
     def save_progress(self, state: dict[str, Any] | None) -> None:
-        self.dispatcher.set_incremental(state)
+        self.receiver.set_incremental(state)
 
 
 # -- state -----------------------------------------------------------------------------------------------
@@ -276,7 +271,7 @@ class IncrementalSnapshotter:
     def __init__(
         self,
         client: MongoClient[Any],
-        cfg: Any,
+        cfg: ConnectorConfig,
         output: SnapshotOutput,
         *,
         notifier: Notifier | None = None,
@@ -640,7 +635,7 @@ def _key_text(key: tuple[Any] | None) -> str:
     return "" if key is None else json_util.dumps(key[0], json_options=json_util.RELAXED_JSON_OPTIONS)
 
 
-# -- standalone run (for orchestrators) ------------------------------------------------------------------
+# -- standalone run (for orchestrators; the capture pipeline streams it) ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -663,8 +658,8 @@ class IncrementalSnapshotResult:
     resumed: bool
 
 
-class _StateFile:
-    """The standalone run's progress file, replaced atomically."""
+class IncrementalStateFile:
+    """A standalone run's progress file (``state_path``), replaced atomically."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -702,11 +697,11 @@ class _StateFile:
             raise
 
 
-class _StandaloneOutput:
-    """Reads go through the dispatcher; progress is written to the state file after a sink flush."""
+class StandaloneOutput:
+    """A standalone run's output: reads to the receiver; progress to the state file after a flush."""
 
-    def __init__(self, dispatcher: Dispatcher, state_file: _StateFile | None) -> None:
-        self.dispatcher = dispatcher
+    def __init__(self, receiver: SnapshotReceiver, state_file: IncrementalStateFile | None) -> None:
+        self.receiver = receiver
         self.state_file = state_file
         self.first: Position | None = None
         self.last: Position | None = None
@@ -714,103 +709,11 @@ class _StandaloneOutput:
     def emit_reads(self, namespace: str, documents: Sequence[Mapping[str, Any]], position: Position) -> None:
         docs = [dict(d) for d in documents]
         chunk = SnapshotChunk(namespace, docs, [MARKER] * len(docs), final=False)
-        self.dispatcher.snapshot_chunk(chunk, position, datetime.datetime.now(datetime.UTC))
+        self.receiver.snapshot_chunk(chunk, position, datetime.datetime.now(datetime.UTC))
         self.first = self.first or position
         self.last = position
 
     def save_progress(self, state: dict[str, Any] | None) -> None:
         if self.state_file is not None:
-            self.dispatcher.commit()  # never record progress ahead of the reads it covers
+            self.receiver.commit()  # never record progress ahead of the reads it covers
             self.state_file.save(state)
-
-
-def incremental_snapshot_collection(
-    cfg: Any,
-    namespace: str,
-    sink: Sink,
-    *,
-    filter: dict[str, Any] | None = None,  # noqa: A002 - the API's name
-    progress: ProgressListener | None = None,
-    state_path: str | os.PathLike[str] | None = None,
-) -> IncrementalSnapshotResult:
-    """Incremental snapshot of one collection with its own change stream, into ``sink``.
-
-    Watermarks go to ``signal.data.collection``; the stream watches that collection and
-    ``namespace``. Reads carry their chunk's closing-watermark position; the collection's changes
-    streamed while the snapshot ran are delivered too, so applying the sink's records in order
-    gives the collection as it was at the end. ``filter`` defaults to the collection's
-    ``snapshot.collection.filter.overrides`` entry. With ``state_path`` an interrupted run
-    continues from its last completed chunk; the file is removed when the snapshot completes.
-    """
-    db, dot, coll = namespace.partition(".")
-    if not (db and dot and coll):
-        raise CdcError(f"namespace must be '<database>.<collection>', got {namespace!r}")
-    if not cfg.signal_data_collection:
-        raise CdcError("incremental_snapshot_collection needs signal.data.collection (watermarks are written there)")
-    started = time.monotonic()
-    state_file = _StateFile(state_path) if state_path is not None else None
-    client, topology = connect(cfg)
-    try:
-        signal_db = cfg.signal_data_collection.partition(".")[0]
-        target = client[db] if signal_db == db else client
-        signal_coll = cfg.signal_data_collection.partition(".")[2]
-        pipeline = [{"$match": {"$or": [{"ns.db": db, "ns.coll": coll}, {"ns.db": signal_db, "ns.coll": signal_coll}]}}]
-        start = record_start(client, target)
-        converter = EventConverter(EventOptions.from_config(cfg, rs=topology.set_name or ""))
-        metrics = ConnectorMetrics(cfg.topic_prefix)
-        dispatcher = Dispatcher(cfg, converter, sink, None, metrics, Offset(), progress=progress)
-        stored = state_file.load(namespace) if state_file is not None else None
-        query = filter if filter is not None else collection_filter(cfg, namespace)
-        output = _StandaloneOutput(dispatcher, state_file)
-        snapshotter = IncrementalSnapshotter(
-            client, cfg, output, metrics=metrics.snapshot, state=stored, progress=progress,
-        )
-        if stored is None:
-            snapshotter.start(f"api-{uuid.uuid4()}", [namespace], {namespace: query} if query else {})
-        queue = EventQueue(cfg.max_queue_size, cfg.max_queue_size_in_bytes, metrics.streaming)
-        reader = ChangeStreamReader(
-            client, cfg, StartPoint(resume_after=start.token), queue, target=target, pipeline=pipeline,
-        )
-        events = 0
-        reader.start()
-        try:
-            while not snapshotter.finished.is_set():
-                for item in queue.get_batch(cfg.max_batch_size, cfg.poll_interval_ms / 1000):
-                    if item.kind == "error":
-                        assert item.error is not None
-                        raise item.error
-                    if item.kind != "change":
-                        continue
-                    assert item.doc is not None and item.token is not None
-                    ns = item.doc.get("ns") or {}
-                    full = f"{ns.get('db')}.{ns.get('coll')}"
-                    if full == namespace:
-                        key = (item.doc.get("documentKey") or {}).get("_id")
-                        if dispatcher.change(item.doc, item.token):
-                            events += 1
-                        assert dispatcher.last_position is not None
-                        snapshotter.on_stream_event(namespace, key, dispatcher.last_position)
-                    elif full == cfg.signal_data_collection:
-                        dispatcher.change(item.doc, item.token)
-                        assert dispatcher.last_position is not None
-                        snapshotter.on_signal_event(item.doc, dispatcher.last_position)
-                dispatcher.drain()
-                snapshotter.poll()
-            dispatcher.finish()
-        finally:
-            snapshotter.shutdown()
-            reader.stop()
-            queue.close()
-            reader.join()
-    finally:
-        client.close()
-    return IncrementalSnapshotResult(
-        namespace=namespace,
-        documents=dispatcher.snapshot_documents,
-        events=events,
-        duration_s=time.monotonic() - started,
-        first_position=output.first,
-        last_position=output.last,
-        end_position=dispatcher.last_position,
-        resumed=stored is not None,
-    )

@@ -15,7 +15,9 @@ from bson import Timestamp
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 
-from mongocdc_core.positions import decode_resume_token_timestamp
+from mongocdc_core.positions import token_timestamp
+
+__all__ = ["OplogWindow", "current_cluster_time", "is_history_lost", "oplog_window", "position_lost", "token_timestamp"]
 
 CHANGE_STREAM_HISTORY_LOST = 286
 INVALID_RESUME_TOKEN = 260
@@ -73,24 +75,26 @@ def current_cluster_time(client: MongoClient[Any]) -> Timestamp:
     return window.last
 
 
-def token_timestamp(token: dict[str, Any] | None) -> Timestamp | None:
-    """clusterTime of a resume token, None when absent or not decodable (tokens are opaque)."""
-    if not token:
-        return None
+def oplog_first(client: MongoClient[Any]) -> Timestamp | None:
+    """Time of the oldest oplog entry; None where the oplog is not readable."""
     try:
-        return decode_resume_token_timestamp(token)
-    except ValueError:
+        first = client.local["oplog.rs"].find_one({}, {"ts": 1}, sort=[("$natural", 1)])
+    except OperationFailure:
         return None
+    return first["ts"] if first else None
 
 
 def position_lost(client: MongoClient[Any], ts: Timestamp | None) -> tuple[bool, Timestamp | None]:
-    """Whether ``ts`` has left the oplog, and the oplog's first time (None if unknown)."""
+    """Whether ``ts`` has left the oplog, and the oplog's first time (None if unknown).
+
+    Reads only the oldest entry (no ``collStats``): it runs at every start and every clean stop.
+    """
     if ts is None:
         return False, None
-    window = oplog_window(client)
-    if window is None:
+    first = oplog_first(client)
+    if first is None:
         return False, None
-    return not window.contains(ts), window.first
+    return (ts.time, ts.inc) < (first.time, first.inc), first
 
 
 def is_history_lost(exc: BaseException) -> bool:

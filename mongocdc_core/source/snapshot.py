@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
-from bson import Timestamp, json_util
+from bson import json_util
 from pymongo import MongoClient
+from pymongo.errors import PyMongoError
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.offsets.model import SnapshotState
 from mongocdc_core.positions import Position
+from mongocdc_core.receiver import SnapshotChunk, StartPoint
 from mongocdc_core.source.errors import CdcError
 from mongocdc_core.source.oplog import current_cluster_time, token_timestamp
 from mongocdc_core.source.ranges import IdRange, decode_key, encode_key, plan_ranges
@@ -122,7 +124,7 @@ _BUILTIN = {
 }
 
 
-def load_snapshotter(cfg: Any) -> Snapshotter:
+def load_snapshotter(cfg: ConnectorConfig) -> Snapshotter:
     """The snapshotter for ``snapshot.mode`` (and its ``configuration_based``/``custom`` properties)."""
     mode = cfg.snapshot_mode
     if mode in _BUILTIN:
@@ -158,7 +160,7 @@ def load_snapshotter(cfg: Any) -> Snapshotter:
 # -- what and from where ---------------------------------------------------------------------------------
 
 
-def snapshot_collections(client: MongoClient[Any], cfg: Any) -> list[str]:
+def snapshot_collections(client: MongoClient[Any], cfg: ConnectorConfig) -> list[str]:
     """``db.coll`` of every collection (not view) an initial snapshot copies, sorted."""
     found: list[str] = []
     for db in client.list_database_names():
@@ -172,7 +174,7 @@ def snapshot_collections(client: MongoClient[Any], cfg: Any) -> list[str]:
     return sorted(found)
 
 
-def captured_collections(client: MongoClient[Any], cfg: Any) -> list[str]:
+def captured_collections(client: MongoClient[Any], cfg: ConnectorConfig) -> list[str]:
     """``db.coll`` of every existing collection the connector captures (filters), sorted."""
     found: list[str] = []
     for db in client.list_database_names():
@@ -186,7 +188,7 @@ def captured_collections(client: MongoClient[Any], cfg: Any) -> list[str]:
     return sorted(found)
 
 
-def collection_filter(cfg: Any, namespace: str) -> dict[str, Any] | None:
+def collection_filter(cfg: ConnectorConfig, namespace: str) -> dict[str, Any] | None:
     """The ``snapshot.collection.filter.overrides.<db>.<coll>`` query, parsed from (extended) JSON."""
     text = (cfg.snapshot_collection_filter_overrides or {}).get(namespace)
     if not text:
@@ -202,15 +204,6 @@ def collection_filter(cfg: Any, namespace: str) -> dict[str, Any] | None:
     return parsed
 
 
-@dataclass(frozen=True)
-class StartPoint:
-    """Where a snapshot stands in the stream: streaming resumes after ``token``."""
-
-    token: dict[str, Any] | None
-    position: Position
-    cluster_time: Timestamp
-
-
 def record_start(client: MongoClient[Any], watch_target: Any) -> StartPoint:
     """Open a change stream and keep its first post-batch resume token, before any copying.
 
@@ -222,6 +215,20 @@ def record_start(client: MongoClient[Any], watch_target: Any) -> StartPoint:
         token = stream.resume_token
     ts = token_timestamp(dict(token) if token else None) or cluster_time
     return StartPoint(dict(token) if token else None, Position.from_timestamp(ts), cluster_time)
+
+
+def estimate_count(client: MongoClient[Any], cfg: ConnectorConfig, namespace: str) -> int | None:
+    """Document count for progress totals (exact with a filter override, estimated otherwise)."""
+    db, _, coll = namespace.partition(".")
+    try:
+        query = collection_filter(cfg, namespace)
+        if query:
+            return int(client[db][coll].count_documents(query))
+        return int(client[db][coll].estimated_document_count())
+    except CdcError:
+        raise
+    except PyMongoError:  # a count is only for display; the copy itself reports real errors
+        return None
 
 
 # -- copying ---------------------------------------------------------------------------------------------
@@ -238,24 +245,6 @@ def snapshot_marker(first_collection: bool, last_collection: bool, first_record:
     if first_record:
         return MARK_FIRST_IN_COLLECTION
     return MARK_TRUE
-
-
-@dataclass(slots=True)
-class SnapshotChunk:
-    """Documents of one collection in delivery order, with their markers; ``final`` ends the collection.
-
-    ``part`` is the ``_id`` range the documents come from, ``part_done`` says that range is complete,
-    and ``after`` is the last key of the chunk (canonical Extended JSON): once the chunk is flushed,
-    a restart resumes the range after it.
-    """
-
-    namespace: str
-    documents: list[dict[str, Any]]
-    markers: list[str]
-    final: bool
-    part: int = 0
-    part_done: bool = False
-    after: str | None = None
 
 
 EmitFn = Callable[[SnapshotChunk], bool]

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,12 +24,28 @@ from pymongo import MongoClient
 from pymongo.change_stream import ChangeStream
 from pymongo.errors import OperationFailure, PyMongoError
 
+from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.metrics import StreamingMetrics
-from mongocdc_core.source.connection import Backoff, is_retriable
-from mongocdc_core.source.errors import CdcError, ConnectError, HistoryLostError, OversizeEventError
-from mongocdc_core.source.oplog import is_history_lost, oplog_window, token_timestamp
+from mongocdc_core.receiver import ConnectionState
+from mongocdc_core.source.connection import Backoff, code_name, hosts_of, is_retriable, one_line
+from mongocdc_core.source.errors import (
+    CdcError,
+    ChangeStreamFailedError,
+    ConnectError,
+    HistoryLostError,
+    OversizeEventError,
+)
+from mongocdc_core.source.oplog import (
+    CAPPED_POSITION_LOST,
+    CHANGE_STREAM_HISTORY_LOST,
+    is_history_lost,
+    oplog_window,
+    position_lost,
+    token_timestamp,
+)
 
 BSON_OBJECT_TOO_LARGE = 10334
+NO_MATCHING_DOCUMENT = 47  # fullDocument: required without a stored post-image
 _NS_FIELD = "__mongocdc_ns"
 _OPERATION_TYPES = {"c": ("insert",), "u": ("update", "replace"), "d": ("delete",)}
 
@@ -35,7 +53,7 @@ _OPERATION_TYPES = {"c": ("insert",), "u": ("update", "replace"), "d": ("delete"
 # -- pipeline --------------------------------------------------------------------------------------------
 
 
-def watch_options(cfg: Any) -> dict[str, Any]:
+def watch_options(cfg: ConnectorConfig) -> dict[str, Any]:
     """``fullDocument`` / ``fullDocumentBeforeChange`` for ``capture.mode`` as Debezium sets them."""
     mode = cfg.capture_mode
     options: dict[str, Any] = {}
@@ -53,7 +71,7 @@ def _name_condition(patterns: tuple[str, ...], field: str, regex: bool) -> dict[
     return {"$or": [{field: {"$regex": f"^(?:{p})$", "$options": "i"}} for p in patterns]}
 
 
-def internal_pipeline(cfg: Any) -> list[dict[str, Any]]:
+def internal_pipeline(cfg: ConnectorConfig) -> list[dict[str, Any]]:
     """Debezium's stages: capture-relevant operation types and namespaces, signal collection always.
 
     The namespace filters run on the server (so uncaptured events never cross the network) and are
@@ -83,7 +101,7 @@ def internal_pipeline(cfg: Any) -> list[dict[str, Any]]:
     ]
 
 
-def oversize_stages(cfg: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def oversize_stages(cfg: ConnectorConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(stages before the user's, trailing stages) for ``cursor.oversize.handling.mode``."""
     mode = cfg.cursor_oversize_handling_mode
     if mode == "skip" and cfg.cursor_oversize_skip_threshold > 0:
@@ -98,7 +116,7 @@ def oversize_stages(cfg: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     return [], []
 
 
-def build_pipeline(cfg: Any) -> list[dict[str, Any]]:
+def build_pipeline(cfg: ConnectorConfig) -> list[dict[str, Any]]:
     """The effective pipeline for ``cursor.pipeline.order`` (internal_first, user_first, user_only)."""
     user = list(cfg.cursor_pipeline or [])
     before, trailing = oversize_stages(cfg)
@@ -112,15 +130,15 @@ def build_pipeline(cfg: Any) -> list[dict[str, Any]]:
     return before + stages + trailing
 
 
-def watch_target(client: MongoClient[Any], cfg: Any) -> Any:
+def watch_target(client: MongoClient[Any], cfg: ConnectorConfig) -> Any:
     """The client, database or collection to watch for ``capture.scope``/``capture.target``."""
-    scope = cfg.capture_scope
-    if scope == "database":
-        return client[cfg.capture_target]
-    if scope == "collection":
-        db, _, coll = str(cfg.capture_target).partition(".")
+    scope, target = cfg.capture_scope, cfg.capture_target
+    if scope == "database" and target:
+        return client[target]
+    if scope == "collection" and target:
+        db, _, coll = target.partition(".")
         return client[db][coll]
-    return client
+    return client  # the config requires capture.target for the narrower scopes
 
 
 # -- bounded queue ---------------------------------------------------------------------------------------
@@ -190,6 +208,11 @@ class EventQueue:
                 self._cond.notify_all()
             return batch
 
+    def pending(self) -> int:
+        """Items waiting to be dispatched."""
+        with self._cond:
+            return len(self._items)
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
@@ -222,14 +245,16 @@ class ChangeStreamReader(threading.Thread):
     def __init__(
         self,
         client: MongoClient[Any],
-        cfg: Any,
+        cfg: ConnectorConfig,
         start: StartPoint,
         queue: EventQueue,
         *,
         metrics: StreamingMetrics | None = None,
         stop_at: Timestamp | None = None,
+        stop_inclusive: bool = False,
         target: Any = None,
         pipeline: list[dict[str, Any]] | None = None,
+        on_retry: Callable[[ConnectionState], None] | None = None,
     ) -> None:
         super().__init__(name="mongocdc-change-stream", daemon=True)
         self.client = client
@@ -237,7 +262,13 @@ class ChangeStreamReader(threading.Thread):
         self.queue = queue
         self.metrics = metrics
         self.stop_at = stop_at
+        self.stop_inclusive = stop_inclusive
+        self.on_retry = on_retry
         self.stop_event = threading.Event()
+        # Liveness for the idle bound: when the server last answered, and since when every answer
+        # was empty (None while documents are arriving). A getMore that blocks answers nothing.
+        self.last_reply: float | None = None
+        self.quiet_since: float | None = None
         self._target = target if target is not None else watch_target(client, cfg)
         self._pipeline = pipeline if pipeline is not None else build_pipeline(cfg)
         self._options = watch_options(cfg)
@@ -245,7 +276,6 @@ class ChangeStreamReader(threading.Thread):
         self._start_at = start.start_at
         self._measure = cfg.max_queue_size_in_bytes > 0  # sizing costs an encode: only when bounded
         self._backoff = Backoff.from_config(cfg)
-        self._retries_used = 0
         self._fragments: list[dict[str, Any]] = []
         self._last_progress: dict[str, Any] | None = None
 
@@ -271,32 +301,66 @@ class ChangeStreamReader(threading.Thread):
             self.queue.put(StreamItem("error", error=exc), threading.Event())
 
     def _fatal(self, exc: PyMongoError) -> BaseException:
+        """The error that ends the stream, with what it means and how to recover."""
         if is_history_lost(exc):
-            start = token_timestamp(self._resume_after) or self._start_at
+            start = self.resume_position()
             window = None
             try:
                 window = oplog_window(self.client)
             except PyMongoError:
                 pass
-            lost = HistoryLostError(
+            return HistoryLostError(
                 f"change stream history lost while resuming at {start}: {exc}. "
                 "The oplog no longer holds the stream's position.",
                 position=start,
                 oplog_first=window.first if window else None,
             )
-            return lost
         if isinstance(exc, OperationFailure) and exc.code == BSON_OBJECT_TOO_LARGE:
             return OversizeEventError(
                 f"a change event exceeds MongoDB's 16 MiB BSON limit ({exc}); with "
                 "cursor.oversize.handling.mode=fail the connector stops. Set it to 'split' "
                 "($changeStreamSplitLargeEvent, MongoDB 6.0.9+) or to 'skip' with cursor.oversize.skip.threshold."
             )
+        if isinstance(exc, OperationFailure) and exc.code == NO_MATCHING_DOCUMENT and "post-image" in str(exc):
+            return CdcError(
+                "capture.mode.full.update.type=post_image needs post-images, and a captured collection has "
+                "none (MongoDB: "
+                f"{one_line(exc)}). Enable them on each captured collection with "
+                'db.runCommand({collMod: "<collection>", changeStreamPreAndPostImages: {enabled: true}}) '
+                "(MongoDB 6.0+), or set capture.mode.full.update.type=lookup."
+            )
+        if isinstance(exc, OperationFailure):
+            return ChangeStreamFailedError(
+                f"the change stream failed with a non-resumable error {exc.code} ({code_name(exc) or 'unknown'}): "
+                f"{one_line(exc)}"
+            )
         return exc
+
+    def resume_position(self) -> Timestamp | None:
+        """The clusterTime the stream would resume from (how far it has read)."""
+        return token_timestamp(self._resume_after) or self._start_at
+
+    def _still_in_window(self, exc: PyMongoError) -> bool:
+        """A 136/286 error while the resume position is still in the oplog: resuming works."""
+        if not (isinstance(exc, OperationFailure) and exc.code in (CAPPED_POSITION_LOST, CHANGE_STREAM_HISTORY_LOST)):
+            return False
+        start = self.resume_position()
+        try:
+            lost, first = position_lost(self.client, start)
+        except PyMongoError:
+            return False
+        return start is not None and first is not None and not lost
+
+    def _retry(self, exc: PyMongoError, failures: int) -> None:
+        """Report the failed attempt and wait the backoff delay before the next one."""
+        delay_s = self._backoff.delay_ms(failures) / 1000
+        if self.on_retry is not None:
+            self.on_retry(ConnectionState(hosts_of(self.client), failures, self._backoff.max_attempts, delay_s, one_line(exc)))
+        self.stop_event.wait(delay_s)
 
     def _run(self) -> None:
         stream: ChangeStream[Any] | None = None
         failures = 0
-        max_retries = self.cfg.errors_max_retries
         try:
             while not self.stop_event.is_set():
                 try:
@@ -313,49 +377,70 @@ class ChangeStreamReader(threading.Thread):
                     self._fragments = []
                     if self.metrics is not None:
                         self.metrics.Connected = False
-                    if not is_retriable(exc):
+                    if not (is_retriable(exc) or self._still_in_window(exc)):
                         raise self._fatal(exc) from exc
                     if self.metrics is not None:
                         self.metrics.NumberOfDisconnects += 1
-                    self._retries_used += 1
-                    if 0 <= max_retries < self._retries_used:
+                    if self.cfg.errors_max_retries == 0:
                         raise CdcError(
-                            f"giving up after {max_retries} retries (errors.max.retries): {exc}"
+                            f"the change stream failed with a retriable error and errors.max.retries=0 "
+                            f"disables retries: {one_line(exc)}"
                         ) from exc
                     failures += 1
                     if failures > self._backoff.max_attempts:
                         raise ConnectError(
                             f"change stream: MongoDB unreachable after {self._backoff.max_attempts} "
-                            f"reconnection attempts (connect.max.attempts): {exc}"
+                            f"reconnection attempts (connect.max.attempts): {one_line(exc)}"
                         ) from exc
-                    self.stop_event.wait(self._backoff.delay_ms(failures) / 1000)
+                    self._retry(exc, failures)
                     continue
+                self.last_reply = time.monotonic()
                 if doc is None:
+                    if self.quiet_since is None:
+                        self.quiet_since = self.last_reply
                     token = stream.resume_token
-                    self._progress(dict(token) if token is not None else None)
+                    if not self._progress(dict(token) if token is not None else None):
+                        return
                     if not stream.alive:
                         self.queue.put(StreamItem("end"), self.stop_event)
                         return
                     continue
+                self.quiet_since = None
                 if not self._handle(doc):
                     return
         finally:
             if stream is not None:
                 stream.close()
 
-    def _progress(self, token: dict[str, Any] | None) -> None:
-        """Hand over a post-batch resume token (offsets and heartbeats advance on idle streams)."""
-        if token is None or token == self._last_progress or self._fragments:
-            return
+    def _past_stop(self, ts: Timestamp | None, *, scanned: bool) -> bool:
+        """Whether the stream reached ``stop_at``: an event after it, or a scan that covers it."""
+        if self.stop_at is None or ts is None:
+            return False
+        key, stop = _ts_key(ts), _ts_key(self.stop_at)
+        if self.stop_inclusive and not scanned:
+            return key > stop
+        return key >= stop
+
+    def _end(self, token: dict[str, Any] | None) -> bool:
+        self.queue.put(StreamItem("end", token=token), self.stop_event)
+        self.stop_event.set()
+        return False
+
+    def _progress(self, token: dict[str, Any] | None) -> bool:
+        """Hand over a post-batch resume token (offsets and heartbeats advance on idle streams).
+
+        False when the scan passed ``stop_at`` (the end was queued).
+        """
+        if token is None or self._fragments:
+            return True
+        if self._past_stop(token_timestamp(token), scanned=True):
+            return self._end(token)
+        if token == self._last_progress:
+            return True
         self._last_progress = token
-        if self.stop_at is not None:
-            ts = token_timestamp(token)
-            if ts is not None and _ts_key(ts) >= _ts_key(self.stop_at):
-                self.queue.put(StreamItem("end", token=token), self.stop_event)
-                self.stop_event.set()
-                return
         if self.queue.put(StreamItem("progress", token=token), self.stop_event):
             self._resume_after = token
+        return True
 
     def _handle(self, doc: dict[str, Any]) -> bool:
         """Queue one change (reassembling split fragments); False when the stream must end."""
@@ -367,12 +452,9 @@ class ChangeStreamReader(threading.Thread):
             doc = _reassemble(self._fragments)
             self._fragments = []
         token = doc["_id"]
-        if self.stop_at is not None:
-            ct = doc.get("clusterTime")
-            if isinstance(ct, Timestamp) and _ts_key(ct) >= _ts_key(self.stop_at):
-                self.queue.put(StreamItem("end", token=token), self.stop_event)
-                self.stop_event.set()
-                return False
+        ct = doc.get("clusterTime")
+        if self._past_stop(ct if isinstance(ct, Timestamp) else token_timestamp(token), scanned=False):
+            return self._end(token)
         size = len(bson.encode(doc)) if self._measure else 0
         if not self.queue.put(StreamItem("change", doc=doc, token=token, size=size), self.stop_event):
             return False

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import random
+import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import orjson
@@ -15,6 +18,7 @@ from pymongo.database import Database
 
 from mongocdc_core.dispatcher import ProgressListener
 from mongocdc_core.engine import Engine
+from mongocdc_core.events.records import Record
 from mongocdc_core.offsets import FileOffsetStore, MemoryOffsetStore
 from mongocdc_core.positions import Position
 from mongocdc_core.replay import canonical, differences
@@ -202,10 +206,35 @@ def test_stop_some_collections(mongo_uri: str, fresh_db: Database[Any]) -> None:
     assert aborted[0]["additional_data"]["data_collections"] == f"{db}.drop_me"
 
 
+def _dispatching_a_change() -> bool:
+    """Whether some thread is inside ``Dispatcher.change`` right now."""
+    for frame in sys._current_frames().values():
+        current: FrameType | None = frame
+        while current is not None:
+            code = current.f_code
+            if code.co_name == "change" and code.co_filename.endswith("dispatcher.py"):
+                return True
+            current = current.f_back
+    return False
+
+
+class _ReentrySink(MemorySink):
+    """Notes snapshot reads written while a change is being dispatched (a re-entered dispatcher)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads_inside_change = 0
+
+    def write(self, records: Sequence[Record]) -> None:
+        if any(r.op == "r" for r in records) and _dispatching_a_change():
+            self.reads_inside_change += 1
+        super().write(records)
+
+
 def test_blocking_snapshot_pauses_streaming(mongo_uri: str, fresh_db: Database[Any]) -> None:
     db = fresh_db.name
     fresh_db.items.insert_many([{"_id": i, "qty": i} for i in range(50)])
-    sink = MemorySink()
+    sink = _ReentrySink()
     engine = _start(engine_config(mongo_uri, db), sink)
     try:
         fresh_db.signals.insert_one({"_id": ObjectId(), "type": "execute-snapshot", "data": {
@@ -226,6 +255,8 @@ def test_blocking_snapshot_pauses_streaming(mongo_uri: str, fresh_db: Database[A
     markers = [payload(r)["source"]["snapshot"] for r in reads(sink, f"{db}.items")]
     assert markers[0] == "first" and markers[-1] == "last" and "incremental" not in markers
     assert len({r.position for r in reads(sink, f"{db}.items")}) == 1  # the position before the copy
+    # The pipeline paused streaming and ran the snapshot: it never ran from inside a dispatch.
+    assert sink.reads_inside_change == 0
 
 
 def test_restart_in_the_middle_of_an_incremental_snapshot(

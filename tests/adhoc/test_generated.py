@@ -11,11 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pymongo import MongoClient
 
-from mongocdc_core.api import stream_window
+from mongocdc_core.api import incremental_snapshot_collection, stream_window
 from mongocdc_core.replay import canonical, differences
 from mongocdc_core.source.incremental import (
     IncrementalSnapshotter,
-    incremental_snapshot_collection,
     key_identity,
 )
 

@@ -12,11 +12,11 @@ from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Time
 from pymongo import MongoClient
 from pymongo.database import Database
 
+from mongocdc_core.api import incremental_snapshot_collection
 from mongocdc_core.source.errors import CdcError
 from mongocdc_core.source.incremental import (
     IncrementalState,
     bson_bracket,
-    incremental_snapshot_collection,
     key_identity,
     past_maximum,
 )

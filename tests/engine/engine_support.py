@@ -8,7 +8,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
+from bson import Timestamp
+from pymongo import MongoClient
 
+from mongocdc_core.api import current_cluster_time
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.engine import Engine, RunSummary
 from mongocdc_core.events.records import Record
@@ -70,9 +73,26 @@ def make_config(uri: str, db: str, **props: Any) -> ConnectorConfig:
 
 
 def run_engine(
-    cfg: ConnectorConfig, sink: Any, offsets: OffsetStore, *, max_events: int | None = None, until_idle: float = 1.5
+    cfg: ConnectorConfig,
+    sink: Any,
+    offsets: OffsetStore,
+    *,
+    stop_at: Timestamp | None = None,
+    max_events: int | None = None,
+    until_idle: float | None = None,
 ) -> RunSummary:
-    return Engine(cfg, sink, offsets).run(max_events=max_events, until_idle=until_idle)
+    """One bounded run; without a bound it stops at the cluster time of now (after the caller's
+    writes), so what it delivered is decided by positions, never by timing."""
+    if stop_at is None and max_events is None and until_idle is None:
+        stop_at = current_cluster_time(cfg)
+    return Engine(cfg, sink, offsets).run(max_events=max_events, until_idle=until_idle, stop_at=stop_at)
+
+
+def cluster_time(client: MongoClient[Any]) -> Timestamp:
+    """The cluster time after everything ``client`` wrote: a run stopped there has seen all of it."""
+    ts = client.admin.command("hello")["$clusterTime"]["clusterTime"]
+    assert isinstance(ts, Timestamp)
+    return ts
 
 
 class Background:
@@ -98,6 +118,14 @@ class Background:
         """Raise the engine's error, if it failed (so a waiting test fails with the cause)."""
         if self.error is not None:
             raise self.error
+
+    def wait(self, timeout: float = 60) -> RunSummary:
+        """Wait for the run to end by itself (its bound); its summary, or its error raised."""
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the run did not end"
+        self.check()
+        assert self.summary is not None
+        return self.summary
 
     def stop(self, timeout: float = 60) -> RunSummary:
         self.engine.stop()

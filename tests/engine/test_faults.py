@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -13,13 +14,17 @@ from typing import Any
 
 import orjson
 import pytest
+from pymongo import MongoClient
 
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import FileOffsetStore, MemoryOffsetStore
+from mongocdc_core.receiver import ProgressListener
 from mongocdc_core.source.errors import HistoryLostError
+from mongocdc_devstack.fixture import EmulatedReplicaSet
 from tests.engine.engine_support import (
     Background,
     MemorySink,
+    cluster_time,
     make_config,
     replay,
     run_engine,
@@ -102,7 +107,7 @@ def _lose_history(fresh_db: Any, mongo_uri: str, mode: str) -> tuple[Any, Memory
     fresh_db.a.insert_many([{"_id": i} for i in range(3)])
     cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": mode})
     offsets = MemoryOffsetStore()
-    run_engine(cfg, MemorySink(), offsets, until_idle=0.2)
+    run_engine(cfg, MemorySink(), offsets)
     fresh_db.a.insert_one({"_id": 3})  # changed while the connector is stopped...
     fresh_db.a.insert_one({"_id": 4})
     now = fresh_db.client.admin.command("hello")["$clusterTime"]["clusterTime"]
@@ -113,7 +118,7 @@ def _lose_history(fresh_db: Any, mongo_uri: str, mode: str) -> tuple[Any, Memory
 def test_history_lost_with_initial_stops_with_a_clear_message(fresh_db: Any, mongo_uri: str, emulator: Any) -> None:
     cfg, offsets = _lose_history(fresh_db, mongo_uri, "initial")
     with pytest.raises(HistoryLostError) as info:
-        run_engine(cfg, MemorySink(), offsets, until_idle=0.2)
+        run_engine(cfg, MemorySink(), offsets)
     text = str(info.value)
     assert "no longer in the oplog" in text and "snapshot.mode=initial" in text and "when_needed" in text
 
@@ -121,7 +126,7 @@ def test_history_lost_with_initial_stops_with_a_clear_message(fresh_db: Any, mon
 def test_history_lost_with_when_needed_takes_a_new_snapshot(fresh_db: Any, mongo_uri: str, emulator: Any) -> None:
     cfg, offsets = _lose_history(fresh_db, mongo_uri, "when_needed")
     sink = MemorySink()
-    summary = run_engine(cfg, sink, offsets, until_idle=0.3)
+    summary = run_engine(cfg, sink, offsets)
     assert summary.snapshot_performed
     assert replay(sink.records, f"{fresh_db.name}.a") == source_state(fresh_db.a)
 
@@ -130,7 +135,7 @@ def test_history_lost_mid_stream_is_detected(fresh_db: Any, mongo_uri: str, emul
     """The oplog is purged past the reader's position while the engine is running."""
     cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "initial", "max.queue.size": 4, "max.batch.size": 2})
     offsets = MemoryOffsetStore()
-    run_engine(cfg, MemorySink(), offsets, until_idle=0.1)
+    run_engine(cfg, MemorySink(), offsets)
     fresh_db.a.insert_many([{"_id": i, "pad": "x" * 1000} for i in range(200)])
     sink = MemorySink()
     engine = Engine(cfg, sink, offsets)
@@ -147,7 +152,7 @@ def test_history_lost_mid_stream_is_detected(fresh_db: Any, mongo_uri: str, emul
 
     sink.write = slow_write  # type: ignore[method-assign]
     with pytest.raises(HistoryLostError, match="no longer in the oplog"):
-        engine.run(until_idle=5)
+        engine.run(stop_at=cluster_time(fresh_db.client))
 
 
 _CHILD = textwrap.dedent(
@@ -163,18 +168,20 @@ _CHILD = textwrap.dedent(
         "cursor.max.await.time.ms": "100", "offset.flush.interval.ms": "100",
         "mongocdc.schemas.enable": "false", "max.batch.size": "16",
     })
+    from bson import Timestamp
     sink = JsonlSink(sys.argv[3])
     print("ready", flush=True)
-    Engine(cfg, sink, FileOffsetStore(sys.argv[4])).run(until_idle=float(sys.argv[5]))
+    stop_at = Timestamp(*map(int, sys.argv[5].split(":"))) if sys.argv[5] else None  # empty: until killed
+    Engine(cfg, sink, FileOffsetStore(sys.argv[4])).run(stop_at=stop_at)
     sink.close()
     """
 )
 
 
-def _child(uri: str, db: str, out: Path, offsets: Path, idle: float) -> subprocess.Popen[str]:
+def _child(uri: str, db: str, out: Path, offsets: Path, stop_at: Any = None) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     return subprocess.Popen(
-        [sys.executable, "-c", _CHILD, uri, db, str(out), str(offsets), str(idle)],
+        [sys.executable, "-c", _CHILD, uri, db, str(out), str(offsets), f"{stop_at.time}:{stop_at.inc}" if stop_at else ""],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
@@ -201,7 +208,7 @@ def test_kill_9_mid_stream_then_restart_loses_nothing(fresh_db: Any, mongo_uri: 
 
     out, offsets = tmp_path / "out", tmp_path / "offsets.json"
     fresh_db.a.insert_many([{"_id": i, "n": 0} for i in range(50)])
-    proc = _child(mongo_uri, fresh_db.name, out, offsets, idle=60)
+    proc = _child(mongo_uri, fresh_db.name, out, offsets)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     topic = f"srv.{fresh_db.name}.a"
     wait_for(lambda: len(_jsonl(out, topic)) >= 50, timeout=60)  # snapshot delivered
@@ -215,7 +222,7 @@ def test_kill_9_mid_stream_then_restart_loses_nothing(fresh_db: Any, mongo_uri: 
     stored = FileOffsetStore(offsets).load()
     assert stored is not None and stored.resume_token is not None
 
-    restart = _child(mongo_uri, fresh_db.name, out, offsets, idle=1.0)
+    restart = _child(mongo_uri, fresh_db.name, out, offsets, stop_at=cluster_time(fresh_db.client))
     assert restart.wait(120) == 0
     pairs = _jsonl(out, topic)
     rebuilt = Replayer().apply_all(pairs).documents(f"{fresh_db.name}.a")
@@ -233,7 +240,7 @@ def test_errors_max_retries_zero_fails_on_the_first_retriable_error(
     fresh_db.warmup.insert_one({})
     cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "no_data", "errors.max.retries": 0})
     offsets = MemoryOffsetStore()
-    run_engine(cfg, MemorySink(), offsets, until_idle=0.1)
+    run_engine(cfg, MemorySink(), offsets)
     fresh_db.client.admin.command(
         "configureFailPoint",
         "failCommand",
@@ -242,7 +249,7 @@ def test_errors_max_retries_zero_fails_on_the_first_retriable_error(
     )
     try:
         with pytest.raises(CdcError, match="errors.max.retries"):
-            run_engine(cfg, MemorySink(), offsets, until_idle=5)
+            run_engine(cfg, MemorySink(), offsets)
     finally:
         fresh_db.client.admin.command("configureFailPoint", "failCommand", mode="off")
 
@@ -255,7 +262,7 @@ def test_unreachable_stream_restarts_after_the_retriable_wait(fresh_db: Any, mon
         **{"snapshot.mode": "no_data", "connect.max.attempts": 1, "retriable.restart.connector.wait.ms": 100},
     )
     offsets = MemoryOffsetStore()
-    run_engine(cfg, MemorySink(), offsets, until_idle=0.1)
+    run_engine(cfg, MemorySink(), offsets)
     fresh_db.a.insert_many([{"_id": i} for i in range(5)])
     fresh_db.client.admin.command(
         "configureFailPoint",
@@ -265,7 +272,132 @@ def test_unreachable_stream_restarts_after_the_retriable_wait(fresh_db: Any, mon
     )
     sink = MemorySink()
     try:
-        run_engine(cfg, sink, offsets, until_idle=1.0)
+        run_engine(cfg, sink, offsets)
     finally:
         fresh_db.client.admin.command("configureFailPoint", "failCommand", mode="off")
     assert _ids(sink) == set(range(5))
+
+
+def test_unlimited_restarts_keep_retrying_while_mongodb_stays_down(
+    tmp_path: Path, emulator: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """errors.max.retries=-1: restarts while MongoDB is down retry again instead of crashing."""
+    server = EmulatedReplicaSet(dbpath=str(tmp_path / "db"), noop_interval=1.0).start()
+    client: MongoClient[Any] = MongoClient(server.uri, serverSelectionTimeoutMS=20_000)
+    try:
+        client.shop.warmup.insert_one({})
+        cfg = make_config(
+            server.uri, "shop", **{
+                "snapshot.mode": "no_data", "errors.max.retries": -1, "connect.max.attempts": 1,
+                "retriable.restart.connector.wait.ms": 100, "mongodb.server.selection.timeout.ms": 300,
+            },
+        )
+        offsets, sink = MemoryOffsetStore(), MemorySink()
+        with caplog.at_level(logging.WARNING):
+            bg = Background(Engine(cfg, sink, offsets)).start()
+            wait_for(lambda: offsets.load() is not None)
+            client.shop.a.insert_one({"_id": 1})
+            wait_for(lambda: _ids(sink) == {1})
+            server.stop()
+            wait_for(lambda: sum("restart" in r.getMessage() for r in caplog.records) >= 3, timeout=60)
+            bg.check()  # still running: every restart that found MongoDB down was retried
+            server.start()
+            client.shop.a.insert_one({"_id": 2})
+            now = cluster_time(client)
+            def caught_up() -> bool:
+                bg.check()
+                return _ids(sink) == {1, 2}
+
+            wait_for(caught_up, timeout=60)
+            summary = bg.stop()
+        assert summary.events == 2 and offsets.load() is not None
+        assert (last := offsets.load()) is not None and last.position is not None
+        assert last.position.timestamp >= now
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_history_lost_while_a_getmore_is_blocked_is_not_an_idle_stop(fresh_db: Any, mongo_uri: str, emulator: Any) -> None:
+    """A stream blocked on the server longer than until_idle is not idle; the purged position fails the run."""
+    fresh_db.a.insert_one({"_id": 0})
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "initial"})
+    offsets = MemoryOffsetStore()
+    run_engine(cfg, MemorySink(), offsets, stop_at=cluster_time(fresh_db.client))
+    admin = fresh_db.client.admin
+    admin.command(
+        "configureFailPoint", "failCommand", mode={"times": 1},
+        # The stream's first command (its aggregate, then a getMore) blocks for 3 s: the oplog is
+        # purged past the stored position meanwhile, so the blocked stream has lost history.
+        data={"failCommands": ["aggregate", "getMore"], "blockConnection": True, "blockTimeMS": 3000},
+    )
+    try:
+        streaming = threading.Event()
+
+        class Ready(ProgressListener):
+            def streaming_started(self, position: Any) -> None:
+                streaming.set()
+
+        bg = Background(Engine(cfg, MemorySink(), offsets, progress=Ready()), until_idle=0.5).start()
+        assert streaming.wait(30)
+        fresh_db.a.insert_one({"_id": 1})
+        fresh_db.a.insert_one({"_id": 2})
+        admin.command("mongocdcTruncateOplog", before=cluster_time(fresh_db.client))
+        with pytest.raises(HistoryLostError) as info:
+            bg.wait()
+    finally:
+        admin.command("configureFailPoint", "failCommand", mode="off")
+    text = str(info.value)
+    assert "no longer in the oplog" in text and "snapshot.mode=initial" in text and "when_needed" in text
+
+
+def _fail_next(admin: Any, commands: list[str], code: int) -> None:
+    """The next of ``commands`` fails with ``code`` and no error labels (not resumable by label)."""
+    admin.command(
+        "configureFailPoint", "failCommand", mode={"times": 1},
+        data={"failCommands": commands, "errorCode": code, "errorLabels": []},
+    )
+
+
+def test_fatal_getmore_error_is_one_clear_error(fresh_db: Any, mongo_uri: str, emulator: Any) -> None:
+    from mongocdc_core.source.errors import ChangeStreamFailedError
+
+    fresh_db.warmup.insert_one({})
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "no_data"})
+    offsets = MemoryOffsetStore()
+    run_engine(cfg, MemorySink(), offsets)
+    fresh_db.a.insert_one({"_id": 1})
+    _fail_next(fresh_db.client.admin, ["getMore", "aggregate"], 280)
+    try:
+        with pytest.raises(ChangeStreamFailedError) as info:
+            run_engine(cfg, MemorySink(), offsets)
+    finally:
+        fresh_db.client.admin.command("configureFailPoint", "failCommand", mode="off")
+    text = str(info.value)
+    assert "280" in text and "ChangeStreamFatalError" in text and "\n" not in text
+
+
+@pytest.mark.parametrize("code", [136, 286])
+def test_history_lost_codes_resume_while_the_position_is_still_in_the_oplog(
+    fresh_db: Any, mongo_uri: str, emulator: Any, code: int
+) -> None:
+    fresh_db.warmup.insert_one({})
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "no_data"})
+    offsets = MemoryOffsetStore()
+    run_engine(cfg, MemorySink(), offsets)
+    fresh_db.a.insert_many([{"_id": i} for i in range(5)])
+    _fail_next(fresh_db.client.admin, ["getMore", "aggregate"], code)
+    sink = MemorySink()
+    try:
+        run_engine(cfg, sink, offsets)
+    finally:
+        fresh_db.client.admin.command("configureFailPoint", "failCommand", mode="off")
+    assert _ids(sink) == set(range(5))
+
+
+def test_initial_only_after_its_snapshot_is_complete_even_when_the_oplog_moved_on(
+    fresh_db: Any, mongo_uri: str, emulator: Any
+) -> None:
+    cfg, offsets = _lose_history(fresh_db, mongo_uri, "initial_only")
+    summary = run_engine(cfg, MemorySink(), offsets)
+    assert summary.stopped_because == "snapshot_only" and not summary.snapshot_performed

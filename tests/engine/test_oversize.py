@@ -32,7 +32,7 @@ def big_update(fresh_db: Any, mongo_uri: str) -> Any:
             },
         )
         offsets = MemoryOffsetStore()
-        run_engine(cfg, MemorySink(), offsets, until_idle=0.1)
+        run_engine(cfg, MemorySink(), offsets)
         fresh_db.a.update_one({"_id": "big"}, {"$set": {"n": 1}})
         fresh_db.a.insert_one({"_id": "small"})
         return cfg, offsets
@@ -43,20 +43,20 @@ def big_update(fresh_db: Any, mongo_uri: str) -> Any:
 def test_fail_mode_stops_with_advice(big_update: Any) -> None:
     cfg, offsets = big_update("fail")
     with pytest.raises(OversizeEventError, match="split"):
-        run_engine(cfg, MemorySink(), offsets, until_idle=2)
+        run_engine(cfg, MemorySink(), offsets)
 
 
 def test_skip_mode_drops_events_over_the_threshold(big_update: Any) -> None:
     cfg, offsets = big_update("skip", **{"cursor.oversize.skip.threshold": 1024 * 1024})
     sink = MemorySink()
-    run_engine(cfg, sink, offsets, until_idle=3)
+    run_engine(cfg, sink, offsets)
     assert [(v["op"], orjson.loads(v["after"])["_id"]) for v in sink.values()] == [("c", "small")]
 
 
 def test_split_mode_reassembles_fragments(big_update: Any) -> None:
     cfg, offsets = big_update("split")
     sink = MemorySink()
-    run_engine(cfg, sink, offsets, until_idle=3)  # an 18 MiB event takes a while to arrive
+    run_engine(cfg, sink, offsets)  # an 18 MiB event takes a while to arrive
     update, insert = sink.values()
     assert update["op"] == "u" and insert["op"] == "c"
     assert orjson.loads(update["after"])["n"] == 1 and orjson.loads(update["before"])["n"] == 0

@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
+from mongocdc_core.api import current_cluster_time
 from mongocdc_core.dispatcher import ProgressListener
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import MemoryOffsetStore, Offset
@@ -31,7 +32,7 @@ def test_initial_snapshot_then_stream_then_no_second_snapshot(fresh_db: Any, mon
     cfg = make_config(mongo_uri, fresh_db.name)
     offsets = MemoryOffsetStore()
     sink = MemorySink()
-    summary = run_engine(cfg, sink, offsets, until_idle=0.5)
+    summary = run_engine(cfg, sink, offsets)
     assert summary.snapshot_performed and summary.snapshot_completed
     assert summary.snapshot_documents == 5
     assert _markers(sink) == [
@@ -50,7 +51,7 @@ def test_initial_snapshot_then_stream_then_no_second_snapshot(fresh_db: Any, mon
     fresh_db.a.insert_one({"_id": 10})
     fresh_db.b.delete_one({"_id": 0})
     second = MemorySink()
-    summary = run_engine(cfg, second, offsets, until_idle=0.5)
+    summary = run_engine(cfg, second, offsets)
     assert not summary.snapshot_performed
     assert [v["op"] for v in second.values()] == ["c", "d"]
     assert all(r.position > next(iter(positions)) for r in second.data())
@@ -75,7 +76,7 @@ def test_changes_during_the_snapshot_are_streamed_afterwards(fresh_db: Any, mong
             fresh_db.a.insert_one({"_id": 100})
 
     sink.write = write_and_change  # type: ignore[method-assign]
-    engine.run(until_idle=0.5)
+    engine.run(max_events=2)  # the update and the insert, streamed after the snapshot
     ns = f"{fresh_db.name}.a"
     assert replay(sink.records, ns) == source_state(fresh_db.a)
     assert {v["op"] for v in sink.values()} >= {"r", "u", "c"}
@@ -87,7 +88,7 @@ def test_always_snapshots_on_every_start(fresh_db: Any, mongo_uri: str) -> None:
     offsets = MemoryOffsetStore()
     for _ in range(2):
         sink = MemorySink()
-        summary = run_engine(cfg, sink, offsets, until_idle=0.3)
+        summary = run_engine(cfg, sink, offsets)
         assert summary.snapshot_performed and summary.snapshot_documents == 2
 
 
@@ -95,9 +96,9 @@ def test_initial_only_stops_after_the_snapshot(fresh_db: Any, mongo_uri: str) ->
     _seed(fresh_db, {"a": 2})
     cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "initial_only"})
     offsets = MemoryOffsetStore()
-    summary = run_engine(cfg, MemorySink(), offsets, until_idle=30)
+    summary = run_engine(cfg, MemorySink(), offsets)
     assert summary.stopped_because == "snapshot_only" and summary.snapshot_documents == 2
-    again = run_engine(cfg, MemorySink(), offsets, until_idle=30)
+    again = run_engine(cfg, MemorySink(), offsets)
     assert not again.snapshot_performed and again.stopped_because == "snapshot_only"
 
 
@@ -107,12 +108,12 @@ def test_no_data_streams_from_now_without_reads(fresh_db: Any, mongo_uri: str, m
     cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": mode})
     offsets = MemoryOffsetStore()
     first = MemorySink()
-    summary = run_engine(cfg, first, offsets, until_idle=0.3)
+    summary = run_engine(cfg, first, offsets)
     assert not summary.snapshot_performed and first.data() == []
     assert offsets.load() is not None  # "now" was pinned, so the next start misses nothing
     fresh_db.a.insert_one({"_id": 7})
     second = MemorySink()
-    run_engine(cfg, second, offsets, until_idle=0.5)
+    run_engine(cfg, second, offsets)
     assert [(v["op"], v["after"]) for v in second.values()] == [("c", '{"_id": 7}')]
 
 
@@ -120,8 +121,8 @@ def test_when_needed_snapshots_without_offset_only(fresh_db: Any, mongo_uri: str
     _seed(fresh_db, {"a": 2})
     cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "when_needed"})
     offsets = MemoryOffsetStore()
-    assert run_engine(cfg, MemorySink(), offsets, until_idle=0.3).snapshot_performed
-    assert not run_engine(cfg, MemorySink(), offsets, until_idle=0.3).snapshot_performed
+    assert run_engine(cfg, MemorySink(), offsets).snapshot_performed
+    assert not run_engine(cfg, MemorySink(), offsets).snapshot_performed
 
 
 def test_configuration_based(fresh_db: Any, mongo_uri: str) -> None:
@@ -135,7 +136,7 @@ def test_configuration_based(fresh_db: Any, mongo_uri: str) -> None:
             "snapshot.mode.configuration.based.start.stream": "false",
         },
     )
-    summary = run_engine(cfg, MemorySink(), MemoryOffsetStore(), until_idle=30)
+    summary = run_engine(cfg, MemorySink(), MemoryOffsetStore())
     assert summary.snapshot_documents == 2 and summary.stopped_because == "snapshot_only"
 
 
@@ -144,7 +145,7 @@ def test_parallel_copy_markers_and_completeness(fresh_db: Any, mongo_uri: str) -
     _seed(fresh_db, sizes)
     cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.max.threads": 3, "snapshot.fetch.size": 4})
     sink = MemorySink()
-    run_engine(cfg, sink, MemoryOffsetStore(), until_idle=0.3)
+    run_engine(cfg, sink, MemoryOffsetStore())
     markers = _markers(sink)
     assert len(markers) == sum(sizes.values())
     assert markers[0][1] == "first" and markers[-1][1] == "last"
@@ -172,7 +173,7 @@ def test_snapshot_filters_and_include_list(fresh_db: Any, mongo_uri: str) -> Non
         },
     )
     sink = MemorySink()
-    run_engine(cfg, sink, MemoryOffsetStore(), until_idle=0.3)
+    run_engine(cfg, sink, MemoryOffsetStore())
     reads = [(v["source"]["collection"], orjson.loads(v["after"])["_id"]) for v in sink.values()]
     assert reads == [("a", 7), ("a", 8), ("a", 9), ("b", 0), ("b", 1), ("b", 2)]
 
@@ -184,8 +185,9 @@ def test_snapshot_delay_and_stop_during_delay(fresh_db: Any, mongo_uri: str) -> 
     engine = Engine(cfg, MemorySink(), offsets)
     import threading
 
+    stop_at = current_cluster_time(cfg)
     threading.Timer(0.3, engine.stop).start()
-    summary = engine.run(until_idle=0.3)
+    summary = engine.run(stop_at=stop_at)
     assert summary.snapshot_performed and not summary.snapshot_completed
 
 
@@ -201,14 +203,14 @@ def test_interrupted_snapshot_skips_completed_collections(fresh_db: Any, mongo_u
 
     first = MemorySink()
     engine = Engine(cfg, first, offsets, progress=StopInB())
-    summary = engine.run(until_idle=0.3)
+    summary = engine.run(stop_at=current_cluster_time(cfg))
     assert not summary.snapshot_completed
     stored = offsets.load()
     assert isinstance(stored, Offset) and stored.snapshot is not None and stored.snapshot.running
     assert stored.snapshot.completed == [f"{fresh_db.name}.a"]
 
     resumed = MemorySink()
-    summary = run_engine(cfg, resumed, offsets, until_idle=0.3)
+    summary = run_engine(cfg, resumed, offsets)
     assert summary.snapshot_completed
     assert {v["source"]["collection"] for v in resumed.values()} == {"b"}
     # A graceful stop resumes b after its last flushed key: every document of b exactly once overall.
@@ -251,3 +253,35 @@ def test_mixed_id_types_are_split_in_the_servers_order(fresh_db: Any, mongo_uri:
     chunks, _ = _copy_all(fresh_db.client, cfg, [ns], threads=4)
     ids = [d["_id"] for c in chunks for d in c.documents]
     assert len(ids) == 60 and {str(i) for i in ids} == {str(i) for i in range(30)} | {f"s{i}" for i in range(30)}
+
+
+def _offsets_of_another_replica_set(cfg: Any) -> MemoryOffsetStore:
+    """Offsets a connector recorded against another deployment (same name, new connection string)."""
+    offsets = MemoryOffsetStore()
+    run_engine(cfg, MemorySink(), offsets)
+    stored = offsets.load()
+    assert stored is not None and stored.replica_set  # offsets name the replica set they belong to
+    stored.replica_set = f"{stored.replica_set}-before-migration"
+    offsets.save(stored)
+    return offsets
+
+
+def test_offsets_of_another_replica_set_are_refused_by_default(fresh_db: Any, mongo_uri: str) -> None:
+    from mongocdc_core.source.errors import OffsetInvalidError
+
+    _seed(fresh_db, {"a": 2})
+    cfg = make_config(mongo_uri, fresh_db.name)
+    offsets = _offsets_of_another_replica_set(cfg)
+    with pytest.raises(OffsetInvalidError, match="mongodb.allow.offset.invalidation=true"):
+        run_engine(cfg, MemorySink(), offsets)
+
+
+def test_allowed_offset_invalidation_takes_a_new_snapshot(fresh_db: Any, mongo_uri: str) -> None:
+    _seed(fresh_db, {"a": 2})
+    cfg = make_config(mongo_uri, fresh_db.name)
+    offsets = _offsets_of_another_replica_set(cfg)
+    sink = MemorySink()
+    summary = run_engine(cfg.with_properties({"mongodb.allow.offset.invalidation": "true"}), sink, offsets)
+    assert summary.snapshot_performed and summary.snapshot_documents == 2
+    stored = offsets.load()
+    assert stored is not None and stored.replica_set is not None and not stored.replica_set.endswith("migration")

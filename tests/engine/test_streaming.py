@@ -9,9 +9,11 @@ import orjson
 import pytest
 from bson import Timestamp
 
+from mongocdc_core.api import current_cluster_time
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import FileOffsetStore, MemoryOffsetStore
 from mongocdc_core.positions import decode_resume_token_timestamp
+from mongocdc_core.source.errors import CdcError
 from tests.engine.engine_support import (
     Background,
     MemorySink,
@@ -27,13 +29,13 @@ def _pinned(cfg: Any) -> MemoryOffsetStore:
     """An offset store positioned at "now" (a no_data start), so later writes are streamed."""
     offsets = MemoryOffsetStore()
     pin = cfg.with_properties({"snapshot.mode": "no_data"})
-    run_engine(pin, MemorySink(), offsets, until_idle=0.1)
+    run_engine(pin, MemorySink(), offsets)
     return offsets
 
 
 def _stream(cfg: Any, offsets: MemoryOffsetStore, **kw: Any) -> MemorySink:
     sink = MemorySink()
-    run_engine(cfg.with_properties({"snapshot.mode": "no_data"}), sink, offsets, until_idle=kw.get("idle", 0.5))
+    run_engine(cfg.with_properties({"snapshot.mode": "no_data"}), sink, offsets)
     return sink
 
 
@@ -145,7 +147,7 @@ def test_skipped_operations(fresh_db: Any, mongo_uri: str) -> None:
 def test_max_events_then_restart_continues_exactly(fresh_db: Any, mongo_uri: str, tmp_path: Any) -> None:
     cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "no_data"})
     offsets = FileOffsetStore(tmp_path / "offsets.json")
-    run_engine(cfg, MemorySink(), offsets, until_idle=0.1)
+    run_engine(cfg, MemorySink(), offsets)
     fresh_db.a.insert_many([{"_id": i} for i in range(10)])
     with fresh_db.client.start_session() as session, session.start_transaction():
         fresh_db.a.insert_many([{"_id": 100 + i} for i in range(4)], session=session)
@@ -155,7 +157,7 @@ def test_max_events_then_restart_continues_exactly(fresh_db: Any, mongo_uri: str
     second = MemorySink()
     run_engine(cfg, second, offsets, max_events=6)
     third = MemorySink()
-    run_engine(cfg, third, offsets, until_idle=0.5)
+    run_engine(cfg, third, offsets)
     ids = [orjson.loads(v["after"])["_id"] for s in (first, second, third) for v in s.values()]
     assert ids == list(range(10)) + [100, 101, 102, 103]  # no duplicates, nothing lost, in order
     positions = [r.position for s in (first, second, third) for r in s.data()]
@@ -232,12 +234,12 @@ def test_metrics_are_counted(fresh_db: Any, mongo_uri: str, tmp_path: Any) -> No
     cfg = make_config(mongo_uri, fresh_db.name)
     offsets = MemoryOffsetStore()
     engine = Engine(cfg, MemorySink(), offsets, metrics_file=str(tmp_path / "m.json"))
-    engine.run(until_idle=0.2)
+    engine.run(stop_at=current_cluster_time(cfg))
     fresh_db.a.insert_one({"_id": 1})
     fresh_db.a.update_one({"_id": 1}, {"$set": {"x": 1}})
     fresh_db.a.delete_one({"_id": 0})
     engine = Engine(cfg, MemorySink(), offsets, metrics_file=str(tmp_path / "m.json"))
-    engine.run(until_idle=0.5)
+    engine.run(stop_at=current_cluster_time(cfg))
     data = orjson.loads((tmp_path / "m.json").read_bytes())
     streaming = next(v for k, v in data.items() if "context=streaming" in k)
     assert streaming["TotalNumberOfCreateEventsSeen"] == 1
@@ -258,7 +260,7 @@ def test_graceful_stop_from_another_thread_leaves_no_duplicates(fresh_db: Any, m
     bg.stop()
     fresh_db.a.insert_many([{"_id": i} for i in range(20, 25)])
     again = MemorySink()
-    run_engine(cfg, again, offsets, until_idle=0.5)
+    run_engine(cfg, again, offsets)
     assert [orjson.loads(v["after"])["_id"] for v in again.values()] == list(range(20, 25))
 
 
@@ -279,3 +281,41 @@ def test_capture_scope_watches_only_the_target(fresh_db: Any, mongo_uri: str, sc
     finally:
         fresh_db.client.drop_database(other.name)
     assert seen == ([(db, "a"), (db, "b")] if scope == "database" else [(db, "a")])
+
+
+def test_post_image_without_post_images_says_how_to_enable_them(fresh_db: Any, mongo_uri: str) -> None:
+    fresh_db.a.insert_one({"_id": 1, "n": 1})  # created without changeStreamPreAndPostImages
+    cfg = make_config(mongo_uri, fresh_db.name, **{"capture.mode.full.update.type": "post_image"})
+    offsets = _pinned(cfg)
+    fresh_db.a.update_one({"_id": 1}, {"$inc": {"n": 1}})
+    with pytest.raises(CdcError) as info:
+        _stream(cfg, offsets)
+    text = str(info.value)
+    assert 'db.runCommand({collMod: "<collection>", changeStreamPreAndPostImages: {enabled: true}})' in text
+    assert "post_image" in text and "\n" not in text
+
+
+class _OutageSink(MemorySink):
+    """A sink whose first flush with records pending blocks, as a producer waiting out a Kafka outage."""
+
+    def __init__(self, outage_s: float) -> None:
+        super().__init__()
+        self.outage_s = outage_s
+        self.outages = 0
+
+    def flush(self, timeout: float | None = None) -> None:
+        if self.records and not self.outages:
+            self.outages += 1
+            time.sleep(self.outage_s)
+        super().flush(timeout)
+
+
+def test_time_blocked_on_the_sink_is_not_idle(fresh_db: Any, mongo_uri: str) -> None:
+    """--until-idle must not stop while events are still queued behind a blocked sink."""
+    cfg = make_config(mongo_uri, fresh_db.name, **{"max.batch.size": 2, "offset.flush.interval.ms": 0})
+    offsets = _pinned(cfg)
+    fresh_db.a.insert_many([{"_id": i} for i in range(50)])
+    sink = _OutageSink(outage_s=1.5)
+    summary = Engine(cfg.with_properties({"snapshot.mode": "no_data"}), sink, offsets).run(until_idle=0.5)
+    assert sink.outages == 1 and summary.stopped_because == "idle"
+    assert summary.events == 50 and len(sink.durable) == 50

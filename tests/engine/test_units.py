@@ -338,3 +338,76 @@ def test_unreachable_server_fails_after_the_configured_attempts() -> None:
     with pytest.raises(ConnectError, match="2 reconnection attempts"):
         connect(cfg, metrics)
     assert metrics.streaming.Connected is False
+
+
+def test_refused_credentials_are_one_clear_error_not_a_retry() -> None:
+    from pymongo.errors import OperationFailure
+
+    from mongocdc_core.source.errors import AuthenticationError
+
+    calls = []
+
+    def refused() -> None:
+        calls.append(1)
+        raise OperationFailure("Authentication failed.", code=18, details={"codeName": "AuthenticationFailed"})
+
+    with pytest.raises(AuthenticationError, match="refused the credentials") as info:
+        Backoff(1, 2, 3).run(refused, what="connecting")
+    assert len(calls) == 1 and "\n" not in str(info.value)
+
+
+def test_connection_state_is_one_line_naming_host_attempt_delay_and_error() -> None:
+    from pymongo.errors import ServerSelectionTimeoutError
+
+    from mongocdc_core.receiver import ConnectionState
+
+    states: list[ConnectionState] = []
+
+    def down() -> None:
+        raise ServerSelectionTimeoutError(
+            "db1:27017: [Errno 111] Connection refused (configured timeouts: connectTimeoutMS: 20000.0ms), "
+            "Timeout: 0.1s, Topology Description: <TopologyDescription id: 1, servers: [...]>"
+        )
+
+    with pytest.raises(CdcError):
+        Backoff(100, 200, 2).run(down, what="connecting", on_retry=states.append, hosts="db1:27017")
+    assert [s.line() for s in states] == [
+        "connecting to db1:27017 failed (db1:27017: [Errno 111] Connection refused); reconnection attempt 1 of 2 in 0.1 s",
+        "connecting to db1:27017 failed (db1:27017: [Errno 111] Connection refused); reconnection attempt 2 of 2 in 0.2 s",
+    ]
+
+
+def test_stop_while_a_server_selection_blocks_returns_at_once() -> None:
+    from mongocdc_core.source.errors import Stopped
+
+    stop = threading.Event()
+    release = threading.Event()
+
+    def blocked() -> None:
+        release.wait(30)  # a server selection waiting for serverSelectionTimeoutMS
+
+    threading.Timer(0.2, stop.set).start()
+    try:
+        with pytest.raises(Stopped):
+            Backoff(100, 200, 2).run(blocked, what="connecting", stop=stop)
+    finally:
+        release.set()
+
+
+def test_exit_codes_tell_failures_apart() -> None:
+    from mongocdc_core.runner import exit_code
+    from mongocdc_core.source.errors import (
+        AuthenticationError,
+        ChangeStreamFailedError,
+        ConnectError,
+        OffsetInvalidError,
+    )
+
+    codes = [
+        exit_code(exc)
+        for exc in (
+            CdcError("x"), ConnectError("x"), AuthenticationError("x"), HistoryLostError("x"),
+            ChangeStreamFailedError("x"), OffsetInvalidError("x"),
+        )
+    ]
+    assert codes == [1, 3, 4, 5, 6, 7]

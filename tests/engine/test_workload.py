@@ -69,9 +69,9 @@ def test_replay_of_snapshot_and_stream_equals_source(
         )
         offsets = MemoryOffsetStore()
         sink = MemorySink()
-        run_engine(cfg, sink, offsets, until_idle=0.1)
+        run_engine(cfg, sink, offsets)
         _run(coll, during)
-        run_engine(cfg, sink, offsets, until_idle=0.4)
+        run_engine(cfg, sink, offsets)
         assert replay(sink.records, f"{db.name}.c") == source_state(coll)
         positions = [r.position for r in sink.data() if r.op != "r"]
         assert positions == sorted(positions)

@@ -1,0 +1,387 @@
+"""One capture pipeline: connect → converter → dispatcher → source → sink, run to an explicit bound.
+
+This is Debezium's ``ChangeEventSourceCoordinator`` wiring plus its ``ChangeEventSourceFactory``:
+:class:`CapturePipeline` owns the connection and the one dispatcher (with its converter) of a run,
+and runs sources into it — the snapshot copier (:meth:`CapturePipeline.copy`) and the change
+stream (:meth:`CapturePipeline.stream`) — with a :class:`Bound`: forever, until a cluster time,
+until N events, or until idle. ``Engine.run`` and every ``api`` function are thin callers of it.
+
+Control flows one way: sources emit into the dispatcher through
+:class:`~mongocdc_core.receiver.SnapshotReceiver` and never call back into the pipeline. Work
+that runs next to streaming (ad hoc snapshots) is a :class:`StreamCompanion`: the pipeline feeds
+it the events it dispatched and, when it asks for a blocking snapshot, pauses streaming, runs that
+snapshot source, and resumes.
+
+Whatever the bound, a stream that ends cleanly first checks that its position is still in the
+oplog: a stop never hides a gap.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from bson import Timestamp
+from pymongo import MongoClient
+from pymongo.errors import PyMongoError
+
+from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.dispatcher import Dispatcher
+from mongocdc_core.events import EventConverter, EventOptions
+from mongocdc_core.metrics import ConnectorMetrics
+from mongocdc_core.offsets import Offset, OffsetStore, SnapshotState
+from mongocdc_core.positions import Position
+from mongocdc_core.receiver import ConnectionState, ProgressListener, SnapshotChunk
+from mongocdc_core.sinks.base import Sink
+from mongocdc_core.source.blocking import BlockingRequest
+from mongocdc_core.source.connection import Topology, connect
+from mongocdc_core.source.errors import CdcError, HistoryLostError
+from mongocdc_core.source.oplog import position_lost
+from mongocdc_core.source.snapshot import SnapshotCopier
+from mongocdc_core.source.stream import ChangeStreamReader, EventQueue, StartPoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """When a stream stops (besides ``stop()``): the first of these that is reached.
+
+    ``stop_at``: every event with a clusterTime up to and including it was dispatched (the
+    stream scanned past it); ``max_events``: that many data events were dispatched;
+    ``until_idle``: the server answered with nothing new for that many seconds while nothing was
+    queued (time blocked on a ``getMore`` or on the sink is not idle). No field: forever.
+    """
+
+    stop_at: Timestamp | None = None
+    max_events: int | None = None
+    until_idle: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.stop_at is not None and not isinstance(self.stop_at, Timestamp):
+            raise CdcError(f"stop_at must be a bson.Timestamp, got {self.stop_at!r}")
+        if self.max_events is not None and self.max_events < 1:
+            raise CdcError(f"max_events must be a positive number of events, got {self.max_events}")
+        if self.until_idle is not None and self.until_idle < 0:
+            raise CdcError(f"until_idle must be a non-negative number of seconds, got {self.until_idle}")
+
+
+@dataclass(frozen=True)
+class StreamOutcome:
+    """Why a stream ended (``max_events``, ``idle``, ``stop``, ``stop_at``, ``end``, ``done``) and
+    the resume token of the end of a bounded window (None otherwise)."""
+
+    reason: str
+    end_token: dict[str, Any] | None = None
+
+
+class StreamCompanion(Protocol):
+    """Work running next to the stream on the pipeline's thread (ad hoc snapshots)."""
+
+    @property
+    def busy(self) -> bool:
+        """Still working (a stream with a busy companion is not idle)."""
+
+    def on_signal(self, change: Mapping[str, Any], position: Position) -> None:
+        """An event of the signaling collection was dispatched at ``position``."""
+
+    def on_stream_event(self, namespace: str, document_key: Any, position: Position) -> bool:
+        """A data event of ``namespace`` was dispatched at ``position``."""
+
+    def process(self) -> None:
+        """Once per loop: act on queued signals, re-raise a worker's failure."""
+
+    def take_blocking(self) -> BlockingRequest | None:
+        """A blocking snapshot to run now, with streaming paused."""
+
+    def run_blocking(self, request: BlockingRequest) -> bool:
+        """Run it (False when stopped)."""
+
+
+class CapturePipeline:
+    """The wiring of one capture run; ``stop()`` (or the given ``stop`` event) ends it from any thread.
+
+    Use as a context manager: it connects on entry (retrying with backoff) and closes the client
+    on exit. :meth:`open_dispatcher` builds the converter and the dispatcher once per run.
+    """
+
+    def __init__(
+        self,
+        cfg: ConnectorConfig,
+        sink: Sink,
+        *,
+        offsets: OffsetStore | None = None,
+        metrics: ConnectorMetrics | None = None,
+        progress: ProgressListener | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.sink = sink
+        self.offsets = offsets
+        self.metrics = metrics or ConnectorMetrics(cfg.topic_prefix)
+        self.progress = progress
+        self.stop_event = stop or threading.Event()
+        self._client: MongoClient[Any] | None = None
+        self.topology: Topology | None = None
+        self._dispatcher: Dispatcher | None = None
+
+    def __enter__(self) -> CapturePipeline:
+        self.connect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    # -- wiring ------------------------------------------------------------------------------------------
+
+    def _on_retry(self, state: ConnectionState) -> None:
+        """Show the connection state: to the progress listener, else in the log."""
+        if self.progress is not None:
+            self.progress.connecting(state)
+        else:
+            log.warning("%s", state.line())
+
+    def connect(self) -> MongoClient[Any]:
+        """(Re)connect, retrying with backoff and reporting each failed attempt; ``Stopped`` on stop."""
+        self.close()
+        self._client, self.topology = connect(self.cfg, self.metrics, self.stop_event, self._on_retry)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        self.metrics.streaming.Connected = False
+
+    @property
+    def client(self) -> MongoClient[Any]:
+        if self._client is None:
+            raise CdcError("the capture pipeline is not connected")
+        return self._client
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None
+
+    def open_dispatcher(self, offset: Offset, *, flush_interval_s: float = 60.0) -> Dispatcher:
+        """The run's converter and dispatcher (built once; later calls return the same one)."""
+        if self._dispatcher is None:
+            rs = self.topology.set_name if self.topology is not None else None
+            converter = EventConverter(EventOptions.from_config(self.cfg, rs=rs or ""))
+            self._dispatcher = Dispatcher(
+                self.cfg, converter, self.sink, self.offsets, self.metrics, offset,
+                progress=self.progress, flush_interval_s=flush_interval_s, replica_set=rs,
+            )
+        return self._dispatcher
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        if self._dispatcher is None:
+            raise CdcError("the capture pipeline has no dispatcher yet (open_dispatcher)")
+        return self._dispatcher
+
+    # -- snapshot source ---------------------------------------------------------------------------------
+
+    def copy(
+        self,
+        namespaces: Sequence[str],
+        position: Position,
+        *,
+        threads: int,
+        filters: dict[str, dict[str, Any] | None] | None = None,
+        progress: SnapshotState | None = None,
+        split_size: int | None = None,
+    ) -> bool:
+        """Run the snapshot copier over ``namespaces`` into the dispatcher; False when stopped.
+
+        ``progress`` (the offset's snapshot state) makes the copy resumable range by range;
+        ``split_size`` overrides ``mongocdc.snapshot.split.size`` (0: copy as given, unsplit).
+        """
+        dispatcher = self.dispatcher
+
+        def emit(chunk: SnapshotChunk) -> bool:
+            if self.stop_event.is_set():
+                return False
+            dispatcher.snapshot_chunk(chunk, position, datetime.datetime.now(datetime.UTC))
+            return True
+
+        copier = SnapshotCopier(
+            self.client, self.cfg, list(namespaces), emit, threads=threads,
+            chunk_size=min(self.cfg.max_batch_size, 1024), filters=filters, stop=threading.Event(),
+            progress=progress, split_size=split_size,
+        )
+        forward = threading.Thread(target=_forward_stop, args=(self.stop_event, copier.stop), daemon=True)
+        forward.start()
+        try:
+            return copier.run()
+        finally:
+            copier.stop.set()
+
+    # -- streaming source --------------------------------------------------------------------------------
+
+    def stream(
+        self,
+        start: StartPoint,
+        bound: Bound,
+        *,
+        target: Any = None,
+        pipeline: list[dict[str, Any]] | None = None,
+        accept: Callable[[str], bool] | None = None,
+        companion: StreamCompanion | None = None,
+        done: Callable[[], bool] | None = None,
+        window_end: Timestamp | None = None,
+        housekeeping: Callable[[], None] | None = None,
+    ) -> StreamOutcome:
+        """Dispatch the change stream from ``start`` until ``bound``, ``done()`` or ``stop()``.
+
+        ``accept(namespace)`` keeps only some namespaces' events; ``window_end`` ends a
+        ``[start, end)`` window (exclusive, unlike ``bound.stop_at``); ``housekeeping`` runs once
+        per loop (heartbeats, periodic commits, notifications). A clean end first checks that the
+        stream's position is still in the oplog (``HistoryLostError`` otherwise). A failure
+        keeps what was delivered (committed when the sink still flushes) and is re-raised.
+        """
+        cfg = self.cfg
+        dispatcher = self.dispatcher
+        streaming = self.metrics.streaming
+        queue = EventQueue(cfg.max_queue_size, cfg.max_queue_size_in_bytes, streaming)
+        stop_at, inclusive = (window_end, False) if window_end is not None else (bound.stop_at, True)
+        reader = ChangeStreamReader(
+            self.client, cfg, start, queue, metrics=streaming, stop_at=stop_at, stop_inclusive=inclusive,
+            target=target, pipeline=pipeline, on_retry=self._on_retry,
+        )
+        poll_s = cfg.poll_interval_ms / 1000
+        counted_from = dispatcher.events
+        last_activity = time.monotonic()
+        end_token: dict[str, Any] | None = None
+        reason = "stop"
+        failed = True
+        reader.start()
+        try:
+            while not self.stop_event.is_set():
+                finished: str | None = None
+                for item in queue.get_batch(cfg.max_batch_size, poll_s):
+                    if item.kind == "change":
+                        assert item.doc is not None and item.token is not None
+                        if self._dispatch(item.doc, item.token, accept, companion):
+                            last_activity = time.monotonic()
+                            if bound.max_events is not None and dispatcher.events - counted_from >= bound.max_events:
+                                finished = "max_events"
+                                break
+                        if companion is not None and (request := companion.take_blocking()) is not None:
+                            self._run_blocking(companion, request)
+                            last_activity = time.monotonic()
+                    elif item.kind == "progress":
+                        assert item.token is not None
+                        dispatcher.progress_token(item.token)
+                    elif item.kind == "end":
+                        end_token = item.token
+                        reached = window_end is None and bound.stop_at is not None and item.token is not None
+                        finished = "stop_at" if reached else "end"
+                        break
+                    elif item.error is not None:
+                        raise item.error
+                if companion is not None:
+                    companion.process()
+                    while (request := companion.take_blocking()) is not None:
+                        self._run_blocking(companion, request)
+                    if companion.busy:
+                        last_activity = time.monotonic()  # an ad hoc snapshot is running: not idle
+                if housekeeping is not None:
+                    housekeeping()
+                dispatcher.drain()
+                if finished is None and done is not None and done():
+                    finished = "done"
+                if finished is None and bound.until_idle is not None and _idle(reader, queue, last_activity, bound.until_idle):
+                    finished = "idle"
+                if finished is not None:
+                    reason = finished
+                    break
+            self._check_position(reader)
+            failed = False
+            return StreamOutcome(reason, end_token)
+        finally:
+            reader.stop()
+            queue.close()
+            reader.join()
+            if failed:
+                # Keep what was delivered; a failing sink raises again here, which must not hide
+                # the original error (and then the offset is not saved, as it must not be).
+                try:
+                    dispatcher.commit()
+                except Exception:  # noqa: BLE001 - the original error is being raised
+                    log.debug("commit after a failed stream failed too", exc_info=True)
+
+    def _dispatch(
+        self,
+        doc: Mapping[str, Any],
+        token: dict[str, Any],
+        accept: Callable[[str], bool] | None,
+        companion: StreamCompanion | None,
+    ) -> bool:
+        """One change through the dispatcher, then to the companion; True for a data event."""
+        ns = doc.get("ns") or {}
+        db, coll = ns.get("db"), ns.get("coll")
+        namespace = f"{db}.{coll}"
+        if accept is not None and not accept(namespace):
+            return False
+        dispatcher = self.dispatcher
+        produced = dispatcher.change(doc, token)
+        if companion is not None and isinstance(db, str) and isinstance(coll, str):
+            position = dispatcher.last_position
+            assert position is not None
+            if self.cfg.is_signal_collection(db, coll):
+                companion.on_signal(doc, position)
+            elif produced:
+                companion.on_stream_event(namespace, (doc.get("documentKey") or {}).get("_id"), position)
+        return produced
+
+    def _run_blocking(self, companion: StreamCompanion, request: BlockingRequest) -> None:
+        """Streaming is paused (nothing is dispatched) while the blocking snapshot source runs."""
+        self.dispatcher.drain()
+        companion.run_blocking(request)
+
+    def _check_position(self, reader: ChangeStreamReader) -> None:
+        """Before a clean stop: the stream's position must still be in the oplog (no silent gap)."""
+        ts = reader.resume_position()
+        try:
+            lost, first = position_lost(self.client, ts)
+        except PyMongoError as exc:  # unreachable at the very end: say so, the run itself is complete
+            log.warning("could not check that position %s is still in the oplog: %s", ts, exc)
+            return
+        if lost:
+            raise HistoryLostError(
+                f"the stream's position {ts} left the oplog while the connector was reading (the oplog "
+                f"now starts at {first}): changes in between were purged",
+                position=ts,
+                oplog_first=first,
+            )
+
+
+def _idle(reader: ChangeStreamReader, queue: EventQueue, last_activity: float, until_idle: float) -> bool:
+    """Idle: nothing queued, and the server kept answering "nothing new" for ``until_idle`` s.
+
+    Measured between server replies, so time blocked on a ``getMore`` (no reply) or on the sink
+    (events still queued) never counts.
+    """
+    if queue.pending():
+        return False
+    quiet_since, last_reply = reader.quiet_since, reader.last_reply
+    if quiet_since is None or last_reply is None:
+        return False
+    return last_reply - max(quiet_since, last_activity) >= until_idle
+
+
+def _forward_stop(source: threading.Event, target: threading.Event) -> None:
+    """Propagate a pipeline stop to a copier's workers until the copy is over."""
+    while not target.is_set():
+        if source.wait(0.1):
+            target.set()
+

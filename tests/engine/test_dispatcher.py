@@ -1,0 +1,150 @@
+"""The dispatcher's durability rule: an offset is stored only after its records were flushed."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from bson import Timestamp
+
+from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.dispatcher import Dispatcher
+from mongocdc_core.events import EventConverter, EventOptions
+from mongocdc_core.events.records import Record
+from mongocdc_core.metrics import ConnectorMetrics
+from mongocdc_core.offsets import Offset
+from mongocdc_core.positions import Position
+
+
+class FlushFailed(RuntimeError):
+    """The sink could not make its records durable."""
+
+
+class LedgerSink:
+    """Records what was written and what a flush made durable; can fail a chosen flush."""
+
+    def __init__(self, fail_flush: int | None = None) -> None:
+        self.written: list[Record] = []
+        self.durable = 0  # how many of ``written`` a successful flush covered
+        self.flushes = 0
+        self.fail_flush = fail_flush
+
+    def write(self, records: Sequence[Record]) -> None:
+        self.written.extend(records)
+
+    def flush(self, timeout: float | None = None) -> None:
+        self.flushes += 1
+        if self.flushes == self.fail_flush:
+            raise FlushFailed(f"flush {self.flushes} failed")
+        self.durable = len(self.written)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def durable_positions(self) -> list[Position]:
+        """Positions of the flushed records (data events and heartbeats)."""
+        return [r.position for r in self.written[: self.durable]]
+
+
+class CheckingStore:
+    """An offset store that checks, at every save, that nothing ahead of the flushed records is saved."""
+
+    def __init__(self, sink: LedgerSink) -> None:
+        self.sink = sink
+        self.saved: list[Offset] = []
+
+    def load(self) -> Offset | None:
+        return self.saved[-1] if self.saved else None
+
+    def save(self, offset: Offset) -> None:
+        assert self.sink.durable == len(self.sink.written), "offset saved while records were not flushed"
+        durable = self.sink.durable_positions()
+        if offset.position is not None and durable:
+            assert offset.position <= max(durable), "offset ahead of the flushed records"
+        self.saved.append(Offset.from_json(offset.to_json()))
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def _config(**props: str) -> ConnectorConfig:
+    base = {
+        "mongodb.connection.string": "mongodb://127.0.0.1:1/?replicaSet=rs0",
+        "topic.prefix": "srv",
+        "max.batch.size": "3",
+        "mongocdc.schemas.enable": "false",
+    }
+    return ConnectorConfig.from_dict({**base, **props})
+
+
+def _token(ts: Timestamp) -> dict[str, Any]:
+    """A resume token whose ``_data`` starts with the clusterTime, as the server's do."""
+    return {"_data": f"82{ts.time:08X}{ts.inc:08X}2B0229296E04"}
+
+
+def _insert(i: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    ts = Timestamp(1_700_000_000, i)
+    token = _token(ts)
+    doc: dict[str, Any] = {
+        "_id": token,
+        "operationType": "insert",
+        "clusterTime": ts,
+        "wallTime": datetime.datetime(2023, 11, 14, tzinfo=datetime.UTC),
+        "ns": {"db": "shop", "coll": "orders"},
+        "documentKey": {"_id": i},
+        "fullDocument": {"_id": i, "n": i},
+    }
+    return doc, token
+
+
+def _dispatcher(sink: LedgerSink, store: CheckingStore, cfg: ConnectorConfig) -> Dispatcher:
+    converter = EventConverter(EventOptions.from_config(cfg, rs="rs0"))
+    return Dispatcher(cfg, converter, sink, store, ConnectorMetrics("srv"), Offset(), flush_interval_s=0)
+
+
+def test_offsets_are_saved_only_after_their_records_were_flushed() -> None:
+    sink = LedgerSink()
+    store = CheckingStore(sink)
+    dispatcher = _dispatcher(sink, store, _config())
+    for i in range(1, 11):
+        dispatcher.change(*_insert(i))
+        if i % 4 == 0:
+            dispatcher.maybe_commit()  # interval 0: every call commits
+    dispatcher.finish()
+    assert len(store.saved) == 3 and sink.flushes == 3
+    last = store.saved[-1].position
+    assert last is not None and last == max(sink.durable_positions())
+    assert last.increment == 10
+
+
+def test_a_failed_flush_saves_no_offset() -> None:
+    sink = LedgerSink(fail_flush=2)
+    store = CheckingStore(sink)
+    dispatcher = _dispatcher(sink, store, _config())
+    for i in range(1, 5):
+        dispatcher.change(*_insert(i))
+    dispatcher.commit()  # flush 1 succeeds: offset at event 4
+    for i in range(5, 9):
+        dispatcher.change(*_insert(i))
+    with pytest.raises(FlushFailed):
+        dispatcher.commit()  # flush 2 fails: events 5..8 are not durable
+    assert [o.position.increment for o in store.saved if o.position is not None] == [4]
+    assert sink.durable_positions()[-1].increment == 4
+
+
+def test_a_heartbeat_moves_the_offset_only_with_a_flush() -> None:
+    sink = LedgerSink()
+    store = CheckingStore(sink)
+    cfg = _config(**{"heartbeat.interval.ms": "1"})
+    dispatcher = _dispatcher(sink, store, cfg)
+    dispatcher.change(*_insert(1))
+    dispatcher.commit()
+    dispatcher.progress_token(_token(Timestamp(1_700_000_050, 1)))  # the stream scanned further
+    time.sleep(0.01)  # heartbeat.interval.ms=1 has passed
+    dispatcher.heartbeat_if_due()
+    assert store.saved[-1].position == Position(1_700_000_000, 1)  # not saved before the flush
+    dispatcher.commit()
+    assert store.saved[-1].position == Position(1_700_000_050, 1)
