@@ -29,6 +29,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def security_arguments(auth: bool, users_file: str | None, tls_certificate_key_file: str | None) -> list[str]:
+    """The command-line flags of ``--auth``, ``--users-file`` and ``--tls-certificate-key-file``."""
+    args = ["--auth"] if auth else []
+    if users_file:
+        args += ["--users-file", users_file]
+    if tls_certificate_key_file:
+        args += ["--tls-certificate-key-file", tls_certificate_key_file]
+    return args
+
+
 class EmulatedReplicaSet:
     """A running emulator with a ``uri`` for pymongo; usable as a context manager."""
 
@@ -41,8 +51,14 @@ class EmulatedReplicaSet:
         dbpath: str | None = None,
         in_process: bool = True,
         host: str = "127.0.0.1",
+        auth: bool = False,
+        users_file: str | None = None,
+        tls_certificate_key_file: str | None = None,
     ) -> None:
         self.host = host
+        self.auth = auth
+        self.users_file = users_file
+        self.tls_certificate_key_file = tls_certificate_key_file
         self.port = port or free_port(host)
         self.replset = replset
         self.oplog_size_mb = oplog_size_mb
@@ -66,7 +82,8 @@ class EmulatedReplicaSet:
         if self.running:
             raise RuntimeError(f"the emulator on port {self.port} is already running")
         if self.in_process:
-            config = ServerConfig(self.host, self.port, self.replset, self.oplog_size_mb, self.noop_interval, self.dbpath)
+            config = ServerConfig(self.host, self.port, self.replset, self.oplog_size_mb, self.noop_interval, self.dbpath,
+                                  self.auth, self.users_file, self.tls_certificate_key_file)  # fmt: skip
             deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
             while True:
                 try:
@@ -89,6 +106,7 @@ class EmulatedReplicaSet:
         ]  # fmt: skip
         if self.dbpath:
             command += ["--dbpath", self.dbpath]
+        command += security_arguments(self.auth, self.users_file, self.tls_certificate_key_file)
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
         while True:
             process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -11,14 +11,18 @@ Run it with ``mongocdc emulator --port 27017 --replset rs0`` or
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import itertools
+import os
 import signal
 import socket
 import socketserver
+import ssl
 import struct
 import sys
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +32,7 @@ from bson import Int64, ObjectId
 from bson.raw_bson import RawBSONDocument
 
 from . import wire
+from .auth import AccessControl
 from .changestream import change_stream_error_labels
 from .commands import COMMANDS, Context, load_all
 from .cursors import CursorRegistry
@@ -61,6 +66,9 @@ class ServerConfig:
     oplog_size_mb: float = 192.0
     noop_interval: float = 10.0
     dbpath: str | None = None
+    auth: bool = False  # --auth: refuse unauthenticated and unauthorized commands
+    users_file: str | None = None  # users and roles to create at start (JSON)
+    tls_certificate_key_file: str | None = None  # PEM with certificate and key: serve TLS only
 
     @property
     def address(self) -> str:
@@ -137,15 +145,20 @@ class _Handler(socketserver.BaseRequestHandler):
     server: _TCPServer
 
     def handle(self) -> None:
-        emulator = self.server.emulator
+        listener = self.server.listener
         sock: socket.socket = self.request
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if listener.tls_context is not None:
+            try:
+                sock = listener.tls_context.wrap_socket(sock, server_side=True)
+            except (ssl.SSLError, OSError):
+                return  # a client that does not speak TLS, or refused our certificate
         conn = Connection(sock, f"{self.client_address[0]}:{self.client_address[1]}")
-        emulator.add_connection(conn)
+        listener.add_connection(conn)
         try:
-            emulator.serve_connection(conn)
+            listener.serve_connection(conn)
         finally:
-            emulator.remove_connection(conn)
+            listener.remove_connection(conn)
 
 
 class _TCPServer(socketserver.ThreadingTCPServer):
@@ -153,8 +166,8 @@ class _TCPServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], emulator: EmulatorServer) -> None:
-        self.emulator = emulator
+    def __init__(self, address: tuple[str, int], listener: WireServer) -> None:
+        self.listener = listener
         super().__init__(address, _Handler)
 
 
@@ -170,78 +183,47 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
     return b"".join(chunks)
 
 
-class EmulatorServer:
-    """The whole emulated replica set member: state, cursors, topology, faults and the socket."""
+class WireServer(ABC):
+    """A TCP listener speaking MongoDB's wire protocol: connections, framing, TLS, access control.
 
-    def __init__(self, config: ServerConfig) -> None:
-        load_all()
-        self.config = config
-        self.oplog = Oplog(max(1, int(config.oplog_size_mb * 1024 * 1024)), ClusterClock())
-        self.state = ServerState(self.oplog)
-        self.cursors = CursorRegistry()
-        self.topology = Topology()
-        self.faults = Faults(self)
-        self.started = time.time()
+    The emulated mongod (``EmulatorServer``) and mongos (``sharding.MongosServer``) are both one;
+    each answers requests in its own ``execute``.
+    """
+
+    def __init__(self, host: str, port: int, tls_certificate_key_file: str | None, access: AccessControl) -> None:
+        self.access = access
+        self.tls_context: ssl.SSLContext | None = None
+        if tls_certificate_key_file:
+            self.tls_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self.tls_context.load_cert_chain(tls_certificate_key_file)
         self._connections: dict[int, Connection] = {}
         self._conn_lock = threading.Lock()
         self._request_ids = itertools.count(1)
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self.persistence: Any = None
-        if config.dbpath:
-            from .persistence import Persistence
+        self._tcp = _TCPServer((host, port), self)
 
-            self.persistence = Persistence(config.dbpath, self.state)
-            self.persistence.load()
-            self.topology.term = self.state.term
-            self.topology.election_id = self.topology.new_election_id()
-        if not len(self.oplog):
-            self.state.write_noop("initiating set")  # mongod's oplog is never empty either
-        self._tcp = _TCPServer((config.host, config.port), self)
-        self.config.port = self._tcp.server_address[1]
+    @property
+    def port(self) -> int:
+        return int(self._tcp.server_address[1])
 
-    # -- lifecycle ------------------------------------------------------------------------
-    def start(self) -> None:
-        """Serve in background threads (returns once the socket accepts connections)."""
-        self._spawn(self._tcp.serve_forever, "emulator-accept", 0.2)
-        self._spawn(self._noop_loop, "emulator-noop")
-        if self.persistence is not None:
-            self._spawn(self._checkpoint_loop, "emulator-checkpoint")
+    @abstractmethod
+    def execute(self, request: wire.Request, conn: Connection) -> list[bytes] | None:
+        """The encoded reply to one request (None: the connection was dropped)."""
 
-    def _spawn(self, target: Any, name: str, *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
+    def authorize(self, conn: Connection, db: str, name: str, cmd: dict[str, Any]) -> None:
+        """mongod's access control before a command runs (code 13 Unauthorized)."""
+        self.access.authorize(conn, _is_loopback(conn.peer), db, name, cmd)
 
-    def shutdown(self) -> None:
-        """Stop accepting, close every connection, checkpoint (with --dbpath) and return."""
-        if self._stop.is_set():
-            return
-        self._stop.set()
-        with self.topology.cond:
-            self.topology.stopping = True
-            self.topology.cond.notify_all()
-        self._tcp.shutdown()
-        self._tcp.server_close()
-        self.drop_connections()
-        with self.oplog.cond:
-            self.oplog.cond.notify_all()
-        if self.persistence is not None:
-            self.persistence.checkpoint()
-            self.persistence.close()
-        self.cursors.clear()
-
-    def _noop_loop(self) -> None:
-        interval = self.config.noop_interval
-        if interval <= 0:
-            return
-        while not self._stop.wait(interval):
-            if self.topology.primary:
-                self.state.write_noop()
-
-    def _checkpoint_loop(self) -> None:
-        while not self._stop.wait(30.0):
-            self.persistence.checkpoint_if_large()
+    def amend_reply(self, conn: Connection, name: str, cmd: dict[str, Any], reply: dict[str, Any]) -> None:
+        """What access control adds to replies: SASL in the handshake, only visible databases."""
+        if name in ("hello", "isMaster", "ismaster"):
+            self.access.amend_hello(conn, cmd, reply)
+        elif name == "listDatabases" and isinstance(reply.get("databases"), list):
+            visible = set(self.access.visible_databases(conn, [d.get("name") for d in reply["databases"]]))
+            if len(visible) != len(reply["databases"]):
+                reply["databases"] = [d for d in reply["databases"] if d.get("name") in visible]
+                if "totalSize" in reply:
+                    reply["totalSize"] = sum(d.get("sizeOnDisk", 0) for d in reply["databases"])
 
     # -- connections ----------------------------------------------------------------------
     def add_connection(self, conn: Connection) -> None:
@@ -307,6 +289,79 @@ class EmulatorServer:
         except OSError:
             return False
 
+
+class EmulatorServer(WireServer):
+    """The whole emulated replica set member: state, cursors, topology, faults and the socket."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        load_all()
+        self.config = config
+        self.oplog = Oplog(max(1, int(config.oplog_size_mb * 1024 * 1024)), ClusterClock())
+        self.state = ServerState(self.oplog)
+        self.cursors = CursorRegistry()
+        self.topology = Topology()
+        self.faults = Faults(self)
+        self.started = time.time()
+        self._threads: list[threading.Thread] = []
+        self.persistence: Any = None
+        if config.dbpath:
+            from .persistence import Persistence
+
+            self.persistence = Persistence(config.dbpath, self.state)
+            self.persistence.load()
+            self.topology.term = self.state.term
+            self.topology.election_id = self.topology.new_election_id()
+        if not len(self.oplog):
+            self.state.write_noop("initiating set")  # mongod's oplog is never empty either
+        access = AccessControl(config.auth, os.path.join(config.dbpath, "access.json") if config.dbpath else None)
+        if config.users_file:
+            access.load_users_file(config.users_file)
+        super().__init__(config.host, config.port, config.tls_certificate_key_file, access)
+        self.config.port = self.port
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Serve in background threads (returns once the socket accepts connections)."""
+        self._spawn(self._tcp.serve_forever, "emulator-accept", 0.2)
+        self._spawn(self._noop_loop, "emulator-noop")
+        if self.persistence is not None:
+            self._spawn(self._checkpoint_loop, "emulator-checkpoint")
+
+    def _spawn(self, target: Any, name: str, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def shutdown(self) -> None:
+        """Stop accepting, close every connection, checkpoint (with --dbpath) and return."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        with self.topology.cond:
+            self.topology.stopping = True
+            self.topology.cond.notify_all()
+        self._tcp.shutdown()
+        self._tcp.server_close()
+        self.drop_connections()
+        with self.oplog.cond:
+            self.oplog.cond.notify_all()
+        if self.persistence is not None:
+            self.persistence.checkpoint()
+            self.persistence.close()
+        self.cursors.clear()
+
+    def _noop_loop(self) -> None:
+        interval = self.config.noop_interval
+        if interval <= 0:
+            return
+        while not self._stop.wait(interval):
+            if self.topology.primary:
+                self.state.write_noop()
+
+    def _checkpoint_loop(self) -> None:
+        while not self._stop.wait(30.0):
+            self.persistence.checkpoint_if_large()
+
     # -- dispatch -------------------------------------------------------------------------
     def execute(self, request: wire.Request, conn: Connection) -> list[bytes] | None:
         """Run one command and return the encoded reply, in pieces (None: the connection was dropped)."""
@@ -367,6 +422,7 @@ class EmulatorServer:
             raise command_error(COMMAND_NOT_FOUND, f"no such command: '{name}'")
         if spec.admin_only and db != "admin":
             raise command_error(UNAUTHORIZED, f"{name} may only be run against the admin database.")
+        self.authorize(conn, db, name, cmd)
         ctx = Context(self, conn, db, cmd, name)
         self._attach_session(ctx, spec.in_transaction)
         try:
@@ -399,6 +455,7 @@ class EmulatorServer:
             raise self._retryable(ctx, spec.write, exc) from None
         if self.topology.counter != topology_at_start and name in ("getMore", "aggregate", "find"):
             raise command_error(INTERRUPTED_DUE_TO_REPL_STATE_CHANGE, "operation was interrupted because the node stepped down")
+        self.amend_reply(conn, name, cmd, reply)
         reply.setdefault("ok", 1.0)
         if retry_key is not None and ctx.session is not None and not reply.get("writeErrors"):
             ctx.session.retry_replies = {retry_key: dict(reply)}
@@ -472,6 +529,15 @@ def _encode_reply(reply: dict[str, Any]) -> list[bytes]:
     return [bson.encode(reply)]
 
 
+def _is_loopback(peer: str) -> bool:
+    """Whether a ``host:port`` peer connects from this machine (mongod's localhost exception)."""
+    host = peer.rsplit(":", 1)[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def _secondary_ok(cmd: dict[str, Any]) -> bool:
     pref = cmd.get("$readPreference")
     return isinstance(pref, dict) and pref.get("mode") not in (None, "primary")
@@ -491,7 +557,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--oplog-size-mb", type=float, default=192.0, help="oplog cap in MiB (default 192)")
     parser.add_argument("--noop-interval", type=float, default=10.0, help="seconds between periodic no-op oplog entries (0: never)")
     parser.add_argument("--dbpath", default=None, help="directory for data files; in memory when omitted")
+    add_security_arguments(parser)
     return parser
+
+
+def add_security_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--auth``, ``--users-file`` and ``--tls-certificate-key-file`` (shared with ``--sharded``)."""
+    parser.add_argument("--auth", action="store_true",
+                        help="access control: refuse commands without an authenticated, authorized user")
+    parser.add_argument("--users-file", default=None,
+                        help="JSON file of users and roles to create at start: "
+                             '{"users": [{"user", "pwd", "db", "roles"}], "roles": [...]}')
+    parser.add_argument("--tls-certificate-key-file", default=None,
+                        help="PEM file with the server certificate and its key: accept TLS connections only")
+
+
+def security_problem(args: argparse.Namespace) -> str | None:
+    """One line naming what is wrong with the security options (None: fine)."""
+    for option, path in (("--users-file", args.users_file), ("--tls-certificate-key-file", args.tls_certificate_key_file)):
+        if path is not None and not os.path.isfile(path):
+            return f"{option} {path}: no such file"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -503,9 +589,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.port < 0 or args.port > 65535:
         print(f"--port must be between 0 and 65535, got {args.port}", file=sys.stderr)
         return 2
-    config = ServerConfig(args.host, args.port, args.replset, args.oplog_size_mb, args.noop_interval, args.dbpath)
+    problem = security_problem(args)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
+    config = ServerConfig(args.host, args.port, args.replset, args.oplog_size_mb, args.noop_interval, args.dbpath,
+                          args.auth, args.users_file, args.tls_certificate_key_file)  # fmt: skip
     try:
         server = EmulatorServer(config)
+    except ssl.SSLError as exc:
+        print(f"--tls-certificate-key-file {args.tls_certificate_key_file}: not a PEM certificate and key ({exc})", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
         return 1
@@ -517,7 +614,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server.start()
-    print(f"mongocdc emulator listening on {config.host}:{config.port} (replica set {config.replset})", flush=True)
+    extras = "".join(f", {flag}" for flag, on in (("TLS", config.tls_certificate_key_file), ("auth", config.auth)) if on)
+    print(f"mongocdc emulator listening on {config.host}:{config.port} (replica set {config.replset}{extras})", flush=True)
     while not stop.wait(0.5):
         pass
     server.shutdown()

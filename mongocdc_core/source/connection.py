@@ -27,11 +27,22 @@ from pymongo.errors import (
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.receiver import ConnectionState
-from mongocdc_core.source.errors import AuthenticationError, ConnectError, Stopped, TopologyError
+from mongocdc_core.source.errors import (
+    AuthenticationError,
+    CdcError,
+    ConnectError,
+    PrivilegeError,
+    Stopped,
+    TlsError,
+    TopologyError,
+)
 
 T = TypeVar("T")
 
 _AUTH_FAILED = frozenset({18})  # AuthenticationFailed
+UNAUTHORIZED = 13
+# OpenSSL's reason when it refuses a peer's certificate (untrusted issuer, expired, wrong host name).
+_TLS_REFUSED = "CERTIFICATE_VERIFY_FAILED"
 
 # mongod codes after which the same operation succeeds once a (new) primary is reachable.
 _RETRIABLE_CODES = frozenset(
@@ -67,6 +78,36 @@ def is_retriable(exc: BaseException) -> bool:
             return True
         return exc.code in _RETRIABLE_CODES
     return False
+
+
+def refused(exc: PyMongoError, what: str, user: str | None = None) -> CdcError | None:
+    """The connector error for a server that refused the connector (TLS, credentials, privileges), if it did.
+
+    These never heal by retrying, so they end the run with a message that names the fix.
+    """
+    text = str(exc)
+    if _TLS_REFUSED in text:
+        reason = text.split("certificate verify failed:", 1)[-1].split(" (_ssl.c", 1)[0].strip(" :")
+        return TlsError(
+            f"{what}: the TLS certificate of MongoDB was refused ({reason or 'certificate verify failed'}). "
+            "A certificate from a private CA is trusted with tlsCAFile=<ca.pem> in mongodb.connection.string; "
+            "one issued for another host name is accepted with mongodb.ssl.invalid.hostname.allowed=true "
+            "(which gives up protection against impersonation)."
+        )
+    if isinstance(exc, OperationFailure) and exc.code in _AUTH_FAILED:
+        return AuthenticationError(
+            f"{what}: MongoDB refused the credentials of mongodb.connection.string "
+            f"({code_name(exc) or 'AuthenticationFailed'}): check the user, password and authSource"
+        )
+    if isinstance(exc, OperationFailure) and exc.code == UNAUTHORIZED:
+        who = f"MongoDB user {user!r}" if user else "the connector's MongoDB user"
+        return PrivilegeError(
+            f"{what}: {who} lacks a privilege this needs ({one_line(exc)}). The connector needs: read on "
+            "the captured databases (readAnyDatabase with capture.scope=deployment, which also needs the "
+            "cluster-wide find and changeStream actions), read on local to check the oplog window, write on "
+            "the signaling collection for incremental snapshots, and, on sharded clusters, read on config.shards."
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -233,11 +274,9 @@ class Backoff:
             try:
                 return operation() if stop is None else _until_stopped(operation, stop)
             except PyMongoError as exc:
-                if isinstance(exc, OperationFailure) and exc.code in _AUTH_FAILED:
-                    raise AuthenticationError(
-                        f"{what}: MongoDB refused the credentials of mongodb.connection.string "
-                        f"({code_name(exc) or 'AuthenticationFailed'}): check the user, password and authSource"
-                    ) from exc
+                failure = refused(exc, what)
+                if failure is not None:
+                    raise failure from exc
                 if not is_retriable(exc):
                     raise
                 attempt += 1
