@@ -97,6 +97,7 @@ _ADMIN_ONLY_ROLES = frozenset(
      "clusterManager", "hostManager", "clusterAdmin", "root", "__system"}
 )  # fmt: skip
 _DATABASE_ROLES = frozenset({"read", "readWrite", "dbAdmin", "dbOwner", "userAdmin"})
+_SYSTEM = ("local", "__system")  # the cluster-internal user (keyfile authentication)
 
 
 # -- resources and privileges ------------------------------------------------------------------------
@@ -633,7 +634,8 @@ class AccessControl:
 
     def _granted(self, state: _ConnectionAuth) -> list[Privilege]:
         if state.generation != self._generation:
-            current = {key: self.users[key] for key in state.users if key in self.users}
+            current = {key: self.users.get(key, user) for key, user in state.users.items()
+                       if key in self.users or key == _SYSTEM}  # fmt: skip
             state.users = current  # a dropped user is logged out
             refs = [ref for user in current.values() for ref in user.roles]
             state.privileges, state.role_names = self._resolve(refs)
@@ -689,6 +691,13 @@ class AccessControl:
             if show_privileges:
                 info["authenticatedUserPrivileges"] = [p.document() for p in privileges]
             return {"authInfo": info}
+
+    def authenticate_internal(self, conn: Any) -> None:
+        """Authenticate a cluster-internal connection (mongos to a shard) as ``__system``, as a keyfile does."""
+        with self._lock:
+            state = self._state(conn)
+            state.users[_SYSTEM] = User("__system", "local", {}, [("__system", "admin")])
+            state.generation = -1
 
     def logout(self, conn: Any) -> None:
         with self._lock:

@@ -549,7 +549,8 @@ def _secondary_ok(cmd: dict[str, Any]) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mongocdc emulator",
-        description="Run the emulated MongoDB 7.0 single-member replica set (development/test stand-in).",
+        description="Run the emulated MongoDB 7.0 single-member replica set, or a sharded cluster with --shards "
+                    "(development/test stand-in).",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=27017, help="TCP port (0 picks a free one)")
@@ -558,6 +559,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--noop-interval", type=float, default=10.0, help="seconds between periodic no-op oplog entries (0: never)")
     parser.add_argument("--dbpath", default=None, help="directory for data files; in memory when omitted")
     add_security_arguments(parser)
+    parser.add_argument("--shards", type=int, default=0,
+                        help="run a sharded cluster instead: a mongos on --port and this many shards (replica sets "
+                             "shard0, shard1, ...) on the next ports")  # fmt: skip
+    parser.add_argument("--layout", default=None,
+                        help="with --shards: JSON file of database primaries, placed and sharded collections (chunks)")
     return parser
 
 
@@ -589,6 +595,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.port < 0 or args.port > 65535:
         print(f"--port must be between 0 and 65535, got {args.port}", file=sys.stderr)
         return 2
+    if args.shards < 0:
+        print(f"--shards must be positive, got {args.shards}", file=sys.stderr)
+        return 2
+    if args.layout and not args.shards:
+        print("--layout needs --shards (it describes a sharded cluster)", file=sys.stderr)
+        return 2
+    if args.shards:
+        from .sharding import run
+
+        return run(args)
     problem = security_problem(args)
     if problem is not None:
         print(problem, file=sys.stderr)

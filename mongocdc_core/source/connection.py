@@ -8,6 +8,7 @@ MongoDB is unreachable the engine retries with exponential backoff (``connect.ba
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from mongocdc_core.source.errors import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _AUTH_FAILED = frozenset({18})  # AuthenticationFailed
 UNAUTHORIZED = 13
@@ -112,11 +114,18 @@ def refused(exc: PyMongoError, what: str, user: str | None = None) -> CdcError |
 
 @dataclass(frozen=True)
 class Topology:
-    """What ``hello`` said about the deployment."""
+    """What ``hello`` said about the deployment (and, through mongos, ``config.shards``)."""
 
     kind: str  # "replica_set" or "sharded"
     set_name: str | None
     hosts: tuple[str, ...]
+    shards: tuple[str, ...] = ()
+
+    @property
+    def source_name(self) -> str:
+        """The source block's ``rs``: the replica set, or ``cluster`` through mongos (Debezium's name for a
+        connection to a sharded cluster, whose events come from every shard)."""
+        return self.set_name or ("cluster" if self.kind == "sharded" else "")
 
 
 class _DisconnectListener(monitoring.ConnectionPoolListener):
@@ -214,7 +223,7 @@ def check_topology(client: MongoClient[Any]) -> Topology:
     """Accept a replica set or mongos; refuse a standalone server (it has no oplog)."""
     hello = client.admin.command("hello")
     if hello.get("msg") == "isdbgrid":
-        return Topology("sharded", None, tuple(hello.get("hosts", ())))
+        return Topology("sharded", None, tuple(hello.get("hosts", ())), shard_names(client))
     if hello.get("setName"):
         return Topology("replica_set", hello["setName"], tuple(hello.get("hosts", ())))
     address = client.address
@@ -225,6 +234,22 @@ def check_topology(client: MongoClient[Any]) -> Topology:
         "has no oplog, so it has no change streams. Convert it to a single-member replica set "
         "(start mongod with --replSet and run rs.initiate()) and connect with ?replicaSet=<name>."
     )
+
+
+def shard_names(client: MongoClient[Any]) -> tuple[str, ...]:
+    """The shards of a sharded cluster (``config.shards``), as Debezium reads them at start.
+
+    Reading them needs read on ``config.shards``; without it the connector still captures (the
+    change stream through mongos covers every shard) and says so once.
+    """
+    try:
+        names = tuple(str(doc["_id"]) for doc in client.config.shards.find({}, {"_id": 1}))
+    except OperationFailure as exc:
+        log.warning("unable to read the shards of the sharded cluster from config.shards (%s); capturing through "
+                    "mongos continues", one_line(exc))  # fmt: skip
+        return ()
+    log.info("capturing a sharded cluster through mongos: shards %s", ", ".join(names) or "none")
+    return names
 
 
 class Backoff:
