@@ -24,8 +24,9 @@ from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import MemoryOffsetStore
 from mongocdc_core.positions import Position
 from mongocdc_core.receiver import ProgressListener
-from mongocdc_core.source.errors import HistoryLostError, PrivilegeError
+from mongocdc_core.source.errors import ConnectError, HistoryLostError, PrivilegeError
 from mongocdc_devstack.fixture import EmulatedShardedCluster
+from mongocdc_devstack.tls import make_pki
 from tests.adhoc.support import engine_config, kinds
 from tests.engine.engine_support import (
     Background,
@@ -221,3 +222,21 @@ def test_least_privileged_user_through_a_mongos_with_access_control(tmp_path: Pa
             run_engine(narrow, MemorySink(), MemoryOffsetStore(), max_events=1)
         boss.close()
         anonymous.close()
+
+
+def test_tls_through_mongos(tmp_path: Path) -> None:
+    if os.environ.get(SHARDED_URI_ENV):
+        pytest.skip("starts its own emulated cluster serving TLS")
+    pki = make_pki(str(tmp_path / "pki"))
+    with EmulatedShardedCluster(tls_certificate_key_file=pki.server_file) as cluster:
+        uri = f"{cluster.uri}?tlsCAFile={pki.ca_file}"
+        admin: MongoClient = MongoClient(f"{uri}&tls=true", serverSelectionTimeoutMS=10_000)
+        admin.shop.orders.insert_many([{"_id": i} for i in range(3)])
+        sink = MemorySink()
+        cfg = make_config(uri, "shop", **{"mongodb.ssl.enabled": "true"})
+        assert run_engine(cfg, sink, MemoryOffsetStore()).snapshot_documents == 3
+        plaintext = make_config(cluster.uri, "shop", **{"connect.max.attempts": 1, "errors.max.retries": 0,
+                                                        "mongodb.server.selection.timeout.ms": 1500})  # fmt: skip
+        with pytest.raises(ConnectError):
+            run_engine(plaintext, MemorySink(), MemoryOffsetStore(), max_events=1)
+        admin.close()
