@@ -29,7 +29,7 @@ from typing import Any
 from bson import Binary
 from pymongo.saslprep import saslprep
 
-from .errors import BAD_VALUE, FAILED_TO_PARSE, TYPE_MISMATCH, CommandError, command_error
+from .errors import BAD_VALUE, FAILED_TO_PARSE, PROTOCOL_ERROR, TYPE_MISMATCH, CommandError, command_error
 from .state import format_value
 
 UNAUTHORIZED = (13, "Unauthorized")
@@ -37,7 +37,6 @@ AUTHENTICATION_FAILED = (18, "AuthenticationFailed")
 USER_NOT_FOUND = (11, "UserNotFound")
 ROLE_NOT_FOUND = (31, "RoleNotFound")
 MECHANISM_UNAVAILABLE = (334, "MechanismUnavailable")
-PROTOCOL_ERROR = (17, "ProtocolError")
 DUPLICATE_USER = (51003, "Location51003")
 DUPLICATE_ROLE = (51002, "Location51002")
 

@@ -60,13 +60,12 @@ from .errors import (
     command_error,
 )
 from .layout import Layout
+from .listener import Connection, WireServer
 from .server import (
     RETRYABLE_CODES,
     UNAUTHORIZED,
-    Connection,
     EmulatorServer,
     ServerConfig,
-    WireServer,
     _encode_reply,
     security_problem,
 )
