@@ -16,7 +16,7 @@ CORE_COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("mongocdc_core.runner", "capture changes: snapshot, then stream, into a sink"),
 }
 DEV_SUMMARIES = {
-    "emulator": "run the emulated MongoDB replica set (development stand-in)",
+    "emulator": "run the emulated MongoDB replica set or sharded cluster (development stand-in)",
     "kafka": "run a local single-node Kafka broker (development)",
 }
 

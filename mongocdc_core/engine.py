@@ -29,7 +29,7 @@ from mongocdc_core.positions import Position, token_timestamp
 from mongocdc_core.receiver import ProgressListener
 from mongocdc_core.sinks.base import Sink
 from mongocdc_core.source.blocking import AdHocSnapshots
-from mongocdc_core.source.connection import is_retriable, one_line
+from mongocdc_core.source.connection import is_retriable, one_line, refused
 from mongocdc_core.source.errors import ConnectError, HistoryLostError, OffsetInvalidError, Stopped
 from mongocdc_core.source.oplog import position_lost
 from mongocdc_core.source.snapshot import (
@@ -147,6 +147,9 @@ class _Run:
                 return self._summary("stop")
             except (ConnectError, PyMongoError) as exc:
                 if isinstance(exc, PyMongoError) and not is_retriable(exc):
+                    failure = refused(exc, "capturing", self.cfg.mongodb_user)
+                    if failure is not None:
+                        raise failure from exc
                     raise
                 # Kafka Connect restarts a task that failed with a retriable error after
                 # retriable.restart.connector.wait.ms, errors.max.retries times (-1: always).

@@ -175,7 +175,8 @@ class CapturePipeline:
         """The run's converter and dispatcher (built once; later calls return the same one)."""
         if self._dispatcher is None:
             rs = self.topology.set_name if self.topology is not None else None
-            converter = EventConverter(EventOptions.from_config(self.cfg, rs=rs or ""))
+            source = self.topology.source_name if self.topology is not None else ""
+            converter = EventConverter(EventOptions.from_config(self.cfg, rs=source))
             self._dispatcher = Dispatcher(
                 self.cfg, converter, self.sink, self.offsets, self.metrics, offset,
                 progress=self.progress, flush_interval_s=flush_interval_s, replica_set=rs,

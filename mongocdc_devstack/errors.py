@@ -37,6 +37,7 @@ class CommandError(Exception):
 BAD_VALUE = (2, "BadValue")
 FAILED_TO_PARSE = (9, "FailedToParse")
 TYPE_MISMATCH = (14, "TypeMismatch")
+PROTOCOL_ERROR = (17, "ProtocolError")
 ILLEGAL_OPERATION = (20, "IllegalOperation")
 NAMESPACE_NOT_FOUND = (26, "NamespaceNotFound")
 CURSOR_NOT_FOUND = (43, "CursorNotFound")

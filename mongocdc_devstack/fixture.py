@@ -1,4 +1,4 @@
-"""Start and stop an emulated replica set from tests, demos and benchmarks.
+"""Start and stop an emulated replica set (or sharded cluster) from tests, demos and benchmarks.
 
 ``EmulatedReplicaSet`` runs the emulator either in this process (background threads, fastest)
 or as a separate ``python -m mongocdc_devstack.server`` process, which cross-process tests
@@ -15,9 +15,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from types import TracebackType
+from typing import Any
 
 from .server import EmulatorServer, ServerConfig
+from .sharding import ClusterConfig, ShardedCluster
 
 STARTUP_TIMEOUT_SECONDS = 30.0
 
@@ -27,6 +30,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def security_arguments(auth: bool, users_file: str | None, tls_certificate_key_file: str | None) -> list[str]:
+    """The command-line flags of ``--auth``, ``--users-file`` and ``--tls-certificate-key-file``."""
+    args = ["--auth"] if auth else []
+    if users_file:
+        args += ["--users-file", users_file]
+    if tls_certificate_key_file:
+        args += ["--tls-certificate-key-file", tls_certificate_key_file]
+    return args
 
 
 class EmulatedReplicaSet:
@@ -41,8 +54,14 @@ class EmulatedReplicaSet:
         dbpath: str | None = None,
         in_process: bool = True,
         host: str = "127.0.0.1",
+        auth: bool = False,
+        users_file: str | None = None,
+        tls_certificate_key_file: str | None = None,
     ) -> None:
         self.host = host
+        self.auth = auth
+        self.users_file = users_file
+        self.tls_certificate_key_file = tls_certificate_key_file
         self.port = port or free_port(host)
         self.replset = replset
         self.oplog_size_mb = oplog_size_mb
@@ -66,7 +85,8 @@ class EmulatedReplicaSet:
         if self.running:
             raise RuntimeError(f"the emulator on port {self.port} is already running")
         if self.in_process:
-            config = ServerConfig(self.host, self.port, self.replset, self.oplog_size_mb, self.noop_interval, self.dbpath)
+            config = ServerConfig(self.host, self.port, self.replset, self.oplog_size_mb, self.noop_interval, self.dbpath,
+                                  self.auth, self.users_file, self.tls_certificate_key_file)  # fmt: skip
             deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
             while True:
                 try:
@@ -89,6 +109,7 @@ class EmulatedReplicaSet:
         ]  # fmt: skip
         if self.dbpath:
             command += ["--dbpath", self.dbpath]
+        command += security_arguments(self.auth, self.users_file, self.tls_certificate_key_file)
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
         while True:
             process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -158,6 +179,118 @@ class EmulatedReplicaSet:
 
     def __enter__(self) -> EmulatedReplicaSet:
         if not self.running:
+            self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class EmulatedShardedCluster:
+    """A running emulated sharded cluster (a mongos and ``shards`` shards) with a ``uri`` for pymongo.
+
+    In this process by default (``cluster`` gives the shards for fault injection, e.g. ``step_down``),
+    or as a ``python -m mongocdc_devstack.server --shards N`` process. ``layout`` places databases,
+    collections and chunks (see ``mongocdc_devstack.layout``); ``shard_uri(name)`` reaches one shard's
+    replica set directly, as a real shard can be reached.
+    """
+
+    def __init__(
+        self,
+        shards: int = 2,
+        layout: Mapping[str, Any] | None = None,
+        port: int | None = None,
+        noop_interval: float = 0.5,
+        oplog_size_mb: float = 64.0,
+        dbpath: str | None = None,
+        in_process: bool = True,
+        host: str = "127.0.0.1",
+        auth: bool = False,
+        users_file: str | None = None,
+        tls_certificate_key_file: str | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.shards = shards
+        self.layout = layout
+        self.noop_interval = noop_interval
+        self.oplog_size_mb = oplog_size_mb
+        self.dbpath = dbpath
+        self.in_process = in_process
+        self.auth = auth
+        self.users_file = users_file
+        self.tls_certificate_key_file = tls_certificate_key_file
+        self.shard_ports = [free_port(host) for _ in range(shards)]
+        self.cluster: ShardedCluster | None = None
+        self.process: subprocess.Popen[str] | None = None
+
+    @property
+    def uri(self) -> str:
+        """The mongos (no ``replicaSet``: drivers see a sharded topology)."""
+        return f"mongodb://{self.host}:{self.port}/"
+
+    def shard_uri(self, name: str) -> str:
+        index = int(name.removeprefix("shard"))
+        return f"mongodb://{self.host}:{self.shard_ports[index]}/?replicaSet={name}"
+
+    def shard(self, name: str) -> EmulatorServer:
+        """An in-process shard's server (fault injection: ``shard(name).faults.step_down(seconds)``)."""
+        if self.cluster is None:
+            raise RuntimeError("shard() needs an in-process cluster that is running")
+        return self.cluster.shards[name]
+
+    def start(self) -> EmulatedShardedCluster:
+        if self.cluster is not None or (self.process is not None and self.process.poll() is None):
+            raise RuntimeError(f"the sharded cluster on port {self.port} is already running")
+        if self.in_process:
+            config = ClusterConfig(self.host, self.port, self.shards, self.shard_ports, self.layout, self.oplog_size_mb,
+                                   self.noop_interval, self.dbpath, self.auth, self.users_file,
+                                   self.tls_certificate_key_file)  # fmt: skip
+            deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+            while True:
+                try:
+                    self.cluster = ShardedCluster(config).start()
+                    return self
+                except OSError:  # the previous instance's sockets may linger briefly
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+        if self.layout is not None:
+            raise RuntimeError("a layout for a cluster in its own process goes through --layout; use dbpath or in_process")
+        command = [
+            sys.executable, "-m", "mongocdc_devstack.server", "--host", self.host, "--port", str(self.port),
+            "--shards", str(self.shards), "--oplog-size-mb", str(self.oplog_size_mb), "--noop-interval", str(self.noop_interval),
+        ]  # fmt: skip
+        if self.dbpath:
+            command += ["--dbpath", self.dbpath]
+        command += security_arguments(self.auth, self.users_file, self.tls_certificate_key_file)
+        self.shard_ports = [self.port + 1 + i for i in range(self.shards)]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if EmulatedReplicaSet._read_ready_line(process, time.monotonic() + STARTUP_TIMEOUT_SECONDS) is None:
+            stderr = process.stderr.read() if process.stderr else ""
+            raise RuntimeError(f"the sharded cluster did not start on port {self.port}: {stderr.strip() or 'no output'}")
+        self.process = process
+        return self
+
+    def stop(self) -> None:
+        if self.cluster is not None:
+            self.cluster.shutdown()
+            self.cluster = None
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGTERM)
+                try:
+                    self.process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+            for pipe in (self.process.stdout, self.process.stderr):
+                if pipe is not None:
+                    pipe.close()
+            self.process = None
+
+    def __enter__(self) -> EmulatedShardedCluster:
+        if self.cluster is None and self.process is None:
             self.start()
         return self
 

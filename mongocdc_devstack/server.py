@@ -11,10 +11,9 @@ Run it with ``mongocdc emulator --port 27017 --replset rs0`` or
 from __future__ import annotations
 
 import argparse
-import itertools
+import os
 import signal
-import socket
-import socketserver
+import ssl
 import struct
 import sys
 import threading
@@ -28,6 +27,7 @@ from bson import Int64, ObjectId
 from bson.raw_bson import RawBSONDocument
 
 from . import wire
+from .auth import AccessControl
 from .changestream import change_stream_error_labels
 from .commands import COMMANDS, Context, load_all
 from .cursors import CursorRegistry
@@ -40,11 +40,11 @@ from .errors import (
     command_error,
 )
 from .faults import DropConnection, FailPointError, FailPointOutcome, Faults
+from .listener import Connection, WireServer
 from .oplog import ClusterClock, Oplog
 from .state import OPERATION_NOT_SUPPORTED_IN_TRANSACTION, ServerState
 
 UNAUTHORIZED = (13, "Unauthorized")
-PROTOCOL_ERROR = (17, "ProtocolError")
 # mongod's NotPrimaryError category: error replies with these codes carry ``topologyVersion``.
 NOT_PRIMARY_CODES = frozenset({10107, 11602, 13435, 13436, 189})
 RETRYABLE_CODES = frozenset({6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
@@ -61,6 +61,9 @@ class ServerConfig:
     oplog_size_mb: float = 192.0
     noop_interval: float = 10.0
     dbpath: str | None = None
+    auth: bool = False  # --auth: refuse unauthenticated and unauthorized commands
+    users_file: str | None = None  # users and roles to create at start (JSON)
+    tls_certificate_key_file: str | None = None  # PEM with certificate and key: serve TLS only
 
     @property
     def address(self) -> str:
@@ -111,66 +114,7 @@ class Topology:
                 self.cond.wait(remaining)
 
 
-class Connection:
-    """One client connection; ``close`` is used by fault injection to drop it."""
-
-    _ids = itertools.count(1)
-
-    def __init__(self, sock: socket.socket, peer: str) -> None:
-        self.sock = sock
-        self.peer = peer
-        self.id = next(self._ids)
-        self.closed = False
-        self.app_name: str | None = None
-        self.send_lock = threading.Lock()
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            try:
-                self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
-class _Handler(socketserver.BaseRequestHandler):
-    server: _TCPServer
-
-    def handle(self) -> None:
-        emulator = self.server.emulator
-        sock: socket.socket = self.request
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = Connection(sock, f"{self.client_address[0]}:{self.client_address[1]}")
-        emulator.add_connection(conn)
-        try:
-            emulator.serve_connection(conn)
-        finally:
-            emulator.remove_connection(conn)
-
-
-class _TCPServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
-
-    def __init__(self, address: tuple[str, int], emulator: EmulatorServer) -> None:
-        self.emulator = emulator
-        super().__init__(address, _Handler)
-
-
-def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
-    chunks = []
-    remaining = size
-    while remaining:
-        chunk = sock.recv(min(remaining, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
-
-
-class EmulatorServer:
+class EmulatorServer(WireServer):
     """The whole emulated replica set member: state, cursors, topology, faults and the socket."""
 
     def __init__(self, config: ServerConfig) -> None:
@@ -182,10 +126,6 @@ class EmulatorServer:
         self.topology = Topology()
         self.faults = Faults(self)
         self.started = time.time()
-        self._connections: dict[int, Connection] = {}
-        self._conn_lock = threading.Lock()
-        self._request_ids = itertools.count(1)
-        self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.persistence: Any = None
         if config.dbpath:
@@ -197,8 +137,11 @@ class EmulatorServer:
             self.topology.election_id = self.topology.new_election_id()
         if not len(self.oplog):
             self.state.write_noop("initiating set")  # mongod's oplog is never empty either
-        self._tcp = _TCPServer((config.host, config.port), self)
-        self.config.port = self._tcp.server_address[1]
+        access = AccessControl(config.auth, os.path.join(config.dbpath, "access.json") if config.dbpath else None)
+        if config.users_file:
+            access.load_users_file(config.users_file)
+        super().__init__(config.host, config.port, config.tls_certificate_key_file, access)
+        self.config.port = self.port
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -242,70 +185,6 @@ class EmulatorServer:
     def _checkpoint_loop(self) -> None:
         while not self._stop.wait(30.0):
             self.persistence.checkpoint_if_large()
-
-    # -- connections ----------------------------------------------------------------------
-    def add_connection(self, conn: Connection) -> None:
-        with self._conn_lock:
-            self._connections[conn.id] = conn
-
-    def remove_connection(self, conn: Connection) -> None:
-        with self._conn_lock:
-            self._connections.pop(conn.id, None)
-
-    def connection_count(self) -> int:
-        with self._conn_lock:
-            return len(self._connections)
-
-    def drop_connections(self, keep: Connection | None = None) -> int:
-        with self._conn_lock:
-            victims = [c for c in self._connections.values() if c is not keep]
-        for conn in victims:
-            conn.close()
-        return len(victims)
-
-    def serve_connection(self, conn: Connection) -> None:
-        """Read messages until the client goes away; malformed framing closes the connection."""
-        sock = conn.sock
-        while not conn.closed and not self._stop.is_set():
-            try:
-                head = _recv_exact(sock, wire.HEADER.size)
-                if head is None:
-                    return
-                header = wire.parse_header(head)
-                body = _recv_exact(sock, header.length - wire.HEADER.size)
-                if body is None:
-                    return
-            except wire.WireError:
-                return  # the stream cannot be re-synchronised
-            except OSError:
-                return
-            try:
-                request = wire.parse_message(header, body)
-            except wire.WireError as exc:
-                if header.op_code not in (wire.OP_MSG, wire.OP_QUERY):
-                    return
-                payload = bson.encode(command_error(PROTOCOL_ERROR, str(exc)).to_reply())
-                self._send(conn, wire.encode_op_msg(next(self._request_ids), header.request_id, payload)
-                           if header.op_code == wire.OP_MSG
-                           else wire.encode_op_reply(next(self._request_ids), header.request_id, payload))  # fmt: skip
-                continue
-            reply = self.execute(request, conn)
-            if reply is None or request.more_to_come:
-                continue
-            if request.legacy:
-                message = wire.encode_op_reply(next(self._request_ids), header.request_id, reply)
-            else:
-                message = wire.encode_op_msg(next(self._request_ids), header.request_id, reply, request.checksum)
-            if not self._send(conn, message):
-                return
-
-    def _send(self, conn: Connection, message: bytes) -> bool:
-        try:
-            with conn.send_lock:
-                conn.sock.sendall(message)
-            return True
-        except OSError:
-            return False
 
     # -- dispatch -------------------------------------------------------------------------
     def execute(self, request: wire.Request, conn: Connection) -> list[bytes] | None:
@@ -367,6 +246,7 @@ class EmulatorServer:
             raise command_error(COMMAND_NOT_FOUND, f"no such command: '{name}'")
         if spec.admin_only and db != "admin":
             raise command_error(UNAUTHORIZED, f"{name} may only be run against the admin database.")
+        self.authorize(conn, db, name, cmd)
         ctx = Context(self, conn, db, cmd, name)
         self._attach_session(ctx, spec.in_transaction)
         try:
@@ -399,6 +279,7 @@ class EmulatorServer:
             raise self._retryable(ctx, spec.write, exc) from None
         if self.topology.counter != topology_at_start and name in ("getMore", "aggregate", "find"):
             raise command_error(INTERRUPTED_DUE_TO_REPL_STATE_CHANGE, "operation was interrupted because the node stepped down")
+        self.amend_reply(conn, name, cmd, reply)
         reply.setdefault("ok", 1.0)
         if retry_key is not None and ctx.session is not None and not reply.get("writeErrors"):
             ctx.session.retry_replies = {retry_key: dict(reply)}
@@ -483,7 +364,8 @@ def _secondary_ok(cmd: dict[str, Any]) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mongocdc emulator",
-        description="Run the emulated MongoDB 7.0 single-member replica set (development/test stand-in).",
+        description="Run the emulated MongoDB 7.0 single-member replica set, or a sharded cluster with --shards "
+                    "(development/test stand-in).",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=27017, help="TCP port (0 picks a free one)")
@@ -491,7 +373,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--oplog-size-mb", type=float, default=192.0, help="oplog cap in MiB (default 192)")
     parser.add_argument("--noop-interval", type=float, default=10.0, help="seconds between periodic no-op oplog entries (0: never)")
     parser.add_argument("--dbpath", default=None, help="directory for data files; in memory when omitted")
+    add_security_arguments(parser)
+    parser.add_argument("--shards", type=int, default=0,
+                        help="run a sharded cluster instead: a mongos on --port and this many shards (replica sets "
+                             "shard0, shard1, ...) on the next ports")  # fmt: skip
+    parser.add_argument("--layout", default=None,
+                        help="with --shards: JSON file of database primaries, placed and sharded collections (chunks)")
     return parser
+
+
+def add_security_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--auth``, ``--users-file`` and ``--tls-certificate-key-file`` (shared with ``--sharded``)."""
+    parser.add_argument("--auth", action="store_true",
+                        help="access control: refuse commands without an authenticated, authorized user")
+    parser.add_argument("--users-file", default=None,
+                        help="JSON file of users and roles to create at start: "
+                             '{"users": [{"user", "pwd", "db", "roles"}], "roles": [...]}')
+    parser.add_argument("--tls-certificate-key-file", default=None,
+                        help="PEM file with the server certificate and its key: accept TLS connections only")
+
+
+def security_problem(args: argparse.Namespace) -> str | None:
+    """One line naming what is wrong with the security options (None: fine)."""
+    for option, path in (("--users-file", args.users_file), ("--tls-certificate-key-file", args.tls_certificate_key_file)):
+        if path is not None and not os.path.isfile(path):
+            return f"{option} {path}: no such file"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -503,9 +410,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.port < 0 or args.port > 65535:
         print(f"--port must be between 0 and 65535, got {args.port}", file=sys.stderr)
         return 2
-    config = ServerConfig(args.host, args.port, args.replset, args.oplog_size_mb, args.noop_interval, args.dbpath)
+    if args.shards < 0:
+        print(f"--shards must be positive, got {args.shards}", file=sys.stderr)
+        return 2
+    if args.layout and not args.shards:
+        print("--layout needs --shards (it describes a sharded cluster)", file=sys.stderr)
+        return 2
+    if args.shards:
+        from .sharding import run
+
+        return run(args)
+    problem = security_problem(args)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
+    config = ServerConfig(args.host, args.port, args.replset, args.oplog_size_mb, args.noop_interval, args.dbpath,
+                          args.auth, args.users_file, args.tls_certificate_key_file)  # fmt: skip
     try:
         server = EmulatorServer(config)
+    except ssl.SSLError as exc:
+        print(f"--tls-certificate-key-file {args.tls_certificate_key_file}: not a PEM certificate and key ({exc})", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
         return 1
@@ -517,7 +445,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server.start()
-    print(f"mongocdc emulator listening on {config.host}:{config.port} (replica set {config.replset})", flush=True)
+    extras = "".join(f", {flag}" for flag, on in (("TLS", config.tls_certificate_key_file), ("auth", config.auth)) if on)
+    print(f"mongocdc emulator listening on {config.host}:{config.port} (replica set {config.replset}{extras})", flush=True)
     while not stop.wait(0.5):
         pass
     server.shutdown()

@@ -525,8 +525,12 @@ class ServerState:
             raise command_error(NAMESPACE_NOT_FOUND, f"ns does not exist: {db}.{name}")
         return coll
 
-    def drop_collection(self, db: str, name: str) -> int | None:
-        """Drop a collection; returns its index count (None if it did not exist)."""
+    def drop_collection(self, db: str, name: str, from_migrate: bool = False) -> int | None:
+        """Drop a collection; returns its index count (None if it did not exist).
+
+        ``from_migrate``: a sharded cluster's participant copy, whose entry change streams skip
+        (only one shard reports the drop, as in a sharded MongoDB).
+        """
         with self.lock:
             coll = self.catalog.get(db, {}).get(name)
             if coll is None:
@@ -535,7 +539,10 @@ class ServerState:
             if not self.catalog[db]:
                 del self.catalog[db]
             self._journal({"k": "drop", "db": db, "name": name})
-            self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", {"drop": name}, ui=coll.ui)])
+            entry = self._entry(self._next_ts(), "c", f"{db}.$cmd", {"drop": name}, ui=coll.ui)
+            if from_migrate:
+                entry["fromMigrate"] = True
+            self._append([entry])
             self.flush_journal()
             return len(coll.indexes)
 

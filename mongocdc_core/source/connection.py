@@ -8,6 +8,7 @@ MongoDB is unreachable the engine retries with exponential backoff (``connect.ba
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,11 +28,23 @@ from pymongo.errors import (
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.receiver import ConnectionState
-from mongocdc_core.source.errors import AuthenticationError, ConnectError, Stopped, TopologyError
+from mongocdc_core.source.errors import (
+    AuthenticationError,
+    CdcError,
+    ConnectError,
+    PrivilegeError,
+    Stopped,
+    TlsError,
+    TopologyError,
+)
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _AUTH_FAILED = frozenset({18})  # AuthenticationFailed
+UNAUTHORIZED = 13
+# OpenSSL's reason when it refuses a peer's certificate (untrusted issuer, expired, wrong host name).
+_TLS_REFUSED = "CERTIFICATE_VERIFY_FAILED"
 
 # mongod codes after which the same operation succeeds once a (new) primary is reachable.
 _RETRIABLE_CODES = frozenset(
@@ -69,13 +82,50 @@ def is_retriable(exc: BaseException) -> bool:
     return False
 
 
+def refused(exc: PyMongoError, what: str, user: str | None = None) -> CdcError | None:
+    """The connector error for a server that refused the connector (TLS, credentials, privileges), if it did.
+
+    These never heal by retrying, so they end the run with a message that names the fix.
+    """
+    text = str(exc)
+    if _TLS_REFUSED in text:
+        reason = text.split("certificate verify failed:", 1)[-1].split(" (_ssl.c", 1)[0].strip(" :")
+        return TlsError(
+            f"{what}: the TLS certificate of MongoDB was refused ({reason or 'certificate verify failed'}). "
+            "A certificate from a private CA is trusted with tlsCAFile=<ca.pem> in mongodb.connection.string; "
+            "one issued for another host name is accepted with mongodb.ssl.invalid.hostname.allowed=true "
+            "(which gives up protection against impersonation)."
+        )
+    if isinstance(exc, OperationFailure) and exc.code in _AUTH_FAILED:
+        return AuthenticationError(
+            f"{what}: MongoDB refused the credentials of mongodb.connection.string "
+            f"({code_name(exc) or 'AuthenticationFailed'}): check the user, password and authSource"
+        )
+    if isinstance(exc, OperationFailure) and exc.code == UNAUTHORIZED:
+        who = f"MongoDB user {user!r}" if user else "the connector's MongoDB user"
+        return PrivilegeError(
+            f"{what}: {who} lacks a privilege this needs ({one_line(exc)}). The connector needs: read on "
+            "the captured databases (readAnyDatabase with capture.scope=deployment, which also needs the "
+            "cluster-wide find and changeStream actions), read on local to check the oplog window, write on "
+            "the signaling collection for incremental snapshots, and, on sharded clusters, read on config.shards."
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class Topology:
-    """What ``hello`` said about the deployment."""
+    """What ``hello`` said about the deployment (and, through mongos, ``config.shards``)."""
 
     kind: str  # "replica_set" or "sharded"
     set_name: str | None
     hosts: tuple[str, ...]
+    shards: tuple[str, ...] = ()
+
+    @property
+    def source_name(self) -> str:
+        """The source block's ``rs``: the replica set, or ``cluster`` through mongos (Debezium's name for a
+        connection to a sharded cluster, whose events come from every shard)."""
+        return self.set_name or ("cluster" if self.kind == "sharded" else "")
 
 
 class _DisconnectListener(monitoring.ConnectionPoolListener):
@@ -173,7 +223,7 @@ def check_topology(client: MongoClient[Any]) -> Topology:
     """Accept a replica set or mongos; refuse a standalone server (it has no oplog)."""
     hello = client.admin.command("hello")
     if hello.get("msg") == "isdbgrid":
-        return Topology("sharded", None, tuple(hello.get("hosts", ())))
+        return Topology("sharded", None, tuple(hello.get("hosts", ())), shard_names(client))
     if hello.get("setName"):
         return Topology("replica_set", hello["setName"], tuple(hello.get("hosts", ())))
     address = client.address
@@ -184,6 +234,22 @@ def check_topology(client: MongoClient[Any]) -> Topology:
         "has no oplog, so it has no change streams. Convert it to a single-member replica set "
         "(start mongod with --replSet and run rs.initiate()) and connect with ?replicaSet=<name>."
     )
+
+
+def shard_names(client: MongoClient[Any]) -> tuple[str, ...]:
+    """The shards of a sharded cluster (``config.shards``), as Debezium reads them at start.
+
+    Reading them needs read on ``config.shards``; without it the connector still captures (the
+    change stream through mongos covers every shard) and says so once.
+    """
+    try:
+        names = tuple(str(doc["_id"]) for doc in client.config.shards.find({}, {"_id": 1}))
+    except OperationFailure as exc:
+        log.warning("unable to read the shards of the sharded cluster from config.shards (%s); capturing through "
+                    "mongos continues", one_line(exc))  # fmt: skip
+        return ()
+    log.info("capturing a sharded cluster through mongos: shards %s", ", ".join(names) or "none")
+    return names
 
 
 class Backoff:
@@ -233,11 +299,9 @@ class Backoff:
             try:
                 return operation() if stop is None else _until_stopped(operation, stop)
             except PyMongoError as exc:
-                if isinstance(exc, OperationFailure) and exc.code in _AUTH_FAILED:
-                    raise AuthenticationError(
-                        f"{what}: MongoDB refused the credentials of mongodb.connection.string "
-                        f"({code_name(exc) or 'AuthenticationFailed'}): check the user, password and authSource"
-                    ) from exc
+                failure = refused(exc, what)
+                if failure is not None:
+                    raise failure from exc
                 if not is_retriable(exc):
                     raise
                 attempt += 1

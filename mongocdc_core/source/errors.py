@@ -71,6 +71,14 @@ class AuthenticationError(CdcError):
     """MongoDB refused the credentials in ``mongodb.connection.string`` (code 18)."""
 
 
+class PrivilegeError(AuthenticationError):
+    """The connector's MongoDB user lacks a privilege an operation needs (code 13, Unauthorized)."""
+
+
+class TlsError(CdcError):
+    """The TLS handshake failed: the server's certificate is not trusted or names another host."""
+
+
 class Stopped(Exception):
     """``stop()`` was asked while the engine was still connecting: a clean stop, not an error."""
 

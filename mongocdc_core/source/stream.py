@@ -27,7 +27,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.metrics import StreamingMetrics
 from mongocdc_core.receiver import ConnectionState
-from mongocdc_core.source.connection import Backoff, code_name, hosts_of, is_retriable, one_line
+from mongocdc_core.source.connection import Backoff, code_name, hosts_of, is_retriable, one_line, refused
 from mongocdc_core.source.errors import (
     CdcError,
     ChangeStreamFailedError,
@@ -329,6 +329,9 @@ class ChangeStreamReader(threading.Thread):
                 'db.runCommand({collMod: "<collection>", changeStreamPreAndPostImages: {enabled: true}}) '
                 "(MongoDB 6.0+), or set capture.mode.full.update.type=lookup."
             )
+        failure = refused(exc, "change stream", self.cfg.mongodb_user)
+        if failure is not None:
+            return failure
         if isinstance(exc, OperationFailure):
             return ChangeStreamFailedError(
                 f"the change stream failed with a non-resumable error {exc.code} ({code_name(exc) or 'unknown'}): "

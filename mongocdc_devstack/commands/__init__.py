@@ -111,6 +111,6 @@ def command(
 def load_all() -> dict[str, CommandSpec]:
     """Import every handler module (they register themselves) and return the registry."""
     from .. import faults  # noqa: F401
-    from . import admin, catalog, crud  # noqa: F401
+    from . import admin, auth, catalog, crud  # noqa: F401
 
     return COMMANDS

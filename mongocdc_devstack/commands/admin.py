@@ -218,7 +218,7 @@ def get_parameter(ctx: Context) -> dict[str, Any]:
         "transactionLifetimeLimitSeconds": 60,
         "maxTransactionLockRequestTimeoutMillis": 5,
         "changeStreamOptions": {"preAndPostImages": {"expireAfterSeconds": "off"}},
-        "authenticationMechanisms": [],
+        "authenticationMechanisms": ["SCRAM-SHA-1", "SCRAM-SHA-256"],
         "logLevel": 0,
         "internalQueryMaxBlockingSortMemoryUsageBytes": 104857600,
         "maxBSONDepth": 200,
@@ -237,11 +237,6 @@ def get_parameter(ctx: Context) -> dict[str, Any]:
 @command("setParameter", admin_only=True)
 def set_parameter(ctx: Context) -> dict[str, Any]:
     return {"was": None}
-
-
-@command("connectionStatus")
-def connection_status(ctx: Context) -> dict[str, Any]:
-    return {"authInfo": {"authenticatedUsers": [], "authenticatedUserRoles": []}}
 
 
 @command("whatsmyuri")
@@ -291,13 +286,6 @@ def list_commands(ctx: Context) -> dict[str, Any]:
 @command("getFreeMonitoringStatus", admin_only=True)
 def free_monitoring(ctx: Context) -> dict[str, Any]:
     return {"state": "disabled"}
-
-
-@command("logout", "saslStart", "saslContinue", "authenticate")
-def auth_commands(ctx: Context) -> dict[str, Any]:
-    if ctx.name == "logout":
-        return {}
-    raise command_error((18, "AuthenticationFailed"), "the emulator runs without access control; connect without credentials")
 
 
 @command("commitTransaction", admin_only=True, in_transaction=True)

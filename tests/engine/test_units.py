@@ -103,16 +103,28 @@ class _FakeAdmin:
         return self.hello
 
 
+class _FakeShards:
+    def find(self, *args: Any) -> list[dict[str, Any]]:
+        return [{"_id": "shard0"}, {"_id": "shard1"}]
+
+
+class _FakeConfig:
+    shards = _FakeShards()
+
+
 class _FakeClient:
     def __init__(self, hello: dict[str, Any]) -> None:
         self.admin = _FakeAdmin(hello)
+        self.config = _FakeConfig()
         self.address = ("127.0.0.1", 27017)
 
 
 def test_topology_accepts_replica_sets_and_mongos_and_refuses_standalone() -> None:
     rs = check_topology(_FakeClient({"setName": "rs0", "hosts": ["h:1"]}))  # type: ignore[arg-type]
     assert rs.kind == "replica_set" and rs.set_name == "rs0"
-    assert check_topology(_FakeClient({"msg": "isdbgrid"})).kind == "sharded"  # type: ignore[arg-type]
+    sharded = check_topology(_FakeClient({"msg": "isdbgrid"}))  # type: ignore[arg-type]
+    assert sharded.kind == "sharded" and sharded.shards == ("shard0", "shard1") and sharded.source_name == "cluster"
+    assert rs.source_name == "rs0"
     with pytest.raises(TopologyError, match="standalone.*no oplog"):
         check_topology(_FakeClient({"isWritablePrimary": True}))  # type: ignore[arg-type]
 
