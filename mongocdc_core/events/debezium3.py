@@ -415,7 +415,7 @@ class Debezium3Events:
         self.options = options
         self._serializer = Serializer(options.schemas_enable)
         self._transforms = FieldTransforms(
-            options.field_exclude_list, options.field_renames, options.field_name_adjustment_mode
+            options.field_exclude_list, options.field_renames, options.field_name_adjustment_mode, renamed_last=True
         )
         self._topics = options.topics()
         self._collections: dict[tuple[str, str], _Collection] = {}

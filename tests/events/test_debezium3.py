@@ -210,3 +210,20 @@ def test_the_format_is_a_value_of_mongocdc_event_format() -> None:
     with pytest.raises(ConfigError, match="one JsonConverter schemas setting"):
         ConnectorConfig.from_dict({**base, "key.converter.schemas.enable": "false",
                                    "value.converter.schemas.enable": "true"})
+
+
+def test_renamed_fields_become_the_last_of_their_document() -> None:
+    """Debezium renames by remove-then-put (seen in the compat suite's post_image scenario)."""
+    conv = d3(schemas_enable=False, field_renames=("inventory.customers.a:z", "inventory.customers.s.x:y"))
+    doc = {"_id": 1, "a": 1, "b": 2, "s": {"x": 1, "w": 2}}
+    assert payload(conv.convert_read(doc, "inventory", "customers", POSITION, "true"))["after"] == (
+        '{"_id": 1,"b": 2,"s": {"w": 2,"y": 1},"z": 1}'
+    )
+    desc = {"updatedFields": {"a": 5, "b": 6, "s": {"x": 1, "w": 2}}, "removedFields": ["a"], "truncatedArrays": []}
+    (record,) = conv.convert_change(update(updateDescription=desc, documentKey={"_id": 1}), POSITION)
+    assert payload(record)["updateDescription"]["updatedFields"] == '{"b": 6, "s": {"w": 2, "y": 1}, "z": 5}'
+    assert payload(record)["updateDescription"]["removedFields"] == ["z"]
+    # The default format keeps the place.
+    default = converter(schemas_enable=False, field_renames=("inventory.customers.a:z",))
+    read = default.convert_read(doc, "inventory", "customers", POSITION, "true")
+    assert payload(read)["after"].startswith('{"_id": 1,"z": 1,"b": 2')
