@@ -227,3 +227,17 @@ def test_renamed_fields_become_the_last_of_their_document() -> None:
     default = converter(schemas_enable=False, field_renames=("inventory.customers.a:z",))
     read = default.convert_read(doc, "inventory", "customers", POSITION, "true")
     assert payload(read)["after"].startswith('{"_id": 1,"z": 1,"b": 2')
+
+
+def test_heartbeats_as_debezium_writes_them() -> None:
+    record = d3().heartbeat_record(POSITION, 1795691282942)
+    assert record.topic == "__debezium-heartbeat.fulfillment"
+    assert record.key == (
+        b'{"schema":{"type":"struct","fields":[{"type":"string","optional":false,"field":"serverName"}],'
+        b'"optional":false,"name":"io.debezium.connector.common.ServerNameKey","version":1},'
+        b'"payload":{"serverName":"fulfillment"}}'
+    )
+    assert record.value == (
+        b'{"schema":{"type":"struct","fields":[{"type":"int64","optional":false,"field":"ts_ms"}],'
+        b'"optional":false,"name":"io.debezium.connector.common.Heartbeat","version":1},"payload":{"ts_ms":1795691282942}}'
+    )
