@@ -100,6 +100,19 @@ def _escape_char(ch: str) -> str:
     return f"\\u{code:04x}"
 
 
+_names: dict[str, str] = {}
+
+
+def java_name(name: str) -> str:
+    """A member name as :func:`java_string` writes it (cached: documents repeat their field names)."""
+    text = _names.get(name)
+    if text is None:
+        text = java_string(name)
+        if len(_names) < 100_000:
+            _names[name] = text
+    return text
+
+
 def java_string(text: str) -> str:
     """A JSON string as ``StrictCharacterStreamJsonWriter.writeStringHelper`` writes it."""
     if _PLAIN_ASCII.fullmatch(text) is not None:
@@ -124,18 +137,14 @@ def java_double(value: float) -> str:
         return "Infinity" if value > 0 else "-Infinity"
     if value == 0.0:
         return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
+    if 1e-3 <= abs(value) < 1e7:
+        return repr(value)  # Python's shortest digits, without an exponent in this range: Java's text
     sign, digits, exponent = Decimal(repr(value)).as_tuple()
     text = "".join(map(str, digits)).rstrip("0") or "0"
     assert isinstance(exponent, int)
     # value = 0.<text> * 10**point, i.e. the decimal point sits after `point` digits of `text`
     point = len(digits) + exponent
     minus = "-" if sign else ""
-    if 1e-3 <= abs(value) < 1e7:
-        if point <= 0:
-            return f"{minus}0.{'0' * -point}{text}"
-        whole = text[:point].ljust(point, "0")
-        fraction = text[point:] or "0"
-        return f"{minus}{whole}.{fraction}"
     return f"{minus}{text[0]}.{text[1:] or '0'}E{point - 1}"
 
 
@@ -270,7 +279,7 @@ class _Writer:
             if not first:
                 out.append(self.sep)
             first = False
-            out.append(java_string(name))
+            out.append(java_name(name))
             out.append(": ")
             self.write(item, out)
         out.append("}")
