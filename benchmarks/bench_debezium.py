@@ -38,7 +38,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mongocdc_devstack.fixture import EmulatedReplicaSet  # noqa: E402
-from tests.compat.debezium import VERSIONS, DebeziumRecord, DebeziumRun, missing  # noqa: E402
+from tests.compat.debezium import (  # noqa: E402
+    VERSIONS,
+    DebeziumRecord,
+    DebeziumRun,
+    PeakRss,
+    missing,
+    wait_with_usage,
+)
 
 SMALL = os.environ.get("MONGOCDC_BENCH_SMALL") == "1"
 N_DOCS = 3_000 if SMALL else 30_000
@@ -161,10 +168,12 @@ class Mongocdc:
         command = [str(ROOT / ".venv" / "bin" / "mongocdc"), "run", "--config", str(self.config),
                    "--sink", f"jsonl:{sink}", "--offsets", str(self.workdir / "offsets.json"),
                    "--stop-at", f"{stop_at.time}:{stop_at.inc}", "--log-level", "WARNING"]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        _, status, usage = os.wait4(process.pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise SystemExit(f"mongocdc run failed: {process.stderr.read().decode() if process.stderr else ''}")
+        errors = self.workdir / f"{name}.stderr"
+        with errors.open("wb") as stderr:
+            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+            usage = wait_with_usage(process, PeakRss(process.pid))
+        if process.returncode != 0:
+            raise SystemExit(f"mongocdc run failed: {errors.read_text()[-4000:]}")
         values: list[bytes | None] = []
         topic_file = sink / f"{PREFIX}.{DB}.items.jsonl"
         if topic_file.exists():
@@ -173,7 +182,7 @@ class Mongocdc:
                 values.append(json.dumps(value).encode() if value is not None else None)
         payloads = [json.loads(v) for v in values if v is not None]
         payloads = [p.get("payload", p) for p in payloads]
-        return payloads, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
+        return payloads, usage.cpu_seconds, usage.peak_rss_bytes
 
     def snapshot(self, stop_at: Timestamp) -> Phase:
         payloads, cpu, rss = self._run("snapshot", stop_at)

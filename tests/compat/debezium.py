@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -79,6 +79,47 @@ class Usage:
     peak_rss_bytes: int
 
 
+class PeakRss:
+    """Follows a child's peak resident memory (``VmHWM``) until it exits.
+
+    ``wait4``'s ``ru_maxrss`` cannot be used for a child of a big process: Linux counts the
+    parent's memory at the fork into it. ``VmHWM`` is the peak of the child's own program.
+    """
+
+    def __init__(self, pid: int, interval: float = 0.02) -> None:
+        self.peak = 0
+        self._path = Path(f"/proc/{pid}/status")
+        self._interval = interval
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        while not self._done.is_set():
+            try:
+                for line in self._path.read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        self.peak = max(self.peak, int(line.split()[1]) * 1024)
+            except (FileNotFoundError, ProcessLookupError, ValueError):
+                return
+            self._done.wait(self._interval)
+
+    def stop(self) -> int:
+        """The peak seen (call before reaping the child, whose /proc entry then disappears)."""
+        self._done.set()
+        self._thread.join()
+        return self.peak
+
+
+def wait_with_usage(process: subprocess.Popen[Any], peak: PeakRss) -> Usage:
+    """Reap ``process``; its CPU seconds (from ``wait4``) and peak RSS (from ``peak``)."""
+    os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)  # exited, /proc entry still there
+    rss = peak.stop()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return Usage(usage.ru_utime + usage.ru_stime, rss)
+
+
 class DebeziumRun:
     """One run of the embedded connector; use as a context manager (a run left open is killed)."""
 
@@ -119,6 +160,7 @@ class DebeziumRun:
             str(self.output),
         ]
         self._process: subprocess.Popen[bytes] | None = None
+        self._peak: PeakRss | None = None
         self._stderr: IO[bytes] | None = None
         self._records: list[DebeziumRecord] = []
         self._read_bytes = 0
@@ -140,6 +182,7 @@ class DebeziumRun:
         self.output.unlink(missing_ok=True)
         self._stderr = self.stderr_path.open("wb")
         self._process = subprocess.Popen(self.command, stdin=subprocess.PIPE, stderr=self._stderr)
+        self._peak = PeakRss(self._process.pid)
         return self
 
     @property
@@ -213,9 +256,8 @@ class DebeziumRun:
             process.stdin.close()
         except BrokenPipeError:
             pass
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
-        self.usage = Usage(usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024)
+        assert self._peak is not None
+        self.usage = wait_with_usage(process, self._peak)
         if process.returncode != 0:
             raise AssertionError(f"Debezium {self.version} exited with {process.returncode}:\n{self.stderr_tail()}")
         return self.records()
@@ -225,8 +267,3 @@ def _escape(value: str) -> str:
     """A value for a Java .properties file (backslashes, and leading spaces, kept literally)."""
     return value.replace("\\", "\\\\").replace("\n", "\\n")
 
-
-def own_usage() -> Usage:
-    """CPU seconds and peak RSS of this process so far (for ratios against a Debezium run)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return Usage(usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024)
