@@ -357,8 +357,8 @@ class _Transactions:
         txn = self._open
         if txn is None:
             txn = self._open = _Transaction(txn_id, position, ts_ms)
-            records.append(self._record(txn_id, {"status": "BEGIN", "id": txn_id, "event_count": None,
-                                                 "data_collections": None, "ts_ms": ts_ms}, position))
+            begin = {"status": "BEGIN", "id": txn_id, "event_count": None, "data_collections": None, "ts_ms": ts_ms}
+            records.append(self._record(txn_id, begin, position))
         txn.event_count += 1
         txn.last_position = position
         txn.last_ts_ms = ts_ms
@@ -373,7 +373,7 @@ class _Transactions:
     def end_before(self, cluster_time: Timestamp) -> list[Record]:
         """END of the open transaction when ``cluster_time`` is past it (none of its events can follow)."""
         txn = self._open
-        if txn is None or (txn.last_position.seconds, txn.last_position.increment) >= (cluster_time.time, cluster_time.inc):
+        if txn is None or txn.last_position.timestamp >= cluster_time:
             return []
         return self.flush()
 

@@ -95,7 +95,7 @@ class TransactionTracker:
     def end_before(self, cluster_time: Timestamp) -> list[Record]:
         """END of the open transaction when ``cluster_time`` is past its events (none can follow)."""
         txn = self._open
-        if txn is None or (txn.last_position.seconds, txn.last_position.increment) >= (cluster_time.time, cluster_time.inc):
+        if txn is None or txn.last_position.timestamp >= cluster_time:
             return []
         return self.flush()
 

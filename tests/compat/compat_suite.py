@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -46,6 +47,7 @@ from mongocdc_core.events.records import Record
 from mongocdc_core.offsets import FileOffsetStore
 from tests.compat.debezium import DebeziumRecord, DebeziumRun, missing
 from tests.compat.workload import create_collections, load_snapshot_data, stream_workload
+from tests.engine.engine_support import MemorySink
 
 pytestmark = pytest.mark.compat
 
@@ -102,20 +104,6 @@ def _cluster_time(client: MongoClient[Any]) -> Timestamp:
     return ts
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.records: list[Record] = []
-
-    def write(self, records: Any) -> None:
-        self.records.extend(records)
-
-    def flush(self, timeout: float | None = None) -> None:
-        """Records are kept in memory."""
-
-    def close(self) -> None:
-        """Nothing to close."""
-
-
 class Mongocdc:
     """mongocdc in one event format, run in phases that resume from one offsets file."""
 
@@ -129,7 +117,7 @@ class Mongocdc:
         }
         self.cfg = ConnectorConfig.from_dict(props)
         self.offsets = FileOffsetStore(workdir / f"mongocdc-{event_format}.json")
-        self.sink = _Sink()
+        self.sink = MemorySink()
 
     def run_until(self, stop_at: Timestamp) -> None:
         Engine(self.cfg, self.sink, self.offsets).run(stop_at=stop_at)
@@ -148,8 +136,8 @@ class Outputs:
     heartbeats: dict[str, set[tuple[bytes | None, bytes | None]]]
 
 
-def _is_read(records: list[DebeziumRecord]) -> Callable[[str], bool]:
-    return lambda marker: any((r.payload() or {}).get("source", {}).get("snapshot") == marker for r in records)
+def _has_last_read(records: list[DebeziumRecord]) -> bool:
+    return any((r.payload() or {}).get("source", {}).get("snapshot") == "last" for r in records)
 
 
 def run_both(
@@ -184,7 +172,7 @@ def run_both(
 
     with DebeziumRun(version, workdir, debezium_props, name="a") as run:
         if scenario.snapshot:
-            run.wait_for(lambda records: _is_read(records)("last"), "snapshot read marked 'last'")
+            run.wait_for(_has_last_read, "snapshot read marked 'last'")
         run.wait_for(lambda records: any(r.topic == probe_topic for r in records), "probe event", tick=probe)
         phase_a = run.stop()
     mongocdc = {fmt: Mongocdc(scenario, uri, db_name, fmt, workdir) for fmt in ("debezium_3x", "change_streams")}
@@ -391,7 +379,7 @@ def assert_same_meaning(debezium: list[DebeziumRecord], mongocdc: list[Record]) 
 def need_debezium(debezium_version: str) -> Iterator[str]:
     reason = missing(debezium_version)
     if reason is not None:
-        if __import__("os").environ.get("CI"):
+        if os.environ.get("CI"):
             pytest.fail(f"{reason} (CI is set, so a missing Debezium build is an error, not a skip)")
         pytest.skip(reason)
     yield debezium_version
