@@ -12,10 +12,13 @@ DRIVERS_JAVA := tests/drivers/java
 DRIVERS_NODE := tests/drivers/node
 DRIVERS_JAR := $(DRIVERS_JAVA)/target/driver-check.jar
 DRIVERS_NODE_STAMP := $(DRIVERS_NODE)/node_modules/.installed
+DEBEZIUM := tests/compat/debezium
+DEBEZIUM_VERSIONS := 3.4.1.Final 3.6.1.Final
+DEBEZIUM_STAMP := $(DEBEZIUM)/target/.complete
 
 .PHONY: setup test test-fast lint demo dev bench clean
 
-setup: $(STAMP) $(KAFKA_STAMP) $(SPARK_JARS_STAMP) $(DRIVERS_JAR) $(DRIVERS_NODE_STAMP)
+setup: $(STAMP) $(KAFKA_STAMP) $(SPARK_JARS_STAMP) $(DRIVERS_JAR) $(DRIVERS_NODE_STAMP) $(DEBEZIUM_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +42,17 @@ $(SPARK_JARS_STAMP): mongocdc_core/tables/pom.xml
 $(DRIVERS_JAR): $(DRIVERS_JAVA)/pom.xml $(wildcard $(DRIVERS_JAVA)/src/main/java/mongocdc/drivers/*.java) $(wildcard $(DRIVERS_JAVA)/src/main/resources/*)
 	rm -rf $(DRIVERS_JAVA)/target
 	mvn -q -B -ntp -f $(DRIVERS_JAVA)/pom.xml package
+	touch $@
+
+# The real Debezium MongoDB connector, embedded, for the compatibility suite (tests/compat) and
+# benchmarks/bench_debezium.py: the runner jar once, then one class path per pinned connector version.
+$(DEBEZIUM_STAMP): $(DEBEZIUM)/pom.xml $(wildcard $(DEBEZIUM)/src/main/java/mongocdc/compat/*.java)
+	rm -rf $(DEBEZIUM)/target
+	mvn -q -B -ntp -f $(DEBEZIUM)/pom.xml package
+	for v in $(DEBEZIUM_VERSIONS); do \
+	  mvn -q -B -ntp -f $(DEBEZIUM)/pom.xml dependency:copy-dependencies -Ddebezium.version=$$v \
+	    -DoutputDirectory=$(CURDIR)/$(DEBEZIUM)/target/debezium-$$v || exit 1; \
+	done
 	touch $@
 
 $(DRIVERS_NODE_STAMP): $(DRIVERS_NODE)/package.json $(DRIVERS_NODE)/package-lock.json
@@ -71,4 +85,5 @@ bench: setup
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(DRIVERS_JAVA)/target $(DRIVERS_NODE)/node_modules
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(DRIVERS_JAVA)/target $(DRIVERS_NODE)/node_modules \
+	  $(DEBEZIUM)/target

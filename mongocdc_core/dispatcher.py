@@ -264,12 +264,20 @@ class Dispatcher:
         self._dirty = True
 
     def progress_token(self, token: Mapping[str, Any]) -> None:
-        """A post-batch resume token: the stream scanned up to it. Offsets move with the next heartbeat."""
+        """A post-batch resume token: the stream scanned up to it. Offsets move with the next heartbeat.
+
+        A transaction whose clusterTime the scan has passed is complete: its END is written now,
+        not when the next event happens to arrive."""
         self._latest_token = dict(token)
+        ts = token_timestamp(token)
+        if ts is not None:
+            self._end_transaction(self.converter.end_transaction_before(ts))
 
     def end_transaction_if_open(self) -> None:
         """Emit END for a transaction whose last event was dispatched (heartbeat or end of window)."""
-        records = self.converter.flush()
+        self._end_transaction(self.converter.flush())
+
+    def _end_transaction(self, records: list[Record]) -> None:
         if records:
             self._write(records)
             if self._txn is not None:

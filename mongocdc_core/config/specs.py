@@ -224,8 +224,9 @@ PROPERTY_SPECS: tuple[PropertySpec, ...] = (
     _p("offset.storage.file.filename", "str", None, "File of the file offset store.", group="worker"),
     # -- mongocdc ----------------------------------------------------------------------------------------------
     _p("mongocdc.event.format", "enum", "change_streams",
-       "Event format: current change streams, or the 1.x oplog format (patch/filter).",
-       ("change_streams", "oplog_1x"), group="mongocdc"),
+       "Event format: change_streams (the documented spelling), debezium_3x (byte-identical to the released "
+       "Debezium 3.x connector), or oplog_1x (the 1.x patch/filter format).",
+       ("change_streams", "debezium_3x", "oplog_1x"), group="mongocdc"),
     _p("mongocdc.schemas.enable", "bool", "true",
        "Write the Kafka Connect JSON schema with each record (JsonConverter schemas.enable).",
        group="mongocdc"),

@@ -321,6 +321,26 @@ def kafka_connect_settings(d: Draft) -> None:
         d.warn("transforms (single message transforms) are not applied by mongocdc")
 
 
+_SCHEMAS_FLAGS = ("key.converter.schemas.enable", "value.converter.schemas.enable")
+
+
+def debezium_3x_schemas(d: Draft) -> None:
+    """``debezium_3x`` promises Debezium's bytes, so the JsonConverter settings a Debezium config
+    carries must describe what mongocdc writes: one schemas setting for keys and values."""
+    if d.typed["mongocdc.event.format"] != "debezium_3x":
+        return
+    flags = {prop: d.raw[prop].strip().lower() for prop in _SCHEMAS_FLAGS if d.is_set(prop)}
+    if d.is_set("mongocdc.schemas.enable"):
+        flags["mongocdc.schemas.enable"] = str(d.typed["mongocdc.schemas.enable"]).lower()
+    if len(set(flags.values())) > 1:
+        listed = ", ".join(f"{prop}={value}" for prop, value in flags.items())
+        d.problem("mongocdc.event.format", f"debezium_3x writes keys and values with one JsonConverter schemas "
+                                           f"setting, but the config asks for different ones ({listed}); set "
+                                           f"them all alike, or only mongocdc.schemas.enable")
+    elif flags and not d.is_set("mongocdc.schemas.enable"):
+        d.typed["mongocdc.schemas.enable"] = next(iter(flags.values())) == "true"
+
+
 def filters_of(typed: Mapping[str, Any]) -> CollectionFilters:
     """The capture filters described by converted property values."""
     return CollectionFilters(
@@ -350,6 +370,7 @@ RULES: tuple[Rule, ...] = (
     source_struct_version,
     kafka_sink,
     kafka_connect_settings,
+    debezium_3x_schemas,
 )
 
 

@@ -16,6 +16,7 @@ from bson.datetime_ms import DatetimeMS
 from bson.timestamp import Timestamp
 
 from mongocdc_core.events import ejson
+from mongocdc_core.events.debezium3 import Debezium3Events
 from mongocdc_core.events.envelope import (
     change_streams_payload,
     document_json,
@@ -103,6 +104,8 @@ class EventConverter:
             Serializer.schema_prefix(heartbeat_key_schema()), {"serverName": options.topic_prefix}
         )
         self._heartbeat_prefix = Serializer.schema_prefix(heartbeat_value_schema())
+        # mongocdc.event.format=debezium_3x: the released Debezium 3.x bytes, written by their own module.
+        self._debezium3 = Debezium3Events(options) if options.event_format == "debezium_3x" else None
 
     @property
     def transaction_topic(self) -> str:
@@ -145,6 +148,8 @@ class EventConverter:
         types other than insert/update/replace/delete (drop, rename, invalidate, ...) and
         ``skipped.operations`` yield no records.
         """
+        if self._debezium3 is not None:
+            return self._debezium3.convert_change(change, position)
         op_type = change.get("operationType")
         if not isinstance(op_type, str):
             raise ValueError(f"change event has no string 'operationType': {_short(change)}")
@@ -256,6 +261,8 @@ class EventConverter:
         ``position`` is the snapshot's position (``source.ord`` is its increment); ``ts`` is when the
         document was read (``source.ts_*``), defaulting to the position's clusterTime.
         """
+        if self._debezium3 is not None:
+            return self._debezium3.convert_read(document, db, coll, position, snapshot_marker, ts)
         if snapshot_marker not in READ_SNAPSHOT_MARKERS:
             raise ValueError(
                 f"snapshot marker must be one of {', '.join(sorted(READ_SNAPSHOT_MARKERS))}; got {snapshot_marker!r}"
@@ -319,9 +326,20 @@ class EventConverter:
 
         Call :meth:`flush` first when transaction metadata is on, so an open transaction ends.
         """
+        if self._debezium3 is not None:
+            return self._debezium3.heartbeat_record(self.heartbeat_topic, position, ts_ms)
         value = self._serializer.dumps(self._heartbeat_prefix, {"ts_ms": int(ts_ms)})
         return Record(self.heartbeat_topic, self._heartbeat_key, value, position, None, None)
 
     def flush(self) -> list[Record]:
         """END of a transaction still open (nothing without ``provide.transaction.metadata``)."""
+        if self._debezium3 is not None:
+            return self._debezium3.flush()
         return self._tracker.flush() if self._tracker is not None else []
+
+    def end_transaction_before(self, cluster_time: Timestamp) -> list[Record]:
+        """END of an open transaction when the stream has scanned up to ``cluster_time``, past the
+        transaction's own clusterTime (none of its events can follow any more)."""
+        if self._debezium3 is not None:
+            return self._debezium3.end_transaction_before(cluster_time)
+        return self._tracker.end_before(cluster_time) if self._tracker is not None else []

@@ -24,7 +24,7 @@ CAPTURE_MODES = (
     "change_streams_update_full_with_pre_image",
 )
 ADJUSTMENT_MODES = ("none", "avro", "avro_unicode")
-EVENT_FORMATS = ("change_streams", "oplog_1x")
+EVENT_FORMATS = ("change_streams", "oplog_1x", "debezium_3x")
 SKIPPABLE_OPERATIONS = frozenset({"c", "u", "d", "t"})
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bson.binary import Binary
+from bson.timestamp import Timestamp
 
 from mongocdc_core.events import ejson
 from mongocdc_core.events.options import EventOptions
@@ -90,6 +91,13 @@ class TransactionTracker:
         self._open = None
         collections = [{"data_collection": c, "event_count": n} for c, n in txn.per_collection.items()]
         return [self._record(txn.id, "END", txn.event_count, collections, txn.last_ts_ms, txn.last_position)]
+
+    def end_before(self, cluster_time: Timestamp) -> list[Record]:
+        """END of the open transaction when ``cluster_time`` is past its events (none can follow)."""
+        txn = self._open
+        if txn is None or txn.last_position.timestamp >= cluster_time:
+            return []
+        return self.flush()
 
     def _record(
         self,

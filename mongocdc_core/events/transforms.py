@@ -91,14 +91,19 @@ def _exclude(doc: Mapping[str, Any], path: Sequence[str]) -> Mapping[str, Any]:
     return {**doc, head: new_child}
 
 
-def _rename(doc: Mapping[str, Any], path: Sequence[str], new_name: str) -> Mapping[str, Any]:
+def _rename(doc: Mapping[str, Any], path: Sequence[str], new_name: str, last: bool = False) -> Mapping[str, Any]:
+    """Rename in place, or (``last``, as Debezium's remove-then-put does) as the document's last field."""
     head = path[0]
     if head not in doc:
         return doc
     if len(path) == 1:
+        if last:
+            renamed = {k: v for k, v in doc.items() if k != head}
+            renamed[new_name] = doc[head]
+            return renamed
         return {(new_name if k == head else k): v for k, v in doc.items()}
     child = doc[head]
-    new_child = _map_nested(child, lambda d: _rename(d, path[1:], new_name))
+    new_child = _map_nested(child, lambda d: _rename(d, path[1:], new_name, last))
     if new_child is child:
         return doc
     return {**doc, head: new_child}
@@ -110,11 +115,11 @@ def _adjust_names(doc: Mapping[str, Any], mode: str) -> Mapping[str, Any]:
     }
 
 
-def _rewrite_inside(value: Any, path: Sequence[str], new_name: str | None) -> Any:
+def _rewrite_inside(value: Any, path: Sequence[str], new_name: str | None, last: bool = False) -> Any:
     """Exclude (``new_name`` None) or rename ``path`` inside a value that is a document or array."""
     if new_name is None:
         return _map_nested(value, lambda d: _exclude(d, path))
-    return _map_nested(value, lambda d: _rename(d, path, new_name))
+    return _map_nested(value, lambda d: _rename(d, path, new_name, last))
 
 
 def _named_positions(segments: Sequence[str]) -> list[int]:
@@ -123,36 +128,46 @@ def _named_positions(segments: Sequence[str]) -> list[int]:
 
 
 class CollectionFields:
-    """The rules that apply to one collection, as ready-to-run path operations."""
+    """The rules that apply to one collection, as ready-to-run path operations.
 
-    __slots__ = ("_ops", "_name_mode")
+    ``renamed_last``: a renamed field becomes the last of its document (and of ``updatedFields``),
+    as the Debezium 3.x connector writes it; otherwise it keeps its place.
+    """
 
-    def __init__(self, ops: list[tuple[tuple[str, ...], str | None]], name_mode: str) -> None:
+    __slots__ = ("_ops", "_name_mode", "_renamed_last")
+
+    def __init__(
+        self, ops: list[tuple[tuple[str, ...], str | None]], name_mode: str, renamed_last: bool = False
+    ) -> None:
         self._ops = ops
         self._name_mode = name_mode
+        self._renamed_last = renamed_last
 
     def document(self, doc: Mapping[str, Any]) -> Mapping[str, Any]:
         """A full document (before/after/read) with the rules applied."""
         for path, new_name in self._ops:
-            doc = _exclude(doc, path) if new_name is None else _rename(doc, path, new_name)
+            doc = _exclude(doc, path) if new_name is None else _rename(doc, path, new_name, self._renamed_last)
         if self._name_mode != "none":
             doc = _adjust_names(doc, self._name_mode)
         return doc
 
-    def _path(self, dotted: str) -> tuple[str | None, Callable[[Any], Any] | None]:
-        """Rewrite one dotted update path; returns (new path or None if excluded, value rewriter)."""
+    def _path(self, dotted: str) -> tuple[str | None, Callable[[Any], Any] | None, int]:
+        """Rewrite one dotted update path; returns (new path or None if excluded, value rewriter,
+        index of the last rule that renamed the path itself, -1 for none)."""
         segments = dotted.split(".")
         value_fns: list[Callable[[Any], Any]] = []
-        for path, new_name in self._ops:
+        renamed_by = -1
+        for index, (path, new_name) in enumerate(self._ops):
             named = _named_positions(segments)
             names = [segments[i] for i in named]
             if len(path) <= len(names) and tuple(names[: len(path)]) == path:
                 if new_name is None:
-                    return None, None
+                    return None, None, -1
                 segments[named[len(path) - 1]] = new_name
+                renamed_by = index
             elif tuple(path[: len(names)]) == tuple(names):
                 inner = path[len(names) :]
-                value_fns.append(partial(_rewrite_inside, path=inner, new_name=new_name))
+                value_fns.append(partial(_rewrite_inside, path=inner, new_name=new_name, last=self._renamed_last))
         if self._name_mode != "none":
             segments = [s if s.isdigit() else adjust_field_name(s, self._name_mode) for s in segments]
             mode = self._name_mode
@@ -163,22 +178,29 @@ class CollectionFields:
                 value = fn(value)
             return value
 
-        return ".".join(segments), rewrite if value_fns else None
+        return ".".join(segments), rewrite if value_fns else None, renamed_by
 
     def updated_fields(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         """``updateDescription.updatedFields`` (dotted names) with the rules applied."""
         out: dict[str, Any] = {}
+        renamed: list[tuple[int, str, Any]] = []
         for name, value in fields.items():
-            new_name, rewrite = self._path(name)
+            new_name, rewrite, renamed_by = self._path(name)
             if new_name is not None:
-                out[new_name] = rewrite(value) if rewrite is not None else value
+                new_value = rewrite(value) if rewrite is not None else value
+                if self._renamed_last and renamed_by >= 0:
+                    renamed.append((renamed_by, new_name, new_value))
+                else:
+                    out[new_name] = new_value
+        for _, new_name, new_value in sorted(renamed, key=lambda entry: entry[0]):  # rule by rule, as applied
+            out[new_name] = new_value
         return out
 
     def field_paths(self, names: Iterable[str]) -> list[str]:
         """``removedFields``-style dotted paths with the rules applied (excluded ones dropped)."""
         out = []
         for name in names:
-            new_name, _ = self._path(name)
+            new_name, _, _ = self._path(name)
             if new_name is not None:
                 out.append(new_name)
         return out
@@ -188,10 +210,16 @@ class FieldTransforms:
     """All field rules of a connector, resolved and cached per collection."""
 
     def __init__(
-        self, excludes: Iterable[str], renames: Iterable[str], field_name_mode: str = "none"
+        self,
+        excludes: Iterable[str],
+        renames: Iterable[str],
+        field_name_mode: str = "none",
+        *,
+        renamed_last: bool = False,
     ) -> None:
         self._rules = parse_rules(excludes, renames)
         self._name_mode = field_name_mode
+        self._renamed_last = renamed_last
         self._cache: dict[tuple[str, str], CollectionFields | None] = {}
 
     def for_collection(self, db: str, coll: str) -> CollectionFields | None:
@@ -206,6 +234,8 @@ class FieldTransforms:
             path = rule.path_for(db, coll)
             if path is not None:
                 ops.append((path, rule.new_name))
-        result = CollectionFields(ops, self._name_mode) if ops or self._name_mode != "none" else None
+        result = (
+            CollectionFields(ops, self._name_mode, self._renamed_last) if ops or self._name_mode != "none" else None
+        )
         self._cache[key] = result
         return result

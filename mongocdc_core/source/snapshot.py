@@ -325,7 +325,12 @@ class SnapshotCopier:
                 finished.append(namespace)
             self._pending.extend(units)
             self._parts_left[namespace] = len(units)
-        self._pending.sort(key=lambda unit: -unit.weight)  # biggest work first; stable within a collection
+        if self.max_threads == 1:
+            # One worker: Debezium's order (by collection name), so the final read, marked `last`, is the
+            # one Debezium marks; empty collections first, as they deliver nothing. Stable within a collection.
+            self._pending.sort(key=lambda unit: (unit.weight > 0, unit.namespace.partition(".")[2]))
+        else:
+            self._pending.sort(key=lambda unit: -unit.weight)  # biggest work first; stable within a collection
         for namespace in finished:  # every range was done before a restart: only the end is left to record
             self._deliver(namespace, 0, [], part_done=False)
         workers = [

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from bson import Timestamp
+from bson import Binary, Int64, Timestamp
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.dispatcher import Dispatcher
@@ -148,3 +148,25 @@ def test_a_heartbeat_moves_the_offset_only_with_a_flush() -> None:
     assert store.saved[-1].position == Position(1_700_000_000, 1)  # not saved before the flush
     dispatcher.commit()
     assert store.saved[-1].position == Position(1_700_000_050, 1)
+
+
+@pytest.mark.parametrize("event_format", ["change_streams", "debezium_3x"])
+def test_a_transaction_ends_as_soon_as_the_stream_scanned_past_it(event_format: str) -> None:
+    """END is written once the post-batch resume token passes the transaction, not at the next event."""
+    sink = LedgerSink()
+    cfg = _config(**{"provide.transaction.metadata": "true", "mongocdc.event.format": event_format})
+    dispatcher = _dispatcher(sink, CheckingStore(sink), cfg)
+    lsid = {"id": Binary(bytes(16), 4), "uid": Binary(bytes(32), 0)}
+    for _ in range(2):
+        doc, token = _insert(5)
+        dispatcher.change({**doc, "lsid": lsid, "txnNumber": Int64(1)}, token)
+    dispatcher.progress_token(_token(Timestamp(1_700_000_000, 5)))  # the batch ended inside the transaction
+    dispatcher.drain()
+    assert [r.topic for r in sink.written] == ["srv.transaction", "srv.shop.orders", "srv.shop.orders"]
+    dispatcher.progress_token(_token(Timestamp(1_700_000_000, 6)))  # scanned past it: no event of it can follow
+    dispatcher.drain()
+    assert sink.written[-1].topic == "srv.transaction" and b'"END"' in (sink.written[-1].value or b"")
+    dispatcher.change(*_insert(7))
+    dispatcher.finish()
+    assert sum(b'"END"' in (r.value or b"") for r in sink.written) == 1
+    assert dispatcher.metrics.streaming.NumberOfCommittedTransactions == 1
