@@ -27,6 +27,7 @@ import orjson
 from bson import json_util
 from bson.binary import UuidRepresentation
 from bson.code import Code
+from bson.codec_options import DatetimeConversion
 from bson.int64 import Int64
 from bson.json_util import DatetimeRepresentation, JSONMode, JSONOptions
 from bson.objectid import ObjectId
@@ -77,8 +78,11 @@ _JSON_OPTIONS: dict[EjsonMode, JSONOptions] = {
         uuid_representation=UuidRepresentation.STANDARD
     ),
 }
-#: Parsing keeps every BSON type (UUID subtype 4 stays Binary), naive UTC datetimes like bson.decode.
-LOADS_OPTIONS = JSONOptions(json_mode=JSONMode.RELAXED, tz_aware=False)
+#: Parsing keeps every BSON type (UUID subtype 4 stays Binary), naive UTC datetimes like bson.decode,
+#: and dates outside Python's datetime range as DatetimeMS (as the engine decodes them).
+LOADS_OPTIONS = JSONOptions(
+    json_mode=JSONMode.RELAXED, tz_aware=False, datetime_conversion=DatetimeConversion.DATETIME_AUTO
+)
 
 _EPOCH = datetime.datetime(1970, 1, 1)
 
