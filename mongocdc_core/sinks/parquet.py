@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from mongocdc_core.events.records import Record
@@ -47,6 +49,27 @@ _COLUMNS = LANDING_SCHEMA.names
 _ROW_GROUP_ROWS = 50_000
 
 
+#: The payload fields the landing columns come from, as Arrow's JSON reader parses them.
+_PAYLOAD_SCHEMA = pa.schema(
+    [
+        ("ts_ms", pa.int64()),
+        ("before", pa.string()),
+        ("after", pa.string()),
+        (
+            "updateDescription",
+            pa.struct([
+                ("updatedFields", pa.string()),
+                ("removedFields", pa.list_(pa.string())),
+                ("truncatedArrays", pa.list_(pa.struct([("field", pa.string()), ("size", pa.int64())]))),
+            ]),
+        ),
+        ("source", pa.struct([("snapshot", pa.string())])),
+    ]
+)
+_SOURCE_START = b',"source":{'
+_SOURCE_END = b'},"op":'
+
+
 def _text(value: Any) -> str | None:
     """Strings stay as they are (Debezium already serialized them); structures become JSON."""
     if value is None or isinstance(value, str):
@@ -54,97 +77,156 @@ def _text(value: Any) -> str | None:
     return orjson.dumps(value).decode()
 
 
-def _source_text(payload: bytes, source: Any) -> str | None:
-    """The ``source`` block's text, cut out of the payload rather than re-serialised.
-
-    In an envelope ``"source":{`` and ``},"op":`` cannot occur inside a string (a quote inside a
-    JSON string is escaped), so the block is found by them; anything else is re-serialised.
-    """
-    if not isinstance(source, dict):
-        return _text(source)
-    start = payload.find(b',"source":{')
-    end = payload.find(b'},"op":', start)
-    if start < 0 or end < 0:
-        return _text(source)
-    text = payload[start + 10 : end + 1]
-    return text.decode() if text.count(b"{") == 1 or orjson.loads(text) == source else _text(source)
-
-
 class _PayloadText:
     """The payload part of JsonConverter messages as bytes, cut out rather than re-serialised.
 
     Every record of a topic starts with the same ``{"schema":…,"payload":`` head, so once one
     record showed where its payload starts, the next ones of the topic are sliced at the same
-    place (and parsed without their schema). A record that does not start with its topic's head
-    is parsed whole.
+    place. A record that does not start with its topic's head is parsed whole.
     """
 
     def __init__(self) -> None:
         self._heads: dict[tuple[str, bool], bytes] = {}
 
-    def split(self, topic: str, is_key: bool, raw: bytes) -> tuple[bytes, Any]:
-        """(payload bytes, parsed payload) of one key or value."""
+    def cut(self, topic: str, is_key: bool, raw: bytes) -> bytes:
+        """The payload bytes of one key or value."""
         head = self._heads.get((topic, is_key))
         if head is not None and raw.startswith(head) and raw.endswith(b"}"):
-            text = raw[len(head) : -1]
-            return text, orjson.loads(text)
+            return raw[len(head) : -1]
+        if not raw.startswith(b'{"schema":'):
+            return raw
         parsed = orjson.loads(raw)
         if not (isinstance(parsed, dict) and parsed.keys() == {"schema", "payload"}):
-            return raw, parsed
+            return raw
         payload = orjson.dumps(parsed["payload"])
         cut = raw.find(b',"payload":')
         if cut >= 0 and raw[cut + 11 : -1] == payload:
             self._heads[(topic, is_key)] = raw[: cut + 11]
-        return payload, parsed["payload"]
+        return payload
 
 
 class _Columns:
-    """Landing rows kept column by column (what ``pa.Table.from_pydict`` takes fastest)."""
+    """One topic's pending landing rows: what Python must take from each record (payload bytes,
+    position), kept column by column; Arrow's JSON reader parses the payloads when the table is built.
+    """
 
-    def __init__(self) -> None:
-        self.lists: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
-        self.rows = 0
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.collections: list[str | None] = []
+        self.ops: list[str | None] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.sources: list[bytes | None] = []
+        self.seconds: list[int] = []
+        self.increments: list[int] = []
+        self.ordinals: list[int] = []
+
+    @property
+    def rows(self) -> int:
+        return len(self.ops)
+
+    def first_position(self) -> str:
+        return f"{self.seconds[0]:013d}.{self.increments[0]:010d}.{self.ordinals[0]:06d}"
 
     def add(self, record: Record, payloads: _PayloadText) -> None:
-        c = self.lists
-        key_text: str | None = None
-        if record.key is not None:
-            text, parsed = payloads.split(record.topic, True, record.key)
-            key_text = parsed if isinstance(parsed, str) else text.decode()
-        envelope: dict[str, Any] = {}
-        value_text: str | None = None
-        source_text: str | None = None
-        if record.value is not None:
-            text, parsed = payloads.split(record.topic, False, record.value)
-            value_text = parsed if isinstance(parsed, str) else text.decode()
-            if isinstance(parsed, dict):
-                envelope = parsed
-                source_text = _source_text(text, envelope.get("source"))
-        source = envelope.get("source")
-        update = envelope.get("updateDescription") or {}
-        removed = update.get("removedFields")
+        value = record.value
+        if value is not None:
+            value = payloads.cut(record.topic, False, value)
+            start = value.find(_SOURCE_START)
+            end = value.find(_SOURCE_END, start) if start >= 0 else -1
+            # Neither marker can occur inside a JSON string (its quotes would be escaped).
+            self.sources.append(value[start + 10 : end + 1] if end >= 0 else None)
+        else:
+            self.sources.append(None)
+        self.values.append(value)
+        self.keys.append(None if record.key is None else payloads.cut(record.topic, True, record.key))
+        self.collections.append(record.collection)
+        self.ops.append(record.op if value is not None else None)
         position = record.position
-        c["topic"].append(record.topic)
-        c["collection"].append(record.collection)
-        c["key"].append(key_text)
-        c["op"].append(record.op if record.value is not None else None)
-        c["position"].append(position.to_str())
-        c["pos_seconds"].append(position.seconds)
-        c["pos_increment"].append(position.increment)
-        c["pos_ordinal"].append(position.ordinal)
-        c["ts_ms"].append(envelope.get("ts_ms"))
-        c["before"].append(_text(envelope.get("before")))
-        c["after"].append(_text(envelope.get("after")))
-        c["updated_fields"].append(_text(update.get("updatedFields")))
-        c["removed_fields"].append(list(removed) if removed is not None else None)
-        c["truncated_arrays"].append(_text(update.get("truncatedArrays")))
-        c["snapshot"].append(_text(source.get("snapshot")) if isinstance(source, dict) else None)
-        c["source"].append(source_text)
-        c["value"].append(value_text)
-        self.rows += 1
+        self.seconds.append(position.seconds)
+        self.increments.append(position.increment)
+        self.ordinals.append(position.ordinal)
 
     def table(self) -> pa.Table:
-        return pa.Table.from_pydict(self.lists, schema=LANDING_SCHEMA)
+        rows = self.rows
+        lines = [v if v is not None and v[:1] == b"{" else b"{}" for v in self.values]
+        try:
+            payload = _parse_payloads(lines)
+        except pa.ArrowInvalid:  # a payload whose fields have other types (e.g. the 1.x boolean snapshot)
+            payload = _parse_payloads_slowly(lines)
+        update = payload.column("updateDescription")
+        truncated = pc.struct_field(update, "truncatedArrays")
+        seconds = pa.array(self.seconds, pa.int64())
+        increments = pa.array(self.increments, pa.int64())
+        ordinals = pa.array(self.ordinals, pa.int64())
+        position = pc.binary_join_element_wise(
+            pc.utf8_lpad(pc.cast(seconds, pa.string()), 13, "0"),
+            pc.utf8_lpad(pc.cast(increments, pa.string()), 10, "0"),
+            pc.utf8_lpad(pc.cast(ordinals, pa.string()), 6, "0"),
+            ".",
+        )
+        sources = self.sources
+        columns = {
+            "topic": pa.array([self.topic] * rows, pa.string()),
+            "collection": pa.array(self.collections, pa.string()),
+            "key": pa.array(self.keys, pa.string()),
+            "op": pa.array(self.ops, pa.string()),
+            "position": position,
+            "pos_seconds": seconds,
+            "pos_increment": increments,
+            "pos_ordinal": ordinals,
+            "ts_ms": payload.column("ts_ms"),
+            "before": payload.column("before"),
+            "after": payload.column("after"),
+            "updated_fields": pc.struct_field(update, "updatedFields"),
+            "removed_fields": pc.struct_field(update, "removedFields"),
+            "truncated_arrays": _truncated_text(truncated),
+            "snapshot": pc.struct_field(payload.column("source"), "snapshot"),
+            "source": pa.array(sources, pa.string()),
+            "value": pa.array(self.values, pa.string()),
+        }
+        return pa.Table.from_pydict(columns, schema=LANDING_SCHEMA)
+
+
+def _parse_payloads(lines: list[bytes]) -> pa.Table:
+    """Arrow's JSON reader over the payloads as JSON Lines (blocks parsed in parallel; a block must
+    hold the longest line)."""
+    data = b"\n".join(lines)
+    block = min(max(1 << 20, 2 * max(map(len, lines), default=0) + 2), 2**31 - 1)
+    return pa_json.read_json(
+        pa.BufferReader(data),
+        read_options=pa_json.ReadOptions(block_size=block),
+        parse_options=pa_json.ParseOptions(explicit_schema=_PAYLOAD_SCHEMA, unexpected_field_behavior="ignore"),
+    )
+
+
+def _parse_payloads_slowly(lines: list[bytes]) -> pa.Table:
+    """The same columns parsed in Python, for payloads whose field types Arrow refuses."""
+    rows = []
+    for line in lines:
+        envelope = orjson.loads(line)
+        envelope = envelope if isinstance(envelope, dict) else {}
+        update = envelope.get("updateDescription")
+        source = envelope.get("source")
+        rows.append({
+            "ts_ms": envelope.get("ts_ms"),
+            "before": _text(envelope.get("before")),
+            "after": _text(envelope.get("after")),
+            "updateDescription": None if not isinstance(update, dict) else {
+                "updatedFields": _text(update.get("updatedFields")),
+                "removedFields": update.get("removedFields"),
+                "truncatedArrays": update.get("truncatedArrays"),
+            },
+            "source": {"snapshot": _text(source.get("snapshot"))} if isinstance(source, dict) else None,
+        })  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=_PAYLOAD_SCHEMA)
+
+
+def _truncated_text(truncated: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``truncatedArrays`` as JSON text (rare: only updates that shrank an array have it)."""
+    if truncated.null_count == len(truncated):
+        return pa.nulls(len(truncated), pa.string())
+    return pa.array([None if t is None else _text(t) for t in truncated.to_pylist()], pa.string())
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -191,7 +273,7 @@ class ParquetSink:
         for record in records:
             columns = pending.get(record.topic)
             if columns is None:
-                columns = pending[record.topic] = _Columns()
+                columns = pending[record.topic] = _Columns(record.topic)
             columns.add(record, payloads)
         if self.path is not None and sum(c.rows for c in pending.values()) >= _ROW_GROUP_ROWS:
             self._write_single()
@@ -215,7 +297,7 @@ class ParquetSink:
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._tmp, LANDING_SCHEMA)
         table = pa.concat_tables([c.table() for c in pending]) if len(pending) > 1 else pending[0].table()
-        self._writer.write_table(table)
+        self._writer.write_table(table, row_group_size=_ROW_GROUP_ROWS)
         self.rows_written += table.num_rows
 
     def _write_rolling(self) -> None:
@@ -226,7 +308,7 @@ class ParquetSink:
                 continue
             folder = self.directory / topic
             folder.mkdir(parents=True, exist_ok=True)
-            name = f"part-{columns.lists['position'][0]}-{uuid.uuid4().hex[:8]}.parquet"
+            name = f"part-{columns.first_position()}-{uuid.uuid4().hex[:8]}.parquet"
             tmp = folder / f".{name}.tmp"
             pq.write_table(columns.table(), tmp)
             with open(tmp, "rb") as handle:
@@ -245,7 +327,7 @@ class ParquetSink:
             return
         assert self._tmp is not None
         if self._writer is None:  # no records: the partition's output is an empty file, not a stale one
-            pq.write_table(_Columns().table(), self._tmp)
+            pq.write_table(LANDING_SCHEMA.empty_table(), self._tmp)
         else:
             self._writer.close()
         with open(self._tmp, "rb") as handle:

@@ -206,3 +206,34 @@ def test_parquet_rows_are_the_same_with_and_without_schemas(tmp_path: Path) -> N
     with_schemas, without = tables
     assert with_schemas == without and len(without) == 6
     assert orjson.loads(without[1]["value"])["op"] == "u" and orjson.loads(without[1]["key"]) == {"id": '{"$numberLong" : "1004"}'}
+
+
+def test_parquet_takes_the_1x_format_too(tmp_path: Path) -> None:
+    from mongocdc_core.events.convert import EventConverter
+    from mongocdc_core.events.options import EventOptions
+    from tests.events.helpers import POSITION, insert, update
+
+    conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", event_format="oplog_1x", now_ns=lambda: 7))
+    records = conv.convert_change(insert(), POSITION) + conv.convert_change(update(), POSITION)
+    sink = ParquetSink.to_file(tmp_path / "x.parquet")
+    sink.write(records)
+    sink.close()
+    rows = pq.read_table(tmp_path / "x.parquet").to_pylist()
+    assert [r["op"] for r in rows] == ["c", "u"] and [r["snapshot"] for r in rows] == ["false", "false"]
+    assert rows[0]["after"] == orjson.loads(records[0].value or b"")["payload"]["after"]
+    assert orjson.loads(rows[1]["source"])["ord"] == POSITION.increment
+
+
+def test_parquet_takes_documents_larger_than_a_json_block(tmp_path: Path) -> None:
+    from mongocdc_core.events.convert import EventConverter
+    from mongocdc_core.events.options import EventOptions
+    from tests.events.helpers import POSITION, insert
+
+    conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0"))
+    big = {"_id": 1, "text": 'x"' * 1_500_000}  # 3 MB, and 6 MB once escaped inside the envelope
+    records = conv.convert_change(insert({"_id": 0}), POSITION) + conv.convert_change(insert(big), POSITION)
+    sink = ParquetSink.to_file(tmp_path / "x.parquet")
+    sink.write(records)
+    sink.close()
+    rows = pq.read_table(tmp_path / "x.parquet").to_pylist()
+    assert orjson.loads(rows[1]["after"])["text"] == big["text"] and len(rows) == 2
