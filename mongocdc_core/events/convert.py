@@ -25,6 +25,7 @@ from mongocdc_core.events.envelope import (
     key_template,
     legacy_payload,
     legacy_source_block,
+    times,
     update_description,
     value_template,
 )
@@ -136,6 +137,8 @@ class EventConverter:
         self._last_lsid_json = NULL
         self._last_txn: tuple[Any, Any, str | None] = (None, None, None)
         self._pre_image = options.pre_image
+        self._times_seconds = -1
+        self._times = b""
         self._update_full = options.update_full
         self._tombstones = options.tombstones_on_delete
         self._now_ns = options.now_ns
@@ -191,6 +194,12 @@ class EventConverter:
         )
         self._collections[(db, coll)] = ctx
         return ctx
+
+    def _source_times(self, seconds: int) -> bytes:
+        """``source.ts_*`` of a clusterTime's seconds (cached: consecutive events share a second)."""
+        if seconds != self._times_seconds:
+            self._times_seconds, self._times = seconds, times(seconds * 1_000_000_000)
+        return self._times
 
     def _lsid_json(self, lsid: Any) -> bytes:
         """``source.lsid``: the session document's text as a JSON string (cached: a transaction's
@@ -283,8 +292,8 @@ class EventConverter:
                 update_desc = NULL
             value = ctx.value_template % (
                 before, after, update_desc,
-                seconds * 1000, seconds * 1_000_000, seconds * 1_000_000_000, _SNAPSHOT_JSON["false"], position.increment,
-                self._lsid_json(lsid),
+                self._source_times(seconds), _SNAPSHOT_JSON["false"], position.increment,
+                NULL if lsid is None else self._lsid_json(lsid),
                 NULL if txn_number is None else b"%d" % txn_number,
                 _int_json(_wall_time_ms(get("wallTime"))),
                 _OP_JSON[op], now_ns // 1_000_000, now_ns // 1_000, now_ns,
@@ -344,7 +353,7 @@ class EventConverter:
         else:
             value = ctx.value_template % (
                 NULL, document_string(document, ctx.fields), NULL,
-                ts_ns // 1_000_000, ts_ns // 1_000, ts_ns, _SNAPSHOT_JSON[snapshot_marker], position.increment,
+                times(ts_ns), _SNAPSHOT_JSON[snapshot_marker], position.increment,
                 NULL, NULL, NULL,
                 _OP_JSON["r"], now_ns // 1_000_000, now_ns // 1_000, now_ns, NULL,
             )  # fmt: skip

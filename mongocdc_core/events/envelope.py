@@ -30,7 +30,7 @@ def _constant(value: str) -> bytes:
 
 def value_template(*, schema_prefix: bytes, version: str, name: str, rs: str, db: str, collection: str) -> bytes:
     """One collection's change streams value with slots, in this order: ``before``, ``after``,
-    ``updateDescription`` (JSON bytes), ``source.ts_ms/ts_us/ts_ns`` (int), ``source.snapshot``
+    ``updateDescription`` (JSON bytes), ``source.ts_ms/ts_us/ts_ns`` (:func:`times`), ``source.snapshot``
     (JSON bytes), ``source.ord`` (int), ``source.lsid/txnNumber/wallTime`` (JSON bytes), ``op``
     (JSON bytes), ``ts_ms/ts_us/ts_ns`` (int), ``transaction`` (JSON bytes).
 
@@ -44,7 +44,7 @@ def value_template(*, schema_prefix: bytes, version: str, name: str, rs: str, db
         + _constant(CONNECTOR)
         + b',"name":'
         + _constant(name)
-        + b',"ts_ms":%d,"ts_us":%d,"ts_ns":%d,"snapshot":%b,"db":'
+        + b',"ts_ms":%b,"snapshot":%b,"db":'
         + _constant(db)
         + b',"rs":'
         + _constant(rs)
@@ -54,6 +54,11 @@ def value_template(*, schema_prefix: bytes, version: str, name: str, rs: str, db
         + b'"op":%b,"ts_ms":%d,"ts_us":%d,"ts_ns":%d,"transaction":%b}'
         + (b"}" if schema_prefix else b"")
     )
+
+
+def times(ns: int) -> bytes:
+    """The values of ``ts_ms``, ``ts_us`` and ``ts_ns`` for a nanosecond time, with the names between."""
+    return b'%d,"ts_us":%d,"ts_ns":%d' % (ns // 1_000_000, ns // 1_000, ns)
 
 
 def key_template(schema_prefix: bytes) -> bytes:
