@@ -67,7 +67,7 @@ test: setup
 
 # Everything that needs neither Kafka, Spark, the Dagster daemon, pymongo's suite nor Debezium.
 test-fast: setup
-	$(PYTEST) -m "not kafka and not spark and not daemon and not conformance and not compat and not slow" tests
+	$(PYTEST) -m "not kafka and not spark and not daemon and not conformance and not compat and not slow and not bench" tests
 
 lint: setup
 	$(PY) -m ruff check mongocdc_core mongocdc_dagster mongocdc_devstack tests benchmarks
@@ -81,8 +81,9 @@ dev: setup
 demo: setup
 	$(PY) -m mongocdc_devstack.demo
 
+# Every benchmark in its own process; one table of ratios, written to benchmarks/results.json.
 bench: setup
-	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
+	$(PY) -m benchmarks.run
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(DRIVERS_JAVA)/target $(DRIVERS_NODE)/node_modules \

@@ -9,7 +9,6 @@ Printed as seconds and the ratio merge / baseline.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import tempfile
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from benchmarks import harness
 from mongocdc_core.tables.changelog import CHANGELOG_COLUMNS, write_rows
 from mongocdc_core.tables.current_state import merge_current_state
 from mongocdc_core.tables.session import spark_session
@@ -50,36 +50,34 @@ def _rows(spark: SparkSession, count: int, keys: int, first_second: int, snapsho
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--keys", type=int, default=200_000)
-    args = parser.parse_args()
+NAME = "current_state merge"
+BASELINE = "a plain Delta append of the same changelog rows to a scratch table, same Spark session"
+
+
+def run(small: bool) -> list[harness.Row]:
+    events, keys = (2_000, 500) if small else (1_000_000, 200_000)
     spark = spark_session()
     root = Path(tempfile.mkdtemp(prefix="bench-current-state-"))
     try:
         changelog, state = str(root / "changelog"), str(root / "current_state")
-        write_rows(spark, changelog, _rows(spark, args.keys, args.keys, 1_700_000_000, snapshot=True), None)
+        write_rows(spark, changelog, _rows(spark, keys, keys, 1_700_000_000, snapshot=True), None)
         merge_current_state(spark, changelog, state, collections=[NAMESPACE])
-        events = _rows(spark, args.events, args.keys, 1_700_000_100, snapshot=False).localCheckpoint()
-        write_rows(spark, changelog, events, None)
+        changes = _rows(spark, events, keys, 1_700_000_100, snapshot=False).localCheckpoint()
+        write_rows(spark, changelog, changes, None)
 
         start = time.perf_counter()
-        events.write.format("delta").mode("append").save(str(root / "baseline"))
+        changes.write.format("delta").mode("append").save(str(root / "baseline"))
         baseline = time.perf_counter() - start
 
         start = time.perf_counter()
-        result = merge_current_state(spark, changelog, state, changes=events.select("collection", "_id"))
+        merge_current_state(spark, changelog, state, changes=changes.select("collection", "_id"))
         merge = time.perf_counter() - start
-
-        print(f"events={args.events} keys={args.keys} upserted={result.upserted} deleted={result.deleted}")
-        print(f"plain delta write of the events: {baseline:8.2f} s")
-        print(f"merge into current_state:        {merge:8.2f} s")
-        print(f"ratio merge / plain write:       {merge / baseline:8.2f}x")
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)
+    return [harness.Row(NAME, f"merge of {events:,} events on {keys:,} keys vs plain Delta write", BASELINE,
+                        merge, baseline, "s", merge / baseline)]
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(NAME, BASELINE, run)

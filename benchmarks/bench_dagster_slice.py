@@ -7,12 +7,11 @@ then the ``stream_slice`` asset through ``dagster.materialize`` on an ephemeral 
 (Dagster events/s over engine events/s) is the fraction of the engine's speed left after Dagster's
 run overhead and the asset's landing check; it approaches 1 as slices grow.
 
-Usage: ``python benchmarks/bench_dagster_slice.py [--events 20000]``
+Usage: ``python -m benchmarks.bench_dagster_slice`` (``MONGOCDC_BENCH_SMALL=1``: 500 documents)
 """
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -23,8 +22,8 @@ from bson import Timestamp
 from dagster import DagsterInstance, materialize
 from pymongo import MongoClient
 from rich.console import Console
-from rich.table import Table
 
+from benchmarks import harness
 from mongocdc_core import api
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.sinks.parquet import ParquetSink
@@ -43,10 +42,12 @@ def _sleep_until(when: datetime) -> None:
         time.sleep(delay)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=20_000, help="documents inserted into the window")
-    args = parser.parse_args()
+NAME = "dagster slice"
+BASELINE = "api.stream_window of the same window into a ParquetSink.to_file (what the asset runs inside), best of 3"
+
+
+def run(small: bool) -> list[harness.Row]:
+    events = 500 if small else 20_000
     console = Console()
     with EmulatedReplicaSet(in_process=False, noop_interval=1.0) as emulator, tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
@@ -63,7 +64,7 @@ def main() -> None:
         console.print(f"waiting for the window starting {window_start:%H:%M:%S} (inside the oplog)")
         _sleep_until(window_start)
         client: MongoClient[dict[str, object]] = MongoClient(emulator.uri)
-        docs = [{"_id": i, "name": f"customer-{i}", "value": i * 3, "tags": ["a", "b"]} for i in range(args.events)]
+        docs = [{"_id": i, "name": f"customer-{i}", "value": i * 3, "tags": ["a", "b"]} for i in range(events)]
         for offset in range(0, len(docs), 1000):
             client.bench.orders.insert_many(docs[offset:offset + 1000])
         client.close()
@@ -94,17 +95,11 @@ def main() -> None:
                                      partition_key=str(partitions.slice_key("bench.orders", window_key)),
                                      resources=resources, instance=instance)
                 dagster_s = min(dagster_s, time.perf_counter() - began)
-        assert result.success and direct.events == args.events, (direct.events, args.events)
+        assert result.success and direct.events == events, (direct.events, events)
 
-    table = Table(title=f"stream slice of {direct.events} events")
-    table.add_column("path")
-    table.add_column("seconds", justify="right")
-    table.add_column("events/s", justify="right")
-    table.add_row("api.stream_window (baseline)", f"{direct_s:.2f}", f"{direct.events / direct_s:,.0f}")
-    table.add_row("dagster materialize", f"{dagster_s:.2f}", f"{direct.events / dagster_s:,.0f}")
-    console.print(table)
-    console.print(f"ratio dagster/engine: {direct_s / dagster_s:.2f}")
+    return [harness.Row(NAME, f"stream slice of {direct.events:,} events through dagster materialize", BASELINE,
+                        direct.events / dagster_s, direct.events / direct_s, "events/s", direct_s / dagster_s)]
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(NAME, BASELINE, run)

@@ -7,20 +7,18 @@ documents pre-encoded in 101-document batches, i.e. the client's unavoidable dec
 no server and no network. The ratio says which fraction of the pure decoding speed the emulator
 delivers end to end, independent of the machine.
 
-Usage: ``python benchmarks/bench_emulator_find.py [--docs 200000]``
+Usage: ``python -m benchmarks.bench_emulator_find`` (``MONGOCDC_BENCH_SMALL=1``: 5,000 documents)
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import bson
 from bson import ObjectId
 from pymongo import MongoClient
-from rich.console import Console
-from rich.table import Table
 
+from benchmarks import harness
 from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 
@@ -61,26 +59,23 @@ def _drain(uri: str, docs: list[dict[str, object]]) -> tuple[float, float]:
         return insert_rate, find_rate
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--docs", type=int, default=200_000)
-    args = parser.parse_args()
-    docs = _documents(args.docs)
+NAME = "emulator find"
+BASELINE = "bson.decode_all of the same documents pre-encoded in 101-document batches (the client's decoding alone)"
+
+
+def run(small: bool) -> list[harness.Row]:
+    count = 5_000 if small else 200_000
+    docs = _documents(count)
     with EmulatedReplicaSet(in_process=False, noop_interval=0, oplog_size_mb=1024) as rs:
         insert_rate, find_rate = _drain(rs.uri, docs)
-    for doc in docs:
-        doc.pop("_id", None)
-    baseline = _baseline(_documents(args.docs))
-    table = Table(title=f"emulator find, {args.docs:,} documents")
-    table.add_column("measure")
-    table.add_column("docs/s", justify="right")
-    table.add_row("baseline: bson.decode_all of the same documents (same process)", f"{baseline:,.0f}")
-    table.add_row("emulator: find({}) drained through pymongo", f"{find_rate:,.0f}")
-    table.add_row("emulator: insert_many (for reference)", f"{insert_rate:,.0f}")
-    console = Console()
-    console.print(table)
-    console.print(f"ratio find / baseline: {find_rate / baseline:.2f}")
+    baseline = _baseline(_documents(count))
+    return [
+        harness.Row(NAME, "emulator find({}) drained through pymongo", BASELINE, find_rate, baseline, "docs/s",
+                    find_rate / baseline),
+        harness.Row(NAME, "emulator insert_many (reference)", BASELINE, insert_rate, baseline, "docs/s",
+                    insert_rate / baseline),
+    ]
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(NAME, BASELINE, run)

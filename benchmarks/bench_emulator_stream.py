@@ -12,20 +12,18 @@ swing with the load, CPU-time rates much less.
 The engine benchmarks need the emulator to deliver well over 30k insert events/s so that they
 measure the engine, not the emulator.
 
-Usage: ``python -m benchmarks.bench_emulator_stream [--docs 200000] [--workload insert]``
+Usage: ``python -m benchmarks.bench_emulator_stream`` (``MONGOCDC_BENCH_SMALL=1``: 2,000 documents)
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 
 from bson import Timestamp
 from pymongo import InsertOne, MongoClient, UpdateOne
-from rich.console import Console
-from rich.table import Table
 
+from benchmarks import harness
 from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 WORKLOADS = ("insert", "update", "transaction")
@@ -83,32 +81,24 @@ def _drain_find(client: MongoClient, count: int) -> int:
     return seen
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--docs", type=int, default=200_000, help="documents to write and events to drain")
-    parser.add_argument("--workload", choices=WORKLOADS, default="insert", help="which events to drain")
-    args = parser.parse_args(argv)
-    if args.docs <= 0:
-        parser.error(f"--docs must be positive, got {args.docs}")
-    console = Console()
-    with EmulatedReplicaSet(oplog_size_mb=1024, noop_interval=10.0) as emulated:
-        client: MongoClient = MongoClient(emulated.uri, uuidRepresentation="standard")
-        began = time.perf_counter()
-        start = _write(client, args.docs, args.workload)
-        write_s = time.perf_counter() - began
-        events, stream_s, stream_cpu = _timed(lambda: _drain_stream(client, start, args.docs))
-        docs, find_s, find_cpu = _timed(lambda: _drain_find(client, args.docs))
-        client.close()
-    table = Table(title=f"emulator change stream drain ({events} {args.workload} events)")
-    table.add_column("measure")
-    table.add_column("wall-clock rate", justify="right")
-    table.add_column("per CPU-second", justify="right")
-    table.add_row("write", f"{args.docs / write_s:,.0f} docs/s", "")
-    table.add_row("change stream drain", f"{events / stream_s:,.0f} events/s", f"{events / stream_cpu:,.0f} events/s")
-    table.add_row("find drain (baseline)", f"{docs / find_s:,.0f} docs/s", f"{docs / find_cpu:,.0f} docs/s")
-    table.add_row("stream / find ratio", f"{find_s / stream_s:.2f}", f"{find_cpu / stream_cpu:.2f}")
-    console.print(table)
+NAME = "emulator stream"
+BASELINE = "a find({}) drain of the same documents from the same in-process emulator (process CPU time)"
+
+
+def run(small: bool) -> list[harness.Row]:
+    count = 2_000 if small else 200_000
+    rows = []
+    for workload in WORKLOADS:
+        with EmulatedReplicaSet(oplog_size_mb=1024, noop_interval=10.0) as emulated:
+            client: MongoClient = MongoClient(emulated.uri, uuidRepresentation="standard")
+            start = _write(client, count, workload)
+            events, _, stream_cpu = _timed(lambda: _drain_stream(client, start, count))  # noqa: B023
+            docs, _, find_cpu = _timed(lambda: _drain_find(client, count))  # noqa: B023
+            client.close()
+        rows.append(harness.Row(NAME, f"change stream drain, {workload} events (both sides' CPU)", BASELINE,
+                                events / stream_cpu, docs / find_cpu, "events/CPU-s", find_cpu / stream_cpu))
+    return rows
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(NAME, BASELINE, run)

@@ -8,12 +8,11 @@ stream). Both write into a sink that only counts, so the ratio is the cost of th
 algorithm itself. The second scenario repeats both runs while another thread keeps updating
 random documents of the collection (the incremental run also streams and de-duplicates those).
 
-Usage: ``python benchmarks/bench_incremental_snapshot.py [--docs 20000] [--chunk 1024]``
+Usage: ``python -m benchmarks.bench_incremental_snapshot`` (``MONGOCDC_BENCH_SMALL=1``: 2,000 documents)
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 import threading
 import time
@@ -21,9 +20,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pymongo import MongoClient
-from rich.console import Console
-from rich.table import Table
 
+from benchmarks import harness
 from mongocdc_core.api import incremental_snapshot_collection, snapshot_collection
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events.records import Record
@@ -89,35 +87,35 @@ def _scenario(cfg: ConnectorConfig, uri: str, docs: int, writes: bool) -> tuple[
     return blocking, incremental, writer.writes if writer is not None else 0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--docs", type=int, default=20_000)
-    parser.add_argument("--chunk", type=int, default=1024)
-    args = parser.parse_args()
+NAME = "incremental snapshot"
+BASELINE = "a blocking snapshot (api.snapshot_collection: one find drained in order) of the same collection into the same counting sink"
+
+
+def run(small: bool) -> list[harness.Row]:
+    docs, chunk = (2_000, 256) if small else (20_000, 1024)
+    rows = []
     with EmulatedReplicaSet(in_process=False, noop_interval=1.0, oplog_size_mb=512) as rs:
         client: MongoClient[Any] = MongoClient(rs.uri)
         with client:
             client.bench.items.insert_many(
-                [{"_id": i, "name": f"item-{i}", "price": i % 97, "tags": ["a", "b"], "n": 0} for i in range(args.docs)]
+                [{"_id": i, "name": f"item-{i}", "price": i % 97, "tags": ["a", "b"], "n": 0} for i in range(docs)]
             )
         cfg = ConnectorConfig.from_dict({
             "mongodb.connection.string": rs.uri,
             "topic.prefix": "bench",
             "collection.include.list": "bench\\..*",
             "signal.data.collection": "bench.signals",
-            "incremental.snapshot.chunk.size": str(args.chunk),
+            "incremental.snapshot.chunk.size": str(chunk),
             "poll.interval.ms": "20",
             "cursor.max.await.time.ms": "50",
         })
         snapshot_collection(cfg, NAMESPACE, CountingSink())  # warm-up: connections, caches
-        table = Table(title=f"incremental vs blocking snapshot, {args.docs:,} documents, chunk {args.chunk}")
-        for column in ("scenario", "blocking docs/s", "incremental docs/s", "ratio", "concurrent writes"):
-            table.add_column(column, justify="right" if column != "scenario" else "left")
         for name, writes in (("idle collection", False), ("with concurrent updates", True)):
-            blocking, incremental, count = _scenario(cfg, rs.uri, args.docs, writes)
-            table.add_row(name, f"{blocking:,.0f}", f"{incremental:,.0f}", f"{incremental / blocking:.2f}", f"{count:,}")
-    Console().print(table)
+            blocking, incremental, count = _scenario(cfg, rs.uri, docs, writes)
+            rows.append(harness.Row(NAME, f"incremental vs blocking snapshot, {name} ({count:,} concurrent writes)",
+                                    BASELINE, incremental, blocking, "docs/s", incremental / blocking))
+    return rows
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(NAME, BASELINE, run)

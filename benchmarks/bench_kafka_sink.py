@@ -10,12 +10,11 @@ Latency: with the Kafka connector streaming, documents are inserted at a steady 
 the time from ``insert_one`` returning to the broker acknowledging its record (delivery report,
 served by a polling thread) is measured; p50 and p99 are printed.
 
-Usage: ``python benchmarks/bench_kafka_sink.py [--docs 20000] [--latency-docs 400]``
+Usage: ``python -m benchmarks.bench_kafka_sink`` (``MONGOCDC_BENCH_SMALL=1``: 1,000 documents)
 """
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import tempfile
@@ -27,9 +26,8 @@ from typing import Any
 import orjson
 from confluent_kafka import Message
 from pymongo import MongoClient
-from rich.console import Console
-from rich.table import Table
 
+from benchmarks import harness
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import FileOffsetStore
@@ -133,30 +131,27 @@ def _latency(uri: str, bootstrap: str, count: int, work: Path) -> list[float]:
     return [(acked[i] - written[i]) * 1000 for i in written]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--docs", type=int, default=20_000)
-    parser.add_argument("--latency-docs", type=int, default=400)
-    args = parser.parse_args()
-    console = Console()
+NAME = "kafka streaming"
+BASELINE = "the same engine streaming the same events from the same offset into the jsonl sink (fsync at every commit)"
+
+
+def run(small: bool) -> list[harness.Row]:
+    docs, latency_docs = (1_000, 50) if small else (20_000, 400)
     work = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
     try:
         with EmulatedReplicaSet(noop_interval=1.0) as emulated, KafkaBroker(None, work / "broker") as broker:
-            jsonl, kafka = _throughput(emulated.uri, broker.bootstrap_servers, args.docs, work)
-            latencies = sorted(_latency(emulated.uri, broker.bootstrap_servers, args.latency_docs, work))
+            jsonl, kafka = _throughput(emulated.uri, broker.bootstrap_servers, docs, work)
+            latencies = sorted(_latency(emulated.uri, broker.bootstrap_servers, latency_docs, work))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    table = Table(title="Kafka sink")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
-    table.add_row("jsonl sink (baseline)", f"{jsonl:,.0f} events/s")
-    table.add_row("kafka sink", f"{kafka:,.0f} events/s")
-    table.add_row("ratio kafka / jsonl", f"{kafka / jsonl:.2f}")
+    p50 = statistics.median(latencies)
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-    table.add_row("insert -> Kafka ack p50", f"{statistics.median(latencies):.1f} ms")
-    table.add_row("insert -> Kafka ack p99", f"{p99:.1f} ms")
-    console.print(table)
+    return [
+        harness.Row(NAME, "engine -> kafka sink vs engine -> jsonl sink", BASELINE, kafka, jsonl, "events/s", kafka / jsonl),
+        harness.Row(NAME, "insert -> Kafka acknowledgement, p99 vs p50", "the p50 of the same measurement",
+                    p99, p50, "ms", p99 / p50),
+    ]
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(NAME, BASELINE, run)

@@ -8,23 +8,20 @@ time against one uninterrupted snapshot gives the time lost to the interruption 
 were resumable, a restart re-read the whole collection: about 90 % lost).
 
 The emulator (a separate process) is the server here; with it the server, not the connector,
-limits how much threads can add. Usage: ``python benchmarks/bench_snapshot_ranges.py [--docs 1000000]``
-(``MONGOCDC_BENCH_SMALL=1``: 20,000 documents).
+limits how much threads can add. Usage: ``python -m benchmarks.bench_snapshot_ranges``
+(1,000,000 documents; ``MONGOCDC_BENCH_SMALL=1``: 20,000).
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pymongo import MongoClient
-from rich.console import Console
-from rich.table import Table
 
+from benchmarks import harness
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.dispatcher import ProgressListener
 from mongocdc_core.engine import Engine
@@ -106,42 +103,33 @@ def _bare_find(uri: str, count: int) -> float:
     return count / elapsed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    small = os.environ.get("MONGOCDC_BENCH_SMALL") == "1"
-    parser.add_argument("--docs", type=int, default=20_000 if small else 1_000_000)
-    args = parser.parse_args()
-    count = args.docs
+NAME = "snapshot"
+BASELINE = "a bare pymongo find({}) drain of the same collection (batch size 1000), same process, same server"
+
+
+def run(small: bool) -> list[harness.Row]:
+    count = 20_000 if small else 1_000_000
     split = max(1_000, count // 16)
-    rows: list[tuple[str, float, float]] = []
+    rows = []
     with EmulatedReplicaSet(in_process=False, noop_interval=0, oplog_size_mb=256) as rs:
         _seed(rs.uri, count)
         baseline = _bare_find(rs.uri, count)
         for threads in (1, 2, 4):
             elapsed, records = _snapshot(_config(rs.uri, threads, split), MemoryOffsetStore())
             assert records == count, f"{records} records for {count} documents"
-            rows.append((f"snapshot, {threads} thread(s), {count // split} ranges", count / elapsed, count / elapsed / baseline))
+            rows.append(harness.Row(NAME, f"snapshot, {threads} thread(s), {count // split} ranges", BASELINE,
+                                    count / elapsed, baseline, "docs/s", count / elapsed / baseline))
         full, _ = _snapshot(_config(rs.uri, 2, split), MemoryOffsetStore())
         with tempfile.TemporaryDirectory() as tmp:
             offsets = FileOffsetStore(Path(tmp) / "offsets.json")
             first, copied = _snapshot(_config(rs.uri, 2, split), offsets, StopAt(int(count * 0.9)))
             second, rest = _snapshot(_config(rs.uri, 2, split), offsets)
     lost = (first + second - full) / full
-    table = Table(title=f"snapshot of one collection of {count:,} documents (emulator in its own process)")
-    for name in ("measure", "docs/s", "ratio"):
-        table.add_column(name, justify="left" if name == "measure" else "right")
-    table.add_row("baseline: bare pymongo find({}) drain, same process", f"{baseline:,.0f}", "1.00")
-    for name, rate, ratio in rows:
-        table.add_row(name, f"{rate:,.0f}", f"{ratio:.2f}")
-    console = Console()
-    console.print(table)
-    console.print(
-        f"interrupted at 90 % ({copied:,} documents), resumed ({rest:,} more): {first + second:.2f} s against "
-        f"{full:.2f} s uninterrupted -> time lost {lost:.0%} of the total (goal < 15 %; "
-        f"re-reading the collection would lose ~90 %)"
-    )
-    console.print(f"documents read twice across the interruption: {copied + rest - count:,}")
+    rows.append(harness.Row(NAME, f"time lost to a stop at 90% and a resume ({copied + rest - count:,} docs read twice)",
+                            "one uninterrupted snapshot of the same collection", first + second, full, "s", lost, 0.15,
+                            "<="))
+    return rows
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(NAME, BASELINE, run)

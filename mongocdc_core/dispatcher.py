@@ -17,7 +17,6 @@ from bson import Timestamp
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events import EventConverter, Record
-from mongocdc_core.events.transactions import transaction_id
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.offsets import Offset, OffsetStore, SnapshotState
 from mongocdc_core.positions import Position, token_timestamp
@@ -203,10 +202,14 @@ class Dispatcher:
         else:
             self._last_key = key
             self._ordinal = 0
-        return Position(key[0], key[1], self._ordinal)
+        return Position.from_timestamp(cluster_time, self._ordinal)
 
     def change(self, doc: Mapping[str, Any], token: dict[str, Any]) -> bool:
-        """Dispatch one change event; True when it produced a data event (not filtered)."""
+        """Dispatch one change event; True when it produced a data event (not filtered).
+
+        The one place a change event is converted (``EventConverter.convert_change``) and its
+        records handed on: a failure of either surfaces here, with the event and its position.
+        """
         ns = doc.get("ns") or {}
         db, coll = ns.get("db"), ns.get("coll")
         captured = self._captured.get((db, coll))
@@ -219,11 +222,15 @@ class Dispatcher:
             )
             self._captured[(db, coll)] = captured
         cluster_time = doc.get("clusterTime")
-        if not isinstance(cluster_time, Timestamp):
+        if type(cluster_time) is not Timestamp:
             cluster_time = token_timestamp(token) or Timestamp(0, 0)
         position = self._position(cluster_time)
         records = self.converter.convert_change(doc, position) if captured else []
-        op = next((r.op for r in records if r.op is not None), None)
+        op = None
+        for record in records:
+            if record.op is not None:
+                op = record.op
+                break
         if records:
             self._write(records)
         # Only now may the offset move past this event: it was converted and handed to the sink.
@@ -242,7 +249,7 @@ class Dispatcher:
         self.last_event_position = position
         streaming = self.metrics.streaming
         lsid = doc.get("lsid")
-        txn = transaction_id(lsid, doc.get("txnNumber")) if lsid is not None else None
+        txn = self.converter.transaction_id(lsid, doc.get("txnNumber")) if lsid is not None else None
         if txn != self._txn:
             if self._txn is not None:
                 streaming.NumberOfCommittedTransactions += 1

@@ -328,6 +328,8 @@ class CapturePipeline:
         companion: StreamCompanion | None,
     ) -> bool:
         """One change through the dispatcher, then to the companion; True for a data event."""
+        if accept is None and companion is None:
+            return self.dispatcher.change(doc, token)
         ns = doc.get("ns") or {}
         db, coll = ns.get("db"), ns.get("coll")
         namespace = f"{db}.{coll}"

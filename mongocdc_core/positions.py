@@ -19,6 +19,8 @@ _SECONDS_WIDTH = 13
 _INCREMENT_WIDTH = 10
 _ORDINAL_WIDTH = 6
 _KEYSTRING_TIMESTAMP = 130  # KeyString type byte of a BSON Timestamp at the start of a resume token
+_new = object.__new__
+_set = object.__setattr__
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -42,10 +44,20 @@ class Position:
 
     @classmethod
     def from_timestamp(cls, ts: Timestamp, ordinal: int = 0) -> Position:
-        """Position of an event whose clusterTime is ``ts``."""
-        if not isinstance(ts, Timestamp):
+        """Position of an event whose clusterTime is ``ts``.
+
+        Runs once per event: a Timestamp's parts are already unsigned 32-bit, so only the ordinal
+        is checked (the frozen dataclass's own ``__init__`` costs three times as much).
+        """
+        if type(ts) is not Timestamp and not isinstance(ts, Timestamp):
             raise ValueError(f"expected a bson.Timestamp, got {type(ts).__name__}: {ts!r}")
-        return cls(ts.time, ts.inc, ordinal)
+        if type(ordinal) is not int or not 0 <= ordinal <= _ORDINAL_MAX:
+            raise ValueError(f"Position.ordinal must be an int in [0, {_ORDINAL_MAX}], got {ordinal!r}")
+        position = _new(cls)
+        _set(position, "seconds", ts.time)
+        _set(position, "increment", ts.inc)
+        _set(position, "ordinal", ordinal)
+        return position
 
     @property
     def timestamp(self) -> Timestamp:

@@ -12,9 +12,8 @@ from typing import Any
 
 import orjson
 from bson import json_util
-from bson.json_util import JSONMode, JSONOptions
 
-_LOADS = JSONOptions(json_mode=JSONMode.RELAXED, tz_aware=False)
+from mongocdc_core.events import ejson
 
 
 class ReplayError(ValueError):
@@ -22,7 +21,7 @@ class ReplayError(ValueError):
 
 
 def _ejson(text: str) -> Any:
-    return json_util.loads(text, json_options=_LOADS)
+    return ejson.loads(text)
 
 
 def _payload(message: Any) -> Any:

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import bson
 from bson import Int64, Timestamp
 from bson.binary import UuidRepresentation
-from bson.codec_options import CodecOptions
+from bson.codec_options import CodecOptions, DatetimeConversion
 
 from mongocdc_devstack import resume_token as rt
 from mongocdc_devstack.errors import (
@@ -48,7 +48,9 @@ from mongocdc_devstack.matching import bson_type_name
 from mongocdc_devstack.oplog import Oplog, ts_key
 from mongocdc_devstack.oplog_diff import update_description
 
-CODEC_OPTIONS: CodecOptions[Any] = CodecOptions(uuid_representation=UuidRepresentation.STANDARD, tz_aware=True)
+CODEC_OPTIONS: CodecOptions[Any] = CodecOptions(
+    uuid_representation=UuidRepresentation.STANDARD, tz_aware=True, datetime_conversion=DatetimeConversion.DATETIME_AUTO
+)
 
 BSON_OBJ_MAX_USER_SIZE = 16 * 1024 * 1024
 BSON_OBJ_MAX_INTERNAL_SIZE = BSON_OBJ_MAX_USER_SIZE + 16 * 1024

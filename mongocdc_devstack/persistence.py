@@ -21,9 +21,13 @@ from typing import Any
 import bson
 from bson import Timestamp
 from bson.binary import Binary
+from bson.codec_options import CodecOptions, DatetimeConversion
 
 from .oplog import ts_key
 from .state import Collection, Index, ServerState, id_key
+
+# Dates outside Python's datetime range stay DatetimeMS (as the wire decoder keeps them).
+_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(datetime_conversion=DatetimeConversion.DATETIME_AUTO)
 
 CHECKPOINT = "checkpoint.bson"
 JOURNAL = "journal.bson"
@@ -48,7 +52,7 @@ def read_records(path: str) -> tuple[list[dict[str, Any]], int]:
         if size < 5 or pos + size > len(data):
             break
         try:
-            records.append(bson.decode(data[pos : pos + size]))
+            records.append(bson.decode(data[pos : pos + size], _CODEC))
         except Exception:  # a torn record from a crash: everything after it is unusable
             break
         pos += size
@@ -108,7 +112,7 @@ class Persistence:
         kind = record.get("k")
         if kind == "put":
             raw = bytes(record["d"])
-            doc = bson.decode(raw)
+            doc = bson.decode(raw, _CODEC)
             self._collection(record["db"], record["c"]).put(id_key(doc["_id"]), (doc, raw))
         elif kind == "del":
             self._collection(record["db"], record["c"]).remove(id_key(record["id"]))

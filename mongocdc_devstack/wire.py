@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import bson
-from bson.codec_options import CodecOptions
+from bson.codec_options import CodecOptions, DatetimeConversion
 
 OP_REPLY = 1
 OP_QUERY = 2004
@@ -30,8 +30,9 @@ MAX_MESSAGE_SIZE = 48_000_000
 MAX_BSON_OBJECT_SIZE = 16 * 1024 * 1024
 
 # Decode commands as plain dicts; UUIDs stay bson Binary (subtype 4) so every stored value
-# re-encodes with default codec options, as the oplog does when it sizes entries.
-CODEC: CodecOptions[dict[str, Any]] = CodecOptions()
+# re-encodes with default codec options, as the oplog does when it sizes entries. Dates outside
+# Python's datetime range (MongoDB stores any 64-bit millisecond count) stay DatetimeMS.
+CODEC: CodecOptions[dict[str, Any]] = CodecOptions(datetime_conversion=DatetimeConversion.DATETIME_AUTO)
 
 
 class WireError(Exception):

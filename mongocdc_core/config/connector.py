@@ -130,6 +130,7 @@ class ConnectorConfig:
     mongocdc_metrics_file: str | None
     mongocdc_metrics_port: int
     mongocdc_snapshot_split_size: int
+    mongocdc_jsonl_compression: str
     mongocdc_kafka_topic_creation_enable: bool
     mongocdc_kafka_topic_partitions: int
     mongocdc_kafka_topic_replication_factor: int

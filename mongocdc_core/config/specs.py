@@ -238,6 +238,10 @@ PROPERTY_SPECS: tuple[PropertySpec, ...] = (
     _p("mongocdc.snapshot.split.size", "int", "250000",
        "Collections with more documents are snapshotted as _id ranges of about this many documents, copied in "
        "parallel and resumed range by range (0 = never split).", minimum=0, group="mongocdc"),
+    _p("mongocdc.jsonl.compression", "enum", "none",
+       "Compression of JSON Lines landing files: none (<topic>.jsonl), gzip (<topic>.jsonl.gz) or zstd "
+       "(<topic>.jsonl.zst); each flush ends a gzip member / zstd frame, so the files stay readable by gzip/zstd.",
+       ("none", "gzip", "zstd"), group="mongocdc"),
     # -- mongocdc's Kafka sink (read only by the Kafka sink, validated whatever the sink) -------------------
     _p("mongocdc.kafka.topic.creation.enable", "bool", "true", "Create missing topics before writing.",
        group="mongocdc"),

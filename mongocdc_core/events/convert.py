@@ -8,22 +8,28 @@ schema bytes, field rules) is computed once per collection and cached.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from bson.datetime_ms import DatetimeMS
+from bson.int64 import Int64
+from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
 from mongocdc_core.events import ejson
+from mongocdc_core.events.changes import DATA_OPERATIONS, short
 from mongocdc_core.events.debezium3 import Debezium3Events
 from mongocdc_core.events.envelope import (
-    change_streams_payload,
-    document_json,
+    NULL,
+    document_string,
+    key_template,
     legacy_payload,
     legacy_source_block,
-    source_block,
+    times,
     update_description,
+    value_template,
 )
 from mongocdc_core.events.options import EventOptions
 from mongocdc_core.events.records import Record
@@ -40,14 +46,15 @@ from mongocdc_core.events.transactions import TransactionTracker, transaction_id
 from mongocdc_core.events.transforms import CollectionFields, FieldTransforms
 from mongocdc_core.positions import Position
 
-#: Change stream operation types that become data events, and their Debezium ``op``.
-DATA_OPERATIONS = {"insert": "c", "update": "u", "replace": "u", "delete": "d"}
 #: ``source.snapshot`` values of snapshot reads.
 READ_SNAPSHOT_MARKERS = frozenset(
     {"true", "first", "first_in_data_collection", "last_in_data_collection", "last", "incremental"}
 )
 _EPOCH = datetime.datetime(1970, 1, 1)
 _EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_MILLISECOND = datetime.timedelta(milliseconds=1)
+_OP_JSON = {op: orjson.dumps(op) for op in ("c", "u", "d", "r")}
+_SNAPSHOT_JSON = {marker: orjson.dumps(marker) for marker in (*READ_SNAPSHOT_MARKERS, "false")}
 
 
 def _datetime_ns(value: datetime.datetime) -> int:
@@ -59,16 +66,31 @@ def _datetime_ns(value: datetime.datetime) -> int:
 def _wall_time_ms(value: Any) -> int | None:
     if value is None:
         return None
-    if isinstance(value, datetime.datetime):
-        return _datetime_ns(value) // 1_000_000
+    if type(value) is datetime.datetime or isinstance(value, datetime.datetime):
+        return (value - (_EPOCH_UTC if value.tzinfo is not None else _EPOCH)) // _MILLISECOND
     if isinstance(value, DatetimeMS):
         return int(value)
     raise ValueError(f"change event 'wallTime' must be a date, got {value!r}")
 
 
-def _short(doc: Any) -> str:
-    text = repr(doc)
-    return text if len(text) <= 300 else text[:300] + "..."
+def _is_document(value: Any) -> bool:
+    return type(value) is dict or isinstance(value, Mapping)
+
+
+def _int_json(value: int | None) -> bytes:
+    return NULL if value is None else b"%d" % value
+
+
+def key_id_json(value: Any) -> bytes:
+    """The key's ``id`` (see :func:`ejson.key_id`) as a JSON string; the common ``_id`` types directly."""
+    kind = type(value)
+    if kind is ObjectId:
+        return b'"{\\"$oid\\" : \\"' + str(value).encode() + b'\\"}"'
+    if kind is int:
+        return b'"%d"' % value
+    if kind is Int64:
+        return b'"{\\"$numberLong\\" : \\"%d\\"}"' % value
+    return orjson.dumps(ejson.key_id(value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +104,8 @@ class _Collection:
     data_collection: str
     key_prefix: bytes
     value_prefix: bytes
+    key_template: bytes
+    value_template: bytes
     fields: CollectionFields | None
 
 
@@ -106,6 +130,26 @@ class EventConverter:
         self._heartbeat_prefix = Serializer.schema_prefix(heartbeat_value_schema())
         # mongocdc.event.format=debezium_3x: the released Debezium 3.x bytes, written by their own module.
         self._debezium3 = Debezium3Events(options) if options.event_format == "debezium_3x" else None
+        self._last_lsid: Any = None
+        self._last_lsid_json = NULL
+        self._last_txn: tuple[Any, Any, str | None] = (None, None, None)
+        self._pre_image = options.pre_image
+        self._times_seconds = -1
+        self._times = b""
+        self._update_full = options.update_full
+        self._tombstones = options.tombstones_on_delete
+        self._now_ns = options.now_ns
+
+    def transaction_id(self, lsid: Any, txn_number: Any) -> str | None:
+        """:func:`transaction_id`, cached for the consecutive events of one transaction."""
+        if lsid is None or txn_number is None:
+            return None
+        last_lsid, last_number, last_id = self._last_txn
+        if txn_number == last_number and lsid == last_lsid:
+            return last_id
+        txn_id = transaction_id(lsid, txn_number)
+        self._last_txn = (lsid, txn_number, txn_id)
+        return txn_id
 
     @property
     def transaction_topic(self) -> str:
@@ -124,21 +168,46 @@ class EventConverter:
         topic = self._topics.data_change_topic(db, coll)
         schema_base = adjust_schema_name(topic, o.schema_name_adjustment_mode)
         value_schema = (envelope_schema_1x if self._legacy else envelope_schema)(f"{schema_base}.Envelope")
+        key_prefix = Serializer.schema_prefix(key_schema(f"{schema_base}.Key"))
+        value_prefix = Serializer.schema_prefix(value_schema)
         ctx = _Collection(
             db=db,
             coll=coll,
             namespace=f"{db}.{coll}",
             topic=topic,
             data_collection=f"{o.rs}.{db}.{coll}" if o.rs else f"{db}.{coll}",
-            key_prefix=Serializer.schema_prefix(key_schema(f"{schema_base}.Key")),
-            value_prefix=Serializer.schema_prefix(value_schema),
+            key_prefix=key_prefix,
+            value_prefix=value_prefix,
+            key_template=key_template(key_prefix if o.schemas_enable else b""),
+            value_template=value_template(
+                schema_prefix=value_prefix if o.schemas_enable else b"",
+                version=o.connector_version,
+                name=o.topic_prefix,
+                rs=o.rs,
+                db=db,
+                collection=coll,
+            ),
             fields=self._transforms.for_collection(db, coll),
         )
         self._collections[(db, coll)] = ctx
         return ctx
 
-    def _key(self, ctx: _Collection, doc_id: Any) -> bytes:
-        return self._serializer.dumps(ctx.key_prefix, {"id": ejson.key_id(doc_id)})
+    def _source_times(self, seconds: int) -> bytes:
+        """``source.ts_*`` of a clusterTime's seconds (cached: consecutive events share a second)."""
+        if seconds != self._times_seconds:
+            self._times_seconds, self._times = seconds, times(seconds * 1_000_000_000)
+        return self._times
+
+    def _lsid_json(self, lsid: Any) -> bytes:
+        """``source.lsid``: the session document's text as a JSON string (cached: a transaction's
+        events share one session)."""
+        if lsid is None:
+            return NULL
+        if lsid == self._last_lsid:
+            return self._last_lsid_json
+        text = ejson.dumps_string(lsid)
+        self._last_lsid, self._last_lsid_json = lsid, text
+        return text
 
     def convert_change(self, change: Mapping[str, Any], position: Position) -> list[Record]:
         """Records for one raw change stream document, in emission order.
@@ -150,41 +219,45 @@ class EventConverter:
         """
         if self._debezium3 is not None:
             return self._debezium3.convert_change(change, position)
-        op_type = change.get("operationType")
-        if not isinstance(op_type, str):
-            raise ValueError(f"change event has no string 'operationType': {_short(change)}")
-        op = DATA_OPERATIONS.get(op_type)
-        if op is None or op in self._skipped:
+        get: Callable[[str], Any] = change.get
+        op_type = get("operationType")
+        op = DATA_OPERATIONS.get(op_type) if type(op_type) is str else None
+        if op is None:
+            if not isinstance(op_type, str):
+                raise ValueError(f"change event has no string 'operationType': {short(change)}")
             return []
-        ns = change.get("ns")
-        if (
-            not isinstance(ns, Mapping)
-            or not isinstance(ns.get("db"), str)
-            or not isinstance(ns.get("coll"), str)
-        ):
-            raise ValueError(f"{op_type} change event has no 'ns.db'/'ns.coll': {_short(change)}")
-        ctx = self._collection(ns["db"], ns["coll"])
-        document_key = change.get("documentKey")
-        if not isinstance(document_key, Mapping) or "_id" not in document_key:
-            raise ValueError(f"{op_type} change event has no 'documentKey._id': {_short(change)}")
-        full = change.get("fullDocument")
-        if op_type in ("insert", "replace") and not isinstance(full, Mapping):
-            raise ValueError(f"{op_type} change event has no 'fullDocument' document: {_short(change)}")
-        desc = change.get("updateDescription")
-        if op_type == "update" and not isinstance(desc, Mapping):
-            raise ValueError(f"update change event has no 'updateDescription' document: {_short(change)}")
+        if op in self._skipped:
+            return []
+        ns = get("ns")
+        try:
+            ctx = self._collections[(ns["db"], ns["coll"])]
+        except (KeyError, TypeError):
+            if not _is_document(ns) or not isinstance(ns.get("db"), str) or not isinstance(ns.get("coll"), str):
+                raise ValueError(f"{op_type} change event has no 'ns.db'/'ns.coll': {short(change)}") from None
+            ctx = self._collection(ns["db"], ns["coll"])
+        document_key = get("documentKey")
+        if not _is_document(document_key) or "_id" not in document_key:
+            raise ValueError(f"{op_type} change event has no 'documentKey._id': {short(change)}")
+        full = get("fullDocument")
+        desc = get("updateDescription")
+        if op_type == "update":
+            if not _is_document(desc):
+                raise ValueError(f"update change event has no 'updateDescription' document: {short(change)}")
+        elif op != "d" and not _is_document(full):
+            raise ValueError(f"{op_type} change event has no 'fullDocument' document: {short(change)}")
 
         o = self.options
-        cluster_time = change.get("clusterTime")
-        seconds = cluster_time.time if isinstance(cluster_time, Timestamp) else position.seconds
-        lsid = change.get("lsid")
-        txn_number = change.get("txnNumber")
-        txn_id = transaction_id(lsid, txn_number)
+        cluster_time = get("clusterTime")
+        seconds = cluster_time.time if type(cluster_time) is Timestamp else position.seconds
+        lsid = get("lsid")
+        txn_number = get("txnNumber")
         records: list[Record] = []
         block = None
         if self._tracker is not None:
+            txn_id = self.transaction_id(lsid, txn_number)
             records, block = self._tracker.observe(txn_id, ctx.data_collection, position, seconds * 1000)
-        now_ns = o.now_ns()
+        now_ns = self._now_ns()
+        key = ctx.key_template % key_id_json(document_key["_id"])
         if self._legacy:
             source = legacy_source_block(
                 version=o.connector_version,
@@ -195,7 +268,7 @@ class EventConverter:
                 ts_ms=seconds * 1000,
                 ord=position.increment,
                 snapshot=False,
-                stxnid=txn_id,
+                stxnid=self.transaction_id(lsid, txn_number),
             )
             payload = legacy_payload(
                 op=op,
@@ -206,44 +279,27 @@ class EventConverter:
                 now_ns=now_ns,
                 transaction=block,
             )
+            value = self._serializer.dumps(ctx.value_prefix, payload)
         else:
-            source = source_block(
-                version=o.connector_version,
-                name=o.topic_prefix,
-                rs=o.rs,
-                db=ctx.db,
-                collection=ctx.coll,
-                ts_ns=seconds * 1_000_000_000,
-                ord=position.increment,
-                snapshot="false",
-                lsid=ejson.dumps(lsid) if lsid is not None else None,
-                txn_number=int(txn_number) if txn_number is not None else None,
-                wall_time=_wall_time_ms(change.get("wallTime")),
-            )
             fields = ctx.fields
-            before = document_json(change.get("fullDocumentBeforeChange"), fields) if o.pre_image else None
+            before = document_string(get("fullDocumentBeforeChange"), fields) if self._pre_image else NULL
             if op_type == "update":
-                after = document_json(full, fields) if o.update_full else None
-                update_desc = update_description(desc, fields)  # type: ignore[arg-type]
+                after = document_string(full, fields) if self._update_full else NULL
+                update_desc = update_description(desc, fields)
             else:
-                after = document_json(full, fields) if op != "d" else None
-                update_desc = None
-            payload = change_streams_payload(
-                op=op,
-                before=before,
-                after=after,
-                update_desc=update_desc,
-                source=source,
-                now_ns=now_ns,
-                transaction=block,
-            )
-        key = self._key(ctx, document_key["_id"])
-        records.append(
-            Record(
-                ctx.topic, key, self._serializer.dumps(ctx.value_prefix, payload), position, ctx.namespace, op
-            )
-        )
-        if op == "d" and o.tombstones_on_delete:
+                after = document_string(full, fields) if op != "d" else NULL
+                update_desc = NULL
+            value = ctx.value_template % (
+                before, after, update_desc,
+                self._source_times(seconds), _SNAPSHOT_JSON["false"], position.increment,
+                NULL if lsid is None else self._lsid_json(lsid),
+                NULL if txn_number is None else b"%d" % txn_number,
+                _int_json(_wall_time_ms(get("wallTime"))),
+                _OP_JSON[op], now_ns // 1_000_000, now_ns // 1_000, now_ns,
+                NULL if block is None else orjson.dumps(block),
+            )  # fmt: skip
+        records.append(Record(ctx.topic, key, value, position, ctx.namespace, op))
+        if op == "d" and self._tombstones:
             records.append(Record(ctx.topic, key, None, position, ctx.namespace, None))
         return records
 
@@ -268,12 +324,11 @@ class EventConverter:
                 f"snapshot marker must be one of {', '.join(sorted(READ_SNAPSHOT_MARKERS))}; got {snapshot_marker!r}"
             )
         if not isinstance(document, Mapping) or "_id" not in document:
-            raise ValueError(f"snapshot document of {db}.{coll} has no '_id': {_short(document)}")
+            raise ValueError(f"snapshot document of {db}.{coll} has no '_id': {short(document)}")
         ctx = self._collection(db, coll)
         o = self.options
         ts_ns = _datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
-        now_ns = o.now_ns()
-        payload: dict[str, Any]
+        now_ns = self._now_ns()
         if self._legacy:
             source = legacy_source_block(
                 version=o.connector_version,
@@ -295,31 +350,15 @@ class EventConverter:
                 now_ns=now_ns,
                 transaction=None,
             )
+            value = self._serializer.dumps(ctx.value_prefix, payload)
         else:
-            source = source_block(
-                version=o.connector_version,
-                name=o.topic_prefix,
-                rs=o.rs,
-                db=db,
-                collection=coll,
-                ts_ns=ts_ns,
-                ord=position.increment,
-                snapshot=snapshot_marker,
-                lsid=None,
-                txn_number=None,
-                wall_time=None,
-            )
-            payload = change_streams_payload(
-                op="r",
-                before=None,
-                after=document_json(document, ctx.fields),
-                update_desc=None,
-                source=source,
-                now_ns=now_ns,
-                transaction=None,
-            )
-        value = self._serializer.dumps(ctx.value_prefix, payload)
-        return Record(ctx.topic, self._key(ctx, document["_id"]), value, position, ctx.namespace, "r")
+            value = ctx.value_template % (
+                NULL, document_string(document, ctx.fields), NULL,
+                times(ts_ns), _SNAPSHOT_JSON[snapshot_marker], position.increment,
+                NULL, NULL, NULL,
+                _OP_JSON["r"], now_ns // 1_000_000, now_ns // 1_000, now_ns, NULL,
+            )  # fmt: skip
+        return Record(ctx.topic, ctx.key_template % key_id_json(document["_id"]), value, position, ctx.namespace, "r")
 
     def heartbeat_record(self, position: Position, ts_ms: int) -> Record:
         """A heartbeat on ``<topic.heartbeat.prefix><delimiter><topic.prefix>``.

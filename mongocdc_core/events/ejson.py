@@ -4,22 +4,28 @@ The type mapping is pymongo's :mod:`bson.json_util` (strict mode = its LEGACY mo
 ``$numberLong`` for Int64 and ``{"$date": <millis>}``), the text is written by orjson. Debezium's
 Java writer differs from any stock Python serializer only in whitespace: documents use
 ``"name": value`` and ``,`` between members, arrays use ``, ``, and event keys use
-``"name" : value`` with ``, `` (the key table of the seed). orjson's indented output marks every
-member boundary with a newline (strings never contain a raw newline), so three C-level regular
-expression passes turn it into the wanted style. Canonical mode and values holding non-finite
-doubles or ``uuid.UUID`` (which orjson would write as ``null`` / a plain string) go through
-json_util's converter instead.
+``"name" : value`` with ``, `` (the key table of the seed).
+
+Fast path (one orjson call plus a few C-level byte operations): orjson writes compact JSON; when
+no string in it holds an escaped quote, every ``"`` is a string delimiter, so splitting at the
+quotes leaves the structure alone in every other piece. Joined with a NUL per string, the
+structure is restyled with byte replaces (every colon there is a name separator; a comma is an
+array separator unless a member name follows it), then the strings are put back. Text with an
+escaped quote takes the slow path: orjson's indented output, where every member starts a line,
+restyled by regular expressions. Canonical mode and values holding non-finite doubles or
+``uuid.UUID`` (which orjson would write as ``null`` / a plain string) go through json_util's
+converter instead.
 """
 
 from __future__ import annotations
 
-import calendar
 import datetime
+import decimal
 import math
 import re
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -27,6 +33,9 @@ import orjson
 from bson import json_util
 from bson.binary import UuidRepresentation
 from bson.code import Code
+from bson.codec_options import DatetimeConversion
+from bson.datetime_ms import DatetimeMS
+from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.json_util import DatetimeRepresentation, JSONMode, JSONOptions
 from bson.objectid import ObjectId
@@ -47,10 +56,19 @@ class JsonStyle:
     name_sep: str
     item_sep: str
     array_sep: str
+    #: orjson's own output (no space anywhere), and the separators as bytes; derived.
+    compact: bool = field(init=False, compare=False)
+    name_bytes: bytes = field(init=False, compare=False)
+    item_bytes: bytes = field(init=False, compare=False)
+    array_bytes: bytes = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.name_sep.strip() != ":" or self.item_sep.strip() != "," or self.array_sep.strip() != ",":
             raise ValueError(f"a JSON style needs ':' and ',' separators padded only with spaces: {self!r}")
+        object.__setattr__(self, "compact", self.name_sep == ":" and self.item_sep == "," and self.array_sep == ",")
+        object.__setattr__(self, "name_bytes", self.name_sep.encode())
+        object.__setattr__(self, "item_bytes", self.item_sep.encode())
+        object.__setattr__(self, "array_bytes", self.array_sep.encode())
 
 
 #: ``before``/``after``/``updatedFields``/``lsid`` strings (update, delete and lsid examples of 000).
@@ -77,18 +95,44 @@ _JSON_OPTIONS: dict[EjsonMode, JSONOptions] = {
         uuid_representation=UuidRepresentation.STANDARD
     ),
 }
-#: Parsing keeps every BSON type (UUID subtype 4 stays Binary), naive UTC datetimes like bson.decode.
-LOADS_OPTIONS = JSONOptions(json_mode=JSONMode.RELAXED, tz_aware=False)
+#: Parsing keeps every BSON type (UUID subtype 4 stays Binary), naive UTC datetimes like bson.decode,
+#: and dates outside Python's datetime range as DatetimeMS (as the engine decodes them).
+LOADS_OPTIONS = JSONOptions(
+    json_mode=JSONMode.RELAXED, tz_aware=False, datetime_conversion=DatetimeConversion.DATETIME_AUTO
+)
 
 _EPOCH = datetime.datetime(1970, 1, 1)
+_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
 def _datetime_millis(value: datetime.datetime) -> int:
     """Milliseconds since the epoch; naive datetimes are UTC (as bson.decode returns them)."""
-    if value.tzinfo is not None:
-        return calendar.timegm(value.utctimetuple()) * 1000 + value.microsecond // 1000
-    delta = value - _EPOCH
+    delta = value - (_EPOCH if value.tzinfo is None else _EPOCH_UTC)
     return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+_DECIMAL_SPECIAL = 0x7800000000000000  # infinity and NaN bits of the high word
+_DECIMAL_LARGE_FORM = 0x6000000000000000  # the "11" combination field: non-canonical or special
+_DECIMAL_COEFFICIENT = (1 << 113) - 1
+_DECIMAL_MAX_COEFFICIENT = 10**34 - 1
+
+
+def decimal128_text(value: Decimal128) -> str:
+    """``str(value)``, computed in C: pymongo decodes the coefficient digit by digit in Python.
+
+    The coefficient and exponent come from the public BID bytes; ``decimal.Decimal`` parses their
+    text exactly and prints it as pymongo does. The rare forms (infinities, NaN, non-canonical
+    encodings) are left to pymongo.
+    """
+    n = int.from_bytes(value.bid, "little")
+    high = n >> 64
+    if high & _DECIMAL_SPECIAL == _DECIMAL_SPECIAL or high & _DECIMAL_LARGE_FORM == _DECIMAL_LARGE_FORM:
+        return str(value)
+    coefficient = n & _DECIMAL_COEFFICIENT
+    if coefficient > _DECIMAL_MAX_COEFFICIENT:
+        return str(value)
+    exponent = ((high & 0x7FFF800000000000) >> 49) - 6176
+    return str(decimal.Decimal(f"-{coefficient}E{exponent}" if high >> 63 else f"{coefficient}E{exponent}"))
 
 
 def _code(value: Code) -> dict[str, Any]:
@@ -102,11 +146,14 @@ _STRICT_FAST: dict[type, Callable[[Any], Any]] = {
     ObjectId: lambda o: {"$oid": str(o)},
     Int64: lambda o: {"$numberLong": str(o)},
     datetime.datetime: lambda o: {"$date": _datetime_millis(o)},
+    DatetimeMS: lambda o: {"$date": int(o)},
+    Decimal128: lambda o: {"$numberDecimal": decimal128_text(o)},
     Code: _code,
 }
 _RELAXED_FAST: dict[type, Callable[[Any], Any]] = {
     ObjectId: lambda o: {"$oid": str(o)},
     Int64: int,
+    Decimal128: lambda o: {"$numberDecimal": decimal128_text(o)},
     Code: _code,
 }
 
@@ -137,19 +184,25 @@ _INDENT = orjson.OPT_INDENT_2 | orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PAS
 _COMPACT = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATETIME
 # A JSON string token (no raw newlines inside), as an unrolled loop: sre runs it far faster.
 _STRING = rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
-# A line that starts with a string followed by the name separator (':' with optional spaces) is
-# a member; a string element of an array is followed by ',' or a line break instead.
+# Slow path, on indented output: a line that starts with a string followed by the name separator
+# (':' with optional spaces) is a member; a string element of an array is followed by ',' or a
+# line break instead.
 _MEMBER_SEP = re.compile(rb",\n +(?=" + _STRING + rb"[ :])")
 _ELEMENT_SEP = re.compile(rb",\n +")
 _LINE_BREAK = re.compile(rb"\n *")
 # Member names start their line in indented output: anchoring there keeps string contents untouched.
 _NAME_SEP = re.compile(rb"(\n +" + _STRING + rb"): ")
+# Fast path, on the structure of compact output with one NUL per string: a member comma is
+# followed by a string (the name) and its colon; every other comma separates array elements.
+_STRUCT_ELEMENT_SEP = re.compile(b",(?!\x00:)")
+_STRUCT_MEMBER_SEP = re.compile(b",(?=\x00:)")
 
 
 # orjson writes uuid.UUID natively as a plain string (no passthrough option exists); seeing that
 # text in the output is the cue to check the value for UUIDs (documents decoded with
-# uuid_representation=STANDARD) and write them as $binary subtype 04 instead.
-_UUID_TEXT = re.compile(rb'"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"')
+# uuid_representation=STANDARD) and write them as $binary subtype 04 instead. The search starts
+# at the first dash, which sre finds far faster than every quote.
+_UUID_TEXT = re.compile(rb'-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"')
 
 
 def _needs_json_util(value: Any) -> bool:
@@ -184,6 +237,7 @@ def _to_jsonable(value: Any, options: JSONOptions) -> Any:
 
 
 def _styled(raw: bytes, style: JsonStyle) -> bytes:
+    """Slow path: restyle orjson's indented output."""
     out = raw
     if style.name_sep != ": ":
         out = _NAME_SEP.sub(b"\\1" + style.name_sep.encode(), out)
@@ -192,25 +246,67 @@ def _styled(raw: bytes, style: JsonStyle) -> bytes:
     return _LINE_BREAK.sub(b"", out)
 
 
-def dumps_bytes(value: Any, style: JsonStyle = DOCUMENT_STYLE, mode: EjsonMode = EjsonMode.STRICT) -> bytes:
-    """Extended JSON of any BSON value (document, array or scalar) as UTF-8 bytes."""
-    compact = style.name_sep == ":" and style.item_sep == "," and style.array_sep == ","
+def _restyled_parts(compact: bytes, style: JsonStyle) -> list[bytes] | None:
+    """Fast path: orjson's compact output restyled, as its pieces between quotes (join them
+    with ``"``); None when a string holds an escaped quote."""
+    if compact.find(b"\\") >= 0 and b'\\"' in compact:
+        return None
+    parts = compact.split(b'"')
+    structure = b"\x00".join(parts[0::2])  # even pieces are outside strings
+    if style.item_sep == style.array_sep:
+        structure = structure.replace(b",", style.array_bytes)
+    else:
+        if style.array_sep != ",":
+            structure = _STRUCT_ELEMENT_SEP.sub(style.array_bytes, structure)
+        if style.item_sep != ",":
+            structure = _STRUCT_MEMBER_SEP.sub(style.item_bytes, structure)
+    structure = structure.replace(b":", style.name_bytes)
+    parts[0::2] = structure.split(b"\x00")
+    return parts
+
+
+def _compact(value: Any, mode: EjsonMode) -> bytes:
+    """orjson's compact output with the Extended JSON types of ``mode``."""
     if mode is EjsonMode.CANONICAL:
-        plain = _to_jsonable(value, _JSON_OPTIONS[mode])
-        return (
-            orjson.dumps(plain)
-            if compact
-            else _styled(orjson.dumps(plain, option=orjson.OPT_INDENT_2), style)
-        )
-    default = _DEFAULTS[mode]
+        return _plain(value, mode, 0)
     try:
-        raw = orjson.dumps(value, default=default, option=_COMPACT if compact else _INDENT)
+        raw = orjson.dumps(value, default=_DEFAULTS[mode], option=_COMPACT)
     except orjson.JSONEncodeError as exc:
         raise TypeError(str(exc.__cause__ or exc)) from exc
-    if (b"null" in raw or _UUID_TEXT.search(raw) is not None) and _needs_json_util(value):
-        plain = _to_jsonable(value, _JSON_OPTIONS[mode])
-        raw = orjson.dumps(plain, option=0 if compact else orjson.OPT_INDENT_2)
-    return raw if compact else _styled(raw, style)
+    if (b"null" in raw or (b"-" in raw and _UUID_TEXT.search(raw) is not None)) and _needs_json_util(value):
+        return _plain(value, mode, 0)
+    return raw
+
+
+def _plain(value: Any, mode: EjsonMode, option: int) -> bytes:
+    """json_util's conversion written by orjson (non-finite doubles, uuid.UUID, canonical mode)."""
+    return orjson.dumps(_to_jsonable(value, _JSON_OPTIONS[mode]), option=option)
+
+
+def _slow(value: Any, style: JsonStyle, mode: EjsonMode) -> bytes:
+    if mode is EjsonMode.CANONICAL or _needs_json_util(value):
+        return _styled(_plain(value, mode, orjson.OPT_INDENT_2), style)
+    return _styled(orjson.dumps(value, default=_DEFAULTS[mode], option=_INDENT), style)
+
+
+def dumps_bytes(value: Any, style: JsonStyle = DOCUMENT_STYLE, mode: EjsonMode = EjsonMode.STRICT) -> bytes:
+    """Extended JSON of any BSON value (document, array or scalar) as UTF-8 bytes."""
+    raw = _compact(value, mode)
+    if style.compact:
+        return raw
+    parts = _restyled_parts(raw, style)
+    return _slow(value, style, mode) if parts is None else b'"'.join(parts)
+
+
+def dumps_string(value: Any, style: JsonStyle = DOCUMENT_STYLE) -> bytes:
+    """``dumps_bytes(value, style)`` (strict mode) as a JSON string literal, the way an envelope
+    carries ``before``/``after``: the text's quotes are escaped by joining its pieces with ``\\"``."""
+    raw = _compact(value, EjsonMode.STRICT)
+    parts = None if style.compact else _restyled_parts(raw, style)
+    if parts is not None and raw.find(b"\\") < 0:
+        return b'"' + b'\\"'.join(parts) + b'"'
+    text = raw if style.compact else (_slow(value, style, EjsonMode.STRICT) if parts is None else b'"'.join(parts))
+    return orjson.dumps(text.decode())
 
 
 def dumps(value: Any, style: JsonStyle = DOCUMENT_STYLE, mode: EjsonMode = EjsonMode.STRICT) -> str:

@@ -1,7 +1,11 @@
 """Value payloads: the Debezium envelope (change streams format) and the 1.x oplog-era envelope.
 
-Payload dicts list their fields in the order of the value schema, as JsonConverter writes them;
-absent optional fields are present with ``null``.
+The change streams envelope is written in one pass: everything that depends only on the collection
+(the schema part, ``source.version/connector/name/db/rs/collection`` and every field name) is
+serialised once per collection into a bytes template with ``%`` slots, and each event fills the
+slots with its own bytes (document texts, numbers). The bytes equal what JsonConverter writes
+(and orjson would write for the same payload dict): fields in the value schema's order, absent
+optional fields present as ``null``. The 1.x envelope is built as a dict (a compatibility format).
 """
 
 from __future__ import annotations
@@ -9,59 +13,70 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from mongocdc_core.events import ejson
 from mongocdc_core.events.ejson import COMPACT_STYLE, DOCUMENT_STYLE, LEGACY_STYLE
 from mongocdc_core.events.transforms import CollectionFields
 
 CONNECTOR = "mongodb"
+NULL = b"null"
 
 
-def source_block(
-    *,
-    version: str,
-    name: str,
-    rs: str,
-    db: str,
-    collection: str,
-    ts_ns: int,
-    ord: int,
-    snapshot: str,
-    lsid: str | None,
-    txn_number: int | None,
-    wall_time: int | None,
-) -> dict[str, Any]:
-    """``source`` of the change streams format; ``ts_*`` say when the change happened in MongoDB."""
-    return {
-        "version": version,
-        "connector": CONNECTOR,
-        "name": name,
-        "ts_ms": ts_ns // 1_000_000,
-        "ts_us": ts_ns // 1_000,
-        "ts_ns": ts_ns,
-        "snapshot": snapshot,
-        "db": db,
-        "rs": rs,
-        "collection": collection,
-        "ord": ord,
-        "h": None,
-        "tord": None,
-        "stxnid": None,
-        "lsid": lsid,
-        "txnNumber": txn_number,
-        "wallTime": wall_time,
-    }
+def _constant(value: str) -> bytes:
+    """A JSON string for a template (``%`` doubled, so it survives the ``%`` formatting)."""
+    return orjson.dumps(value).replace(b"%", b"%%")
 
 
-def document_json(doc: Mapping[str, Any] | None, fields: CollectionFields | None) -> str | None:
-    """``before``/``after``: the (transformed) document as strict Extended JSON text."""
+def value_template(*, schema_prefix: bytes, version: str, name: str, rs: str, db: str, collection: str) -> bytes:
+    """One collection's change streams value with slots, in this order: ``before``, ``after``,
+    ``updateDescription`` (JSON bytes), ``source.ts_ms/ts_us/ts_ns`` (:func:`times`), ``source.snapshot``
+    (JSON bytes), ``source.ord`` (int), ``source.lsid/txnNumber/wallTime`` (JSON bytes), ``op``
+    (JSON bytes), ``ts_ms/ts_us/ts_ns`` (int), ``transaction`` (JSON bytes).
+
+    ``schema_prefix`` is the serialised ``{"schema":…,"payload":`` head (empty without schemas).
+    """
+    return (
+        schema_prefix.replace(b"%", b"%%")
+        + b'{"before":%b,"after":%b,"updateDescription":%b,"source":{"version":'
+        + _constant(version)
+        + b',"connector":'
+        + _constant(CONNECTOR)
+        + b',"name":'
+        + _constant(name)
+        + b',"ts_ms":%b,"snapshot":%b,"db":'
+        + _constant(db)
+        + b',"rs":'
+        + _constant(rs)
+        + b',"collection":'
+        + _constant(collection)
+        + b',"ord":%d,"h":null,"tord":null,"stxnid":null,"lsid":%b,"txnNumber":%b,"wallTime":%b},'
+        + b'"op":%b,"ts_ms":%d,"ts_us":%d,"ts_ns":%d,"transaction":%b}'
+        + (b"}" if schema_prefix else b"")
+    )
+
+
+def times(ns: int) -> bytes:
+    """The values of ``ts_ms``, ``ts_us`` and ``ts_ns`` for a nanosecond time, with the names between."""
+    return b'%d,"ts_us":%d,"ts_ns":%d' % (ns // 1_000_000, ns // 1_000, ns)
+
+
+def key_template(schema_prefix: bytes) -> bytes:
+    """One collection's key with one slot: the JSON string of the ``id``."""
+    return schema_prefix.replace(b"%", b"%%") + b'{"id":%b}' + (b"}" if schema_prefix else b"")
+
+
+def document_string(doc: Mapping[str, Any] | None, fields: CollectionFields | None) -> bytes:
+    """``before``/``after``: the (transformed) document's strict Extended JSON text as a JSON
+    string, or ``null``."""
     if doc is None:
-        return None
+        return NULL
     if fields is not None:
         doc = fields.document(doc)
-    return ejson.dumps(doc, DOCUMENT_STYLE)
+    return ejson.dumps_string(doc, DOCUMENT_STYLE)
 
 
-def update_description(desc: Mapping[str, Any], fields: CollectionFields | None) -> dict[str, Any]:
+def update_description(desc: Mapping[str, Any], fields: CollectionFields | None) -> bytes:
     """``updateDescription`` with ``updatedFields`` as JSON text; empty parts become null."""
     updated = desc.get("updatedFields") or {}
     removed = list(desc.get("removedFields") or ())
@@ -75,35 +90,15 @@ def update_description(desc: Mapping[str, Any], fields: CollectionFields | None)
             if paths:
                 kept.append({"field": paths[0], "newSize": t["newSize"]})
         truncated = kept
-    return {
-        "removedFields": removed or None,
-        "updatedFields": ejson.dumps(updated, DOCUMENT_STYLE) if updated else None,
-        "truncatedArrays": [{"field": t["field"], "size": int(t["newSize"])} for t in truncated] or None,
-    }
-
-
-def change_streams_payload(
-    *,
-    op: str,
-    before: str | None,
-    after: str | None,
-    update_desc: dict[str, Any] | None,
-    source: dict[str, Any],
-    now_ns: int,
-    transaction: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The Debezium 2.x envelope."""
-    return {
-        "before": before,
-        "after": after,
-        "updateDescription": update_desc,
-        "source": source,
-        "op": op,
-        "ts_ms": now_ns // 1_000_000,
-        "ts_us": now_ns // 1_000,
-        "ts_ns": now_ns,
-        "transaction": transaction,
-    }
+    return (
+        b'{"removedFields":'
+        + (orjson.dumps(removed) if removed else NULL)
+        + b',"updatedFields":'
+        + (ejson.dumps_string(updated, DOCUMENT_STYLE) if updated else NULL)
+        + b',"truncatedArrays":'
+        + (orjson.dumps([{"field": t["field"], "size": int(t["newSize"])} for t in truncated]) if truncated else NULL)
+        + b"}"
+    )
 
 
 def legacy_payload(

@@ -16,7 +16,7 @@ def open_sink(spec: str, cfg: ConnectorConfig | None = None) -> Sink:
     if kind == "jsonl":
         from mongocdc_core.sinks.jsonl import JsonlSink
 
-        return JsonlSink(target)
+        return JsonlSink(target, compression=cfg.mongocdc_jsonl_compression if cfg is not None else "none")
     if kind == "parquet":
         from mongocdc_core.sinks.parquet import ParquetSink
 

@@ -1,58 +1,130 @@
 """JSON Lines sink: one file per topic, one ``{"key": …, "value": …}`` line per record.
 
 Lines are assembled from the already-serialized key and value bytes, so the sink adds no JSON
-work of its own; ``flush`` fsyncs every file it touched since the previous flush.
+work of its own: each ``write`` joins a batch's lines per topic and hands them to the file in one
+call. ``flush`` fsyncs every file it touched since the previous flush.
+
+``mongocdc.jsonl.compression`` (``gzip`` or ``zstd``) compresses the files as they are written
+(``<topic>.jsonl.gz`` / ``.jsonl.zst``). Each flush ends the current gzip member / zstd frame
+before the fsync, so a file is always a sequence of complete members that ``gzip -dc`` / ``zstd -dc``
+(and Python's gzip and zstandard modules) read as one stream; memory stays bounded because the
+compressor streams.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import zlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
+
+import zstandard
 
 from mongocdc_core.events.records import Record
 from mongocdc_core.sinks.base import SinkError
 
+COMPRESSIONS = {"none": ".jsonl", "gzip": ".jsonl.gz", "zstd": ".jsonl.zst"}
+_GZIP_WBITS = 31  # zlib's gzip container
+_ZSTD_LEVEL = 3
+
+
+class _Compressor(Protocol):
+    def compress(self, data: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
+def _new_compressor(compression: str) -> Callable[[], _Compressor]:
+    if compression == "gzip":
+        return lambda: zlib.compressobj(6, zlib.DEFLATED, _GZIP_WBITS)
+    if compression == "zstd":
+        # A ZstdCompressor runs one operation at a time: one per member, as topics interleave.
+        return lambda: zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_checksum=True).compressobj()  # type: ignore[return-value]
+    raise SinkError(f"mongocdc.jsonl.compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")
+
+
+class _TopicFile:
+    """One topic's open file; with compression, the member/frame being written."""
+
+    __slots__ = ("handle", "new_compressor", "compressor")
+
+    def __init__(self, handle: BinaryIO, new_compressor: Callable[[], _Compressor] | None) -> None:
+        self.handle = handle
+        self.new_compressor = new_compressor
+        self.compressor: _Compressor | None = None
+
+    def write(self, data: bytes) -> None:
+        if self.new_compressor is None:
+            self.handle.write(data)
+            return
+        if self.compressor is None:
+            self.compressor = self.new_compressor()
+        self.handle.write(self.compressor.compress(data))
+
+    def flush(self) -> None:
+        """End the open member/frame (it becomes readable on its own), then fsync."""
+        if self.compressor is not None:
+            self.handle.write(self.compressor.flush())
+            self.compressor = None
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+
 
 class JsonlSink:
-    """Appends records to ``<directory>/<topic>.jsonl`` in delivery order."""
+    """Appends records to ``<directory>/<topic>.jsonl`` (``.gz``/``.zst`` compressed) in delivery order."""
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, compression: str = "none") -> None:
+        if compression not in COMPRESSIONS:
+            raise SinkError(f"mongocdc.jsonl.compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._files: dict[str, BinaryIO] = {}
+        self.compression = compression
+        self.suffix = COMPRESSIONS[compression]
+        self._new_compressor = None if compression == "none" else _new_compressor(compression)
+        self._files: dict[str, _TopicFile] = {}
         self._dirty: set[str] = set()
         self._closed = False
 
-    def _file(self, topic: str) -> BinaryIO:
+    def path(self, topic: str) -> Path:
+        """The file a topic's records go to."""
+        return self.directory / f"{topic}{self.suffix}"
+
+    def _file(self, topic: str) -> _TopicFile:
         handle = self._files.get(topic)
         if handle is None:
             if "/" in topic or topic in ("", ".", ".."):
                 raise SinkError(f"topic {topic!r} cannot be used as a file name")
-            path = self.directory / f"{topic}.jsonl"
-            _drop_torn_tail(path)
-            handle = open(path, "ab")  # kept open across batches
+            path = self.path(topic)
+            if self.compression == "none":
+                _drop_torn_tail(path)
+            else:
+                _drop_torn_member(path, self.compression)
+            handle = _TopicFile(open(path, "ab"), self._new_compressor)  # kept open across batches
             self._files[topic] = handle
         return handle
 
     def write(self, records: Sequence[Record]) -> None:
         if self._closed:
             raise SinkError("write to a closed jsonl sink")
+        # One write per topic per batch: the lines of a batch, joined, in delivery order.
+        lines: dict[str, list[bytes]] = {}
         for record in records:
-            line = b'{"key":%s,"value":%s}\n' % (record.key or b"null", record.value or b"null")
+            topic_lines = lines.get(record.topic)
+            if topic_lines is None:
+                topic_lines = lines[record.topic] = []
+            topic_lines.append(b'{"key":%b,"value":%b}\n' % (record.key or b"null", record.value or b"null"))
+        for topic, topic_lines in lines.items():
             try:
-                self._file(record.topic).write(line)
+                self._file(topic).write(b"".join(topic_lines))
             except OSError as exc:
-                raise SinkError(f"cannot write to {self.directory / record.topic}.jsonl: {exc}") from exc
-            self._dirty.add(record.topic)
+                raise SinkError(f"cannot write to {self.path(topic)}: {exc}") from exc
+            self._dirty.add(topic)
 
     def flush(self, timeout: float | None = None) -> None:
         try:
             for topic in self._dirty:
-                handle = self._files[topic]
-                handle.flush()
-                os.fsync(handle.fileno())
+                self._files[topic].flush()
         except OSError as exc:
             raise SinkError(f"cannot flush jsonl files in {self.directory}: {exc}") from exc
         self._dirty.clear()
@@ -62,7 +134,7 @@ class JsonlSink:
             return
         self.flush()
         for handle in self._files.values():
-            handle.close()
+            handle.handle.close()
         self._files.clear()
         self._closed = True
 
@@ -99,3 +171,58 @@ def _drop_torn_tail(path: Path) -> None:
         fh.truncate(keep)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+class _Decompressor(Protocol):
+    @property
+    def eof(self) -> bool: ...
+
+    @property
+    def unused_data(self) -> bytes: ...
+
+    def decompress(self, data: bytes) -> bytes: ...
+
+
+def _drop_torn_member(path: Path, compression: str) -> None:
+    """The compressed counterpart of :func:`_drop_torn_tail`: cut a last member/frame that
+    ``kill -9`` left incomplete (its records were never flushed, so they are delivered again).
+
+    Members end only at flushes, so every complete one ends with a whole line; the file is read
+    through once, member by member, without keeping what it decompresses.
+    """
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return
+    if size == 0:
+        return
+
+    def new() -> _Decompressor:
+        if compression == "gzip":
+            return zlib.decompressobj(_GZIP_WBITS)
+        return zstandard.ZstdDecompressor().decompressobj()  # type: ignore[return-value]
+
+    complete = 0  # end of the last complete member
+    position = 0  # file offset where ``data`` starts
+    decompressor = new()
+    with open(path, "rb") as fh:
+        data = fh.read(1 << 20)
+        while data:
+            try:
+                decompressor.decompress(data)
+            except (zlib.error, zstandard.ZstdError):
+                break  # damaged from here on: keep only the complete members before it
+            if decompressor.eof:
+                rest = decompressor.unused_data
+                position += len(data) - len(rest)
+                complete = position
+                decompressor = new()
+                data = rest or fh.read(1 << 20)
+            else:
+                position += len(data)
+                data = fh.read(1 << 20)
+    if complete < size:
+        with open(path, "r+b") as torn:
+            torn.truncate(complete)
+            torn.flush()
+            os.fsync(torn.fileno())

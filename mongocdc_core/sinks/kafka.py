@@ -301,8 +301,11 @@ class KafkaSink:
                 except KafkaException as exc:  # refused locally, e.g. larger than message.max.bytes
                     self._fatal = exc.args[0]
                     raise SinkError(f"cannot produce to Kafka topic {record.topic!r}: {exc.args[0].str()}") from exc
-            if self.transactional and (self._txn_max_position is None or record.position > self._txn_max_position):
-                self._txn_max_position = record.position
+        if self.transactional:
+            # Records arrive in position order: the batch's last one carries its highest position.
+            last = records[-1].position
+            if self._txn_max_position is None or last > self._txn_max_position:
+                self._txn_max_position = last
         self.metrics.TotalNumberOfRecordsSent += len(records)
         if self.metrics.SinkBlocked:
             self._unblocked()

@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from mongocdc_core.events.records import Record
@@ -47,14 +49,25 @@ _COLUMNS = LANDING_SCHEMA.names
 _ROW_GROUP_ROWS = 50_000
 
 
-def _payload(raw: bytes | None) -> Any:
-    """The payload of a JsonConverter message, with or without its ``schema`` part."""
-    if raw is None:
-        return None
-    parsed = orjson.loads(raw)
-    if isinstance(parsed, dict) and parsed.keys() == {"schema", "payload"}:
-        return parsed["payload"]
-    return parsed
+#: The payload fields the landing columns come from, as Arrow's JSON reader parses them.
+_PAYLOAD_SCHEMA = pa.schema(
+    [
+        ("ts_ms", pa.int64()),
+        ("before", pa.string()),
+        ("after", pa.string()),
+        (
+            "updateDescription",
+            pa.struct([
+                ("updatedFields", pa.string()),
+                ("removedFields", pa.list_(pa.string())),
+                ("truncatedArrays", pa.list_(pa.struct([("field", pa.string()), ("size", pa.int64())]))),
+            ]),
+        ),
+        ("source", pa.struct([("snapshot", pa.string())])),
+    ]
+)
+_SOURCE_START = b',"source":{'
+_SOURCE_END = b'},"op":'
 
 
 def _text(value: Any) -> str | None:
@@ -64,37 +77,156 @@ def _text(value: Any) -> str | None:
     return orjson.dumps(value).decode()
 
 
-def landing_row(record: Record) -> dict[str, Any]:
-    """Flatten one record into the landing-zone columns (absent fields are null)."""
-    key = _payload(record.key)
-    value = _payload(record.value)
-    envelope: dict[str, Any] = value if isinstance(value, dict) else {}
-    source = envelope.get("source")
-    update = envelope.get("updateDescription") or {}
-    removed = update.get("removedFields")
-    return {
-        "topic": record.topic,
-        "collection": record.collection,
-        "key": _text(key),
-        "op": record.op if value is not None else None,
-        "position": record.position.to_str(),
-        "pos_seconds": record.position.seconds,
-        "pos_increment": record.position.increment,
-        "pos_ordinal": record.position.ordinal,
-        "ts_ms": envelope.get("ts_ms"),
-        "before": _text(envelope.get("before")),
-        "after": _text(envelope.get("after")),
-        "updated_fields": _text(update.get("updatedFields")),
-        "removed_fields": list(removed) if removed is not None else None,
-        "truncated_arrays": _text(update.get("truncatedArrays")),
-        "snapshot": _text(source.get("snapshot")) if isinstance(source, dict) else None,
-        "source": _text(source),
-        "value": _text(value),
-    }
+class _PayloadText:
+    """The payload part of JsonConverter messages as bytes, cut out rather than re-serialised.
+
+    Every record of a topic starts with the same ``{"schema":…,"payload":`` head, so once one
+    record showed where its payload starts, the next ones of the topic are sliced at the same
+    place. A record that does not start with its topic's head is parsed whole.
+    """
+
+    def __init__(self) -> None:
+        self._heads: dict[tuple[str, bool], bytes] = {}
+
+    def cut(self, topic: str, is_key: bool, raw: bytes) -> bytes:
+        """The payload bytes of one key or value."""
+        head = self._heads.get((topic, is_key))
+        if head is not None and raw.startswith(head) and raw.endswith(b"}"):
+            return raw[len(head) : -1]
+        if not raw.startswith(b'{"schema":'):
+            return raw
+        parsed = orjson.loads(raw)
+        if not (isinstance(parsed, dict) and parsed.keys() == {"schema", "payload"}):
+            return raw
+        payload = orjson.dumps(parsed["payload"])
+        cut = raw.find(b',"payload":')
+        if cut >= 0 and raw[cut + 11 : -1] == payload:
+            self._heads[(topic, is_key)] = raw[: cut + 11]
+        return payload
 
 
-def _table(rows: list[dict[str, Any]]) -> pa.Table:
-    return pa.Table.from_pylist(rows, schema=LANDING_SCHEMA)
+class _Columns:
+    """One topic's pending landing rows: what Python must take from each record (payload bytes,
+    position), kept column by column; Arrow's JSON reader parses the payloads when the table is built.
+    """
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.collections: list[str | None] = []
+        self.ops: list[str | None] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.sources: list[bytes | None] = []
+        self.seconds: list[int] = []
+        self.increments: list[int] = []
+        self.ordinals: list[int] = []
+
+    @property
+    def rows(self) -> int:
+        return len(self.ops)
+
+    def first_position(self) -> str:
+        return f"{self.seconds[0]:013d}.{self.increments[0]:010d}.{self.ordinals[0]:06d}"
+
+    def add(self, record: Record, payloads: _PayloadText) -> None:
+        value = record.value
+        if value is not None:
+            value = payloads.cut(record.topic, False, value)
+            start = value.find(_SOURCE_START)
+            end = value.find(_SOURCE_END, start) if start >= 0 else -1
+            # Neither marker can occur inside a JSON string (its quotes would be escaped).
+            self.sources.append(value[start + 10 : end + 1] if end >= 0 else None)
+        else:
+            self.sources.append(None)
+        self.values.append(value)
+        self.keys.append(None if record.key is None else payloads.cut(record.topic, True, record.key))
+        self.collections.append(record.collection)
+        self.ops.append(record.op if value is not None else None)
+        position = record.position
+        self.seconds.append(position.seconds)
+        self.increments.append(position.increment)
+        self.ordinals.append(position.ordinal)
+
+    def table(self) -> pa.Table:
+        rows = self.rows
+        lines = [v if v is not None and v[:1] == b"{" else b"{}" for v in self.values]
+        try:
+            payload = _parse_payloads(lines)
+        except pa.ArrowInvalid:  # a payload whose fields have other types (e.g. the 1.x boolean snapshot)
+            payload = _parse_payloads_slowly(lines)
+        update = payload.column("updateDescription")
+        truncated = pc.struct_field(update, "truncatedArrays")
+        seconds = pa.array(self.seconds, pa.int64())
+        increments = pa.array(self.increments, pa.int64())
+        ordinals = pa.array(self.ordinals, pa.int64())
+        position = pc.binary_join_element_wise(
+            pc.utf8_lpad(pc.cast(seconds, pa.string()), 13, "0"),
+            pc.utf8_lpad(pc.cast(increments, pa.string()), 10, "0"),
+            pc.utf8_lpad(pc.cast(ordinals, pa.string()), 6, "0"),
+            ".",
+        )
+        sources = self.sources
+        columns = {
+            "topic": pa.array([self.topic] * rows, pa.string()),
+            "collection": pa.array(self.collections, pa.string()),
+            "key": pa.array(self.keys, pa.string()),
+            "op": pa.array(self.ops, pa.string()),
+            "position": position,
+            "pos_seconds": seconds,
+            "pos_increment": increments,
+            "pos_ordinal": ordinals,
+            "ts_ms": payload.column("ts_ms"),
+            "before": payload.column("before"),
+            "after": payload.column("after"),
+            "updated_fields": pc.struct_field(update, "updatedFields"),
+            "removed_fields": pc.struct_field(update, "removedFields"),
+            "truncated_arrays": _truncated_text(truncated),
+            "snapshot": pc.struct_field(payload.column("source"), "snapshot"),
+            "source": pa.array(sources, pa.string()),
+            "value": pa.array(self.values, pa.string()),
+        }
+        return pa.Table.from_pydict(columns, schema=LANDING_SCHEMA)
+
+
+def _parse_payloads(lines: list[bytes]) -> pa.Table:
+    """Arrow's JSON reader over the payloads as JSON Lines (blocks parsed in parallel; a block must
+    hold the longest line)."""
+    data = b"\n".join(lines)
+    block = min(max(1 << 20, 2 * max(map(len, lines), default=0) + 2), 2**31 - 1)
+    return pa_json.read_json(
+        pa.BufferReader(data),
+        read_options=pa_json.ReadOptions(block_size=block),
+        parse_options=pa_json.ParseOptions(explicit_schema=_PAYLOAD_SCHEMA, unexpected_field_behavior="ignore"),
+    )
+
+
+def _parse_payloads_slowly(lines: list[bytes]) -> pa.Table:
+    """The same columns parsed in Python, for payloads whose field types Arrow refuses."""
+    rows = []
+    for line in lines:
+        envelope = orjson.loads(line)
+        envelope = envelope if isinstance(envelope, dict) else {}
+        update = envelope.get("updateDescription")
+        source = envelope.get("source")
+        rows.append({
+            "ts_ms": envelope.get("ts_ms"),
+            "before": _text(envelope.get("before")),
+            "after": _text(envelope.get("after")),
+            "updateDescription": None if not isinstance(update, dict) else {
+                "updatedFields": _text(update.get("updatedFields")),
+                "removedFields": update.get("removedFields"),
+                "truncatedArrays": update.get("truncatedArrays"),
+            },
+            "source": {"snapshot": _text(source.get("snapshot"))} if isinstance(source, dict) else None,
+        })  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=_PAYLOAD_SCHEMA)
+
+
+def _truncated_text(truncated: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``truncatedArrays`` as JSON text (rare: only updates that shrank an array have it)."""
+    if truncated.null_count == len(truncated):
+        return pa.nulls(len(truncated), pa.string())
+    return pa.array([None if t is None else _text(t) for t in truncated.to_pylist()], pa.string())
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -112,7 +244,11 @@ class ParquetSink:
         self.directory: Path | None = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path: Path | None = None
-        self._pending: dict[str, list[dict[str, Any]]] = {}
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self._pending: dict[str, _Columns] = {}
+        self._payloads = _PayloadText()
         self._writer: pq.ParquetWriter | None = None
         self._tmp: Path | None = None
         self._closed = False
@@ -125,19 +261,21 @@ class ParquetSink:
         sink.directory = None
         sink.path = Path(path)
         sink.path.parent.mkdir(parents=True, exist_ok=True)
-        sink._pending = {}
-        sink._writer = None
+        sink._init_state()
         sink._tmp = sink.path.with_name(f".{sink.path.name}.{uuid.uuid4().hex}.tmp")
-        sink._closed = False
-        sink.rows_written = 0
         return sink
 
     def write(self, records: Sequence[Record]) -> None:
         if self._closed:
             raise SinkError("write to a closed parquet sink")
+        pending = self._pending
+        payloads = self._payloads
         for record in records:
-            self._pending.setdefault(record.topic, []).append(landing_row(record))
-        if self.path is not None and sum(len(r) for r in self._pending.values()) >= _ROW_GROUP_ROWS:
+            columns = pending.get(record.topic)
+            if columns is None:
+                columns = pending[record.topic] = _Columns(record.topic)
+            columns.add(record, payloads)
+        if self.path is not None and sum(c.rows for c in pending.values()) >= _ROW_GROUP_ROWS:
             self._write_single()
 
     def flush(self, timeout: float | None = None) -> None:
@@ -150,33 +288,34 @@ class ParquetSink:
             raise SinkError(f"cannot write parquet landing files: {exc}") from exc
 
     def _write_single(self) -> None:
-        """Append pending rows as a row group of the temporary file (renamed at close)."""
-        rows = [row for topic_rows in self._pending.values() for row in topic_rows]
+        """Append pending rows as row groups of the temporary file (renamed at close)."""
+        pending = [c for c in self._pending.values() if c.rows]
         self._pending.clear()
-        if not rows:
+        if not pending:
             return
         assert self._tmp is not None
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._tmp, LANDING_SCHEMA)
-        self._writer.write_table(_table(rows))
-        self.rows_written += len(rows)
+        table = pa.concat_tables([c.table() for c in pending]) if len(pending) > 1 else pending[0].table()
+        self._writer.write_table(table, row_group_size=_ROW_GROUP_ROWS)
+        self.rows_written += table.num_rows
 
     def _write_rolling(self) -> None:
         """One new file per topic, complete on disk before ``flush`` returns."""
         assert self.directory is not None
-        for topic, rows in self._pending.items():
-            if not rows:
+        for topic, columns in self._pending.items():
+            if not columns.rows:
                 continue
             folder = self.directory / topic
             folder.mkdir(parents=True, exist_ok=True)
-            name = f"part-{rows[0]['position']}-{uuid.uuid4().hex[:8]}.parquet"
+            name = f"part-{columns.first_position()}-{uuid.uuid4().hex[:8]}.parquet"
             tmp = folder / f".{name}.tmp"
-            pq.write_table(_table(rows), tmp)
+            pq.write_table(columns.table(), tmp)
             with open(tmp, "rb") as handle:
                 os.fsync(handle.fileno())
             os.replace(tmp, folder / name)
             _fsync_dir(folder)
-            self.rows_written += len(rows)
+            self.rows_written += columns.rows
         self._pending.clear()
 
     def close(self) -> None:
@@ -188,7 +327,7 @@ class ParquetSink:
             return
         assert self._tmp is not None
         if self._writer is None:  # no records: the partition's output is an empty file, not a stale one
-            pq.write_table(_table([]), self._tmp)
+            pq.write_table(LANDING_SCHEMA.empty_table(), self._tmp)
         else:
             self._writer.close()
         with open(self._tmp, "rb") as handle:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from bson.codec_options import DatetimeConversion
 from pymongo import MongoClient, monitoring
 from pymongo.errors import (
     AutoReconnect,
@@ -213,6 +214,9 @@ def open_client(cfg: ConnectorConfig, metrics: ConnectorMetrics | None = None, *
     """A MongoClient for ``mongodb.connection.string`` with the config's driver options."""
     kwargs: dict[str, Any] = dict(cfg.connection_kwargs())
     kwargs.setdefault("tz_aware", True)
+    # MongoDB stores dates as any 64-bit millisecond count; those outside Python's datetime range
+    # (beyond year 9999, before year 1) decode as DatetimeMS instead of failing the whole batch.
+    kwargs["datetime_conversion"] = DatetimeConversion.DATETIME_AUTO
     kwargs.update(overrides)
     listeners = list(kwargs.pop("event_listeners", []))
     listeners += [_ElectionListener(metrics), _DisconnectListener(metrics)]

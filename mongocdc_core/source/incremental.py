@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 import orjson
 from bson import Code, Decimal128, MaxKey, MinKey, ObjectId, Regex, Timestamp, json_util
+from bson.codec_options import DatetimeConversion
 from bson.datetime_ms import DatetimeMS
 from pymongo import MongoClient
 from pymongo.collection import Collection
@@ -52,7 +53,7 @@ log = logging.getLogger("mongocdc.incremental")
 
 AGGREGATE = "Incremental Snapshot"
 MARKER = "incremental"
-_CANONICAL = json_util.CANONICAL_JSON_OPTIONS
+_CANONICAL = json_util.CANONICAL_JSON_OPTIONS.with_options(datetime_conversion=DatetimeConversion.DATETIME_AUTO)
 
 
 def key_identity(value: Any) -> str:

@@ -22,10 +22,13 @@ from typing import Any
 
 from bson import Binary, Decimal128, Int64, ObjectId, Timestamp, json_util
 from bson.binary import UuidRepresentation
+from bson.codec_options import DatetimeConversion
 from bson.datetime_ms import DatetimeMS
 from pymongo.collection import Collection
 
-_CANONICAL = json_util.CANONICAL_JSON_OPTIONS.with_options(uuid_representation=UuidRepresentation.STANDARD)
+_CANONICAL = json_util.CANONICAL_JSON_OPTIONS.with_options(
+    uuid_representation=UuidRepresentation.STANDARD, datetime_conversion=DatetimeConversion.DATETIME_AUTO
+)
 
 #: MongoDB's canonical type brackets in sort order, each with the ``$type`` aliases it holds.
 BRACKETS: tuple[tuple[str, ...], ...] = (

@@ -155,6 +155,10 @@ class StreamItem:
     error: BaseException | None = None
 
 
+_WAKE_AT = 64  # changes queued before a busy dispatcher is woken (an idle one is woken at once)
+_ACTIVE_POLL_S = 0.002  # how long a busy dispatcher waits before taking what is queued
+
+
 class EventQueue:
     """Debezium's ChangeEventQueue: bounded by count and (optionally) bytes; blocks the producer."""
 
@@ -166,6 +170,8 @@ class EventQueue:
         self._cond = threading.Condition()
         self._closed = False
         self._waiting = 0  # threads blocked in put/get: notify only when someone waits
+        self._active = False  # the last get_batch found changes: the dispatcher polls briefly
+        self._wake_at = max(1, min(_WAKE_AT, max_items))
         self.metrics = metrics
         if metrics is not None:
             metrics.QueueTotalCapacity = max_items
@@ -187,7 +193,10 @@ class EventQueue:
             self._items.append(item)
             self._bytes += item.size
             self._update_metrics()
-            if self._waiting:
+            # While the dispatcher is busy with a flow of changes it polls every couple of
+            # milliseconds, so it is woken only once a batch worth of them waits: one wake-up (a
+            # thread switch) per event costs more than converting the event.
+            if self._waiting and (not self._active or item.kind != "change" or len(self._items) >= self._wake_at):
                 self._cond.notify_all()
             return True
 
@@ -196,13 +205,14 @@ class EventQueue:
         with self._cond:
             if not self._items:
                 self._waiting += 1
-                self._cond.wait(timeout)
+                self._cond.wait(min(timeout, _ACTIVE_POLL_S) if self._active else timeout)
                 self._waiting -= 1
             batch: list[StreamItem] = []
             while self._items and len(batch) < max_items:
                 item = self._items.popleft()
                 self._bytes -= item.size
                 batch.append(item)
+            self._active = bool(batch)
             self._update_metrics()
             if self._waiting and batch:
                 self._cond.notify_all()

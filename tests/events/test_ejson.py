@@ -10,6 +10,7 @@ import pytest
 from bson import json_util
 from bson.binary import Binary
 from bson.code import Code
+from bson.datetime_ms import DatetimeMS
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.max_key import MaxKey
@@ -190,3 +191,12 @@ def test_every_bson_type_round_trips_through_json_util(doc: dict[str, Any]) -> N
 def test_keys_round_trip(value: Any) -> None:
     original = normalized(value)
     assert same_bson(ejson.loads(ejson.key_id(original)), original)
+
+
+@pytest.mark.parametrize("millis", [2**62, -(2**62), -62_135_596_800_001, 253_402_300_800_000])
+def test_dates_outside_pythons_range_are_spelled_like_every_date(millis: int) -> None:
+    value = DatetimeMS(millis)
+    assert ejson.dumps({"d": value}) == f'{{"d": {{"$date": {millis}}}}}'
+    assert ejson.key_id(value) == f'{{"$date" : {millis}}}'
+    assert ejson.dumps({"d": value}, COMPACT_STYLE) == f'{{"d":{{"$date":{millis}}}}}'
+    assert ejson.loads(ejson.dumps({"d": value})) == {"d": value}

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import orjson
 import pyarrow.parquet as pq
 import pytest
+import zstandard
 
 from mongocdc_core.events.records import Record
 from mongocdc_core.positions import Position
@@ -132,3 +134,106 @@ def test_tee_sink_delivers_to_every_sink(tmp_path: Path) -> None:
     assert sum(pq.read_table(f).num_rows for f in (tmp_path / "p" / TOPIC).glob("*.parquet")) == 4
     with pytest.raises(ValueError, match="at least one"):
         TeeSink([])
+
+
+def _decompressed(path: Path, compression: str) -> bytes:
+    if compression == "gzip":
+        return gzip.decompress(path.read_bytes())
+    with open(path, "rb") as fh:
+        return zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True).read()
+
+
+@pytest.mark.parametrize(("compression", "suffix"), [("gzip", ".jsonl.gz"), ("zstd", ".jsonl.zst")])
+def test_compressed_jsonl_holds_the_same_lines(tmp_path: Path, compression: str, suffix: str) -> None:
+    plain, packed = JsonlSink(tmp_path / "plain"), JsonlSink(tmp_path / "packed", compression=compression)
+    for sink in (plain, packed):
+        for _ in range(3):  # three flushes: three members/frames, read back as one stream
+            sink.write(_records())
+            sink.flush()
+        sink.close()
+    assert packed.path(TOPIC).name == TOPIC + suffix
+    expected = (tmp_path / "plain" / f"{TOPIC}.jsonl").read_bytes()
+    assert len(expected.splitlines()) == 12
+    assert _decompressed(packed.path(TOPIC), compression) == expected
+    assert packed.path(TOPIC).stat().st_size < len(expected)
+
+
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+def test_compressed_jsonl_drops_a_torn_member_on_restart(tmp_path: Path, compression: str) -> None:
+    sink = JsonlSink(tmp_path, compression=compression)
+    sink.write(_records()[:2])
+    sink.close()
+    path = sink.path(TOPIC)
+    whole = path.read_bytes()
+    # kill -9 in the middle of a later member: half of a valid member is on disk.
+    other = JsonlSink(tmp_path / "other", compression=compression)
+    other.write(_records()[2:3])
+    other.close()
+    member = other.path(TOPIC).read_bytes()
+    path.write_bytes(whole + member[: len(member) // 2])
+    restarted = JsonlSink(tmp_path, compression=compression)
+    restarted.write(_records()[2:3])
+    restarted.close()
+    lines = _decompressed(path, compression).splitlines()
+    assert [orjson.loads(line)["value"] is not None for line in lines] == [True, True, True]
+    assert path.read_bytes().startswith(whole)
+
+
+def test_jsonl_compression_comes_from_the_config(tmp_path: Path) -> None:
+    from mongocdc_core.config import ConnectorConfig
+
+    cfg = ConnectorConfig.from_dict({"mongodb.connection.string": "mongodb://h/?replicaSet=rs0", "topic.prefix": "p",
+                                     "mongocdc.jsonl.compression": "zstd"})  # fmt: skip
+    sink = open_sink(f"jsonl:{tmp_path}", cfg)
+    assert isinstance(sink, JsonlSink) and sink.compression == "zstd"
+    with pytest.raises(SinkError, match="mongocdc.jsonl.compression"):
+        JsonlSink(tmp_path, compression="lz4")
+
+
+def test_parquet_rows_are_the_same_with_and_without_schemas(tmp_path: Path) -> None:
+    from mongocdc_core.events.convert import EventConverter
+    from mongocdc_core.events.options import EventOptions
+    from tests.events.helpers import POSITION, insert, update
+
+    tables = []
+    for schemas in (True, False):
+        conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", schemas_enable=schemas, now_ns=lambda: 7))
+        records = [r for _ in range(3) for ev in (insert(), update()) for r in conv.convert_change(ev, POSITION)]
+        sink = ParquetSink.to_file(tmp_path / f"{schemas}.parquet")
+        sink.write(records)
+        sink.close()
+        tables.append(pq.read_table(tmp_path / f"{schemas}.parquet").to_pylist())
+    with_schemas, without = tables
+    assert with_schemas == without and len(without) == 6
+    assert orjson.loads(without[1]["value"])["op"] == "u" and orjson.loads(without[1]["key"]) == {"id": '{"$numberLong" : "1004"}'}
+
+
+def test_parquet_takes_the_1x_format_too(tmp_path: Path) -> None:
+    from mongocdc_core.events.convert import EventConverter
+    from mongocdc_core.events.options import EventOptions
+    from tests.events.helpers import POSITION, insert, update
+
+    conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", event_format="oplog_1x", now_ns=lambda: 7))
+    records = conv.convert_change(insert(), POSITION) + conv.convert_change(update(), POSITION)
+    sink = ParquetSink.to_file(tmp_path / "x.parquet")
+    sink.write(records)
+    sink.close()
+    rows = pq.read_table(tmp_path / "x.parquet").to_pylist()
+    assert [r["op"] for r in rows] == ["c", "u"] and [r["snapshot"] for r in rows] == ["false", "false"]
+    assert rows[0]["after"] == orjson.loads(records[0].value or b"")["payload"]["after"]
+    assert orjson.loads(rows[1]["source"])["ord"] == POSITION.increment
+
+
+def test_parquet_takes_documents_larger_than_a_json_block(tmp_path: Path) -> None:
+    from mongocdc_core.events.convert import EventConverter
+    from mongocdc_core.events.options import EventOptions
+    from tests.events.helpers import POSITION, insert
+
+    conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0"))
+    big = {"_id": 1, "text": 'x"' * 1_500_000}  # 3 MB, and 6 MB once escaped inside the envelope
+    records = conv.convert_change(insert({"_id": 0}), POSITION) + conv.convert_change(insert(big), POSITION)
+    sink = ParquetSink.to_file(tmp_path / "x.parquet")
+    sink.write(records)
+    sink.close()
+    rows = pq.read_table(tmp_path / "x.parquet").to_pylist()
+    assert orjson.loads(rows[1]["after"])["text"] == big["text"] and len(rows) == 2

@@ -1,0 +1,273 @@
+"""Sinks against the bare library loop that delivers the same bytes with the same guarantees.
+
+Records: the connector's own records for the conversion benchmark's inserts and updates (schemas
+on: ~3.3 KB each, Debezium's default; sizes per record are also reported with schemas off).
+
+- JSON Lines: ``JsonlSink.write`` in batches of ``max.batch.size`` (2048) then ``flush`` (fsync),
+  against a bare loop writing the same lines to a buffered file opened for appending, then flush
+  and fsync. Compressed files (``mongocdc.jsonl.compression`` gzip/zstd) are reported as bytes per
+  record next to the uncompressed size (no goal) and timed against the same bare loop.
+- Parquet: ``ParquetSink.to_file`` (landing rows from the records, row groups of 50k, close)
+  against ``pyarrow.parquet.ParquetWriter`` writing the very table the sink produced.
+- Kafka (real local broker): ``KafkaSink`` against a bare ``confluent_kafka.Producer`` with the
+  sink's own settings (idempotent, acks=all, linger 5 ms, same queue bound), producing the same
+  records keyed the same way and waiting for every acknowledgement; and with exactly-once, the
+  transactional sink (one transaction per batch, committed with an offset record) against a bare
+  transactional producer doing the same per batch.
+
+File sinks in this process's CPU time (the machine is shared: CPU time is what load barely moves), Kafka
+in wall-clock time (the broker works in its own process); five interleaved rounds, medians of the
+per-round ratios (goal >= 0.8).
+
+Usage: ``python -m benchmarks.bench_sinks`` (``MONGOCDC_BENCH_SMALL=1`` for CI size)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import bson
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+from confluent_kafka import Producer
+
+from benchmarks import harness
+from benchmarks.bench_event_conversion import generate
+from mongocdc_core.events.convert import EventConverter
+from mongocdc_core.events.options import EventOptions
+from mongocdc_core.events.records import Record
+from mongocdc_core.sinks.jsonl import JsonlSink
+from mongocdc_core.sinks.kafka import KafkaSink, KafkaSinkSettings
+from mongocdc_core.sinks.parquet import LANDING_SCHEMA, ParquetSink
+
+NAME = "sinks"
+BASELINE = (
+    "the bare library loop delivering the same record bytes with the same guarantees: buffered file append + "
+    "fsync (jsonl), pyarrow ParquetWriter on the sink's own table (parquet), a bare confluent-kafka Producer "
+    "with the sink's settings, idempotent or transactional per batch (kafka); CPU time for files, wall clock for "
+    "Kafka, median of 5 interleaved rounds"
+)
+BATCH = 2048
+ROUNDS = 5
+
+
+def records(count: int, schemas: bool) -> list[Record]:
+    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0", schemas_enable=schemas))
+    out: list[Record] = []
+    for workload in ("inserts", "updates"):
+        for raw, positions in generate(workload, count // 2):
+            for doc, position in zip(bson.decode_all(raw), positions, strict=True):
+                out += converter.convert_change(doc, position)
+    return out
+
+
+def _batches(recs: list[Record]) -> list[list[Record]]:
+    return [recs[i : i + BATCH] for i in range(0, len(recs), BATCH)]
+
+
+def _wall(work: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start
+
+
+def _rounds(count: int, measured: Callable[[], object], baseline: Callable[[], object],
+            clock: Callable[[Callable[[], object]], float] = harness.cpu_seconds) -> tuple[float, float, float]:
+    """(measured records/s, baseline records/s, median ratio) over interleaved rounds."""
+    pairs = []
+    for _ in range(ROUNDS):
+        base = count / clock(baseline)
+        pairs.append((count / clock(measured), base))
+    return (statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs),
+            statistics.median(p[0] / p[1] for p in pairs))  # fmt: skip
+
+
+def _jsonl_bare(recs: list[Record], path: Path) -> None:
+    with open(path, "ab") as fh:
+        for record in recs:
+            fh.write(b'{"key":' + (record.key or b"null") + b',"value":' + (record.value or b"null") + b"}\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _jsonl_sink(recs: list[Record], directory: Path, compression: str) -> JsonlSink:
+    sink = JsonlSink(directory, compression=compression)
+    for batch in _batches(recs):
+        sink.write(batch)
+    sink.close()
+    return sink
+
+
+def jsonl_rows(recs: list[Record], work: Path, schemas_off: list[Record]) -> list[harness.Row]:
+    rows = []
+    fresh = iter(range(1_000_000))
+    plain_size = 0.0
+    for compression in ("none", "gzip", "zstd"):
+        def measured(compression: str = compression) -> None:
+            _jsonl_sink(recs, work / f"j{next(fresh)}", compression)
+
+        def baseline() -> None:
+            _jsonl_bare(recs, work / f"b{next(fresh)}.jsonl")
+
+        rate, base, ratio = _rounds(len(recs), measured, baseline)
+        label = "jsonl sink" if compression == "none" else f"jsonl sink, {compression}"
+        rows.append(harness.Row("sinks", label, BASELINE, rate, base, "records/s", ratio,
+                                0.8 if compression == "none" else None))  # fmt: skip
+        for schemas, batch in (("on", recs), ("off", schemas_off)):
+            directory = work / f"size-{compression}-{schemas}"
+            sink = _jsonl_sink(batch, directory, compression)
+            size = sum(p.stat().st_size for p in directory.iterdir()) / len(batch)
+            if compression == "none" and schemas == "on":
+                plain_size = size
+            if compression != "none" or schemas == "off":
+                reference = plain_size if schemas == "on" else sum(
+                    p.stat().st_size for p in (work / "size-none-off").iterdir()) / len(batch)
+                rows.append(harness.Row("sinks", f"jsonl {sink.compression} bytes per record, schemas {schemas}",
+                                        BASELINE, size, reference, "B", size / reference))  # fmt: skip
+    return rows
+
+
+def parquet_rows(recs: list[Record], work: Path) -> list[harness.Row]:
+    reference = work / "parquet-reference.parquet"
+    sink = ParquetSink.to_file(reference)
+    for batch in _batches(recs):
+        sink.write(batch)
+    sink.close()
+    table = pq.read_table(reference, schema=LANDING_SCHEMA)
+    fresh = iter(range(1_000_000))
+
+    def measured() -> None:
+        out = ParquetSink.to_file(work / f"p{next(fresh)}.parquet")
+        for batch in _batches(recs):
+            out.write(batch)
+        out.close()
+
+    def baseline() -> None:
+        with pq.ParquetWriter(work / f"q{next(fresh)}.parquet", LANDING_SCHEMA) as writer:
+            writer.write_table(table, row_group_size=50_000)
+
+    def user_loop() -> None:
+        rows = [_landing_row(r) for r in recs]
+        with pq.ParquetWriter(work / f"u{next(fresh)}.parquet", LANDING_SCHEMA) as writer:
+            writer.write_table(pa.Table.from_pylist(rows, schema=LANDING_SCHEMA), row_group_size=50_000)
+
+    rate, base, ratio = _rounds(len(recs), measured, baseline)
+    user_rate, _, user_ratio = _rounds(len(recs), measured, user_loop)
+    return [
+        harness.Row("sinks", "parquet sink", BASELINE, rate, base, "records/s", ratio, 0.8),
+        harness.Row("sinks", "parquet sink vs a bare loop building the same rows (orjson + from_pylist)",
+                    "orjson.loads of each record, the landing columns picked in Python, pa.Table.from_pylist, "
+                    "ParquetWriter", rate, user_rate, "records/s", user_ratio),
+    ]  # fmt: skip
+
+
+def _landing_row(record: Record) -> dict[str, object]:
+    """The landing columns of one record, the way a bare loop would take them."""
+    def text(value: object) -> str | None:
+        return value if value is None or isinstance(value, str) else orjson.dumps(value).decode()
+
+    def payload(raw: bytes | None) -> object:
+        parsed = None if raw is None else orjson.loads(raw)
+        return parsed["payload"] if isinstance(parsed, dict) and parsed.keys() == {"schema", "payload"} else parsed
+
+    value = payload(record.value)
+    envelope = value if isinstance(value, dict) else {}
+    source = envelope.get("source")
+    update = envelope.get("updateDescription") or {}
+    return {
+        "topic": record.topic, "collection": record.collection, "key": text(payload(record.key)),
+        "op": record.op if value is not None else None, "position": record.position.to_str(),
+        "pos_seconds": record.position.seconds, "pos_increment": record.position.increment,
+        "pos_ordinal": record.position.ordinal, "ts_ms": envelope.get("ts_ms"), "before": text(envelope.get("before")),
+        "after": text(envelope.get("after")), "updated_fields": text(update.get("updatedFields")),
+        "removed_fields": update.get("removedFields"), "truncated_arrays": text(update.get("truncatedArrays")),
+        "snapshot": text(source.get("snapshot")) if isinstance(source, dict) else None, "source": text(source),
+        "value": text(value),
+    }  # fmt: skip
+
+
+def _bare_kafka(conf: dict[str, object], recs: list[Record], transactional: bool, offsets_topic: str) -> None:
+    producer = Producer(conf)
+    if transactional:
+        producer.init_transactions(30)
+    for batch in _batches(recs):
+        if transactional:
+            producer.begin_transaction()
+        for record in batch:
+            while True:
+                try:
+                    producer.produce(record.topic, value=record.value, key=record.key)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+        producer.poll(0)
+        if transactional:
+            producer.produce(offsets_topic, value=b"{}", key=b"bench")
+            producer.flush()
+            producer.commit_transaction(30)
+    producer.flush()
+
+
+def _sink_kafka(settings: KafkaSinkSettings, recs: list[Record], offsets_topic: str) -> None:
+    sink = KafkaSink(settings)
+    for batch in _batches(recs):
+        sink.write(batch)
+        if settings.exactly_once:
+            sink.commit_with_offset(offsets_topic, b"bench", b"{}", batch[-1].position)
+    sink.flush()
+    sink.close()
+
+
+def kafka_rows(recs: list[Record], work: Path) -> list[harness.Row]:
+    from mongocdc_devstack.kafka_broker import KafkaBroker
+
+    rows = []
+    with KafkaBroker(None, work / "broker") as broker:
+        servers = broker.bootstrap_servers
+        fresh = iter(range(1_000_000))
+        for exactly_once in (False, True):
+
+            def settings(label: str, exactly_once: bool = exactly_once) -> KafkaSinkSettings:
+                return KafkaSinkSettings(bootstrap_servers=servers, connector_name=f"bench-{label}-{uuid.uuid4().hex[:6]}",
+                                         exactly_once=exactly_once, max_queue_messages=8192)  # fmt: skip
+
+            warm = settings("warm")
+            _sink_kafka(warm, recs[:BATCH], "bench-offsets")  # creates the topics, warms the broker
+
+            def measured(settings: Callable[[str], KafkaSinkSettings] = settings) -> None:
+                _sink_kafka(settings(f"s{next(fresh)}"), recs, "bench-offsets")
+
+            def baseline(settings: Callable[[str], KafkaSinkSettings] = settings, exactly_once: bool = exactly_once) -> None:
+                conf = dict(settings(f"b{next(fresh)}").producer_config())
+                _bare_kafka(conf, recs, exactly_once, "bench-offsets")
+
+            rate, base, ratio = _rounds(len(recs), measured, baseline, _wall)
+            label = "kafka sink, exactly-once (transactional)" if exactly_once else "kafka sink (idempotent)"
+            rows.append(harness.Row("sinks", label, BASELINE, rate, base, "records/s", ratio, 0.8))
+    return rows
+
+
+def run(small: bool) -> list[harness.Row]:
+    count = 1_000 if small else 20_000
+    recs = records(count, schemas=True)
+    schemas_off = records(count, schemas=False)
+    work = Path(tempfile.mkdtemp(prefix="bench-sinks-"))
+    try:
+        rows = jsonl_rows(recs, work, schemas_off)
+        rows += parquet_rows(recs, work)
+        rows += kafka_rows(recs, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+if __name__ == "__main__":
+    harness.main(NAME, BASELINE, run)

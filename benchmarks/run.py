@@ -1,0 +1,72 @@
+"""``make bench``: every benchmark, one table of ratios, and ``benchmarks/results.json``.
+
+Each benchmark runs in its own process (``python -m benchmarks.<name> --json …``), so one's memory,
+threads and brokers never weigh on the next; the rows are gathered into one table and one JSON
+file, which runs can be compared by. ``--only NAME`` (repeatable) picks benchmarks;
+``MONGOCDC_BENCH_SMALL=1`` runs everything at CI size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+
+from benchmarks.harness import Row, read_json, small, table, write_json
+
+HERE = Path(__file__).resolve().parent
+#: In the order they run: the pure ones first, the ones needing a broker or Spark last.
+BENCHMARKS = (
+    "bench_event_conversion",
+    "bench_sinks",
+    "bench_streaming",
+    "bench_memory",
+    "bench_emulator_find",
+    "bench_emulator_stream",
+    "bench_snapshot_ranges",
+    "bench_incremental_snapshot",
+    "bench_kafka_sink",
+    "bench_dagster_slice",
+    "bench_current_state_merge",
+)
+
+
+def run_one(name: str, work: Path) -> tuple[list[Row], dict[str, str]]:
+    """Run one benchmark module in a child process; its rows and baseline line."""
+    out = work / f"{name}.json"
+    command = [sys.executable, "-m", f"benchmarks.{name}", "--json", str(out)]
+    completed = subprocess.run(command, cwd=HERE.parent, check=False)
+    if completed.returncode != 0 or not out.exists():
+        raise SystemExit(f"benchmark {name} failed (exit code {completed.returncode})")
+    return read_json(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--only", action="append", choices=BENCHMARKS, help="run only these benchmarks")
+    parser.add_argument("--results", type=Path, default=HERE / "results.json", help="where to write the JSON")
+    args = parser.parse_args(argv)
+    names = args.only or list(BENCHMARKS)
+    rows: list[Row] = []
+    baselines: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="mongocdc-bench-") as tmp:
+        for name in names:
+            got, lines = run_one(name, Path(tmp))
+            rows += got
+            baselines.update(lines)
+    console = Console(width=180)
+    console.rule("baselines")
+    for name, line in baselines.items():
+        console.print(f"[bold]{name}[/]: {line}")
+    console.print(table(rows, "mongocdc benchmarks" + (" (small size: ratios mean nothing)" if small() else "")))
+    write_json(rows, args.results, baselines)
+    console.print(f"results written to {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
