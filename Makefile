@@ -12,10 +12,12 @@ DRIVERS_JAVA := tests/drivers/java
 DRIVERS_NODE := tests/drivers/node
 DRIVERS_JAR := $(DRIVERS_JAVA)/target/driver-check.jar
 DRIVERS_NODE_STAMP := $(DRIVERS_NODE)/node_modules/.installed
+PYMONGO_VERSION := $(shell sed -n 's/.*"pymongo==\([^"]*\)".*/\1/p' pyproject.toml)
+CONFORMANCE_STAMP := .local/conformance/pymongo-$(PYMONGO_VERSION)/.complete
 
-.PHONY: setup test test-fast lint demo dev bench clean
+.PHONY: setup test test-fast lint demo dev bench conformance clean
 
-setup: $(STAMP) $(KAFKA_STAMP) $(SPARK_JARS_STAMP) $(DRIVERS_JAR) $(DRIVERS_NODE_STAMP)
+setup: $(STAMP) $(KAFKA_STAMP) $(SPARK_JARS_STAMP) $(DRIVERS_JAR) $(DRIVERS_NODE_STAMP) $(CONFORMANCE_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +47,10 @@ $(DRIVERS_NODE_STAMP): $(DRIVERS_NODE)/package.json $(DRIVERS_NODE)/package-lock
 	cd $(DRIVERS_NODE) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+# pymongo's own test suite (its sdist from the package index) for the conformance job (tests/conformance).
+$(CONFORMANCE_STAMP): $(STAMP)
+	$(PY) -m tests.conformance.pymongo_suite --fetch-only
+
 # The whole suite on two workers; a file, and all Spark tests, stay on one worker each.
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
@@ -66,6 +72,10 @@ dev: setup
 
 demo: setup
 	$(PY) -m mongocdc_devstack.demo
+
+# pymongo's test suite against the emulator, file by file, with pass counts and rates.
+conformance: setup
+	$(PY) -m tests.conformance.pymongo_suite
 
 bench: setup
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
