@@ -92,6 +92,7 @@ class ListCursor:
         self._encode = encode
         self._pos = 0
         self._end = len(items) if limit <= 0 else min(limit, len(items))
+        self.time_limited = False  # opened with maxTimeMS, which then limits each getMore too
 
     @property
     def exhausted(self) -> bool:

@@ -29,7 +29,7 @@ from bson.raw_bson import RawBSONDocument
 
 from . import wire
 from .changestream import change_stream_error_labels
-from .commands import COMMANDS, Context, load_all
+from .commands import COMMANDS, CommandSpec, Context, load_all
 from .cursors import CursorRegistry
 from .errors import (
     COMMAND_NOT_FOUND,
@@ -343,7 +343,9 @@ class EmulatorServer:
         getMore's fail point fires before the cursor is checked out, so mongod never learns the
         cursor is a change stream and adds nothing; an aggregate's command is known up front.
         """
-        if isinstance(exc, FailPointError) and (exc.explicit_labels or next(iter(cmd), None) == "getMore"):
+        if isinstance(exc, FailPointError) and (
+            exc.explicit_labels or (next(iter(cmd), None) == "getMore" and not exc.after_checkout)
+        ):
             return False
         return self._is_change_stream(cmd)
 
@@ -368,13 +370,23 @@ class EmulatorServer:
         if spec.admin_only and db != "admin":
             raise command_error(UNAUTHORIZED, f"{name} may only be run against the admin database.")
         ctx = Context(self, conn, db, cmd, name)
-        self._attach_session(ctx, spec.in_transaction)
+        # mongod evaluates failCommand before it checks the session out: a failed first command of a
+        # transaction leaves no transaction behind.
         try:
-            outcome = self.faults.before_command(name, conn)
+            outcome = self.faults.before_command(name, conn, cmd)
         except FailPointError as exc:
-            if exc.explicit_labels:
-                raise
-            raise self._retryable(ctx, spec.write, exc) from None
+            if not exc.explicit_labels:
+                exc.labels = error_labels(name, cmd, spec.write, exc.code, exc.labels)
+            raise
+        try:
+            return self._run_in_session(ctx, spec, outcome)
+        except CommandError as exc:
+            exc.labels = error_labels(name, cmd, spec.write, exc.code, exc.labels)
+            raise
+
+    def _run_in_session(self, ctx: Context, spec: CommandSpec, outcome: FailPointOutcome | None) -> dict[str, Any]:
+        cmd, name = ctx.cmd, ctx.name
+        self._attach_session(ctx, spec.in_transaction)
         topology_at_start = self.topology.counter
         if spec.primary and not self.topology.primary:
             if name in _SECONDARY_OK_READS and _secondary_ok(cmd):
@@ -382,21 +394,28 @@ class EmulatorServer:
             elif name in _SECONDARY_OK_READS:
                 raise command_error(NOT_PRIMARY_NO_SECONDARY_OK, "not primary and secondaryOk=false")
             else:
-                raise self._retryable(ctx, spec.write, command_error(NOT_WRITABLE_PRIMARY, "not primary"))
+                raise command_error(NOT_WRITABLE_PRIMARY, "not primary")
         retry_key = None
-        if spec.write and ctx.session is not None and ctx.txn is None and "txnNumber" in cmd:
+        if spec.write and ctx.retryable_write and ctx.session is not None:
             retry_key = int(cmd["txnNumber"])
             previous = ctx.session.retry_replies.get(retry_key)
             if previous is not None:
-                return dict(previous)
+                reply = dict(previous)
+                if outcome is not None:
+                    self._add_write_concern_error(ctx, spec.write, reply, outcome)
+                return reply
         try:
             reply = spec.handler(ctx)
         except CommandError as exc:
+            if ctx.drop_connection:
+                raise DropConnection() from None  # onPrimaryTransactionalWrite: no reply reaches the client
             if ctx.txn is not None and exc.code not in (251, 256) and name not in ("commitTransaction", "abortTransaction"):
                 ctx.txn.state = "aborted"
-                if "TransientTransactionError" not in exc.labels and exc.code in (112, 10107, 11602, 189):
-                    exc.labels = (*exc.labels, "TransientTransactionError")
-            raise self._retryable(ctx, spec.write, exc) from None
+            raise
+        if ctx.drop_connection:
+            if retry_key is not None and ctx.session is not None and not reply.get("writeErrors"):
+                ctx.session.retry_replies = {retry_key: {"ok": 1.0, **reply}}
+            raise DropConnection()  # onPrimaryTransactionalWrite: the write committed, the reply is lost
         if self.topology.counter != topology_at_start and name in ("getMore", "aggregate", "find"):
             raise command_error(INTERRUPTED_DUE_TO_REPL_STATE_CHANGE, "operation was interrupted because the node stepped down")
         reply.setdefault("ok", 1.0)
@@ -420,12 +439,6 @@ class EmulatorServer:
         if code in NOT_PRIMARY_CODES:
             reply["topologyVersion"] = self.topology.version()
 
-    def _retryable(self, ctx: Context, write: bool, exc: CommandError) -> CommandError:
-        retryable_cmd = (write and "txnNumber" in ctx.cmd and ctx.txn is None) or ctx.name in ("commitTransaction", "abortTransaction")
-        if retryable_cmd and exc.code in RETRYABLE_CODES and "RetryableWriteError" not in exc.labels:
-            exc.labels = (*exc.labels, "RetryableWriteError")
-        return exc
-
     def _attach_session(self, ctx: Context, in_transaction: bool) -> None:
         cmd = ctx.cmd
         lsid = cmd.get("lsid")
@@ -444,6 +457,7 @@ class EmulatorServer:
                 if txn_number > session.txn_number:
                     session.txn_number = txn_number
                     session.retry_replies = {}
+                    session.executed = {}
             return
         if autocommit is not False:
             raise command_error((72, "InvalidOptions"), "Specifying autocommit=true is not allowed.")
@@ -456,6 +470,36 @@ class EmulatorServer:
         if not self.topology.primary:
             raise command_error(NOT_WRITABLE_PRIMARY, "not primary", labels=("TransientTransactionError",))
         ctx.txn = self.state.transaction_for(session, int(cmd["txnNumber"]), bool(cmd.get("startTransaction")))
+
+
+# ErrorCodes::isSnapshotError and isNeedRetargettingError (plus StaleDbVersion), and the codes mongod
+# treats as transient in a transaction on top of the retriable ones (src/mongo/db/error_labels.cpp).
+_TRANSIENT_CODES = frozenset({112, 24, 267, 239, 246, 249, 13388, 63, 150})
+_TRANSACTION_END = ("commitTransaction", "abortTransaction")
+
+
+def error_labels(name: str, cmd: dict[str, Any], write: bool, code: int, present: Sequence[str] = ()) -> tuple[str, ...]:
+    """The ``errorLabels`` mongod's ErrorLabelBuilder gives an error, from the command's session fields.
+
+    ``RetryableWriteError``: a retriable code on a retryable write (``txnNumber`` without
+    ``autocommit``) or on commit/abort. ``TransientTransactionError``: inside a transaction
+    (``autocommit: false``) for write conflicts, lock timeouts, snapshot and retargeting errors,
+    and — except on commit/abort, where only NoSuchTransaction counts — retriable errors and
+    NoSuchTransaction.
+    """
+    labels = list(present)
+    in_transaction = "txnNumber" in cmd and "autocommit" in cmd
+    ends_transaction = name in _TRANSACTION_END
+    retryable = ("txnNumber" in cmd and not in_transaction and write) or ends_transaction
+    if retryable and code in RETRYABLE_CODES and "RetryableWriteError" not in labels:
+        labels.append("RetryableWriteError")
+    if in_transaction:
+        transient = code in _TRANSIENT_CODES or code == 251
+        if not ends_transaction:
+            transient = transient or code in RETRYABLE_CODES
+        if transient and "TransientTransactionError" not in labels:
+            labels.append("TransientTransactionError")
+    return tuple(labels)
 
 
 _CURSOR_ELEMENT = b"\x03cursor\x00"

@@ -350,6 +350,9 @@ class Session:
     txn_number: int = -1
     txn: Transaction | None = None
     retry_replies: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # What each statement of the current retryable write contributed, by statement index: a retry
+    # after a dropped connection replays these instead of writing again (mongod's executed stmtIds).
+    executed: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 class ServerState:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BAD_VALUE, TYPE_MISMATCH, command_error
+from ..errors import BAD_VALUE, CODE_NAMES, TYPE_MISMATCH, CommandError, command_error
 
 if TYPE_CHECKING:
     from ..cursors import CursorRegistry
@@ -28,6 +28,7 @@ class Context:
     name: str
     session: Session | None = None
     txn: Transaction | None = None
+    drop_connection: bool = False  # close the connection instead of replying (a fail point)
 
     @property
     def state(self) -> ServerState:
@@ -36,6 +37,35 @@ class Context:
     @property
     def cursors(self) -> CursorRegistry:
         return self.server.cursors
+
+    @property
+    def retryable_write(self) -> bool:
+        """A write with ``txnNumber`` outside a transaction (mongod records its statements)."""
+        return self.session is not None and self.txn is None and "txnNumber" in self.cmd
+
+    def statement(self, index: int, execute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Run statement ``index`` of a write and return what it contributes to the reply.
+
+        In a retryable write, a statement that already ran under this ``txnNumber`` is not run
+        again: its recorded contribution is returned, as mongod answers retried statements. The
+        ``onPrimaryTransactionalWrite`` fail point acts here, once per statement that really runs.
+        """
+        session = self.session
+        if session is None or not self.retryable_write:
+            return execute()
+        done = session.executed.get(index)
+        if done is not None:
+            return done
+        fault = self.server.faults.transactional_write()
+        if fault is not None:
+            self.drop_connection = self.drop_connection or fault.close_connection
+            if fault.fail_code is not None:
+                raise CommandError(fault.fail_code, CODE_NAMES.get(fault.fail_code, f"Location{fault.fail_code}"),
+                                   f"Failing write for txnNumber {self.cmd['txnNumber']} due to failpoint. "
+                                   "The write must not be reflected.")  # fmt: skip
+        result = execute()
+        session.executed[index] = result
+        return result
 
     @property
     def arg(self) -> Any:

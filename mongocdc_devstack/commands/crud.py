@@ -75,8 +75,12 @@ def insert(ctx: Context) -> dict[str, Any]:
         nonlocal count
         if not isinstance(doc, dict):
             raise command_error(TYPE_MISMATCH, "documents to insert must be objects")
-        ctx.state.insert_one(ctx.db, name, doc, ctx.txn)
-        count += 1
+
+        def execute() -> dict[str, Any]:
+            ctx.state.insert_one(ctx.db, name, doc, ctx.txn)
+            return {"n": 1}
+
+        count += ctx.statement(index, execute)["n"]
 
     with ctx.state.batch():
         errors = _run_statements(ctx, docs, run)
@@ -101,15 +105,20 @@ def update(ctx: Context) -> dict[str, Any]:
         if multi and isinstance(spec, Mapping) and not matching.is_operator_update(spec):
             raise command_error(FAILED_TO_PARSE, "multi update is not supported for replacement-style update")
         _check_hint(ctx, name, stmt.get("hint"))
-        matched, modified, upserted_id, _, _ = ctx.state.update_documents(
-            ctx.db, name, stmt["q"], spec, multi=multi, upsert=bool(stmt.get("upsert", False)),
-            array_filters=stmt.get("arrayFilters"), txn=ctx.txn,
-        )  # fmt: skip
-        totals["n"] += matched
-        totals["nModified"] += modified
-        if upserted_id is not None:
+
+        def execute() -> dict[str, Any]:
+            matched, modified, upserted_id, _, _ = ctx.state.update_documents(
+                ctx.db, name, stmt["q"], spec, multi=multi, upsert=bool(stmt.get("upsert", False)),
+                array_filters=stmt.get("arrayFilters"), txn=ctx.txn,
+            )  # fmt: skip
+            return {"n": matched, "nModified": modified, "upserted": upserted_id}
+
+        result = ctx.statement(index, execute)
+        totals["n"] += result["n"]
+        totals["nModified"] += result["nModified"]
+        if result["upserted"] is not None:
             totals["n"] += 1
-            upserted.append({"index": index, "_id": upserted_id})
+            upserted.append({"index": index, "_id": result["upserted"]})
 
     with ctx.state.batch():
         errors = _run_statements(ctx, statements, run)
@@ -135,7 +144,7 @@ def delete(ctx: Context) -> dict[str, Any]:
         if limit not in (0, 1):
             raise command_error(FAILED_TO_PARSE, f"The limit field in delete objects must be 0 or 1. Got {limit}")
         _check_hint(ctx, name, stmt.get("hint"))
-        removed += len(ctx.state.delete_documents(ctx.db, name, stmt["q"], int(limit), ctx.txn))
+        removed += ctx.statement(index, lambda: {"n": len(ctx.state.delete_documents(ctx.db, name, stmt["q"], int(limit), ctx.txn))})["n"]
 
     with ctx.state.batch():
         errors = _run_statements(ctx, statements, run)
@@ -160,22 +169,26 @@ def find_and_modify(ctx: Context) -> dict[str, Any]:
         raise command_error(FAILED_TO_PARSE, "Cannot specify both an update and remove=true" if spec is not None
                             else "Cannot specify both new=true and remove=true; 'remove' always returns the deleted document")  # fmt: skip
     _check_hint(ctx, name, cmd.get("hint"))
-    with ctx.state.lock:
-        if remove:
-            victims = ctx.state.delete_documents(ctx.db, name, query, 1, ctx.txn, sort=sort)
+
+    def execute() -> dict[str, Any]:
+        with ctx.state.lock:
+            if remove:
+                victims = ctx.state.delete_documents(ctx.db, name, query, 1, ctx.txn, sort=sort)
+                ctx.state.flush_journal()
+                value = victims[0] if victims else None
+                return {"lastErrorObject": {"n": len(victims)}, "value": matching.project(value, fields) if value else None}
+            matched, _, upserted_id, pre, post = ctx.state.update_documents(
+                ctx.db, name, query, spec, multi=False, upsert=bool(cmd.get("upsert", False)),
+                array_filters=cmd.get("arrayFilters"), txn=ctx.txn, sort=sort,
+            )  # fmt: skip
             ctx.state.flush_journal()
-            value = victims[0] if victims else None
-            return {"lastErrorObject": {"n": len(victims)}, "value": matching.project(value, fields) if value else None}
-        matched, _, upserted_id, pre, post = ctx.state.update_documents(
-            ctx.db, name, query, spec, multi=False, upsert=bool(cmd.get("upsert", False)),
-            array_filters=cmd.get("arrayFilters"), txn=ctx.txn, sort=sort,
-        )  # fmt: skip
-        ctx.state.flush_journal()
-    last_error: dict[str, Any] = {"n": 1 if (matched or upserted_id is not None) else 0, "updatedExisting": bool(matched)}
-    if upserted_id is not None:
-        last_error["upserted"] = upserted_id
-    value = post if cmd.get("new") else (pre if matched else None)
-    return {"lastErrorObject": last_error, "value": matching.project(value, fields) if value is not None else None}
+        last_error: dict[str, Any] = {"n": 1 if (matched or upserted_id is not None) else 0, "updatedExisting": bool(matched)}
+        if upserted_id is not None:
+            last_error["upserted"] = upserted_id
+        value = post if cmd.get("new") else (pre if matched else None)
+        return {"lastErrorObject": last_error, "value": matching.project(value, fields) if value is not None else None}
+
+    return dict(ctx.statement(0, execute))
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,6 +226,8 @@ def _cursor_reply(ctx: Context, cursor: Any, ns: str, batch_size: int | None, si
         batch = cursor.next_batch(batch_size, 0)
     cursor_id = 0
     if not single and not cursor.exhausted:
+        if isinstance(cursor, ListCursor):
+            cursor.time_limited = bool(ctx.cmd.get("maxTimeMS"))
         cursor_id = ctx.cursors.register(cursor)
     else:
         cursor.close()
@@ -347,6 +362,9 @@ def get_more(ctx: Context) -> dict[str, Any]:
     ns = f"{ctx.db}.{name}"
     cursor = ctx.cursors.checkout(int(cursor_id), ns)
     try:
+        ctx.server.faults.after_cursor_checkout()
+        if getattr(cursor, "time_limited", False):
+            ctx.server.faults.check_max_time()  # the cursor's maxTimeMS applies to each of its getMores
         if isinstance(cursor, TailableCursor):
             batch = cursor.next_batch(batch_size or None, 1000 if max_time_ms is None else max_time_ms)
         else:

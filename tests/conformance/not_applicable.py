@@ -19,6 +19,7 @@ REAL_SKIP_REASONS: tuple[tuple[str, str], ...] = (
     (r"PyMongo does not support", "an operation pymongo does not implement"),
     (r"Implement PYTHON-\d+", "pymongo has not implemented it yet"),
     (r"this test does not support load balancers", "needs a load balancer"),
+    (r"This cluster supports retryable writes", "needs a deployment without retryable writes (standalone)"),
 )
 
 #: Failures a real single-member replica set without a secondary shows too: "file::Class::test" -> reason.

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -207,8 +208,18 @@ def _deployment(uri: str | None) -> Iterator[tuple[str, int]]:
         return
     from mongocdc_devstack.fixture import EmulatedReplicaSet
 
-    with EmulatedReplicaSet(noop_interval=1.0) as emulated:
+    # A few of pymongo's tests open ``MongoClient()`` on the default port: serve there when it is free.
+    with EmulatedReplicaSet(port=_default_port_if_free(), noop_interval=1.0) as emulated:
         yield emulated.host, emulated.port
+
+
+def _default_port_if_free() -> int | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", 27017))
+        except OSError:
+            return None
+    return 27017
 
 
 def run_file(name: str, root: Path, uri: str | None = None) -> FileResult:
@@ -274,12 +285,13 @@ class Score:
                          f"{len(r.not_applicable):5d} {r.rate:7.1%} {r.seconds:6.0f}")  # fmt: skip
         lines.append(f"{'change streams':32} {self.change_streams:>37.1%}")
         lines.append(f"{'overall (applicable tests)':32} {self.overall:>37.1%}")
-        lines.append("fail: applicable tests that failed or were skipped only by the emulator; "
+        lines.append("fail: applicable tests that failed (FAIL) or that only the emulator made skip (SKIP); "
                      "n/a: tests a real single-member 7.0 replica set also skips or fails")  # fmt: skip
         if verbose:
             for r in self.results:
                 for outcome in r.failed:
-                    lines.append(f"  FAIL {r.name}::{_short_id(outcome.nodeid)}: {outcome.detail[:200]}")
+                    label = "SKIP" if outcome.outcome == "skipped" else "FAIL"
+                    lines.append(f"  {label} {r.name}::{_short_id(outcome.nodeid)}: {' '.join(outcome.detail.split())[:200]}")
             reasons: dict[str, int] = {}
             for r in self.results:
                 for outcome, why in r.not_applicable:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mongocdc_devstack.oplog_diff import (
@@ -154,7 +154,7 @@ _value = st.recursive(
 _doc = st.dictionaries(_names, _value, max_size=5)
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # timing is not what is tested
 @given(_doc, _doc)
 def test_diff_applied_to_pre_gives_post_exactly(pre: dict[str, Any], post: dict[str, Any]) -> None:
     diff = compute_diff(pre, post)
@@ -162,7 +162,7 @@ def test_diff_applied_to_pre_gives_post_exactly(pre: dict[str, Any], post: dict[
     assert strict_equal(result, post), (pre, post, diff, result)
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # timing is not what is tested
 @given(_doc, _doc)
 def test_update_description_applied_to_pre_gives_post(pre: dict[str, Any], post: dict[str, Any]) -> None:
     """Up to the order of fields, which the description cannot express (mongod's neither)."""
@@ -183,7 +183,7 @@ _FLAT_NAMES = st.sampled_from(["a", "b", "a.b", "0", "x1", "1", ""])
 _FLAT_SECTION = st.dictionaries(_FLAT_NAMES, st.one_of(st.integers(), st.text(max_size=3), st.none()), max_size=3)
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # timing is not what is tested
 @given(diff=st.dictionaries(st.sampled_from(["u", "i", "d"]), _FLAT_SECTION, max_size=3), expanded=st.booleans())
 def test_flat_diff_shortcut_equals_the_general_walk(diff: dict[str, Any], expanded: bool) -> None:
     """Top-level-only diffs skip the path walker; the result, key order included, must not change."""
