@@ -92,11 +92,15 @@ class ListCursor:
         self._encode = encode
         self._pos = 0
         self._end = len(items) if limit <= 0 else min(limit, len(items))
+        # mongod knows a cursor is done when a batch came up short or its limit was reached; a
+        # batch filled exactly to its size leaves the cursor open (the next getMore finds nothing).
+        self._limited = 0 < limit <= len(items)
+        self._done = False
         self.time_limited = False  # opened with maxTimeMS, which then limits each getMore too
 
     @property
     def exhausted(self) -> bool:
-        return self._pos >= self._end
+        return self._pos >= self._end and (self._done or self._limited)
 
     def next_batch(self, batch_size: int | None, max_time_ms: int | None) -> list[bytes]:
         count_limit = batch_size if batch_size and batch_size > 0 else self._end - self._pos
@@ -113,6 +117,8 @@ class ListCursor:
             out.append(raw)
             pos += 1
         self._pos = pos
+        if pos >= self._end and not (batch_size and batch_size > 0 and len(out) >= batch_size):
+            self._done = True
         return out
 
     def extra_fields(self) -> dict[str, Any]:
@@ -121,6 +127,7 @@ class ListCursor:
     def close(self) -> None:
         self._items = ()
         self._pos = self._end = 0
+        self._done = True
 
 
 class ChangeStreamSource(Protocol):

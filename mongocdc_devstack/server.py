@@ -19,12 +19,12 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import bson
-from bson import Int64, ObjectId
+from bson import Int64, ObjectId, Timestamp
 from bson.raw_bson import RawBSONDocument
 
 from . import wire
@@ -34,8 +34,10 @@ from .cursors import CursorRegistry
 from .errors import (
     COMMAND_NOT_FOUND,
     INTERRUPTED_DUE_TO_REPL_STATE_CHANGE,
+    INVALID_OPTIONS,
     NOT_PRIMARY_NO_SECONDARY_OK,
     NOT_WRITABLE_PRIMARY,
+    TYPE_MISMATCH,
     CommandError,
     command_error,
 )
@@ -387,6 +389,7 @@ class EmulatorServer:
     def _run_in_session(self, ctx: Context, spec: CommandSpec, outcome: FailPointOutcome | None) -> dict[str, Any]:
         cmd, name = ctx.cmd, ctx.name
         self._attach_session(ctx, spec.in_transaction)
+        ctx.read_at = self._snapshot_read_time(ctx)
         topology_at_start = self.topology.counter
         if spec.primary and not self.topology.primary:
             if name in _SECONDARY_OK_READS and _secondary_ok(cmd):
@@ -424,6 +427,38 @@ class EmulatorServer:
         if outcome is not None:  # after caching: a retry gets the write's result without it
             self._add_write_concern_error(ctx, spec.write, reply, outcome)
         return reply
+
+    def _snapshot_read_time(self, ctx: Context) -> Timestamp | None:
+        """``readConcern: {level: "snapshot"}``: the cluster time to read at, within the history window.
+
+        Outside a transaction only find, aggregate and distinct take it (mongod 5.0+); without
+        ``atClusterTime`` they read at the latest cluster time and report it. A transaction started
+        with ``atClusterTime`` reads as of that time.
+        """
+        concern = ctx.cmd.get("readConcern")
+        if not isinstance(concern, Mapping) or concern.get("level") != "snapshot":
+            return None
+        at = concern.get("atClusterTime")
+        if at is not None and not isinstance(at, Timestamp):
+            raise command_error(TYPE_MISMATCH, f"BSON field 'atClusterTime' is the wrong type '{type(at).__name__}', expected type 'timestamp'")
+        current = self.oplog.clock.current()
+        if ctx.txn is not None:
+            if at is not None and ctx.cmd.get("startTransaction"):
+                with self.state.lock:
+                    self.state.history.check(at, current)
+                    ctx.txn.snapshot_ts = at
+            return None
+        if ctx.name not in _SNAPSHOT_READS:
+            raise command_error(
+                INVALID_OPTIONS,
+                f"Command {ctx.name} does not support {{ readConcern: {{ level: \"snapshot\" }} }} :: caused by :: "
+                "read concern snapshot is only supported for find, aggregate and distinct outside transactions",
+            )
+        if at is None:
+            return current
+        with self.state.lock:
+            self.state.history.check(at, current)
+        return at
 
     def _add_write_concern_error(self, ctx: Context, write: bool, reply: dict[str, Any], outcome: FailPointOutcome) -> None:
         """A fail point's ``writeConcernError``, with the labels and topologyVersion mongod adds."""
@@ -502,6 +537,7 @@ def error_labels(name: str, cmd: dict[str, Any], write: bool, code: int, present
     return tuple(labels)
 
 
+_SNAPSHOT_READS = frozenset({"find", "aggregate", "distinct", "getMore"})
 _CURSOR_ELEMENT = b"\x03cursor\x00"
 
 

@@ -41,6 +41,7 @@ from .errors import (
     CommandError,
     command_error,
 )
+from .history import History
 from .oplog import Oplog, ts_key
 from .wire import MAX_BSON_OBJECT_SIZE
 
@@ -274,6 +275,13 @@ class Collection:
                 )
             index.entries[ikey] = key
 
+    def rebuild_unique_indexes(self) -> None:
+        """Recompute unique index entries after documents were swapped in wholesale (a snapshot view)."""
+        for index in self.indexes.values():
+            if index.unique and index.name != "_id_":
+                index.entries = {}
+                self.build_index(index)
+
     def catalog_entry(self) -> dict[str, Any]:
         return {
             "db": self.db,
@@ -325,8 +333,9 @@ class _Effect:
 
     db: str
     coll: str
-    key: IdKey
+    key: IdKey | None
     stored: StoredDoc | None  # None: delete
+    created: Collection | None = None  # a collection the transaction created (key and stored unused)
 
 
 @dataclass
@@ -342,6 +351,7 @@ class Transaction:
     images: list[tuple[uuid.UUID, int, dict[str, Any] | None, dict[str, Any] | None]] = field(default_factory=list)
     commit_ts: Timestamp | None = None
     touched: set[tuple[str, str, IdKey]] = field(default_factory=set)
+    snapshot_ts: Timestamp = field(default_factory=lambda: Timestamp(0, 0))  # reads see the data as of this time
 
 
 @dataclass
@@ -370,6 +380,10 @@ class ServerState:
         # (collection uuid, ts key, applyOps index) -> (pre, post); insertion order is ts order
         self.images: OrderedDict[tuple[uuid.UUID, tuple[int, int], int], tuple[dict[str, Any] | None, dict[str, Any] | None]] = OrderedDict()
         self.sessions: dict[bytes, Session] = {}
+        self.history = History()
+        self.history.start(oplog.clock.current())
+        # Documents written by open transactions: a second writer gets (or causes) a WriteConflict.
+        self.txn_owners: dict[tuple[str, str, IdKey], Transaction] = {}
         self.journal: Callable[[dict[str, Any]], None] | None = None
         self.flush_journal: Callable[[], None] = lambda: None
         self._batch: list[dict[str, Any]] | None = None
@@ -421,7 +435,9 @@ class ServerState:
                 base = self.catalog.get(db, {}).get(coll)
                 if base is None:
                     return None
-                view = base.clone()
+                view = self.history.as_of(base, txn.snapshot_ts)  # the data as of the transaction's start
+                if view is base:
+                    view = base.clone()
                 txn.collections[(db, coll)] = view
                 return view
             return self.catalog.get(db, {}).get(coll)
@@ -504,10 +520,18 @@ class ServerState:
     def _journal_catalog(self, coll: Collection) -> None:
         self._journal({"k": "coll", **coll.catalog_entry()})
 
-    def create_collection(self, db: str, name: str, options: dict[str, Any], implicit: bool = False) -> Collection:
+    def create_collection(self, db: str, name: str, options: dict[str, Any], implicit: bool = False,
+                          txn: Transaction | None = None) -> Collection:  # fmt: skip
         """``create`` (explicit) or the implicit creation on first insert, with its oplog entry."""
         check_namespace(db, name)
         with self.lock:
+            if txn is not None:
+                existing = self.get_collection(db, name, txn)
+                if existing is not None:
+                    if implicit:
+                        return existing
+                    raise command_error(NAMESPACE_EXISTS, f"Collection {db}.{name} already exists.")
+                return self._create_in_transaction(db, name, options, txn)
             if name in self.catalog.get(db, {}):
                 existing = self.catalog[db][name]
                 if implicit:
@@ -521,6 +545,15 @@ class ServerState:
             self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", o, ui=coll.ui)])
             self.flush_journal()
             return coll
+
+    def _create_in_transaction(self, db: str, name: str, options: dict[str, Any], txn: Transaction) -> Collection:
+        """mongod 4.4+: a collection created in a transaction exists for others once the transaction
+        commits; its ``create`` entry is part of the transaction's applyOps."""
+        coll = Collection(db, name, uuid.uuid4(), dict(options))
+        txn.collections[(db, name)] = coll
+        txn.effects.append(_Effect(db, name, None, None, created=coll))
+        txn.ops.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {"create": name, **options, "idIndex": dict(ID_INDEX)}})
+        return coll
 
     def _require(self, db: str, name: str) -> Collection:
         coll = self.catalog.get(db, {}).get(name)
@@ -597,11 +630,22 @@ class ServerState:
             self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", {"collMod": name, **changes}, ui=coll.ui)])
             self.flush_journal()
 
-    def create_indexes(self, db: str, name: str, specs: list[dict[str, Any]]) -> tuple[int, int, bool]:
+    def create_indexes(self, db: str, name: str, specs: list[dict[str, Any]],
+                       txn: Transaction | None = None) -> tuple[int, int, bool]:  # fmt: skip
         """Create indexes; returns (indexes before, after, whether the collection was created)."""
         with self.lock:
-            created = name not in self.catalog.get(db, {})
-            coll = self.create_collection(db, name, {}, implicit=True)
+            if txn is not None:
+                existing = self.get_collection(db, name, txn)
+                if existing is not None and not any(e.created is existing for e in txn.effects):
+                    raise command_error(
+                        OPERATION_NOT_SUPPORTED_IN_TRANSACTION,
+                        f"Cannot create new indexes on existing collection {db}.{name} in a multi-document transaction.",
+                    )
+                created = existing is None
+                coll = existing or self._create_in_transaction(db, name, {}, txn)
+            else:
+                created = name not in self.catalog.get(db, {})
+                coll = self.create_collection(db, name, {}, implicit=True)
             before = len(coll.indexes)
             for spec in specs:
                 index = Index(spec)
@@ -629,6 +673,9 @@ class ServerState:
                     )
                 coll.build_index(index)
                 coll.indexes[index.name] = index
+                if txn is not None:
+                    txn.ops.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {"createIndexes": name, **spec}})
+                    continue
                 self._journal_catalog(coll)
                 self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", {"createIndexes": name, **spec}, ui=coll.ui)])
             self.flush_journal()
@@ -674,6 +721,8 @@ class ServerState:
         check_namespace(db, name)
         if db == "local" or name.startswith("system."):
             raise command_error(INVALID_NAMESPACE, f"cannot write to '{db}.{name}'")
+        if txn is not None:
+            return self.create_collection(db, name, {}, implicit=True, txn=txn)
         if name not in self.catalog.get(db, {}):
             self.create_collection(db, name, {}, implicit=True)
         target = self.get_collection(db, name, txn)
@@ -699,6 +748,7 @@ class ServerState:
             txn.ops.append(op_doc)
             return
         ts = self._next_ts()
+        self.history.record(ts, coll, key, pre)
         if stored is None:
             self._journal({"k": "del", "db": coll.db, "c": coll.name, "id": pre["_id"] if pre else o["_id"]})
         else:
@@ -753,13 +803,24 @@ class ServerState:
     def _check_conflict(self, txn: Transaction | None, view: Collection, key: IdKey) -> None:
         """WriteConflict (a TransientTransactionError) when a transaction writes a document that
         changed outside it after its snapshot was taken, as mongod's snapshot isolation does."""
-        if txn is None:
-            return
         marker = (view.db, view.name, key)
+        owner = self.txn_owners.get(marker)
+        if owner is not None and owner.state != "in_progress":
+            del self.txn_owners[marker]
+            owner = None
+        if txn is None:
+            if owner is not None:
+                # mongod makes this write wait until the transaction ends; the emulator cannot block
+                # a writer inside its lock, so the open transaction loses instead (its commit fails
+                # with NoSuchTransaction, a TransientTransactionError).
+                owner.state = "aborted"
+                del self.txn_owners[marker]
+            return
         if marker in txn.touched:
             return
         base = self.catalog.get(view.db, {}).get(view.name)
-        if base is not None and base.docs.get(key) is not view.docs.get(key):
+        changed = base is not None and base.docs.get(key) is not view.docs.get(key)
+        if changed or (owner is not None and owner is not txn):
             txn.state = "aborted"
             raise command_error(
                 WRITE_CONFLICT,
@@ -767,6 +828,7 @@ class ServerState:
                 labels=("TransientTransactionError",),
             )
         txn.touched.add(marker)
+        self.txn_owners[marker] = txn
 
     def replace_stored(self, coll: Collection, key: IdKey, old: dict[str, Any], new: dict[str, Any],
                        update: Any, txn: Transaction | None) -> None:  # fmt: skip
@@ -964,7 +1026,7 @@ class ServerState:
                 if session.txn is not None and session.txn.state == "in_progress":
                     session.txn.state = "aborted"
                 session.txn_number = txn_number
-                session.txn = Transaction(session.lsid, txn_number)
+                session.txn = Transaction(session.lsid, txn_number, snapshot_ts=self.oplog.clock.current())
                 return session.txn
             txn = session.txn
             if txn is None or txn.txn_number != txn_number or session.txn_number != txn_number:
@@ -993,8 +1055,19 @@ class ServerState:
                 return self.oplog.clock.current()
             for effect in txn.effects:
                 base = self.catalog.get(effect.db, {}).get(effect.coll)
+                if effect.created is not None:
+                    if base is None:
+                        created = effect.created
+                        base = Collection(effect.db, effect.coll, created.uuid, dict(created.options))
+                        base.indexes = {name: Index(dict(ix.spec)) for name, ix in created.indexes.items()}
+                        self.catalog.setdefault(effect.db, {})[effect.coll] = base
+                        self._journal_catalog(base)
+                    continue
                 if base is None:
                     base = self._create_collection(effect.db, effect.coll, {})
+                assert effect.key is not None
+                old = base.docs.get(effect.key)
+                self.history.record(ts, base, effect.key, old[0] if old is not None else None)
                 if effect.stored is None:
                     removed = base.remove(effect.key)
                     if removed is not None:
@@ -1020,6 +1093,7 @@ class ServerState:
             }
             self._append([entry])
             self.flush_journal()
+            self._release(txn)
             return ts
 
     def abort_transaction(self, session: Session, txn_number: int) -> None:
@@ -1030,6 +1104,13 @@ class ServerState:
             if txn.state == "committed":
                 raise command_error(TRANSACTION_COMMITTED, "Transaction has been committed.")
             txn.state = "aborted"
+            self._release(txn)
+
+    def _release(self, txn: Transaction) -> None:
+        """The documents an ended transaction wrote are free for other writers again."""
+        for marker in txn.touched:
+            if self.txn_owners.get(marker) is txn:
+                del self.txn_owners[marker]
 
     # ---------------------------------------------------------------------------------------
     # periodic no-op and persistence support

@@ -11,12 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from bson import Timestamp
+
 from ..errors import BAD_VALUE, CODE_NAMES, TYPE_MISMATCH, CommandError, command_error
 
 if TYPE_CHECKING:
     from ..cursors import CursorRegistry
     from ..server import Connection, EmulatorServer
-    from ..state import ServerState, Session, Transaction
+    from ..state import Collection, ServerState, Session, Transaction
 
 
 @dataclass
@@ -29,6 +31,15 @@ class Context:
     session: Session | None = None
     txn: Transaction | None = None
     drop_connection: bool = False  # close the connection instead of replying (a fail point)
+    read_at: Timestamp | None = None  # readConcern snapshot outside a transaction: the time read at
+
+    def read_collection(self, name: str) -> Collection | None:
+        """The collection a read sees: the transaction's snapshot, a snapshot read's time, or now."""
+        coll = self.state.get_collection(self.db, name, self.txn)
+        if coll is None or self.read_at is None:
+            return coll
+        with self.state.lock:
+            return self.state.history.as_of(coll, self.read_at)
 
     @property
     def state(self) -> ServerState:

@@ -124,7 +124,7 @@ def _index_spec(raw: Any) -> dict[str, Any]:
     return spec
 
 
-@command("createIndexes", primary=True, in_transaction=False)
+@command("createIndexes", primary=True, in_transaction=True)
 def create_indexes(ctx: Context) -> dict[str, Any]:
     name = ctx.collection_name()
     check_namespace(ctx.db, name)
@@ -132,7 +132,7 @@ def create_indexes(ctx: Context) -> dict[str, Any]:
     if not isinstance(raw_specs, list) or not raw_specs:
         raise command_error(BAD_VALUE, "Must specify at least one index to create")
     specs = [_index_spec(raw) for raw in raw_specs]
-    before, after, created = ctx.state.create_indexes(ctx.db, name, specs)
+    before, after, created = ctx.state.create_indexes(ctx.db, name, specs, ctx.txn)
     reply: dict[str, Any] = {"numIndexesBefore": before, "numIndexesAfter": after, "createdCollectionAutomatically": created}
     if before == after:
         reply["note"] = "all indexes already exist"
@@ -164,7 +164,7 @@ def _check_images_option(options: Mapping[str, Any]) -> None:
         raise command_error(FAILED_TO_PARSE, "BSON field 'changeStreamPreAndPostImages.enabled' is missing but a required field")
 
 
-@command("create", primary=True)
+@command("create", primary=True, in_transaction=True)
 def create(ctx: Context) -> dict[str, Any]:
     name = ctx.collection_name()
     options = _options(ctx, _CREATE_OPTIONS)
@@ -179,7 +179,7 @@ def create(ctx: Context) -> dict[str, Any]:
     if "viewOn" in options or "timeseries" in options:
         raise command_error(matching.NOT_IMPLEMENTED, "views and time series collections are not supported by the emulator")
     options.pop("idIndex", None)
-    ctx.state.create_collection(ctx.db, name, options)
+    ctx.state.create_collection(ctx.db, name, options, txn=ctx.txn)
     return {}
 
 

@@ -231,7 +231,10 @@ def _cursor_reply(ctx: Context, cursor: Any, ns: str, batch_size: int | None, si
         cursor_id = ctx.cursors.register(cursor)
     else:
         cursor.close()
-    return {"cursor": cursor_document(cursor_id, ns, key, batch, cursor.extra_fields())}
+    extra = cursor.extra_fields()
+    if ctx.read_at is not None:
+        extra = {**extra, "atClusterTime": ctx.read_at}
+    return {"cursor": cursor_document(cursor_id, ns, key, batch, extra)}
 
 
 def _encode_stored(stored: StoredDoc) -> bytes:
@@ -335,7 +338,7 @@ def find(ctx: Context) -> dict[str, Any]:
     hint = cmd.get("hint")
     if isinstance(hint, Mapping) and set(hint) == {"$natural"} and not sort:
         sort = {"$natural": hint["$natural"]}
-    coll = ctx.state.get_collection(ctx.db, name, ctx.txn)
+    coll = ctx.read_collection(name)
     items: list[StoredDoc]
     if coll is None:
         items = []
@@ -393,7 +396,7 @@ def kill_cursors(ctx: Context) -> dict[str, Any]:
 
 def _docs_for_read(ctx: Context, name: str) -> Collection | None:
     check_namespace(ctx.db, name)
-    return ctx.state.get_collection(ctx.db, name, ctx.txn)
+    return ctx.read_collection(name)
 
 
 @command("count", primary=True)
@@ -438,6 +441,8 @@ def distinct(ctx: Context) -> dict[str, Any]:
                 for item in value if isinstance(value, list) else [value]:
                     seen.setdefault(matching.bson_sort_key(item), item)
     values = [seen[k] for k in sorted(seen)]
+    if ctx.read_at is not None:
+        return {"values": values, "atClusterTime": ctx.read_at}
     return {"values": values}
 
 
@@ -507,7 +512,7 @@ def aggregate(ctx: Context) -> dict[str, Any]:
     elif ctx.db == "local" and name == "oplog.rs":
         docs = list(ctx.state.oplog.entries())
     else:
-        coll = ctx.state.get_collection(ctx.db, name, ctx.txn)
+        coll = ctx.read_collection(name)
         if coll is None:
             docs = []
         else:

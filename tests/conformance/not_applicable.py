@@ -23,4 +23,10 @@ REAL_SKIP_REASONS: tuple[tuple[str, str], ...] = (
 )
 
 #: Failures a real single-member replica set without a secondary shows too: "file::Class::test" -> reason.
-NOT_APPLICABLE_FAILURES: dict[str, str] = {}
+_SECONDARY_FIRST = ("pymongo selects a secondary before it refuses a transaction's non-primary read preference: "
+                    "without a secondary, server selection times out instead")
+NOT_APPLICABLE_FAILURES: dict[str, str] = {
+    "test_transactions_unified::TestUnifiedRunCommand::test_run_command_fails_with_explicit_secondary_read_preference": _SECONDARY_FIRST,
+    "test_transactions_unified::TestUnifiedRunCommand::test_run_command_fails_with_secondary_read_preference_from_transaction_options": _SECONDARY_FIRST,
+    "test_transactions_unified::TestUnifiedReadPref::test_secondary_readPreference": _SECONDARY_FIRST,
+}
