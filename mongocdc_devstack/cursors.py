@@ -130,6 +130,50 @@ class ListCursor:
         self._done = True
 
 
+class TailableFindCursor:
+    """A tailable find on a capped collection or ``local.oplog.rs``: it stays open at the end of the
+    data, and with ``awaitData`` a getMore waits (up to its maxTimeMS, 1 s by default) for more.
+
+    ``poll(limit)`` returns the next matching documents, encoded, and raises CappedPositionLost
+    (136) once capping removed the position the cursor stood at, as mongod does.
+    """
+
+    def __init__(self, ns: str, poll: Callable[[int | None], list[bytes]], await_data: bool,
+                 wait: Callable[[float], bool]) -> None:  # fmt: skip
+        self.ns = ns
+        self._poll = poll
+        self._await = await_data
+        self._wait = wait  # blocks until something was written (True) or the time is up (False)
+        self._closed = False
+        self.time_limited = False
+
+    @property
+    def exhausted(self) -> bool:
+        return self._closed
+
+    def next_batch(self, batch_size: int | None, max_time_ms: int | None) -> list[bytes]:
+        try:
+            batch = self._poll(batch_size if batch_size and batch_size > 0 else None)
+            if batch or not self._await or not max_time_ms:
+                return batch
+            deadline = time.monotonic() + max_time_ms / 1000.0
+            while not batch:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._wait(remaining):
+                    break
+                batch = self._poll(batch_size if batch_size and batch_size > 0 else None)
+            return batch
+        except Exception:
+            self._closed = True
+            raise
+
+    def extra_fields(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        self._closed = True
+
+
 class ChangeStreamSource(Protocol):
     """What ``changestream.open_change_stream`` returns (see the emulator contract)."""
 

@@ -238,8 +238,51 @@ def _bson_eq(doc_val: Any, search_val: Any) -> bool:
 _mongomock_parse = mm_aggregate._Parser.parse
 
 
+def _field_name(parser: Any, spec: Mapping[str, Any], operator: str) -> str:
+    field = parser.parse(spec.get("field"))
+    if not isinstance(field, str):
+        raise command_error((4161106, "Location4161106"), f"{operator} requires 'field' to evaluate to type String, but got {bson_type_name(field)}")
+    return field
+
+
+def _object_field_operator(parser: Any, operator: str, spec: Any) -> Any:
+    """``$getField``, ``$setField`` and ``$unsetField`` (mongod 5.0): fields whose names contain
+    dots or start with ``$``, which paths cannot address. Missing results raise KeyError, as
+    mongomock's parser reports a missing value."""
+    if operator == "$getField" and not isinstance(spec, Mapping):
+        spec = {"field": spec}
+    if not isinstance(spec, Mapping) or "field" not in spec:
+        raise command_error((4161101, "Location4161101"), f"{operator} requires 'field' to be specified")
+    field = _field_name(parser, spec, operator)
+    try:
+        source = parser.parse(spec.get("input", "$$CURRENT"))
+    except KeyError:
+        source = None
+    if source is None or source is mm_filtering.NOTHING:
+        return None
+    if not isinstance(source, Mapping):
+        if operator == "$getField":
+            raise KeyError(field)
+        raise command_error((4161105, "Location4161105"), f"{operator} requires 'input' to evaluate to type Object")
+    if operator == "$getField":
+        return source[field]
+    result = dict(source)
+    if operator == "$unsetField" or spec.get("value") == "$$REMOVE":
+        result.pop(field, None)
+        return result
+    if "value" not in spec:
+        raise command_error((4161103, "Location4161103"), "$setField requires 'value' to be specified")
+    result[field] = parser.parse(spec["value"])
+    return result
+
+
 def _parse_expression(parser: Any, expression: Any) -> Any:
-    """mongomock's expression parser plus ``$bsonSize`` (which mongomock lacks)."""
+    """mongomock's expression parser plus ``$bsonSize``, ``$getField``, ``$setField`` and
+    ``$unsetField`` (which mongomock lacks)."""
+    if isinstance(expression, dict) and len(expression) == 1:
+        operator = next(iter(expression))
+        if operator in ("$getField", "$setField", "$unsetField"):
+            return _object_field_operator(parser, operator, expression[operator])
     if isinstance(expression, dict) and len(expression) == 1 and "$bsonSize" in expression:
         try:
             value = parser.parse(expression["$bsonSize"])
@@ -402,6 +445,85 @@ def matches(query: Mapping[str, Any], doc: Mapping[str, Any]) -> bool:
         return False
     except _MOCK_ERRORS as exc:
         raise _translate(exc) from exc
+
+
+_SYSTEM_VARIABLES = frozenset({"ROOT", "CURRENT", "REMOVE", "NOW", "CLUSTER_TIME", "DESCEND", "PRUNE", "KEEP",
+                               "SEARCH_META", "USER_ROLES"})  # fmt: skip
+
+
+def bind_variables(expression: Any, variables: Mapping[str, Any] | None) -> Any:
+    """``expression`` with the command's ``let`` variables (``$$name``, ``$$name.path``) replaced by
+    their values as literals, which is how mongod evaluates them in ``$expr`` and pipelines."""
+    if not variables:
+        return expression
+    for name in variables:
+        if not isinstance(name, str) or not name or name in _SYSTEM_VARIABLES or not (name[0].islower() or name[0] == "_"):
+            raise command_error((16867, "Location16867"), f"'{name}' starts with an invalid character for a user variable name")
+
+    def bind(value: Any) -> Any:
+        if isinstance(value, str) and value.startswith("$$"):
+            name, _, path = value[2:].partition(".")
+            if name in variables:
+                found = variables[name] if not path else get_path(variables[name], path)
+                return {"$literal": None if found is _MISSING else found}
+            return value
+        if isinstance(value, Mapping):
+            if set(value) == {"$literal"}:
+                return value
+            return {key: bind(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [bind(item) for item in value]
+        return value
+
+    return bind(expression)
+
+
+def evaluate_constant(expression: Any) -> Any:
+    """An aggregation expression without field paths (a ``let`` value) evaluated once."""
+    if isinstance(expression, (Mapping, list)) or (isinstance(expression, str) and expression.startswith("$")):
+        try:
+            return mm_aggregate._parse_expression(expression, {}, ignore_missing_keys=False)
+        except KeyError:
+            return None
+        except _MOCK_ERRORS as exc:
+            raise _translate(exc) from exc
+    return expression
+
+
+def collation_key(collation: Mapping[str, Any] | None) -> Callable[[Any], Any] | None:
+    """A function folding strings the way a collation compares them (None: binary comparison).
+
+    Strength 1 ignores case and diacritics, strength 2 case only (``caseLevel`` off); higher
+    strengths and the ``simple`` locale compare as stored. This covers what a query or update
+    matches; mongod's full ICU ordering of different strings is not reproduced.
+    """
+    if not collation:
+        return None
+    if not isinstance(collation, Mapping):
+        raise command_error(TYPE_MISMATCH, "collation must be an object")
+    if "locale" not in collation:
+        raise command_error((40414, "Location40414"), "BSON field 'locale' is missing but a required field")
+    strength = collation.get("strength", 3)
+    if collation["locale"] == "simple" or strength not in (1, 2):
+        return None
+    import unicodedata
+
+    def fold_text(text: str) -> str:
+        text = text.casefold()
+        if strength == 1:
+            text = "".join(ch for ch in unicodedata.normalize("NFD", text) if not unicodedata.combining(ch))
+        return text
+
+    def fold(value: Any) -> Any:
+        if isinstance(value, str):
+            return fold_text(value)
+        if isinstance(value, Mapping):
+            return {key: fold(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [fold(item) for item in value]
+        return value
+
+    return fold
 
 
 def filter_documents(docs: Iterable[Mapping[str, Any]], query: Mapping[str, Any] | None) -> list[Any]:
@@ -867,6 +989,8 @@ def apply_update(
         if len(result) != 1:
             raise command_error(BAD_VALUE, "an update pipeline must produce exactly one document")
         new_doc = result[0]
+        if original_id is not _MISSING and "_id" not in new_doc:
+            new_doc = {"_id": original_id, **new_doc}  # mongod keeps the _id a pipeline dropped
     elif not is_operator_update(update):
         new_doc = {"_id": original_id} if original_id is not _MISSING else {}
         for key, value in update.items():

@@ -422,11 +422,26 @@ class EmulatorServer:
         if self.topology.counter != topology_at_start and name in ("getMore", "aggregate", "find"):
             raise command_error(INTERRUPTED_DUE_TO_REPL_STATE_CHANGE, "operation was interrupted because the node stepped down")
         reply.setdefault("ok", 1.0)
+        self._check_write_concern(ctx, reply)
         if retry_key is not None and ctx.session is not None and not reply.get("writeErrors"):
             ctx.session.retry_replies = {retry_key: dict(reply)}
         if outcome is not None:  # after caching: a retry gets the write's result without it
             self._add_write_concern_error(ctx, spec.write, reply, outcome)
         return reply
+
+    @staticmethod
+    def _check_write_concern(ctx: Context, reply: dict[str, Any]) -> None:
+        """A write concern one member cannot satisfy is reported as mongod reports it: the write
+        happens, and the reply carries a ``writeConcernError``."""
+        concern = ctx.cmd.get("writeConcern")
+        if not isinstance(concern, Mapping) or ctx.name not in _WRITE_CONCERN_COMMANDS or "writeConcernError" in reply:
+            return
+        w = concern.get("w")
+        if isinstance(w, (int, float)) and not isinstance(w, bool) and w > 1:
+            reply["writeConcernError"] = {"code": 100, "codeName": "UnsatisfiableWriteConcern", "errmsg": "Not enough data-bearing nodes"}
+        elif isinstance(w, str) and w != "majority":
+            reply["writeConcernError"] = {"code": 79, "codeName": "UnknownReplWriteConcern",
+                                          "errmsg": f"No write concern mode named '{w}' found in replica set configuration"}  # fmt: skip
 
     def _snapshot_read_time(self, ctx: Context) -> Timestamp | None:
         """``readConcern: {level: "snapshot"}``: the cluster time to read at, within the history window.
@@ -537,6 +552,9 @@ def error_labels(name: str, cmd: dict[str, Any], write: bool, code: int, present
     return tuple(labels)
 
 
+_WRITE_CONCERN_COMMANDS = frozenset({"insert", "update", "delete", "findAndModify", "findandmodify", "create", "drop",
+                                     "createIndexes", "dropIndexes", "deleteIndexes", "renameCollection", "collMod",
+                                     "dropDatabase", "commitTransaction", "abortTransaction"})  # fmt: skip
 _SNAPSHOT_READS = frozenset({"find", "aggregate", "distinct", "getMore"})
 _CURSOR_ELEMENT = b"\x03cursor\x00"
 

@@ -46,6 +46,7 @@ from .oplog import Oplog, ts_key
 from .wire import MAX_BSON_OBJECT_SIZE
 
 IdKey = tuple[Any, ...]
+Fold = Callable[[Any], Any]  # a collation's string folding (matching.collation_key)
 StoredDoc = tuple[dict[str, Any], bytes]  # the document and its BSON encoding
 
 INDEX_NOT_FOUND = (27, "IndexNotFound")
@@ -307,6 +308,20 @@ class DuplicateKeyError(CommandError):
         return reply
 
 
+class DocumentValidationError(CommandError):
+    """DocumentValidationFailure (121) with the ``errInfo`` mongod attaches to the write error."""
+
+    def __init__(self, document_id: Any) -> None:
+        super().__init__(121, "DocumentValidationFailure", "Document failed validation")
+        self.document_id = document_id
+
+    def to_reply(self) -> dict[str, Any]:
+        reply = super().to_reply()
+        reply["errInfo"] = {"failingDocumentId": self.document_id, "details": {"operatorName": "$and", "clausesNotSatisfied": []}}
+        return reply
+
+
+DOLLAR_PREFIXED_FIELD_NAME = (52, "DollarPrefixedFieldName")
 # mongod's errors for documents over 16 MiB produced by an update or an upsert (not an insert).
 UPDATE_TOO_LARGE = (17419, "Location17419")
 UPSERT_TOO_LARGE = (17420, "Location17420")
@@ -757,20 +772,27 @@ class ServerState:
             self._record_images(coll, ts, 0, pre, post)
         self._append([self._entry(ts, op, coll.ns, o, ui=coll.ui, o2=o2)])
 
-    def insert_one(self, db: str, name: str, doc: dict[str, Any], txn: Transaction | None) -> None:
-        """Insert a document (``_id`` generated at the front when missing)."""
+    def insert_one(self, db: str, name: str, doc: dict[str, Any], txn: Transaction | None,
+                   bypass_validation: bool = False) -> dict[str, Any]:  # fmt: skip
+        """Insert a document (``_id`` generated at the front when missing).
+
+        Field names may start with ``$`` or contain dots (mongod 5.0+), except inside ``_id``.
+        """
         if "_id" not in doc:
             doc = {"_id": ObjectId(), **doc}
         elif next(iter(doc)) != "_id":
             doc = {"_id": doc["_id"], **{k: v for k, v in doc.items() if k != "_id"}}
-        if isinstance(doc["_id"], list):
+        ident = doc["_id"]
+        if isinstance(ident, list):
             raise command_error(BAD_VALUE, "can't use an array for _id")
-        for name_ in doc:
-            if name_.startswith("$"):
-                raise command_error(BAD_VALUE, f"Document can't have $ prefixed field names: {name_}")
+        if isinstance(ident, Mapping):
+            for key in ident:
+                if key.startswith("$"):
+                    raise command_error(DOLLAR_PREFIXED_FIELD_NAME, f"_id fields may not contain '$'-prefixed fields: {key} is not valid for storage.")
         raw = encode_document(doc)
         with self.lock:
             coll = self._write_target(db, name, txn)
+            self.check_validator(coll, doc, None, bypass_validation)
             if txn is not None and coll.options.get("capped"):
                 raise command_error(
                     OPERATION_NOT_SUPPORTED_IN_TRANSACTION,
@@ -783,6 +805,24 @@ class ServerState:
             self._emit(txn, coll, "i", doc, {"_id": doc["_id"]}, key, (doc, raw), None)
             if coll.options.get("capped") and txn is None:
                 self._enforce_cap(coll)
+            return doc
+
+    def check_validator(self, coll: Collection, doc: Mapping[str, Any], old: Mapping[str, Any] | None, bypass: bool) -> None:
+        """The collection's ``validator`` (a query expression), as ``validationLevel``/``validationAction`` ask.
+
+        ``moderate`` skips updates of documents that did not pass before; ``warn`` only logs (mongod
+        writes a log line); ``bypassDocumentValidation`` skips the check.
+        """
+        validator = coll.options.get("validator")
+        if not validator or bypass or coll.options.get("validationLevel") == "off":
+            return
+        if coll.options.get("validationAction") == "warn":
+            return
+        if old is not None and coll.options.get("validationLevel") == "moderate" and not matching.matches(validator, old):
+            return
+        if matching.matches(validator, doc):
+            return
+        raise DocumentValidationError(doc.get("_id"))
 
     def _enforce_cap(self, coll: Collection) -> None:
         """Capped collections drop their oldest documents past ``max`` documents or ``size``
@@ -852,13 +892,14 @@ class ServerState:
     def update_documents(
         self, db: str, name: str, query: dict[str, Any], update: Any, *, multi: bool, upsert: bool,
         array_filters: list[dict[str, Any]] | None, txn: Transaction | None, sort: dict[str, Any] | None = None,
-    ) -> tuple[int, int, Any, dict[str, Any] | None, dict[str, Any] | None]:  # fmt: skip
-        """Apply one update statement; returns (n matched, n modified, upserted _id, pre, post)."""
+        collation: Fold | None = None, bypass_validation: bool = False,
+    ) -> tuple[int, int, tuple[Any] | None, dict[str, Any] | None, dict[str, Any] | None]:  # fmt: skip
+        """Apply one update statement; returns (n matched, n modified, (upserted _id,) or None, pre, post)."""
         matching.validate_filter(query)
         matching.validate_update(update)
         with self.lock:
             coll = self.get_collection(db, name, txn)
-            candidates = self.match(coll, query, sort=sort, limit=0 if multi else 1) if coll is not None else []
+            candidates = self.match(coll, query, sort=sort, limit=0 if multi else 1, collation=collation) if coll is not None else []
             if not candidates:
                 if not upsert:
                     return 0, 0, None, None, None
@@ -871,11 +912,8 @@ class ServerState:
                     new = matching.apply_update(seed, update, query=query, array_filters=array_filters, is_insert=True)
                 if len(bson.encode(new)) > MAX_BSON_OBJECT_SIZE:
                     raise command_error(UPSERT_TOO_LARGE, f"Document to upsert is larger than {MAX_BSON_OBJECT_SIZE}")
-                self.insert_one(db, name, new if "_id" in new else {"_id": ObjectId(), **new}, txn)
-                inserted = self.get_collection(db, name, txn)
-                assert inserted is not None
-                upserted_doc = list(inserted.docs.values())[-1][0]
-                return 0, 0, upserted_doc["_id"], None, upserted_doc
+                upserted_doc = self.insert_one(db, name, new if "_id" in new else {"_id": ObjectId(), **new}, txn, bypass_validation)
+                return 0, 0, (upserted_doc["_id"],), None, upserted_doc
             modified = 0
             pre = post = None
             assert coll is not None
@@ -884,12 +922,13 @@ class ServerState:
                 pre, post = old, new
                 if new == old and bson.encode(new) == coll.docs[id_key(old["_id"])][1]:
                     continue
+                self.check_validator(coll, new, old, bypass_validation)
                 self.replace_stored(coll, id_key(old["_id"]), old, new, update, txn)
                 modified += 1
             return len(candidates), modified, None, pre, post
 
     def delete_documents(self, db: str, name: str, query: dict[str, Any], limit: int, txn: Transaction | None,
-                         sort: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+                         sort: dict[str, Any] | None = None, collation: Fold | None = None) -> list[dict[str, Any]]:  # fmt: skip
         matching.validate_filter(query)
         with self.lock:
             coll = self.get_collection(db, name, txn)
@@ -897,7 +936,7 @@ class ServerState:
                 return []
             if db == "local" or name.startswith("system."):
                 raise command_error(INVALID_NAMESPACE, f"cannot delete from '{db}.{name}'")
-            victims = self.match(coll, query, sort=sort, limit=limit)
+            victims = self.match(coll, query, sort=sort, limit=limit, collation=collation)
             for doc in victims:
                 self.delete_stored(coll, id_key(doc["_id"]), txn)
             return victims
@@ -906,12 +945,14 @@ class ServerState:
     # reads
     # ---------------------------------------------------------------------------------------
     def match(self, coll: Collection, query: Mapping[str, Any], sort: Mapping[str, Any] | None = None,
-              limit: int = 0, skip: int = 0) -> list[dict[str, Any]]:  # fmt: skip
+              limit: int = 0, skip: int = 0, collation: Fold | None = None) -> list[dict[str, Any]]:  # fmt: skip
         """Documents of ``coll`` matching ``query`` in sort (or storage) order."""
-        return [d for d, _ in self.match_stored(coll, query, sort=sort, limit=limit, skip=skip)]
+        return [d for d, _ in self.match_stored(coll, query, sort=sort, limit=limit, skip=skip, collation=collation)]
 
     def match_stored(self, coll: Collection, query: Mapping[str, Any], sort: Mapping[str, Any] | None = None,
-                     limit: int = 0, skip: int = 0) -> list[StoredDoc]:  # fmt: skip
+                     limit: int = 0, skip: int = 0, collation: Fold | None = None) -> list[StoredDoc]:  # fmt: skip
+        if collation is not None:
+            return self._match_collated(coll, query, sort, limit, skip, collation)
         with self.lock:
             ranged = _id_range(query)
             order = dict(sort) if sort else {}
@@ -942,6 +983,21 @@ class ServerState:
         if limit:
             stored = stored[:limit]
         return stored
+
+    def _match_collated(self, coll: Collection, query: Mapping[str, Any], sort: Mapping[str, Any] | None,
+                        limit: int, skip: int, fold: Fold) -> list[StoredDoc]:  # fmt: skip
+        """Matching and sorting under a collation: strings compare as the collation folds them."""
+        with self.lock:
+            stored = list(coll.docs.values())
+        folded_query = fold(query)
+        pairs = [(fold(s[0]), s) for s in stored]
+        if query:
+            pairs = [(f, s) for f, s in pairs if matching.matches(folded_query, f)]
+        if sort:
+            order = {id(f): s for f, s in pairs}
+            pairs = [(f, order[id(f)]) for f in matching.sort_documents([f for f, _ in pairs], sort)]
+        result = [s for _, s in pairs][skip:]
+        return result[:limit] if limit else result
 
     @staticmethod
     def _id_range_read(coll: Collection, bounds: tuple[IdKey | None, bool, IdKey | None, bool],
