@@ -139,17 +139,18 @@ class TailableFindCursor:
     """
 
     def __init__(self, ns: str, poll: Callable[[int | None], list[bytes]], await_data: bool,
-                 wait: Callable[[float], bool]) -> None:  # fmt: skip
+                 wait: Callable[[float], bool], done: Callable[[], bool]) -> None:  # fmt: skip
         self.ns = ns
         self._poll = poll
         self._await = await_data
         self._wait = wait  # blocks until something was written (True) or the time is up (False)
+        self._done = done  # the find's limit was reached
         self._closed = False
         self.time_limited = False
 
     @property
     def exhausted(self) -> bool:
-        return self._closed
+        return self._closed or self._done()
 
     def next_batch(self, batch_size: int | None, max_time_ms: int | None) -> list[bytes]:
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import datetime
 import functools
+import random
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import Decimal
@@ -283,6 +284,10 @@ def _parse_expression(parser: Any, expression: Any) -> Any:
         operator = next(iter(expression))
         if operator in ("$getField", "$setField", "$unsetField"):
             return _object_field_operator(parser, operator, expression[operator])
+        if operator == "$rand":
+            if expression[operator] != {}:
+                raise command_error((10065, "Location10065"), "invalid parameter: expected an object ({})")
+            return random.random()
     if isinstance(expression, dict) and len(expression) == 1 and "$bsonSize" in expression:
         try:
             value = parser.parse(expression["$bsonSize"])

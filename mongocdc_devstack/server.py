@@ -296,10 +296,32 @@ class EmulatorServer:
                 continue
             if request.legacy:
                 message = wire.encode_op_reply(next(self._request_ids), header.request_id, reply)
+            elif request.exhaust_allowed and next(iter(request.command), None) == "getMore":
+                if not self._stream_exhaust(conn, request, reply):
+                    return
+                continue
             else:
                 message = wire.encode_op_msg(next(self._request_ids), header.request_id, reply, request.checksum)
             if not self._send(conn, message):
                 return
+
+    def _stream_exhaust(self, conn: Connection, request: wire.Request, reply: list[bytes]) -> bool:
+        """An exhaust getMore: while the cursor stays open, reply with ``moreToCome`` and run the
+        getMore again on the client's behalf, each reply answering the previous one."""
+        response_to = request.header.request_id
+        while True:
+            open_cursor = _cursor_id(reply) != 0
+            request_id = next(self._request_ids)
+            message = wire.encode_op_msg(request_id, response_to, reply, request.checksum, more_to_come=open_cursor)
+            if not self._send(conn, message):
+                return False
+            if not open_cursor:
+                return True
+            response_to = request_id
+            next_reply = self.execute(request, conn)
+            if next_reply is None:
+                return False
+            reply = next_reply
 
     def _send(self, conn: Connection, message: bytes) -> bool:
         try:
@@ -434,12 +456,13 @@ class EmulatorServer:
         """A write concern one member cannot satisfy is reported as mongod reports it: the write
         happens, and the reply carries a ``writeConcernError``."""
         concern = ctx.cmd.get("writeConcern")
-        if not isinstance(concern, Mapping) or ctx.name not in _WRITE_CONCERN_COMMANDS or "writeConcernError" in reply:
+        writes = ctx.name in _WRITE_CONCERN_COMMANDS or (ctx.name == "aggregate" and _writes_out(ctx.cmd))
+        if not isinstance(concern, Mapping) or not writes or "writeConcernError" in reply:
             return
         w = concern.get("w")
         if isinstance(w, (int, float)) and not isinstance(w, bool) and w > 1:
             reply["writeConcernError"] = {"code": 100, "codeName": "UnsatisfiableWriteConcern", "errmsg": "Not enough data-bearing nodes"}
-        elif isinstance(w, str) and w != "majority":
+        elif isinstance(w, str) and w != "majority":  # tag sets: the emulated set has none
             reply["writeConcernError"] = {"code": 79, "codeName": "UnknownReplWriteConcern",
                                           "errmsg": f"No write concern mode named '{w}' found in replica set configuration"}  # fmt: skip
 
@@ -568,6 +591,23 @@ def _encode_reply(reply: dict[str, Any]) -> list[bytes]:
         size = 4 + len(_CURSOR_ELEMENT) + len(raw) + len(rest) - 4
         return [struct.pack("<i", size), _CURSOR_ELEMENT, raw, rest[4:]]
     return [bson.encode(reply)]
+
+
+def _writes_out(cmd: dict[str, Any]) -> bool:
+    """An aggregate ending in ``$out`` or ``$merge``."""
+    pipeline = cmd.get("pipeline")
+    return isinstance(pipeline, list) and bool(pipeline) and isinstance(pipeline[-1], dict) and \
+        next(iter(pipeline[-1]), None) in ("$out", "$merge")  # fmt: skip
+
+
+def _cursor_id(reply: list[bytes]) -> int:
+    """The cursor id of an encoded reply (0 when it has none or is an error)."""
+    try:
+        document = bson.decode(b"".join(reply), codec_options=bson.CodecOptions(document_class=RawBSONDocument))
+        cursor = document.get("cursor")
+        return int(cursor["id"]) if cursor is not None and document.get("ok") == 1 else 0
+    except Exception:
+        return 0
 
 
 def _secondary_ok(cmd: dict[str, Any]) -> bool:

@@ -119,11 +119,13 @@ def update(ctx: Context) -> dict[str, Any]:
 
     variables = _let(ctx)
     bypass = bool(ctx.cmd.get("bypassDocumentValidation"))
+    for stmt in statements:  # mongod parses the whole command before running any of it
+        if isinstance(stmt, Mapping):
+            _known_fields(stmt, _UPDATE_STATEMENT_FIELDS, "update.updates")
 
     def run(index: int, stmt: Any) -> None:
         if not isinstance(stmt, dict) or "q" not in stmt or "u" not in stmt:
             raise command_error(FAILED_TO_PARSE, "BSON field 'update.updates.q' is missing but a required field")
-        _known_fields(stmt, _UPDATE_STATEMENT_FIELDS, "update.updates")
         multi = bool(stmt.get("multi", False))
         spec = matching.bind_variables(stmt["u"], variables) if isinstance(stmt["u"], list) else stmt["u"]
         if multi and isinstance(spec, Mapping) and not matching.is_operator_update(spec):
@@ -163,12 +165,14 @@ def delete(ctx: Context) -> dict[str, Any]:
     removed = 0
 
     variables = _let(ctx)
+    for stmt in statements:
+        if isinstance(stmt, Mapping):
+            _known_fields(stmt, _DELETE_STATEMENT_FIELDS, "delete.deletes")
 
     def run(index: int, stmt: Any) -> None:
         nonlocal removed
         if not isinstance(stmt, dict) or "q" not in stmt or "limit" not in stmt:
             raise command_error(FAILED_TO_PARSE, "BSON field 'delete.deletes.limit' is missing but a required field")
-        _known_fields(stmt, _DELETE_STATEMENT_FIELDS, "delete.deletes")
         limit = stmt["limit"]
         if limit not in (0, 1):
             raise command_error(FAILED_TO_PARSE, f"The limit field in delete objects must be 0 or 1. Got {limit}")
@@ -396,7 +400,7 @@ def find(ctx: Context) -> dict[str, Any]:
     if batch_size is None:
         batch_size = DEFAULT_FIRST_BATCH
     if cmd.get("tailable"):
-        cursor: Any = _tailable_cursor(ctx, name, query, projection, bool(cmd.get("awaitData")))
+        cursor: Any = _tailable_cursor(ctx, name, query, projection, bool(cmd.get("awaitData")), skip, limit)
         return _cursor_reply(ctx, cursor, ns, batch_size, single, "firstBatch")
     if ctx.db == "local" and name == "oplog.rs":
         entries = _oplog_entries(query, sort, ctx.state.oplog)[skip:]
@@ -469,9 +473,17 @@ def _index_bounds(items: list[StoredDoc], index: Index, low: Any, high: Any) -> 
 
 
 def _tailable_cursor(ctx: Context, name: str, query: Mapping[str, Any], projection: Mapping[str, Any] | None,
-                     await_data: bool) -> TailableFindCursor:  # fmt: skip
-    """A tailable (optionally awaitData) cursor on a capped collection or on ``local.oplog.rs``."""
+                     await_data: bool, skip: int, limit: int) -> TailableFindCursor:  # fmt: skip
+    """A tailable (optionally awaitData) cursor on a capped collection or on ``local.oplog.rs``;
+    ``skip`` applies to the first matches, ``limit`` ends the cursor once reached."""
     state = ctx.state
+    counts = {"skip": skip, "left": limit or -1}
+
+    def admit() -> bool:
+        if counts["skip"]:
+            counts["skip"] -= 1
+            return False
+        return counts["left"] != 0
     ns = f"{ctx.db}.{name}"
     encode = _encoder(projection)
     lost = (136, "CappedPositionLost")
@@ -487,13 +499,15 @@ def _tailable_cursor(ctx: Context, name: str, query: Mapping[str, Any], projecti
             out: list[bytes] = []
             for entry in entries:
                 last[:] = [entry["ts"]]
-                if not query or matching.matches(query, entry):
+                if (not query or matching.matches(query, entry)) and admit():
                     out.append(bson.encode(matching.project(entry, projection)))
-                    if limit and len(out) >= limit:
+                    counts["left"] -= 1
+                    if (limit and len(out) >= limit) or counts["left"] == 0:
                         break
             return out
 
-        return TailableFindCursor(ns, poll_oplog, await_data, lambda seconds: oplog.wait_for_entries_after(last[0] if last else None, seconds))
+        return TailableFindCursor(ns, poll_oplog, await_data, lambda seconds: oplog.wait_for_entries_after(last[0] if last else None, seconds),
+                                  lambda: counts["left"] == 0)  # fmt: skip
     coll = state.get_collection(ctx.db, name)
     if coll is None or not coll.options.get("capped"):
         raise command_error(BAD_VALUE, f"error processing query: ns={ns} tailable cursor requested on non capped collection")
@@ -512,9 +526,10 @@ def _tailable_cursor(ctx: Context, name: str, query: Mapping[str, Any], projecti
         out: list[bytes] = []
         for index, item in enumerate(stored):
             position[:] = [keys[start + index]]
-            if not query or matching.matches(query, item[0]):
+            if (not query or matching.matches(query, item[0])) and admit():
                 out.append(encode(item))
-                if limit and len(out) >= limit:
+                counts["left"] -= 1
+                if (limit and len(out) >= limit) or counts["left"] == 0:
                     break
         return out
 
@@ -526,7 +541,7 @@ def _tailable_cursor(ctx: Context, name: str, query: Mapping[str, Any], projecti
         seen = state.oplog.clock.current()
         return woke
 
-    return TailableFindCursor(ns, poll, await_data, wait)
+    return TailableFindCursor(ns, poll, await_data, wait, lambda: counts["left"] == 0)
 
 
 @command("getMore", primary=True, in_transaction=True)
@@ -676,6 +691,9 @@ def aggregate(ctx: Context) -> dict[str, Any]:
     pipeline = matching.bind_variables(pipeline, _let(ctx))
     writer = pipeline[-1] if pipeline and next(iter(pipeline[-1])) in ("$out", "$merge") else None
     if writer is not None:
+        concern = ctx.cmd.get("readConcern")
+        if isinstance(concern, Mapping) and concern.get("level") == "linearizable":
+            raise command_error(INVALID_OPTIONS, f"{next(iter(writer))} cannot be used with a 'linearizable' read concern level")
         if ctx.txn is not None:
             raise command_error((263, "OperationNotSupportedInTransaction"),
                                 f"{next(iter(writer))} cannot be used in a transaction")  # fmt: skip
