@@ -66,6 +66,8 @@ def bson_sort_key(value: Any) -> tuple[Any, ...]:
         if value != value:  # NaN
             return (3, 0)
         return (3, 1, value)
+    if isinstance(value, Code):  # a str subclass, compared after regular expressions
+        return (13, str(value), bson_sort_key(dict(value.scope)) if value.scope is not None else ())
     if isinstance(value, str):
         return (4, value)
     if isinstance(value, ObjectId):
@@ -100,9 +102,7 @@ def bson_sort_key(value: Any) -> tuple[Any, ...]:
     if isinstance(value, MinKey):
         return (1,)
     if isinstance(value, MaxKey):
-        return (13,)
-    if isinstance(value, Code):
-        return (14, str(value))
+        return (15,)
     raise command_error(BAD_VALUE, f"cannot compare a value of type {type(value).__name__}")
 
 

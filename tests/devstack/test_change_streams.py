@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from bson import Int64, Timestamp
+from bson import Decimal128, Int64, Timestamp
 from pymongo import MongoClient
 from pymongo.change_stream import ChangeStream
 from pymongo.collection import Collection
@@ -461,3 +461,16 @@ def test_resume_after_a_token_with_type_bits(coll: Collection[Any]) -> None:
     assert "_typeBits" in first["_id"]
     with coll.watch(resume_after=first["_id"], max_await_time_ms=AWAIT_MS) as resumed:
         assert next_event(resumed)["documentKey"] == {"_id": 6}
+
+
+def test_decimal_ids_stream_and_resume(coll: Collection[Any]) -> None:
+    """A Decimal128 ``_id`` is encoded into the resume token (mongod does; issue 11's getMore failed)."""
+    ids = [Decimal128("1.5"), Decimal128("3.14159265358979323846264338327950"), Decimal128("-0.1"), Decimal128("0E-3")]
+    with coll.watch(max_await_time_ms=AWAIT_MS) as opened:
+        for value in ids:
+            coll.insert_one({"_id": value})
+        seen = events(opened, len(ids))
+    assert [event["documentKey"]["_id"] for event in seen] == ids
+    assert all("_typeBits" in event["_id"] for event in seen)
+    with coll.watch(resume_after=seen[1]["_id"], max_await_time_ms=AWAIT_MS) as resumed:
+        assert [event["documentKey"]["_id"] for event in events(resumed, 2)] == ids[2:]
