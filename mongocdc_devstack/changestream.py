@@ -207,6 +207,14 @@ def open_change_stream(
         raise command_error(BAD_VALUE, "a change stream pipeline must start with $changeStream")
     spec = parse_spec(pipeline[0]["$changeStream"])
     _check_namespace(db, coll, spec)
+    concern = cmd.get("readConcern")
+    level = concern.get("level") if isinstance(concern, Mapping) else None
+    if level is not None and level != "majority":
+        # Change streams read majority-committed data; only an implicit default is upgraded to it.
+        raise command_error(
+            INVALID_OPTIONS,
+            f"Aggregation stage $changeStream cannot run with a readConcern other than 'majority'. Current readConcern: {level}",
+        )
     stages = [dict(stage) for stage in pipeline[1:]]
     split = False
     for position, stage in enumerate(stages):

@@ -1171,6 +1171,113 @@ def _bucket_auto(docs: list[dict[str, Any]], options: Mapping[str, Any]) -> list
     return result
 
 
+_PROJECTION_MISSING = object()
+
+
+def _projection_tree(spec: Mapping[str, Any], top: bool = True) -> dict[str, Any]:
+    """A ``$project`` specification as a tree: dotted paths and nested objects become nested
+    dicts; leaves are ``True`` (include), ``False`` (exclude) or ``("expr", expression)``."""
+    tree: dict[str, Any] = {}
+    for key, value in spec.items():
+        if not isinstance(key, str) or not key or key.startswith("$"):
+            raise command_error((16410, "Location16410"), "FieldPath field names may not start with '$'. Consider using $getField or $setField.")
+        if isinstance(value, Mapping) and value and not any(str(k).startswith("$") for k in value):
+            leaf: Any = _projection_tree(value, top=False)
+        elif isinstance(value, bool) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            leaf = bool(value)
+        else:
+            leaf = ("expr", value)
+        parts = key.split(".")
+        node = tree
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                if child is not None:
+                    raise command_error((31250, "Location31250"), f"Invalid $project :: caused by :: Path collision at {key}")
+                child = node[part] = {}
+            node = child
+        if parts[-1] in node and isinstance(node[parts[-1]], dict) and isinstance(leaf, dict):
+            node[parts[-1]].update(leaf)
+        else:
+            node[parts[-1]] = leaf
+    return tree
+
+
+def _tree_mode(tree: Mapping[str, Any], top: bool = True) -> set[str]:
+    modes: set[str] = set()
+    for key, leaf in tree.items():
+        if isinstance(leaf, dict):
+            modes |= _tree_mode(leaf, top=False)
+        elif isinstance(leaf, tuple) or leaf is True:
+            modes.add("include")
+        elif not (top and key == "_id"):
+            modes.add("exclude")
+    return modes
+
+
+def _include(value: Any, tree: Mapping[str, Any], root: Mapping[str, Any]) -> Any:
+    """Inclusion projection of one value: included fields in document order, then computed ones."""
+    if isinstance(value, list):
+        return [_include(item, tree, root) for item in value if isinstance(item, (Mapping, list))]
+    source = value if isinstance(value, Mapping) else {}
+    out: dict[str, Any] = {}
+    for key, item in source.items():
+        leaf = tree.get(key)
+        if leaf is True:
+            out[key] = item
+        elif isinstance(leaf, dict) and isinstance(item, (Mapping, list)):
+            out[key] = _include(item, leaf, root)
+    for key, leaf in tree.items():
+        if isinstance(leaf, tuple):
+            try:
+                result = mm_aggregate._parse_expression(leaf[1], root, ignore_missing_keys=False)
+            except KeyError:
+                continue
+            out[key] = result
+        elif isinstance(leaf, dict) and key not in out and _has_computed(leaf):
+            nested = _include({}, leaf, root)
+            if nested or not isinstance(source.get(key), list):
+                out[key] = nested
+    return out
+
+
+def _has_computed(tree: Mapping[str, Any]) -> bool:
+    return any(isinstance(leaf, tuple) or (isinstance(leaf, dict) and _has_computed(leaf)) for leaf in tree.values())
+
+
+def _exclude(value: Any, tree: Mapping[str, Any]) -> Any:
+    if isinstance(value, list):
+        return [_exclude(item, tree) for item in value]
+    if not isinstance(value, Mapping):
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        leaf = tree.get(key)
+        if leaf is False:
+            continue
+        out[key] = _exclude(item, leaf) if isinstance(leaf, dict) else item
+    return out
+
+
+def project_stage(docs: list[dict[str, Any]], spec: Any) -> list[dict[str, Any]]:
+    """``$project`` as mongod evaluates it: dotted and nested paths alike, inclusion (with computed
+    fields, which may also be literals) or exclusion, ``_id`` kept unless excluded."""
+    if not isinstance(spec, Mapping) or not spec:
+        raise command_error((51272, "Location51272"), "$project specification must be an object with at least one field")
+    tree = _projection_tree(spec)
+    modes = _tree_mode(tree)
+    if modes == {"include", "exclude"}:
+        raise command_error((31254, "Location31254"), "Invalid $project :: caused by :: Cannot do exclusion on field in inclusion projection")
+    if "include" not in modes:
+        return [_exclude(doc, tree) for doc in docs]
+    keep_id = tree.get("_id", True)
+    if "_id" not in tree:
+        tree = {"_id": True, **tree}
+    elif keep_id is False:
+        tree = {k: v for k, v in tree.items() if k != "_id"}
+    return [_include(doc, tree, doc) for doc in docs]
+
+
 def run_pipeline(
     docs: Iterable[Mapping[str, Any]],
     stages: Sequence[Mapping[str, Any]],
@@ -1211,6 +1318,8 @@ def run_pipeline(
             if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
                 raise command_error((31002, "Location31002"), "$unset specification must be a string or an array containing only string values")
             current = [project(d, {f: 0 for f in fields}) for d in current]
+        elif name == "$project":
+            current = project_stage(current, options)
         elif name == "$replaceWith":
             current = run_pipeline(current, [{"$replaceRoot": {"newRoot": options}}])
         elif name == "$sortByCount":

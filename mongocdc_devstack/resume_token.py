@@ -280,7 +280,7 @@ class _Writer:
             self._maybe_inverted(b"\xff" * 8, negative)
             self.bits.extend(_TB_DECIMAL)
             return
-        biased = dec.as_tuple().exponent + _DECIMAL_EXPONENT_BIAS  # type: ignore[operator]
+        biased = int(dec.as_tuple().exponent) + _DECIMAL_EXPONENT_BIAS
         if dec.is_zero():
             which = biased + (_DECIMAL_MAX_BIASED_EXPONENT + 1 if negative else 0)
             zero_type = (which >> 12) + 0x1A
@@ -323,8 +323,8 @@ class _Writer:
             stored = _round_digits(Decimal(bin_), 34, away)
         stored = _to_34_digits(stored)
         difference = _WIDE.subtract(magnitude, stored)
-        exponent = stored.as_tuple().exponent
-        continuation = int(difference.scaleb(-exponent, context=_WIDE))  # type: ignore[arg-type]
+        exponent = int(stored.as_tuple().exponent)
+        continuation = int(difference.scaleb(-exponent, context=_WIDE))
         self._maybe_inverted(struct.pack(">Q", continuation), negative)
 
     def _double(self, v: float, dcm: int = 0) -> None:
@@ -790,7 +790,7 @@ class _Reader:
             stored = Decimal(value) if isinstance(value, int) else _round_digits(Decimal(value), 34, ROUND_CEILING)
             stored = _to_34_digits(stored)
             (continuation,) = struct.unpack(">Q", _inv(self.take(8), negative))
-            magnitude = _WIDE.add(stored, Decimal(continuation).scaleb(stored.as_tuple().exponent, context=_WIDE))  # type: ignore[arg-type]
+            magnitude = _WIDE.add(stored, Decimal(continuation).scaleb(int(stored.as_tuple().exponent), context=_WIDE))
         elif dcm == _DCM_EQUAL_15_DIGITS:
             magnitude = _round_digits(Decimal(value), 15, ROUND_CEILING)
         else:
@@ -801,7 +801,7 @@ class _Reader:
 def _with_exponent(value: Decimal, low_bits: int) -> Decimal:
     """``value`` at the exponent whose low six biased bits are ``low_bits`` (mongod keeps only
     those in the type bits) and that represents it exactly in at most 34 digits."""
-    current = value.normalize().as_tuple().exponent + _DECIMAL_EXPONENT_BIAS  # type: ignore[operator]
+    current = int(value.normalize(_WIDE).as_tuple().exponent) + _DECIMAL_EXPONENT_BIAS
     base = current - (current & 63) + low_bits
     for biased in sorted((base - 64, base, base + 64, base - 128), key=lambda e: (e > current, abs(e - current))):
         exponent = biased - _DECIMAL_EXPONENT_BIAS
