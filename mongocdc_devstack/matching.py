@@ -27,6 +27,7 @@ from bson.datetime_ms import DatetimeMS
 from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
 
+from . import oplog_diff
 from .errors import BAD_VALUE, CommandError, command_error
 
 NOT_IMPLEMENTED = (238, "NotImplemented")
@@ -987,7 +988,97 @@ def apply_update(
     now_ts: Timestamp | None = None,
 ) -> dict[str, Any]:
     """Return the document after an update (operators, replacement or pipeline); input untouched."""
+    return apply_update_with_diff(doc, update, query=query, array_filters=array_filters, is_insert=is_insert,
+                                  now_ts=now_ts)[0]  # fmt: skip
+
+
+def _path_order(path: str) -> tuple[tuple[int, int, str], ...]:
+    """mongod applies the modifiers of an update in field-name order (array indexes numerically),
+    whatever their order in the update document — which decides where new fields go."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in path.split("."))
+
+
+def _parts_value(doc: Any, parts: Sequence[str]) -> Any:
+    """The value at a path of components (names or indexes; names may contain dots), or _MISSING."""
+    current = doc
+    for part in parts:
+        if isinstance(current, Mapping):
+            if part not in current:
+                return _MISSING
+            current = current[part]
+        elif isinstance(current, list) and part.isdigit() and int(part) < len(current):
+            current = current[int(part)]
+        else:
+            return _MISSING
+    return current
+
+
+def _existing_depth(doc: Any, parts: Sequence[str]) -> int:
+    """How many leading components of a path exist in ``doc``."""
+    current = doc
+    for depth, part in enumerate(parts):
+        if isinstance(current, Mapping) and part in current:
+            current = current[part]
+        elif isinstance(current, list) and part.isdigit() and int(part) < len(current):
+            current = current[int(part)]
+        else:
+            return depth
+    return len(parts)
+
+
+def _plain_push(value: Any) -> bool:
+    return not (isinstance(value, Mapping) and any(k in value for k in ("$position", "$sort", "$slice")))
+
+
+def _apply_logged(op: str, doc: dict[str, Any], parts: list[str], value: Any, ctx: _UpdateContext,
+                  log: oplog_diff.UpdateLog) -> None:  # fmt: skip
+    """Apply one modifier to one concrete path and log what it did, as mongod's modifiers do."""
+    if op == "$rename":
+        moved = _parts_value(doc, parts)
+        target = str(value).split(".") if isinstance(value, str) else []
+        target_depth = _existing_depth(doc, target)
+        _apply_one(op, doc, parts, value, ctx)
+        if moved is not _MISSING and _parts_value(doc, parts) is _MISSING:
+            log.deleted(parts)
+            if target_depth == len(target):
+                log.updated(target)
+            else:
+                log.created(target[: target_depth + 1])
+        return
+    depth = _existing_depth(doc, parts)
+    before = copy.deepcopy(_parts_value(doc, parts)) if depth == len(parts) else _MISSING
+    _apply_one(op, doc, parts, value, ctx)
+    after = _parts_value(doc, parts)
+    if after is _MISSING:
+        if before is not _MISSING:
+            log.deleted(parts)
+        return
+    if before is _MISSING:
+        log.created(parts[: depth + 1])
+        return
+    if oplog_diff.strict_equal(before, after):
+        return  # a no-op modification is not logged
+    if (op == "$push" and _plain_push(value) and isinstance(before, list) and isinstance(after, list)
+            and len(after) > len(before) and all(oplog_diff.strict_equal(x, y) for x, y in zip(before, after, strict=False))):  # fmt: skip
+        for index in range(len(before), len(after)):
+            log.updated([*parts, str(index)])  # appended elements are logged by index
+        return
+    log.updated(parts)
+
+
+def apply_update_with_diff(
+    doc: Mapping[str, Any],
+    update: Mapping[str, Any] | list[Any],
+    *,
+    query: Mapping[str, Any] | None = None,
+    array_filters: Sequence[Mapping[str, Any]] | None = None,
+    is_insert: bool = False,
+    now_ts: Timestamp | None = None,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The document after an update, and for an operator update the ``$v: 2`` diff its modifiers
+    logged (None for replacements and pipelines, whose oplog entry is computed from the documents)."""
     validate_update(update)
+    diff: dict[str, Any] | None = None
     original_id = doc.get("_id", _MISSING)
     if isinstance(update, list):
         result = run_pipeline([copy.deepcopy(dict(doc))], update)
@@ -1016,14 +1107,15 @@ def apply_update(
         now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
         now = now.replace(microsecond=now.microsecond // 1000 * 1000)
         ctx = _UpdateContext(original_id, query or {}, array_filters, is_insert, now, now_ts)
-        for op, fields in update.items():
-            if op == "$setOnInsert" and not is_insert:
-                continue
-            for path, value in fields.items():
-                if not path or path.startswith(".") or path.endswith(".") or ".." in path:
-                    raise command_error((56, "EmptyFieldName"), f"An empty update path is not valid: {path!r}")
-                for parts in _expand_paths(new_doc, new_doc, path.split("."), [], ctx):
-                    _apply_one(op, new_doc, parts, value, ctx)
+        log = oplog_diff.UpdateLog()
+        modifiers = [(op, path, value) for op, fields in update.items() if op != "$setOnInsert" or is_insert
+                     for path, value in fields.items()]  # fmt: skip
+        for op, path, value in sorted(modifiers, key=lambda modifier: _path_order(modifier[1])):
+            if not path or path.startswith(".") or path.endswith(".") or ".." in path:
+                raise command_error((56, "EmptyFieldName"), f"An empty update path is not valid: {path!r}")
+            for parts in _expand_paths(new_doc, new_doc, path.split("."), [], ctx):
+                _apply_logged(op, new_doc, parts, value, ctx, log)
+        diff = log.diff(new_doc)
         unused = set(ctx.filters) - ctx.used_filters
         if unused and not any("$[" in p for fields in update.values() for p in fields):
             raise command_error(FAILED_TO_PARSE, f"The array filter for identifier '{sorted(unused)[0]}' was not used in the update {dict(update)!r}")
@@ -1034,7 +1126,7 @@ def apply_update(
         )
     if original_id is not _MISSING and next(iter(new_doc)) != "_id":
         new_doc = {"_id": new_doc.pop("_id"), **new_doc}
-    return new_doc
+    return new_doc, diff
 
 
 def upsert_seed(query: Mapping[str, Any]) -> dict[str, Any]:

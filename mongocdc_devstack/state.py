@@ -871,16 +871,19 @@ class ServerState:
         self.txn_owners[marker] = txn
 
     def replace_stored(self, coll: Collection, key: IdKey, old: dict[str, Any], new: dict[str, Any],
-                       update: Any, txn: Transaction | None) -> None:  # fmt: skip
-        """Store the result of an update and log it (diff for operator updates, else the full doc)."""
+                       update: Any, txn: Transaction | None, diff: dict[str, Any] | None = None) -> None:  # fmt: skip
+        """Store the result of an update and log it as mongod does: an operator update's logged diff,
+        a pipeline's computed diff (or the whole document when that is smaller), a replacement whole."""
         raw = encode_updated(new)
         self._check_conflict(txn, coll, key)
         coll.check_unique_replacement(new, key)
         coll.put(key, (new, raw))
-        if isinstance(update, Mapping) and not matching.is_operator_update(update):
+        if diff is None and isinstance(update, list):
+            diff = oplog_diff.compute_diff(old, new)
+        if diff is None:
             o = new
         else:
-            o = {"$v": 2, "diff": oplog_diff.compute_diff(old, new)}
+            o = {"$v": 2, "diff": diff}
         self._emit(txn, coll, "u", o, {"_id": new["_id"]}, key, (new, raw), old)
 
     def delete_stored(self, coll: Collection, key: IdKey, txn: Transaction | None) -> None:
@@ -918,12 +921,12 @@ class ServerState:
             pre = post = None
             assert coll is not None
             for old in candidates:
-                new = matching.apply_update(old, update, query=query, array_filters=array_filters)
+                new, diff = matching.apply_update_with_diff(old, update, query=query, array_filters=array_filters)
                 pre, post = old, new
-                if new == old and bson.encode(new) == coll.docs[id_key(old["_id"])][1]:
+                if diff == {} or (new == old and bson.encode(new) == coll.docs[id_key(old["_id"])][1]):
                     continue
                 self.check_validator(coll, new, old, bypass_validation)
-                self.replace_stored(coll, id_key(old["_id"]), old, new, update, txn)
+                self.replace_stored(coll, id_key(old["_id"]), old, new, update, txn, diff)
                 modified += 1
             return len(candidates), modified, None, pre, post
 

@@ -102,11 +102,42 @@ def test_crud_events_fields_and_order(coll: Collection[Any], stream: ChangeStrea
 
 
 def test_pipeline_update_truncates_arrays(coll: Collection[Any], stream: ChangeStream[Any]) -> None:
-    coll.insert_one({"_id": 1, "arr": [1, 2, 3, 4]})
+    coll.insert_one({"_id": 1, "arr": [1, 2, 3, 4], "note": "a document larger than its update's diff"})
     coll.update_one({"_id": 1}, [{"$set": {"arr": {"$slice": ["$arr", 2]}}}])
     _, update = events(stream, 2)
     assert update["updateDescription"]["truncatedArrays"] == [{"field": "arr", "newSize": 2}]
     assert update["updateDescription"]["updatedFields"] == {}
+
+
+def test_pipeline_update_of_a_small_document_is_a_replace(coll: Collection[Any], stream: ChangeStream[Any]) -> None:
+    """mongod logs a pipeline update as a replacement when the diff would be larger than the document."""
+    coll.insert_one({"_id": 1, "arr": [1, 2, 3, 4]})
+    coll.update_one({"_id": 1}, [{"$set": {"arr": {"$slice": ["$arr", 2]}}}])
+    _, update = events(stream, 2)
+    assert update["operationType"] == "replace" and update["fullDocument"] == {"_id": 1, "arr": [1, 2]}
+
+
+def test_update_description_comes_from_the_update(coll: Collection[Any], stream: ChangeStream[Any]) -> None:
+    """What the modifiers did, as mongod logs it, not a comparison of the documents."""
+    coll.insert_one({"_id": 1, "a": {"b": 1, "c": 2}, "arr": [1, 2, 3], "n": 1})
+    coll.update_one({"_id": 1}, {"$set": {"a": {"b": 1, "c": 3}}})  # a whole sub-document is that field
+    coll.update_one({"_id": 1}, {"$pop": {"arr": 1}})  # the last element: the new array, not a truncation
+    coll.update_one({"_id": 1}, {"$push": {"arr": 9}})  # appended by index
+    coll.update_one({"_id": 1}, {"$rename": {"n": "m"}, "$unset": {"a.b": ""}})
+    descriptions = [event["updateDescription"] for event in events(stream, 5)[1:]]
+    assert descriptions[0] == {"updatedFields": {"a": {"b": 1, "c": 3}}, "removedFields": [], "truncatedArrays": []}
+    assert descriptions[1] == {"updatedFields": {"arr": [1, 2]}, "removedFields": [], "truncatedArrays": []}
+    assert descriptions[2] == {"updatedFields": {"arr.2": 9}, "removedFields": [], "truncatedArrays": []}
+    assert descriptions[3]["updatedFields"] == {"m": 1} and sorted(descriptions[3]["removedFields"]) == ["a.b", "n"]
+
+
+def test_disambiguated_paths_of_array_indexes(coll: Collection[Any]) -> None:
+    coll.insert_one({"_id": 1, "a": [{"1": 1}]})
+    with coll.watch(show_expanded_events=True, max_await_time_ms=AWAIT_MS) as opened:
+        coll.update_one({"_id": 1}, {"$set": {"a.0.1": 2}})
+        description = next_event(opened)["updateDescription"]
+    assert description["updatedFields"] == {"a.0.1": 2}
+    assert description["disambiguatedPaths"] == {"a.0.1": ["a", 0, "1"]}
 
 
 def test_replacing_an_array_element(coll: Collection[Any], stream: ChangeStream[Any]) -> None:
