@@ -532,6 +532,157 @@ def collation_key(collation: Mapping[str, Any] | None) -> Callable[[Any], Any] |
     return fold
 
 
+class _Uncompilable(Exception):
+    """A filter ``compile_filter`` leaves to the general matcher."""
+
+
+Predicate = Callable[[Mapping[str, Any]], bool]
+_SCALARS = (str, int, float, bool, type(None), ObjectId, datetime.datetime)
+
+
+def compile_filter(query: Mapping[str, Any]) -> Predicate | None:
+    """A predicate equal to ``matches(query, doc)``, built once, for filters of the usual operators
+    (equality, ``$eq``/``$ne``/``$in``/``$nin``/``$regex``/``$not``/``$exists``, ``$and``/``$or``/
+    ``$nor``) on scalar values — as a change stream's ``$match`` stages are. Documents whose value at a
+    path is an array or a document are passed to the general matcher. None: not compilable."""
+    try:
+        compiled = _compile_query(query)
+    except _Uncompilable:
+        return None
+
+    def predicate(doc: Mapping[str, Any]) -> bool:
+        result = compiled(doc)
+        return matches(query, doc) if result is None else result
+
+    return predicate
+
+
+def _compile_query(query: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], bool | None]:
+    tests = []
+    for key, condition in query.items():
+        if key in ("$and", "$or", "$nor"):
+            if not isinstance(condition, list) or not condition:
+                raise _Uncompilable
+            parts = [_compile_query(part) for part in condition if isinstance(part, Mapping)]
+            if len(parts) != len(condition):
+                raise _Uncompilable
+            tests.append(_combine(key, parts))
+        elif key.startswith("$"):
+            raise _Uncompilable
+        else:
+            tests.append(_compile_path(key, condition))
+
+    def conjunction(doc: Mapping[str, Any]) -> bool | None:
+        for test in tests:
+            result = test(doc)
+            if result is not True:
+                return result
+        return True
+
+    return conjunction
+
+
+def _combine(operator: str, parts: list[Callable[[Mapping[str, Any]], bool | None]]) -> Callable[[Mapping[str, Any]], bool | None]:
+    def combined(doc: Mapping[str, Any]) -> bool | None:
+        results = [part(doc) for part in parts]
+        if None in results:
+            return None
+        if operator == "$and":
+            return all(results)
+        if operator == "$or":
+            return any(results)
+        return not any(results)
+
+    return combined
+
+
+def _compile_path(path: str, condition: Any) -> Callable[[Mapping[str, Any]], bool | None]:
+    parts = path.split(".")
+    value_test = _compile_value(condition)
+
+    def test(doc: Mapping[str, Any]) -> bool | None:
+        current: Any = doc
+        for part in parts:
+            if isinstance(current, Mapping):
+                current = current.get(part, _MISSING)
+            elif current is _MISSING:
+                break
+            else:
+                return None  # through an array or a scalar: the general matcher decides
+        if isinstance(current, (list, Mapping)):
+            return None
+        return value_test(current)
+
+    return test
+
+
+def _scalar_equal(value: Any, wanted: Any) -> bool:
+    if wanted is None:
+        return value is None or value is _MISSING
+    if value is _MISSING or value is None:
+        return False
+    if isinstance(wanted, bool) or isinstance(value, bool):
+        return type(value) is type(wanted) and value == wanted
+    if isinstance(wanted, (int, float)) and isinstance(value, (int, float)):
+        return bool(value == wanted)
+    return type(value) is type(wanted) and bool(value == wanted)
+
+
+def _regex_test(pattern: Any, options: str = "") -> Callable[[Any], bool]:
+    if isinstance(pattern, re.Pattern):
+        compiled = pattern
+    elif isinstance(pattern, Regex):
+        compiled = pattern.try_compile()
+    elif isinstance(pattern, str):
+        flags = (re.IGNORECASE if "i" in options else 0) | (re.MULTILINE if "m" in options else 0) | \
+            (re.DOTALL if "s" in options else 0) | (re.VERBOSE if "x" in options else 0)  # fmt: skip
+        compiled = re.compile(pattern, flags)
+    else:
+        raise _Uncompilable
+    return lambda value: isinstance(value, str) and compiled.search(value) is not None
+
+
+def _compile_value(condition: Any) -> Callable[[Any], bool]:
+    if isinstance(condition, (re.Pattern, Regex)):
+        return _regex_test(condition)
+    if isinstance(condition, Mapping):
+        if not condition or not all(key.startswith("$") for key in condition):
+            raise _Uncompilable
+        tests = [_compile_operator(op, operand, condition) for op, operand in condition.items() if op != "$options"]
+        return lambda value: all(test(value) for test in tests)
+    if isinstance(condition, _SCALARS):
+        return lambda value: _scalar_equal(value, condition)
+    raise _Uncompilable
+
+
+def _equals(wanted: Any) -> Callable[[Any], bool]:
+    return lambda value: _scalar_equal(value, wanted)
+
+
+def _compile_operator(op: str, operand: Any, condition: Mapping[str, Any]) -> Callable[[Any], bool]:
+    if op == "$eq" and isinstance(operand, _SCALARS):
+        return lambda value: _scalar_equal(value, operand)
+    if op == "$ne" and isinstance(operand, _SCALARS):
+        return lambda value: not _scalar_equal(value, operand)
+    if op in ("$in", "$nin") and isinstance(operand, list):
+        members = [_regex_test(item) if isinstance(item, (re.Pattern, Regex)) else _equals(item)
+                   for item in operand if isinstance(item, (re.Pattern, Regex, *_SCALARS))]  # fmt: skip
+        if len(members) != len(operand):
+            raise _Uncompilable
+        if op == "$in":
+            return lambda value: any(member(value) for member in members)
+        return lambda value: not any(member(value) for member in members)
+    if op == "$regex":
+        options = condition.get("$options", "")
+        return _regex_test(operand, options if isinstance(options, str) else "")
+    if op == "$not":
+        inner = _compile_value(operand)
+        return lambda value: not inner(value)
+    if op == "$exists":
+        return lambda value: (value is not _MISSING) == bool(operand)
+    raise _Uncompilable
+
+
 def filter_documents(docs: Iterable[Mapping[str, Any]], query: Mapping[str, Any] | None) -> list[Any]:
     if not query:
         return list(docs)

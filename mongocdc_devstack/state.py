@@ -392,8 +392,8 @@ class ServerState:
         self.lock = oplog.cond
         self.term = 1
         self.catalog: dict[str, dict[str, Collection]] = {}
-        # (collection uuid, ts key, applyOps index) -> (pre, post); insertion order is ts order
-        self.images: OrderedDict[tuple[uuid.UUID, tuple[int, int], int], tuple[dict[str, Any] | None, dict[str, Any] | None]] = OrderedDict()
+        # (collection uuid, ts key, applyOps index) -> (pre, post) with their BSON; insertion order is ts order
+        self.images: OrderedDict[tuple[uuid.UUID, tuple[int, int], int], tuple[StoredDoc | None, StoredDoc | None]] = OrderedDict()
         self.sessions: dict[bytes, Session] = {}
         self.history = History()
         self.history.start(oplog.clock.current())
@@ -417,22 +417,47 @@ class ServerState:
             return dict(found.options) if found is not None else {}
 
     def lookup_document(self, db: str, coll: str, document_key: dict[str, Any]) -> dict[str, Any] | None:
-        with self.lock:
-            found = self.catalog.get(db, {}).get(coll)
-            if found is None or "_id" not in document_key:
+        # Lock-free (a change stream calls it per event): single dict reads are atomic, and stored
+        # documents are never modified in place, so whatever is read is a consistent version.
+        found = self.catalog.get(db, {}).get(coll)
+        if found is None or "_id" not in document_key:
+            return None
+        stored = found.docs.get(id_key(document_key["_id"]))
+        if stored is None:
+            return None
+        doc = stored[0]
+        for path, value in document_key.items():
+            if path != "_id" and not matching._values_equal(matching.get_path(doc, path), value):
                 return None
-            stored = found.docs.get(id_key(document_key["_id"]))
-            if stored is None:
+        return doc
+
+    def lookup_document_bson(self, db: str, coll: str, document_key: dict[str, Any]) -> bytes | None:
+        """``lookup_document`` as its stored BSON (an event splices it in without encoding it again)."""
+        found = self.catalog.get(db, {}).get(coll)
+        if found is None or "_id" not in document_key:
+            return None
+        stored = found.docs.get(id_key(document_key["_id"]))
+        if stored is None:
+            return None
+        for path, value in document_key.items():
+            if path != "_id" and not matching._values_equal(matching.get_path(stored[0], path), value):
                 return None
-            doc = stored[0]
-            for path, value in document_key.items():
-                if path != "_id" and not matching._values_equal(matching.get_path(doc, path), value):
-                    return None
-            return doc
+        return stored[1]
 
     def change_stream_images(self, ui: uuid.UUID, ts: Timestamp, index: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None] | None:
-        with self.lock:
-            return self.images.get((ui, ts_key(ts), index))
+        found = self.images.get((ui, ts_key(ts), index))  # one atomic dict read, as lookup_document
+        if found is None:
+            return None
+        pre, post = found
+        return (pre[0] if pre is not None else None, post[0] if post is not None else None)
+
+    def change_stream_images_bson(self, ui: uuid.UUID, ts: Timestamp, index: int) -> tuple[bytes | None, bytes | None] | None:
+        """The images as their stored BSON, which an event copies instead of encoding again."""
+        found = self.images.get((ui, ts_key(ts), index))
+        if found is None:
+            return None
+        pre, post = found
+        return (pre[1] if pre is not None else None, post[1] if post is not None else None)
 
     def run_pipeline(self, docs: list[dict[str, Any]], stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return matching.run_pipeline(docs, stages)
@@ -522,8 +547,13 @@ class ServerState:
             self.images.popitem(last=False)
 
     def _record_images(self, coll: Collection, ts: Timestamp, index: int,
-                       pre: dict[str, Any] | None, post: dict[str, Any] | None) -> None:  # fmt: skip
-        self.images[(coll.uuid, ts_key(ts), index)] = (pre, post)
+                       pre: StoredDoc | dict[str, Any] | None, post: StoredDoc | dict[str, Any] | None) -> None:  # fmt: skip
+        """Keep a change's pre/post images with their BSON (encoded here when not at hand), so the
+        change streams reading them copy bytes."""
+        pre_stored = pre if isinstance(pre, tuple) or pre is None else (pre, bson.encode(pre))
+        post_stored = post if isinstance(post, tuple) or post is None else (post, bson.encode(post))
+        self.images[(coll.uuid, ts_key(ts), index)] = (pre_stored, post_stored)
+        pre, post = (pre_stored[0] if pre_stored else None), (post_stored[0] if post_stored else None)
         self._journal({"k": "img", "ui": Binary.from_uuid(coll.uuid), "ts": ts, "i": index, "pre": pre, "post": post})
 
     def _create_collection(self, db: str, name: str, options: dict[str, Any], ui: uuid.UUID | None = None) -> Collection:
@@ -749,7 +779,7 @@ class ServerState:
         return isinstance(setting, Mapping) and bool(setting.get("enabled"))
 
     def _emit(self, txn: Transaction | None, coll: Collection, op: str, o: dict[str, Any], o2: dict[str, Any] | None,
-              key: IdKey, stored: StoredDoc | None, pre: dict[str, Any] | None) -> None:  # fmt: skip
+              key: IdKey, stored: StoredDoc | None, pre: dict[str, Any] | None, pre_stored: StoredDoc | None = None) -> None:  # fmt: skip
         """Record one applied document change: oplog entry + journal now, or into the transaction."""
         images = self._images_enabled(coll) and op in ("u", "d")
         post = stored[0] if stored is not None else None
@@ -769,7 +799,7 @@ class ServerState:
         else:
             self._journal({"k": "put", "db": coll.db, "c": coll.name, "d": stored[1]})
         if images:
-            self._record_images(coll, ts, 0, pre, post)
+            self._record_images(coll, ts, 0, pre_stored if pre_stored is not None and pre_stored[0] is pre else pre, stored)
         self._append([self._entry(ts, op, coll.ns, o, ui=coll.ui, o2=o2)])
 
     def insert_one(self, db: str, name: str, doc: dict[str, Any], txn: Transaction | None,
@@ -877,6 +907,7 @@ class ServerState:
         raw = encode_updated(new)
         self._check_conflict(txn, coll, key)
         coll.check_unique_replacement(new, key)
+        old_stored = coll.docs.get(key)
         coll.put(key, (new, raw))
         if diff is None and isinstance(update, list):
             diff = oplog_diff.compute_diff(old, new)
@@ -884,13 +915,13 @@ class ServerState:
             o = new
         else:
             o = {"$v": 2, "diff": diff}
-        self._emit(txn, coll, "u", o, {"_id": new["_id"]}, key, (new, raw), old)
+        self._emit(txn, coll, "u", o, {"_id": new["_id"]}, key, (new, raw), old, old_stored)
 
     def delete_stored(self, coll: Collection, key: IdKey, txn: Transaction | None) -> None:
         self._check_conflict(txn, coll, key)
         old = coll.remove(key)
         if old is not None:
-            self._emit(txn, coll, "d", {"_id": old[0]["_id"]}, None, key, None, old[0])
+            self._emit(txn, coll, "d", {"_id": old[0]["_id"]}, None, key, None, old[0], old)
 
     def update_documents(
         self, db: str, name: str, query: dict[str, Any], update: Any, *, multi: bool, upsert: bool,
