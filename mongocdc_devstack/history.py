@@ -91,11 +91,16 @@ class History:
                 undo.append(change)
         if not undo:
             return collection
+        oldest: dict[IdKey, dict[str, Any] | None] = {}  # each document as it was before its first change
+        for change in reversed(undo):
+            oldest.setdefault(change.key, change.before)
         view = collection.clone()
-        for change in undo:  # newest first: the oldest replaced version is restored last
-            if change.before is None:
-                view.docs.pop(change.key, None)
+        # Documents still there keep their place; documents deleted since come back in the order of
+        # their first change after ``at`` (the emulator keeps no record ids).
+        for key, before in oldest.items():
+            if before is None:
+                view.docs.pop(key, None)
             else:
-                view.docs[change.key] = (change.before, bson.encode(change.before))
+                view.docs[key] = (before, bson.encode(before))
         view.rebuild_unique_indexes()
         return view

@@ -205,6 +205,9 @@ def _translate(exc: Exception) -> CommandError:
     if isinstance(exc, CommandError):
         return exc
     message = str(exc)
+    if isinstance(exc, NotImplementedError) and "$where" in message:
+        # The emulator runs no JavaScript: it answers as a mongod started with --noscripting does.
+        return command_error(BAD_VALUE, "no globalScriptEngine in $where parsing")
     if isinstance(exc, NotImplementedError):
         return command_error(NOT_IMPLEMENTED, f"not supported by the emulator: {message}")
     if message.startswith("BadValue "):
