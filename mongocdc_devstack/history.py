@@ -26,9 +26,12 @@ if TYPE_CHECKING:
 
 SNAPSHOT_TOO_OLD = (239, "SnapshotTooOld")
 DEFAULT_WINDOW_SECONDS = 300  # mongod's minSnapshotHistoryWindowInSeconds
+# Like mongod under cache pressure, history is also bounded in size: beyond this many changes the
+# oldest go, and reads before them answer SnapshotTooOld.
+MAX_CHANGES = 1_000_000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Change:
     """One committed change of one document: the version it replaced (None: it did not exist)."""
 
@@ -57,7 +60,7 @@ class History:
     def _prune(self, now_seconds: int) -> None:
         horizon = now_seconds - self.window_seconds
         changes = self._changes
-        while changes and changes[0].ts[0] < horizon:
+        while changes and (changes[0].ts[0] < horizon or len(changes) > MAX_CHANGES):
             self._oldest = changes.popleft().ts
         if self._oldest[0] < horizon:
             self._oldest = (int(horizon), 0)
