@@ -15,10 +15,12 @@ DRIVERS_NODE_STAMP := $(DRIVERS_NODE)/node_modules/.installed
 DEBEZIUM := tests/compat/debezium
 DEBEZIUM_VERSIONS := 3.4.1.Final 3.6.1.Final
 DEBEZIUM_STAMP := $(DEBEZIUM)/target/.complete
+PYMONGO_VERSION := $(shell sed -n 's/.*"pymongo==\([^"]*\)".*/\1/p' pyproject.toml)
+CONFORMANCE_STAMP := .local/conformance/pymongo-$(PYMONGO_VERSION)/.complete
 
-.PHONY: setup test test-fast lint demo dev bench clean
+.PHONY: setup test test-fast lint demo dev bench conformance clean
 
-setup: $(STAMP) $(KAFKA_STAMP) $(SPARK_JARS_STAMP) $(DRIVERS_JAR) $(DRIVERS_NODE_STAMP) $(DEBEZIUM_STAMP)
+setup: $(STAMP) $(KAFKA_STAMP) $(SPARK_JARS_STAMP) $(DRIVERS_JAR) $(DRIVERS_NODE_STAMP) $(DEBEZIUM_STAMP) $(CONFORMANCE_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,6 +61,10 @@ $(DRIVERS_NODE_STAMP): $(DRIVERS_NODE)/package.json $(DRIVERS_NODE)/package-lock
 	cd $(DRIVERS_NODE) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+# pymongo's own test suite (its sdist from the package index) for the conformance job (tests/conformance).
+$(CONFORMANCE_STAMP): $(STAMP)
+	$(PY) -m tests.conformance.pymongo_suite --fetch-only
+
 # The whole suite on two workers; a file, and all Spark tests, stay on one worker each.
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
@@ -80,6 +86,10 @@ dev: setup
 
 demo: setup
 	$(PY) -m mongocdc_devstack.demo
+
+# pymongo's test suite against the emulator, file by file, with pass counts and rates.
+conformance: setup
+	$(PY) -m tests.conformance.pymongo_suite
 
 # Every benchmark in its own process; one table of ratios, written to benchmarks/results.json.
 bench: setup

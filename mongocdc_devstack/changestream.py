@@ -20,7 +20,7 @@ import struct
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,7 +44,7 @@ from mongocdc_devstack.errors import (
     CommandError,
     command_error,
 )
-from mongocdc_devstack.matching import bson_type_name
+from mongocdc_devstack.matching import bson_type_name, compile_filter
 from mongocdc_devstack.oplog import Oplog, ts_key
 from mongocdc_devstack.oplog_diff import update_description
 
@@ -103,9 +103,13 @@ class ChangeStreamHost(Protocol):
 
     def lookup_document(self, db: str, coll: str, document_key: dict[str, Any]) -> dict[str, Any] | None: ...
 
+    def lookup_document_bson(self, db: str, coll: str, document_key: dict[str, Any]) -> bytes | None: ...
+
     def change_stream_images(
         self, ui: uuid.UUID, ts: Timestamp, index: int
     ) -> tuple[dict[str, Any] | None, dict[str, Any] | None] | None: ...
+
+    def change_stream_images_bson(self, ui: uuid.UUID, ts: Timestamp, index: int) -> tuple[bytes | None, bytes | None] | None: ...
 
     def run_pipeline(self, docs: list[dict[str, Any]], stages: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
 
@@ -209,6 +213,14 @@ def open_change_stream(
         raise command_error(BAD_VALUE, "a change stream pipeline must start with $changeStream")
     spec = parse_spec(pipeline[0]["$changeStream"])
     _check_namespace(db, coll, spec)
+    concern = cmd.get("readConcern")
+    level = concern.get("level") if isinstance(concern, Mapping) else None
+    if level is not None and level != "majority":
+        # Change streams read majority-committed data; only an implicit default is upgraded to it.
+        raise command_error(
+            INVALID_OPTIONS,
+            f"Aggregation stage $changeStream cannot run with a readConcern other than 'majority'. Current readConcern: {level}",
+        )
     stages = [dict(stage) for stage in pipeline[1:]]
     split = False
     for position, stage in enumerate(stages):
@@ -250,6 +262,137 @@ def _check_namespace(db: str, coll: str | None, spec: StreamSpec) -> None:
         raise command_error(INVALID_NAMESPACE, f"$changeStream may not be opened on the internal {db} database")
     if coll is not None and coll.startswith("system."):
         raise command_error(INVALID_NAMESPACE, f"$changeStream may not be opened on the internal {db}.{coll} collection")
+
+
+# -- user stages that only filter ------------------------------------------------------------------
+
+EventFilter = Callable[[str, Mapping[str, Any]], bool]
+_FILTER_FIELDS = frozenset({"operationType", "ns", "ns.db", "ns.coll"})
+
+
+def compile_filter_stages(stages: Sequence[Mapping[str, Any]]) -> EventFilter | None:
+    """A predicate on (operationType, ns) equal to running ``stages``, when they only filter.
+
+    The connector's pipeline adds a field computed from ``ns`` (``$concat``), ``$match``es on it and
+    on ``operationType``/``ns``, then removes the field again: the events that pass are the events
+    as they came. Such a pipeline is compiled once per cursor and its events stay on the raw path
+    (encoded from cached BSON, no per-event documents). Anything else returns None and runs as a
+    pipeline.
+    """
+    steps: list[tuple[str, Any]] = []
+    added: dict[str, Callable[[Mapping[str, Any]], Any]] = {}
+    removed: set[str] = set()
+    for stage in stages:
+        name, spec = next(iter(stage.items()))
+        if name == "$match":
+            if not isinstance(spec, Mapping) or not _fields_known(spec, set(added)):
+                return None
+            predicate = compile_filter(spec)
+            if predicate is None:
+                return None
+            steps.append(("match", predicate))
+        elif name in ("$addFields", "$set"):
+            if not isinstance(spec, Mapping) or not spec:
+                return None
+            for field, expression in spec.items():
+                compute = _compile_concat(expression)
+                if compute is None or "." in field or field in _FILTER_FIELDS or field.split(".")[0] in _TOP_EVENT_FIELDS:
+                    return None
+                added[field] = compute
+                steps.append(("add", (field, compute)))
+        elif name in ("$project", "$unset"):
+            fields = _excluded_fields(spec)
+            if fields is None or not fields <= set(added):
+                return None
+            removed |= fields
+            steps.append(("remove", fields))
+        else:
+            return None
+    if set(added) - removed:
+        return None  # the output would carry an added field
+
+    def passes(operation_type: str, ns: Mapping[str, Any]) -> bool:
+        view: dict[str, Any] = {"operationType": operation_type, "ns": ns}
+        for kind, step in steps:
+            if kind == "match":
+                if not step(view):
+                    return False
+            elif kind == "add":
+                field, compute = step
+                view[field] = compute(view)
+            else:
+                for field in step:
+                    view.pop(field, None)
+        return True
+
+    return passes
+
+
+_TOP_EVENT_FIELDS = frozenset({"_id", "operationType", "clusterTime", "wallTime", "ns", "documentKey", "fullDocument",
+                               "fullDocumentBeforeChange", "updateDescription", "txnNumber", "lsid", "to",
+                               "collectionUUID", "operationDescription", "splitEvent"})  # fmt: skip
+
+
+def _fields_known(query: Mapping[str, Any], added: set[str]) -> bool:
+    """Whether a filter reads only fields the compiled view has."""
+    for key, condition in query.items():
+        if key in ("$and", "$or", "$nor"):
+            if not isinstance(condition, list) or not all(isinstance(p, Mapping) and _fields_known(p, added) for p in condition):
+                return False
+        elif key not in _FILTER_FIELDS and key not in added:
+            return False
+    return True
+
+
+def _compile_concat(expression: Any) -> Callable[[Mapping[str, Any]], Any] | None:
+    """``{$concat: [...]}`` of string literals and ``$ns.db`` / ``$ns.coll`` / ``$operationType``."""
+    if not isinstance(expression, Mapping) or set(expression) != {"$concat"} or not isinstance(expression["$concat"], list):
+        return None
+    getters: list[Callable[[Mapping[str, Any]], Any]] = []
+    for part in expression["$concat"]:
+        if not isinstance(part, str):
+            return None
+        if part.startswith("$"):
+            path = part[1:]
+            if path not in ("ns.db", "ns.coll", "operationType"):
+                return None
+            getters.append(_view_getter(path))
+        else:
+            getters.append(_constant(part))
+
+    def concat(view: Mapping[str, Any]) -> Any:
+        values = [get(view) for get in getters]
+        if any(not isinstance(value, str) for value in values):
+            return None  # $concat of a missing or null value is null
+        return "".join(values)
+
+    return concat
+
+
+def _view_getter(path: str) -> Callable[[Mapping[str, Any]], Any]:
+    head, _, tail = path.partition(".")
+
+    def get(view: Mapping[str, Any]) -> Any:
+        value = view.get(head)
+        return value.get(tail) if tail and isinstance(value, Mapping) else (None if tail else value)
+
+    return get
+
+
+def _constant(value: str) -> Callable[[Mapping[str, Any]], Any]:
+    return lambda view: value
+
+
+def _excluded_fields(spec: Any) -> set[str] | None:
+    if isinstance(spec, str):
+        return {spec}
+    if isinstance(spec, list) and all(isinstance(field, str) for field in spec):
+        return set(spec)
+    if isinstance(spec, Mapping) and spec and all(value in (0, False) and not isinstance(value, float) for value in spec.values()):
+        if "_id" in spec:
+            return None
+        return set(spec)
+    return None
 
 
 # -- the cursor -----------------------------------------------------------------------------------
@@ -301,8 +444,13 @@ class ChangeStreamCursor:
         self._pre_mode = spec.full_document_before_change
         self._post_mode = spec.full_document
         self._needs_images = self._pre_mode != "off" or self._post_mode in ("whenAvailable", "required")
-        # Without user stages (which need documents) CRUD events are encoded straight to BSON.
-        self._raw_events = not stages
+        # Without user stages (which need documents) CRUD events are encoded straight to BSON; stages
+        # that only filter are compiled to a predicate and keep that path.
+        self._filter = compile_filter_stages(stages) if stages else None
+        self._passes: dict[tuple[str, str], bool] = {}  # the filter's verdict per (operationType, namespace)
+        if self._filter is not None:
+            self.stages = []
+        self._raw_events = not self.stages
         self._ns_bytes: dict[str, bytes] = {}
         self._ui_elements: dict[bytes, bytes] = {}
         self._last_wall: Any = None
@@ -757,6 +905,12 @@ class ChangeStreamCursor:
             id_element = _element("_id", token)
         if self._resume_hex is not None and not self._admit(hex_):
             return
+        if self._filter is not None:
+            verdict = self._passes.get((op_type, ns_name))
+            if verdict is None:
+                verdict = self._passes[(op_type, ns_name)] = self._filter(op_type, self._ns_info(ns_name))
+            if not verdict:
+                return
         rest: dict[str, Any] = {}
         leading_document = op_type == "insert" or op_type == "replace"
         if leading_document:
@@ -765,9 +919,9 @@ class ChangeStreamCursor:
         rest["documentKey"] = key
         if op_type == "update":
             rest["updateDescription"] = update_description(o["diff"], self._expanded)
+        images = b""
         if op != "i" and (self._needs_images or (op_type == "update" and self._post_mode == "updateLookup")):
-            ns_info = self._ns_info(ns_name)
-            self._add_images(rest, op_type, ui, ts, index, txn, ns_info, key)
+            images = self._image_elements(op_type, ui, ts, index, txn, self._ns_info(ns_name), key)
         encoded = bson.encode(rest, codec_options=CODEC_OPTIONS)
         # The null ``ns`` placeholder follows fullDocument (type byte, "fullDocument\0", the document) if any.
         cut = 18 + _INT32.unpack_from(encoded, 18)[0] if leading_document else 4
@@ -782,6 +936,7 @@ class ChangeStreamCursor:
             encoded[4:cut],
             ns_part,
             encoded[cut + 4 : -1],
+            images,
         ))  # fmt: skip
         out.append((hex_, token, ts, _INT32.pack(len(body) + 5) + body + b"\x00"))
 
@@ -800,6 +955,38 @@ class ChangeStreamCursor:
             self._last_wall_bytes = b"\x09wallTime\x00" + struct.pack("<q", _millis(wall))
         return self._last_wall_bytes
 
+    def _image_elements(self, op_type: str, ui: Any, ts: Timestamp, index: int, txn: _Txn | None,
+                        ns: Mapping[str, Any], document_key: Mapping[str, Any]) -> bytes:  # fmt: skip
+        """The encoded ``fullDocumentBeforeChange`` / ``fullDocument`` elements ``_add_images`` adds,
+        spliced from the stored documents' BSON."""
+        images = None
+        if self._needs_images:
+            collection_uuid = self._uuid_cache.get(ui)
+            if collection_uuid is None:
+                collection_uuid = self._uuid_cache[ui] = rt.as_uuid(ui)
+            images = self.host.change_stream_images_bson(collection_uuid, ts, index)
+        pre, post = images if images is not None else (None, None)
+        out = b""
+        if self._pre_mode != "off":
+            if pre is None and self._pre_mode == "required":
+                raise command_error(
+                    NO_MATCHING_DOCUMENT,
+                    "Change stream was configured to require a pre-image for all update, delete and replace "
+                    f"events, but the pre-image was not found for event: {_event_summary(op_type, ns, ts, txn)}",
+                )
+            out = _PRE_IMAGE_NULL if pre is None else _PRE_IMAGE_HEAD + pre
+        if op_type != "update" or self._post_mode == "default":
+            return out
+        if self._post_mode == "updateLookup":
+            post = self.host.lookup_document_bson(ns["db"], ns["coll"], dict(document_key))
+        elif post is None and self._post_mode == "required":
+            raise command_error(
+                NO_MATCHING_DOCUMENT,
+                "Change stream was configured to require a post-image for all update events, but the "
+                f"post-image was not found for event: {_event_summary(op_type, ns, ts, txn)}",
+            )
+        return out + (_POST_IMAGE_NULL if post is None else _POST_IMAGE_HEAD + post)
+
     def _add_images(
         self,
         event: dict[str, Any],
@@ -812,7 +999,7 @@ class ChangeStreamCursor:
         document_key: Mapping[str, Any],
     ) -> None:
         """Append ``fullDocumentBeforeChange`` / ``fullDocument`` (post-image) as the stream asks."""
-        images = None
+        images: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] | None = None
         if self._needs_images:
             collection_uuid = self._uuid_cache.get(ui)
             if collection_uuid is None:
@@ -820,6 +1007,7 @@ class ChangeStreamCursor:
                 self._uuid_cache[ui] = collection_uuid
             images = self.host.change_stream_images(collection_uuid, ts, index)
         pre, post = images if images is not None else (None, None)
+        post_image: Mapping[str, Any] | None = post
         if self._pre_mode != "off":
             if pre is None and self._pre_mode == "required":
                 raise command_error(
@@ -831,14 +1019,14 @@ class ChangeStreamCursor:
         if op_type != "update" or self._post_mode == "default":
             return
         if self._post_mode == "updateLookup":
-            post = self.host.lookup_document(ns["db"], ns["coll"], dict(document_key))
+            post_image = self.host.lookup_document(ns["db"], ns["coll"], dict(document_key))
         elif post is None and self._post_mode == "required":
             raise command_error(
                 NO_MATCHING_DOCUMENT,
                 "Change stream was configured to require a post-image for all update events, but the "
                 f"post-image was not found for event: {_event_summary(op_type, ns, ts, txn)}",
             )
-        event["fullDocument"] = post
+        event["fullDocument"] = post_image
 
     def _command_event(
         self,
@@ -929,7 +1117,7 @@ class ChangeStreamCursor:
         if state_before is not None:
             event["stateBeforeChange"] = state_before
         hex_ = token["_data"]
-        if self._admit(hex_):
+        if self._admit(hex_) and (self._filter is None or self._filter(op_type, ns_doc)):
             out.append((hex_, token, ts, event))
         if not invalidates:
             return
@@ -946,7 +1134,7 @@ class ChangeStreamCursor:
             self._admit(inv_hex)
             return
         invalidate = {"_id": inv_token, "operationType": "invalidate", "clusterTime": ts, "wallTime": wall}
-        if self._admit(inv_hex):
+        if self._admit(inv_hex) and (self._filter is None or self._filter("invalidate", {})):
             out.append((inv_hex, inv_token, ts, invalidate))
         self._closing = True
 
@@ -958,6 +1146,10 @@ class ChangeStreamCursor:
         return self._db_in_scope(db)
 
 
+_PRE_IMAGE_HEAD = b"\x03fullDocumentBeforeChange\x00"
+_PRE_IMAGE_NULL = b"\x0afullDocumentBeforeChange\x00"
+_POST_IMAGE_HEAD = b"\x03fullDocument\x00"
+_POST_IMAGE_NULL = b"\x0afullDocument\x00"
 _OPERATION_TYPES = {
     name: b"\x02operationType\x00" + struct.pack("<i", len(name) + 1) + name.encode() + b"\x00"
     for name in ("insert", "update", "replace", "delete")

@@ -92,10 +92,15 @@ class ListCursor:
         self._encode = encode
         self._pos = 0
         self._end = len(items) if limit <= 0 else min(limit, len(items))
+        # mongod knows a cursor is done when a batch came up short or its limit was reached; a
+        # batch filled exactly to its size leaves the cursor open (the next getMore finds nothing).
+        self._limited = 0 < limit <= len(items)
+        self._done = False
+        self.time_limited = False  # opened with maxTimeMS, which then limits each getMore too
 
     @property
     def exhausted(self) -> bool:
-        return self._pos >= self._end
+        return self._pos >= self._end and (self._done or self._limited)
 
     def next_batch(self, batch_size: int | None, max_time_ms: int | None) -> list[bytes]:
         count_limit = batch_size if batch_size and batch_size > 0 else self._end - self._pos
@@ -112,6 +117,8 @@ class ListCursor:
             out.append(raw)
             pos += 1
         self._pos = pos
+        if pos >= self._end and not (batch_size and batch_size > 0 and len(out) >= batch_size):
+            self._done = True
         return out
 
     def extra_fields(self) -> dict[str, Any]:
@@ -120,6 +127,52 @@ class ListCursor:
     def close(self) -> None:
         self._items = ()
         self._pos = self._end = 0
+        self._done = True
+
+
+class TailableFindCursor:
+    """A tailable find on a capped collection or ``local.oplog.rs``: it stays open at the end of the
+    data, and with ``awaitData`` a getMore waits (up to its maxTimeMS, 1 s by default) for more.
+
+    ``poll(limit)`` returns the next matching documents, encoded, and raises CappedPositionLost
+    (136) once capping removed the position the cursor stood at, as mongod does.
+    """
+
+    def __init__(self, ns: str, poll: Callable[[int | None], list[bytes]], await_data: bool,
+                 wait: Callable[[float], bool], done: Callable[[], bool]) -> None:  # fmt: skip
+        self.ns = ns
+        self._poll = poll
+        self._await = await_data
+        self._wait = wait  # blocks until something was written (True) or the time is up (False)
+        self._done = done  # the find's limit was reached
+        self._closed = False
+        self.time_limited = False
+
+    @property
+    def exhausted(self) -> bool:
+        return self._closed or self._done()
+
+    def next_batch(self, batch_size: int | None, max_time_ms: int | None) -> list[bytes]:
+        try:
+            batch = self._poll(batch_size if batch_size and batch_size > 0 else None)
+            if batch or not self._await or not max_time_ms:
+                return batch
+            deadline = time.monotonic() + max_time_ms / 1000.0
+            while not batch:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._wait(remaining):
+                    break
+                batch = self._poll(batch_size if batch_size and batch_size > 0 else None)
+            return batch
+        except Exception:
+            self._closed = True
+            raise
+
+    def extra_fields(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        self._closed = True
 
 
 class ChangeStreamSource(Protocol):

@@ -59,6 +59,23 @@ DUPLICATE_KEY = (11000, "DuplicateKey")
 BSON_OBJECT_TOO_LARGE = (10334, "BSONObjectTooLarge")
 LOCATION_UNKNOWN_OPERATOR = (31325, "Location31325")
 
+#: Names of the codes fail points may be asked to raise (the rest are reported as ``Location<code>``).
+CODE_NAMES = {
+    1: "InternalError", 2: "BadValue", 6: "HostUnreachable", 7: "HostNotFound", 8: "UnknownError",
+    11: "UserNotFound", 13: "Unauthorized", 43: "CursorNotFound", 50: "MaxTimeMSExpired",
+    89: "NetworkTimeout", 91: "ShutdownInProgress", 112: "WriteConflict", 133: "FailedToSatisfyReadPreference",
+    189: "PrimarySteppedDown", 234: "RetryChangeStream", 251: "NoSuchTransaction", 262: "ExceededTimeLimit",
+    280: "ChangeStreamFatalError", 286: "ChangeStreamHistoryLost", 9001: "SocketException",
+    10107: "NotWritablePrimary", 11000: "DuplicateKey", 11600: "InterruptedAtShutdown",
+    11602: "InterruptedDueToReplStateChange", 13388: "StaleConfig", 13435: "NotPrimaryNoSecondaryOk",
+    13436: "NotPrimaryOrSecondary", 24: "LockTimeout", 11601: "Interrupted", 246: "SnapshotUnavailable",
+    267: "PreparedTransactionInProgress", 150: "StaleEpoch", 63: "StaleShardVersion", 64: "WriteConcernFailed",
+    100: "UnsatisfiableWriteConcern", 79: "UnknownReplWriteConcern", 202: "NetworkInterfaceExceededTimeLimit",
+    239: "SnapshotTooOld", 244: "TransactionCoordinatorSteppingDown", 20: "IllegalOperation", 26: "NamespaceNotFound",
+    48: "NamespaceExists", 59: "CommandNotFound", 72: "InvalidOptions", 263: "OperationNotSupportedInTransaction",
+    317: "ConnectionPoolExpired", 384: "ConnectionError", 402: "ResumeTenantChangeStream", 462: "IngressRequestRateLimitExceeded",
+}  # fmt: skip
+
 
 def command_error(code: tuple[int, str], errmsg: str, labels: Sequence[str] = ()) -> CommandError:
     """Build a ``CommandError`` from one of the ``(code, codeName)`` pairs above."""

@@ -17,6 +17,15 @@ mongod's own commands (same syntax and behaviour as a real single-member replica
   reply (``closeConnection``), or fail with ``errorCode`` (labels from ``errorLabels``, else the
   labels mongod would add), or run and get ``writeConcernError`` added to their reply. The reply's
   ``count`` is how often the fail point had triggered.
+- ``failGetMoreAfterCursorCheckout`` (``data: {errorCode, errorLabels, closeConnection}``) — a
+  getMore fails after its cursor was checked out, so a change stream's error gets mongod's change
+  stream labels (``ResumableChangeStreamError`` for resumable codes).
+- ``onPrimaryTransactionalWrite`` (``data: {closeConnection: true, failBeforeCommitExceptionCode}``)
+  — each statement of a retryable write (``txnNumber`` outside a transaction) that reaches it either
+  commits and has its connection closed before the reply (the driver's retry then gets the recorded
+  result), or with ``failBeforeCommitExceptionCode`` fails uncommitted.
+- ``maxTimeAlwaysTimeOut`` — every operation with a ``maxTimeMS`` (also a getMore of a cursor
+  opened with one) fails with MaxTimeMSExpired (50).
 
 Emulator-only commands (run on ``admin``):
 
@@ -38,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from bson import Timestamp
 
 from .commands import Context, command
-from .errors import BAD_VALUE, NOT_WRITABLE_PRIMARY, CommandError, command_error
+from .errors import BAD_VALUE, CODE_NAMES, NOT_WRITABLE_PRIMARY, CommandError, command_error
 
 if TYPE_CHECKING:
     from .server import Connection, EmulatorServer
@@ -46,16 +55,7 @@ if TYPE_CHECKING:
 EXCEEDED_TIME_LIMIT = (262, "ExceededTimeLimit")
 _HANDSHAKE = frozenset({"hello", "isMaster", "ismaster"})
 _FAULT_COMMANDS = frozenset({"configureFailPoint", "mongocdcDropConnections", "mongocdcDelayReplies", "mongocdcTruncateOplog"})
-CODE_NAMES = {
-    1: "InternalError", 2: "BadValue", 6: "HostUnreachable", 7: "HostNotFound", 8: "UnknownError",
-    11: "UserNotFound", 13: "Unauthorized", 43: "CursorNotFound", 50: "MaxTimeMSExpired",
-    89: "NetworkTimeout", 91: "ShutdownInProgress", 112: "WriteConflict", 133: "FailedToSatisfyReadPreference",
-    189: "PrimarySteppedDown", 234: "RetryChangeStream", 251: "NoSuchTransaction", 262: "ExceededTimeLimit",
-    280: "ChangeStreamFatalError", 286: "ChangeStreamHistoryLost", 9001: "SocketException",
-    10107: "NotWritablePrimary", 11000: "DuplicateKey", 11600: "InterruptedAtShutdown",
-    11602: "InterruptedDueToReplStateChange", 13388: "StaleConfig", 13435: "NotPrimaryNoSecondaryOk",
-    13436: "NotPrimaryOrSecondary",
-}  # fmt: skip
+
 
 
 class DropConnection(Exception):
@@ -63,11 +63,18 @@ class DropConnection(Exception):
 
 
 class FailPointError(CommandError):
-    """An error produced by ``failCommand``; ``explicit_labels`` disables automatic labels."""
+    """An error produced by a fail point; ``explicit_labels`` disables automatic labels.
 
-    def __init__(self, code: int, labels: list[str] | None) -> None:
-        super().__init__(code, CODE_NAMES.get(code, f"Location{code}"), "Failing command via 'failCommand' failpoint", labels or ())
+    ``after_checkout`` marks a getMore failed after its cursor was checked out
+    (``failGetMoreAfterCursorCheckout``): mongod then knows the cursor is a change stream and labels
+    the error like any other change stream error, which ``failCommand`` (before checkout) does not.
+    """
+
+    def __init__(self, code: int, labels: list[str] | None, errmsg: str = "Failing command via 'failCommand' failpoint",
+                 after_checkout: bool = False) -> None:  # fmt: skip
+        super().__init__(code, CODE_NAMES.get(code, f"Location{code}"), errmsg, labels or ())
         self.explicit_labels = labels is not None
+        self.after_checkout = after_checkout
 
 
 @dataclass(frozen=True)
@@ -78,21 +85,79 @@ class FailPointOutcome:
     labels: list[str] | None  # the fail point's ``errorLabels``; None: the labels mongod adds
 
 
+@dataclass(frozen=True)
+class TransactionalWriteFault:
+    """What ``onPrimaryTransactionalWrite`` does to one statement of a retryable write."""
+
+    close_connection: bool
+    fail_code: int | None  # fail before the statement commits, with this code
+
+
+class FailPoint:
+    """One named fail point: its mode (``alwaysOn``, ``off``, ``{times: n}``, ``{skip: n}``) and data."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] | None = None  # None: off
+        self.times: int | None = None  # None: unlimited
+        self.skip = 0
+        self.count = 0  # how often it fired since configured
+
+    def configure(self, mode: Any, data: Any) -> int:
+        previous = self.count
+        if mode == "off":
+            self.data = None
+            return previous
+        if data is not None and not isinstance(data, Mapping):
+            raise command_error(BAD_VALUE, "'data' must be an object")
+        times: int | None = None
+        skip = 0
+        if mode == "alwaysOn":
+            pass
+        elif isinstance(mode, Mapping) and "times" in mode:
+            times = int(mode["times"])
+        elif isinstance(mode, Mapping) and "skip" in mode:
+            skip = int(mode["skip"])
+        else:
+            raise command_error(BAD_VALUE, f"unsupported fail point mode: {mode!r}")
+        self.data = dict(data or {})
+        self.times, self.skip, self.count = times, skip, 0
+        if times is not None and times <= 0:
+            self.data = None
+        return previous
+
+    def fire(self) -> dict[str, Any] | None:
+        """The fail point's data if it fires now (consuming one of its ``times``), else None."""
+        data = self.data
+        if data is None:
+            return None
+        if self.skip:
+            self.skip -= 1
+            return None
+        if self.times is not None:
+            self.times -= 1
+            if self.times <= 0:
+                self.data = None
+        self.count += 1
+        return data
+
+
+#: The fail points the emulator implements, as mongod names them.
+FAIL_POINTS = ("failCommand", "failGetMoreAfterCursorCheckout", "onPrimaryTransactionalWrite", "maxTimeAlwaysTimeOut")
+MAX_TIME_MS_EXPIRED = (50, "MaxTimeMSExpired")
+
+
 class Faults:
     """Fail point state plus the re-election timer of the server it belongs to."""
 
     def __init__(self, server: EmulatorServer) -> None:
         self.server = server
         self._lock = threading.Lock()
-        self.fail_data: dict[str, Any] | None = None
-        self.fail_times: int | None = None  # None: alwaysOn
-        self.fail_skip = 0
-        self.fail_count = 0
+        self.points = {name: FailPoint() for name in FAIL_POINTS}
         self.delay_ms = 0
         self._election_timer: threading.Timer | None = None
 
-    def before_command(self, name: str, conn: Connection) -> FailPointOutcome | None:
-        """Apply the reply delay and the ``failCommand`` fail point to one command.
+    def before_command(self, name: str, conn: Connection, cmd: Mapping[str, Any]) -> FailPointOutcome | None:
+        """Apply the reply delay and the ``failCommand`` / ``maxTimeAlwaysTimeOut`` fail points.
 
         Returns what to add to the command's reply (a ``writeConcernError``), if anything.
         """
@@ -100,21 +165,19 @@ class Faults:
             return None
         if self.delay_ms and name not in _HANDSHAKE:
             time.sleep(self.delay_ms / 1000.0)
+        if cmd.get("maxTimeMS") and name != "getMore":
+            self.check_max_time()
+        point = self.points["failCommand"]
         with self._lock:
-            data = self.fail_data
+            data = point.data
             if data is None or name not in data.get("failCommands", ()):
                 return None
             app = data.get("appName")
             if app is not None and app != getattr(conn, "app_name", None):
                 return None
-            if self.fail_skip:
-                self.fail_skip -= 1
-                return None
-            if self.fail_times is not None:
-                self.fail_times -= 1
-                if self.fail_times <= 0:
-                    self.fail_data = None
-            self.fail_count += 1
+            data = point.fire()
+        if data is None:
+            return None
         if data.get("blockConnection"):
             time.sleep(float(data.get("blockTimeMS", 0)) / 1000.0)
         if data.get("closeConnection"):
@@ -128,33 +191,46 @@ class Faults:
             return FailPointOutcome(dict(concern), explicit)
         return None
 
-    def configure_fail_point(self, name: str, mode: Any, data: Any) -> int:
-        if name != "failCommand":
-            raise command_error(BAD_VALUE, f"Cannot find failpoint: {name}")
+    def check_max_time(self) -> None:
+        """``maxTimeAlwaysTimeOut``: an operation with a time limit fails as if it had run out of time."""
+        point = self.points["maxTimeAlwaysTimeOut"]
         with self._lock:
-            previous = self.fail_count
-            if mode == "off":
-                self.fail_data = None
-                return previous
-            if not isinstance(data, Mapping) or not isinstance(data.get("failCommands"), list):
-                raise command_error(BAD_VALUE, "'data' must contain 'failCommands', an array of command names")
-            times: int | None = None
-            skip = 0
-            if mode == "alwaysOn":
-                times = None
-            elif isinstance(mode, Mapping) and "times" in mode:
-                times = int(mode["times"])
-            elif isinstance(mode, Mapping) and "skip" in mode:
-                skip = int(mode["skip"])
-            else:
-                raise command_error(BAD_VALUE, f"unsupported fail point mode: {mode!r}")
-            self.fail_data = dict(data)
-            self.fail_times = times
-            self.fail_skip = skip
-            self.fail_count = 0
-            if times is not None and times <= 0:
-                self.fail_data = None
-            return previous
+            fired = point.fire() is not None
+        if fired:
+            raise command_error(MAX_TIME_MS_EXPIRED, "operation exceeded time limit")
+
+    def after_cursor_checkout(self) -> None:
+        """``failGetMoreAfterCursorCheckout``: fail a getMore once its cursor is checked out."""
+        point = self.points["failGetMoreAfterCursorCheckout"]
+        with self._lock:
+            data = point.fire()
+        if data is None:
+            return
+        if data.get("closeConnection"):
+            raise DropConnection()
+        labels = data.get("errorLabels")
+        code = int(data.get("errorCode", 1))
+        raise FailPointError(code, list(labels) if isinstance(labels, list) else None,
+                             "Failing command via 'failGetMoreAfterCursorCheckout' failpoint", after_checkout=True)  # fmt: skip
+
+    def transactional_write(self) -> TransactionalWriteFault | None:
+        """``onPrimaryTransactionalWrite``: what to do to one statement of a retryable write."""
+        point = self.points["onPrimaryTransactionalWrite"]
+        with self._lock:
+            data = point.fire()
+        if data is None:
+            return None
+        code = data.get("failBeforeCommitExceptionCode")
+        return TransactionalWriteFault(bool(data.get("closeConnection", True)), None if code is None else int(code))
+
+    def configure_fail_point(self, name: str, mode: Any, data: Any) -> int:
+        point = self.points.get(name)
+        if point is None:
+            raise command_error(BAD_VALUE, f"Cannot find failpoint: {name}")
+        if name == "failCommand" and mode != "off" and (not isinstance(data, Mapping) or not isinstance(data.get("failCommands"), list)):
+            raise command_error(BAD_VALUE, "'data' must contain 'failCommands', an array of command names")
+        with self._lock:
+            return point.configure(mode, data)
 
     def step_down(self, seconds: float) -> None:
         server = self.server

@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import bson
+from bson.raw_bson import RawBSONDocument
 
 from . import wire
 from .auth import AccessControl
@@ -180,10 +181,32 @@ class WireServer(ABC):
                 continue
             if request.legacy:
                 message = wire.encode_op_reply(next(self._request_ids), header.request_id, reply)
+            elif request.exhaust_allowed and next(iter(request.command), None) == "getMore":
+                if not self._stream_exhaust(conn, request, reply):
+                    return
+                continue
             else:
                 message = wire.encode_op_msg(next(self._request_ids), header.request_id, reply, request.checksum)
             if not self._send(conn, message):
                 return
+
+    def _stream_exhaust(self, conn: Connection, request: wire.Request, reply: list[bytes]) -> bool:
+        """An exhaust getMore: while the cursor stays open, reply with ``moreToCome`` and run the
+        getMore again on the client's behalf, each reply answering the previous one."""
+        response_to = request.header.request_id
+        while True:
+            open_cursor = _cursor_id(reply) != 0
+            request_id = next(self._request_ids)
+            message = wire.encode_op_msg(request_id, response_to, reply, request.checksum, more_to_come=open_cursor)
+            if not self._send(conn, message):
+                return False
+            if not open_cursor:
+                return True
+            response_to = request_id
+            next_reply = self.execute(request, conn)
+            if next_reply is None:
+                return False
+            reply = next_reply
 
     def _send(self, conn: Connection, message: bytes) -> bool:
         try:
@@ -192,6 +215,16 @@ class WireServer(ABC):
             return True
         except OSError:
             return False
+
+
+def _cursor_id(reply: list[bytes]) -> int:
+    """The cursor id of an encoded reply (0 when it has none or is an error)."""
+    try:
+        document = bson.decode(b"".join(reply), codec_options=bson.CodecOptions(document_class=RawBSONDocument))
+        cursor = document.get("cursor")
+        return int(cursor["id"]) if cursor is not None and document.get("ok") == 1 else 0
+    except Exception:
+        return 0
 
 
 def _is_loopback(peer: str) -> bool:

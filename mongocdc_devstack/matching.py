@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import datetime
 import functools
+import random
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import Decimal
@@ -26,6 +27,7 @@ from bson.datetime_ms import DatetimeMS
 from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
 
+from . import oplog_diff
 from .errors import BAD_VALUE, CommandError, command_error
 
 NOT_IMPLEMENTED = (238, "NotImplemented")
@@ -65,6 +67,8 @@ def bson_sort_key(value: Any) -> tuple[Any, ...]:
         if value != value:  # NaN
             return (3, 0)
         return (3, 1, value)
+    if isinstance(value, Code):  # a str subclass, compared after regular expressions
+        return (13, str(value), bson_sort_key(dict(value.scope)) if value.scope is not None else ())
     if isinstance(value, str):
         return (4, value)
     if isinstance(value, ObjectId):
@@ -99,9 +103,7 @@ def bson_sort_key(value: Any) -> tuple[Any, ...]:
     if isinstance(value, MinKey):
         return (1,)
     if isinstance(value, MaxKey):
-        return (13,)
-    if isinstance(value, Code):
-        return (14, str(value))
+        return (15,)
     raise command_error(BAD_VALUE, f"cannot compare a value of type {type(value).__name__}")
 
 
@@ -203,6 +205,9 @@ def _translate(exc: Exception) -> CommandError:
     if isinstance(exc, CommandError):
         return exc
     message = str(exc)
+    if isinstance(exc, NotImplementedError) and "$where" in message:
+        # The emulator runs no JavaScript: it answers as a mongod started with --noscripting does.
+        return command_error(BAD_VALUE, "no globalScriptEngine in $where parsing")
     if isinstance(exc, NotImplementedError):
         return command_error(NOT_IMPLEMENTED, f"not supported by the emulator: {message}")
     if message.startswith("BadValue "):
@@ -238,8 +243,55 @@ def _bson_eq(doc_val: Any, search_val: Any) -> bool:
 _mongomock_parse = mm_aggregate._Parser.parse
 
 
+def _field_name(parser: Any, spec: Mapping[str, Any], operator: str) -> str:
+    field = parser.parse(spec.get("field"))
+    if not isinstance(field, str):
+        raise command_error((4161106, "Location4161106"), f"{operator} requires 'field' to evaluate to type String, but got {bson_type_name(field)}")
+    return field
+
+
+def _object_field_operator(parser: Any, operator: str, spec: Any) -> Any:
+    """``$getField``, ``$setField`` and ``$unsetField`` (mongod 5.0): fields whose names contain
+    dots or start with ``$``, which paths cannot address. Missing results raise KeyError, as
+    mongomock's parser reports a missing value."""
+    if operator == "$getField" and not isinstance(spec, Mapping):
+        spec = {"field": spec}
+    if not isinstance(spec, Mapping) or "field" not in spec:
+        raise command_error((4161101, "Location4161101"), f"{operator} requires 'field' to be specified")
+    field = _field_name(parser, spec, operator)
+    try:
+        source = parser.parse(spec.get("input", "$$CURRENT"))
+    except KeyError:
+        source = None
+    if source is None or source is mm_filtering.NOTHING:
+        return None
+    if not isinstance(source, Mapping):
+        if operator == "$getField":
+            raise KeyError(field)
+        raise command_error((4161105, "Location4161105"), f"{operator} requires 'input' to evaluate to type Object")
+    if operator == "$getField":
+        return source[field]
+    result = dict(source)
+    if operator == "$unsetField" or spec.get("value") == "$$REMOVE":
+        result.pop(field, None)
+        return result
+    if "value" not in spec:
+        raise command_error((4161103, "Location4161103"), "$setField requires 'value' to be specified")
+    result[field] = parser.parse(spec["value"])
+    return result
+
+
 def _parse_expression(parser: Any, expression: Any) -> Any:
-    """mongomock's expression parser plus ``$bsonSize`` (which mongomock lacks)."""
+    """mongomock's expression parser plus ``$bsonSize``, ``$getField``, ``$setField`` and
+    ``$unsetField`` (which mongomock lacks)."""
+    if isinstance(expression, dict) and len(expression) == 1:
+        operator = next(iter(expression))
+        if operator in ("$getField", "$setField", "$unsetField"):
+            return _object_field_operator(parser, operator, expression[operator])
+        if operator == "$rand":
+            if expression[operator] != {}:
+                raise command_error((10065, "Location10065"), "invalid parameter: expected an object ({})")
+            return random.random()
     if isinstance(expression, dict) and len(expression) == 1 and "$bsonSize" in expression:
         try:
             value = parser.parse(expression["$bsonSize"])
@@ -402,6 +454,236 @@ def matches(query: Mapping[str, Any], doc: Mapping[str, Any]) -> bool:
         return False
     except _MOCK_ERRORS as exc:
         raise _translate(exc) from exc
+
+
+_SYSTEM_VARIABLES = frozenset({"ROOT", "CURRENT", "REMOVE", "NOW", "CLUSTER_TIME", "DESCEND", "PRUNE", "KEEP",
+                               "SEARCH_META", "USER_ROLES"})  # fmt: skip
+
+
+def bind_variables(expression: Any, variables: Mapping[str, Any] | None) -> Any:
+    """``expression`` with the command's ``let`` variables (``$$name``, ``$$name.path``) replaced by
+    their values as literals, which is how mongod evaluates them in ``$expr`` and pipelines."""
+    if not variables:
+        return expression
+    for name in variables:
+        if not isinstance(name, str) or not name or name in _SYSTEM_VARIABLES or not (name[0].islower() or name[0] == "_"):
+            raise command_error((16867, "Location16867"), f"'{name}' starts with an invalid character for a user variable name")
+
+    def bind(value: Any) -> Any:
+        if isinstance(value, str) and value.startswith("$$"):
+            name, _, path = value[2:].partition(".")
+            if name in variables:
+                found = variables[name] if not path else get_path(variables[name], path)
+                return {"$literal": None if found is _MISSING else found}
+            return value
+        if isinstance(value, Mapping):
+            if set(value) == {"$literal"}:
+                return value
+            return {key: bind(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [bind(item) for item in value]
+        return value
+
+    return bind(expression)
+
+
+def evaluate_constant(expression: Any) -> Any:
+    """An aggregation expression without field paths (a ``let`` value) evaluated once."""
+    if isinstance(expression, (Mapping, list)) or (isinstance(expression, str) and expression.startswith("$")):
+        try:
+            return mm_aggregate._parse_expression(expression, {}, ignore_missing_keys=False)
+        except KeyError:
+            return None
+        except _MOCK_ERRORS as exc:
+            raise _translate(exc) from exc
+    return expression
+
+
+def collation_key(collation: Mapping[str, Any] | None) -> Callable[[Any], Any] | None:
+    """A function folding strings the way a collation compares them (None: binary comparison).
+
+    Strength 1 ignores case and diacritics, strength 2 case only (``caseLevel`` off); higher
+    strengths and the ``simple`` locale compare as stored. This covers what a query or update
+    matches; mongod's full ICU ordering of different strings is not reproduced.
+    """
+    if not collation:
+        return None
+    if not isinstance(collation, Mapping):
+        raise command_error(TYPE_MISMATCH, "collation must be an object")
+    if "locale" not in collation:
+        raise command_error((40414, "Location40414"), "BSON field 'locale' is missing but a required field")
+    strength = collation.get("strength", 3)
+    if collation["locale"] == "simple" or strength not in (1, 2):
+        return None
+    import unicodedata
+
+    def fold_text(text: str) -> str:
+        text = text.casefold()
+        if strength == 1:
+            text = "".join(ch for ch in unicodedata.normalize("NFD", text) if not unicodedata.combining(ch))
+        return text
+
+    def fold(value: Any) -> Any:
+        if isinstance(value, str):
+            return fold_text(value)
+        if isinstance(value, Mapping):
+            return {key: fold(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [fold(item) for item in value]
+        return value
+
+    return fold
+
+
+class _Uncompilable(Exception):
+    """A filter ``compile_filter`` leaves to the general matcher."""
+
+
+Predicate = Callable[[Mapping[str, Any]], bool]
+_SCALARS = (str, int, float, bool, type(None), ObjectId, datetime.datetime)
+
+
+def compile_filter(query: Mapping[str, Any]) -> Predicate | None:
+    """A predicate equal to ``matches(query, doc)``, built once, for filters of the usual operators
+    (equality, ``$eq``/``$ne``/``$in``/``$nin``/``$regex``/``$not``/``$exists``, ``$and``/``$or``/
+    ``$nor``) on scalar values — as a change stream's ``$match`` stages are. Documents whose value at a
+    path is an array or a document are passed to the general matcher. None: not compilable."""
+    try:
+        compiled = _compile_query(query)
+    except _Uncompilable:
+        return None
+
+    def predicate(doc: Mapping[str, Any]) -> bool:
+        result = compiled(doc)
+        return matches(query, doc) if result is None else result
+
+    return predicate
+
+
+def _compile_query(query: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], bool | None]:
+    tests = []
+    for key, condition in query.items():
+        if key in ("$and", "$or", "$nor"):
+            if not isinstance(condition, list) or not condition:
+                raise _Uncompilable
+            parts = [_compile_query(part) for part in condition if isinstance(part, Mapping)]
+            if len(parts) != len(condition):
+                raise _Uncompilable
+            tests.append(_combine(key, parts))
+        elif key.startswith("$"):
+            raise _Uncompilable
+        else:
+            tests.append(_compile_path(key, condition))
+
+    def conjunction(doc: Mapping[str, Any]) -> bool | None:
+        for test in tests:
+            result = test(doc)
+            if result is not True:
+                return result
+        return True
+
+    return conjunction
+
+
+def _combine(operator: str, parts: list[Callable[[Mapping[str, Any]], bool | None]]) -> Callable[[Mapping[str, Any]], bool | None]:
+    def combined(doc: Mapping[str, Any]) -> bool | None:
+        results = [part(doc) for part in parts]
+        if None in results:
+            return None
+        if operator == "$and":
+            return all(results)
+        if operator == "$or":
+            return any(results)
+        return not any(results)
+
+    return combined
+
+
+def _compile_path(path: str, condition: Any) -> Callable[[Mapping[str, Any]], bool | None]:
+    parts = path.split(".")
+    value_test = _compile_value(condition)
+
+    def test(doc: Mapping[str, Any]) -> bool | None:
+        current: Any = doc
+        for part in parts:
+            if isinstance(current, Mapping):
+                current = current.get(part, _MISSING)
+            elif current is _MISSING:
+                break
+            else:
+                return None  # through an array or a scalar: the general matcher decides
+        if isinstance(current, (list, Mapping)):
+            return None
+        return value_test(current)
+
+    return test
+
+
+def _scalar_equal(value: Any, wanted: Any) -> bool:
+    if wanted is None:
+        return value is None or value is _MISSING
+    if value is _MISSING or value is None:
+        return False
+    if isinstance(wanted, bool) or isinstance(value, bool):
+        return type(value) is type(wanted) and value == wanted
+    if isinstance(wanted, (int, float)) and isinstance(value, (int, float)):
+        return bool(value == wanted)
+    return type(value) is type(wanted) and bool(value == wanted)
+
+
+def _regex_test(pattern: Any, options: str = "") -> Callable[[Any], bool]:
+    if isinstance(pattern, re.Pattern):
+        compiled = pattern
+    elif isinstance(pattern, Regex):
+        compiled = pattern.try_compile()
+    elif isinstance(pattern, str):
+        flags = (re.IGNORECASE if "i" in options else 0) | (re.MULTILINE if "m" in options else 0) | \
+            (re.DOTALL if "s" in options else 0) | (re.VERBOSE if "x" in options else 0)  # fmt: skip
+        compiled = re.compile(pattern, flags)
+    else:
+        raise _Uncompilable
+    return lambda value: isinstance(value, str) and compiled.search(value) is not None
+
+
+def _compile_value(condition: Any) -> Callable[[Any], bool]:
+    if isinstance(condition, (re.Pattern, Regex)):
+        return _regex_test(condition)
+    if isinstance(condition, Mapping):
+        if not condition or not all(key.startswith("$") for key in condition):
+            raise _Uncompilable
+        tests = [_compile_operator(op, operand, condition) for op, operand in condition.items() if op != "$options"]
+        return lambda value: all(test(value) for test in tests)
+    if isinstance(condition, _SCALARS):
+        return lambda value: _scalar_equal(value, condition)
+    raise _Uncompilable
+
+
+def _equals(wanted: Any) -> Callable[[Any], bool]:
+    return lambda value: _scalar_equal(value, wanted)
+
+
+def _compile_operator(op: str, operand: Any, condition: Mapping[str, Any]) -> Callable[[Any], bool]:
+    if op == "$eq" and isinstance(operand, _SCALARS):
+        return lambda value: _scalar_equal(value, operand)
+    if op == "$ne" and isinstance(operand, _SCALARS):
+        return lambda value: not _scalar_equal(value, operand)
+    if op in ("$in", "$nin") and isinstance(operand, list):
+        members = [_regex_test(item) if isinstance(item, (re.Pattern, Regex)) else _equals(item)
+                   for item in operand if isinstance(item, (re.Pattern, Regex, *_SCALARS))]  # fmt: skip
+        if len(members) != len(operand):
+            raise _Uncompilable
+        if op == "$in":
+            return lambda value: any(member(value) for member in members)
+        return lambda value: not any(member(value) for member in members)
+    if op == "$regex":
+        options = condition.get("$options", "")
+        return _regex_test(operand, options if isinstance(options, str) else "")
+    if op == "$not":
+        inner = _compile_value(operand)
+        return lambda value: not inner(value)
+    if op == "$exists":
+        return lambda value: (value is not _MISSING) == bool(operand)
+    raise _Uncompilable
 
 
 def filter_documents(docs: Iterable[Mapping[str, Any]], query: Mapping[str, Any] | None) -> list[Any]:
@@ -860,13 +1142,105 @@ def apply_update(
     now_ts: Timestamp | None = None,
 ) -> dict[str, Any]:
     """Return the document after an update (operators, replacement or pipeline); input untouched."""
+    return apply_update_with_diff(doc, update, query=query, array_filters=array_filters, is_insert=is_insert,
+                                  now_ts=now_ts)[0]  # fmt: skip
+
+
+def _path_order(path: str) -> tuple[tuple[int, int, str], ...]:
+    """mongod applies the modifiers of an update in field-name order (array indexes numerically),
+    whatever their order in the update document — which decides where new fields go."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in path.split("."))
+
+
+def _parts_value(doc: Any, parts: Sequence[str]) -> Any:
+    """The value at a path of components (names or indexes; names may contain dots), or _MISSING."""
+    current = doc
+    for part in parts:
+        if isinstance(current, Mapping):
+            if part not in current:
+                return _MISSING
+            current = current[part]
+        elif isinstance(current, list) and part.isdigit() and int(part) < len(current):
+            current = current[int(part)]
+        else:
+            return _MISSING
+    return current
+
+
+def _existing_depth(doc: Any, parts: Sequence[str]) -> int:
+    """How many leading components of a path exist in ``doc``."""
+    current = doc
+    for depth, part in enumerate(parts):
+        if isinstance(current, Mapping) and part in current:
+            current = current[part]
+        elif isinstance(current, list) and part.isdigit() and int(part) < len(current):
+            current = current[int(part)]
+        else:
+            return depth
+    return len(parts)
+
+
+def _plain_push(value: Any) -> bool:
+    return not (isinstance(value, Mapping) and any(k in value for k in ("$position", "$sort", "$slice")))
+
+
+def _apply_logged(op: str, doc: dict[str, Any], parts: list[str], value: Any, ctx: _UpdateContext,
+                  log: oplog_diff.UpdateLog) -> None:  # fmt: skip
+    """Apply one modifier to one concrete path and log what it did, as mongod's modifiers do."""
+    if op == "$rename":
+        moved = _parts_value(doc, parts)
+        target = str(value).split(".") if isinstance(value, str) else []
+        target_depth = _existing_depth(doc, target)
+        _apply_one(op, doc, parts, value, ctx)
+        if moved is not _MISSING and _parts_value(doc, parts) is _MISSING:
+            log.deleted(parts)
+            if target_depth == len(target):
+                log.updated(target)
+            else:
+                log.created(target[: target_depth + 1])
+        return
+    depth = _existing_depth(doc, parts)
+    before = copy.deepcopy(_parts_value(doc, parts)) if depth == len(parts) else _MISSING
+    _apply_one(op, doc, parts, value, ctx)
+    after = _parts_value(doc, parts)
+    if after is _MISSING:
+        if before is not _MISSING:
+            log.deleted(parts)
+        return
+    if before is _MISSING:
+        log.created(parts[: depth + 1])
+        return
+    if oplog_diff.strict_equal(before, after):
+        return  # a no-op modification is not logged
+    if (op == "$push" and _plain_push(value) and isinstance(before, list) and isinstance(after, list)
+            and len(after) > len(before) and all(oplog_diff.strict_equal(x, y) for x, y in zip(before, after, strict=False))):  # fmt: skip
+        for index in range(len(before), len(after)):
+            log.updated([*parts, str(index)])  # appended elements are logged by index
+        return
+    log.updated(parts)
+
+
+def apply_update_with_diff(
+    doc: Mapping[str, Any],
+    update: Mapping[str, Any] | list[Any],
+    *,
+    query: Mapping[str, Any] | None = None,
+    array_filters: Sequence[Mapping[str, Any]] | None = None,
+    is_insert: bool = False,
+    now_ts: Timestamp | None = None,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The document after an update, and for an operator update the ``$v: 2`` diff its modifiers
+    logged (None for replacements and pipelines, whose oplog entry is computed from the documents)."""
     validate_update(update)
+    diff: dict[str, Any] | None = None
     original_id = doc.get("_id", _MISSING)
     if isinstance(update, list):
         result = run_pipeline([copy.deepcopy(dict(doc))], update)
         if len(result) != 1:
             raise command_error(BAD_VALUE, "an update pipeline must produce exactly one document")
         new_doc = result[0]
+        if original_id is not _MISSING and "_id" not in new_doc:
+            new_doc = {"_id": original_id, **new_doc}  # mongod keeps the _id a pipeline dropped
     elif not is_operator_update(update):
         new_doc = {"_id": original_id} if original_id is not _MISSING else {}
         for key, value in update.items():
@@ -887,14 +1261,15 @@ def apply_update(
         now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
         now = now.replace(microsecond=now.microsecond // 1000 * 1000)
         ctx = _UpdateContext(original_id, query or {}, array_filters, is_insert, now, now_ts)
-        for op, fields in update.items():
-            if op == "$setOnInsert" and not is_insert:
-                continue
-            for path, value in fields.items():
-                if not path or path.startswith(".") or path.endswith(".") or ".." in path:
-                    raise command_error((56, "EmptyFieldName"), f"An empty update path is not valid: {path!r}")
-                for parts in _expand_paths(new_doc, new_doc, path.split("."), [], ctx):
-                    _apply_one(op, new_doc, parts, value, ctx)
+        log = oplog_diff.UpdateLog()
+        modifiers = [(op, path, value) for op, fields in update.items() if op != "$setOnInsert" or is_insert
+                     for path, value in fields.items()]  # fmt: skip
+        for op, path, value in sorted(modifiers, key=lambda modifier: _path_order(modifier[1])):
+            if not path or path.startswith(".") or path.endswith(".") or ".." in path:
+                raise command_error((56, "EmptyFieldName"), f"An empty update path is not valid: {path!r}")
+            for parts in _expand_paths(new_doc, new_doc, path.split("."), [], ctx):
+                _apply_logged(op, new_doc, parts, value, ctx, log)
+        diff = log.diff(new_doc)
         unused = set(ctx.filters) - ctx.used_filters
         if unused and not any("$[" in p for fields in update.values() for p in fields):
             raise command_error(FAILED_TO_PARSE, f"The array filter for identifier '{sorted(unused)[0]}' was not used in the update {dict(update)!r}")
@@ -905,7 +1280,7 @@ def apply_update(
         )
     if original_id is not _MISSING and next(iter(new_doc)) != "_id":
         new_doc = {"_id": new_doc.pop("_id"), **new_doc}
-    return new_doc
+    return new_doc, diff
 
 
 def upsert_seed(query: Mapping[str, Any]) -> dict[str, Any]:
@@ -1042,6 +1417,113 @@ def _bucket_auto(docs: list[dict[str, Any]], options: Mapping[str, Any]) -> list
     return result
 
 
+_PROJECTION_MISSING = object()
+
+
+def _projection_tree(spec: Mapping[str, Any], top: bool = True) -> dict[str, Any]:
+    """A ``$project`` specification as a tree: dotted paths and nested objects become nested
+    dicts; leaves are ``True`` (include), ``False`` (exclude) or ``("expr", expression)``."""
+    tree: dict[str, Any] = {}
+    for key, value in spec.items():
+        if not isinstance(key, str) or not key or key.startswith("$"):
+            raise command_error((16410, "Location16410"), "FieldPath field names may not start with '$'. Consider using $getField or $setField.")
+        if isinstance(value, Mapping) and value and not any(str(k).startswith("$") for k in value):
+            leaf: Any = _projection_tree(value, top=False)
+        elif isinstance(value, bool) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            leaf = bool(value)
+        else:
+            leaf = ("expr", value)
+        parts = key.split(".")
+        node = tree
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                if child is not None:
+                    raise command_error((31250, "Location31250"), f"Invalid $project :: caused by :: Path collision at {key}")
+                child = node[part] = {}
+            node = child
+        if parts[-1] in node and isinstance(node[parts[-1]], dict) and isinstance(leaf, dict):
+            node[parts[-1]].update(leaf)
+        else:
+            node[parts[-1]] = leaf
+    return tree
+
+
+def _tree_mode(tree: Mapping[str, Any], top: bool = True) -> set[str]:
+    modes: set[str] = set()
+    for key, leaf in tree.items():
+        if isinstance(leaf, dict):
+            modes |= _tree_mode(leaf, top=False)
+        elif isinstance(leaf, tuple) or leaf is True:
+            modes.add("include")
+        elif not (top and key == "_id"):
+            modes.add("exclude")
+    return modes
+
+
+def _include(value: Any, tree: Mapping[str, Any], root: Mapping[str, Any]) -> Any:
+    """Inclusion projection of one value: included fields in document order, then computed ones."""
+    if isinstance(value, list):
+        return [_include(item, tree, root) for item in value if isinstance(item, (Mapping, list))]
+    source = value if isinstance(value, Mapping) else {}
+    out: dict[str, Any] = {}
+    for key, item in source.items():
+        leaf = tree.get(key)
+        if leaf is True:
+            out[key] = item
+        elif isinstance(leaf, dict) and isinstance(item, (Mapping, list)):
+            out[key] = _include(item, leaf, root)
+    for key, leaf in tree.items():
+        if isinstance(leaf, tuple):
+            try:
+                result = mm_aggregate._parse_expression(leaf[1], root, ignore_missing_keys=False)
+            except KeyError:
+                continue
+            out[key] = result
+        elif isinstance(leaf, dict) and key not in out and _has_computed(leaf):
+            nested = _include({}, leaf, root)
+            if nested or not isinstance(source.get(key), list):
+                out[key] = nested
+    return out
+
+
+def _has_computed(tree: Mapping[str, Any]) -> bool:
+    return any(isinstance(leaf, tuple) or (isinstance(leaf, dict) and _has_computed(leaf)) for leaf in tree.values())
+
+
+def _exclude(value: Any, tree: Mapping[str, Any]) -> Any:
+    if isinstance(value, list):
+        return [_exclude(item, tree) for item in value]
+    if not isinstance(value, Mapping):
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        leaf = tree.get(key)
+        if leaf is False:
+            continue
+        out[key] = _exclude(item, leaf) if isinstance(leaf, dict) else item
+    return out
+
+
+def project_stage(docs: list[dict[str, Any]], spec: Any) -> list[dict[str, Any]]:
+    """``$project`` as mongod evaluates it: dotted and nested paths alike, inclusion (with computed
+    fields, which may also be literals) or exclusion, ``_id`` kept unless excluded."""
+    if not isinstance(spec, Mapping) or not spec:
+        raise command_error((51272, "Location51272"), "$project specification must be an object with at least one field")
+    tree = _projection_tree(spec)
+    modes = _tree_mode(tree)
+    if modes == {"include", "exclude"}:
+        raise command_error((31254, "Location31254"), "Invalid $project :: caused by :: Cannot do exclusion on field in inclusion projection")
+    if "include" not in modes:
+        return [_exclude(doc, tree) for doc in docs]
+    keep_id = tree.get("_id", True)
+    if "_id" not in tree:
+        tree = {"_id": True, **tree}
+    elif keep_id is False:
+        tree = {k: v for k, v in tree.items() if k != "_id"}
+    return [_include(doc, tree, doc) for doc in docs]
+
+
 def run_pipeline(
     docs: Iterable[Mapping[str, Any]],
     stages: Sequence[Mapping[str, Any]],
@@ -1082,6 +1564,8 @@ def run_pipeline(
             if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
                 raise command_error((31002, "Location31002"), "$unset specification must be a string or an array containing only string values")
             current = [project(d, {f: 0 for f in fields}) for d in current]
+        elif name == "$project":
+            current = project_stage(current, options)
         elif name == "$replaceWith":
             current = run_pipeline(current, [{"$replaceRoot": {"newRoot": options}}])
         elif name == "$sortByCount":

@@ -7,20 +7,26 @@ A diff describes how to turn the pre-image of a document into its post-image:
 - array level: ``a: true``, ``l: <new length>`` when the array was truncated, ``u<idx>: value`` and
   ``s<idx>: <sub-diff>``.
 
-mongod logs the paths its update operators touched. The emulator only sees the documents before
-and after the update, so ``compute_diff`` reconstructs the diff an operator update would most
-plausibly have logged: it descends into sub-documents that kept some of their fields (``$set`` of a
-nested field gives ``a.b``), reports appended array elements by index (``$push``), truncation with
-``l`` (``$slice``-style updates), same-length arrays element by element (``$set`` of ``arr.1``), and
-replaces an array wholesale when elements shifted (``$pull``, ``$pop`` of the first element). A field
-that moved because the update reordered the document is re-inserted with ``i``, which mongod's
-diff applier appends at the end, reproducing the new order.
+Two sources, as in mongod:
+
+- an operator update (``$set``, ``$unset``, ``$push`` ...) logs what each modifier did
+  (``UpdateLog``, fed by ``matching.apply_update_with_diff``): a ``$set`` of a whole sub-document is
+  that one field, ``$push`` appends logged by index, other array modifiers (``$pop``, ``$pull``,
+  ``$addToSet``) log the whole new array, ``$unset`` a deletion, ``$rename`` a deletion plus a
+  creation, new fields an insertion of the first new path component;
+- a pipeline update is logged as the difference of the two documents (``compute_diff``, mongod's
+  ``doc_diff::computeOplogDiff``): field by field, arrays element by element with a resize
+  (``l``) when they got shorter; a sub-diff larger than the new value is replaced by the value,
+  and when the whole diff is larger than the new document mongod logs a replacement instead
+  (``compute_diff`` then returns None).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+import bson
 
 
 def strict_equal(a: Any, b: Any) -> bool:
@@ -41,9 +47,25 @@ def strict_equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def compute_diff(pre: Mapping[str, Any], post: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``$v: 2`` diff that turns ``pre`` into ``post`` (``{}`` when they are identical)."""
-    return _doc_diff(pre, post)
+def compute_diff(pre: Mapping[str, Any], post: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``$v: 2`` diff that turns ``pre`` into ``post`` (``{}`` when they are identical), or None
+    when it is larger than ``post`` itself: mongod then logs the update as a replacement."""
+    diff = _doc_diff(pre, post)
+    if diff and _size(diff) + _DELTA_ENTRY_OVERHEAD > _size(post):
+        return None
+    return diff
+
+
+_DELTA_ENTRY_OVERHEAD = 15  # mongod's kSizeOfDeltaOplogEntryMetadata: the "$v: 2, diff:" around it
+
+
+def _size(value: Mapping[str, Any]) -> int:
+    return len(bson.encode(value))
+
+
+def _smaller_than(diff: Mapping[str, Any], value: Any) -> bool:
+    """Whether a sub-diff is worth logging instead of the whole new value."""
+    return _size(diff) < _size({"v": value})
 
 
 def _doc_diff(pre: Mapping[str, Any], post: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,40 +107,127 @@ def _doc_diff(pre: Mapping[str, Any], post: Mapping[str, Any]) -> dict[str, Any]
 def _value_diff(key: str, pre: Any, post: Any, updates: dict[str, Any], subdiffs: dict[str, Any]) -> None:
     if strict_equal(pre, post):
         return
-    if isinstance(pre, dict) and isinstance(post, dict) and pre.keys() & post.keys():
-        subdiffs[key] = _doc_diff(pre, post)
+    sub = _sub_diff(pre, post)
+    if sub is None:
+        updates[key] = post
+    else:
+        subdiffs[key] = sub
+
+
+def _sub_diff(pre: Any, post: Any) -> dict[str, Any] | None:
+    """mongod's ``calculateSubDiffForValue``: two documents or two arrays get a sub-diff unless it
+    is larger than the new value."""
+    if isinstance(pre, dict) and isinstance(post, dict):
+        sub = _doc_diff(pre, post)
     elif isinstance(pre, list) and isinstance(post, list):
         sub = _array_diff(pre, post)
-        if sub is None:
-            updates[key] = post
-        else:
-            subdiffs[key] = sub
     else:
-        updates[key] = post
+        return None
+    return sub if _smaller_than(sub, post) else None
 
 
-def _array_diff(pre: list[Any], post: list[Any]) -> dict[str, Any] | None:
-    """An array diff, or None when the array is better logged as a whole new value."""
-    common = min(len(pre), len(post))
-    changed = [i for i in range(common) if not strict_equal(pre[i], post[i])]
-    if changed and len(pre) != len(post):
-        return None  # elements shifted (e.g. $pull, $pop of the first element): mongod logs the array
-    if len(pre) == len(post) and len(changed) == len(post):
-        return None  # every element differs: a plain replacement
+def _array_diff(pre: list[Any], post: list[Any]) -> dict[str, Any]:
+    """mongod's ``computeArrayDiff``: element by element, appended elements by index, and a resize
+    (``l``) when the array got shorter."""
     out: dict[str, Any] = {"a": True}
+    common = min(len(pre), len(post))
     if len(post) < len(pre):
         out["l"] = len(post)
-    for i in changed:
+    for i in range(common):
         pv, qv = pre[i], post[i]
-        if isinstance(pv, dict) and isinstance(qv, dict) and pv.keys() & qv.keys():
-            out[f"s{i}"] = _doc_diff(pv, qv)
-        elif isinstance(pv, list) and isinstance(qv, list) and (sub := _array_diff(pv, qv)) is not None:
-            out[f"s{i}"] = sub
-        else:
+        if strict_equal(pv, qv):
+            continue
+        sub = _sub_diff(pv, qv)
+        if sub is None:
             out[f"u{i}"] = qv
+        else:
+            out[f"s{i}"] = sub
     for i in range(common, len(post)):
         out[f"u{i}"] = post[i]
     return out
+
+
+# -- diffs logged by operator updates -------------------------------------------------------------
+
+
+class UpdateLog:
+    """What the modifiers of one operator update did, as mongod's v2 log builder records it.
+
+    Paths are lists of components (field names, or array indexes as digit strings); values are
+    read from the final document when the diff is built, so later modifiers under a created or
+    replaced field are part of its logged value, as in mongod.
+    """
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, list[str]]] = []  # ("update" | "create" | "delete", path)
+
+    def updated(self, path: list[str]) -> None:
+        self.entries.append(("update", list(path)))
+
+    def created(self, path: list[str]) -> None:
+        """``path`` ends at the first component that did not exist before."""
+        self.entries.append(("create", list(path)))
+
+    def deleted(self, path: list[str]) -> None:
+        self.entries.append(("delete", list(path)))
+
+    def diff(self, post: Mapping[str, Any]) -> dict[str, Any]:
+        root = _LogNode(array=False)
+        logged: set[tuple[str, ...]] = set()
+        for kind, path in self.entries:
+            if any(tuple(path[:n]) in logged for n in range(1, len(path) + 1)):
+                continue  # inside a field already logged whole: its final value covers this
+            node, container = root, post
+            for part in path[:-1]:
+                container = container[int(part)] if isinstance(container, list) else container[part]
+                node = node.child(part, isinstance(container, list))
+            last = path[-1]
+            if kind == "delete":
+                node.deletes[last] = False
+            else:
+                value = container[int(last)] if isinstance(container, list) else container[last]
+                if node.array or kind == "update":
+                    node.updates[last] = value
+                else:
+                    node.inserts[last] = value
+            logged.add(tuple(path))
+        return root.serialize()
+
+
+class _LogNode:
+    __slots__ = ("array", "deletes", "updates", "inserts", "children")
+
+    def __init__(self, array: bool) -> None:
+        self.array = array
+        self.deletes: dict[str, bool] = {}
+        self.updates: dict[str, Any] = {}
+        self.inserts: dict[str, Any] = {}
+        self.children: dict[str, _LogNode] = {}
+
+    def child(self, name: str, array: bool) -> _LogNode:
+        found = self.children.get(name)
+        if found is None:
+            found = self.children[name] = _LogNode(array)
+        return found
+
+    def serialize(self) -> dict[str, Any]:
+        if self.array:
+            out: dict[str, Any] = {"a": True}
+            entries = [(int(i), f"u{i}", v) for i, v in self.updates.items()]
+            entries += [(int(i), f"s{i}", c.serialize()) for i, c in self.children.items()]
+            for _, key, value in sorted(entries, key=lambda entry: entry[0]):
+                out[key] = value
+            return out
+        doc: dict[str, Any] = {}
+        if self.deletes:
+            doc["d"] = dict(self.deletes)
+        if self.updates:
+            doc["u"] = dict(self.updates)
+        if self.inserts:
+            doc["i"] = dict(self.inserts)
+        for name, node in self.children.items():
+            doc["s" + name] = node.serialize()
+        return doc
 
 
 # -- updateDescription ---------------------------------------------------------------------------

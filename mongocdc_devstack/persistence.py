@@ -144,7 +144,8 @@ class Persistence:
                 state.catalog.setdefault(tdb, {})[tname] = moved
         elif kind == "img":
             key = (_to_uuid(record["ui"]), ts_key(record["ts"]), int(record["i"]))
-            state.images[key] = (record.get("pre"), record.get("post"))
+            pre, post = record.get("pre"), record.get("post")
+            state.images[key] = (None if pre is None else (pre, bson.encode(pre)), None if post is None else (post, bson.encode(post)))
         elif kind == "meta":
             state.term = max(state.term, int(record["term"]))
             state.oplog.clock.advance_to(record["clock"])
@@ -190,7 +191,8 @@ class Persistence:
         for entry in state.oplog.entries():
             yield bson.encode({"k": "oplog", "e": entry})
         for (ui, (seconds, inc), index), (pre, post) in state.images.items():
-            yield bson.encode({"k": "img", "ui": Binary.from_uuid(ui), "ts": Timestamp(seconds, inc), "i": index, "pre": pre, "post": post})
+            yield bson.encode({"k": "img", "ui": Binary.from_uuid(ui), "ts": Timestamp(seconds, inc), "i": index,
+                               "pre": pre[0] if pre else None, "post": post[0] if post else None})  # fmt: skip
 
     def checkpoint(self) -> None:
         """Write the whole state, atomically replace the checkpoint, then reset the journal."""

@@ -21,9 +21,10 @@ import struct
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from decimal import ROUND_CEILING, Context, Decimal, Inexact, InvalidOperation
 from typing import Any
 
-from bson import Binary, Code, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.datetime_ms import DatetimeMS
 
 from mongocdc_devstack.errors import FAILED_TO_PARSE, INVALID_RESUME_TOKEN, CommandError, command_error
@@ -65,6 +66,51 @@ _END = 4
 _TB_INT = (0, 0)
 _TB_DOUBLE = (0, 1)
 _TB_LONG = (1, 0)
+
+_TB_DECIMAL = (1, 1)
+
+# NumberDecimal in KeyString V1: the decimal continuation marker in a double's spare bits.
+_DCM_LESS = 1  # a continuation follows; the decimal is below the double rounded to 15 digits
+_DCM_EQUAL_15_DIGITS = 2  # the decimal is the double rounded (away from zero) to 15 digits
+_DCM_LARGER = 3  # a continuation follows; the decimal is above it
+_DECIMAL_EXPONENT_BIAS = 6176
+_DECIMAL_MAX_BIASED_EXPONENT = 12287
+_DBL_MIN = 2.2250738585072014e-308
+_TINIEST_2BIT_DCM = math.ldexp(1, -255)
+_MAX_INT_FOR_DOUBLE = float(1 << 53)
+
+
+_WIDE = Context(prec=1000, Emax=10**6, Emin=-(10**6))  # exact arithmetic on doubles' expansions
+
+
+def _toward_zero_double(magnitude: Decimal) -> float | None:
+    """The largest double not above ``magnitude`` (>= 0); None when it exceeds every double."""
+    try:
+        candidate = float(magnitude)
+    except OverflowError:
+        return None
+    if math.isinf(candidate):
+        return None
+    if Decimal(candidate) > magnitude:
+        candidate = math.nextafter(candidate, 0.0)
+    return candidate
+
+
+def _round_digits(value: Decimal, digits: int, rounding: str) -> Decimal:
+    """``value`` rounded to ``digits`` significant digits in the given direction."""
+    if value.is_zero():
+        return value
+    exponent = value.adjusted() - digits + 1
+    return value.quantize(Decimal(1).scaleb(exponent), rounding=rounding, context=_WIDE)
+
+
+def _to_34_digits(value: Decimal) -> Decimal:
+    """The same number with a 34-digit coefficient (mongod's ``Decimal128::normalize``)."""
+    if value.is_zero():
+        return value
+    exponent = value.adjusted() - 33
+    return value.quantize(Decimal(1).scaleb(exponent), context=_WIDE)
+
 
 _HEX_RE = re.compile(r"\A(?:[0-9A-Fa-f]{2})*\Z")
 _TWO_POW_63 = float(1 << 63)
@@ -137,6 +183,8 @@ class _Writer:
         elif isinstance(v, float):
             self.bits.extend(_TB_DOUBLE)
             self._double(v)
+        elif isinstance(v, Decimal128):
+            self._decimal(v.to_decimal())
         elif isinstance(v, str):
             self.bits.append(0)
             buf.append(_STRING)
@@ -218,7 +266,68 @@ class _Writer:
             self.buf.append(_NUM_POS_1BYTE + (nbytes - 1))
             self.buf += raw
 
-    def _double(self, v: float) -> None:
+    def _decimal(self, dec: Decimal) -> None:
+        """A NumberDecimal as mongod's KeyString V1 encodes it: the double nearest toward zero
+        with a decimal continuation marker (and, when needed, 8 continuation bytes); the exponent's
+        low bits and the decimal type are in the type bits."""
+        negative = dec.is_signed()
+        if dec.is_nan():
+            self.buf.append(_NUM_NAN)
+            self.bits.extend(_TB_DECIMAL)
+            return
+        if dec.is_infinite():
+            self.buf.append(_NUM_NEG_LARGE if negative else _NUM_POS_LARGE)
+            self._maybe_inverted(b"\xff" * 8, negative)
+            self.bits.extend(_TB_DECIMAL)
+            return
+        biased = int(dec.as_tuple().exponent) + _DECIMAL_EXPONENT_BIAS
+        if dec.is_zero():
+            which = biased + (_DECIMAL_MAX_BIASED_EXPONENT + 1 if negative else 0)
+            zero_type = (which >> 12) + 0x1A
+            self.bits.extend((zero_type >> shift) & 1 for shift in range(4, -1, -1))
+            self.bits.extend((which >> shift) & 1 for shift in range(11, -1, -1))
+            self.buf.append(_NUM_ZERO)
+            return
+        self.bits.extend(_TB_DECIMAL)
+        self.bits.extend(((biased & 63) >> shift) & 1 for shift in range(5, -1, -1))
+        magnitude = dec.copy_abs()  # exact: unary minus would round to the context's precision
+        bin_ = _toward_zero_double(magnitude)
+        if bin_ is None or bin_ < _DBL_MIN:
+            raise ValueError(f"Decimal128 {dec} is outside the range the emulator's resume tokens encode")
+        if Decimal(bin_) == magnitude:
+            self._double(-bin_ if negative else bin_)
+            return
+        away = ROUND_CEILING  # toward larger magnitude (the sign is applied afterwards)
+        if bin_ >= _TWO_POW_63:
+            self._large_double(-bin_ if negative else bin_, _DCM_LARGER)
+            stored = _round_digits(Decimal(bin_), 34, away)
+        elif bin_ < _TINIEST_2BIT_DCM:
+            raise ValueError(f"Decimal128 {dec} is outside the range the emulator's resume tokens encode")
+        elif bin_ >= _MAX_INT_FOR_DOUBLE:
+            integer_part = int(magnitude)
+            has_fraction = Decimal(integer_part) != magnitude
+            self._preshifted((integer_part << 1) | int(has_fraction), negative)
+            if not has_fraction:
+                return
+            if integer_part < (1 << 55):
+                self._maybe_inverted(bytes([_DCM_LARGER]), negative)
+            stored = Decimal(integer_part)
+        else:
+            coefficient = int("".join(map(str, magnitude.as_tuple().digits)))
+            from_bin = _round_digits(Decimal(bin_), 15, away)
+            if coefficient < 10**15 or from_bin == magnitude:
+                self._double(-bin_ if negative else bin_, _DCM_EQUAL_15_DIGITS)
+                return
+            dcm = _DCM_LESS if magnitude < from_bin else _DCM_LARGER
+            self._double(-bin_ if negative else bin_, dcm)
+            stored = _round_digits(Decimal(bin_), 34, away)
+        stored = _to_34_digits(stored)
+        difference = _WIDE.subtract(magnitude, stored)
+        exponent = int(stored.as_tuple().exponent)
+        continuation = int(difference.scaleb(-exponent, context=_WIDE))
+        self._maybe_inverted(struct.pack(">Q", continuation), negative)
+
+    def _double(self, v: float, dcm: int = 0) -> None:
         if math.isnan(v):
             self.buf.append(_NUM_NAN)
             return
@@ -231,10 +340,10 @@ class _Writer:
                 raise ValueError(f"double {v!r} is too small to be encoded in a resume token")
             (bits,) = struct.unpack(">Q", struct.pack(">d", magnitude))
             self.buf.append(_NUM_NEG_SMALL if negative else _NUM_POS_SMALL)
-            self._maybe_inverted(struct.pack(">Q", (bits << 2) & 0xFFFFFFFFFFFFFFFF), negative)
+            self._maybe_inverted(struct.pack(">Q", ((bits << 2) & 0xFFFFFFFFFFFFFFFF) | dcm), negative)
         elif magnitude < _TWO_POW_63:
             integer_part = int(magnitude)
-            if float(integer_part) == magnitude:
+            if float(integer_part) == magnitude and dcm == 0:
                 self._preshifted(integer_part << 1, negative)
                 return
             fractional_bytes = (64 - (integer_part << 1).bit_length()) // 8
@@ -242,17 +351,17 @@ class _Writer:
             self.buf.append(ctype)
             encoding = int(magnitude * (256**fractional_bytes))
             encoding += (integer_part + 1) << (fractional_bytes * 8)
-            self._maybe_inverted(struct.pack(">Q", encoding), negative)
+            self._maybe_inverted(struct.pack(">Q", encoding | dcm), negative)
         else:
-            self._large_double(v)
+            self._large_double(v, dcm)
 
-    def _large_double(self, v: float) -> None:
+    def _large_double(self, v: float, dcm: int = 0) -> None:
         self.buf.append(_NUM_POS_LARGE if v > 0 else _NUM_NEG_LARGE)
         if math.isinf(v):
             encoded = 0xFFFFFFFFFFFFFFFF
         else:
             (bits,) = struct.unpack(">Q", struct.pack(">d", v))
-            encoded = (bits << 1) & 0x7FFFFFFFFFFFFFFF
+            encoded = ((bits << 1) & 0x7FFFFFFFFFFFFFFF) | int(dcm != 0)
         self._maybe_inverted(struct.pack(">Q", encoded), v < 0)
 
     def _maybe_inverted(self, raw: bytes, invert: bool) -> None:
@@ -265,7 +374,7 @@ def _generic_type(v: Any) -> int:
         return _NULLISH
     if isinstance(v, bool):
         return _BOOL_FALSE
-    if isinstance(v, (int, float)):
+    if isinstance(v, (int, float, Decimal128)):
         return _NUMERIC
     if isinstance(v, str):
         return _STRING
@@ -618,36 +727,91 @@ class _Reader:
     def _number(self, ctype: int) -> Any:
         kind = self.number_type()
         if ctype == _NUM_ZERO:
+            if kind == _TB_DECIMAL:
+                return self._special_zero()
             return _typed(0, kind)
+        exponent_bits = None
+        if kind == _TB_DECIMAL and ctype != _NUM_NAN and not self._is_infinity(ctype):
+            exponent_bits = sum(self.bit() << shift for shift in range(5, -1, -1))
         if ctype == _NUM_NAN:
-            return math.nan
+            return Decimal128("NaN") if kind == _TB_DECIMAL else math.nan
         negative = ctype < _NUM_ZERO
+        dcm = 0
         if ctype in (_NUM_POS_LARGE, _NUM_NEG_LARGE):
             (enc,) = struct.unpack(">Q", _inv(self.take(8), negative))
             if enc == 0xFFFFFFFFFFFFFFFF:
+                if kind == _TB_DECIMAL:
+                    return Decimal128("-Infinity" if negative else "Infinity")
                 return -math.inf if negative else math.inf
+            dcm = _DCM_LARGER if enc & 1 else 0
             (magnitude,) = struct.unpack(">d", struct.pack(">Q", (enc >> 1) | (1 << 62)))
-            return _typed(-magnitude if negative else magnitude, kind)
-        if ctype in (_NUM_POS_SMALL, _NUM_NEG_SMALL):
+            value: float | int = magnitude
+        elif ctype in (_NUM_POS_SMALL, _NUM_NEG_SMALL):
             (enc,) = struct.unpack(">Q", _inv(self.take(8), negative))
             if enc >> 62 != 3:
                 raise command_error(INVALID_RESUME_TOKEN, "KeyString format error: unsupported tiny number")
-            (magnitude,) = struct.unpack(">d", struct.pack(">Q", enc >> 2))
-            return -magnitude if negative else magnitude
-        nbytes = ctype - _NUM_POS_1BYTE + 1 if not negative else _NUM_NEG_1BYTE - ctype + 1
-        if not 1 <= nbytes <= 8:
-            raise command_error(INVALID_RESUME_TOKEN, f"KeyString format error: Unknown type: {ctype}")
-        head = int.from_bytes(_inv(self.take(nbytes), negative), "big")
-        if not head & 1:
-            value: float | int = head >> 1
+            dcm = enc & 3
+            (value,) = struct.unpack(">d", struct.pack(">Q", enc >> 2))
         else:
-            fractional_bytes = 8 - nbytes
-            tail = int.from_bytes(_inv(self.take(fractional_bytes), negative), "big") if fractional_bytes else 0
-            low = tail & ~3
-            value = (head >> 1) + low / (256**fractional_bytes)
-        if negative:
-            value = -value
-        return _typed(value, kind)
+            nbytes = ctype - _NUM_POS_1BYTE + 1 if not negative else _NUM_NEG_1BYTE - ctype + 1
+            if not 1 <= nbytes <= 8:
+                raise command_error(INVALID_RESUME_TOKEN, f"KeyString format error: Unknown type: {ctype}")
+            head = int.from_bytes(_inv(self.take(nbytes), negative), "big")
+            if not head & 1:
+                value = head >> 1
+            else:
+                fractional_bytes = 8 - nbytes
+                tail = int.from_bytes(_inv(self.take(fractional_bytes), negative), "big") if fractional_bytes else 0
+                dcm = tail & 3 if fractional_bytes else _DCM_LARGER
+                value = (head >> 1) + (tail & ~3) / (256**fractional_bytes)
+                if kind == _TB_DECIMAL and (head >> 1) >= (1 << 53):
+                    value = head >> 1  # the integer part; the continuation holds the fraction
+        if exponent_bits is not None:
+            return self._decimal(value, dcm, exponent_bits, negative)
+        return _typed(-value if negative else value, kind)
+
+    @staticmethod
+    def _is_infinity(ctype: int) -> bool:
+        return False  # the exponent bits precede the value even for large magnitudes; infinity has none
+
+    def _special_zero(self) -> Any:
+        rest = [self.bit() for _ in range(3)]
+        zero_type = 0b11000 | rest[0] << 2 | rest[1] << 1 | rest[2]
+        if zero_type == 0x18:
+            return -0.0
+        which = ((zero_type - 0x1A) << 12) | sum(self.bit() << shift for shift in range(11, -1, -1))
+        negative = which > _DECIMAL_MAX_BIASED_EXPONENT
+        biased = which - (_DECIMAL_MAX_BIASED_EXPONENT + 1) if negative else which
+        return Decimal128(Decimal((1 if negative else 0, (0,), biased - _DECIMAL_EXPONENT_BIAS)))
+
+    def _decimal(self, value: float | int, dcm: int, exponent_bits: int, negative: bool) -> Decimal128:
+        """Rebuild a NumberDecimal from its double, continuation and stored exponent bits."""
+        if dcm in (_DCM_LESS, _DCM_LARGER):
+            stored = Decimal(value) if isinstance(value, int) else _round_digits(Decimal(value), 34, ROUND_CEILING)
+            stored = _to_34_digits(stored)
+            (continuation,) = struct.unpack(">Q", _inv(self.take(8), negative))
+            magnitude = _WIDE.add(stored, Decimal(continuation).scaleb(int(stored.as_tuple().exponent), context=_WIDE))
+        elif dcm == _DCM_EQUAL_15_DIGITS:
+            magnitude = _round_digits(Decimal(value), 15, ROUND_CEILING)
+        else:
+            magnitude = Decimal(value)
+        return Decimal128(_with_exponent(magnitude.copy_negate() if negative else magnitude, exponent_bits))
+
+
+def _with_exponent(value: Decimal, low_bits: int) -> Decimal:
+    """``value`` at the exponent whose low six biased bits are ``low_bits`` (mongod keeps only
+    those in the type bits) and that represents it exactly in at most 34 digits."""
+    current = int(value.normalize(_WIDE).as_tuple().exponent) + _DECIMAL_EXPONENT_BIAS
+    base = current - (current & 63) + low_bits
+    for biased in sorted((base - 64, base, base + 64, base - 128), key=lambda e: (e > current, abs(e - current))):
+        exponent = biased - _DECIMAL_EXPONENT_BIAS
+        try:
+            candidate = value.quantize(Decimal(1).scaleb(exponent), context=Context(prec=34, traps=[Inexact, InvalidOperation]))
+        except (Inexact, InvalidOperation):
+            continue
+        if candidate == value:
+            return candidate
+    return value
 
 
 def _typed(value: float | int, kind: tuple[int, int]) -> Any:

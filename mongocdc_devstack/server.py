@@ -18,24 +18,26 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import bson
-from bson import Int64, ObjectId
+from bson import Int64, ObjectId, Timestamp
 from bson.raw_bson import RawBSONDocument
 
 from . import wire
 from .auth import AccessControl
 from .changestream import change_stream_error_labels
-from .commands import COMMANDS, Context, load_all
+from .commands import COMMANDS, CommandSpec, Context, load_all
 from .cursors import CursorRegistry
 from .errors import (
     COMMAND_NOT_FOUND,
     INTERRUPTED_DUE_TO_REPL_STATE_CHANGE,
+    INVALID_OPTIONS,
     NOT_PRIMARY_NO_SECONDARY_OK,
     NOT_WRITABLE_PRIMARY,
+    TYPE_MISMATCH,
     CommandError,
     command_error,
 )
@@ -222,7 +224,9 @@ class EmulatorServer(WireServer):
         getMore's fail point fires before the cursor is checked out, so mongod never learns the
         cursor is a change stream and adds nothing; an aggregate's command is known up front.
         """
-        if isinstance(exc, FailPointError) and (exc.explicit_labels or next(iter(cmd), None) == "getMore"):
+        if isinstance(exc, FailPointError) and (
+            exc.explicit_labels or (next(iter(cmd), None) == "getMore" and not exc.after_checkout)
+        ):
             return False
         return self._is_change_stream(cmd)
 
@@ -248,13 +252,24 @@ class EmulatorServer(WireServer):
             raise command_error(UNAUTHORIZED, f"{name} may only be run against the admin database.")
         self.authorize(conn, db, name, cmd)
         ctx = Context(self, conn, db, cmd, name)
-        self._attach_session(ctx, spec.in_transaction)
+        # mongod evaluates failCommand before it checks the session out: a failed first command of a
+        # transaction leaves no transaction behind.
         try:
-            outcome = self.faults.before_command(name, conn)
+            outcome = self.faults.before_command(name, conn, cmd)
         except FailPointError as exc:
-            if exc.explicit_labels:
-                raise
-            raise self._retryable(ctx, spec.write, exc) from None
+            if not exc.explicit_labels:
+                exc.labels = error_labels(name, cmd, spec.write, exc.code, exc.labels)
+            raise
+        try:
+            return self._run_in_session(ctx, spec, outcome)
+        except CommandError as exc:
+            exc.labels = error_labels(name, cmd, spec.write, exc.code, exc.labels)
+            raise
+
+    def _run_in_session(self, ctx: Context, spec: CommandSpec, outcome: FailPointOutcome | None) -> dict[str, Any]:
+        cmd, name = ctx.cmd, ctx.name
+        self._attach_session(ctx, spec.in_transaction)
+        ctx.read_at = self._snapshot_read_time(ctx)
         topology_at_start = self.topology.counter
         if spec.primary and not self.topology.primary:
             if name in _SECONDARY_OK_READS and _secondary_ok(cmd):
@@ -262,30 +277,85 @@ class EmulatorServer(WireServer):
             elif name in _SECONDARY_OK_READS:
                 raise command_error(NOT_PRIMARY_NO_SECONDARY_OK, "not primary and secondaryOk=false")
             else:
-                raise self._retryable(ctx, spec.write, command_error(NOT_WRITABLE_PRIMARY, "not primary"))
+                raise command_error(NOT_WRITABLE_PRIMARY, "not primary")
         retry_key = None
-        if spec.write and ctx.session is not None and ctx.txn is None and "txnNumber" in cmd:
+        if spec.write and ctx.retryable_write and ctx.session is not None:
             retry_key = int(cmd["txnNumber"])
             previous = ctx.session.retry_replies.get(retry_key)
             if previous is not None:
-                return dict(previous)
+                reply = dict(previous)
+                if outcome is not None:
+                    self._add_write_concern_error(ctx, spec.write, reply, outcome)
+                return reply
         try:
             reply = spec.handler(ctx)
         except CommandError as exc:
+            if ctx.drop_connection:
+                raise DropConnection() from None  # onPrimaryTransactionalWrite: no reply reaches the client
             if ctx.txn is not None and exc.code not in (251, 256) and name not in ("commitTransaction", "abortTransaction"):
                 ctx.txn.state = "aborted"
-                if "TransientTransactionError" not in exc.labels and exc.code in (112, 10107, 11602, 189):
-                    exc.labels = (*exc.labels, "TransientTransactionError")
-            raise self._retryable(ctx, spec.write, exc) from None
+            raise
+        if ctx.drop_connection:
+            if retry_key is not None and ctx.session is not None and not reply.get("writeErrors"):
+                ctx.session.retry_replies = {retry_key: {"ok": 1.0, **reply}}
+            raise DropConnection()  # onPrimaryTransactionalWrite: the write committed, the reply is lost
         if self.topology.counter != topology_at_start and name in ("getMore", "aggregate", "find"):
             raise command_error(INTERRUPTED_DUE_TO_REPL_STATE_CHANGE, "operation was interrupted because the node stepped down")
-        self.amend_reply(conn, name, cmd, reply)
+        self.amend_reply(ctx.conn, name, cmd, reply)
         reply.setdefault("ok", 1.0)
+        self._check_write_concern(ctx, reply)
         if retry_key is not None and ctx.session is not None and not reply.get("writeErrors"):
             ctx.session.retry_replies = {retry_key: dict(reply)}
         if outcome is not None:  # after caching: a retry gets the write's result without it
             self._add_write_concern_error(ctx, spec.write, reply, outcome)
         return reply
+
+    @staticmethod
+    def _check_write_concern(ctx: Context, reply: dict[str, Any]) -> None:
+        """A write concern one member cannot satisfy is reported as mongod reports it: the write
+        happens, and the reply carries a ``writeConcernError``."""
+        concern = ctx.cmd.get("writeConcern")
+        writes = ctx.name in _WRITE_CONCERN_COMMANDS or (ctx.name == "aggregate" and _writes_out(ctx.cmd))
+        if not isinstance(concern, Mapping) or not writes or "writeConcernError" in reply:
+            return
+        w = concern.get("w")
+        if isinstance(w, (int, float)) and not isinstance(w, bool) and w > 1:
+            reply["writeConcernError"] = {"code": 100, "codeName": "UnsatisfiableWriteConcern", "errmsg": "Not enough data-bearing nodes"}
+        elif isinstance(w, str) and w != "majority":  # tag sets: the emulated set has none
+            reply["writeConcernError"] = {"code": 79, "codeName": "UnknownReplWriteConcern",
+                                          "errmsg": f"No write concern mode named '{w}' found in replica set configuration"}  # fmt: skip
+
+    def _snapshot_read_time(self, ctx: Context) -> Timestamp | None:
+        """``readConcern: {level: "snapshot"}``: the cluster time to read at, within the history window.
+
+        Outside a transaction only find, aggregate and distinct take it (mongod 5.0+); without
+        ``atClusterTime`` they read at the latest cluster time and report it. A transaction started
+        with ``atClusterTime`` reads as of that time.
+        """
+        concern = ctx.cmd.get("readConcern")
+        if not isinstance(concern, Mapping) or concern.get("level") != "snapshot":
+            return None
+        at = concern.get("atClusterTime")
+        if at is not None and not isinstance(at, Timestamp):
+            raise command_error(TYPE_MISMATCH, f"BSON field 'atClusterTime' is the wrong type '{type(at).__name__}', expected type 'timestamp'")
+        current = self.oplog.clock.current()
+        if ctx.txn is not None:
+            if at is not None and ctx.cmd.get("startTransaction"):
+                with self.state.lock:
+                    self.state.history.check(at, current)
+                    ctx.txn.snapshot_ts = at
+            return None
+        if ctx.name not in _SNAPSHOT_READS:
+            raise command_error(
+                INVALID_OPTIONS,
+                f"Command {ctx.name} does not support {{ readConcern: {{ level: \"snapshot\" }} }} :: caused by :: "
+                "read concern snapshot is only supported for find, aggregate and distinct outside transactions",
+            )
+        if at is None:
+            return current
+        with self.state.lock:
+            self.state.history.check(at, current)
+        return at
 
     def _add_write_concern_error(self, ctx: Context, write: bool, reply: dict[str, Any], outcome: FailPointOutcome) -> None:
         """A fail point's ``writeConcernError``, with the labels and topologyVersion mongod adds."""
@@ -300,12 +370,6 @@ class EmulatorServer(WireServer):
             reply["errorLabels"] = list(labels)
         if code in NOT_PRIMARY_CODES:
             reply["topologyVersion"] = self.topology.version()
-
-    def _retryable(self, ctx: Context, write: bool, exc: CommandError) -> CommandError:
-        retryable_cmd = (write and "txnNumber" in ctx.cmd and ctx.txn is None) or ctx.name in ("commitTransaction", "abortTransaction")
-        if retryable_cmd and exc.code in RETRYABLE_CODES and "RetryableWriteError" not in exc.labels:
-            exc.labels = (*exc.labels, "RetryableWriteError")
-        return exc
 
     def _attach_session(self, ctx: Context, in_transaction: bool) -> None:
         cmd = ctx.cmd
@@ -325,6 +389,7 @@ class EmulatorServer(WireServer):
                 if txn_number > session.txn_number:
                     session.txn_number = txn_number
                     session.retry_replies = {}
+                    session.executed = {}
             return
         if autocommit is not False:
             raise command_error((72, "InvalidOptions"), "Specifying autocommit=true is not allowed.")
@@ -339,6 +404,40 @@ class EmulatorServer(WireServer):
         ctx.txn = self.state.transaction_for(session, int(cmd["txnNumber"]), bool(cmd.get("startTransaction")))
 
 
+# ErrorCodes::isSnapshotError and isNeedRetargettingError (plus StaleDbVersion), and the codes mongod
+# treats as transient in a transaction on top of the retriable ones (src/mongo/db/error_labels.cpp).
+_TRANSIENT_CODES = frozenset({112, 24, 267, 239, 246, 249, 13388, 63, 150})
+_TRANSACTION_END = ("commitTransaction", "abortTransaction")
+
+
+def error_labels(name: str, cmd: dict[str, Any], write: bool, code: int, present: Sequence[str] = ()) -> tuple[str, ...]:
+    """The ``errorLabels`` mongod's ErrorLabelBuilder gives an error, from the command's session fields.
+
+    ``RetryableWriteError``: a retriable code on a retryable write (``txnNumber`` without
+    ``autocommit``) or on commit/abort. ``TransientTransactionError``: inside a transaction
+    (``autocommit: false``) for write conflicts, lock timeouts, snapshot and retargeting errors,
+    and — except on commit/abort, where only NoSuchTransaction counts — retriable errors and
+    NoSuchTransaction.
+    """
+    labels = list(present)
+    in_transaction = "txnNumber" in cmd and "autocommit" in cmd
+    ends_transaction = name in _TRANSACTION_END
+    retryable = ("txnNumber" in cmd and not in_transaction and write) or ends_transaction
+    if retryable and code in RETRYABLE_CODES and "RetryableWriteError" not in labels:
+        labels.append("RetryableWriteError")
+    if in_transaction:
+        transient = code in _TRANSIENT_CODES or code == 251
+        if not ends_transaction:
+            transient = transient or code in RETRYABLE_CODES
+        if transient and "TransientTransactionError" not in labels:
+            labels.append("TransientTransactionError")
+    return tuple(labels)
+
+
+_WRITE_CONCERN_COMMANDS = frozenset({"insert", "update", "delete", "findAndModify", "findandmodify", "create", "drop",
+                                     "createIndexes", "dropIndexes", "deleteIndexes", "renameCollection", "collMod",
+                                     "dropDatabase", "commitTransaction", "abortTransaction"})  # fmt: skip
+_SNAPSHOT_READS = frozenset({"find", "aggregate", "distinct", "getMore"})
 _CURSOR_ELEMENT = b"\x03cursor\x00"
 
 
@@ -351,6 +450,14 @@ def _encode_reply(reply: dict[str, Any]) -> list[bytes]:
         size = 4 + len(_CURSOR_ELEMENT) + len(raw) + len(rest) - 4
         return [struct.pack("<i", size), _CURSOR_ELEMENT, raw, rest[4:]]
     return [bson.encode(reply)]
+
+
+def _writes_out(cmd: dict[str, Any]) -> bool:
+    """An aggregate ending in ``$out`` or ``$merge``."""
+    pipeline = cmd.get("pipeline")
+    return isinstance(pipeline, list) and bool(pipeline) and isinstance(pipeline[-1], dict) and \
+        next(iter(pipeline[-1]), None) in ("$out", "$merge")  # fmt: skip
+
 
 
 def _secondary_ok(cmd: dict[str, Any]) -> bool:

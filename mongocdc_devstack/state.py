@@ -41,10 +41,12 @@ from .errors import (
     CommandError,
     command_error,
 )
+from .history import History
 from .oplog import Oplog, ts_key
 from .wire import MAX_BSON_OBJECT_SIZE
 
 IdKey = tuple[Any, ...]
+Fold = Callable[[Any], Any]  # a collation's string folding (matching.collation_key)
 StoredDoc = tuple[dict[str, Any], bytes]  # the document and its BSON encoding
 
 INDEX_NOT_FOUND = (27, "IndexNotFound")
@@ -274,6 +276,13 @@ class Collection:
                 )
             index.entries[ikey] = key
 
+    def rebuild_unique_indexes(self) -> None:
+        """Recompute unique index entries after documents were swapped in wholesale (a snapshot view)."""
+        for index in self.indexes.values():
+            if index.unique and index.name != "_id_":
+                index.entries = {}
+                self.build_index(index)
+
     def catalog_entry(self) -> dict[str, Any]:
         return {
             "db": self.db,
@@ -299,6 +308,20 @@ class DuplicateKeyError(CommandError):
         return reply
 
 
+class DocumentValidationError(CommandError):
+    """DocumentValidationFailure (121) with the ``errInfo`` mongod attaches to the write error."""
+
+    def __init__(self, document_id: Any) -> None:
+        super().__init__(121, "DocumentValidationFailure", "Document failed validation")
+        self.document_id = document_id
+
+    def to_reply(self) -> dict[str, Any]:
+        reply = super().to_reply()
+        reply["errInfo"] = {"failingDocumentId": self.document_id, "details": {"operatorName": "$and", "clausesNotSatisfied": []}}
+        return reply
+
+
+DOLLAR_PREFIXED_FIELD_NAME = (52, "DollarPrefixedFieldName")
 # mongod's errors for documents over 16 MiB produced by an update or an upsert (not an insert).
 UPDATE_TOO_LARGE = (17419, "Location17419")
 UPSERT_TOO_LARGE = (17420, "Location17420")
@@ -325,8 +348,9 @@ class _Effect:
 
     db: str
     coll: str
-    key: IdKey
+    key: IdKey | None
     stored: StoredDoc | None  # None: delete
+    created: Collection | None = None  # a collection the transaction created (key and stored unused)
 
 
 @dataclass
@@ -342,6 +366,7 @@ class Transaction:
     images: list[tuple[uuid.UUID, int, dict[str, Any] | None, dict[str, Any] | None]] = field(default_factory=list)
     commit_ts: Timestamp | None = None
     touched: set[tuple[str, str, IdKey]] = field(default_factory=set)
+    snapshot_ts: Timestamp = field(default_factory=lambda: Timestamp(0, 0))  # reads see the data as of this time
 
 
 @dataclass
@@ -350,6 +375,9 @@ class Session:
     txn_number: int = -1
     txn: Transaction | None = None
     retry_replies: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # What each statement of the current retryable write contributed, by statement index: a retry
+    # after a dropped connection replays these instead of writing again (mongod's executed stmtIds).
+    executed: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 class ServerState:
@@ -364,9 +392,13 @@ class ServerState:
         self.lock = oplog.cond
         self.term = 1
         self.catalog: dict[str, dict[str, Collection]] = {}
-        # (collection uuid, ts key, applyOps index) -> (pre, post); insertion order is ts order
-        self.images: OrderedDict[tuple[uuid.UUID, tuple[int, int], int], tuple[dict[str, Any] | None, dict[str, Any] | None]] = OrderedDict()
+        # (collection uuid, ts key, applyOps index) -> (pre, post) with their BSON; insertion order is ts order
+        self.images: OrderedDict[tuple[uuid.UUID, tuple[int, int], int], tuple[StoredDoc | None, StoredDoc | None]] = OrderedDict()
         self.sessions: dict[bytes, Session] = {}
+        self.history = History()
+        self.history.start(oplog.clock.current())
+        # Documents written by open transactions: a second writer gets (or causes) a WriteConflict.
+        self.txn_owners: dict[tuple[str, str, IdKey], Transaction] = {}
         self.journal: Callable[[dict[str, Any]], None] | None = None
         self.flush_journal: Callable[[], None] = lambda: None
         self._batch: list[dict[str, Any]] | None = None
@@ -385,22 +417,47 @@ class ServerState:
             return dict(found.options) if found is not None else {}
 
     def lookup_document(self, db: str, coll: str, document_key: dict[str, Any]) -> dict[str, Any] | None:
-        with self.lock:
-            found = self.catalog.get(db, {}).get(coll)
-            if found is None or "_id" not in document_key:
+        # Lock-free (a change stream calls it per event): single dict reads are atomic, and stored
+        # documents are never modified in place, so whatever is read is a consistent version.
+        found = self.catalog.get(db, {}).get(coll)
+        if found is None or "_id" not in document_key:
+            return None
+        stored = found.docs.get(id_key(document_key["_id"]))
+        if stored is None:
+            return None
+        doc = stored[0]
+        for path, value in document_key.items():
+            if path != "_id" and not matching._values_equal(matching.get_path(doc, path), value):
                 return None
-            stored = found.docs.get(id_key(document_key["_id"]))
-            if stored is None:
+        return doc
+
+    def lookup_document_bson(self, db: str, coll: str, document_key: dict[str, Any]) -> bytes | None:
+        """``lookup_document`` as its stored BSON (an event splices it in without encoding it again)."""
+        found = self.catalog.get(db, {}).get(coll)
+        if found is None or "_id" not in document_key:
+            return None
+        stored = found.docs.get(id_key(document_key["_id"]))
+        if stored is None:
+            return None
+        for path, value in document_key.items():
+            if path != "_id" and not matching._values_equal(matching.get_path(stored[0], path), value):
                 return None
-            doc = stored[0]
-            for path, value in document_key.items():
-                if path != "_id" and not matching._values_equal(matching.get_path(doc, path), value):
-                    return None
-            return doc
+        return stored[1]
 
     def change_stream_images(self, ui: uuid.UUID, ts: Timestamp, index: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None] | None:
-        with self.lock:
-            return self.images.get((ui, ts_key(ts), index))
+        found = self.images.get((ui, ts_key(ts), index))  # one atomic dict read, as lookup_document
+        if found is None:
+            return None
+        pre, post = found
+        return (pre[0] if pre is not None else None, post[0] if post is not None else None)
+
+    def change_stream_images_bson(self, ui: uuid.UUID, ts: Timestamp, index: int) -> tuple[bytes | None, bytes | None] | None:
+        """The images as their stored BSON, which an event copies instead of encoding again."""
+        found = self.images.get((ui, ts_key(ts), index))
+        if found is None:
+            return None
+        pre, post = found
+        return (pre[1] if pre is not None else None, post[1] if post is not None else None)
 
     def run_pipeline(self, docs: list[dict[str, Any]], stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return matching.run_pipeline(docs, stages)
@@ -418,7 +475,9 @@ class ServerState:
                 base = self.catalog.get(db, {}).get(coll)
                 if base is None:
                     return None
-                view = base.clone()
+                view = self.history.as_of(base, txn.snapshot_ts)  # the data as of the transaction's start
+                if view is base:
+                    view = base.clone()
                 txn.collections[(db, coll)] = view
                 return view
             return self.catalog.get(db, {}).get(coll)
@@ -488,8 +547,13 @@ class ServerState:
             self.images.popitem(last=False)
 
     def _record_images(self, coll: Collection, ts: Timestamp, index: int,
-                       pre: dict[str, Any] | None, post: dict[str, Any] | None) -> None:  # fmt: skip
-        self.images[(coll.uuid, ts_key(ts), index)] = (pre, post)
+                       pre: StoredDoc | dict[str, Any] | None, post: StoredDoc | dict[str, Any] | None) -> None:  # fmt: skip
+        """Keep a change's pre/post images with their BSON (encoded here when not at hand), so the
+        change streams reading them copy bytes."""
+        pre_stored = pre if isinstance(pre, tuple) or pre is None else (pre, bson.encode(pre))
+        post_stored = post if isinstance(post, tuple) or post is None else (post, bson.encode(post))
+        self.images[(coll.uuid, ts_key(ts), index)] = (pre_stored, post_stored)
+        pre, post = (pre_stored[0] if pre_stored else None), (post_stored[0] if post_stored else None)
         self._journal({"k": "img", "ui": Binary.from_uuid(coll.uuid), "ts": ts, "i": index, "pre": pre, "post": post})
 
     def _create_collection(self, db: str, name: str, options: dict[str, Any], ui: uuid.UUID | None = None) -> Collection:
@@ -501,10 +565,18 @@ class ServerState:
     def _journal_catalog(self, coll: Collection) -> None:
         self._journal({"k": "coll", **coll.catalog_entry()})
 
-    def create_collection(self, db: str, name: str, options: dict[str, Any], implicit: bool = False) -> Collection:
+    def create_collection(self, db: str, name: str, options: dict[str, Any], implicit: bool = False,
+                          txn: Transaction | None = None) -> Collection:  # fmt: skip
         """``create`` (explicit) or the implicit creation on first insert, with its oplog entry."""
         check_namespace(db, name)
         with self.lock:
+            if txn is not None:
+                existing = self.get_collection(db, name, txn)
+                if existing is not None:
+                    if implicit:
+                        return existing
+                    raise command_error(NAMESPACE_EXISTS, f"Collection {db}.{name} already exists.")
+                return self._create_in_transaction(db, name, options, txn)
             if name in self.catalog.get(db, {}):
                 existing = self.catalog[db][name]
                 if implicit:
@@ -518,6 +590,15 @@ class ServerState:
             self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", o, ui=coll.ui)])
             self.flush_journal()
             return coll
+
+    def _create_in_transaction(self, db: str, name: str, options: dict[str, Any], txn: Transaction) -> Collection:
+        """mongod 4.4+: a collection created in a transaction exists for others once the transaction
+        commits; its ``create`` entry is part of the transaction's applyOps."""
+        coll = Collection(db, name, uuid.uuid4(), dict(options))
+        txn.collections[(db, name)] = coll
+        txn.effects.append(_Effect(db, name, None, None, created=coll))
+        txn.ops.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {"create": name, **options, "idIndex": dict(ID_INDEX)}})
+        return coll
 
     def _require(self, db: str, name: str) -> Collection:
         coll = self.catalog.get(db, {}).get(name)
@@ -601,11 +682,22 @@ class ServerState:
             self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", {"collMod": name, **changes}, ui=coll.ui)])
             self.flush_journal()
 
-    def create_indexes(self, db: str, name: str, specs: list[dict[str, Any]]) -> tuple[int, int, bool]:
+    def create_indexes(self, db: str, name: str, specs: list[dict[str, Any]],
+                       txn: Transaction | None = None) -> tuple[int, int, bool]:  # fmt: skip
         """Create indexes; returns (indexes before, after, whether the collection was created)."""
         with self.lock:
-            created = name not in self.catalog.get(db, {})
-            coll = self.create_collection(db, name, {}, implicit=True)
+            if txn is not None:
+                existing = self.get_collection(db, name, txn)
+                if existing is not None and not any(e.created is existing for e in txn.effects):
+                    raise command_error(
+                        OPERATION_NOT_SUPPORTED_IN_TRANSACTION,
+                        f"Cannot create new indexes on existing collection {db}.{name} in a multi-document transaction.",
+                    )
+                created = existing is None
+                coll = existing or self._create_in_transaction(db, name, {}, txn)
+            else:
+                created = name not in self.catalog.get(db, {})
+                coll = self.create_collection(db, name, {}, implicit=True)
             before = len(coll.indexes)
             for spec in specs:
                 index = Index(spec)
@@ -633,6 +725,9 @@ class ServerState:
                     )
                 coll.build_index(index)
                 coll.indexes[index.name] = index
+                if txn is not None:
+                    txn.ops.append({"op": "c", "ns": f"{db}.$cmd", "ui": coll.ui, "o": {"createIndexes": name, **spec}})
+                    continue
                 self._journal_catalog(coll)
                 self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", {"createIndexes": name, **spec}, ui=coll.ui)])
             self.flush_journal()
@@ -678,6 +773,8 @@ class ServerState:
         check_namespace(db, name)
         if db == "local" or name.startswith("system."):
             raise command_error(INVALID_NAMESPACE, f"cannot write to '{db}.{name}'")
+        if txn is not None:
+            return self.create_collection(db, name, {}, implicit=True, txn=txn)
         if name not in self.catalog.get(db, {}):
             self.create_collection(db, name, {}, implicit=True)
         target = self.get_collection(db, name, txn)
@@ -689,7 +786,7 @@ class ServerState:
         return isinstance(setting, Mapping) and bool(setting.get("enabled"))
 
     def _emit(self, txn: Transaction | None, coll: Collection, op: str, o: dict[str, Any], o2: dict[str, Any] | None,
-              key: IdKey, stored: StoredDoc | None, pre: dict[str, Any] | None) -> None:  # fmt: skip
+              key: IdKey, stored: StoredDoc | None, pre: dict[str, Any] | None, pre_stored: StoredDoc | None = None) -> None:  # fmt: skip
         """Record one applied document change: oplog entry + journal now, or into the transaction."""
         images = self._images_enabled(coll) and op in ("u", "d")
         post = stored[0] if stored is not None else None
@@ -703,28 +800,36 @@ class ServerState:
             txn.ops.append(op_doc)
             return
         ts = self._next_ts()
+        self.history.record(ts, coll, key, pre)
         if stored is None:
             self._journal({"k": "del", "db": coll.db, "c": coll.name, "id": pre["_id"] if pre else o["_id"]})
         else:
             self._journal({"k": "put", "db": coll.db, "c": coll.name, "d": stored[1]})
         if images:
-            self._record_images(coll, ts, 0, pre, post)
+            self._record_images(coll, ts, 0, pre_stored if pre_stored is not None and pre_stored[0] is pre else pre, stored)
         self._append([self._entry(ts, op, coll.ns, o, ui=coll.ui, o2=o2)])
 
-    def insert_one(self, db: str, name: str, doc: dict[str, Any], txn: Transaction | None) -> None:
-        """Insert a document (``_id`` generated at the front when missing)."""
+    def insert_one(self, db: str, name: str, doc: dict[str, Any], txn: Transaction | None,
+                   bypass_validation: bool = False) -> dict[str, Any]:  # fmt: skip
+        """Insert a document (``_id`` generated at the front when missing).
+
+        Field names may start with ``$`` or contain dots (mongod 5.0+), except inside ``_id``.
+        """
         if "_id" not in doc:
             doc = {"_id": ObjectId(), **doc}
         elif next(iter(doc)) != "_id":
             doc = {"_id": doc["_id"], **{k: v for k, v in doc.items() if k != "_id"}}
-        if isinstance(doc["_id"], list):
+        ident = doc["_id"]
+        if isinstance(ident, list):
             raise command_error(BAD_VALUE, "can't use an array for _id")
-        for name_ in doc:
-            if name_.startswith("$"):
-                raise command_error(BAD_VALUE, f"Document can't have $ prefixed field names: {name_}")
+        if isinstance(ident, Mapping):
+            for key in ident:
+                if key.startswith("$"):
+                    raise command_error(DOLLAR_PREFIXED_FIELD_NAME, f"_id fields may not contain '$'-prefixed fields: {key} is not valid for storage.")
         raw = encode_document(doc)
         with self.lock:
             coll = self._write_target(db, name, txn)
+            self.check_validator(coll, doc, None, bypass_validation)
             if txn is not None and coll.options.get("capped"):
                 raise command_error(
                     OPERATION_NOT_SUPPORTED_IN_TRANSACTION,
@@ -737,6 +842,24 @@ class ServerState:
             self._emit(txn, coll, "i", doc, {"_id": doc["_id"]}, key, (doc, raw), None)
             if coll.options.get("capped") and txn is None:
                 self._enforce_cap(coll)
+            return doc
+
+    def check_validator(self, coll: Collection, doc: Mapping[str, Any], old: Mapping[str, Any] | None, bypass: bool) -> None:
+        """The collection's ``validator`` (a query expression), as ``validationLevel``/``validationAction`` ask.
+
+        ``moderate`` skips updates of documents that did not pass before; ``warn`` only logs (mongod
+        writes a log line); ``bypassDocumentValidation`` skips the check.
+        """
+        validator = coll.options.get("validator")
+        if not validator or bypass or coll.options.get("validationLevel") == "off":
+            return
+        if coll.options.get("validationAction") == "warn":
+            return
+        if old is not None and coll.options.get("validationLevel") == "moderate" and not matching.matches(validator, old):
+            return
+        if matching.matches(validator, doc):
+            return
+        raise DocumentValidationError(doc.get("_id"))
 
     def _enforce_cap(self, coll: Collection) -> None:
         """Capped collections drop their oldest documents past ``max`` documents or ``size``
@@ -757,13 +880,24 @@ class ServerState:
     def _check_conflict(self, txn: Transaction | None, view: Collection, key: IdKey) -> None:
         """WriteConflict (a TransientTransactionError) when a transaction writes a document that
         changed outside it after its snapshot was taken, as mongod's snapshot isolation does."""
-        if txn is None:
-            return
         marker = (view.db, view.name, key)
+        owner = self.txn_owners.get(marker)
+        if owner is not None and owner.state != "in_progress":
+            del self.txn_owners[marker]
+            owner = None
+        if txn is None:
+            if owner is not None:
+                # mongod makes this write wait until the transaction ends; the emulator cannot block
+                # a writer inside its lock, so the open transaction loses instead (its commit fails
+                # with NoSuchTransaction, a TransientTransactionError).
+                owner.state = "aborted"
+                del self.txn_owners[marker]
+            return
         if marker in txn.touched:
             return
         base = self.catalog.get(view.db, {}).get(view.name)
-        if base is not None and base.docs.get(key) is not view.docs.get(key):
+        changed = base is not None and base.docs.get(key) is not view.docs.get(key)
+        if changed or (owner is not None and owner is not txn):
             txn.state = "aborted"
             raise command_error(
                 WRITE_CONFLICT,
@@ -771,36 +905,42 @@ class ServerState:
                 labels=("TransientTransactionError",),
             )
         txn.touched.add(marker)
+        self.txn_owners[marker] = txn
 
     def replace_stored(self, coll: Collection, key: IdKey, old: dict[str, Any], new: dict[str, Any],
-                       update: Any, txn: Transaction | None) -> None:  # fmt: skip
-        """Store the result of an update and log it (diff for operator updates, else the full doc)."""
+                       update: Any, txn: Transaction | None, diff: dict[str, Any] | None = None) -> None:  # fmt: skip
+        """Store the result of an update and log it as mongod does: an operator update's logged diff,
+        a pipeline's computed diff (or the whole document when that is smaller), a replacement whole."""
         raw = encode_updated(new)
         self._check_conflict(txn, coll, key)
         coll.check_unique_replacement(new, key)
+        old_stored = coll.docs.get(key)
         coll.put(key, (new, raw))
-        if isinstance(update, Mapping) and not matching.is_operator_update(update):
+        if diff is None and isinstance(update, list):
+            diff = oplog_diff.compute_diff(old, new)
+        if diff is None:
             o = new
         else:
-            o = {"$v": 2, "diff": oplog_diff.compute_diff(old, new)}
-        self._emit(txn, coll, "u", o, {"_id": new["_id"]}, key, (new, raw), old)
+            o = {"$v": 2, "diff": diff}
+        self._emit(txn, coll, "u", o, {"_id": new["_id"]}, key, (new, raw), old, old_stored)
 
     def delete_stored(self, coll: Collection, key: IdKey, txn: Transaction | None) -> None:
         self._check_conflict(txn, coll, key)
         old = coll.remove(key)
         if old is not None:
-            self._emit(txn, coll, "d", {"_id": old[0]["_id"]}, None, key, None, old[0])
+            self._emit(txn, coll, "d", {"_id": old[0]["_id"]}, None, key, None, old[0], old)
 
     def update_documents(
         self, db: str, name: str, query: dict[str, Any], update: Any, *, multi: bool, upsert: bool,
         array_filters: list[dict[str, Any]] | None, txn: Transaction | None, sort: dict[str, Any] | None = None,
-    ) -> tuple[int, int, Any, dict[str, Any] | None, dict[str, Any] | None]:  # fmt: skip
-        """Apply one update statement; returns (n matched, n modified, upserted _id, pre, post)."""
+        collation: Fold | None = None, bypass_validation: bool = False,
+    ) -> tuple[int, int, tuple[Any] | None, dict[str, Any] | None, dict[str, Any] | None]:  # fmt: skip
+        """Apply one update statement; returns (n matched, n modified, (upserted _id,) or None, pre, post)."""
         matching.validate_filter(query)
         matching.validate_update(update)
         with self.lock:
             coll = self.get_collection(db, name, txn)
-            candidates = self.match(coll, query, sort=sort, limit=0 if multi else 1) if coll is not None else []
+            candidates = self.match(coll, query, sort=sort, limit=0 if multi else 1, collation=collation) if coll is not None else []
             if not candidates:
                 if not upsert:
                     return 0, 0, None, None, None
@@ -813,25 +953,23 @@ class ServerState:
                     new = matching.apply_update(seed, update, query=query, array_filters=array_filters, is_insert=True)
                 if len(bson.encode(new)) > MAX_BSON_OBJECT_SIZE:
                     raise command_error(UPSERT_TOO_LARGE, f"Document to upsert is larger than {MAX_BSON_OBJECT_SIZE}")
-                self.insert_one(db, name, new if "_id" in new else {"_id": ObjectId(), **new}, txn)
-                inserted = self.get_collection(db, name, txn)
-                assert inserted is not None
-                upserted_doc = list(inserted.docs.values())[-1][0]
-                return 0, 0, upserted_doc["_id"], None, upserted_doc
+                upserted_doc = self.insert_one(db, name, new if "_id" in new else {"_id": ObjectId(), **new}, txn, bypass_validation)
+                return 0, 0, (upserted_doc["_id"],), None, upserted_doc
             modified = 0
             pre = post = None
             assert coll is not None
             for old in candidates:
-                new = matching.apply_update(old, update, query=query, array_filters=array_filters)
+                new, diff = matching.apply_update_with_diff(old, update, query=query, array_filters=array_filters)
                 pre, post = old, new
-                if new == old and bson.encode(new) == coll.docs[id_key(old["_id"])][1]:
+                if diff == {} or (new == old and bson.encode(new) == coll.docs[id_key(old["_id"])][1]):
                     continue
-                self.replace_stored(coll, id_key(old["_id"]), old, new, update, txn)
+                self.check_validator(coll, new, old, bypass_validation)
+                self.replace_stored(coll, id_key(old["_id"]), old, new, update, txn, diff)
                 modified += 1
             return len(candidates), modified, None, pre, post
 
     def delete_documents(self, db: str, name: str, query: dict[str, Any], limit: int, txn: Transaction | None,
-                         sort: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+                         sort: dict[str, Any] | None = None, collation: Fold | None = None) -> list[dict[str, Any]]:  # fmt: skip
         matching.validate_filter(query)
         with self.lock:
             coll = self.get_collection(db, name, txn)
@@ -839,7 +977,7 @@ class ServerState:
                 return []
             if db == "local" or name.startswith("system."):
                 raise command_error(INVALID_NAMESPACE, f"cannot delete from '{db}.{name}'")
-            victims = self.match(coll, query, sort=sort, limit=limit)
+            victims = self.match(coll, query, sort=sort, limit=limit, collation=collation)
             for doc in victims:
                 self.delete_stored(coll, id_key(doc["_id"]), txn)
             return victims
@@ -848,12 +986,14 @@ class ServerState:
     # reads
     # ---------------------------------------------------------------------------------------
     def match(self, coll: Collection, query: Mapping[str, Any], sort: Mapping[str, Any] | None = None,
-              limit: int = 0, skip: int = 0) -> list[dict[str, Any]]:  # fmt: skip
+              limit: int = 0, skip: int = 0, collation: Fold | None = None) -> list[dict[str, Any]]:  # fmt: skip
         """Documents of ``coll`` matching ``query`` in sort (or storage) order."""
-        return [d for d, _ in self.match_stored(coll, query, sort=sort, limit=limit, skip=skip)]
+        return [d for d, _ in self.match_stored(coll, query, sort=sort, limit=limit, skip=skip, collation=collation)]
 
     def match_stored(self, coll: Collection, query: Mapping[str, Any], sort: Mapping[str, Any] | None = None,
-                     limit: int = 0, skip: int = 0) -> list[StoredDoc]:  # fmt: skip
+                     limit: int = 0, skip: int = 0, collation: Fold | None = None) -> list[StoredDoc]:  # fmt: skip
+        if collation is not None:
+            return self._match_collated(coll, query, sort, limit, skip, collation)
         with self.lock:
             ranged = _id_range(query)
             order = dict(sort) if sort else {}
@@ -884,6 +1024,21 @@ class ServerState:
         if limit:
             stored = stored[:limit]
         return stored
+
+    def _match_collated(self, coll: Collection, query: Mapping[str, Any], sort: Mapping[str, Any] | None,
+                        limit: int, skip: int, fold: Fold) -> list[StoredDoc]:  # fmt: skip
+        """Matching and sorting under a collation: strings compare as the collation folds them."""
+        with self.lock:
+            stored = list(coll.docs.values())
+        folded_query = fold(query)
+        pairs = [(fold(s[0]), s) for s in stored]
+        if query:
+            pairs = [(f, s) for f, s in pairs if matching.matches(folded_query, f)]
+        if sort:
+            order = {id(f): s for f, s in pairs}
+            pairs = [(f, order[id(f)]) for f in matching.sort_documents([f for f, _ in pairs], sort)]
+        result = [s for _, s in pairs][skip:]
+        return result[:limit] if limit else result
 
     @staticmethod
     def _id_range_read(coll: Collection, bounds: tuple[IdKey | None, bool, IdKey | None, bool],
@@ -968,7 +1123,7 @@ class ServerState:
                 if session.txn is not None and session.txn.state == "in_progress":
                     session.txn.state = "aborted"
                 session.txn_number = txn_number
-                session.txn = Transaction(session.lsid, txn_number)
+                session.txn = Transaction(session.lsid, txn_number, snapshot_ts=self.oplog.clock.current())
                 return session.txn
             txn = session.txn
             if txn is None or txn.txn_number != txn_number or session.txn_number != txn_number:
@@ -997,8 +1152,19 @@ class ServerState:
                 return self.oplog.clock.current()
             for effect in txn.effects:
                 base = self.catalog.get(effect.db, {}).get(effect.coll)
+                if effect.created is not None:
+                    if base is None:
+                        created = effect.created
+                        base = Collection(effect.db, effect.coll, created.uuid, dict(created.options))
+                        base.indexes = {name: Index(dict(ix.spec)) for name, ix in created.indexes.items()}
+                        self.catalog.setdefault(effect.db, {})[effect.coll] = base
+                        self._journal_catalog(base)
+                    continue
                 if base is None:
                     base = self._create_collection(effect.db, effect.coll, {})
+                assert effect.key is not None
+                old = base.docs.get(effect.key)
+                self.history.record(ts, base, effect.key, old[0] if old is not None else None)
                 if effect.stored is None:
                     removed = base.remove(effect.key)
                     if removed is not None:
@@ -1024,6 +1190,7 @@ class ServerState:
             }
             self._append([entry])
             self.flush_journal()
+            self._release(txn)
             return ts
 
     def abort_transaction(self, session: Session, txn_number: int) -> None:
@@ -1034,6 +1201,13 @@ class ServerState:
             if txn.state == "committed":
                 raise command_error(TRANSACTION_COMMITTED, "Transaction has been committed.")
             txn.state = "aborted"
+            self._release(txn)
+
+    def _release(self, txn: Transaction) -> None:
+        """The documents an ended transaction wrote are free for other writers again."""
+        for marker in txn.touched:
+            if self.txn_owners.get(marker) is txn:
+                del self.txn_owners[marker]
 
     # ---------------------------------------------------------------------------------------
     # periodic no-op and persistence support

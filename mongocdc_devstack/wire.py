@@ -22,6 +22,7 @@ OP_MSG = 2013
 
 FLAG_CHECKSUM_PRESENT = 1 << 0
 FLAG_MORE_TO_COME = 1 << 1
+FLAG_EXHAUST_ALLOWED = 1 << 16
 # Bits 0-15 are "required": a receiver must reject a message with a required bit it does not know.
 _KNOWN_REQUIRED_BITS = FLAG_CHECKSUM_PRESENT | FLAG_MORE_TO_COME
 
@@ -90,6 +91,11 @@ class Request:
     @property
     def more_to_come(self) -> bool:
         return bool(self.flags & FLAG_MORE_TO_COME)
+
+    @property
+    def exhaust_allowed(self) -> bool:
+        """A getMore whose later batches the server may stream without further requests."""
+        return bool(self.flags & FLAG_EXHAUST_ALLOWED)
 
 
 def _decode_one(data: bytes | memoryview, what: str) -> dict[str, Any]:
@@ -200,14 +206,15 @@ def parse_message(header: Header, body: bytes) -> Request:
     raise WireError(f"unsupported opCode {header.op_code}")
 
 
-def encode_op_msg(request_id: int, response_to: int, payload: bytes | Sequence[bytes], checksum: bool = False) -> bytes:
+def encode_op_msg(request_id: int, response_to: int, payload: bytes | Sequence[bytes], checksum: bool = False,
+                  more_to_come: bool = False) -> bytes:  # fmt: skip
     """Frame a BSON-encoded reply document (whole, or as consecutive pieces) as an OP_MSG.
 
     The pieces are joined once, together with the header: a change stream reply can be 16 MiB,
     and every extra copy of it costs as much as encoding a few thousand events.
     """
     parts = (payload,) if isinstance(payload, bytes) else payload
-    flags = FLAG_CHECKSUM_PRESENT if checksum else 0
+    flags = (FLAG_CHECKSUM_PRESENT if checksum else 0) | (FLAG_MORE_TO_COME if more_to_come else 0)
     length = HEADER.size + 4 + 1 + sum(map(len, parts)) + (4 if checksum else 0)
     message = b"".join((HEADER.pack(length, request_id, response_to, OP_MSG), struct.pack("<I", flags), b"\x00", *parts))
     if checksum:

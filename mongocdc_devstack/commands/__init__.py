@@ -11,12 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BAD_VALUE, TYPE_MISMATCH, command_error
+from bson import Timestamp
+
+from ..errors import BAD_VALUE, CODE_NAMES, TYPE_MISMATCH, CommandError, command_error
 
 if TYPE_CHECKING:
     from ..cursors import CursorRegistry
     from ..server import Connection, EmulatorServer
-    from ..state import ServerState, Session, Transaction
+    from ..state import Collection, ServerState, Session, Transaction
 
 
 @dataclass
@@ -28,6 +30,16 @@ class Context:
     name: str
     session: Session | None = None
     txn: Transaction | None = None
+    drop_connection: bool = False  # close the connection instead of replying (a fail point)
+    read_at: Timestamp | None = None  # readConcern snapshot outside a transaction: the time read at
+
+    def read_collection(self, name: str) -> Collection | None:
+        """The collection a read sees: the transaction's snapshot, a snapshot read's time, or now."""
+        coll = self.state.get_collection(self.db, name, self.txn)
+        if coll is None or self.read_at is None:
+            return coll
+        with self.state.lock:
+            return self.state.history.as_of(coll, self.read_at)
 
     @property
     def state(self) -> ServerState:
@@ -36,6 +48,35 @@ class Context:
     @property
     def cursors(self) -> CursorRegistry:
         return self.server.cursors
+
+    @property
+    def retryable_write(self) -> bool:
+        """A write with ``txnNumber`` outside a transaction (mongod records its statements)."""
+        return self.session is not None and self.txn is None and "txnNumber" in self.cmd
+
+    def statement(self, index: int, execute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Run statement ``index`` of a write and return what it contributes to the reply.
+
+        In a retryable write, a statement that already ran under this ``txnNumber`` is not run
+        again: its recorded contribution is returned, as mongod answers retried statements. The
+        ``onPrimaryTransactionalWrite`` fail point acts here, once per statement that really runs.
+        """
+        session = self.session
+        if session is None or not self.retryable_write:
+            return execute()
+        done = session.executed.get(index)
+        if done is not None:
+            return done
+        fault = self.server.faults.transactional_write()
+        if fault is not None:
+            self.drop_connection = self.drop_connection or fault.close_connection
+            if fault.fail_code is not None:
+                raise CommandError(fault.fail_code, CODE_NAMES.get(fault.fail_code, f"Location{fault.fail_code}"),
+                                   f"Failing write for txnNumber {self.cmd['txnNumber']} due to failpoint. "
+                                   "The write must not be reflected.")  # fmt: skip
+        result = execute()
+        session.executed[index] = result
+        return result
 
     @property
     def arg(self) -> Any:

@@ -223,6 +223,8 @@ def get_parameter(ctx: Context) -> dict[str, Any]:
         "internalQueryMaxBlockingSortMemoryUsageBytes": 104857600,
         "maxBSONDepth": 200,
         "periodicNoopIntervalSecs": int(ctx.server.config.noop_interval),
+        # mongod started with --setParameter enableTestCommands=1 (configureFailPoint needs it).
+        "enableTestCommands": True,
     }
     arg = ctx.arg
     if arg == "*" or (isinstance(arg, dict) and arg.get("allParameters")):

@@ -117,14 +117,28 @@ def _index_spec(raw: Any) -> dict[str, Any]:
         raise command_error(FAILED_TO_PARSE, "The 'name' field is a required property of an index specification")
     spec: dict[str, Any] = {"v": 2, "key": dict(key), "name": name}
     for option, value in raw.items():
-        if option not in ("key", "name", "v", "ns", "background"):
+        if option not in ("key", "name", "v", "ns"):
             spec[option] = value
     if spec.get("unique") is False:
         del spec["unique"]
+    partial = spec.get("partialFilterExpression")
+    if partial is not None:
+        if not isinstance(partial, Mapping):
+            raise command_error((67, "CannotCreateIndex"), "Error in specification :: caused by :: The field 'partialFilterExpression' must be an object")
+        matching.validate_filter(partial)
+    text = [field for field, direction in key.items() if direction == "text"]
+    if text:
+        # mongod stores a text index under its internal key, with its weights and language fields.
+        rest = {field: direction for field, direction in key.items() if direction != "text"}
+        spec["key"] = {"_fts": "text", "_ftsx": 1, **rest}
+        spec.setdefault("weights", {field: 1 for field in text})
+        spec.setdefault("default_language", "english")
+        spec.setdefault("language_override", "language")
+        spec.setdefault("textIndexVersion", 3)
     return spec
 
 
-@command("createIndexes", primary=True, in_transaction=False)
+@command("createIndexes", primary=True, in_transaction=True)
 def create_indexes(ctx: Context) -> dict[str, Any]:
     name = ctx.collection_name()
     check_namespace(ctx.db, name)
@@ -132,7 +146,7 @@ def create_indexes(ctx: Context) -> dict[str, Any]:
     if not isinstance(raw_specs, list) or not raw_specs:
         raise command_error(BAD_VALUE, "Must specify at least one index to create")
     specs = [_index_spec(raw) for raw in raw_specs]
-    before, after, created = ctx.state.create_indexes(ctx.db, name, specs)
+    before, after, created = ctx.state.create_indexes(ctx.db, name, specs, ctx.txn)
     reply: dict[str, Any] = {"numIndexesBefore": before, "numIndexesAfter": after, "createdCollectionAutomatically": created}
     if before == after:
         reply["note"] = "all indexes already exist"
@@ -164,7 +178,7 @@ def _check_images_option(options: Mapping[str, Any]) -> None:
         raise command_error(FAILED_TO_PARSE, "BSON field 'changeStreamPreAndPostImages.enabled' is missing but a required field")
 
 
-@command("create", primary=True)
+@command("create", primary=True, in_transaction=True)
 def create(ctx: Context) -> dict[str, Any]:
     name = ctx.collection_name()
     options = _options(ctx, _CREATE_OPTIONS)
@@ -179,7 +193,7 @@ def create(ctx: Context) -> dict[str, Any]:
     if "viewOn" in options or "timeseries" in options:
         raise command_error(matching.NOT_IMPLEMENTED, "views and time series collections are not supported by the emulator")
     options.pop("idIndex", None)
-    ctx.state.create_collection(ctx.db, name, options)
+    ctx.state.create_collection(ctx.db, name, options, txn=ctx.txn)
     return {}
 
 
@@ -262,4 +276,33 @@ def coll_stats(ctx: Context) -> dict[str, Any]:
         "storageSize": size,
         "nindexes": len(coll.indexes),
         "capped": bool(coll.options.get("capped")),
+    }
+
+
+@command("validate", primary=True)
+def validate(ctx: Context) -> dict[str, Any]:
+    """Structural validation: the emulator's data structures are consistent by construction."""
+    name = ctx.collection_name()
+    coll = ctx.state.get_collection(ctx.db, name)
+    if coll is None:
+        raise command_error(NAMESPACE_NOT_FOUND, f"Collection '{ctx.db}.{name}' does not exist to validate.")
+    with ctx.state.lock:
+        count = len(coll.docs)
+        names = list(coll.indexes)
+    return {
+        "ns": coll.ns,
+        "uuid": Binary.from_uuid(coll.uuid),
+        "nInvalidDocuments": 0,
+        "nNonCompliantDocuments": 0,
+        "nrecords": count,
+        "nIndexes": len(names),
+        "keysPerIndex": {index: count for index in names},
+        "indexDetails": {index: {"valid": True} for index in names},
+        "valid": True,
+        "repaired": False,
+        "warnings": [],
+        "errors": [],
+        "extraIndexEntries": [],
+        "missingIndexEntries": [],
+        "corruptRecords": [],
     }

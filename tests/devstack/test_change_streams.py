@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from bson import Int64, Timestamp
+from bson import Decimal128, Int64, Timestamp
 from pymongo import MongoClient
 from pymongo.change_stream import ChangeStream
 from pymongo.collection import Collection
@@ -102,11 +102,42 @@ def test_crud_events_fields_and_order(coll: Collection[Any], stream: ChangeStrea
 
 
 def test_pipeline_update_truncates_arrays(coll: Collection[Any], stream: ChangeStream[Any]) -> None:
-    coll.insert_one({"_id": 1, "arr": [1, 2, 3, 4]})
+    coll.insert_one({"_id": 1, "arr": [1, 2, 3, 4], "note": "a document larger than its update's diff"})
     coll.update_one({"_id": 1}, [{"$set": {"arr": {"$slice": ["$arr", 2]}}}])
     _, update = events(stream, 2)
     assert update["updateDescription"]["truncatedArrays"] == [{"field": "arr", "newSize": 2}]
     assert update["updateDescription"]["updatedFields"] == {}
+
+
+def test_pipeline_update_of_a_small_document_is_a_replace(coll: Collection[Any], stream: ChangeStream[Any]) -> None:
+    """mongod logs a pipeline update as a replacement when the diff would be larger than the document."""
+    coll.insert_one({"_id": 1, "arr": [1, 2, 3, 4]})
+    coll.update_one({"_id": 1}, [{"$set": {"arr": {"$slice": ["$arr", 2]}}}])
+    _, update = events(stream, 2)
+    assert update["operationType"] == "replace" and update["fullDocument"] == {"_id": 1, "arr": [1, 2]}
+
+
+def test_update_description_comes_from_the_update(coll: Collection[Any], stream: ChangeStream[Any]) -> None:
+    """What the modifiers did, as mongod logs it, not a comparison of the documents."""
+    coll.insert_one({"_id": 1, "a": {"b": 1, "c": 2}, "arr": [1, 2, 3], "n": 1})
+    coll.update_one({"_id": 1}, {"$set": {"a": {"b": 1, "c": 3}}})  # a whole sub-document is that field
+    coll.update_one({"_id": 1}, {"$pop": {"arr": 1}})  # the last element: the new array, not a truncation
+    coll.update_one({"_id": 1}, {"$push": {"arr": 9}})  # appended by index
+    coll.update_one({"_id": 1}, {"$rename": {"n": "m"}, "$unset": {"a.b": ""}})
+    descriptions = [event["updateDescription"] for event in events(stream, 5)[1:]]
+    assert descriptions[0] == {"updatedFields": {"a": {"b": 1, "c": 3}}, "removedFields": [], "truncatedArrays": []}
+    assert descriptions[1] == {"updatedFields": {"arr": [1, 2]}, "removedFields": [], "truncatedArrays": []}
+    assert descriptions[2] == {"updatedFields": {"arr.2": 9}, "removedFields": [], "truncatedArrays": []}
+    assert descriptions[3]["updatedFields"] == {"m": 1} and sorted(descriptions[3]["removedFields"]) == ["a.b", "n"]
+
+
+def test_disambiguated_paths_of_array_indexes(coll: Collection[Any]) -> None:
+    coll.insert_one({"_id": 1, "a": [{"1": 1}]})
+    with coll.watch(show_expanded_events=True, max_await_time_ms=AWAIT_MS) as opened:
+        coll.update_one({"_id": 1}, {"$set": {"a.0.1": 2}})
+        description = next_event(opened)["updateDescription"]
+    assert description["updatedFields"] == {"a.0.1": 2}
+    assert description["disambiguatedPaths"] == {"a.0.1": ["a", 0, "1"]}
 
 
 def test_replacing_an_array_element(coll: Collection[Any], stream: ChangeStream[Any]) -> None:
@@ -461,3 +492,16 @@ def test_resume_after_a_token_with_type_bits(coll: Collection[Any]) -> None:
     assert "_typeBits" in first["_id"]
     with coll.watch(resume_after=first["_id"], max_await_time_ms=AWAIT_MS) as resumed:
         assert next_event(resumed)["documentKey"] == {"_id": 6}
+
+
+def test_decimal_ids_stream_and_resume(coll: Collection[Any]) -> None:
+    """A Decimal128 ``_id`` is encoded into the resume token (mongod does; issue 11's getMore failed)."""
+    ids = [Decimal128("1.5"), Decimal128("3.14159265358979323846264338327950"), Decimal128("-0.1"), Decimal128("0E-3")]
+    with coll.watch(max_await_time_ms=AWAIT_MS) as opened:
+        for value in ids:
+            coll.insert_one({"_id": value})
+        seen = events(opened, len(ids))
+    assert [event["documentKey"]["_id"] for event in seen] == ids
+    assert all("_typeBits" in event["_id"] for event in seen)
+    with coll.watch(resume_after=seen[1]["_id"], max_await_time_ms=AWAIT_MS) as resumed:
+        assert [event["documentKey"]["_id"] for event in events(resumed, 2)] == ids[2:]

@@ -8,6 +8,7 @@ the same bytes, field order included, for every kind of event and stream option.
 from __future__ import annotations
 
 import datetime
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -121,3 +122,41 @@ def test_required_pre_image_error_is_the_same(emulator: EmulatedReplicaSet, mong
         assert errors[0][0] == 47 and "operationType: \"update\"" in errors[0][1]
     finally:
         mongo_client.drop_database(db.name)
+
+
+# The connector's stages (mongocdc_core.source.stream.internal_pipeline): they only filter.
+FILTER_STAGES: list[dict[str, Any]] = [
+    {"$addFields": {"__ns": {"$concat": ["$ns.db", ".", "$ns.coll"]}}},
+    {"$match": {"$or": [
+        {"$and": [{"operationType": {"$in": ["insert", "update", "replace", "delete"]}},
+                  {"ns.coll": {"$not": re.compile("^system\\.")}}, {"ns.db": {"$nin": ["admin", "config", "local"]}},
+                  {"$or": [{"__ns": {"$regex": "^(?:raw_events_.*\\.c)$", "$options": "i"}}]}]},
+        {"__ns": "elsewhere.signals", "operationType": {"$in": ["insert", "delete"]}},
+    ]}},
+    {"$project": {"__ns": 0}},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", SPECS[:4])
+def test_compiled_filter_stages_equal_the_pipeline(
+    emulator: EmulatedReplicaSet, workload: tuple[Database[Any], Timestamp], spec: dict[str, Any]
+) -> None:
+    """Stages that only filter run as one predicate per cursor on the raw path; the events are the
+    ones the general pipeline (documents, mongomock) gives, byte for byte."""
+    db, start = workload
+    assert emulator.server is not None
+    pipeline = [{"$changeStream": {**spec, "startAtOperationTime": start}}, *FILTER_STAGES]
+    compiled = changestream.open_change_stream(emulator.server.state, db.name, None, pipeline, {})
+    assert compiled._filter is not None and compiled._raw_events
+    general = changestream.open_change_stream(emulator.server.state, db.name, None, pipeline, {})
+    general._filter, general.stages, general._raw_events = None, list(FILTER_STAGES), False
+    fast, slow = _drain(compiled), _drain(general)
+    assert len(fast) > 60 and fast == slow
+    assert all(bson.decode(event)["ns"]["coll"] == "c" for event in fast)
+
+
+def test_stages_that_change_events_are_not_compiled() -> None:
+    assert changestream.compile_filter_stages([{"$match": {"fullDocument.x": 1}}]) is None
+    assert changestream.compile_filter_stages([{"$addFields": {"k": {"$concat": ["$ns.db"]}}}]) is None  # kept
+    assert changestream.compile_filter_stages([{"$project": {"ns": 1}}]) is None
+    assert changestream.compile_filter_stages([{"$match": {"operationType": "insert"}}]) is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 
 import pytest
-from bson import Binary, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from pymongo import ASCENDING, DESCENDING, ReturnDocument
 from pymongo.database import Database
 from pymongo.errors import BulkWriteError, DocumentTooLarge, DuplicateKeyError, OperationFailure, WriteError
@@ -241,3 +241,13 @@ def test_id_range_reads_follow_type_bracketing(fresh_db: Database) -> None:
     c.delete_one({"_id": 5})
     c.insert_one({"_id": 4})
     assert [d["_id"] for d in c.find({"_id": {"$gte": 3}}).sort("_id", 1)] == [3.5, 4, 7]
+
+
+def test_code_values_are_queried_sorted_and_used_as_ids(fresh_db: Database) -> None:
+    """A query on a JavaScript value (a ``str`` subclass without a hash) answers like mongod (issue 14)."""
+    fresh_db.c.insert_many([{"_id": 1, "c": Code("function() {}")}, {"_id": Code("x"), "c": 2}, {"_id": 3, "c": MaxKey()}])
+    assert [d["_id"] for d in fresh_db.c.find({"c": Code("function() {}")})] == [1]
+    assert [d["_id"] for d in fresh_db.c.find({"c": {"$in": [Code("function() {}")]}})] == [1]
+    assert fresh_db.c.find_one({"_id": Code("x")}) == {"_id": Code("x"), "c": 2}
+    # BSON order: numbers < JavaScript < MaxKey
+    assert [d["_id"] for d in fresh_db.c.find().sort("c", ASCENDING)] == [Code("x"), 1, 3]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import struct
 import uuid
+from decimal import Decimal
 
 import pytest
-from bson import Binary, Int64, ObjectId, Timestamp
+from bson import Binary, Decimal128, Int64, ObjectId, Timestamp
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -174,3 +175,39 @@ def test_encoder_rejects_inconsistent_token_data() -> None:
         rt.encode(rt.ResumeTokenData(Timestamp(1, 1)))
     with pytest.raises(ValueError, match="cannot be encoded"):
         rt.encode(rt.ResumeTokenData(Timestamp(1, 1), event_identifier={"operationType": "x", "v": object()}))
+
+
+def _decimal_token(value: Decimal128) -> dict[str, object]:
+    return rt.encode(rt.ResumeTokenData(Timestamp(1700000000, 1), uuid=UUID,
+                                        event_identifier={"operationType": "insert", "documentKey": {"_id": value}}))  # fmt: skip
+
+
+def test_decimal_equal_to_a_double_shares_its_keystring_and_differs_in_type_bits() -> None:
+    as_double = rt.encode(rt.ResumeTokenData(Timestamp(1700000000, 1), uuid=UUID,
+                                             event_identifier={"operationType": "insert", "documentKey": {"_id": 1.5}}))  # fmt: skip
+    as_decimal = _decimal_token(Decimal128("1.5"))
+    assert as_decimal["_data"] == as_double["_data"]
+    assert as_decimal["_typeBits"] != as_double["_typeBits"]
+
+
+_DECIMALS = st.one_of(
+    st.decimals(allow_nan=False, allow_infinity=False, places=4, min_value=-(10**12), max_value=10**12),
+    st.builds(lambda digits, scale, negative: Decimal(f"{'-' if negative else ''}{digits}E-{scale}"),
+              st.integers(min_value=0, max_value=10**34 - 1), st.integers(min_value=0, max_value=40), st.booleans()),  # fmt: skip
+    st.sampled_from([Decimal("NaN"), Decimal("Infinity"), Decimal("-Infinity"), Decimal("-0"), Decimal("0E+10")]),
+)
+
+
+@given(st.lists(_DECIMALS, min_size=2, max_size=8))
+def test_decimal_ids_round_trip_and_order_like_their_values(values: list[Decimal]) -> None:
+    """A Decimal128 _id goes into a resume token as mongod encodes it (issue 11: getMore failed)."""
+    tokens = []
+    for value in values:
+        token = _decimal_token(Decimal128(value))
+        back = rt.decode(token).event_identifier["documentKey"]["_id"]
+        assert str(back) == str(Decimal128(value))
+        if not value.is_nan():
+            tokens.append((str(token["_data"]), value))
+    tokens.sort(key=lambda pair: pair[0])
+    for (_, low), (_, high) in zip(tokens, tokens[1:], strict=False):
+        assert low <= high
