@@ -4,6 +4,11 @@ Sources hand raw documents here through the pipeline (they never import this mod
 (``EventConverter``), writes the records to the sink in batches, emits heartbeats, and records
 offsets only after ``sink.flush()`` returned for every record written before them: a crash can
 repeat records but never lose one.
+
+An event the converter cannot turn into records, or a record the sink refuses for what it is
+(``RecordRejected``), goes to ``event.processing.failure.handling.mode`` (``failures.py``): ``fail``
+stops with an error naming the event and keeps the offset before it; ``warn`` and ``skip`` drop it
+and move on.
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ from bson import Timestamp
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events import EventConverter, Record
 from mongocdc_core.events.transactions import transaction_id
+from mongocdc_core.failures import CHANGE_EVENT, SNAPSHOT_READ, FailedEvent, FailurePolicy, quote_key
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.offsets import Offset, OffsetStore, SnapshotState
 from mongocdc_core.positions import Position, token_timestamp
 from mongocdc_core.receiver import ProgressListener, SnapshotChunk, StartPoint
-from mongocdc_core.sinks.base import Sink
+from mongocdc_core.sinks.base import RecordRejected, Sink
 
 __all__ = ["Dispatcher", "ProgressListener"]
 
@@ -74,6 +80,10 @@ class Dispatcher:
         self._snapshot_copied: dict[str, int] = {}
         self._snapshot_totals: dict[str, int | None] = {}
         self._last_progress_report = 0.0
+        self.failures = FailurePolicy(cfg.event_processing_failure_handling_mode, metrics)
+        # Set when a record the sink refused stopped the run (fail mode): the offset has moved past
+        # it, so no later commit may save that offset.
+        self._undeliverable = False
 
     # -- writing and committing -----------------------------------------------------------------------
 
@@ -93,16 +103,49 @@ class Dispatcher:
         self._dirty = True
 
     def drain(self) -> None:
-        """Hand buffered records to the sink (they are durable only after the next commit)."""
-        if self._buffer:
-            self.sink.write(self._buffer)
-            self.records_written += len(self._buffer)
-            self._buffer = []
+        """Hand buffered records to the sink (they are durable only after the next commit).
+
+        A record the sink refuses goes to the failure policy; in ``warn``/``skip`` mode the records
+        after it are written on.
+        """
+        batch, self._buffer = self._buffer, []
+        while batch:
+            try:
+                self.sink.write(batch)
+            except RecordRejected as rejected:
+                self.records_written += rejected.accepted
+                self._rejected(rejected)
+                batch = batch[rejected.accepted + 1:]
+                continue
+            self.records_written += len(batch)
+            return
+
+    def _rejected(self, rejected: RecordRejected) -> None:
+        record = rejected.record
+        if record.op == "r":
+            kind = SNAPSHOT_READ
+        elif record.op is not None:
+            kind = CHANGE_EVENT
+        elif record.collection is not None:
+            kind = "tombstone"
+        else:
+            kind = f"record for topic {record.topic}"
+        event = FailedEvent(
+            "deliver", kind, record.collection, quote_key(record.key) if record.key is not None else None,
+            record.position if record.position != Position.MIN else None, str(rejected),
+        )
+        try:
+            self.failures.failed(event)
+        except Exception:
+            self._undeliverable = True
+            raise
 
     def commit(self) -> None:
         """Flush the sink, then save the offset (order matters: never record an undelivered position)."""
         self.drain()
         self.sink.flush()
+        if self._undeliverable:
+            return  # a refused record stopped the run: the offset must stay before it
         if self.offsets is not None and self._dirty:
             if self.replica_set is not None:
                 self.offset.replica_set = self.replica_set
@@ -143,10 +186,13 @@ class Dispatcher:
         """Read events for one chunk; when the collection is complete, flush and mark it done."""
         db, _, coll = chunk.namespace.partition(".")
         convert = self.converter.convert_read
-        records = [
-            convert(doc, db, coll, position, marker, read_at)
-            for doc, marker in zip(chunk.documents, chunk.markers, strict=True)
-        ]
+        try:
+            records = [
+                convert(doc, db, coll, position, marker, read_at)
+                for doc, marker in zip(chunk.documents, chunk.markers, strict=True)
+            ]
+        except Exception:  # noqa: BLE001 - find the failing reads one by one, for the policy
+            records = self._convert_reads_one_by_one(chunk, db, coll, position, read_at)
         self._write(records)
         n = len(records)
         self.snapshot_documents += n
@@ -168,6 +214,20 @@ class Dispatcher:
                 self.progress.snapshot_collection_done(chunk.namespace, copied)
         elif self.progress is not None:
             self.progress.snapshot_progress(chunk.namespace, copied, self._snapshot_totals.get(chunk.namespace))
+
+    def _convert_reads_one_by_one(
+        self, chunk: SnapshotChunk, db: str, coll: str, position: Position, read_at: datetime.datetime
+    ) -> list[Record]:
+        """The chunk's records, each read that cannot be converted handed to the failure policy."""
+        records = []
+        for doc, marker in zip(chunk.documents, chunk.markers, strict=True):
+            try:
+                records.append(self.converter.convert_read(doc, db, coll, position, marker, read_at))
+            except Exception as exc:  # noqa: BLE001 - any conversion failure is this read's
+                key = quote_key(doc.get("_id")) if isinstance(doc, Mapping) else None
+                event = FailedEvent("process", SNAPSHOT_READ, chunk.namespace, key, position, _cause(exc))
+                self.failures.failed(event)
+        return records
 
     def snapshot_finished(self, completed: bool) -> None:
         """Mark the snapshot done (streaming starts from its start token) and commit."""
@@ -222,7 +282,12 @@ class Dispatcher:
         if not isinstance(cluster_time, Timestamp):
             cluster_time = token_timestamp(token) or Timestamp(0, 0)
         position = self._position(cluster_time)
-        records = self.converter.convert_change(doc, position) if captured else []
+        try:
+            records = self.converter.convert_change(doc, position) if captured else []
+        except Exception as exc:  # noqa: BLE001 - any conversion failure is this event's
+            self._unprocessable(doc, position, exc)  # raises in fail mode: the offset stays before it
+            self._advance(token, position)  # warn/skip: skipped, and the offset moves past it
+            return False
         op = next((r.op for r in records if r.op is not None), None)
         if records:
             self._write(records)
@@ -233,6 +298,14 @@ class Dispatcher:
             return False
         self._count(doc, op, position, cluster_time)
         return True
+
+    def _unprocessable(self, doc: Mapping[str, Any], position: Position, exc: Exception) -> None:
+        ns = doc.get("ns")
+        namespace = f"{ns.get('db')}.{ns.get('coll')}" if isinstance(ns, Mapping) else None
+        document_key = doc.get("documentKey")
+        key = quote_key(document_key.get("_id")) if isinstance(document_key, Mapping) else None
+        kind = f"{doc.get('operationType')} {CHANGE_EVENT}" if isinstance(doc.get("operationType"), str) else CHANGE_EVENT
+        self.failures.failed(FailedEvent("process", kind, namespace, key, position, _cause(exc)))
 
     def _count(self, doc: Mapping[str, Any], op: str, position: Position, cluster_time: Timestamp) -> None:
         self.events += 1
@@ -307,3 +380,7 @@ class Dispatcher:
             self.last_position = position
             self._dirty = True
         self.metrics.streaming.NumberOfHeartbeats += 1
+
+
+def _cause(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"

@@ -112,6 +112,7 @@ class ConnectorConfig:
     topic_transaction: str
     custom_metric_tags: dict[str, str]
     errors_max_retries: int
+    event_processing_failure_handling_mode: str
     # -- Kafka signal channel, notifications, file channel
     signal_kafka_topic: str
     signal_kafka_groupId: str  # the attribute rule keeps Debezium's camel case

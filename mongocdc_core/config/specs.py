@@ -203,6 +203,11 @@ PROPERTY_SPECS: tuple[PropertySpec, ...] = (
     _p("topic.transaction", "str", "transaction", "Suffix of the transaction metadata topic."),
     _p("custom.metric.tags", "tags", None, "Extra metric tags k1=v1,k2=v2."),
     _p("errors.max.retries", "int", "-1", "Retries after retriable errors (-1 = unlimited).", minimum=-1),
+    # Debezium's common property (not in the MongoDB tables): an event that cannot be converted or that
+    # the sink refuses (e.g. larger than the topic accepts) stops the connector, or is logged and skipped.
+    _p("event.processing.failure.handling.mode", "enum", "fail",
+       "Events that cannot be processed or delivered: fail (stop, naming the event), warn (log and skip) or skip.",
+       ("fail", "warn", "skip")),
     # -- Kafka signal channel ---------------------------------------------------------------------------------
     _p("signal.kafka.topic", "str", None, "Signal topic (default <topic.prefix>-signal).", group="signal"),
     _p("signal.kafka.groupId", "str", "kafka-signal", "Consumer group of the signal topic.", group="signal"),

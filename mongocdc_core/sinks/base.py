@@ -17,11 +17,27 @@ class SinkError(RuntimeError):
     """Records could not be delivered; nothing after the last successful ``flush`` is durable."""
 
 
+class RecordRejected(SinkError):
+    """The sink refused one record for what it is (e.g. larger than the topic accepts), not because the
+    destination is unavailable: writing it again cannot succeed, so the connector's
+    ``event.processing.failure.handling.mode`` decides what happens to it.
+
+    Raised by ``write``: the first ``accepted`` records of the batch were taken, ``record`` was not,
+    and neither were the ones after it. The sink stays usable.
+    """
+
+    def __init__(self, message: str, record: Record, accepted: int) -> None:
+        super().__init__(message)
+        self.record = record
+        self.accepted = accepted
+
+
 class Sink(Protocol):
     """Where the engine delivers records, in order."""
 
     def write(self, records: Sequence[Record]) -> None:
-        """Accept records in delivery order (may buffer; may block for backpressure)."""
+        """Accept records in delivery order (may buffer; may block for backpressure); ``RecordRejected``
+        for a record the destination can never take."""
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until every record written so far is durable; raise ``SinkError`` otherwise."""

@@ -11,6 +11,10 @@ Connect would put them.
 With ``mongocdc.kafka.exactly.once=true`` the producer is transactional (``transactional.id`` = the
 connector name): records go into an open transaction that the Kafka offset store commits together
 with the offset (``commit_with_offset``), so a ``read_committed`` consumer sees each event once.
+
+A record larger than its topic accepts (the topic's ``max.message.bytes``, the producer's
+``message.max.bytes``) is refused before it is produced, with ``RecordRejected``: the broker would
+refuse it on every retry, so the connector's ``event.processing.failure.handling.mode`` decides.
 """
 
 from __future__ import annotations
@@ -24,12 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events.records import Record
 from mongocdc_core.positions import Position
-from mongocdc_core.sinks.base import SinkError
+from mongocdc_core.sinks.base import RecordRejected, SinkError
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,10 @@ _ADMIN_TIMEOUT_S = 30.0
 _BLOCKED_LOG_EVERY_S = 10.0
 _POLL_STEP_S = 0.1
 _TOPIC_EXISTS = KafkaError.TOPIC_ALREADY_EXISTS
+_DEFAULT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's message.max.bytes
+# Record batch header (61 bytes) plus one record's framing and a few headers: what a record costs on
+# the wire beyond its key and value.
+_RECORD_OVERHEAD = 128
 
 
 @dataclass(frozen=True)
@@ -231,6 +239,13 @@ class KafkaSink:
         conf["on_delivery"] = self._on_delivery
         self._producer = Producer(conf)
         self._admin = AdminClient(admin_config(conf)) if settings.topic_creation else None
+        self._describer = self._admin if self._admin is not None else AdminClient(admin_config(conf))
+        self._client_max = int(conf.get("message.max.bytes", _DEFAULT_MESSAGE_MAX_BYTES))
+        # The broker checks a topic's max.message.bytes against the compressed batch: the record's own
+        # size is a sure bound only without compression.
+        compression = str(conf.get("compression.type", conf.get("compression.codec", "none"))).lower()
+        self._uncompressed = compression in ("none", "")
+        self._limits: dict[str, tuple[int, str]] = {}
         self._known_topics: set[str] = set()
         self._delivery_errors: list[tuple[str, KafkaError]] = []
         self._fatal: KafkaError | None = None
@@ -291,16 +306,24 @@ class KafkaSink:
         if self.transactional:
             self._begin()
         produce = self._producer.produce
-        for record in records:
+        limits = self._limits
+        for index, record in enumerate(records):
+            limit = limits.get(record.topic) or self._limit(record.topic)
+            size = len(record.key or b"") + len(record.value or b"")
+            if size > limit[0]:
+                self._refused(records, index, f"the {size:,}-byte record exceeds the {limit[0]:,} bytes {limit[1]}")
             while True:
                 try:
                     produce(record.topic, value=record.value, key=record.key)
                     break
                 except BufferError:
                     self._wait_for_room()
-                except KafkaException as exc:  # refused locally, e.g. larger than message.max.bytes
-                    self._fatal = exc.args[0]
-                    raise SinkError(f"cannot produce to Kafka topic {record.topic!r}: {exc.args[0].str()}") from exc
+                except KafkaException as exc:
+                    err: KafkaError = exc.args[0]
+                    if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:  # refused locally: the producer is fine
+                        self._refused(records, index, f"{err.str()} ({limit[1]})")
+                    self._fatal = err
+                    raise SinkError(f"cannot produce to Kafka topic {record.topic!r}: {err.str()}") from exc
             if self.transactional and (self._txn_max_position is None or record.position > self._txn_max_position):
                 self._txn_max_position = record.position
         self.metrics.TotalNumberOfRecordsSent += len(records)
@@ -357,6 +380,33 @@ class KafkaSink:
     def poll(self, timeout: float = 0.0) -> None:
         """Serve delivery callbacks now (thread-safe; e.g. a latency probe's own thread)."""
         self._producer.poll(timeout)
+
+    def _refused(self, records: Sequence[Record], index: int, why: str) -> None:
+        """Raise ``RecordRejected`` for ``records[index]`` (the ones before it were produced)."""
+        record = records[index]
+        self.metrics.TotalNumberOfRecordsSent += index
+        self.metrics.LastError = f"{record.topic}: record refused: {why}"
+        raise RecordRejected(
+            f"Kafka topic {record.topic!r} cannot take this record: {why}. To deliver such records, raise the "
+            "topic's max.message.bytes and producer.override.message.max.bytes (and the consumers' fetch sizes)",
+            record, index,
+        )
+
+    def _limit(self, topic: str) -> tuple[int, str]:
+        """The largest key + value ``topic`` takes, and where that limit comes from (asked once per topic)."""
+        limit, source = self._client_max, f"of the producer's message.max.bytes ({self._client_max:,})"
+        if self._uncompressed:
+            resource = ConfigResource(ResourceType.TOPIC, topic)
+            try:
+                entries = self._describer.describe_configs([resource], request_timeout=_ADMIN_TIMEOUT_S)[resource].result()
+                topic_max = int(entries["max.message.bytes"].value)
+            except (KafkaException, KeyError, ValueError, TypeError) as exc:
+                log.debug("max.message.bytes of topic %s unknown (%s); the producer's limit applies", topic, exc)
+            else:
+                if topic_max < limit:
+                    limit, source = topic_max, f"of the topic's max.message.bytes ({topic_max:,})"
+        self._limits[topic] = (limit - _RECORD_OVERHEAD, source)
+        return self._limits[topic]
 
     # -- exactly-once: the offset store commits through here -----------------------------------------
 

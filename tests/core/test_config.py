@@ -126,6 +126,7 @@ SEED_DEFAULTS: list[tuple[str, str | None, Any]] = [
     ("topic.transaction", "transaction", "transaction"),
     ("custom.metric.tags", "No default", {}),
     ("errors.max.retries", "-1", -1),
+    ("event.processing.failure.handling.mode", None, "fail"),  # Debezium's common property, not in the table
     ("signal.kafka.topic", "<topic.prefix>-signal", "fulfillment-signal"),
     ("signal.kafka.groupId", "kafka-signal", "kafka-signal"),
     ("signal.kafka.bootstrap.servers", "No default", None),
