@@ -9,28 +9,37 @@ An event the converter cannot turn into records, or a record the sink refuses fo
 (``RecordRejected``), goes to ``event.processing.failure.handling.mode`` (``failures.py``): ``fail``
 stops with an error naming the event and keeps the offset before it; ``warn`` and ``skip`` drop it
 and move on.
+
+With ``mongocdc.snapshot.delete.missing.keys`` a complete copy of a collection ends with a delete
+event and a tombstone for every key the sink still holds that neither the copy read nor the stream
+touched since it began (``begin_full_copies`` marks the sink, the final chunk reads it back).
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
 from bson import Timestamp
 
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.events import EventConverter, Record
+from mongocdc_core.events import EventConverter, Record, ejson
 from mongocdc_core.events.transactions import transaction_id
 from mongocdc_core.failures import CHANGE_EVENT, SNAPSHOT_READ, FailedEvent, FailurePolicy, quote_key
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.offsets import Offset, OffsetStore, SnapshotState
 from mongocdc_core.positions import Position, token_timestamp
 from mongocdc_core.receiver import ProgressListener, SnapshotChunk, StartPoint
-from mongocdc_core.sinks.base import RecordRejected, Sink
+from mongocdc_core.sinks.base import KeyReader, RecordRejected, Sink
+from mongocdc_core.sinks.readback import key_id
 
 __all__ = ["Dispatcher", "ProgressListener"]
+
+log = logging.getLogger(__name__)
 
 
 class Dispatcher:
@@ -84,6 +93,9 @@ class Dispatcher:
         # Set when a record the sink refused stopped the run (fail mode): the offset has moved past
         # it, so no later commit may save that offset.
         self._undeliverable = False
+        self._key_reader = sink if cfg.mongocdc_snapshot_delete_missing_keys and isinstance(sink, KeyReader) else None
+        self._marks: dict[str, Any] = {}  # marks of a copy whose progress the offset does not keep (blocking)
+        self.missing_keys_deleted = 0
 
     # -- writing and committing -----------------------------------------------------------------------
 
@@ -194,6 +206,8 @@ class Dispatcher:
         except Exception:  # noqa: BLE001 - find the failing reads one by one, for the policy
             records = self._convert_reads_one_by_one(chunk, db, coll, position, read_at)
         self._write(records)
+        if chunk.final:
+            self._delete_missing_keys(chunk.namespace, position)
         n = len(records)
         self.snapshot_documents += n
         copied = self._snapshot_copied.get(chunk.namespace, 0) + n
@@ -214,6 +228,54 @@ class Dispatcher:
                 self.progress.snapshot_collection_done(chunk.namespace, copied)
         elif self.progress is not None:
             self.progress.snapshot_progress(chunk.namespace, copied, self._snapshot_totals.get(chunk.namespace))
+
+    def begin_full_copies(self, namespaces: Sequence[str]) -> None:
+        """These namespaces are about to be copied whole, from their first document: mark where the sink
+        stands (``mongocdc.snapshot.delete.missing.keys``; kept in the offset's snapshot state)."""
+        if self._key_reader is None:
+            return
+        self.commit()  # everything before the copy is delivered, and visible to a read-back
+        state = self.offset.snapshot
+        marks = state.marks if state is not None else self._marks
+        fresh = [ns for ns in namespaces if ns not in marks]
+        for namespace in fresh:
+            db, _, coll = namespace.partition(".")
+            marks[namespace] = self._key_reader.key_mark(self.converter.topic_for(db, coll))
+        if fresh and state is not None:
+            self._dirty = True
+            self.commit()
+
+    def _delete_missing_keys(self, namespace: str, position: Position) -> None:
+        """After the last chunk of a full copy: deletes for the keys downstream holds that nothing confirmed."""
+        state = self.offset.snapshot
+        marks = state.marks if state is not None else self._marks
+        if self._key_reader is None or namespace not in marks:
+            return
+        mark = marks.pop(namespace) if state is None else marks[namespace]
+        self._dirty = True  # a transactional sink commits its records with the offset: make them readable
+        self.commit()
+        db, _, coll = namespace.partition(".")
+        scan = self._key_reader.scan_keys(self.converter.topic_for(db, coll), mark, position)
+        if scan is None:
+            log.warning("the sink cannot tell which keys of %s it holds: no deletes for keys the snapshot did not "
+                        "read (mongocdc.snapshot.delete.missing.keys)", namespace)
+            return
+        records: list[Record] = []
+        cluster_time = Timestamp(position.seconds, position.increment)
+        missing = scan.missing()
+        for kid in missing:
+            change = {"operationType": "delete", "ns": {"db": db, "coll": coll},
+                      "documentKey": {"_id": ejson.loads(kid)}, "clusterTime": cluster_time}
+            produced = self.converter.convert_change(change, position)
+            if produced and produced[-1].key is not None and key_id(orjson.loads(produced[-1].key)) != kid:
+                log.warning("cannot rebuild the key %s of %s to delete it", quote_key(kid), namespace)
+                continue
+            records += produced
+            self.missing_keys_deleted += 1
+        if records:
+            log.info("snapshot of %s: %d keys the sink held were neither read nor changed since the snapshot began; "
+                     "delete events emitted (mongocdc.snapshot.delete.missing.keys)", namespace, len(missing))
+            self._write(records)
 
     def _convert_reads_one_by_one(
         self, chunk: SnapshotChunk, db: str, coll: str, position: Position, read_at: datetime.datetime

@@ -131,6 +131,7 @@ class ConnectorConfig:
     mongocdc_metrics_file: str | None
     mongocdc_metrics_port: int
     mongocdc_snapshot_split_size: int
+    mongocdc_snapshot_delete_missing_keys: bool
     mongocdc_kafka_topic_creation_enable: bool
     mongocdc_kafka_topic_partitions: int
     mongocdc_kafka_topic_replication_factor: int

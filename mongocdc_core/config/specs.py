@@ -242,6 +242,11 @@ PROPERTY_SPECS: tuple[PropertySpec, ...] = (
     _p("mongocdc.snapshot.split.size", "int", "250000",
        "Collections with more documents are snapshotted as _id ranges of about this many documents, copied in "
        "parallel and resumed range by range (0 = never split).", minimum=0, group="mongocdc"),
+    _p("mongocdc.snapshot.delete.missing.keys", "bool", "false",
+       "After a complete snapshot of a collection, emit a delete event and a tombstone for every key the sink "
+       "still holds that neither the snapshot read nor the stream touched since it began (no ghosts after a "
+       "re-snapshot). The sink reads its own records back: the JSON Lines files, the landing zone, or the "
+       "topics (read_committed).", group="mongocdc"),
     # -- mongocdc's Kafka sink (read only by the Kafka sink, validated whatever the sink) -------------------
     _p("mongocdc.kafka.topic.creation.enable", "bool", "true", "Create missing topics before writing.",
        group="mongocdc"),

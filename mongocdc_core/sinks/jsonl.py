@@ -1,18 +1,26 @@
 """JSON Lines sink: one file per topic, one ``{"key": …, "value": …}`` line per record.
 
 Lines are assembled from the already-serialized key and value bytes, so the sink adds no JSON
-work of its own; ``flush`` fsyncs every file it touched since the previous flush.
+work of its own; ``flush`` fsyncs every file it touched since the previous flush. The files are
+also what the sink reads back as keys (``KeyReader``): a mark is a file's length.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+import orjson
 
 from mongocdc_core.events.records import Record
-from mongocdc_core.sinks.base import SinkError
+from mongocdc_core.positions import Position
+from mongocdc_core.sinks.base import KeyScan, SinkError
+from mongocdc_core.sinks.readback import KeyScanBuilder
+
+log = logging.getLogger(__name__)
 
 
 class JsonlSink:
@@ -56,6 +64,41 @@ class JsonlSink:
         except OSError as exc:
             raise SinkError(f"cannot flush jsonl files in {self.directory}: {exc}") from exc
         self._dirty.clear()
+
+    def key_mark(self, topic: str) -> int:
+        """The length of the topic's file: every line before it was delivered before the mark."""
+        path = self._readable(topic)
+        return path.stat().st_size if path.exists() else 0
+
+    def scan_keys(self, topic: str, mark: Any, since: Position) -> KeyScan | None:
+        """The topic file's keys, split at the byte offset ``mark``."""
+        path = self._readable(topic)
+        if not isinstance(mark, int):
+            return None
+        builder = KeyScanBuilder()
+        try:
+            handle = open(path, "rb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            return builder.build() if mark == 0 else None
+        offset = 0
+        with handle:
+            if os.fstat(handle.fileno()).st_size < mark:
+                log.warning("%s is shorter than when the snapshot began: its keys cannot be compared", path)
+                return None
+            for line in handle:
+                start, offset = offset, offset + len(line)
+                if not line.endswith(b"\n"):
+                    break  # a torn last line: never acknowledged
+                item = orjson.loads(line)
+                builder.add(item.get("key"), item.get("value"), start >= mark)
+        return builder.build()
+
+    def _readable(self, topic: str) -> Path:
+        """The topic's file with everything written so far on disk."""
+        handle = self._files.get(topic)
+        if handle is not None:
+            handle.flush()
+        return self.directory / f"{topic}.jsonl"
 
     def close(self) -> None:
         if self._closed:

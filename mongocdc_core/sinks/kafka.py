@@ -12,7 +12,8 @@ With ``mongocdc.kafka.exactly.once=true`` the producer is transactional (``trans
 connector name): records go into an open transaction that the Kafka offset store commits together
 with the offset (``commit_with_offset``), so a ``read_committed`` consumer sees each event once.
 
-A record larger than its topic accepts (the topic's ``max.message.bytes``, the producer's
+With ``mongocdc.snapshot.delete.missing.keys`` the sink reads its topics back (``read_committed``) to
+find the keys downstream still holds (``KeyReader``). A record larger than its topic accepts (the topic's ``max.message.bytes``, the producer's
 ``message.max.bytes``) is refused before it is produced, with ``RecordRejected``: the broker would
 refuse it on every retry, so the connector's ``event.processing.failure.handling.mode`` decides.
 """
@@ -23,17 +24,28 @@ import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+import orjson
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events.records import Record
 from mongocdc_core.positions import Position
-from mongocdc_core.sinks.base import RecordRejected, SinkError
+from mongocdc_core.sinks.base import KeyScan, RecordRejected, SinkError
+from mongocdc_core.sinks.readback import KeyScanBuilder
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +258,7 @@ class KafkaSink:
         compression = str(conf.get("compression.type", conf.get("compression.codec", "none"))).lower()
         self._uncompressed = compression in ("none", "")
         self._limits: dict[str, tuple[int, str]] = {}
+        self._connection = admin_config(conf)
         self._known_topics: set[str] = set()
         self._delivery_errors: list[tuple[str, KafkaError]] = []
         self._fatal: KafkaError | None = None
@@ -407,6 +420,65 @@ class KafkaSink:
                     limit, source = topic_max, f"of the topic's max.message.bytes ({topic_max:,})"
         self._limits[topic] = (limit - _RECORD_OVERHEAD, source)
         return self._limits[topic]
+
+    # -- reading keys back (KeyReader) ----------------------------------------------------------------
+
+    def _reader(self) -> Consumer:
+        return Consumer({
+            **self._connection, "group.id": f"mongocdc-keys-{uuid.uuid4().hex[:12]}", "enable.auto.commit": False,
+            "enable.partition.eof": True, "isolation.level": "read_committed",
+        })
+
+    def key_mark(self, topic: str) -> dict[str, int]:
+        """The end offset of each of the topic's partitions (records before them were delivered)."""
+        consumer = self._reader()
+        try:
+            partitions = self._partitions(consumer, topic)
+            return {
+                str(p): consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=_ADMIN_TIMEOUT_S)[1]
+                for p in partitions
+            }
+        except KafkaException as exc:
+            raise SinkError(f"cannot read the end offsets of Kafka topic {topic!r}: {exc.args[0].str()}") from exc
+        finally:
+            consumer.close()
+
+    def scan_keys(self, topic: str, mark: Any, since: Position) -> KeyScan | None:
+        """Reads the topic (``read_committed``) from its beginning, split at the offsets of ``mark``."""
+        if not isinstance(mark, dict):
+            return None
+        builder = KeyScanBuilder()
+        consumer = self._reader()
+        try:
+            pending = set(self._partitions(consumer, topic))
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
+            while pending:
+                msg = consumer.poll(1.0)
+                if msg is None:
+                    continue
+                err = msg.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise SinkError(f"cannot read back Kafka topic {topic!r}: {err.str()}")
+                    pending.discard(msg.partition())
+                    continue
+                raw = msg.value()
+                try:
+                    key = orjson.loads(msg.key() or b"null")
+                    value = orjson.loads(raw) if raw is not None else None
+                except orjson.JSONDecodeError:
+                    continue  # not a record of this connector
+                builder.add(key, value, (msg.offset() or 0) >= int(mark.get(str(msg.partition()), 0)))
+        finally:
+            consumer.close()
+        return builder.build()
+
+    @staticmethod
+    def _partitions(consumer: Consumer, topic: str) -> list[int]:
+        metadata = consumer.list_topics(topic, timeout=_ADMIN_TIMEOUT_S).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return []  # nothing was ever delivered to it
+        return sorted(metadata.partitions)
 
     # -- exactly-once: the offset store commits through here -----------------------------------------
 

@@ -143,6 +143,7 @@ SEED_DEFAULTS: list[tuple[str, str | None, Any]] = [
     ("mongocdc.metrics.file", None, None),
     ("mongocdc.metrics.port", None, 0),
     ("mongocdc.snapshot.split.size", None, 250000),
+    ("mongocdc.snapshot.delete.missing.keys", None, False),
     ("mongocdc.kafka.topic.creation.enable", None, True),
     ("mongocdc.kafka.topic.partitions", None, 1),
     ("mongocdc.kafka.topic.replication.factor", None, -1),
