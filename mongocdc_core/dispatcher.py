@@ -252,6 +252,8 @@ class Dispatcher:
         if self._key_reader is None or namespace not in marks:
             return
         mark = marks.pop(namespace) if state is None else marks[namespace]
+        if mark == 0 or (isinstance(mark, dict) and not any(mark.values())):
+            return  # the sink held nothing of it before the copy (a first snapshot): nothing can be missing
         self._dirty = True  # a transactional sink commits its records with the offset: make them readable
         self.commit()
         db, _, coll = namespace.partition(".")
