@@ -301,29 +301,39 @@ class Connector:
         """Seconds until the connector reported that it streams (it recovered)."""
         started = time.monotonic()
         while not self._ready.wait(0.1):
-            assert self.proc is not None
-            if self.proc.poll() is not None or time.monotonic() - started > timeout:
+            if not self.running() or time.monotonic() - started > timeout:
                 raise AssertionError(f"the connector did not start streaming:\n{self.tail()}")
         return time.monotonic() - started
 
-    def wait(self, timeout: float = 300) -> int:
-        """Wait for the process to end; its exit status (negative: killed by that signal)."""
+    def running(self) -> bool:
+        """Whether the last started process is still alive (reaps it, keeping its rusage, when it ended)."""
+        return self._reap(block=False) is None
+
+    def _reap(self, block: bool) -> int | None:
         proc = self.proc
         assert proc is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise AssertionError(f"the connector did not end within {timeout}s:\n{self.tail()}")
-            time.sleep(0.05)
+        if proc.returncode is not None:
+            return proc.returncode
+        pid, status, usage = os.wait4(proc.pid, 0 if block else os.WNOHANG)
+        if not pid:
+            return None
         self.peak_rss_kb = max(self.peak_rss_kb, usage.ru_maxrss)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # Popen must not wait for it again
         if self._reader is not None:
             self._reader.join(10)
         return proc.returncode
+
+    def wait(self, timeout: float = 300) -> int:
+        """Wait for the process to end; its exit status (negative: killed by that signal)."""
+        deadline = time.monotonic() + timeout
+        while (code := self._reap(block=False)) is None:
+            if time.monotonic() > deadline:
+                assert self.proc is not None
+                self.proc.kill()
+                self._reap(block=True)
+                raise AssertionError(f"the connector did not end within {timeout}s:\n{self.tail()}")
+            time.sleep(0.05)
+        return code
 
     def kill9(self) -> None:
         assert self.proc is not None

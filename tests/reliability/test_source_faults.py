@@ -146,7 +146,7 @@ def test_source_fault_under_load(
     wait_until(lambda: watcher.delivered(marker), 180, f"{name}: marker delivered")
     recovery = time.monotonic() - fault_over
     writer.join()
-    assert connector.proc is not None and connector.proc.poll() is None, connector.tail()  # recovered in place
+    assert connector.running(), connector.tail()  # recovered in place
     stop = cluster_time(source.client)
     assert connector.terminate() == 0, connector.tail()
     assert connector.run("--stop-at", stop_at_arg(stop)) == 0, connector.tail()
