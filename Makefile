@@ -13,7 +13,7 @@ DRIVERS_NODE := tests/drivers/node
 DRIVERS_JAR := $(DRIVERS_JAVA)/target/driver-check.jar
 DRIVERS_NODE_STAMP := $(DRIVERS_NODE)/node_modules/.installed
 
-.PHONY: setup test test-fast lint demo dev bench clean
+.PHONY: setup test test-fast reliability lint demo dev bench clean
 
 setup: $(STAMP) $(KAFKA_STAMP) $(SPARK_JARS_STAMP) $(DRIVERS_JAR) $(DRIVERS_NODE_STAMP)
 
@@ -53,7 +53,11 @@ test: setup
 
 # Everything that needs neither Kafka, Spark, the Dagster daemon, pymongo's suite nor Debezium.
 test-fast: setup
-	$(PYTEST) -m "not kafka and not spark and not daemon and not conformance and not compat and not slow" tests
+	$(PYTEST) -m "not kafka and not spark and not daemon and not conformance and not compat and not slow and not reliability" tests
+
+# The fault and bad-input trials at full size (make test runs them small); prints one table of figures.
+reliability: setup
+	MONGOCDC_RELIABILITY=full $(PYTEST) tests/reliability
 
 lint: setup
 	$(PY) -m ruff check mongocdc_core mongocdc_dagster mongocdc_devstack tests benchmarks

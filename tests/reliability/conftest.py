@@ -25,7 +25,7 @@ class Source:
     def __init__(self, uri: str, emulator: EmulatedReplicaSet | None) -> None:
         self.uri = uri
         self.emulator = emulator
-        self.client: MongoClient[Any] = MongoClient(uri, serverSelectionTimeoutMS=30_000, uuidRepresentation="standard")
+        self.client: MongoClient[Any] = MongoClient(uri, serverSelectionTimeoutMS=30_000)  # UUIDs stay Binary
 
     def fresh_db(self) -> Any:
         return self.client[f"r_{uuid.uuid4().hex[:10]}"]

@@ -8,7 +8,7 @@ Every trial compares what the connector delivered with what the source's change 
   exactly-once Kafka must have none);
 - **state mismatch**: documents whose state rebuilt from the delivered records differs from the source;
 - **recovery**: seconds from the end of a fault until the connector delivered a write made after it;
-- **peak RSS**: the largest resident set of any connector process of the trial (``wait4``).
+- **peak RSS**: the largest resident set (``VmHWM``) of any connector process of the trial.
 
 An event is identified by its clusterTime, the document key and its ``op``: the workload never changes
 one document twice in one transaction, so no two events share all three.
@@ -286,6 +286,7 @@ class Connector:
         self.proc = subprocess.Popen([*self.args, *args], stdout=subprocess.PIPE, stderr=log, cwd=REPO)
         self._reader = threading.Thread(target=self._read, args=(self.proc, log), daemon=True)
         self._reader.start()
+        threading.Thread(target=self._sample_rss, args=(self.proc,), daemon=True).start()
         return self
 
     def _read(self, proc: subprocess.Popen[bytes], log: Any) -> None:
@@ -306,33 +307,37 @@ class Connector:
         return time.monotonic() - started
 
     def running(self) -> bool:
-        """Whether the last started process is still alive (reaps it, keeping its rusage, when it ended)."""
-        return self._reap(block=False) is None
+        """Whether the last started process is still alive."""
+        assert self.proc is not None
+        return self.proc.poll() is None
 
-    def _reap(self, block: bool) -> int | None:
-        proc = self.proc
-        assert proc is not None
-        if proc.returncode is not None:
-            return proc.returncode
-        pid, status, usage = os.wait4(proc.pid, 0 if block else os.WNOHANG)
-        if not pid:
-            return None
-        self.peak_rss_kb = max(self.peak_rss_kb, usage.ru_maxrss)
-        proc.returncode = os.waitstatus_to_exitcode(status)  # Popen must not wait for it again
-        if self._reader is not None:
-            self._reader.join(10)
-        return proc.returncode
+    def _sample_rss(self, proc: subprocess.Popen[bytes]) -> None:
+        """Follow the process's peak resident set (VmHWM) until it ends.
+
+        Not ``wait4``'s ``ru_maxrss``: for a child spawned from this (large) test process it reports
+        the parent's peak, inherited at exec.
+        """
+        status = Path(f"/proc/{proc.pid}/status")
+        while proc.poll() is None:
+            try:
+                for line in status.read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        self.peak_rss_kb = max(self.peak_rss_kb, int(line.split()[1]))
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.1)
 
     def wait(self, timeout: float = 300) -> int:
         """Wait for the process to end; its exit status (negative: killed by that signal)."""
-        deadline = time.monotonic() + timeout
-        while (code := self._reap(block=False)) is None:
-            if time.monotonic() > deadline:
-                assert self.proc is not None
-                self.proc.kill()
-                self._reap(block=True)
-                raise AssertionError(f"the connector did not end within {timeout}s:\n{self.tail()}")
-            time.sleep(0.05)
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"the connector did not end within {timeout}s:\n{self.tail()}") from None
+        if self._reader is not None:
+            self._reader.join(10)
         return code
 
     def kill9(self) -> None:

@@ -45,7 +45,7 @@ CASES: list[tuple[str, dict[str, Any], str, bool]] = [
     ("never", {"snapshot.mode": "never"}, REFUSES, False),
     ("when_needed + delete.missing.keys", {"snapshot.mode": "when_needed",
                                            "mongocdc.snapshot.delete.missing.keys": "true"}, RESNAPSHOTS, True),
-    ("when_needed", {"snapshot.mode": "when_needed"}, RESNAPSHOTS, True),
+    ("when_needed", {"snapshot.mode": "when_needed"}, RESNAPSHOTS, False),
     ("always + delete.missing.keys", {"snapshot.mode": "always",
                                       "mongocdc.snapshot.delete.missing.keys": "true"}, RESNAPSHOTS, False),
     ("always", {"snapshot.mode": "always"}, RESNAPSHOTS, False),

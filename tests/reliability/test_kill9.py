@@ -63,7 +63,7 @@ def _trial(
     connector.wait_streaming()
     start = cluster_time(source.client)
     workload = Workload(db.load, seed)
-    kills = scale(3, 19)
+    kills = scale(2, 19)
     recoveries = _kill_while_writing(connector, workload, scale(600, 20000), kills, seed)
     stop = cluster_time(source.client)
     assert connector.terminate() == 0, connector.tail()

@@ -107,8 +107,8 @@ def crash_and_recover(source: Source) -> None:
 SCENARIOS: list[tuple[str, Callable[[Source], None], bool]] = [  # (name, fault, part of the small run)
     ("step-down", step_down, True),
     ("step-down twice", step_down_twice, False),
-    ("dropped connections", drop_connections, True),
-    ("failCommand: resumable getMore errors", resumable_getmore_errors, True),
+    ("dropped connections", drop_connections, False),
+    ("failCommand: resumable getMore errors", resumable_getmore_errors, False),
     ("failCommand: getMore connection closed", getmore_connection_closed, False),
     ("failCommand: HostUnreachable on resume", host_unreachable_on_resume, False),
     ("failCommand: getMore blocked 3 s", blocked_getmore, False),
