@@ -95,7 +95,6 @@ class Dispatcher:
         self._undeliverable = False
         self._key_reader = sink if cfg.mongocdc_snapshot_delete_missing_keys and isinstance(sink, KeyReader) else None
         self._marks: dict[str, Any] = {}  # marks of a copy whose progress the offset does not keep (blocking)
-        self.missing_keys_deleted = 0
 
     # -- writing and committing -----------------------------------------------------------------------
 
@@ -273,7 +272,6 @@ class Dispatcher:
                 log.warning("cannot rebuild the key %s of %s to delete it", quote_key(kid), namespace)
                 continue
             records += produced
-            self.missing_keys_deleted += 1
         if records:
             log.info("snapshot of %s: %d keys the sink held were neither read nor changed since the snapshot began; "
                      "delete events emitted (mongocdc.snapshot.delete.missing.keys)", namespace, len(missing))

@@ -70,7 +70,6 @@ class FailurePolicy:
             raise ValueError(f"{PROPERTY} must be fail, warn or skip, got {mode!r}")
         self.mode = mode
         self.metrics = metrics
-        self.skipped = 0
 
     def failed(self, event: FailedEvent) -> None:
         """Raise ``EventProcessingError`` in ``fail`` mode; otherwise count the event and log it."""
@@ -83,7 +82,6 @@ class FailurePolicy:
                 f"restart stops here again. To get past it, fix the cause or set {PROPERTY}=warn (log and skip "
                 "events that cannot be processed or delivered) or skip (skip them quietly)."
             )
-        self.skipped += 1
         if self.mode == "warn":
             log.warning("skipping an event (%s=warn): %s", PROPERTY, text)
         else:

@@ -102,10 +102,11 @@ def _run_case(source: Source, tmp_path: Path, case: str, props: dict[str, Any], 
         _purge(source)
         code = connector.run("--stop-at", stop_at_arg(cluster_time(source.client)))
     else:
-        # The restarted stream's first command blocks; meanwhile the changes are made and purged. A
-        # marker written after the purge tells when a connector that carries on has caught up.
+        # The restarted stream's first command blocks (long enough for the writes and the purge even on
+        # a loaded machine); meanwhile the changes are made and purged. A marker written after the purge
+        # tells when a connector that carries on has caught up.
         source.client.admin.command("configureFailPoint", "failCommand", mode={"times": 1}, data={
-            "failCommands": ["aggregate", "getMore"], "blockConnection": True, "blockTimeMS": 4000})
+            "failCommands": ["aggregate", "getMore"], "blockConnection": True, "blockTimeMS": 15_000})
         connector.start()
         connector.wait_streaming()
         _changes_while_away(db)
