@@ -319,11 +319,15 @@ class KafkaSink:
         if self.transactional:
             self._begin()
         produce = self._producer.produce
-        limits = self._limits
+        topic: str | None = None
+        limit = (0, "")
         for index, record in enumerate(records):
-            limit = limits.get(record.topic) or self._limit(record.topic)
-            size = len(record.key or b"") + len(record.value or b"")
-            if size > limit[0]:
+            if record.topic != topic:  # a batch is mostly one topic: one limit lookup per run of it
+                topic = record.topic
+                limit = self._limits.get(topic) or self._limit(topic)
+            value = record.value
+            if value is not None and len(value) + len(record.key or b"") > limit[0]:
+                size = len(value) + len(record.key or b"")
                 self._refused(records, index, f"the {size:,}-byte record exceeds the {limit[0]:,} bytes {limit[1]}")
             while True:
                 try:
