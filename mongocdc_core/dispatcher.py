@@ -253,6 +253,8 @@ class Dispatcher:
         mark = marks.pop(namespace) if state is None else marks[namespace]
         if mark == 0 or (isinstance(mark, dict) and not any(mark.values())):
             return  # the sink held nothing of it before the copy (a first snapshot): nothing can be missing
+        if "d" in self.cfg.skipped_operations:
+            return  # deletes are not emitted at all (skipped.operations)
         self._dirty = True  # a transactional sink commits its records with the offset: make them readable
         self.commit()
         db, _, coll = namespace.partition(".")
@@ -265,10 +267,13 @@ class Dispatcher:
         cluster_time = Timestamp(position.seconds, position.increment)
         missing = scan.missing()
         for kid in missing:
-            change = {"operationType": "delete", "ns": {"db": db, "coll": coll},
-                      "documentKey": {"_id": ejson.loads(kid)}, "clusterTime": cluster_time}
-            produced = self.converter.convert_change(change, position)
-            if produced and produced[-1].key is not None and key_id(orjson.loads(produced[-1].key)) != kid:
+            try:
+                change = {"operationType": "delete", "ns": {"db": db, "coll": coll},
+                          "documentKey": {"_id": ejson.loads(kid)}, "clusterTime": cluster_time}
+                produced = self.converter.convert_change(change, position)
+            except ValueError:
+                produced = []
+            if not produced or produced[-1].key is None or key_id(orjson.loads(produced[-1].key)) != kid:
                 log.warning("cannot rebuild the key %s of %s to delete it", quote_key(kid), namespace)
                 continue
             records += produced
