@@ -215,7 +215,36 @@ class Delivered:
         return seen
 
     def rebuilt(self, namespace: str) -> list[str]:
-        return canonical(Replayer().apply_all(self.pairs).documents(namespace))
+        """The documents the records rebuild, each change event applied once.
+
+        At-least-once delivery repeats the events after the last saved offset; applied again in file
+        order, an update whose full document was already gone at lookup would follow its own delete.
+        A consumer keeps the latest position per key; the trial keeps the first copy of each event.
+        """
+        return canonical(Replayer().apply_all(self.once()).documents(namespace))
+
+    def once(self) -> list[tuple[bytes, bytes | None]]:
+        """The records with every repeated change event (and the tombstone after a repeated delete) left out."""
+        seen: set[tuple[Any, ...]] = set()
+        kept: list[tuple[bytes, bytes | None]] = []
+        dropped_delete: set[bytes] = set()
+        for key, value in self.pairs:
+            if value is None:
+                if key not in dropped_delete:
+                    kept.append((key, value))
+                dropped_delete.discard(key)
+                continue
+            payload = _payload(orjson.loads(value))
+            op = payload.get("op") if isinstance(payload, dict) else None
+            if op in ("c", "u", "d"):
+                identity = (payload["source"]["ts_ms"], payload["source"]["ord"], key, op)
+                if identity in seen:
+                    if op == "d":
+                        dropped_delete.add(key)
+                    continue
+                seen.add(identity)
+            kept.append((key, value))
+        return kept
 
 
 def _payload(value: Any) -> Any:
