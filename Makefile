@@ -18,7 +18,7 @@ DEBEZIUM_STAMP := $(DEBEZIUM)/target/.complete
 PYMONGO_VERSION := $(shell sed -n 's/.*"pymongo==\([^"]*\)".*/\1/p' pyproject.toml)
 CONFORMANCE_STAMP := .local/conformance/pymongo-$(PYMONGO_VERSION)/.complete
 
-.PHONY: setup test test-fast lint demo dev bench conformance clean
+.PHONY: setup test test-fast reliability lint demo dev bench conformance clean
 
 setup: $(STAMP) $(KAFKA_STAMP) $(SPARK_JARS_STAMP) $(DRIVERS_JAR) $(DRIVERS_NODE_STAMP) $(DEBEZIUM_STAMP) $(CONFORMANCE_STAMP)
 
@@ -73,7 +73,11 @@ test: setup
 
 # Everything that needs neither Kafka, Spark, the Dagster daemon, pymongo's suite nor Debezium.
 test-fast: setup
-	$(PYTEST) -m "not kafka and not spark and not daemon and not conformance and not compat and not slow and not bench" tests
+	$(PYTEST) -m "not kafka and not spark and not daemon and not conformance and not compat and not slow and not bench and not reliability" tests
+
+# The fault and bad-input trials at full size (make test runs them small); prints one table of figures.
+reliability: setup
+	MONGOCDC_RELIABILITY=full $(PYTEST) tests/reliability
 
 lint: setup
 	$(PY) -m ruff check mongocdc_core mongocdc_dagster mongocdc_devstack tests benchmarks

@@ -4,26 +4,41 @@ Sources hand raw documents here through the pipeline (they never import this mod
 (``EventConverter``), writes the records to the sink in batches, emits heartbeats, and records
 offsets only after ``sink.flush()`` returned for every record written before them: a crash can
 repeat records but never lose one.
+
+An event the converter cannot turn into records, or a record the sink refuses for what it is
+(``RecordRejected``), goes to ``event.processing.failure.handling.mode`` (``failures.py``): ``fail``
+stops with an error naming the event and keeps the offset before it; ``warn`` and ``skip`` drop it
+and move on.
+
+With ``mongocdc.snapshot.delete.missing.keys`` a complete copy of a collection ends with a delete
+event and a tombstone for every key the sink still holds that neither the copy read nor the stream
+touched since it began (``begin_full_copies`` marks the sink, the final chunk reads it back).
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
 from bson import Timestamp
 
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.events import EventConverter, Record
+from mongocdc_core.events import EventConverter, Record, ejson
+from mongocdc_core.failures import CHANGE_EVENT, SNAPSHOT_READ, FailedEvent, FailurePolicy, quote_key
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.offsets import Offset, OffsetStore, SnapshotState
 from mongocdc_core.positions import Position, token_timestamp
 from mongocdc_core.receiver import ProgressListener, SnapshotChunk, StartPoint
-from mongocdc_core.sinks.base import Sink
+from mongocdc_core.sinks.base import KeyReader, RecordRejected, Sink
+from mongocdc_core.sinks.readback import key_id
 
 __all__ = ["Dispatcher", "ProgressListener"]
+
+log = logging.getLogger(__name__)
 
 
 class Dispatcher:
@@ -73,6 +88,12 @@ class Dispatcher:
         self._snapshot_copied: dict[str, int] = {}
         self._snapshot_totals: dict[str, int | None] = {}
         self._last_progress_report = 0.0
+        self.failures = FailurePolicy(cfg.event_processing_failure_handling_mode, metrics)
+        # Set when a record the sink refused stopped the run (fail mode): the offset has moved past
+        # it, so no later commit may save that offset.
+        self._undeliverable = False
+        self._key_reader = sink if cfg.mongocdc_snapshot_delete_missing_keys and isinstance(sink, KeyReader) else None
+        self._marks: dict[str, Any] = {}  # marks of a copy whose progress the offset does not keep (blocking)
 
     # -- writing and committing -----------------------------------------------------------------------
 
@@ -92,16 +113,49 @@ class Dispatcher:
         self._dirty = True
 
     def drain(self) -> None:
-        """Hand buffered records to the sink (they are durable only after the next commit)."""
-        if self._buffer:
-            self.sink.write(self._buffer)
-            self.records_written += len(self._buffer)
-            self._buffer = []
+        """Hand buffered records to the sink (they are durable only after the next commit).
+
+        A record the sink refuses goes to the failure policy; in ``warn``/``skip`` mode the records
+        after it are written on.
+        """
+        batch, self._buffer = self._buffer, []
+        while batch:
+            try:
+                self.sink.write(batch)
+            except RecordRejected as rejected:
+                self.records_written += rejected.accepted
+                self._rejected(rejected)
+                batch = batch[rejected.accepted + 1:]
+                continue
+            self.records_written += len(batch)
+            return
+
+    def _rejected(self, rejected: RecordRejected) -> None:
+        record = rejected.record
+        if record.op == "r":
+            kind = SNAPSHOT_READ
+        elif record.op is not None:
+            kind = CHANGE_EVENT
+        elif record.collection is not None:
+            kind = "tombstone"
+        else:
+            kind = f"record for topic {record.topic}"
+        event = FailedEvent(
+            "deliver", kind, record.collection, quote_key(record.key) if record.key is not None else None,
+            record.position if record.position != Position.MIN else None, str(rejected),
+        )
+        try:
+            self.failures.failed(event)
+        except Exception:
+            self._undeliverable = True
+            raise
 
     def commit(self) -> None:
         """Flush the sink, then save the offset (order matters: never record an undelivered position)."""
         self.drain()
         self.sink.flush()
+        if self._undeliverable:
+            return  # a refused record stopped the run: the offset must stay before it
         if self.offsets is not None and self._dirty:
             if self.replica_set is not None:
                 self.offset.replica_set = self.replica_set
@@ -142,11 +196,16 @@ class Dispatcher:
         """Read events for one chunk; when the collection is complete, flush and mark it done."""
         db, _, coll = chunk.namespace.partition(".")
         convert = self.converter.convert_read
-        records = [
-            convert(doc, db, coll, position, marker, read_at)
-            for doc, marker in zip(chunk.documents, chunk.markers, strict=True)
-        ]
+        try:
+            records = [
+                convert(doc, db, coll, position, marker, read_at)
+                for doc, marker in zip(chunk.documents, chunk.markers, strict=True)
+            ]
+        except Exception:  # noqa: BLE001 - find the failing reads one by one, for the policy
+            records = self._convert_reads_one_by_one(chunk, db, coll, position, read_at)
         self._write(records)
+        if chunk.final:
+            self._delete_missing_keys(chunk.namespace, position)
         n = len(records)
         self.snapshot_documents += n
         copied = self._snapshot_copied.get(chunk.namespace, 0) + n
@@ -167,6 +226,74 @@ class Dispatcher:
                 self.progress.snapshot_collection_done(chunk.namespace, copied)
         elif self.progress is not None:
             self.progress.snapshot_progress(chunk.namespace, copied, self._snapshot_totals.get(chunk.namespace))
+
+    def begin_full_copies(self, namespaces: Sequence[str]) -> None:
+        """These namespaces are about to be copied whole, from their first document: mark where the sink
+        stands (``mongocdc.snapshot.delete.missing.keys``; kept in the offset's snapshot state)."""
+        if self._key_reader is None:
+            return
+        self.commit()  # everything before the copy is delivered, and visible to a read-back
+        state = self.offset.snapshot
+        marks = state.marks if state is not None else self._marks
+        fresh = [ns for ns in namespaces if ns not in marks]
+        for namespace in fresh:
+            db, _, coll = namespace.partition(".")
+            marks[namespace] = self._key_reader.key_mark(self.converter.topic_for(db, coll))
+        if fresh and state is not None:
+            self._dirty = True
+            self.commit()
+
+    def _delete_missing_keys(self, namespace: str, position: Position) -> None:
+        """After the last chunk of a full copy: deletes for the keys downstream holds that nothing confirmed."""
+        state = self.offset.snapshot
+        marks = state.marks if state is not None else self._marks
+        if self._key_reader is None or namespace not in marks:
+            return
+        mark = marks.pop(namespace) if state is None else marks[namespace]
+        if mark == 0 or (isinstance(mark, dict) and not any(mark.values())):
+            return  # the sink held nothing of it before the copy (a first snapshot): nothing can be missing
+        if "d" in self.cfg.skipped_operations:
+            return  # deletes are not emitted at all (skipped.operations)
+        self._dirty = True  # a transactional sink commits its records with the offset: make them readable
+        self.commit()
+        db, _, coll = namespace.partition(".")
+        scan = self._key_reader.scan_keys(self.converter.topic_for(db, coll), mark, position)
+        if scan is None:
+            log.warning("the sink cannot tell which keys of %s it holds: no deletes for keys the snapshot did not "
+                        "read (mongocdc.snapshot.delete.missing.keys)", namespace)
+            return
+        records: list[Record] = []
+        cluster_time = Timestamp(position.seconds, position.increment)
+        missing = scan.missing()
+        for kid in missing:
+            try:
+                change = {"operationType": "delete", "ns": {"db": db, "coll": coll},
+                          "documentKey": {"_id": ejson.loads(kid)}, "clusterTime": cluster_time}
+                produced = self.converter.convert_change(change, position)
+            except ValueError:
+                produced = []
+            if not produced or produced[-1].key is None or key_id(orjson.loads(produced[-1].key)) != kid:
+                log.warning("cannot rebuild the key %s of %s to delete it", quote_key(kid), namespace)
+                continue
+            records += produced
+        if records:
+            log.info("snapshot of %s: %d keys the sink held were neither read nor changed since the snapshot began; "
+                     "delete events emitted (mongocdc.snapshot.delete.missing.keys)", namespace, len(missing))
+            self._write(records)
+
+    def _convert_reads_one_by_one(
+        self, chunk: SnapshotChunk, db: str, coll: str, position: Position, read_at: datetime.datetime
+    ) -> list[Record]:
+        """The chunk's records, each read that cannot be converted handed to the failure policy."""
+        records = []
+        for doc, marker in zip(chunk.documents, chunk.markers, strict=True):
+            try:
+                records.append(self.converter.convert_read(doc, db, coll, position, marker, read_at))
+            except Exception as exc:  # noqa: BLE001 - any conversion failure is this read's
+                key = quote_key(doc.get("_id")) if isinstance(doc, Mapping) else None
+                event = FailedEvent("process", SNAPSHOT_READ, chunk.namespace, key, position, _cause(exc))
+                self.failures.failed(event)
+        return records
 
     def snapshot_finished(self, completed: bool) -> None:
         """Mark the snapshot done (streaming starts from its start token) and commit."""
@@ -225,7 +352,12 @@ class Dispatcher:
         if type(cluster_time) is not Timestamp:
             cluster_time = token_timestamp(token) or Timestamp(0, 0)
         position = self._position(cluster_time)
-        records = self.converter.convert_change(doc, position) if captured else []
+        try:
+            records = self.converter.convert_change(doc, position) if captured else []
+        except Exception as exc:  # noqa: BLE001 - any conversion failure is this event's
+            self._unprocessable(doc, position, exc)  # raises in fail mode: the offset stays before it
+            self._advance(token, position)  # warn/skip: skipped, and the offset moves past it
+            return False
         op = None
         for record in records:
             if record.op is not None:
@@ -240,6 +372,14 @@ class Dispatcher:
             return False
         self._count(doc, op, position, cluster_time)
         return True
+
+    def _unprocessable(self, doc: Mapping[str, Any], position: Position, exc: Exception) -> None:
+        ns = doc.get("ns")
+        namespace = f"{ns.get('db')}.{ns.get('coll')}" if isinstance(ns, Mapping) else None
+        document_key = doc.get("documentKey")
+        key = quote_key(document_key.get("_id")) if isinstance(document_key, Mapping) else None
+        kind = f"{doc.get('operationType')} {CHANGE_EVENT}" if isinstance(doc.get("operationType"), str) else CHANGE_EVENT
+        self.failures.failed(FailedEvent("process", kind, namespace, key, position, _cause(exc)))
 
     def _count(self, doc: Mapping[str, Any], op: str, position: Position, cluster_time: Timestamp) -> None:
         self.events += 1
@@ -322,3 +462,7 @@ class Dispatcher:
             self.last_position = position
             self._dirty = True
         self.metrics.streaming.NumberOfHeartbeats += 1
+
+
+def _cause(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"

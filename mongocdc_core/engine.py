@@ -27,10 +27,10 @@ from mongocdc_core.offsets import Offset, OffsetStore, SnapshotState
 from mongocdc_core.pipeline import Bound, CapturePipeline
 from mongocdc_core.positions import Position, token_timestamp
 from mongocdc_core.receiver import ProgressListener
-from mongocdc_core.sinks.base import Sink
+from mongocdc_core.sinks.base import KeyReader, Sink
 from mongocdc_core.source.blocking import AdHocSnapshots
 from mongocdc_core.source.connection import is_retriable, one_line, refused
-from mongocdc_core.source.errors import ConnectError, HistoryLostError, OffsetInvalidError, Stopped
+from mongocdc_core.source.errors import CdcError, ConnectError, HistoryLostError, OffsetInvalidError, Stopped
 from mongocdc_core.source.oplog import position_lost
 from mongocdc_core.source.snapshot import (
     Snapshotter,
@@ -98,6 +98,11 @@ class Engine:
         """Snapshot (per ``snapshot.mode``) then stream until ``max_events`` change events were
         dispatched, the stream passed cluster time ``stop_at`` (every event up to it delivered), it
         was idle for ``until_idle`` seconds, or ``stop()``."""
+        if self.cfg.mongocdc_snapshot_delete_missing_keys and not isinstance(self.sink, KeyReader):
+            raise CdcError(
+                "mongocdc.snapshot.delete.missing.keys=true needs a sink that can read its records back "
+                f"(jsonl, parquet or kafka), not {type(self.sink).__name__}"
+            )
         bound = Bound(stop_at=stop_at, max_events=max_events, until_idle=until_idle)
         started = time.monotonic()
         if self.metrics_file:
@@ -294,6 +299,8 @@ class _Run:
         snap_metrics.RemainingTableCount = len(remaining)
         snap_metrics.QueueTotalCapacity = snap_metrics.QueueRemainingCapacity = cfg.max_queue_size
         dispatcher.snapshot_started(state, totals)
+        if cfg.mongocdc_snapshot_delete_missing_keys:
+            dispatcher.begin_full_copies(self._copied_whole(state))
         assert state.start_position is not None
         try:
             completed = self.pipeline.copy(
@@ -310,6 +317,20 @@ class _Run:
         else:
             self.snapshotter.snapshot_aborted()
         return completed
+
+    def _copied_whole(self, state: SnapshotState) -> list[str]:
+        """Collections this snapshot copies whole, from their first document (whose missing keys it may delete)."""
+        overrides = self.cfg.snapshot_collection_filter_overrides or {}
+        whole = []
+        for namespace in state.remaining:
+            if namespace in overrides:
+                continue  # a filtered copy does not say which documents exist
+            if namespace in state.parts and namespace not in state.marks:
+                log.info("snapshot of %s resumes a copy begun without mongocdc.snapshot.delete.missing.keys: "
+                         "no deletes for keys it does not read", namespace)
+                continue
+            whole.append(namespace)
+        return whole
 
     # -- streaming ------------------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 A notification is Debezium's ``Notification``: ``id`` (uuid), ``aggregate_type`` (e.g. "Incremental
 Snapshot"), ``type`` (STARTED, COMPLETED, …), ``additional_data`` (string map) and ``timestamp`` (ms).
-``notify`` may be called from any thread; sink records are queued and handed to the sink by the
+Every ``additional_data`` value is cut to a bounded prefix (``mongocdc_core.quoting``), so no
+notification can outgrow a Kafka message or flood a log. ``notify`` may be called from any thread; sink records are queued and handed to the sink by the
 dispatcher's thread (``drain``), because sinks are not thread-safe and must keep delivery order.
 The ``jmx`` channel has no JMX here: notifications are kept in ``sent`` for in-process readers.
 """
@@ -21,6 +22,7 @@ import orjson
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events.records import Record
 from mongocdc_core.positions import Position
+from mongocdc_core.quoting import TEXT_LIMIT, bounded
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,8 @@ class NotificationService:
             "id": str(uuid.uuid4()),
             "aggregate_type": aggregate_type,
             "type": type,
-            "additional_data": {str(k): str(v) for k, v in additional_data.items()},
+            # Bounded: a notification quoting a megabyte-sized bad value must still fit in a Kafka message.
+            "additional_data": {bounded(str(k), 200): bounded(str(v), TEXT_LIMIT) for k, v in additional_data.items()},
             "timestamp": int(time.time() * 1000),
         }
         if "log" in self.channels:

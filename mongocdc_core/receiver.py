@@ -9,7 +9,7 @@ live here.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -56,6 +56,10 @@ class SnapshotReceiver(Protocol):
 
     def commit(self) -> None:
         """Flush what was written, then save the offset."""
+
+    def begin_full_copies(self, namespaces: Sequence[str]) -> None:
+        """These collections are about to be copied whole: a copy's last chunk may then delete the keys
+        downstream holds that it did not read (``mongocdc.snapshot.delete.missing.keys``)."""
 
 
 class ProgressListener:

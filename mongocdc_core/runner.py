@@ -34,6 +34,7 @@ from rich.text import Text
 
 from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.engine import Engine, RunSummary
+from mongocdc_core.failures import EventProcessingError
 from mongocdc_core.metrics.prometheus import PrometheusExporter
 from mongocdc_core.offsets import OffsetError, open_offset_store
 from mongocdc_core.positions import Position
@@ -57,6 +58,7 @@ EXIT_AUTHENTICATION = 4
 EXIT_HISTORY_LOST = 5
 EXIT_STREAM_FAILED = 6
 EXIT_OFFSETS_INVALID = 7
+EXIT_EVENT_FAILED = 8
 # The most specific class first: a user's scripts can tell "retry later" from "act now".
 _EXIT_FOR: tuple[tuple[type[BaseException], int], ...] = (
     (AuthenticationError, EXIT_AUTHENTICATION),
@@ -64,6 +66,7 @@ _EXIT_FOR: tuple[tuple[type[BaseException], int], ...] = (
     (HistoryLostError, EXIT_HISTORY_LOST),
     (ChangeStreamFailedError, EXIT_STREAM_FAILED),
     (OffsetInvalidError, EXIT_OFFSETS_INVALID),
+    (EventProcessingError, EXIT_EVENT_FAILED),
 )
 
 
@@ -314,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                 summary = engine.run(**bounds)
         else:
             summary = engine.run(**bounds)
-    except (CdcError, SinkError, OffsetError) as exc:
+    except (CdcError, SinkError, OffsetError, EventProcessingError) as exc:
         console.print(f"mongocdc: {exc}", style="red", markup=False, highlight=False)
         return exit_code(exc)
     finally:

@@ -7,6 +7,7 @@ instead; tests marked ``fault`` need the emulator's fault injection and are then
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from pymongo.database import Database
 from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 REAL_URI_ENV = "MONGOCDC_TEST_MONGODB_URI"
+_RELIABILITY_ROWS: list[dict[str, object]] = []
 
 
 #: Fixtures that put a test in a stage of its own (``make test-fast`` leaves these stages out).
@@ -83,3 +85,26 @@ def fresh_db(mongo_client: MongoClient) -> Iterator[Database]:
     name = f"t_{uuid.uuid4().hex[:12]}"
     yield mongo_client[name]
     mongo_client.drop_database(name)
+
+
+# -- the reliability table -----------------------------------------------------------------------------------
+# The trials of tests/reliability report their figures as user properties; under pytest-xdist those travel
+# with the test reports to the controller, which prints them all as one table at the end of the run.
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when != "call":
+        return
+    for name, value in report.user_properties:
+        if name == "reliability" and isinstance(value, str):
+            _RELIABILITY_ROWS.append(json.loads(value))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _RELIABILITY_ROWS:
+        return
+    from tests.reliability.harness import Figures
+
+    terminalreporter.section("reliability trials")
+    for row in sorted(_RELIABILITY_ROWS, key=lambda r: str(r["trial"])):
+        terminalreporter.write_line(Figures(**row).line())  # type: ignore[arg-type]

@@ -112,6 +112,7 @@ class ConnectorConfig:
     topic_transaction: str
     custom_metric_tags: dict[str, str]
     errors_max_retries: int
+    event_processing_failure_handling_mode: str
     # -- Kafka signal channel, notifications, file channel
     signal_kafka_topic: str
     signal_kafka_groupId: str  # the attribute rule keeps Debezium's camel case
@@ -131,6 +132,7 @@ class ConnectorConfig:
     mongocdc_metrics_port: int
     mongocdc_snapshot_split_size: int
     mongocdc_jsonl_compression: str
+    mongocdc_snapshot_delete_missing_keys: bool
     mongocdc_kafka_topic_creation_enable: bool
     mongocdc_kafka_topic_partitions: int
     mongocdc_kafka_topic_replication_factor: int

@@ -5,12 +5,22 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+from mongocdc_core.quoting import TEXT_LIMIT, bounded
+
+#: Longer than any real property name (a filter override names a database and a collection).
+_NAME_LIMIT = 512
+
 
 class ConfigError(ValueError):
-    """Invalid connector configuration; `problems` holds one (property, message) pair per problem."""
+    """Invalid connector configuration; `problems` holds one (property, message) pair per problem.
+
+    Each name and message is cut to a bounded prefix: a megabyte-long bad value is quoted, not printed.
+    """
 
     def __init__(self, problems: Iterable[tuple[str, str]]) -> None:
-        self.problems: tuple[tuple[str, str], ...] = tuple(problems)
+        self.problems: tuple[tuple[str, str], ...] = tuple(
+            (bounded(prop, _NAME_LIMIT), bounded(msg, TEXT_LIMIT)) for prop, msg in problems
+        )
         lines = [f"  {prop}: {msg}" for prop, msg in self.problems]
         noun = "problem" if len(self.problems) == 1 else "problems"
         super().__init__(f"invalid connector configuration ({len(self.problems)} {noun}):\n" + "\n".join(lines))

@@ -203,6 +203,11 @@ PROPERTY_SPECS: tuple[PropertySpec, ...] = (
     _p("topic.transaction", "str", "transaction", "Suffix of the transaction metadata topic."),
     _p("custom.metric.tags", "tags", None, "Extra metric tags k1=v1,k2=v2."),
     _p("errors.max.retries", "int", "-1", "Retries after retriable errors (-1 = unlimited).", minimum=-1),
+    # Debezium's common property (not in the MongoDB tables): an event that cannot be converted or that
+    # the sink refuses (e.g. larger than the topic accepts) stops the connector, or is logged and skipped.
+    _p("event.processing.failure.handling.mode", "enum", "fail",
+       "Events that cannot be processed or delivered: fail (stop, naming the event), warn (log and skip) or skip.",
+       ("fail", "warn", "skip")),
     # -- Kafka signal channel ---------------------------------------------------------------------------------
     _p("signal.kafka.topic", "str", None, "Signal topic (default <topic.prefix>-signal).", group="signal"),
     _p("signal.kafka.groupId", "str", "kafka-signal", "Consumer group of the signal topic.", group="signal"),
@@ -242,6 +247,11 @@ PROPERTY_SPECS: tuple[PropertySpec, ...] = (
        "Compression of JSON Lines landing files: none (<topic>.jsonl), gzip (<topic>.jsonl.gz) or zstd "
        "(<topic>.jsonl.zst); each flush ends a gzip member / zstd frame, so the files stay readable by gzip/zstd.",
        ("none", "gzip", "zstd"), group="mongocdc"),
+    _p("mongocdc.snapshot.delete.missing.keys", "bool", "false",
+       "After a complete snapshot of a collection, emit a delete event and a tombstone for every key the sink "
+       "still holds that neither the snapshot read nor the stream touched since it began (no ghosts after a "
+       "re-snapshot). The sink reads its own records back: the JSON Lines files, the landing zone, or the "
+       "topics (read_committed).", group="mongocdc"),
     # -- mongocdc's Kafka sink (read only by the Kafka sink, validated whatever the sink) -------------------
     _p("mongocdc.kafka.topic.creation.enable", "bool", "true", "Create missing topics before writing.",
        group="mongocdc"),

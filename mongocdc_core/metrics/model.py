@@ -41,6 +41,7 @@ class SnapshotMetrics:
         self.SnapshotPausedDurationInSeconds = 0
         self.RowsScanned: dict[str, int] = {}
         self.NumberOfDisconnects = 0
+        self.NumberOfErroneousEvents = 0
 
     def start(self, collections: Iterable[str]) -> None:
         with self._lock:
@@ -64,6 +65,11 @@ class SnapshotMetrics:
     def table_done(self) -> None:
         with self._lock:
             self.RemainingTableCount = max(0, self.RemainingTableCount - 1)
+
+    def erroneous(self) -> None:
+        """One read could not be processed or delivered (``event.processing.failure.handling.mode``)."""
+        with self._lock:
+            self.NumberOfErroneousEvents += 1
 
     def finish(self, *, aborted: bool) -> None:
         with self._lock:
@@ -102,6 +108,7 @@ class SnapshotMetrics:
                 "SnapshotPausedDurationInSeconds": self.SnapshotPausedDurationInSeconds,
                 "RowsScanned": dict(self.RowsScanned),
                 "NumberOfDisconnects": self.NumberOfDisconnects,
+                "NumberOfErroneousEvents": self.NumberOfErroneousEvents,
             }
 
 
@@ -131,6 +138,7 @@ class StreamingMetrics:
         self.NumberOfDisconnects = 0
         self.NumberOfPrimaryElections = 0
         self.NumberOfHeartbeats = 0
+        self.NumberOfErroneousEvents = 0
 
     def event(self, op: str | None, position: Any, cluster_time_ms: int | None, resume_token: Any) -> None:
         """Count one dispatched change event (``op`` c/u/d, None for other kinds).
@@ -173,6 +181,11 @@ class StreamingMetrics:
         with self._lock:
             self.NumberOfEventsFiltered += count
 
+    def erroneous(self) -> None:
+        """One event could not be processed or delivered (``event.processing.failure.handling.mode``)."""
+        with self._lock:
+            self.NumberOfErroneousEvents += 1
+
     def as_dict(self) -> dict[str, Any]:
         with self._lock:
             return {
@@ -196,6 +209,7 @@ class StreamingMetrics:
                 "NumberOfDisconnects": self.NumberOfDisconnects,
                 "NumberOfPrimaryElections": self.NumberOfPrimaryElections,
                 "NumberOfHeartbeats": self.NumberOfHeartbeats,
+                "NumberOfErroneousEvents": self.NumberOfErroneousEvents,
             }
 
 

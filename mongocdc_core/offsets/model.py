@@ -25,7 +25,9 @@ class SnapshotState:
     being copied: its ``_id`` ranges (``IdRange`` JSON), each with ``done`` and ``after`` (the last
     key copied *and flushed*, as canonical Extended JSON), so a restart copies only what is left.
     ``start_position``/``start_token`` were recorded before the copy started and are where
-    streaming begins afterwards.
+    streaming begins afterwards. ``marks[ns]`` is where the sink stood before the copy of ``ns``
+    began (``mongocdc.snapshot.delete.missing.keys``: keys held before it and not touched after it
+    are gone from the source).
     """
 
     collections: list[str]
@@ -34,6 +36,7 @@ class SnapshotState:
     start_token: dict[str, Any] | None = None
     running: bool = True
     parts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    marks: dict[str, Any] = field(default_factory=dict)
 
     @property
     def remaining(self) -> list[str]:
@@ -62,6 +65,7 @@ class SnapshotState:
             "start_position": self.start_position.to_str() if self.start_position else None,
             "start_token": _token_to_json(self.start_token),
             "running": self.running,
+            "marks": dict(self.marks),
         }
 
     @classmethod
@@ -74,6 +78,7 @@ class SnapshotState:
             start_position=Position.parse(pos) if pos else None,
             start_token=_token_from_json(data.get("start_token")),
             running=bool(data.get("running", False)),
+            marks=dict(data.get("marks") or {}),
         )
 
 

@@ -9,20 +9,29 @@ call. ``flush`` fsyncs every file it touched since the previous flush.
 before the fsync, so a file is always a sequence of complete members that ``gzip -dc`` / ``zstd -dc``
 (and Python's gzip and zstandard modules) read as one stream; memory stays bounded because the
 compressor streams.
+
+The files are also what the sink reads back as keys (``KeyReader``): a mark is a file's length,
+taken at the end of a member/frame when compressed.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
+import orjson
 import zstandard
 
 from mongocdc_core.events.records import Record
-from mongocdc_core.sinks.base import SinkError
+from mongocdc_core.positions import Position
+from mongocdc_core.sinks.base import KeyScan, SinkError
+from mongocdc_core.sinks.readback import KeyScanBuilder
+
+log = logging.getLogger(__name__)
 
 COMPRESSIONS = {"none": ".jsonl", "gzip": ".jsonl.gz", "zstd": ".jsonl.zst"}
 _GZIP_WBITS = 31  # zlib's gzip container
@@ -129,6 +138,37 @@ class JsonlSink:
             raise SinkError(f"cannot flush jsonl files in {self.directory}: {exc}") from exc
         self._dirty.clear()
 
+    def key_mark(self, topic: str) -> int:
+        """The length of the topic's file: every line before it was delivered before the mark."""
+        path = self._readable(topic)
+        return path.stat().st_size if path.exists() else 0
+
+    def scan_keys(self, topic: str, mark: Any, since: Position) -> KeyScan | None:
+        """The topic file's keys, split at the byte offset ``mark``."""
+        path = self._readable(topic)
+        if not isinstance(mark, int):
+            return None
+        builder = KeyScanBuilder()
+        try:
+            handle = open(path, "rb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            return builder.build() if mark == 0 else None
+        with handle:
+            if os.fstat(handle.fileno()).st_size < mark:
+                log.warning("%s is shorter than when the snapshot began: its keys cannot be compared", path)
+                return None
+            for line, after_mark in _lines(handle, mark, self.compression):
+                item = orjson.loads(line)
+                builder.add(item.get("key"), item.get("value"), after_mark)
+        return builder.build()
+
+    def _readable(self, topic: str) -> Path:
+        """The topic's file with everything written so far on disk (compressed: its member ended)."""
+        handle = self._files.get(topic)
+        if handle is not None:
+            handle.flush()
+        return self.path(topic)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -183,6 +223,49 @@ class _Decompressor(Protocol):
     def decompress(self, data: bytes) -> bytes: ...
 
 
+def _new_decompressor(compression: str) -> _Decompressor:
+    if compression == "gzip":
+        return zlib.decompressobj(_GZIP_WBITS)
+    return zstandard.ZstdDecompressor().decompressobj()  # type: ignore[return-value]
+
+
+def _lines(handle: BinaryIO, mark: int, compression: str) -> Iterator[tuple[bytes, bool]]:
+    """Every complete line of a landing file, and whether it starts at or after byte ``mark`` of
+    the file. A torn last line was never acknowledged and is left out; so is the damaged part of a
+    torn last member (its complete lines count, which can only keep a key, never delete one)."""
+    pending = b""
+    for text, after in _texts(handle, mark, compression):
+        pending += text
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            yield line + b"\n", after
+
+
+def _texts(handle: BinaryIO, mark: int, compression: str) -> Iterator[tuple[bytes, bool]]:
+    """The file's text in pieces, each wholly before or wholly after byte ``mark`` (compressed
+    files: marks fall between members, so a member lies wholly on one side)."""
+    offset = 0  # file offset just past the data read so far
+    decompressor = None if compression == "none" else _new_decompressor(compression)
+    while chunk := handle.read(1 << 20):
+        start, offset = offset, offset + len(chunk)
+        if decompressor is None:
+            cut = min(max(mark - start, 0), len(chunk))
+            yield chunk[:cut], False
+            yield chunk[cut:], True
+            continue
+        data = chunk
+        while data:
+            after = offset - len(data) >= mark
+            try:
+                yield decompressor.decompress(data), after
+            except (zlib.error, zstandard.ZstdError):
+                return  # a damaged last member: never acknowledged
+            if not decompressor.eof:
+                break
+            data = decompressor.unused_data
+            decompressor = _new_decompressor(compression)
+
+
 def _drop_torn_member(path: Path, compression: str) -> None:
     """The compressed counterpart of :func:`_drop_torn_tail`: cut a last member/frame that
     ``kill -9`` left incomplete (its records were never flushed, so they are delivered again).
@@ -197,14 +280,9 @@ def _drop_torn_member(path: Path, compression: str) -> None:
     if size == 0:
         return
 
-    def new() -> _Decompressor:
-        if compression == "gzip":
-            return zlib.decompressobj(_GZIP_WBITS)
-        return zstandard.ZstdDecompressor().decompressobj()  # type: ignore[return-value]
-
     complete = 0  # end of the last complete member
     position = 0  # file offset where ``data`` starts
-    decompressor = new()
+    decompressor = _new_decompressor(compression)
     with open(path, "rb") as fh:
         data = fh.read(1 << 20)
         while data:
@@ -216,7 +294,7 @@ def _drop_torn_member(path: Path, compression: str) -> None:
                 rest = decompressor.unused_data
                 position += len(data) - len(rest)
                 complete = position
-                decompressor = new()
+                decompressor = _new_decompressor(compression)
                 data = rest or fh.read(1 << 20)
             else:
                 position += len(data)

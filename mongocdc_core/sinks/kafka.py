@@ -11,6 +11,11 @@ Connect would put them.
 With ``mongocdc.kafka.exactly.once=true`` the producer is transactional (``transactional.id`` = the
 connector name): records go into an open transaction that the Kafka offset store commits together
 with the offset (``commit_with_offset``), so a ``read_committed`` consumer sees each event once.
+
+With ``mongocdc.snapshot.delete.missing.keys`` the sink reads its topics back (``read_committed``) to
+find the keys downstream still holds (``KeyReader``). A record larger than its topic accepts (the topic's ``max.message.bytes``, the producer's
+``message.max.bytes``) is refused before it is produced, with ``RecordRejected``: the broker would
+refuse it on every retry, so the connector's ``event.processing.failure.handling.mode`` decides.
 """
 
 from __future__ import annotations
@@ -19,17 +24,28 @@ import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+import orjson
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events.records import Record
 from mongocdc_core.positions import Position
-from mongocdc_core.sinks.base import SinkError
+from mongocdc_core.sinks.base import KeyScan, RecordRejected, SinkError
+from mongocdc_core.sinks.readback import KeyScanBuilder
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +53,10 @@ _ADMIN_TIMEOUT_S = 30.0
 _BLOCKED_LOG_EVERY_S = 10.0
 _POLL_STEP_S = 0.1
 _TOPIC_EXISTS = KafkaError.TOPIC_ALREADY_EXISTS
+_DEFAULT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's message.max.bytes
+# Record batch header (61 bytes) plus one record's framing and a few headers: what a record costs on
+# the wire beyond its key and value.
+_RECORD_OVERHEAD = 128
 
 
 @dataclass(frozen=True)
@@ -231,6 +251,14 @@ class KafkaSink:
         conf["on_delivery"] = self._on_delivery
         self._producer = Producer(conf)
         self._admin = AdminClient(admin_config(conf)) if settings.topic_creation else None
+        self._describer = self._admin if self._admin is not None else AdminClient(admin_config(conf))
+        self._client_max = int(conf.get("message.max.bytes", _DEFAULT_MESSAGE_MAX_BYTES))
+        # The broker checks a topic's max.message.bytes against the compressed batch: the record's own
+        # size is a sure bound only without compression.
+        compression = str(conf.get("compression.type", conf.get("compression.codec", "none"))).lower()
+        self._uncompressed = compression in ("none", "")
+        self._limits: dict[str, tuple[int, str]] = {}
+        self._connection = admin_config(conf)
         self._known_topics: set[str] = set()
         self._delivery_errors: list[tuple[str, KafkaError]] = []
         self._fatal: KafkaError | None = None
@@ -291,21 +319,30 @@ class KafkaSink:
         if self.transactional:
             self._begin()
         produce = self._producer.produce
-        for record in records:
+        topic: str | None = None
+        limit = (0, "")
+        for index, record in enumerate(records):
+            if record.topic != topic:  # a batch is mostly one topic: one limit lookup per run of it
+                topic = record.topic
+                limit = self._limits.get(topic) or self._limit(topic)
+            value = record.value
+            if value is not None and len(value) + len(record.key or b"") > limit[0]:
+                size = len(value) + len(record.key or b"")
+                self._refused(records, index, f"the {size:,}-byte record exceeds the {limit[0]:,} bytes {limit[1]}")
             while True:
                 try:
                     produce(record.topic, value=record.value, key=record.key)
                     break
                 except BufferError:
                     self._wait_for_room()
-                except KafkaException as exc:  # refused locally, e.g. larger than message.max.bytes
-                    self._fatal = exc.args[0]
-                    raise SinkError(f"cannot produce to Kafka topic {record.topic!r}: {exc.args[0].str()}") from exc
+                except KafkaException as exc:
+                    err: KafkaError = exc.args[0]
+                    if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:  # refused locally: the producer is fine
+                        self._refused(records, index, f"{err.str()} ({limit[1]})")
+                    self._fatal = err
+                    raise SinkError(f"cannot produce to Kafka topic {record.topic!r}: {err.str()}") from exc
         if self.transactional:
-            # Records arrive in position order: the batch's last one carries its highest position.
-            last = records[-1].position
-            if self._txn_max_position is None or last > self._txn_max_position:
-                self._txn_max_position = last
+            self._note_position(records[-1])
         self.metrics.TotalNumberOfRecordsSent += len(records)
         if self.metrics.SinkBlocked:
             self._unblocked()
@@ -360,6 +397,99 @@ class KafkaSink:
     def poll(self, timeout: float = 0.0) -> None:
         """Serve delivery callbacks now (thread-safe; e.g. a latency probe's own thread)."""
         self._producer.poll(timeout)
+
+    def _note_position(self, last: Record) -> None:
+        """Records arrive in position order: the last one produced carries the transaction's highest position."""
+        if self._txn_max_position is None or last.position > self._txn_max_position:
+            self._txn_max_position = last.position
+
+    def _refused(self, records: Sequence[Record], index: int, why: str) -> None:
+        """Raise ``RecordRejected`` for ``records[index]`` (the ones before it were produced)."""
+        record = records[index]
+        self.metrics.TotalNumberOfRecordsSent += index
+        if self.transactional and index:
+            self._note_position(records[index - 1])
+        self.metrics.LastError = f"{record.topic}: record refused: {why}"
+        raise RecordRejected(
+            f"Kafka topic {record.topic!r} cannot take this record: {why}. To deliver such records, raise the "
+            "topic's max.message.bytes and producer.override.message.max.bytes (and the consumers' fetch sizes)",
+            record, index,
+        )
+
+    def _limit(self, topic: str) -> tuple[int, str]:
+        """The largest key + value ``topic`` takes, and where that limit comes from (asked once per topic)."""
+        limit, source = self._client_max, f"of the producer's message.max.bytes ({self._client_max:,})"
+        if self._uncompressed:
+            resource = ConfigResource(ResourceType.TOPIC, topic)
+            try:
+                entries = self._describer.describe_configs([resource], request_timeout=_ADMIN_TIMEOUT_S)[resource].result()
+                topic_max = int(entries["max.message.bytes"].value)
+            except (KafkaException, KeyError, ValueError, TypeError) as exc:
+                log.debug("max.message.bytes of topic %s unknown (%s); the producer's limit applies", topic, exc)
+            else:
+                if topic_max < limit:
+                    limit, source = topic_max, f"of the topic's max.message.bytes ({topic_max:,})"
+        self._limits[topic] = (limit - _RECORD_OVERHEAD, source)
+        return self._limits[topic]
+
+    # -- reading keys back (KeyReader) ----------------------------------------------------------------
+
+    def _reader(self) -> Consumer:
+        return Consumer({
+            **self._connection, "group.id": f"mongocdc-keys-{uuid.uuid4().hex[:12]}", "enable.auto.commit": False,
+            "enable.partition.eof": True, "isolation.level": "read_committed",
+        })
+
+    def key_mark(self, topic: str) -> dict[str, int]:
+        """The end offset of each of the topic's partitions (records before them were delivered)."""
+        consumer = self._reader()
+        try:
+            partitions = self._partitions(consumer, topic)
+            return {
+                str(p): consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=_ADMIN_TIMEOUT_S)[1]
+                for p in partitions
+            }
+        except KafkaException as exc:
+            raise SinkError(f"cannot read the end offsets of Kafka topic {topic!r}: {exc.args[0].str()}") from exc
+        finally:
+            consumer.close()
+
+    def scan_keys(self, topic: str, mark: Any, since: Position) -> KeyScan | None:
+        """Reads the topic (``read_committed``) from its beginning, split at the offsets of ``mark``."""
+        if not isinstance(mark, dict):
+            return None
+        builder = KeyScanBuilder()
+        consumer = self._reader()
+        try:
+            pending = set(self._partitions(consumer, topic))
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
+            while pending:
+                msg = consumer.poll(1.0)
+                if msg is None:
+                    continue
+                err = msg.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise SinkError(f"cannot read back Kafka topic {topic!r}: {err.str()}")
+                    pending.discard(msg.partition())
+                    continue
+                raw = msg.value()
+                try:
+                    key = orjson.loads(msg.key() or b"null")
+                    value = orjson.loads(raw) if raw is not None else None
+                except orjson.JSONDecodeError:
+                    continue  # not a record of this connector
+                builder.add(key, value, (msg.offset() or 0) >= int(mark.get(str(msg.partition()), 0)))
+        finally:
+            consumer.close()
+        return builder.build()
+
+    @staticmethod
+    def _partitions(consumer: Consumer, topic: str) -> list[int]:
+        metadata = consumer.list_topics(topic, timeout=_ADMIN_TIMEOUT_S).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return []  # nothing was ever delivered to it
+        return sorted(metadata.partitions)
 
     # -- exactly-once: the offset store commits through here -----------------------------------------
 

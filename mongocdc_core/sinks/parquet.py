@@ -22,7 +22,9 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from mongocdc_core.events.records import Record
-from mongocdc_core.sinks.base import SinkError
+from mongocdc_core.positions import Position
+from mongocdc_core.sinks.base import KeyScan, SinkError
+from mongocdc_core.sinks.readback import KeyScanBuilder, key_id
 
 LANDING_SCHEMA = pa.schema(
     [
@@ -317,6 +319,29 @@ class ParquetSink:
             _fsync_dir(folder)
             self.rows_written += columns.rows
         self._pending.clear()
+
+    def key_mark(self, topic: str) -> None:
+        """Rows carry their positions: the scan splits at the snapshot's position, no mark is needed."""
+        return None
+
+    def scan_keys(self, topic: str, mark: Any, since: Position) -> KeyScan | None:
+        """The keys of the topic's landing files, split at position ``since`` (None for a single-file sink,
+        which holds one run's output, not what downstream has)."""
+        if self.directory is None:
+            return None
+        files = sorted((self.directory / topic).glob("part-*.parquet"))
+        if not files:
+            return KeyScan()
+        columns = ["key", "op", "pos_seconds", "pos_increment", "pos_ordinal"]
+        rows = pa.concat_tables([pq.read_table(f, columns=columns) for f in files]).to_pylist()
+        rows.sort(key=lambda r: (r["pos_seconds"], r["pos_increment"], r["pos_ordinal"]))  # stable: file order
+        builder = KeyScanBuilder()
+        start = (since.seconds, since.increment, since.ordinal)
+        for row in rows:
+            key = orjson.loads(row["key"]) if row["key"] else None
+            position = (row["pos_seconds"], row["pos_increment"], row["pos_ordinal"])
+            builder.add_deleted(key_id(key), row["op"] in (None, "d"), position >= start)
+        return builder.build()
 
     def close(self) -> None:
         if self._closed:

@@ -94,6 +94,7 @@ def run_blocking_snapshot(
     name = {"connector_name": cfg.topic_prefix}
     notifier.notify(AGGREGATE, "STARTED", {**name, "data_collections": ",".join(namespaces)})
     copied: dict[str, int] = dict.fromkeys(namespaces, 0)
+    receiver.begin_full_copies([ns for ns in namespaces if not query[ns]])
 
     def emit(chunk: SnapshotChunk) -> bool:
         if stop.is_set():

@@ -28,6 +28,8 @@ from typing import Any, Protocol
 import orjson
 from bson import json_util
 
+from mongocdc_core.quoting import QUOTE_LIMIT, TEXT_LIMIT, bounded, quote
+
 log = logging.getLogger("mongocdc.signals")
 
 CHANNEL_SOURCE = "source"
@@ -44,11 +46,8 @@ SNAPSHOT_BLOCKING = "blocking"
 
 AGGREGATE_SIGNAL = "Signal"
 
-#: How much of a bad value a message quotes: enough to recognise it, never enough to flood a log or
-#: to make a notification larger than a Kafka message may be.
-QUOTE_LIMIT = 200
-#: The longest reason a rejection notification or log line carries.
-REASON_LIMIT = 2000
+#: The longest reason a rejection notification or log line carries (``mongocdc_core.quoting``).
+REASON_LIMIT = TEXT_LIMIT
 #: Longest ``data-collections`` entry (a namespace is at most 255 bytes): compiling a pattern of
 #: megabytes would hold the stream for minutes.
 MAX_PATTERN_LENGTH = 1024
@@ -56,19 +55,8 @@ MAX_PATTERN_LENGTH = 1024
 MAX_SIMPLE_FILTER_LENGTH = 64 * 1024
 
 
-def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
-    """``repr(value)`` cut to ``limit`` characters, saying how much was left out."""
-    text = value if isinstance(value, str) else None
-    if text is not None and len(text) > limit:
-        return f"{text[:limit]!r}... ({len(text) - limit} more characters)"
-    shown = repr(value)
-    if len(shown) > limit:
-        return f"{shown[:limit]}... ({len(shown) - limit} more characters)"
-    return shown
-
-
 def _bounded(reason: str) -> str:
-    return reason if len(reason) <= REASON_LIMIT else f"{reason[:REASON_LIMIT]}... ({len(reason) - REASON_LIMIT} more characters)"
+    return bounded(reason, REASON_LIMIT)
 
 
 class SignalError(ValueError):

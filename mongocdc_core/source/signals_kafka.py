@@ -22,6 +22,7 @@ from collections.abc import Callable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.quoting import bounded
 from mongocdc_core.source.signals import CHANNEL_KAFKA, Signal, SignalError, parse_signal_json
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ _METADATA_TIMEOUT_S = 30.0
 
 
 def _log_reject(channel: str, reason: str, signal_id: str) -> None:
-    log.warning("skipping signal %s from the %s channel: %s", signal_id or "?", channel, reason)
+    log.warning("skipping signal %s from the %s channel: %s", signal_id or "?", channel, bounded(reason))
 
 
 class KafkaSignalChannel:

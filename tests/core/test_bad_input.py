@@ -126,7 +126,17 @@ CONFIGS: list[tuple[str, Mapping[str, str | None], str]] = [
     ("filter-override-not-json", {"snapshot.collection.filter.overrides": "inv.orders",
                                   "snapshot.collection.filter.overrides.inv.orders": "status=1"},
      "snapshot.collection.filter.overrides.inv.orders"),
+    # Megabytes of bad value: the refusal quotes a bounded prefix (checked for every case below).
+    ("huge-enum-value", {"snapshot.mode": "x" * (2 * 1024 * 1024)}, "snapshot.mode"),
+    ("huge-unknown-property", {"z" * (2 * 1024 * 1024): "1"}, "z" * 100),
+    ("huge-uri-option", {"mongodb.connection.string": "mongodb://h/?replicaSet=rs0&bogus=" + "q" * (2 * 1024 * 1024)},
+     "mongodb.connection.string"),
+    ("huge-pipeline", {"cursor.pipeline": '[{"$out": "' + "p" * (2 * 1024 * 1024) + '"}]'}, "cursor.pipeline"),
+    ("failure-mode-invalid", {"event.processing.failure.handling.mode": "ignore-all"},
+     "event.processing.failure.handling.mode"),
 ]
+#: No refusal is longer than this, whatever the size of the bad value.
+MESSAGE_LIMIT = 16 * 1024
 
 
 def _write(tmp_path: Path, props: Mapping[str, str | None], name: str = "connector.json") -> Path:
@@ -147,9 +157,10 @@ def _run_args(tmp_path: Path, config: Path) -> list[str]:
 
 
 def _assert_refused(code: int, output: str, named: str) -> None:
-    assert code != 0, output
-    assert named in output, output
-    assert "Traceback" not in output, output
+    assert code != 0, output[:MESSAGE_LIMIT]
+    assert named in output, output[:MESSAGE_LIMIT]
+    assert "Traceback" not in output, output[:MESSAGE_LIMIT]
+    assert len(output) < MESSAGE_LIMIT, output[:MESSAGE_LIMIT]
 
 
 def test_the_corpus_is_large_enough() -> None:
@@ -313,3 +324,18 @@ def test_malformed_signal_is_rejected_with_a_notification(
     assert "Traceback" not in caplog.text
     assert any("skipping signal" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
     assert max(len(r.getMessage()) for r in caplog.records) < 8 * 1024  # the 15 MiB value is never logged whole
+
+
+def test_a_notification_quotes_only_a_bounded_prefix_of_a_huge_value(caplog: pytest.LogCaptureFixture) -> None:
+    from mongocdc_core.config import ConnectorConfig
+    from mongocdc_core.notifications import NotificationService
+
+    cfg = ConnectorConfig.from_dict({**BASE, "notification.enabled.channels": "sink,log",
+                                     "notification.sink.topic.name": "notes"})
+    service = NotificationService(cfg)
+    with caplog.at_level(logging.INFO):
+        service.notify("Signal", "REJECTED", {"reason": "bad value " + "v" * (2 * 1024 * 1024)})
+    (record,) = service.drain()
+    assert record.value is not None and len(record.value) < MESSAGE_LIMIT  # far below any Kafka message limit
+    assert "more characters" in service.sent[0]["additional_data"]["reason"]
+    assert max(len(r.getMessage()) for r in caplog.records) < MESSAGE_LIMIT

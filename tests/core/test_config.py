@@ -126,6 +126,7 @@ SEED_DEFAULTS: list[tuple[str, str | None, Any]] = [
     ("topic.transaction", "transaction", "transaction"),
     ("custom.metric.tags", "No default", {}),
     ("errors.max.retries", "-1", -1),
+    ("event.processing.failure.handling.mode", None, "fail"),  # Debezium's common property, not in the table
     ("signal.kafka.topic", "<topic.prefix>-signal", "fulfillment-signal"),
     ("signal.kafka.groupId", "kafka-signal", "kafka-signal"),
     ("signal.kafka.bootstrap.servers", "No default", None),
@@ -143,6 +144,7 @@ SEED_DEFAULTS: list[tuple[str, str | None, Any]] = [
     ("mongocdc.metrics.port", None, 0),
     ("mongocdc.snapshot.split.size", None, 250000),
     ("mongocdc.jsonl.compression", None, "none"),
+    ("mongocdc.snapshot.delete.missing.keys", None, False),
     ("mongocdc.kafka.topic.creation.enable", None, True),
     ("mongocdc.kafka.topic.partitions", None, 1),
     ("mongocdc.kafka.topic.replication.factor", None, -1),

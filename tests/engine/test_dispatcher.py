@@ -170,3 +170,122 @@ def test_a_transaction_ends_as_soon_as_the_stream_scanned_past_it(event_format: 
     dispatcher.finish()
     assert sum(b'"END"' in (r.value or b"") for r in sink.written) == 1
     assert dispatcher.metrics.streaming.NumberOfCommittedTransactions == 1
+# -- event.processing.failure.handling.mode ---------------------------------------------------------------
+
+
+def _broken_insert(i: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An insert the converter cannot turn into a record (no fullDocument)."""
+    doc, token = _insert(i)
+    del doc["fullDocument"]
+    return doc, token
+
+
+def test_fail_mode_names_the_unprocessable_event_and_keeps_the_offset_before_it() -> None:
+    from mongocdc_core.failures import EventProcessingError
+
+    sink = LedgerSink()
+    store = CheckingStore(sink)
+    dispatcher = _dispatcher(sink, store, _config())
+    for i in range(1, 5):
+        dispatcher.change(*_insert(i))
+    with pytest.raises(EventProcessingError) as info:
+        dispatcher.change(*_broken_insert(5))
+    dispatcher.commit()  # what the pipeline does after a failure: keep what was delivered
+    text = str(info.value)
+    assert "shop.orders" in text and "key 5" in text and "Timestamp(1700000000, 5)" in text
+    assert "event.processing.failure.handling.mode=warn" in text and "\n" not in text
+    assert store.saved[-1].position == Position(1_700_000_000, 4, 0)  # a restart reaches the event again
+
+
+@pytest.mark.parametrize("mode", ["warn", "skip"])
+def test_warn_and_skip_modes_skip_the_unprocessable_event_and_go_on(
+    mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = LedgerSink()
+    store = CheckingStore(sink)
+    dispatcher = _dispatcher(sink, store, _config(**{"event.processing.failure.handling.mode": mode}))
+    with caplog.at_level("DEBUG", logger="mongocdc.failures"):
+        for i in range(1, 7):
+            dispatcher.change(*(_broken_insert(i) if i == 3 else _insert(i)))
+        dispatcher.finish()
+    assert [r.key for r in sink.written] == [b'{"id":"%d"}' % i for i in (1, 2, 4, 5, 6)]
+    assert store.saved[-1].position == Position(1_700_000_000, 6, 0)
+    assert dispatcher.metrics.streaming.NumberOfErroneousEvents == 1
+    assert dispatcher.metrics.streaming.NumberOfEventsFiltered == 0
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    if mode == "warn":
+        (warning,) = warnings
+        assert "shop.orders" in warning.getMessage() and "key 3" in warning.getMessage()
+    else:
+        assert warnings == [] and any("key 3" in r.getMessage() for r in caplog.records)
+
+
+class RefusingSink(LedgerSink):
+    """Refuses (``RecordRejected``) every record whose key is in ``refuse``, as Kafka refuses an oversized one."""
+
+    def __init__(self, refuse: set[bytes]) -> None:
+        super().__init__()
+        self.refuse = refuse
+
+    def write(self, records: Sequence[Record]) -> None:
+        from mongocdc_core.sinks.base import RecordRejected
+
+        for index, record in enumerate(records):
+            if record.key in self.refuse:
+                raise RecordRejected("the record is larger than the topic takes", record, index)
+            self.written.append(record)
+
+
+def test_fail_mode_stops_at_a_refused_record_and_never_saves_an_offset_past_it() -> None:
+    from mongocdc_core.failures import EventProcessingError
+
+    sink = RefusingSink({b'{"id":"5"}'})
+    store = CheckingStore(sink)
+    dispatcher = _dispatcher(sink, store, _config())  # max.batch.size=3: 5 is in the second batch
+    for i in range(1, 5):
+        dispatcher.change(*_insert(i))
+    dispatcher.commit()
+    with pytest.raises(EventProcessingError) as info:
+        for i in range(5, 9):
+            dispatcher.change(*_insert(i))
+        dispatcher.commit()
+    dispatcher.commit()  # the pipeline's commit after a failure
+    text = str(info.value)
+    assert "cannot deliver the change event of shop.orders" in text and '{"id":"5"}' in text
+    assert "larger than the topic takes" in text and "event.processing.failure.handling.mode" in text
+    assert store.saved[-1].position == Position(1_700_000_000, 4, 0)
+
+
+def test_warn_mode_skips_a_refused_record_and_delivers_the_rest_of_its_batch() -> None:
+    sink = RefusingSink({b'{"id":"5"}'})
+    store = CheckingStore(sink)
+    dispatcher = _dispatcher(sink, store, _config(**{"event.processing.failure.handling.mode": "warn"}))
+    for i in range(1, 10):
+        dispatcher.change(*_insert(i))
+    dispatcher.finish()
+    assert [r.key for r in sink.written] == [b'{"id":"%d"}' % i for i in (1, 2, 3, 4, 6, 7, 8, 9)]
+    assert store.saved[-1].position == Position(1_700_000_000, 9, 0)
+    assert dispatcher.metrics.streaming.NumberOfErroneousEvents == 1
+
+
+@pytest.mark.parametrize("mode", ["fail", "warn"])
+def test_a_snapshot_read_that_cannot_be_converted_goes_to_the_policy(mode: str) -> None:
+    from mongocdc_core.failures import EventProcessingError
+    from mongocdc_core.offsets import SnapshotState
+    from mongocdc_core.receiver import SnapshotChunk
+
+    sink = LedgerSink()
+    store = CheckingStore(sink)
+    dispatcher = _dispatcher(sink, store, _config(**{"event.processing.failure.handling.mode": mode}))
+    start = Position(1_700_000_000, 1)
+    dispatcher.snapshot_started(SnapshotState(["shop.orders"], start_position=start), {"shop.orders": 3})
+    chunk = SnapshotChunk("shop.orders", [{"_id": 1}, {"no_id": True}, {"_id": 3}], ["first", "true", "last"], True)
+    read_at = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+    if mode == "fail":
+        with pytest.raises(EventProcessingError, match="cannot process the snapshot read of shop.orders"):
+            dispatcher.snapshot_chunk(chunk, start, read_at)
+        assert sink.written == []
+    else:
+        dispatcher.snapshot_chunk(chunk, start, read_at)
+        assert [r.key for r in sink.written] == [b'{"id":"1"}', b'{"id":"3"}']
+        assert dispatcher.metrics.snapshot.NumberOfErroneousEvents == 1

@@ -401,3 +401,49 @@ def test_initial_only_after_its_snapshot_is_complete_even_when_the_oplog_moved_o
     cfg, offsets = _lose_history(fresh_db, mongo_uri, "initial_only")
     summary = run_engine(cfg, MemorySink(), offsets)
     assert summary.stopped_because == "snapshot_only" and not summary.snapshot_performed
+
+
+def test_a_landing_file_ending_in_a_partial_line_is_repaired_by_the_streaming_restart(
+    fresh_db: Any, mongo_uri: str, tmp_path: Path
+) -> None:
+    """What kill -9 leaves in the middle of a write: the restart cuts the partial line and delivers its
+    record again, whole, so every event is in the file exactly once and every line parses."""
+    from mongocdc_core.offsets import Offset
+    from mongocdc_core.sinks.jsonl import JsonlSink
+
+    fresh_db.a.insert_many([{"_id": i} for i in range(3)])
+    cfg = make_config(mongo_uri, fresh_db.name)
+    out, offsets = tmp_path / "out", FileOffsetStore(tmp_path / "offsets.json")
+    sink = JsonlSink(out)
+    run_engine(cfg, sink, offsets)  # snapshot and stream up to now: the offset is saved here
+    sink.close()
+    fresh_db.a.insert_many([{"_id": i, "pad": "p" * 300} for i in range(3, 8)])
+    fresh_db.a.delete_one({"_id": 0})
+    stop_at = cluster_time(fresh_db.client)
+
+    # The records the crashed run was writing: the same run, from the same offset, into a scratch directory.
+    stored = offsets.load()
+    assert stored is not None
+    scratch = JsonlSink(tmp_path / "scratch")
+    run_engine(cfg, scratch, MemoryOffsetStore(Offset.from_json(stored.to_json())), stop_at=stop_at)
+    scratch.close()
+    topic = cfg.data_topic(fresh_db.name, "a")
+    crashed = (tmp_path / "scratch" / f"{topic}.jsonl").read_bytes().splitlines(keepends=True)
+    landing = out / f"{topic}.jsonl"
+    before = landing.read_bytes()
+    with open(landing, "ab") as fh:
+        fh.write(crashed[0][: len(crashed[0]) // 2])  # killed halfway through its first line
+
+    sink = JsonlSink(out)
+    run_engine(cfg, sink, offsets, stop_at=stop_at)
+    sink.close()
+    content = landing.read_bytes()
+    assert content.startswith(before) and content.endswith(b"\n")
+    lines = [orjson.loads(line) for line in content[len(before):].splitlines()]  # every line parses
+    ops = [(line["key"]["id"], (line["value"] or {}).get("op")) for line in lines]
+    assert ops == [(str(i), "c") for i in range(3, 8)] + [("0", "d"), ("0", None)]  # each once, none torn
+    assert [(line["key"]["id"], (line["value"] or {}).get("op")) for line in map(orjson.loads, crashed)] == ops
+    pairs = _jsonl(out, topic)
+    from mongocdc_core.replay import Replayer, canonical
+
+    assert canonical(Replayer().apply_all(pairs).documents(f"{fresh_db.name}.a")) == source_state(fresh_db.a)

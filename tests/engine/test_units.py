@@ -407,6 +407,7 @@ def test_stop_while_a_server_selection_blocks_returns_at_once() -> None:
 
 
 def test_exit_codes_tell_failures_apart() -> None:
+    from mongocdc_core.failures import EventProcessingError
     from mongocdc_core.runner import exit_code
     from mongocdc_core.source.errors import (
         AuthenticationError,
@@ -419,7 +420,7 @@ def test_exit_codes_tell_failures_apart() -> None:
         exit_code(exc)
         for exc in (
             CdcError("x"), ConnectError("x"), AuthenticationError("x"), HistoryLostError("x"),
-            ChangeStreamFailedError("x"), OffsetInvalidError("x"),
+            ChangeStreamFailedError("x"), OffsetInvalidError("x"), EventProcessingError("x"),
         )
     ]
-    assert codes == [1, 3, 4, 5, 6, 7]
+    assert codes == [1, 3, 4, 5, 6, 7, 8]

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 from pymongo import MongoClient
 from pymongo.database import Database
 
@@ -18,7 +18,7 @@ from mongocdc_core.engine import Engine
 from mongocdc_core.events.records import Record
 from mongocdc_core.offsets import FileOffsetStore
 from mongocdc_core.positions import Position
-from mongocdc_core.sinks.base import SinkError
+from mongocdc_core.sinks.base import RecordRejected, SinkError
 from mongocdc_core.sinks.factory import open_sink
 from mongocdc_core.sinks.jsonl import JsonlSink
 from mongocdc_core.sinks.kafka import KafkaSink, KafkaSinkSettings
@@ -150,13 +150,31 @@ def test_topic_creation_disabled_relies_on_broker_auto_creation(kafka_bootstrap:
 def test_delivery_error_fails_flush_naming_the_topic_and_stays_failed(kafka_bootstrap: str) -> None:
     topic = f"small-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "1000"})])[topic].result(30)
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
     sink = KafkaSink.from_config(kafka_bootstrap, _cfg())
-    sink.write([_record(topic, b"k", b"x" * 5000)])
+    sink.write([_record(topic, b"k", b"small")])  # the sink learns the topic's limit here...
+    resource = ConfigResource(ResourceType.TOPIC, topic, set_config={"max.message.bytes": "1000"})
+    admin.alter_configs([resource])[resource].result(30)  # ...and the topic shrinks behind its back
+    sink.write([_record(topic, b"k", b"x" * 5000, 2)])
     with pytest.raises(SinkError, match=topic):
         sink.flush(30)
     with pytest.raises(SinkError, match=topic):  # sticky: no later flush can claim success
-        sink.write([_record(topic, b"k", b"small")])
+        sink.write([_record(topic, b"k", b"small", 3)])
+
+
+def test_a_record_larger_than_the_topic_takes_is_refused_and_the_sink_stays_usable(kafka_bootstrap: str) -> None:
+    topic = f"small-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "2000"})])[topic].result(30)
+    sink = KafkaSink.from_config(kafka_bootstrap, _cfg())
+    batch = [_record(topic, b"a", b"small", 1), _record(topic, b"b", b"x" * 5000, 2), _record(topic, b"c", b"z", 3)]
+    with pytest.raises(RecordRejected, match=r"max.message.bytes \(2,000\)") as info:
+        sink.write(batch)
+    assert info.value.accepted == 1 and info.value.record is batch[1]
+    sink.write(batch[2:])
+    sink.flush(30)
+    sink.close()
+    assert [(k, v) for _, k, v in read_topic(kafka_bootstrap, topic)] == [(b"a", b"small"), (b"c", b"z")]
 
 
 def test_compression_and_producer_overrides_pass_through(kafka_bootstrap: str) -> None:
