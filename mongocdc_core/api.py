@@ -277,10 +277,8 @@ class _IncrementalCompanion:
         self.snapshotter.poll()
 
     def take_blocking(self) -> None:
+        """A standalone incremental snapshot reads no signals, so no blocking snapshot is ever asked for."""
         return None
-
-    def run_blocking(self, request: object) -> bool:
-        raise CdcError("a standalone incremental snapshot runs no blocking snapshots")
 
 
 def incremental_snapshot_collection(

@@ -73,6 +73,7 @@ class Dispatcher:
         self.snapshot_documents = 0
         self._snapshot_copied: dict[str, int] = {}
         self._snapshot_totals: dict[str, int | None] = {}
+        self._snapshot_state: SnapshotState | None = None  # the initial or blocking snapshot being copied
         self._last_progress_report = 0.0
 
     # -- writing and committing -----------------------------------------------------------------------
@@ -132,6 +133,19 @@ class Dispatcher:
         # Events sharing the start's clusterTime sort after the reads (ordinal >= 1).
         self._last_key = (start.seconds, start.increment) if start is not None else None
         self._ordinal = 0
+        self._begin_copy(state, totals)
+
+    def blocking_started(self, state: SnapshotState, totals: Mapping[str, int | None]) -> None:
+        """Record a blocking snapshot's request and progress; the stream position stays where it paused.
+
+        Saved with the offset (one document), so a restart runs what is left of it before it
+        streams on from the signal.
+        """
+        self.offset.blocking = state
+        self._begin_copy(state, totals)
+
+    def _begin_copy(self, state: SnapshotState, totals: Mapping[str, int | None]) -> None:
+        self._snapshot_state = state
         self._snapshot_totals = dict(totals)
         self._snapshot_copied = dict.fromkeys(totals, 0)
         self._dirty = True
@@ -154,7 +168,7 @@ class Dispatcher:
         self._snapshot_copied[chunk.namespace] = copied
         if n:
             self.metrics.snapshot.rows(chunk.namespace, n, position.to_str())
-        state = self.offset.snapshot
+        state = self._snapshot_state
         if state is not None:
             state.record_part(chunk.namespace, chunk.part, chunk.after, chunk.part_done, chunk.final)
             self._dirty = True
@@ -175,6 +189,16 @@ class Dispatcher:
         if state is not None and completed:
             state.running = False
             self.offset.snapshot = None
+        self._end_copy(completed)
+
+    def blocking_finished(self, completed: bool) -> None:
+        """A completed blocking snapshot leaves the offset; a stopped one stays for the restart."""
+        if completed:
+            self.offset.blocking = None
+        self._end_copy(completed)
+
+    def _end_copy(self, completed: bool) -> None:
+        self._snapshot_state = None
         self._dirty = True
         self.commit()
         if self.progress is not None:
