@@ -36,7 +36,7 @@ from mongocdc_core.dispatcher import Dispatcher
 from mongocdc_core.events import EventConverter, EventOptions
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.offsets import Offset, OffsetStore, SnapshotState
-from mongocdc_core.positions import Position
+from mongocdc_core.positions import Position, token_timestamp
 from mongocdc_core.receiver import ConnectionState, ProgressListener, SnapshotChunk
 from mongocdc_core.sinks.base import Sink
 from mongocdc_core.source.blocking import BlockingSnapshot
@@ -93,6 +93,10 @@ class StreamCompanion(Protocol):
 
     def on_stream_event(self, namespace: str, document_key: Any, position: Position) -> bool:
         """A data event of ``namespace`` was dispatched at ``position``."""
+
+    def on_stream_passed(self, upto: Timestamp, last: Position | None) -> None:
+        """Every event with a clusterTime up to ``upto`` was dispatched (the last at ``last``), and none
+        up to it will follow (read-only incremental snapshot windows close on it)."""
 
     def process(self) -> None:
         """Once per loop: act on queued signals, re-raise a worker's failure."""
@@ -261,6 +265,7 @@ class CapturePipeline:
         )
         poll_s = cfg.poll_interval_ms / 1000
         counted_from = dispatcher.events
+        frontier: Timestamp | None = None  # every event up to this clusterTime was dispatched
         last_activity = time.monotonic()
         end_token: dict[str, Any] | None = None
         reason = "stop"
@@ -274,6 +279,9 @@ class CapturePipeline:
                 for item in queue.get_batch(cfg.max_batch_size, poll_s):
                     if item.kind == "change":
                         assert item.doc is not None and item.token is not None
+                        if companion is not None and (passed := _passed_before(item.doc, item.token, dispatcher.last_position)):
+                            frontier = passed
+                            companion.on_stream_passed(frontier, dispatcher.last_position)
                         if self._dispatch(item.doc, item.token, accept, companion):
                             last_activity = time.monotonic()
                             if bound.max_events is not None and dispatcher.events - counted_from >= bound.max_events:
@@ -286,6 +294,10 @@ class CapturePipeline:
                     elif item.kind == "progress":
                         assert item.token is not None
                         dispatcher.progress_token(item.token)
+                        scanned = token_timestamp(item.token)
+                        if companion is not None and scanned is not None:
+                            frontier = scanned  # the stream scanned everything up to it
+                            companion.on_stream_passed(frontier, dispatcher.last_position)
                     elif item.kind == "end":
                         end_token = item.token
                         reached = window_end is None and bound.stop_at is not None and item.token is not None
@@ -295,6 +307,8 @@ class CapturePipeline:
                         raise item.error
                 if companion is not None and not self.stop_event.is_set():
                     companion.process()
+                    if frontier is not None:  # windows whose reads finished after the stream passed them
+                        companion.on_stream_passed(frontier, dispatcher.last_position)
                     self._run_blocking(companion)
                     if companion.busy:
                         last_activity = time.monotonic()  # an ad hoc snapshot is running: not idle
@@ -391,6 +405,16 @@ class CapturePipeline:
                 position=ts,
                 oplog_first=first,
             )
+
+
+def _passed_before(doc: Mapping[str, Any], token: Mapping[str, Any], last: Position | None) -> Timestamp | None:
+    """The clusterTime just before this change's, when it is the first of a new clusterTime (every
+    event up to that one was dispatched then); None inside a clusterTime (a transaction)."""
+    cluster_time = doc.get("clusterTime")
+    ts = cluster_time if isinstance(cluster_time, Timestamp) else token_timestamp(token)
+    if ts is None or (last is not None and (last.seconds, last.increment) >= (ts.time, ts.inc)):
+        return None
+    return Timestamp(ts.time, ts.inc - 1) if ts.inc else Timestamp(ts.time - 1, 0xFFFFFFFF)
 
 
 def _idle(reader: ChangeStreamReader, queue: EventQueue, last_activity: float, until_idle: float) -> bool:

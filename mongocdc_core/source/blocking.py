@@ -31,6 +31,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from bson import Timestamp
 from pymongo import MongoClient
 
 from mongocdc_core.config import ConnectorConfig
@@ -38,7 +39,12 @@ from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.offsets.model import SnapshotState
 from mongocdc_core.positions import Position
 from mongocdc_core.receiver import SnapshotChunk, SnapshotReceiver
-from mongocdc_core.source.incremental import IncrementalSnapshotter, IncrementalState, ReceiverOutput
+from mongocdc_core.source.incremental import (
+    READ_ONLY,
+    IncrementalSnapshotter,
+    IncrementalState,
+    ReceiverOutput,
+)
 from mongocdc_core.source.signals import (
     CHANNEL_FILE,
     CHANNEL_KAFKA,
@@ -173,7 +179,7 @@ class AdHocSnapshots:
             self._blocking_requests.append(BlockingSnapshot.resume(cfg, metrics, self.notifier, stored_blocking))
         self.channels = tuple(cfg.signal_enabled_channels)
         self.incremental: IncrementalSnapshotter | None = None
-        if cfg.signal_data_collection:
+        if cfg.signal_data_collection or cfg.incremental_snapshot_watermarking_strategy == READ_ONLY:
             self.incremental = IncrementalSnapshotter(
                 client, cfg, ReceiverOutput(receiver), notifier=self.notifier, metrics=metrics.snapshot,
                 state=IncrementalState.from_json(stored_incremental) if stored_incremental else None,
@@ -215,6 +221,10 @@ class AdHocSnapshots:
     def on_stream_event(self, namespace: str, document_key: Any, position: Position) -> bool:
         return self.incremental is not None and self.incremental.on_stream_event(namespace, document_key, position)
 
+    def on_stream_passed(self, upto: Timestamp, last: Position | None) -> None:
+        if self.incremental is not None:
+            self.incremental.on_stream_passed(upto, last)
+
     def process(self) -> None:
         """Execute queued signals; re-raise an incremental worker's failure."""
         self.processor.process()
@@ -244,7 +254,10 @@ class AdHocSnapshots:
 
     def _require(self) -> IncrementalSnapshotter:
         if self.incremental is None:
-            raise SignalError("incremental snapshots need signal.data.collection (the watermarks are written there)")
+            raise SignalError(
+                "incremental snapshots need signal.data.collection (the watermarks are written there), or "
+                "incremental.snapshot.watermarking.strategy=read_only"
+            )
         return self.incremental
 
     def start(self, signal_id: str, namespaces: Sequence[str], filters: Mapping[str, dict[str, Any]]) -> None:
