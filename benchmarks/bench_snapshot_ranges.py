@@ -15,6 +15,7 @@ limits how much threads can add. Usage: ``python benchmarks/bench_snapshot_range
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import tempfile
 import time
@@ -28,8 +29,11 @@ from rich.table import Table
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.dispatcher import ProgressListener
 from mongocdc_core.engine import Engine
+from mongocdc_core.events import EventConverter, EventOptions
 from mongocdc_core.events.records import Record
 from mongocdc_core.offsets import FileOffsetStore, MemoryOffsetStore, OffsetStore
+from mongocdc_core.positions import Position
+from mongocdc_core.source.ranges import plan_ranges
 from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 
@@ -106,6 +110,32 @@ def _bare_find(uri: str, count: int) -> float:
     return count / elapsed
 
 
+def _find_and_convert(uri: str, count: int, cfg: ConnectorConfig) -> float:
+    """Docs/s of the drain plus the one thing a snapshot must add per document, its conversion to a
+    record (same thread, no engine): the bound for one thread while conversion holds the GIL."""
+    converter = EventConverter(EventOptions.from_config(cfg, rs="rs0"))
+    position, read_at = Position(1, 1), datetime.datetime.now(datetime.UTC)
+    client: MongoClient = MongoClient(uri)
+    with client:
+        start = time.perf_counter()
+        seen = sum(
+            1 for doc in client.bench.big.find({}, batch_size=1000)
+            if converter.convert_read(doc, "bench", "big", position, "true", read_at) is not None
+        )
+        elapsed = time.perf_counter() - start
+    assert seen == count, f"converted {seen} of {count}"
+    return count / elapsed
+
+
+def _plan_seconds(uri: str, split: int) -> tuple[float, int]:
+    """How long planning the ranges takes ($sample on the server) and how many ranges it gives."""
+    client: MongoClient = MongoClient(uri)
+    with client:
+        start = time.perf_counter()
+        ranges = plan_ranges(client.bench.big, split)
+        return time.perf_counter() - start, len(ranges)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     small = os.environ.get("MONGOCDC_BENCH_SMALL") == "1"
@@ -117,6 +147,8 @@ def main() -> None:
     with EmulatedReplicaSet(in_process=False, noop_interval=0, oplog_size_mb=256) as rs:
         _seed(rs.uri, count)
         baseline = _bare_find(rs.uri, count)
+        converting = _find_and_convert(rs.uri, count, _config(rs.uri, 1, split))
+        plan_s, planned = _plan_seconds(rs.uri, split)
         for threads in (1, 2, 4):
             elapsed, records = _snapshot(_config(rs.uri, threads, split), MemoryOffsetStore())
             assert records == count, f"{records} records for {count} documents"
@@ -131,10 +163,13 @@ def main() -> None:
     for name in ("measure", "docs/s", "ratio"):
         table.add_column(name, justify="left" if name == "measure" else "right")
     table.add_row("baseline: bare pymongo find({}) drain, same process", f"{baseline:,.0f}", "1.00")
+    table.add_row("reference: the same drain + convert_read per document, one thread", f"{converting:,.0f}",
+                  f"{converting / baseline:.2f}")
     for name, rate, ratio in rows:
         table.add_row(name, f"{rate:,.0f}", f"{ratio:.2f}")
     console = Console()
     console.print(table)
+    console.print(f"planning {planned} ranges ($sample on the server) took {plan_s:.2f} s of each snapshot above")
     console.print(
         f"interrupted at 90 % ({copied:,} documents), resumed ({rest:,} more): {first + second:.2f} s against "
         f"{full:.2f} s uninterrupted -> time lost {lost:.0%} of the total (goal < 15 %; "
