@@ -75,7 +75,7 @@ def _config(uri: str, threads: int, split: int) -> ConnectorConfig:
         "mongocdc.schemas.enable": "false", "snapshot.fetch.size": "1000", "offset.flush.interval.ms": "600000",
         # The emulator answers the driver's heartbeats only between commands; planning a million
         # documents ($sample) takes it longer than the default 10 s, which would cancel the plan.
-        "mongodb.connect.timeout.ms": "600000",
+        "mongodb.connect.timeout.ms": "600000", "errors.max.retries": "0",  # a lost server fails the run
     })
 
 
