@@ -14,6 +14,7 @@ limits how much threads can add. Usage: ``python -m benchmarks.bench_snapshot_ra
 
 from __future__ import annotations
 
+import datetime
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -25,8 +26,11 @@ from benchmarks import harness
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.dispatcher import ProgressListener
 from mongocdc_core.engine import Engine
+from mongocdc_core.events import EventConverter, EventOptions
 from mongocdc_core.events.records import Record
 from mongocdc_core.offsets import FileOffsetStore, MemoryOffsetStore, OffsetStore
+from mongocdc_core.positions import Position
+from mongocdc_core.source.ranges import plan_ranges
 from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 
@@ -103,6 +107,32 @@ def _bare_find(uri: str, count: int) -> float:
     return count / elapsed
 
 
+def _find_and_convert(uri: str, count: int, cfg: ConnectorConfig) -> float:
+    """Docs/s of the drain plus the one thing a snapshot must add per document, its conversion to a
+    record (same thread, no engine): the bound for one thread while conversion holds the GIL."""
+    converter = EventConverter(EventOptions.from_config(cfg, rs="rs0"))
+    position, read_at = Position(1, 1), datetime.datetime.now(datetime.UTC)
+    client: MongoClient = MongoClient(uri, connectTimeoutMS=600_000)
+    with client:
+        start = time.perf_counter()
+        seen = sum(
+            1 for doc in client.bench.big.find({}, batch_size=1000)
+            if converter.convert_read(doc, "bench", "big", position, "true", read_at) is not None
+        )
+        elapsed = time.perf_counter() - start
+    assert seen == count, f"converted {seen} of {count}"
+    return count / elapsed
+
+
+def _plan_seconds(uri: str, split: int) -> tuple[float, int]:
+    """How long planning the ranges takes ($sample on the server) and how many ranges it gives."""
+    client: MongoClient = MongoClient(uri, connectTimeoutMS=600_000)
+    with client:
+        start = time.perf_counter()
+        ranges = plan_ranges(client.bench.big, split)
+        return time.perf_counter() - start, len(ranges)
+
+
 NAME = "snapshot"
 BASELINE = "a bare pymongo find({}) drain of the same collection (batch size 1000), same process, same server"
 
@@ -114,12 +144,20 @@ def run(small: bool) -> list[harness.Row]:
     with EmulatedReplicaSet(in_process=False, noop_interval=0, oplog_size_mb=256) as rs:
         _seed(rs.uri, count)
         baseline = _bare_find(rs.uri, count)
+        converting = _find_and_convert(rs.uri, count, _config(rs.uri, 1, split))
+        rows.append(harness.Row(NAME, "reference: the same drain + convert_read per document, one thread", BASELINE,
+                                converting, baseline, "docs/s", converting / baseline))
+        plan_s, planned = _plan_seconds(rs.uri, split)
+        elapsed_by_threads: dict[int, float] = {}
         for threads in (1, 2, 4):
             elapsed, records = _snapshot(_config(rs.uri, threads, split), MemoryOffsetStore())
             assert records == count, f"{records} records for {count} documents"
+            elapsed_by_threads[threads] = elapsed
             rows.append(harness.Row(NAME, f"snapshot, {threads} thread(s), {count // split} ranges", BASELINE,
                                     count / elapsed, baseline, "docs/s", count / elapsed / baseline))
-        full, _ = _snapshot(_config(rs.uri, 2, split), MemoryOffsetStore())
+        full = elapsed_by_threads[2]  # the uninterrupted snapshot the interrupted one is compared with
+        rows.append(harness.Row(NAME, f"planning {planned} ranges ($sample on the server), share of a snapshot",
+                                "the 2-thread snapshot that includes it", plan_s, full, "s", plan_s / full))
         with tempfile.TemporaryDirectory() as tmp:
             offsets = FileOffsetStore(Path(tmp) / "offsets.json")
             first, copied = _snapshot(_config(rs.uri, 2, split), offsets, StopAt(int(count * 0.9)))

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from bson import Timestamp
+from pymongo import MongoClient
+from pymongo.collection import Collection
+from pymongo.database import Database
 
 from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.events.records import Record
@@ -28,6 +31,7 @@ from mongocdc_core.sinks.base import Sink
 from mongocdc_core.source import oplog as _oplog
 from mongocdc_core.source.errors import CdcError, HistoryLostError
 from mongocdc_core.source.incremental import (
+    READ_ONLY,
     IncrementalSnapshotResult,
     IncrementalSnapshotter,
     IncrementalStateFile,
@@ -261,6 +265,7 @@ class _IncrementalCompanion:
         self.snapshotter = snapshotter
         self.namespace = namespace
         self.events = 0
+        self.passed: Position | None = None  # every event up to it was dispatched
 
     @property
     def busy(self) -> bool:
@@ -273,14 +278,16 @@ class _IncrementalCompanion:
         self.events += namespace == self.namespace
         return self.snapshotter.on_stream_event(namespace, document_key, position)
 
+    def on_stream_passed(self, upto: Timestamp, last: Position | None) -> None:
+        self.passed = Position.from_timestamp(upto) if self.passed is None else max(self.passed, Position.from_timestamp(upto))
+        self.snapshotter.on_stream_passed(upto, last)
+
     def process(self) -> None:
         self.snapshotter.poll()
 
     def take_blocking(self) -> None:
+        """A standalone incremental snapshot reads no signals, so no blocking snapshot is ever asked for."""
         return None
-
-    def run_blocking(self, request: object) -> bool:
-        raise CdcError("a standalone incremental snapshot runs no blocking snapshots")
 
 
 def incremental_snapshot_collection(
@@ -294,23 +301,34 @@ def incremental_snapshot_collection(
 ) -> IncrementalSnapshotResult:
     """Incremental snapshot of one collection with its own change stream, into ``sink``.
 
-    Watermarks go to ``signal.data.collection``; the stream watches that collection and
-    ``namespace``. Reads carry their chunk's closing-watermark position; the collection's changes
+    Watermarks go to ``signal.data.collection`` and the stream watches that collection and
+    ``namespace`` (with ``incremental.snapshot.watermarking.strategy=read_only`` nothing is
+    written: the watermarks are cluster times and the stream watches ``namespace`` only). Reads carry their chunk's closing-watermark position; the collection's changes
     streamed while the snapshot ran are delivered too, so applying the sink's records in order
     gives the collection as it was at the end. ``filter`` defaults to the collection's
     ``snapshot.collection.filter.overrides`` entry. With ``state_path`` an interrupted run
     continues from its last completed chunk; the file is removed when the snapshot completes.
     """
     db, coll = _split(namespace)
-    if not cfg.signal_data_collection:
-        raise CdcError("incremental_snapshot_collection needs signal.data.collection (watermarks are written there)")
+    read_only = cfg.incremental_snapshot_watermarking_strategy == READ_ONLY
+    if not cfg.signal_data_collection and not read_only:
+        raise CdcError(
+            "incremental_snapshot_collection needs signal.data.collection (watermarks are written there), or "
+            "incremental.snapshot.watermarking.strategy=read_only"
+        )
     started = time.monotonic()
     state_file = IncrementalStateFile(state_path) if state_path is not None else None
-    signal_db, _, signal_coll = cfg.signal_data_collection.partition(".")
+    signal_db, _, signal_coll = (cfg.signal_data_collection or "").partition(".")
+    watched = {namespace} if read_only else {namespace, cfg.signal_data_collection}
     with _pipeline(cfg, sink, progress) as pipeline:
         client = pipeline.client
-        target = client[db] if signal_db == db else client
-        stages = [{"$match": {"$or": [{"ns.db": db, "ns.coll": coll}, {"ns.db": signal_db, "ns.coll": signal_coll}]}}]
+        target: Collection[Any] | Database[Any] | MongoClient[Any]
+        stages: list[dict[str, Any]] = []
+        if read_only:
+            target = client[db][coll]
+        else:
+            target = client[db] if signal_db == db else client
+            stages = [{"$match": {"$or": [{"ns.db": db, "ns.coll": coll}, {"ns.db": signal_db, "ns.coll": signal_coll}]}}]
         start = record_start(client, target)
         dispatcher = pipeline.dispatcher
         stored = state_file.load(namespace) if state_file is not None else None
@@ -325,7 +343,7 @@ def incremental_snapshot_collection(
         try:
             pipeline.stream(
                 StartPoint(resume_after=start.token), Bound(), target=target, pipeline=stages,
-                accept=lambda ns: ns in (namespace, cfg.signal_data_collection),
+                accept=watched.__contains__,
                 companion=companion, done=snapshotter.finished.is_set,
             )
         finally:
@@ -338,6 +356,6 @@ def incremental_snapshot_collection(
         duration_s=time.monotonic() - started,
         first_position=output.first,
         last_position=output.last,
-        end_position=dispatcher.last_position,
+        end_position=max((p for p in (dispatcher.last_position, companion.passed) if p is not None), default=None),
         resumed=stored is not None,
     )

@@ -87,13 +87,13 @@ class Dispatcher:
         self.snapshot_documents = 0
         self._snapshot_copied: dict[str, int] = {}
         self._snapshot_totals: dict[str, int | None] = {}
+        self._snapshot_state: SnapshotState | None = None  # the initial or blocking snapshot being copied
         self._last_progress_report = 0.0
         self.failures = FailurePolicy(cfg.event_processing_failure_handling_mode, metrics)
         # Set when a record the sink refused stopped the run (fail mode): the offset has moved past
         # it, so no later commit may save that offset.
         self._undeliverable = False
         self._key_reader = sink if cfg.mongocdc_snapshot_delete_missing_keys and isinstance(sink, KeyReader) else None
-        self._marks: dict[str, Any] = {}  # marks of a copy whose progress the offset does not keep (blocking)
 
     # -- writing and committing -----------------------------------------------------------------------
 
@@ -185,6 +185,19 @@ class Dispatcher:
         # Events sharing the start's clusterTime sort after the reads (ordinal >= 1).
         self._last_key = (start.seconds, start.increment) if start is not None else None
         self._ordinal = 0
+        self._begin_copy(state, totals)
+
+    def blocking_started(self, state: SnapshotState, totals: Mapping[str, int | None]) -> None:
+        """Record a blocking snapshot's request and progress; the stream position stays where it paused.
+
+        Saved with the offset (one document), so a restart runs what is left of it before it
+        streams on from the signal.
+        """
+        self.offset.blocking = state
+        self._begin_copy(state, totals)
+
+    def _begin_copy(self, state: SnapshotState, totals: Mapping[str, int | None]) -> None:
+        self._snapshot_state = state
         self._snapshot_totals = dict(totals)
         self._snapshot_copied = dict.fromkeys(totals, 0)
         self._dirty = True
@@ -212,7 +225,7 @@ class Dispatcher:
         self._snapshot_copied[chunk.namespace] = copied
         if n:
             self.metrics.snapshot.rows(chunk.namespace, n, position.to_str())
-        state = self.offset.snapshot
+        state = self._snapshot_state
         if state is not None:
             state.record_part(chunk.namespace, chunk.part, chunk.after, chunk.part_done, chunk.final)
             self._dirty = True
@@ -230,26 +243,24 @@ class Dispatcher:
     def begin_full_copies(self, namespaces: Sequence[str]) -> None:
         """These namespaces are about to be copied whole, from their first document: mark where the sink
         stands (``mongocdc.snapshot.delete.missing.keys``; kept in the offset's snapshot state)."""
-        if self._key_reader is None:
+        state = self._snapshot_state  # the initial or blocking snapshot that was just started
+        if self._key_reader is None or state is None:
             return
         self.commit()  # everything before the copy is delivered, and visible to a read-back
-        state = self.offset.snapshot
-        marks = state.marks if state is not None else self._marks
-        fresh = [ns for ns in namespaces if ns not in marks]
+        fresh = [ns for ns in namespaces if ns not in state.marks]
         for namespace in fresh:
             db, _, coll = namespace.partition(".")
-            marks[namespace] = self._key_reader.key_mark(self.converter.topic_for(db, coll))
-        if fresh and state is not None:
+            state.marks[namespace] = self._key_reader.key_mark(self.converter.topic_for(db, coll))
+        if fresh:
             self._dirty = True
             self.commit()
 
     def _delete_missing_keys(self, namespace: str, position: Position) -> None:
         """After the last chunk of a full copy: deletes for the keys downstream holds that nothing confirmed."""
-        state = self.offset.snapshot
-        marks = state.marks if state is not None else self._marks
-        if self._key_reader is None or namespace not in marks:
+        state = self._snapshot_state
+        if self._key_reader is None or state is None or namespace not in state.marks:
             return
-        mark = marks.pop(namespace) if state is None else marks[namespace]
+        mark = state.marks[namespace]
         if mark == 0 or (isinstance(mark, dict) and not any(mark.values())):
             return  # the sink held nothing of it before the copy (a first snapshot): nothing can be missing
         if "d" in self.cfg.skipped_operations:
@@ -301,6 +312,16 @@ class Dispatcher:
         if state is not None and completed:
             state.running = False
             self.offset.snapshot = None
+        self._end_copy(completed)
+
+    def blocking_finished(self, completed: bool) -> None:
+        """A completed blocking snapshot leaves the offset; a stopped one stays for the restart."""
+        if completed:
+            self.offset.blocking = None
+        self._end_copy(completed)
+
+    def _end_copy(self, completed: bool) -> None:
+        self._snapshot_state = None
         self._dirty = True
         self.commit()
         if self.progress is not None:

@@ -345,8 +345,8 @@ class _Run:
             self.engine.progress.streaming_started(dispatcher.offset.position)
         notifications = NotificationService(cfg)
         adhoc = AdHocSnapshots(
-            client, cfg, dispatcher, self.engine.metrics, notifications, self.engine._stop,
-            stored_incremental=dispatcher.offset.incremental,
+            client, cfg, dispatcher, self.engine.metrics, notifications,
+            stored_incremental=dispatcher.offset.incremental, stored_blocking=dispatcher.offset.blocking,
         )
 
         def housekeeping() -> None:

@@ -10,7 +10,8 @@ Control flows one way: sources emit into the dispatcher through
 :class:`~mongocdc_core.receiver.SnapshotReceiver` and never call back into the pipeline. Work
 that runs next to streaming (ad hoc snapshots) is a :class:`StreamCompanion`: the pipeline feeds
 it the events it dispatched and, when it asks for a blocking snapshot, pauses streaming, runs that
-snapshot source, and resumes.
+snapshot source (the same copier as the initial snapshot, its progress in the offsets), and
+resumes. A blocking snapshot a previous run left unfinished runs before anything is streamed.
 
 Whatever the bound, a stream that ends cleanly first checks that its position is still in the
 oplog: a stop never hides a gap.
@@ -35,14 +36,14 @@ from mongocdc_core.dispatcher import Dispatcher
 from mongocdc_core.events import EventConverter, EventOptions
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.offsets import Offset, OffsetStore, SnapshotState
-from mongocdc_core.positions import Position
+from mongocdc_core.positions import Position, token_timestamp
 from mongocdc_core.receiver import ConnectionState, ProgressListener, SnapshotChunk
 from mongocdc_core.sinks.base import Sink
-from mongocdc_core.source.blocking import BlockingRequest
+from mongocdc_core.source.blocking import BlockingSnapshot
 from mongocdc_core.source.connection import Topology, connect
 from mongocdc_core.source.errors import CdcError, HistoryLostError
 from mongocdc_core.source.oplog import position_lost
-from mongocdc_core.source.snapshot import SnapshotCopier
+from mongocdc_core.source.snapshot import SnapshotCopier, estimate_count
 from mongocdc_core.source.stream import ChangeStreamReader, EventQueue, StartPoint
 
 log = logging.getLogger(__name__)
@@ -93,14 +94,15 @@ class StreamCompanion(Protocol):
     def on_stream_event(self, namespace: str, document_key: Any, position: Position) -> bool:
         """A data event of ``namespace`` was dispatched at ``position``."""
 
+    def on_stream_passed(self, upto: Timestamp, last: Position | None) -> None:
+        """Every event with a clusterTime up to ``upto`` was dispatched (the last at ``last``), and none
+        up to it will follow (read-only incremental snapshot windows close on it)."""
+
     def process(self) -> None:
         """Once per loop: act on queued signals, re-raise a worker's failure."""
 
-    def take_blocking(self) -> BlockingRequest | None:
+    def take_blocking(self) -> BlockingSnapshot | None:
         """A blocking snapshot to run now, with streaming paused."""
-
-    def run_blocking(self, request: BlockingRequest) -> bool:
-        """Run it (False when stopped)."""
 
 
 class CapturePipeline:
@@ -197,14 +199,16 @@ class CapturePipeline:
         position: Position,
         *,
         threads: int,
-        filters: dict[str, dict[str, Any] | None] | None = None,
+        filters: Mapping[str, dict[str, Any] | None] | None = None,
         progress: SnapshotState | None = None,
         split_size: int | None = None,
+        observe: Callable[[SnapshotChunk], None] | None = None,
     ) -> bool:
         """Run the snapshot copier over ``namespaces`` into the dispatcher; False when stopped.
 
         ``progress`` (the offset's snapshot state) makes the copy resumable range by range;
-        ``split_size`` overrides ``mongocdc.snapshot.split.size`` (0: copy as given, unsplit).
+        ``split_size`` overrides ``mongocdc.snapshot.split.size`` (0: copy as given, unsplit);
+        ``observe`` sees each chunk after the dispatcher took it.
         """
         dispatcher = self.dispatcher
 
@@ -212,6 +216,8 @@ class CapturePipeline:
             if self.stop_event.is_set():
                 return False
             dispatcher.snapshot_chunk(chunk, position, datetime.datetime.now(datetime.UTC))
+            if observe is not None:
+                observe(chunk)
             return True
 
         copier = SnapshotCopier(
@@ -260,28 +266,39 @@ class CapturePipeline:
         )
         poll_s = cfg.poll_interval_ms / 1000
         counted_from = dispatcher.events
+        frontier: Timestamp | None = None  # every event up to this clusterTime was dispatched
         last_activity = time.monotonic()
         end_token: dict[str, Any] | None = None
         reason = "stop"
         failed = True
         reader.start()
         try:
+            if companion is not None:
+                self._run_blocking(companion)  # one a previous run left unfinished: before any event
             while not self.stop_event.is_set():
                 finished: str | None = None
                 for item in queue.get_batch(cfg.max_batch_size, poll_s):
                     if item.kind == "change":
                         assert item.doc is not None and item.token is not None
+                        if companion is not None and (passed := _passed_before(item.doc, item.token, dispatcher.last_position)):
+                            frontier = passed
+                            companion.on_stream_passed(frontier, dispatcher.last_position)
                         if self._dispatch(item.doc, item.token, accept, companion):
                             last_activity = time.monotonic()
                             if bound.max_events is not None and dispatcher.events - counted_from >= bound.max_events:
                                 finished = "max_events"
                                 break
-                        if companion is not None and (request := companion.take_blocking()) is not None:
-                            self._run_blocking(companion, request)
+                        if companion is not None and self._run_blocking(companion):
                             last_activity = time.monotonic()
+                            if self.stop_event.is_set():
+                                break  # stopped inside a blocking snapshot: nothing after its signal is dispatched
                     elif item.kind == "progress":
                         assert item.token is not None
                         dispatcher.progress_token(item.token)
+                        scanned = token_timestamp(item.token)
+                        if companion is not None and scanned is not None:
+                            frontier = scanned  # the stream scanned everything up to it
+                            companion.on_stream_passed(frontier, dispatcher.last_position)
                     elif item.kind == "end":
                         end_token = item.token
                         reached = window_end is None and bound.stop_at is not None and item.token is not None
@@ -289,10 +306,11 @@ class CapturePipeline:
                         break
                     elif item.error is not None:
                         raise item.error
-                if companion is not None:
+                if companion is not None and not self.stop_event.is_set():
                     companion.process()
-                    while (request := companion.take_blocking()) is not None:
-                        self._run_blocking(companion, request)
+                    if frontier is not None:  # windows whose reads finished after the stream passed them
+                        companion.on_stream_passed(frontier, dispatcher.last_position)
+                    self._run_blocking(companion)
                     if companion.busy:
                         last_activity = time.monotonic()  # an ad hoc snapshot is running: not idle
                 if housekeeping is not None:
@@ -346,10 +364,36 @@ class CapturePipeline:
                 companion.on_stream_event(namespace, (doc.get("documentKey") or {}).get("_id"), position)
         return produced
 
-    def _run_blocking(self, companion: StreamCompanion, request: BlockingRequest) -> None:
-        """Streaming is paused (nothing is dispatched) while the blocking snapshot source runs."""
-        self.dispatcher.drain()
-        companion.run_blocking(request)
+    def _run_blocking(self, companion: StreamCompanion) -> bool:
+        """Run the blocking snapshots the companion asks for, streaming paused; True if any ran.
+
+        Nothing is dispatched meanwhile (the reader's bounded queue fills and waits). The request
+        and its range progress go into the offset (``Offset.blocking``) with the paused stream
+        position, so a stopped or failed snapshot resumes with what is left on the next run.
+        """
+        ran = False
+        while not self.stop_event.is_set() and (snapshot := companion.take_blocking()) is not None:
+            ran = True
+            dispatcher = self.dispatcher
+            dispatcher.drain()
+            state = snapshot.prepare(self.client)
+            assert state.start_position is not None
+            remaining = state.remaining
+            totals = {ns: estimate_count(self.client, self.cfg, ns, state.filters.get(ns)) for ns in remaining}
+            dispatcher.blocking_started(state, totals)
+            if self.cfg.mongocdc_snapshot_delete_missing_keys:  # only whole collections can miss keys
+                dispatcher.begin_full_copies([ns for ns in remaining if not state.filters.get(ns)])
+            snapshot.started(state)
+            completed = False
+            try:
+                completed = self.copy(
+                    remaining, state.start_position, threads=self.cfg.snapshot_max_threads,
+                    filters=state.filters, progress=state, observe=snapshot.on_chunk,
+                )
+            finally:
+                snapshot.finished(completed, state.start_position)
+            dispatcher.blocking_finished(completed)
+        return ran
 
     def _check_position(self, reader: ChangeStreamReader) -> None:
         """Before a clean stop: the stream's position must still be in the oplog (no silent gap)."""
@@ -366,6 +410,16 @@ class CapturePipeline:
                 position=ts,
                 oplog_first=first,
             )
+
+
+def _passed_before(doc: Mapping[str, Any], token: Mapping[str, Any], last: Position | None) -> Timestamp | None:
+    """The clusterTime just before this change's, when it is the first of a new clusterTime (every
+    event up to that one was dispatched then); None inside a clusterTime (a transaction)."""
+    cluster_time = doc.get("clusterTime")
+    ts = cluster_time if isinstance(cluster_time, Timestamp) else token_timestamp(token)
+    if ts is None or (last is not None and (last.seconds, last.increment) >= (ts.time, ts.inc)):
+        return None
+    return Timestamp(ts.time, ts.inc - 1) if ts.inc else Timestamp(ts.time - 1, 0xFFFFFFFF)
 
 
 def _idle(reader: ChangeStreamReader, queue: EventQueue, last_activity: float, until_idle: float) -> bool:

@@ -34,6 +34,13 @@ def _config(tmp_path: Path, uri: str, db: str, **extra: str) -> Path:
     return path
 
 
+def test_version() -> None:
+    from importlib import metadata
+
+    result = _mongocdc("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"mongocdc {metadata.version('mongocdc')}"
+
+
 def test_usage_and_unknown_command() -> None:
     assert _mongocdc().returncode == 2
     assert "run" in _mongocdc("--help").stdout
@@ -179,13 +186,22 @@ def test_log_channel_notifications_are_shown(tmp_path: Path, mongo_uri: str, fre
             "signal.poll.interval.ms": "100", "notification.enabled.channels": "log",
         },
     )
-    result = _mongocdc(
-        "run", "--config", str(config), "--sink", f"jsonl:{tmp_path}/out", "--offsets", str(tmp_path / "o.json"),
-        "--no-progress", "--until-idle", "1",
+    proc = subprocess.Popen(
+        [PY, "-m", "mongocdc_core.cli", "run", "--config", str(config), "--sink", f"jsonl:{tmp_path}/out",
+         "--offsets", str(tmp_path / "o.json"), "--no-progress"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
-    assert result.returncode == 0, result.stderr
-    text = " ".join(result.stderr.split())
-    assert "Notification from" in text and "Incremental Snapshot" in text and "COMPLETED" in text
+    assert proc.stderr is not None
+    seen = ""
+    while "COMPLETED" not in seen:  # the snapshot's last notification, shown by the log channel
+        line = proc.stderr.readline()
+        assert line, f"exited before the snapshot completed: {seen}"
+        seen += line
+    proc.send_signal(signal.SIGTERM)
+    _, rest = proc.communicate(timeout=60)
+    assert proc.returncode == 0, seen + rest
+    text = " ".join(seen.split())
+    assert "Notification from" in text and "Incremental Snapshot" in text and "STARTED" in text
 
 
 @pytest.mark.slow

@@ -195,7 +195,9 @@ PROPERTY_SPECS: tuple[PropertySpec, ...] = (
     _p("incremental.snapshot.chunk.size", "int", "1024", "Documents per incremental snapshot chunk.",
        minimum=1),
     _p("incremental.snapshot.watermarking.strategy", "enum", "insert_insert",
-       "Watermarking of incremental snapshot windows.", ("insert_insert", "insert_delete")),
+       "Watermarking of incremental snapshot windows: documents written to the signaling collection "
+       "(insert_insert, insert_delete), or read_only: cluster times, nothing written to the source.",
+       ("insert_insert", "insert_delete", "read_only")),
     _p("topic.naming.strategy", "str", DEFAULT_TOPIC_NAMING_STRATEGY, "Topic naming strategy class."),
     _p("topic.delimiter", "str", ".", "Delimiter between topic name parts."),
     _p("topic.cache.size", "int", "10000", "Size of the topic name cache.", minimum=1),

@@ -2,12 +2,19 @@
 
 A blocking snapshot is requested by a signal and run by the capture pipeline: the pipeline pauses
 streaming right after the signal's event (the change stream reader keeps filling its bounded
-queue and then waits), runs the copy through :meth:`AdHocSnapshots.run_blocking`, and resumes
-streaming exactly where it paused. Nothing here knows the dispatcher: reads go to a
-:class:`~mongocdc_core.receiver.SnapshotReceiver`. The copy works like an initial snapshot (parallel
-collections, ``source.snapshot`` markers ``first``/``true``/``last``…), with the signal's
-``additional-conditions`` (else ``snapshot.collection.filter.overrides``) as filters. Its reads
-take the position recorded just before the copy started.
+queue and then waits), copies the collections like an initial snapshot (the same copier: ``_id``
+ranges in parallel, ``source.snapshot`` markers ``first``/``true``/``last``…), and resumes
+streaming exactly where it paused. Filters are the signal's ``additional-conditions`` (else
+``snapshot.collection.filter.overrides``); reads take the position recorded just before the copy
+started. Nothing here knows the dispatcher: :class:`BlockingSnapshot` is the request plus its
+notifications and metrics.
+
+Resumable: the request and the progress of its ranges are part of the connector's offset
+(``Offset.blocking``, saved in the same document as the stream position, which stays at the
+signal while the snapshot runs). After a stop, ``kill -9``, a lost connection or a failed sink,
+the next run copies only the ranges not yet done, with the same reads' position and markers,
+before it streams on from the signal: after a graceful stop no record is delivered twice, after
+``kill -9`` at most the ranges being copied repeat.
 
 Possible duplicates (the seed's warning, and what a consumer sees): time passes between the
 signal being written and the copy starting, and the stream paused at the signal, not at the copy.
@@ -15,26 +22,29 @@ Every change made in between (and during the copy) is already reflected in the r
 streamed again once streaming resumes, so a document can appear as a read and then again as the
 create/update/delete that produced it. Consumers must treat records idempotently: the record with
 the highest position per key is the current state, and replaying in delivery order converges to
-the source. If the connector stops during a blocking snapshot, the snapshot is not resumed on
-restart; send the signal again.
+the source.
 """
 
 from __future__ import annotations
 
-import datetime
 import logging
-import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from bson import Timestamp
 from pymongo import MongoClient
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.metrics import ConnectorMetrics
+from mongocdc_core.offsets.model import SnapshotState
 from mongocdc_core.positions import Position
 from mongocdc_core.receiver import SnapshotChunk, SnapshotReceiver
-from mongocdc_core.source.incremental import IncrementalSnapshotter, IncrementalState, ReceiverOutput
+from mongocdc_core.source.incremental import (
+    READ_ONLY,
+    IncrementalSnapshotter,
+    IncrementalState,
+    ReceiverOutput,
+)
 from mongocdc_core.source.signals import (
     CHANNEL_FILE,
     CHANNEL_KAFKA,
@@ -46,12 +56,7 @@ from mongocdc_core.source.signals import (
     SignalError,
     SignalProcessor,
 )
-from mongocdc_core.source.snapshot import (
-    SnapshotCopier,
-    captured_collections,
-    collection_filter,
-    record_start,
-)
+from mongocdc_core.source.snapshot import captured_collections, collection_filter, record_start
 from mongocdc_core.source.stream import watch_target
 
 if TYPE_CHECKING:
@@ -62,80 +67,86 @@ log = logging.getLogger("mongocdc.blocking")
 AGGREGATE = "Initial Snapshot"
 
 
-@dataclass(frozen=True)
-class BlockingRequest:
-    """A blocking snapshot a signal asked for; the pipeline runs it with streaming paused."""
+class BlockingSnapshot:
+    """One blocking snapshot: a signal's request, or one a restart found unfinished in the offsets.
 
-    signal_id: str
-    namespaces: list[str]
-    filters: dict[str, dict[str, Any]]
-
-
-def run_blocking_snapshot(
-    client: MongoClient[Any],
-    cfg: ConnectorConfig,
-    receiver: SnapshotReceiver,
-    metrics: ConnectorMetrics,
-    namespaces: Sequence[str],
-    filters: Mapping[str, dict[str, Any]],
-    *,
-    notifier: Notifier,
-    stop: threading.Event,
-) -> bool:
-    """Copy ``namespaces`` into ``receiver`` (streaming waits); False when ``stop`` ended it early.
-
-    See the module docstring for the duplicates this can produce.
+    The capture pipeline runs it with streaming paused: :meth:`prepare` gives the progress to copy
+    into (new, or the stored one), and :meth:`started`, :meth:`on_chunk` and :meth:`finished`
+    report it (Debezium's notifications and snapshot metrics).
     """
-    start = record_start(client, watch_target(client, cfg))
-    position: Position = start.position
-    query = {ns: dict(filters[ns]) if ns in filters else collection_filter(cfg, ns) for ns in namespaces}
-    snap = metrics.snapshot
-    snap.start(namespaces)
-    name = {"connector_name": cfg.topic_prefix}
-    notifier.notify(AGGREGATE, "STARTED", {**name, "data_collections": ",".join(namespaces)})
-    copied: dict[str, int] = dict.fromkeys(namespaces, 0)
-    receiver.begin_full_copies([ns for ns in namespaces if not query[ns]])
 
-    def emit(chunk: SnapshotChunk) -> bool:
-        if stop.is_set():
-            return False
-        receiver.snapshot_chunk(chunk, position, datetime.datetime.now(datetime.UTC))
-        copied[chunk.namespace] += len(chunk.documents)
+    def __init__(
+        self,
+        cfg: ConnectorConfig,
+        metrics: ConnectorMetrics,
+        notifier: Notifier,
+        signal_id: str,
+        namespaces: Sequence[str],
+        filters: Mapping[str, dict[str, Any]],
+        *,
+        resumed: SnapshotState | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self.notifier = notifier
+        self.signal_id = signal_id
+        self.namespaces = list(namespaces)
+        self.filters = {ns: dict(q) for ns, q in filters.items()}
+        self.resumed = resumed
+        self._rows: dict[str, int] = {}
+
+    @classmethod
+    def resume(cls, cfg: ConnectorConfig, metrics: ConnectorMetrics, notifier: Notifier, state: SnapshotState) -> BlockingSnapshot:
+        """The unfinished blocking snapshot recorded in the offsets."""
+        return cls(cfg, metrics, notifier, state.signal_id or "", state.collections, {}, resumed=state)
+
+    def prepare(self, client: MongoClient[Any]) -> SnapshotState:
+        """The progress to copy into: the stored one, or a new one starting now (position first)."""
+        if self.resumed is not None:
+            return self.resumed
+        start = record_start(client, watch_target(client, self.cfg))
+        return SnapshotState(
+            collections=list(self.namespaces),
+            start_position=start.position,
+            start_token=start.token,
+            signal_id=self.signal_id,
+            filters={
+                ns: dict(self.filters[ns]) if ns in self.filters else collection_filter(self.cfg, ns)
+                for ns in self.namespaces
+            },
+        )
+
+    def started(self, state: SnapshotState) -> None:
+        remaining = state.remaining
+        resumed = self.resumed is not None
+        log.info(
+            "signal %s: blocking snapshot of %s %s; streaming pauses", self.signal_id or "?", ", ".join(remaining),
+            "resumes" if resumed else "starts",
+        )
+        snap = self.metrics.snapshot
+        snap.start(state.collections)
+        snap.RemainingTableCount = len(remaining)
+        self._notify("STARTED", {"data_collections": ",".join(remaining), **({"resumed": "true"} if resumed else {})})
+
+    def on_chunk(self, chunk: SnapshotChunk) -> None:
+        """A chunk was delivered; the end of a collection is reported."""
+        self._rows[chunk.namespace] = self._rows.get(chunk.namespace, 0) + len(chunk.documents)
         if chunk.final:
-            snap.table_done()
-            notifier.notify(AGGREGATE, "TABLE_SCAN_COMPLETED", {
-                **name, "data_collection": chunk.namespace, "scanned_collection": chunk.namespace,
-                "total_rows_scanned": str(copied[chunk.namespace]),
-                "status": "SUCCEEDED" if copied[chunk.namespace] else "EMPTY",
+            rows = self._rows[chunk.namespace]
+            self._notify("TABLE_SCAN_COMPLETED", {
+                "data_collection": chunk.namespace, "scanned_collection": chunk.namespace,
+                "total_rows_scanned": str(rows), "status": "SUCCEEDED" if rows else "EMPTY",
             })
-        return True
 
-    copier = SnapshotCopier(
-        client, cfg, list(namespaces), emit, threads=cfg.snapshot_max_threads,
-        chunk_size=min(cfg.max_batch_size, 1024), filters=query, stop=threading.Event(),
-    )
-    forward = threading.Thread(target=_forward, args=(stop, copier.stop), daemon=True)
-    forward.start()
-    try:
-        completed = copier.run()
-    except BaseException:
-        snap.finish(aborted=True)
-        notifier.notify(AGGREGATE, "ABORTED", name)
-        raise
-    finally:
-        copier.stop.set()
-    receiver.commit()
-    snap.finish(aborted=not completed)
-    notifier.notify(AGGREGATE, "COMPLETED" if completed else "ABORTED", name)
-    log.info("blocking snapshot of %s %s at %s", ", ".join(namespaces), "completed" if completed else "stopped", position)
-    return completed
+    def finished(self, completed: bool, position: Position | None) -> None:
+        """The copy ended: completed, stopped (resumed by the next run) or failed."""
+        self.metrics.snapshot.finish(aborted=not completed)
+        self._notify("COMPLETED" if completed else "ABORTED", {})
+        log.info("blocking snapshot of %s %s at %s", ", ".join(self.namespaces),
+                 "completed" if completed else "stopped (the next run resumes it)", position)
 
-
-def _forward(source: threading.Event, target: threading.Event) -> None:
-    """Propagate the engine's stop to the copier until the copy is over."""
-    while not target.is_set():
-        if source.wait(0.1):
-            target.set()
+    def _notify(self, kind: str, data: Mapping[str, str]) -> None:
+        self.notifier.notify(AGGREGATE, kind, {"connector_name": self.cfg.topic_prefix, **data})
 
 
 class AdHocSnapshots:
@@ -143,9 +154,10 @@ class AdHocSnapshots:
 
     The capture pipeline calls :meth:`on_signal` for each event of the signaling collection and
     :meth:`on_stream_event` for each captured data event (after dispatching it), :meth:`process`
-    once per loop iteration, :meth:`take_blocking` / :meth:`run_blocking` to run a requested
-    blocking snapshot with streaming paused, and :meth:`close` when streaming ends. Other signal
-    channels (Kafka, file) hand parsed signals to ``processor.submit``.
+    once per loop iteration, :meth:`take_blocking` for a requested blocking snapshot (which the
+    pipeline runs with streaming paused), and :meth:`close` when streaming ends. Other signal
+    channels (Kafka, file) hand parsed signals to ``processor.submit``. A blocking snapshot left
+    unfinished in the offsets (``stored_blocking``) is the first one :meth:`take_blocking` gives.
     """
 
     def __init__(
@@ -155,20 +167,19 @@ class AdHocSnapshots:
         receiver: SnapshotReceiver,
         metrics: ConnectorMetrics,
         notifier: Notifier | None,
-        stop: threading.Event,
         *,
         stored_incremental: dict[str, Any] | None = None,
+        stored_blocking: SnapshotState | None = None,
     ) -> None:
-        self.client = client
         self.cfg = cfg
-        self.receiver = receiver
         self.metrics = metrics
-        self._blocking_requests: list[BlockingRequest] = []
         self.notifier: Notifier = notifier or LogNotifier(cfg.topic_prefix)
-        self.stop_event = stop
+        self._blocking_requests: list[BlockingSnapshot] = []
+        if stored_blocking is not None and stored_blocking.running:
+            self._blocking_requests.append(BlockingSnapshot.resume(cfg, metrics, self.notifier, stored_blocking))
         self.channels = tuple(cfg.signal_enabled_channels)
         self.incremental: IncrementalSnapshotter | None = None
-        if cfg.signal_data_collection:
+        if cfg.signal_data_collection or cfg.incremental_snapshot_watermarking_strategy == READ_ONLY:
             self.incremental = IncrementalSnapshotter(
                 client, cfg, ReceiverOutput(receiver), notifier=self.notifier, metrics=metrics.snapshot,
                 state=IncrementalState.from_json(stored_incremental) if stored_incremental else None,
@@ -210,6 +221,10 @@ class AdHocSnapshots:
     def on_stream_event(self, namespace: str, document_key: Any, position: Position) -> bool:
         return self.incremental is not None and self.incremental.on_stream_event(namespace, document_key, position)
 
+    def on_stream_passed(self, upto: Timestamp, last: Position | None) -> None:
+        if self.incremental is not None:
+            self.incremental.on_stream_passed(upto, last)
+
     def process(self) -> None:
         """Execute queued signals; re-raise an incremental worker's failure."""
         self.processor.process()
@@ -239,7 +254,10 @@ class AdHocSnapshots:
 
     def _require(self) -> IncrementalSnapshotter:
         if self.incremental is None:
-            raise SignalError("incremental snapshots need signal.data.collection (the watermarks are written there)")
+            raise SignalError(
+                "incremental snapshots need signal.data.collection (the watermarks are written there), or "
+                "incremental.snapshot.watermarking.strategy=read_only"
+            )
         return self.incremental
 
     def start(self, signal_id: str, namespaces: Sequence[str], filters: Mapping[str, dict[str, Any]]) -> None:
@@ -259,16 +277,8 @@ class AdHocSnapshots:
 
     def _blocking(self, signal_id: str, namespaces: list[str], filters: dict[str, dict[str, Any]]) -> None:
         """Queue the request: it runs on the pipeline's thread, never from inside a dispatch."""
-        self._blocking_requests.append(BlockingRequest(signal_id, list(namespaces), dict(filters)))
+        self._blocking_requests.append(BlockingSnapshot(self.cfg, self.metrics, self.notifier, signal_id, namespaces, filters))
 
-    def take_blocking(self) -> BlockingRequest | None:
-        """The oldest blocking snapshot a signal requested and nobody ran yet."""
+    def take_blocking(self) -> BlockingSnapshot | None:
+        """The oldest blocking snapshot to run (an unfinished one from the offsets first)."""
         return self._blocking_requests.pop(0) if self._blocking_requests else None
-
-    def run_blocking(self, request: BlockingRequest) -> bool:
-        """Run a requested blocking snapshot (the pipeline has paused streaming); False when stopped."""
-        log.info("signal %s: blocking snapshot of %s; streaming pauses", request.signal_id, ", ".join(request.namespaces))
-        return run_blocking_snapshot(
-            self.client, self.cfg, self.receiver, self.metrics, request.namespaces, request.filters,
-            notifier=self.notifier, stop=self.stop_event,
-        )

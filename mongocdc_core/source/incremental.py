@@ -10,6 +10,17 @@ read; when the close arrives the remaining reads are emitted as ``op: r`` with
 the reads and the reads never wait for streaming, except that a worker starts its next chunk only
 after the dispatcher emitted the previous one (that bounds the memory to one chunk per worker).
 
+``read_only`` writes nothing to the source (a secondary, a user with read-only privileges): the
+watermarks are cluster times instead of documents. The low watermark is the ``operationTime`` of
+a ``ping`` sent just before the chunk's read (everything up to it is visible to the read), the
+high watermark the ``operationTime`` of the read itself (nothing the read saw is after it). The
+window is registered before the low watermark is taken, so every streamed event of the collection
+is seen; events after the low watermark whose key is in the buffer drop the read, exactly as
+between written watermarks; the window closes when the change stream has passed the high
+watermark (the pipeline reports it, :meth:`IncrementalSnapshotter.on_stream_passed`) and the
+reads take a position right after every event dispatched so far. Signals then come through the
+Kafka or file channel (or the source channel, which only reads).
+
 Chunks follow MongoDB's own ``_id`` order across BSON types (see :func:`read_chunk`): the
 index-friendly ``{_id: {$gt: last}}`` within ``last``'s type bracket, and an aggregation
 comparison (no type bracketing) to continue into the brackets after it. A collection's snapshot
@@ -40,6 +51,7 @@ from bson import Code, Decimal128, MaxKey, MinKey, ObjectId, Regex, Timestamp, j
 from bson.codec_options import DatetimeConversion
 from bson.datetime_ms import DatetimeMS
 from pymongo import MongoClient
+from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 
 from mongocdc_core.config import ConnectorConfig
@@ -53,6 +65,7 @@ log = logging.getLogger("mongocdc.incremental")
 
 AGGREGATE = "Incremental Snapshot"
 MARKER = "incremental"
+READ_ONLY = "read_only"  # incremental.snapshot.watermarking.strategy: cluster times, nothing written
 _CANONICAL = json_util.CANONICAL_JSON_OPTIONS.with_options(datetime_conversion=DatetimeConversion.DATETIME_AUTO)
 
 
@@ -126,7 +139,11 @@ def _and(bound: dict[str, Any], condition: Mapping[str, Any] | None) -> dict[str
 
 
 def read_chunk(
-    collection: Collection[Any], last: tuple[Any] | None, condition: Mapping[str, Any] | None, size: int
+    collection: Collection[Any],
+    last: tuple[Any] | None,
+    condition: Mapping[str, Any] | None,
+    size: int,
+    session: ClientSession | None = None,
 ) -> list[dict[str, Any]]:
     """The next ``size`` documents after ``last`` (a 1-tuple; None: from the start) in ``_id`` order.
 
@@ -138,7 +155,7 @@ def read_chunk(
     """
 
     def find(query: dict[str, Any], limit: int) -> list[dict[str, Any]]:
-        return list(collection.find(query).sort("_id", 1).limit(limit))
+        return list(collection.find(query, session=session).sort("_id", 1).limit(limit))
 
     if last is None:
         return find(dict(condition) if condition else {}, size)
@@ -244,7 +261,12 @@ class IncrementalState:
 
 @dataclass
 class _Window:
-    """One chunk between its watermarks. ``touched``: keys streamed while the window was open."""
+    """One chunk between its watermarks.
+
+    ``touched``: keys streamed while the window was open, with the clusterTime of their latest
+    event; ``low``/``high``: the cluster-time watermarks of a ``read_only`` window (events up to
+    ``low`` are reflected in the read and do not drop it).
+    """
 
     id: str
     namespace: str
@@ -252,7 +274,9 @@ class _Window:
     opened: bool = False
     buffer: dict[str, dict[str, Any]] = field(default_factory=dict)
     last_key: tuple[Any] | None = None
-    touched: set[str] = field(default_factory=set)
+    touched: dict[str, tuple[int, int]] = field(default_factory=dict)
+    low: Timestamp | None = None
+    high: Timestamp | None = None
     done: bool = False  # the collection ends with this chunk
     read_done: threading.Event = field(default_factory=threading.Event)
     emitted: threading.Event = field(default_factory=threading.Event)
@@ -264,6 +288,7 @@ class IncrementalSnapshotter:
 
     Dispatcher thread: :meth:`on_stream_event` for every data change of a captured collection,
     :meth:`on_signal_event` for every insert/delete in the signaling collection,
+    :meth:`on_stream_passed` when the stream's position moved (closes ``read_only`` windows),
     :meth:`poll` once per loop (re-raises a worker's failure). Signals (any thread via the
     :class:`~mongocdc_core.source.signals.SignalProcessor`): :meth:`start`, :meth:`stop`,
     :meth:`pause`, :meth:`resume`. Up to ``snapshot.max.threads`` collections are read at once.
@@ -280,8 +305,12 @@ class IncrementalSnapshotter:
         state: IncrementalState | None = None,
         progress: ProgressListener | None = None,
     ) -> None:
-        if not cfg.signal_data_collection:
-            raise CdcError("incremental snapshots need signal.data.collection (the watermarks are written there)")
+        self.strategy = cfg.incremental_snapshot_watermarking_strategy
+        if not cfg.signal_data_collection and self.strategy != READ_ONLY:
+            raise CdcError(
+                "incremental snapshots need signal.data.collection (the watermarks are written there), or "
+                "incremental.snapshot.watermarking.strategy=read_only"
+            )
         self.client = client
         self.cfg = cfg
         self.output = output
@@ -289,9 +318,8 @@ class IncrementalSnapshotter:
         self.metrics = metrics
         self.progress = progress
         self.chunk_size = int(cfg.incremental_snapshot_chunk_size)
-        self.strategy = cfg.incremental_snapshot_watermarking_strategy
-        db, _, coll = cfg.signal_data_collection.partition(".")
-        self.signals = client[db][coll]
+        db, _, coll = (cfg.signal_data_collection or "").partition(".")
+        self.signals = client[db][coll] if self.strategy != READ_ONLY else None
         self.state: IncrementalState | None = state
         self._lock = threading.RLock()
         self._windows: dict[str, _Window] = {}
@@ -440,13 +468,34 @@ class IncrementalSnapshotter:
         if not self._windows:
             return False
         identity = key_identity(document_key)
+        at = (position.seconds, position.increment)
         hit = False
         with self._lock:
             for window in self._windows.values():
                 if window.opened and window.namespace == namespace:
-                    window.touched.add(identity)
+                    window.touched[identity] = at
                     hit = hit or identity in window.buffer
         return hit
+
+    def on_stream_passed(self, upto: Timestamp, last: Position | None) -> None:
+        """Every event up to clusterTime ``upto`` was dispatched, the last at ``last``: close the
+        ``read_only`` windows whose high watermark the stream has passed."""
+        if not self._windows or self.strategy != READ_ONLY:
+            return
+        bound = (upto.time, upto.inc)
+        if last is not None and (last.seconds, last.increment) > bound:
+            return  # events of a later clusterTime were dispatched: wait for the next report
+        with self._lock:
+            ready = sorted(
+                (w for w in self._windows.values() if w.high is not None and (w.high.time, w.high.inc) <= bound),
+                key=lambda w: (w.high.time, w.high.inc) if w.high is not None else (0, 0),
+            )
+        for window in ready:
+            assert window.high is not None
+            position = Position.from_timestamp(window.high)
+            if last is not None and last >= position:
+                position = Position(last.seconds, last.increment, last.ordinal + 1)  # right after it, before the next
+            self._close(window, position)
 
     def on_signal_event(self, change: Mapping[str, Any], position: Position) -> bool:
         """An insert/delete in the signaling collection; True when it was one of our watermarks."""
@@ -485,7 +534,9 @@ class IncrementalSnapshotter:
             if window.discarded or state is None or window.namespace not in state.remaining:
                 window.emitted.set()
                 return
-            reads = [doc for identity, doc in window.buffer.items() if identity not in window.touched]
+            low = (window.low.time, window.low.inc) if window.low is not None else None
+            stale = {identity for identity, at in window.touched.items() if low is None or at > low}
+            reads = [doc for identity, doc in window.buffer.items() if identity not in stale]
             ns = window.namespace
         if reads:
             self.output.emit_reads(ns, reads, position)
@@ -591,11 +642,15 @@ class IncrementalSnapshotter:
                 self._windows[window.id] = window
             # Even an empty collection gets a (trivial) window, so every emission and every progress
             # update happens on the dispatcher's thread, in stream order.
-            self._watermark(window, WATERMARK_OPEN)
-            documents: list[dict[str, Any]] = []
-            if maximum is not None:
-                documents = read_chunk(collection, last, condition, self.chunk_size)
+            if self.strategy == READ_ONLY:
+                documents, low, high = self._read_between_cluster_times(window, collection, last, condition, maximum)
+            else:
+                self._watermark(window, WATERMARK_OPEN)
+                documents, low, high = [], None, None
+                if maximum is not None:
+                    documents = read_chunk(collection, last, condition, self.chunk_size)
             with self._lock:
+                window.low, window.high = low, high
                 window.buffer = {key_identity(d["_id"]): d for d in documents}
                 window.last_key = (documents[-1]["_id"],) if documents else None
                 # Done at a short chunk or at the largest key of the start (later inserts are streamed).
@@ -603,14 +658,43 @@ class IncrementalSnapshotter:
                     maximum is not None and any(past_maximum(d["_id"], maximum[0]) for d in documents)
                 )
             window.read_done.set()
-            self._close_watermark(window)
+            if self.strategy != READ_ONLY:
+                self._close_watermark(window)
             while not window.emitted.wait(0.2):
                 if halt.is_set():
                     return
             if window.discarded or window.done:
                 return
 
+    def _read_between_cluster_times(
+        self,
+        window: _Window,
+        collection: Collection[Any],
+        last: tuple[Any] | None,
+        condition: Mapping[str, Any] | None,
+        maximum: tuple[Any] | None,
+    ) -> tuple[list[dict[str, Any]], Timestamp, Timestamp]:
+        """A ``read_only`` chunk: (documents, low, high watermark); nothing is written.
+
+        The window is open (every event of the collection is noted) before the low watermark is
+        taken, so no event after it can slip by unnoticed.
+        """
+        with self._lock:
+            window.opened = True
+        with self.client.start_session(causal_consistency=False) as session:
+            self.client.admin.command("ping", session=session)
+            low = session.operation_time
+            documents = read_chunk(collection, last, condition, self.chunk_size, session) if maximum is not None else []
+            high = session.operation_time
+        if low is None or high is None:
+            raise CdcError(
+                "incremental.snapshot.watermarking.strategy=read_only needs the operationTime MongoDB returns "
+                "on replica sets and sharded clusters; this deployment returned none"
+            )
+        return documents, low, high
+
     def _watermark(self, window: _Window, kind: str) -> None:
+        assert self.signals is not None
         suffix = "open" if kind == WATERMARK_OPEN else "close"
         state = self.state
         self.signals.insert_one({
@@ -620,6 +704,7 @@ class IncrementalSnapshotter:
         })
 
     def _close_watermark(self, window: _Window) -> None:
+        assert self.signals is not None
         if self.strategy == "insert_delete":
             self.signals.delete_one({"_id": f"{window.id}-open"})
         else:

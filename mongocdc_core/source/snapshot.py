@@ -15,7 +15,7 @@ group ``mongocdc.snapshot_modes``; the entry point name is matched against
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
@@ -217,13 +217,16 @@ def record_start(client: MongoClient[Any], watch_target: Any) -> StartPoint:
     return StartPoint(dict(token) if token else None, Position.from_timestamp(ts), cluster_time)
 
 
-def estimate_count(client: MongoClient[Any], cfg: ConnectorConfig, namespace: str) -> int | None:
-    """Document count for progress totals (exact with a filter override, estimated otherwise)."""
+def estimate_count(
+    client: MongoClient[Any], cfg: ConnectorConfig, namespace: str, query: Mapping[str, Any] | None = None
+) -> int | None:
+    """Document count for progress totals: exact with a query (``query``, else the collection's
+    filter override), estimated otherwise."""
     db, _, coll = namespace.partition(".")
     try:
-        query = collection_filter(cfg, namespace)
+        query = query or collection_filter(cfg, namespace)
         if query:
-            return int(client[db][coll].count_documents(query))
+            return int(client[db][coll].count_documents(dict(query)))
         return int(client[db][coll].estimated_document_count())
     except CdcError:
         raise
@@ -274,8 +277,14 @@ class SnapshotCopier:
     range already delivered, are skipped: a resumed snapshot copies only what is left.
 
     ``emit`` is called under one lock, so chunks reach it in the order their markers describe;
-    it returns False to stop the copy (engine stopping). Markers: the first record delivered is
-    ``first``; the final record of the collection that finishes last is ``last``.
+    it returns False to stop the copy (engine stopping). Markers are Debezium's whatever order
+    the ranges finish in: the first record delivered is ``first``, the first of each other
+    collection ``first_in_data_collection``, the last of each collection
+    ``last_in_data_collection`` and the very last ``last``. Which record is a collection's last is
+    only known once all its ranges finished (a range finishing later may be empty), so the final
+    record of each finished range is held back until it is known not to be the last, and the
+    final record of a finished collection until it is known whether it is the snapshot's last. A
+    held record's range is not done yet: a stop leaves it to the restart, never delivered twice.
     """
 
     def __init__(
@@ -287,7 +296,7 @@ class SnapshotCopier:
         *,
         threads: int = 1,
         chunk_size: int = 1024,
-        filters: dict[str, dict[str, Any] | None] | None = None,
+        filters: Mapping[str, dict[str, Any] | None] | None = None,
         stop: threading.Event | None = None,
         progress: SnapshotState | None = None,
         split_size: int | None = None,
@@ -298,7 +307,7 @@ class SnapshotCopier:
         self.max_threads = max(1, threads)
         self.fetch_size = int(cfg.snapshot_fetch_size or 0)
         self.chunk_size = max(1, self.fetch_size or chunk_size)
-        self.filters = filters if filters is not None else {ns: collection_filter(cfg, ns) for ns in collections}
+        self.filters = dict(filters) if filters is not None else {ns: collection_filter(cfg, ns) for ns in collections}
         self.stop = stop or threading.Event()
         self.split_size = int(cfg.mongocdc_snapshot_split_size if split_size is None else split_size)
         self.progress = progress
@@ -306,8 +315,9 @@ class SnapshotCopier:
         self._pending: list[_Unit] = []
         self._parts_left: dict[str, int] = {}
         self._started: set[str] = set()
-        self._active = 0
-        self._emitted_any = False
+        self._emitted_any = progress is not None and progress.delivered
+        self._tails: dict[str, tuple[int, dict[str, Any]]] = {}  # a finished range's final record, per collection
+        self._last: tuple[str, int, dict[str, Any]] | None = None  # a finished collection's final record
         self._lock = threading.Lock()
         self._errors: list[BaseException] = []
 
@@ -331,8 +341,10 @@ class SnapshotCopier:
             self._pending.sort(key=lambda unit: (unit.weight > 0, unit.namespace.partition(".")[2]))
         else:
             self._pending.sort(key=lambda unit: -unit.weight)  # biggest work first; stable within a collection
-        for namespace in finished:  # every range was done before a restart: only the end is left to record
-            self._deliver(namespace, 0, [], part_done=False)
+        with self._lock:
+            for namespace in finished:  # every range was done before a restart: only the end is left to record
+                if not self._send(namespace, 0, [], part_done=False, final=True):
+                    return False
         workers = [
             threading.Thread(target=self._worker, name=f"mongocdc-snapshot-{i}", daemon=True)
             for i in range(max(1, min(self.max_threads, len(self._pending))))
@@ -343,7 +355,10 @@ class SnapshotCopier:
             worker.join()
         if self._errors:
             raise self._errors[0]
-        return not self.stop.is_set()
+        if self.stop.is_set():
+            return False
+        with self._lock:
+            return self._release_last(last=True)
 
     def _units(self, namespace: str) -> list[_Unit]:
         """The ranges of ``namespace`` still to copy (planned now, or taken from ``progress``)."""
@@ -352,9 +367,8 @@ class SnapshotCopier:
             entries = [{"range": r.to_json(), "done": False, "after": None} for r in self.plan(namespace)]
             if self.progress is not None:
                 self.progress.parts[namespace] = entries
-        elif any(entry.get("after") or entry.get("done") for entry in entries):
+        elif any(entry.get("after") for entry in entries):
             self._started.add(namespace)  # resumed: its first record was delivered before the restart
-            self._emitted_any = True
         db, _, coll = namespace.partition(".")
         weight = self.client[db][coll].estimated_document_count() / max(1, len(entries))
         base = self.filters.get(namespace) or {}
@@ -374,7 +388,6 @@ class SnapshotCopier:
         with self._lock:
             if not self._pending or self.stop.is_set() or self._errors:
                 return None
-            self._active += 1
             return self._pending.pop(0)
 
     def _worker(self) -> None:
@@ -410,26 +423,61 @@ class SnapshotCopier:
             cursor.close()
 
     def _deliver(self, namespace: str, part: int, docs: list[dict[str, Any]], *, part_done: bool) -> bool:
+        """A chunk of a range (``part_done``: the range's last); holds back final records (see the class)."""
         with self._lock:
-            final = self._parts_left[namespace] == 0 or (part_done and self._parts_left[namespace] == 1)
-            last_collection = final and self._active <= 1 and not self._pending
-            first_chunk = bool(docs) and namespace not in self._started
-            first_collection = first_chunk and not self._emitted_any
-            markers = [MARK_TRUE] * len(docs)
-            if docs:
-                n = len(docs)
-                for i in (0, n - 1):
-                    markers[i] = snapshot_marker(
-                        first_collection, last_collection, first_chunk and i == 0, final and i == n - 1
-                    )
-                self._emitted_any = True
-                self._started.add(namespace)
-            if part_done:
-                self._active -= 1
-                self._parts_left[namespace] -= 1
-            after = encode_key(docs[-1]["_id"]) if docs else None
-            chunk = SnapshotChunk(namespace, docs, markers, final, part, part_done, after)
-            accepted = self.emit(chunk)
-            if not accepted:
-                self.stop.set()  # the receiver is stopping: the copy is incomplete
-            return accepted
+            if not part_done:
+                return self._send(namespace, part, docs, part_done=False)
+            tail = docs[-1] if docs else None
+            if tail is not None and not self._send(namespace, part, docs[:-1], part_done=False):
+                return False
+            if tail is None and not self._send(namespace, part, [], part_done=True):
+                return False
+            if tail is not None:
+                held = self._tails.pop(namespace, None)
+                if held is not None and not self._send(namespace, held[0], [held[1]], part_done=True):
+                    return False
+                self._tails[namespace] = (part, tail)
+            self._parts_left[namespace] -= 1
+            if self._parts_left[namespace] > 0:
+                return True
+            # The collection is complete: its held record is its last.
+            final = self._tails.pop(namespace, None)
+            if final is None:  # nothing of it was read in this run: record that it is complete
+                return self._send(namespace, part, [], part_done=False, final=True)
+            if not self._release_last(last=False):  # another collection's final record: not the last
+                return False
+            self._last = (namespace, final[0], final[1])
+            return True
+
+    def _release_last(self, *, last: bool) -> bool:
+        """Deliver the held final record of a finished collection (``last``: nothing follows it)."""
+        held, self._last = self._last, None
+        if held is None:
+            return True
+        namespace, part, doc = held
+        return self._send(namespace, part, [doc], part_done=True, final=True, last=last)
+
+    def _send(
+        self, namespace: str, part: int, docs: list[dict[str, Any]], *, part_done: bool, final: bool = False,
+        last: bool = False,
+    ) -> bool:
+        """Hand one chunk to ``emit`` with its markers (under the lock)."""
+        if docs and self._last is not None and self._last[0] != namespace:
+            if not self._release_last(last=False):  # another collection follows it: not the last record
+                return False
+        if not docs and not part_done and not final:
+            return not self.stop.is_set()
+        first_chunk = bool(docs) and namespace not in self._started
+        first_collection = first_chunk and not self._emitted_any
+        markers = [MARK_TRUE] * len(docs)
+        if docs:
+            n = len(docs)
+            for i in (0, n - 1):
+                markers[i] = snapshot_marker(first_collection, last, first_chunk and i == 0, final and i == n - 1)
+            self._emitted_any = True
+            self._started.add(namespace)
+        after = encode_key(docs[-1]["_id"]) if docs else None
+        accepted = self.emit(SnapshotChunk(namespace, docs, markers, final, part, part_done, after))
+        if not accepted:
+            self.stop.set()  # the receiver is stopping: the copy is incomplete
+        return accepted

@@ -136,14 +136,11 @@ def reconcile_collection(
 def reconcile(
     spark: SparkSession,
     state_location: str,
-    mongo: MongoClient | str,
+    client: MongoClient,
     namespaces: Sequence[str],
 ) -> ReconcileResult:
-    """Compare current_state with MongoDB for each ``<db>.<collection>`` in ``namespaces``."""
-    client: MongoClient = MongoClient(mongo) if isinstance(mongo, str) else mongo
-    try:
-        state = read_current_state(spark, state_location)
-        return ReconcileResult(tuple(reconcile_collection(spark, state, client, ns) for ns in namespaces))
-    finally:
-        if isinstance(mongo, str):
-            client.close()
+    """Compare current_state with MongoDB for each ``<db>.<collection>`` in ``namespaces``.
+
+    The caller owns ``client`` (this module opens no connection of its own)."""
+    state = read_current_state(spark, state_location)
+    return ReconcileResult(tuple(reconcile_collection(spark, state, client, ns) for ns in namespaces))

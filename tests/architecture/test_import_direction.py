@@ -111,3 +111,50 @@ def test_the_dispatcher_never_imports_sources() -> None:
 )
 def test_the_check_itself_finds_what_it_must(source: str, forbidden: tuple[str, ...], expected: int) -> None:
     assert len(_forbidden_lines(source, "mongocdc_core.source", forbidden)) == expected
+
+
+# -- I/O stays at the edges ----------------------------------------------------------------------------
+
+#: The coordinator, the functions orchestrators call, the dispatcher, the metrics model and the table
+#: reconciliation go through source/, sinks/, offsets/ or an exporter: they open no client and write no file.
+NO_IO_MODULES = ("engine.py", "api.py", "pipeline.py", "dispatcher.py", "metrics/model.py", "tables/reconcile.py")
+CLIENT_CLASSES = frozenset({"MongoClient", "Producer", "Consumer", "AdminClient"})
+FILE_CALLS = frozenset({"write_text", "write_bytes", "mkstemp", "NamedTemporaryFile", "fsync", "unlink", "mkdir"})
+
+
+def _io_calls(source: str) -> list[str]:
+    """Calls that open a client or write to the file system, as ``line: name``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else ""
+        if (
+            name in CLIENT_CLASSES
+            or name in FILE_CALLS
+            or (isinstance(func, ast.Name) and name == "open")
+            or (owner == "os" and name in ("replace", "rename", "remove"))
+        ):
+            found.append(f"{node.lineno}: {owner + '.' if owner else ''}{name}")
+    return found
+
+
+@pytest.mark.parametrize("module", NO_IO_MODULES)
+def test_the_core_opens_no_client_and_writes_no_file_itself(module: str) -> None:
+    assert _io_calls((CORE / module).read_text(encoding="utf-8")) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("c = MongoClient(uri)\n", 1),
+        ("p = confluent_kafka.Producer({})\n", 1),
+        ("with open(path, 'wb') as fh: pass\n", 1),
+        ("os.replace(a, b)\npath.write_bytes(b'x')\n", 2),
+        ("text.replace('a', 'b')\nclient.close()\n", 0),
+    ],
+)
+def test_the_io_check_itself_finds_what_it_must(source: str, expected: int) -> None:
+    assert len(_io_calls(source)) == expected

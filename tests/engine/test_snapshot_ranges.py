@@ -125,3 +125,38 @@ def test_snapshotting_each_planned_range_alone_gives_the_same_records_as_one_sna
         assert result.documents == len(sink.values())
         pieces += reads(sink)
     assert sorted(pieces) == reads(whole) and len(reads(whole)) == fresh_db.parts.count_documents({})
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_markers_stay_debeziums_whatever_order_the_ranges_finish_in(
+    fresh_db: Database, mongo_uri: str, threads: int
+) -> None:
+    """``first``/``last`` and ``*_in_data_collection`` mark the first and last record delivered, even when
+    the range that finishes last is empty (a filter keeps nothing of it) or a whole collection is."""
+    import orjson
+
+    from mongocdc_core.offsets import MemoryOffsetStore
+    from tests.engine.engine_support import MemorySink, make_config, run_engine
+
+    db = fresh_db.name
+    for name in ("a", "b", "empty"):
+        fresh_db[name].insert_many([{"_id": i, "n": i} for i in range(120)])
+    keep = {"_id": {"$lt": 47}}  # the ranges above 47 hold nothing once filtered
+    cfg = make_config(mongo_uri, db, **{
+        "snapshot.mode": "initial_only", "snapshot.max.threads": threads, "mongocdc.snapshot.split.size": 10,
+        "snapshot.fetch.size": 4, "snapshot.collection.filter.overrides": f"{db}.a,{db}.empty",
+        f"snapshot.collection.filter.overrides.{db}.a": orjson.dumps(keep).decode(),
+        f"snapshot.collection.filter.overrides.{db}.empty": '{"_id": {"$lt": -1}}',
+    })
+    sink = MemorySink()
+    run_engine(cfg, sink, MemoryOffsetStore())
+    delivered = [(r.collection, v["source"]["snapshot"]) for r, v in zip(sink.data(), sink.values(), strict=True)]
+    markers = [marker for _, marker in delivered]
+    assert markers[0] == "first" and markers[-1] == "last"
+    assert markers.count("first") == markers.count("last") == 1
+    for coll, count in ((f"{db}.a", 47), (f"{db}.b", 120)):
+        own = [marker for ns, marker in delivered if ns == coll]
+        assert len(own) == count
+        assert own[0] in ("first", "first_in_data_collection") and own[-1] in ("last", "last_in_data_collection")
+        assert set(own[1:-1]) == {"true"}
+    assert f"{db}.empty" not in {ns for ns, _ in delivered}

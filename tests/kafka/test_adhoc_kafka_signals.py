@@ -6,6 +6,7 @@ import threading
 from typing import Any
 
 import orjson
+import pytest
 from confluent_kafka import Producer
 from pymongo.database import Database
 
@@ -24,15 +25,19 @@ class _Streaming(ProgressListener):
         self.started.set()
 
 
+@pytest.mark.parametrize("strategy", ["insert_insert", "read_only"])
 def test_kafka_signals_start_an_incremental_snapshot(
-    kafka_bootstrap: str, mongo_uri: str, fresh_db: Database[Any]
+    kafka_bootstrap: str, mongo_uri: str, fresh_db: Database[Any], strategy: str
 ) -> None:
     db = fresh_db.name
     fresh_db.items.insert_many([{"_id": i, "color": "blue" if i % 2 else "red"} for i in range(40)])
     topic = f"srv-signal-{db}"
+    # read_only: no signaling collection at all, the connector writes nothing to MongoDB
+    read_only = {"signal.data.collection": "", "signal.enabled.channels": "kafka"} if strategy == "read_only" else {}
     cfg = engine_config(mongo_uri, db, **{
         "signal.enabled.channels": "source,kafka", "signal.kafka.bootstrap.servers": kafka_bootstrap,
         "signal.kafka.topic": topic, "signal.kafka.groupId": f"g-{db}", "incremental.snapshot.chunk.size": 6,
+        "incremental.snapshot.watermarking.strategy": strategy, **read_only,
     })
     sink = MemorySink()
     streaming = _Streaming()
@@ -52,4 +57,5 @@ def test_kafka_signals_start_an_incremental_snapshot(
     finally:
         engine.stop()
     assert read_ids(sink, f"{db}.items") == [i for i in range(40) if i % 2]
+    assert ("signals" in fresh_db.list_collection_names()) is (strategy != "read_only")
     assert kinds(sink, "Signal") == ["REJECTED", "REJECTED"]  # wrong key, malformed JSON: skipped

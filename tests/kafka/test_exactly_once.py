@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pymongo.database import Database
 
+from mongocdc_core.api import current_cluster_time
 from mongocdc_core.engine import Engine
 from mongocdc_core.events.records import Record
 from mongocdc_core.offsets import Offset, open_offset_store
@@ -39,7 +40,7 @@ def test_batches_and_offsets_commit_together(
     sink = open_sink(f"kafka:{kafka_bootstrap}", cfg)
     assert isinstance(sink, KafkaSink) and sink.transactional
     store = open_offset_store(f"kafka:{kafka_bootstrap}/{offsets_topic}", cfg, sink)
-    summary = Engine(cfg, sink, store).run(until_idle=1.0)
+    summary = Engine(cfg, sink, store).run(stop_at=current_cluster_time(cfg))  # after the inserts
     sink.close()
     store.close()
     assert summary.snapshot_documents == 3

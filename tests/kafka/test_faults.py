@@ -71,6 +71,55 @@ def test_broker_stopped_and_restarted_mid_stream_loses_nothing(
     assert _per_key_in_order(events)
 
 
+def test_until_idle_does_not_stop_while_blocked_on_a_kafka_outage(
+    kafka_broker: KafkaBroker, mongo_uri: str, fresh_db: Database, tmp_path: Path
+) -> None:
+    """Time blocked on the broker is not idle: the run ends only after every queued event was delivered."""
+    bootstrap = kafka_broker.bootstrap_servers
+    cfg = make_config(mongo_uri, fresh_db.name, **{
+        "snapshot.mode": "no_data", "max.batch.size": "16", "max.queue.size": "32", "offset.flush.interval.ms": "0",
+    })
+    sink = KafkaSink.from_config(bootstrap, cfg)
+    listener = StreamingStarted()
+    engine = Engine(cfg, sink, FileOffsetStore(tmp_path / "offsets.json"), progress=listener)
+    run = Background(engine, until_idle=0.5).start()
+    wait_for(lambda: listener.started.is_set() or run.error is not None)
+    run.check()
+    coll = fresh_db["c"]
+    writing = threading.Event()
+    written: list[int] = []
+
+    def write() -> None:  # a steady trickle, so the stream is never idle before the outage
+        while not writing.is_set():
+            coll.insert_one({"_id": len(written)})
+            written.append(len(written))
+            time.sleep(0.02)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        wait_for(lambda: engine.metrics.streaming.TotalNumberOfEventsSeen >= 10 or run.error is not None)
+        kafka_broker.stop()
+        wait_for(lambda: sink.metrics.SinkBlocked or run.error is not None or run.summary is not None,
+                 timeout=60, what="sink blocked")
+        writing.set()
+        writer.join()
+        # Blocked for six times the idle bound with events queued: the run must still be going.
+        wait_for(lambda: sink.metrics.as_dict()["MilliSecondsBlocked"] >= 3000 or run.summary is not None
+                 or run.error is not None, timeout=60, what="sink blocked for 3 s")
+        run.check()
+        assert run.summary is None, f"the run stopped during the outage: {run.summary}"
+    finally:
+        writing.set()
+        writer.join()
+        kafka_broker.start()
+    summary = run.wait(120)
+    sink.close()
+    assert summary.stopped_because == "idle" and summary.events == len(written)
+    events = data_events(bootstrap, cfg.data_topic(fresh_db.name, "c"), committed=False)
+    assert set(events) == {(i, "c") for i in written}
+
+
 def test_kill_9_under_load_is_at_least_once(
     kafka_bootstrap: str, mongo_uri: str, fresh_db: Database, tmp_path: Path
 ) -> None:

@@ -10,6 +10,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 from pymongo.database import Database
 
+from mongocdc_core.api import current_cluster_time
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import FileOffsetStore, Offset, OffsetError, SnapshotState, open_offset_store
@@ -122,7 +123,7 @@ def test_engine_resumes_from_the_kafka_offset_store(
 
     sink = JsonlSink(tmp_path / "out")
     store = open_offset_store(spec, cfg)
-    first = Engine(cfg, sink, store).run(until_idle=1.0)
+    first = Engine(cfg, sink, store).run(stop_at=current_cluster_time(cfg))
     store.close()
     assert first.snapshot_documents == 5
     coll.insert_many([{"_id": i} for i in range(5, 12)])
@@ -131,7 +132,7 @@ def test_engine_resumes_from_the_kafka_offset_store(
     store = open_offset_store(spec, cfg)
     loaded = store.load()
     assert loaded is not None and loaded.resume_token is not None and not loaded.snapshot_in_progress
-    second = Engine(cfg, sink, store).run(until_idle=1.0)
+    second = Engine(cfg, sink, store).run(stop_at=current_cluster_time(cfg))
     store.close()
     sink.close()
     assert not second.snapshot_performed
