@@ -37,6 +37,9 @@ _ADMIN_TIMEOUT_S = 30.0
 _BLOCKED_LOG_EVERY_S = 10.0
 _POLL_STEP_S = 0.1
 _TOPIC_EXISTS = KafkaError.TOPIC_ALREADY_EXISTS
+#: Header carrying every record's position (``Position.to_str()``): consumers such as the Structured
+#: Streaming tables order records by it exactly as the landing zone's position column does.
+POSITION_HEADER = "mongocdc.position"
 
 
 @dataclass(frozen=True)
@@ -294,7 +297,8 @@ class KafkaSink:
         for record in records:
             while True:
                 try:
-                    produce(record.topic, value=record.value, key=record.key)
+                    produce(record.topic, value=record.value, key=record.key,
+                            headers=[(POSITION_HEADER, record.position.to_str().encode())])
                     break
                 except BufferError:
                     self._wait_for_room()
