@@ -31,7 +31,7 @@ BENCHMARKS = (
     "bench_incremental_snapshot",
     "bench_kafka_sink",
     "bench_dagster_slice",
-    "bench_current_state_merge",
+    "bench_tables",
 )
 
 

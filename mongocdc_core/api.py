@@ -8,6 +8,7 @@ touch the connector's offsets.
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 import uuid
@@ -26,10 +27,10 @@ from mongocdc_core.events.records import Record
 from mongocdc_core.offsets import Offset
 from mongocdc_core.pipeline import Bound, CapturePipeline
 from mongocdc_core.positions import Position
-from mongocdc_core.receiver import ProgressListener
+from mongocdc_core.receiver import ProgressListener, SnapshotChunk
 from mongocdc_core.sinks.base import Sink
 from mongocdc_core.source import oplog as _oplog
-from mongocdc_core.source.errors import CdcError, HistoryLostError
+from mongocdc_core.source.errors import CdcError, HistoryLostError, SnapshotReadUnavailable
 from mongocdc_core.source.incremental import (
     READ_ONLY,
     IncrementalSnapshotResult,
@@ -39,7 +40,13 @@ from mongocdc_core.source.incremental import (
 )
 from mongocdc_core.source.oplog import OplogWindow
 from mongocdc_core.source.ranges import IdRange, plan_ranges
-from mongocdc_core.source.snapshot import captured_collections, collection_filter, record_start
+from mongocdc_core.source.snapshot import (
+    MARK_TRUE,
+    captured_collections,
+    collection_filter,
+    read_at_cluster_time,
+    record_start,
+)
 from mongocdc_core.source.stream import StartPoint, watch_target
 
 __all__ = [
@@ -50,6 +57,7 @@ __all__ = [
     "IncrementalSnapshotResult",
     "OplogWindow",
     "SliceResult",
+    "SnapshotReadUnavailable",
     "SnapshotResult",
     "current_cluster_time",
     "incremental_snapshot_collection",
@@ -151,6 +159,7 @@ def snapshot_collection(
     filter: dict[str, Any] | None = None,  # noqa: A002 - the API's name
     id_range: IdRange | None = None,
     progress: ProgressListener | None = None,
+    at_cluster_time: Timestamp | None = None,
 ) -> SnapshotResult:
     """Blocking snapshot of one collection into ``sink`` (flushed before returning).
 
@@ -158,10 +167,16 @@ def snapshot_collection(
     streamed after it supersedes the read. ``filter`` defaults to the collection's
     ``snapshot.collection.filter.overrides`` entry; ``id_range`` copies one range of
     :func:`plan_snapshot_ranges` only (the union of all ranges is the whole snapshot).
+
+    ``at_cluster_time`` reads the collection as it was at that cluster time (a snapshot read) and the
+    records carry that position; it raises :class:`SnapshotReadUnavailable` when the server no longer
+    holds that time (or cannot read at one), so the caller can choose another way.
     """
     db, coll = _split(namespace)
     started = time.monotonic()
     counting = _CountingSink(sink)
+    if at_cluster_time is not None:
+        return _snapshot_at(cfg, namespace, counting, at_cluster_time, filter, started)
     with _pipeline(cfg, counting, progress) as pipeline:
         start = record_start(pipeline.client, pipeline.client[db][coll])
         query = filter if filter is not None else collection_filter(cfg, namespace)
@@ -184,6 +199,37 @@ def snapshot_collection(
         duration_s=time.monotonic() - started,
         position=start.position,
         resume_token=start.token,
+    )
+
+
+def _snapshot_at(
+    cfg: ConnectorConfig,
+    namespace: str,
+    sink: _CountingSink,
+    at: Timestamp,
+    query: dict[str, Any] | None,
+    started: float,
+) -> SnapshotResult:
+    """:func:`snapshot_collection` at a past cluster time: one snapshot read, records at its position."""
+    position = Position.from_timestamp(at)
+    query = query if query is not None else collection_filter(cfg, namespace) or {}
+    with _pipeline(cfg, sink) as pipeline:
+        dispatcher = pipeline.dispatcher
+        batches = read_at_cluster_time(pipeline.client, namespace, at, query, cfg.snapshot_fetch_size or 1024)
+        for docs in batches:
+            if docs:
+                chunk = SnapshotChunk(namespace, docs, [MARK_TRUE] * len(docs), final=False)
+                dispatcher.snapshot_chunk(chunk, position, datetime.datetime.now(datetime.UTC))
+        dispatcher.snapshot_chunk(SnapshotChunk(namespace, [], [], final=True), position,
+                                  datetime.datetime.now(datetime.UTC))
+        dispatcher.commit()
+    return SnapshotResult(
+        namespace=namespace,
+        documents=dispatcher.snapshot_documents,
+        bytes=sink.bytes,
+        duration_s=time.monotonic() - started,
+        position=position,
+        resume_token=None,
     )
 
 

@@ -4,8 +4,8 @@ It starts the emulated replica set, seeds the inventory data set, runs the conne
 snapshot and then streaming while a scripted workload changes the data (inserts, updates,
 replaces, deletes and transactions), prints what each topic received, and replays the records to
 show they rebuild exactly the documents now in the source. Finally Spark turns the Parquet landing
-zone into the changelog and current-state Delta tables, prints them, and reconciles current_state
-with the source collections.
+zone into each collection's changelog and current_state Delta tables, prints them, and reconciles
+every current_state with its collection at the table's position.
 """
 
 from __future__ import annotations
@@ -77,28 +77,41 @@ def _topic_table(out: Path) -> tuple[Table, list[tuple[Any, Any]]]:
     return table, data
 
 
-def _tables(console: Console, client: MongoClient[Any], landing: Path, root: Path) -> list[str]:
-    """Build the Delta tables from the landing zone, print them, and reconcile with the source."""
-    from mongocdc_core.tables import TableLocations, materialize, print_tables, reconcile, spark_session
+def _tables(console: Console, cfg: ConnectorConfig, landing: Path, root: Path) -> list[str]:
+    """Build each collection's Delta tables from the landing zone, print them, and reconcile them with
+    the source at the tables' position."""
+    from mongocdc_core.tables import (
+        CollectionTables,
+        landing_files,
+        print_tables,
+        reconcile_at_position,
+        refresh_changelog,
+        refresh_current_state,
+        spark_session,
+    )
 
-    console.rule("tables (PySpark + Delta Lake)")
+    console.rule("tables (PySpark + Delta Lake, one changelog and one current_state per collection)")
     spark = spark_session()
     try:
-        locations = TableLocations(str(root))
-        data_topics = sorted(landing.glob(f"{TOPIC_PREFIX}.{inventory.DATABASE}.*"))
-        materialize(spark, locations, data_topics)
-        print_tables(spark, locations, limit=5, console=console)
-        namespaces = [f"{inventory.DATABASE}.{name}" for name in inventory.COLLECTIONS]
-        result = reconcile(spark, locations.current_state, client, namespaces)
+        tables = [CollectionTables.under(str(root), f"{inventory.DATABASE}.{name}") for name in inventory.COLLECTIONS]
+        for t in tables:
+            refresh_changelog(spark, t, landing_files([landing / f"{TOPIC_PREFIX}.{t.namespace}"]))
+            refreshed = refresh_current_state(spark, t)
+            console.print(f"{t.namespace}: {refreshed.row_count} rows at position {refreshed.position}")
+        print_tables(spark, tables, limit=5, console=console)
+        results = [reconcile_at_position(spark, t, cfg) for t in tables]
     finally:
         spark.stop()
-    for item in result.collections:
+    for item in results:
         state = "[green]matches[/green]" if item.matches else "[red]DIFFERS[/red]"
-        console.print(f"reconciliation {item.namespace}: table {item.table_count} rows, source {item.source_count}: {state}")
-    if result.matches:
-        console.print("[bold green]current_state equals the source (count and order-independent hash)[/bold green]")
+        console.print(
+            f"reconciliation {item.namespace} at {item.position} ({item.method}): table {item.table_rows} rows, "
+            f"source {item.source_rows}: {state}"
+        )
+    if all(item.matches for item in results):
+        console.print("[bold green]each current_state equals its collection at the table's position[/bold green]")
         return []
-    return [f"current_state differs at {key}" for key in result.mismatching_keys[:10]]
+    return [f"current_state of {r.namespace} differs at {key}" for r in results for key in r.mismatching_keys[:10]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"replay of {inventory.DATABASE}.{name}: {len(rebuilt)} documents, source {len(source)}: {state}")
             problems += diff
         if not args.no_tables:
-            problems += _tables(console, client, landing, home / "tables")
+            problems += _tables(console, cfg, landing, home / "tables")
         client.close()
     console.print(f"records written to {out} (stopped: {summary.stopped_because})")
     if problems:

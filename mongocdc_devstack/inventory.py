@@ -62,10 +62,12 @@ def _order(i: int, customers: int, products: int) -> dict[str, Any]:
     }
 
 
-def seed(client: MongoClient[Any], customers: int = 200, products: int = 100, orders: int = 500) -> dict[str, int]:
+def seed(
+    client: MongoClient[Any], customers: int = 200, products: int = 100, orders: int = 500, database: str = DATABASE
+) -> dict[str, int]:
     """Create the inventory collections (dropping old ones) and return their sizes."""
     random.seed(7)
-    db = client[DATABASE]
+    db = client[database]
     for name in COLLECTIONS:
         db.drop_collection(name)
     db.customers.insert_many([_customer(i) for i in range(customers)])
@@ -74,10 +76,12 @@ def seed(client: MongoClient[Any], customers: int = 200, products: int = 100, or
     return {name: db[name].count_documents({}) for name in COLLECTIONS}
 
 
-def run_workload(client: MongoClient[Any], steps: int = 200, pause: Callable[[], None] | None = None) -> dict[str, int]:
+def run_workload(
+    client: MongoClient[Any], steps: int = 200, pause: Callable[[], None] | None = None, database: str = DATABASE
+) -> dict[str, int]:
     """A scripted mix of inserts, updates, replaces, deletes and transactions; returns counts."""
     rng = random.Random(11)
-    db = client[DATABASE]
+    db = client[database]
     counts = {"insert": 0, "update": 0, "replace": 0, "delete": 0, "transaction": 0}
     customer_ids = [doc["_id"] for doc in db.customers.find({}, {"_id": 1})]
     next_customer = max(customer_ids) + 1

@@ -57,6 +57,9 @@ _DEFAULT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's message.max.bytes
 # Record batch header (61 bytes) plus one record's framing and a few headers: what a record costs on
 # the wire beyond its key and value.
 _RECORD_OVERHEAD = 128
+#: Header carrying every record's position (``Position.to_str()``): consumers such as the Structured
+#: Streaming tables order records by it exactly as the landing zone's position column does.
+POSITION_HEADER = "mongocdc.position"
 
 
 @dataclass(frozen=True)
@@ -331,7 +334,8 @@ class KafkaSink:
                 self._refused(records, index, f"the {size:,}-byte record exceeds the {limit[0]:,} bytes {limit[1]}")
             while True:
                 try:
-                    produce(record.topic, value=record.value, key=record.key)
+                    produce(record.topic, value=record.value, key=record.key,
+                            headers=[(POSITION_HEADER, record.position.to_str().encode())])
                     break
                 except BufferError:
                     self._wait_for_room()

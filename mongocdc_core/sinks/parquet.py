@@ -190,6 +190,19 @@ class _Columns:
         return pa.Table.from_pydict(columns, schema=LANDING_SCHEMA)
 
 
+def landing_table(records: Sequence[Record]) -> pa.Table:
+    """The landing-zone rows of ``records``, exactly as the sink writes them (in order per topic)."""
+    payloads = _PayloadText()
+    by_topic: dict[str, _Columns] = {}
+    for record in records:
+        columns = by_topic.get(record.topic)
+        if columns is None:
+            columns = by_topic[record.topic] = _Columns(record.topic)
+        columns.add(record, payloads)
+    tables = [columns.table() for columns in by_topic.values()]
+    return pa.concat_tables(tables) if tables else LANDING_SCHEMA.empty_table()
+
+
 def _parse_payloads(lines: list[bytes]) -> pa.Table:
     """Arrow's JSON reader over the payloads as JSON Lines (blocks parsed in parallel; a block must
     hold the longest line)."""

@@ -63,6 +63,11 @@ class HistoryLostError(CdcError):
         )
 
 
+class SnapshotReadUnavailable(CdcError):
+    """A read at a past cluster time was refused: the server no longer keeps that point in its snapshot
+    history (``minSnapshotHistoryWindowInSeconds``), or does not support ``atClusterTime`` reads."""
+
+
 class ChangeStreamFailedError(CdcError):
     """The server ended the change stream with an error resuming cannot fix (e.g. code 280)."""
 

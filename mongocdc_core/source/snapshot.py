@@ -15,20 +15,20 @@ group ``mongocdc.snapshot_modes``; the entry point name is matched against
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
-from bson import json_util
+from bson import Timestamp, json_util
 from pymongo import MongoClient
-from pymongo.errors import PyMongoError
+from pymongo.errors import OperationFailure, PyMongoError
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.offsets.model import SnapshotState
 from mongocdc_core.positions import Position
 from mongocdc_core.receiver import SnapshotChunk, StartPoint
-from mongocdc_core.source.errors import CdcError
+from mongocdc_core.source.errors import CdcError, SnapshotReadUnavailable
 from mongocdc_core.source.oplog import current_cluster_time, token_timestamp
 from mongocdc_core.source.ranges import IdRange, decode_key, encode_key, plan_ranges
 
@@ -232,6 +232,39 @@ def estimate_count(
         raise
     except PyMongoError:  # a count is only for display; the copy itself reports real errors
         return None
+
+
+def read_at_cluster_time(
+    client: MongoClient[Any], namespace: str, at: Timestamp, query: dict[str, Any], batch_size: int
+) -> Iterator[list[dict[str, Any]]]:
+    """Batches of ``namespace`` as it was at cluster time ``at``, in ``_id`` order.
+
+    One ``find`` with ``readConcern: {level: "snapshot", atClusterTime}`` and its ``getMore``s in one
+    session. Raises :class:`SnapshotReadUnavailable` when the server refuses (the time has left its
+    snapshot history, error 239) or answers without reading at that time (no ``atClusterTime`` in the
+    cursor: snapshot reads not supported).
+    """
+    db, _, coll = namespace.partition(".")
+    where = f"snapshot read of {namespace} at Timestamp({at.time}, {at.inc})"
+    size = max(1, batch_size)
+    with client.start_session(causal_consistency=False) as session:
+        try:
+            reply = client[db].command(
+                {"find": coll, "filter": query, "sort": {"_id": 1}, "batchSize": size,
+                 "readConcern": {"level": "snapshot", "atClusterTime": at}},
+                session=session,
+            )
+            cursor = reply["cursor"]
+            if cursor.get("atClusterTime") != at:
+                raise SnapshotReadUnavailable(f"{where}: the server does not support reads at a cluster time")
+            yield list(cursor.get("firstBatch", []))
+            while cursor.get("id"):
+                reply = client[db].command({"getMore": cursor["id"], "collection": coll, "batchSize": size},
+                                           session=session)
+                cursor = reply["cursor"]
+                yield list(cursor.get("nextBatch", []))
+        except OperationFailure as exc:
+            raise SnapshotReadUnavailable(f"{where} refused: {exc.details.get('errmsg') if exc.details else exc}") from exc
 
 
 # -- copying ---------------------------------------------------------------------------------------------

@@ -1,23 +1,35 @@
-"""The ``changelog`` Delta table: one row per change event, partitioned by collection.
+"""A collection's ``changelog`` Delta table: every change event once, with its position.
 
 Rows come from landing-zone Parquet files (``mongocdc_core.sinks.parquet.LANDING_SCHEMA``) or from
-Kafka records flattened into the same columns (``streaming.py``). Every row remembers where it came
-from in ``landing_file``; writing a file again replaces exactly the rows of that file (Delta
-``replaceWhere``), so re-materialising a snapshot or stream slice never duplicates events.
+Kafka records flattened into the same columns (``streaming.py``), so both paths write identical rows.
+The table is append-only per event identity (``__key``, ``__position``, ``__op``): a re-delivered file or
+record adds nothing, a re-written file adds only the events it did not hold before. It is
+partitioned by ``__change_date`` (UTC date of the change), and its change data feed tells
+``current_state`` which rows arrived since it last ran.
+
+Which landing files were read (path and version) is kept in a small manifest Delta table inside the
+changelog directory (``_mongocdc_landing``, ignored by Delta readers and VACUUM), so a refresh opens
+only new or re-written files. The manifest also decides when a full snapshot is complete (see
+:func:`snapshot_part` for the file names that count).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import reduce
 from pathlib import Path
+from typing import Any
 
+import pyarrow.parquet as pq
 from delta.tables import DeltaTable
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+
+from mongocdc_core.tables import convert
 
 #: Spark form of ``LANDING_SCHEMA`` (explicit, so empty files and evolving writers read the same way).
 LANDING_SPARK_SCHEMA = T.StructType(
@@ -44,54 +56,95 @@ LANDING_SPARK_SCHEMA = T.StructType(
 
 #: (column, type, where it comes from in the Debezium envelope) of the changelog table, in order.
 CHANGELOG_COLUMNS: tuple[tuple[str, T.DataType, str], ...] = (
-    ("collection", T.StringType(), "source.db + '.' + source.collection"),
-    ("_id", T.StringType(), "key.id"),
-    ("op", T.StringType(), "op"),
-    ("position", T.StringType(), "source.ts_ms / source.ord + transaction ordinal"),
-    ("pos_seconds", T.LongType(), "source.ts_ms / 1000"),
-    ("pos_increment", T.LongType(), "source.ord"),
-    ("pos_ordinal", T.LongType(), "transaction ordinal"),
-    ("ts_ms", T.LongType(), "ts_ms"),
-    ("event_time", T.TimestampType(), "ts_ms"),
-    ("key", T.StringType(), "key"),
-    ("before", T.StringType(), "before"),
+    ("__key", T.StringType(), "key.id: the document key's exact Extended JSON (identity of the document)"),
+    ("_id", T.StringType(), "key.id as a user reads it: a string, an ObjectId's hex, a number's digits"),
+    ("__op", T.StringType(), "op: c, u, d or r"),
+    ("__position", T.StringType(), "clusterTime seconds.increment.ordinal (ordinal: place in a transaction)"),
+    ("__ts_ms", T.LongType(), "ts_ms"),
+    ("__source_ts_ms", T.LongType(), "source.ts_ms"),
+    ("before", T.StringType(), "before (pre-image, when the capture mode provides it)"),
     ("after", T.StringType(), "after"),
     ("updated_fields", T.StringType(), "updateDescription.updatedFields"),
     ("removed_fields", T.ArrayType(T.StringType()), "updateDescription.removedFields"),
     ("truncated_arrays", T.StringType(), "updateDescription.truncatedArrays"),
     ("snapshot", T.StringType(), "source.snapshot"),
-    ("source_ts_ms", T.LongType(), "source.ts_ms"),
-    ("source_rs", T.StringType(), "source.rs"),
-    ("source_lsid", T.StringType(), "source.lsid"),
-    ("source_txn_number", T.LongType(), "source.txnNumber"),
-    ("source_wall_time", T.LongType(), "source.wallTime"),
+    ("source", T.StringType(), "source (JSON)"),
     ("transaction_id", T.StringType(), "transaction.id"),
-    ("topic", T.StringType(), "(Kafka topic)"),
-    ("source", T.StringType(), "source"),
-    ("landing_file", T.StringType(), "(landing file or Kafka partition)"),
-    ("landing_version", T.StringType(), "(landing file size and modification time)"),
-    ("ingested_at", T.TimestampType(), "(time the row was written)"),
+    ("topic", T.StringType(), "the Kafka topic of the record"),
+    ("__collection", T.StringType(), "source.db + '.' + source.collection"),
+    ("__origin", T.StringType(), "landing file, or kafka:<topic>:<partition>"),
+    ("__ingested_at", T.TimestampType(), "time the row was written"),
+    ("__change_date", T.DateType(), "UTC date of the change's cluster time (partition column)"),
 )
 CHANGELOG_SCHEMA = T.StructType([T.StructField(name, dtype) for name, dtype, _ in CHANGELOG_COLUMNS])
+EVENT_IDENTITY = ["__key", "__position", "__op"]
+PARTITION_COLUMN = "__change_date"
+DATA_OPS = ("c", "u", "d", "r")
+
+POSITION_PROPERTY = "mongocdc.position"
+COLLECTION_PROPERTY = "mongocdc.source.collection"
+SNAPSHOT_PROPERTY = "mongocdc.snapshot.position"
+MANIFEST_DIR = "_mongocdc_landing"
+_MANIFEST_SCHEMA = T.StructType(
+    [
+        T.StructField("path", T.StringType()),
+        T.StructField("version", T.StringType()),
+        T.StructField("plan", T.StringType()),
+        T.StructField("part", T.IntegerType()),
+        T.StructField("parts", T.IntegerType()),
+        T.StructField("position", T.StringType()),
+        T.StructField("read_at", T.TimestampType()),
+    ]
+)
+_SINGLE_SNAPSHOT = re.compile(r"(?:^|/)snapshot/(?P<ns>[^/]+)/snapshot\.parquet$")
+_RANGE_SNAPSHOT = re.compile(r"(?:^|/)snapshot/(?P<ns>[^/]+)/ranges-(?P<plan>[^/]+)/0*(?P<i>\d+)-of-0*(?P<n>\d+)\.parquet$")
 
 
 class TableInputError(ValueError):
-    """Input the tables cannot read: a missing landing file, or rows without the required fields."""
+    """Input the tables cannot use: a missing landing file, a table that is not there yet, bad options."""
 
 
 @dataclass(frozen=True)
-class ChangelogWrite:
-    """What one changelog write did: rows written per collection and op, and the files replaced.
+class Appended:
+    """What one append to a changelog did."""
 
-    ``written`` holds the rows themselves (checkpointed), so a merge can take their keys without
-    reading the table again.
-    """
-
-    location: str
-    landing_files: tuple[str, ...]
     rows: int
-    counts: dict[str, dict[str, int]]
-    written: DataFrame
+    counts: dict[str, int]
+    max_position: str | None
+
+
+def table_exists(spark: SparkSession, location: str) -> bool:
+    """Whether a Delta table exists at ``location``."""
+    return bool(DeltaTable.isDeltaTable(spark, location))
+
+
+def table_properties(spark: SparkSession, location: str) -> dict[str, str]:
+    """The Delta table properties at ``location`` (empty when there is no table)."""
+    if not table_exists(spark, location):
+        return {}
+    row = DeltaTable.forPath(spark, location).detail().select("properties").first()
+    return dict(row[0]) if row is not None and row[0] is not None else {}
+
+
+def set_properties(spark: SparkSession, location: str, properties: dict[str, str]) -> None:
+    """Record ``properties`` on the table (one Delta commit)."""
+    if not properties:
+        return
+    assignments = ", ".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in sorted(properties.items()))
+    spark.sql(f"ALTER TABLE delta.{convert.quote(location)} SET TBLPROPERTIES ({assignments})")
+
+
+def latest_version(spark: SparkSession, location: str) -> int:
+    row = DeltaTable.forPath(spark, location).history(1).select("version").first()
+    assert row is not None
+    return int(row[0])
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# --------------------------------------------------------------------------- landing files
 
 
 def landing_files(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
@@ -108,112 +161,86 @@ def landing_files(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
             continue
         path = Path(text)
         if path.is_dir():
-            files.extend(str(p.resolve()) for p in sorted(path.rglob("*.parquet")) if not p.name.startswith("."))
+            files.extend(
+                str(p.resolve()) for p in sorted(path.rglob("*.parquet"))
+                if not any(part.startswith((".", "_")) for part in p.relative_to(path).parts)
+            )
         elif path.is_file():
             files.append(str(path.resolve()))
         else:
             raise TableInputError(f"landing-zone path does not exist: {text}")
-    return files
+    return list(dict.fromkeys(files))
 
 
-def file_version(path: str) -> str | None:
-    """Size and modification time of a local file (None for URIs): a re-written file gets a new one."""
-    if "://" in path:
-        return None
-    stat = os.stat(path)
-    return f"{stat.st_size}:{stat.st_mtime_ns}"
+def file_version(spark: SparkSession, path: str) -> str:
+    """Size and modification time of a file (a re-written file gets a new version)."""
+    if "://" not in path:
+        stat = os.stat(path)
+        return f"{stat.st_size}:{stat.st_mtime_ns}"
+    jvm: Any = spark._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    status = hadoop_path.getFileSystem(spark._jsc.hadoopConfiguration()).getFileStatus(hadoop_path)  # type: ignore[attr-defined]
+    return f"{status.getLen()}:{status.getModificationTime()}"
 
 
-def changed_files(spark: SparkSession, location: str, files: Sequence[str]) -> list[str]:
-    """The files whose current version is not in the changelog yet (new, re-written, or URIs)."""
-    if not files or not table_exists(spark, location):
-        return list(files)
-    present = {
-        (r["landing_file"], r["landing_version"])
-        for r in spark.read.format("delta").load(location)
-        .where(F.col("landing_file").isin(list(files)))
-        .select("landing_file", "landing_version").distinct().collect()
-    }
-    return [f for f in files if (f, file_version(f)) not in present or file_version(f) is None]
+def snapshot_part(path: str, namespace: str) -> tuple[str, int, int] | None:
+    """``(plan, part, parts)`` when ``path`` is (part of) a full snapshot of ``namespace``, else None.
+
+    ``…/snapshot/<ns>/snapshot.parquet`` is a whole snapshot (plan ``""``, part 1 of 1);
+    ``…/snapshot/<ns>/ranges-<plan>/<i>-of-<n>.parquet`` is range ``i`` of ``n`` of one plan.
+    """
+    normalized = path.replace("\\", "/")
+    single = _SINGLE_SNAPSHOT.search(normalized)
+    if single is not None:
+        return ("", 1, 1) if single["ns"] == namespace else None
+    ranged = _RANGE_SNAPSHOT.search(normalized)
+    if ranged is not None and ranged["ns"] == namespace:
+        return (f"{ranged['ns']}/ranges-{ranged['plan']}", int(ranged["i"]), int(ranged["n"]))
+    return None
 
 
-def _json_field(column: str, path: str) -> Column:
-    return F.get_json_object(F.col(column), path)
+def _same_file(spark_path: str, given: str) -> bool:
+    """Whether Spark's ``_metadata.file_path`` names the given landing file."""
+    def plain(text: str) -> str:
+        if text.startswith("file:"):
+            text = "/" + text[len("file:"):].lstrip("/")
+        return text
+    return plain(spark_path) == plain(given)
 
 
-def to_changelog(landing: DataFrame, landing_file: Column, landing_version: Column | None = None) -> DataFrame:
+# --------------------------------------------------------------------------- rows
+
+
+def position_seconds(position: Column) -> Column:
+    """The cluster-time seconds of a position string (``seconds.increment.ordinal``)."""
+    return F.substring_index(position, ".", 1).cast("bigint")
+
+
+def changelog_rows(landing: DataFrame, origin: Column, namespace: str | None = None) -> DataFrame:
     """Landing-zone rows -> changelog rows: data events only (no tombstones, heartbeats, BEGIN/END)."""
-    data = landing.where(F.col("collection").isNotNull() & F.col("op").isNotNull() & F.col("key").isNotNull())
-    derived = {
-        "_id": _json_field("key", "$.id"),
-        "event_time": F.timestamp_millis(F.col("ts_ms")),
-        "source_ts_ms": _json_field("source", "$.ts_ms").cast("bigint"),
-        "source_rs": _json_field("source", "$.rs"),
-        "source_lsid": _json_field("source", "$.lsid"),
-        "source_txn_number": _json_field("source", "$.txnNumber").cast("bigint"),
-        "source_wall_time": _json_field("source", "$.wallTime").cast("bigint"),
-        "transaction_id": _json_field("value", "$.transaction.id"),
-        "landing_file": landing_file,
-        "landing_version": landing_version if landing_version is not None else F.lit(None),
-        "ingested_at": F.current_timestamp(),
+    data = landing.where(
+        F.col("collection").isNotNull() & F.col("op").isin(*DATA_OPS) & F.col("key").isNotNull()
+        & F.col("position").isNotNull()
+    )
+    if namespace is not None:
+        data = data.where(F.col("collection") == namespace)
+    key = F.get_json_object(F.col("key"), "$.id")
+    derived: dict[str, Column] = {
+        "__key": key,
+        "_id": convert.id_text(convert.document(key)),
+        "__op": F.col("op"),
+        "__position": F.col("position"),
+        "__ts_ms": F.col("ts_ms"),
+        "__source_ts_ms": F.get_json_object(F.col("source"), "$.ts_ms"),
+        "transaction_id": F.get_json_object(F.col("value"), "$.transaction.id"),
+        "__collection": F.col("collection"),
+        "__origin": origin,
+        "__ingested_at": F.current_timestamp(),
+        "__change_date": F.to_date(F.timestamp_seconds(position_seconds(F.col("position")))),
     }
     return data.select(
         *[(derived[name] if name in derived else F.col(name)).cast(dtype).alias(name) for name, dtype, _ in CHANGELOG_COLUMNS]
     )
-
-
-def read_landing(spark: SparkSession, files: Sequence[str]) -> DataFrame:
-    """Changelog rows of the given landing files, each tagged with its file in ``landing_file``."""
-    frames = [
-        to_changelog(spark.read.schema(LANDING_SPARK_SCHEMA).parquet(f), F.lit(f), F.lit(file_version(f)))
-        for f in files
-    ]
-    if not frames:
-        return spark.createDataFrame([], CHANGELOG_SCHEMA)
-    return reduce(DataFrame.unionByName, frames)
-
-
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def table_exists(spark: SparkSession, location: str) -> bool:
-    """Whether a Delta table exists at ``location``."""
-    return bool(DeltaTable.isDeltaTable(spark, location))
-
-
-def write_changelog(
-    spark: SparkSession, location: str, paths: Sequence[str | os.PathLike[str]]
-) -> ChangelogWrite:
-    """Write the landing files' events into the changelog, replacing earlier rows of the same files."""
-    files = landing_files(paths)
-    if not files:
-        raise TableInputError(f"no landing-zone Parquet files under {[os.fspath(p) for p in paths]}")
-    rows = read_landing(spark, files).localCheckpoint()
-    predicate = "landing_file IN (" + ", ".join(_sql_string(f) for f in files) + ")"
-    write_rows(spark, location, rows, predicate)
-    counts = _counts(rows)
-    return ChangelogWrite(location, tuple(files), sum(sum(c.values()) for c in counts.values()), counts, rows)
-
-
-def write_rows(spark: SparkSession, location: str, rows: DataFrame, replace_where: str | None) -> None:
-    """Append (or, with a predicate, replace) changelog rows."""
-    writer = rows.write.format("delta").partitionBy("collection")
-    if not table_exists(spark, location):
-        # the change data feed lets current_state find the keys of rows added or replaced since it last ran
-        writer = writer.mode("append").option("delta.enableChangeDataFeed", "true")
-    elif replace_where is not None:
-        writer = writer.mode("overwrite").option("replaceWhere", replace_where)
-    else:
-        writer = writer.mode("append")
-    writer.save(location)
-
-
-def _counts(rows: DataFrame) -> dict[str, dict[str, int]]:
-    counts: dict[str, dict[str, int]] = {}
-    for row in rows.groupBy("collection", "op").count().collect():
-        counts.setdefault(row["collection"], {})[row["op"]] = int(row["count"])
-    return counts
 
 
 def read_changelog(spark: SparkSession, location: str) -> DataFrame:
@@ -221,3 +248,199 @@ def read_changelog(spark: SparkSession, location: str) -> DataFrame:
     if not table_exists(spark, location):
         return spark.createDataFrame([], CHANGELOG_SCHEMA)
     return spark.read.format("delta").load(location)
+
+
+def _span(path: str) -> tuple[str, str, bool, bool] | None:
+    """(lowest position, highest position, has reads, has changes) of a local landing file, from its
+    Parquet footer statistics (None when they cannot tell)."""
+    if "://" in path:
+        return None
+    meta = pq.read_metadata(path)
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    bounds: dict[str, tuple[str, str]] = {}
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for name in ("position", "op", "snapshot"):
+            stats = group.column(names.index(name)).statistics if name in names else None
+            if stats is None:
+                return None
+            if not stats.has_min_max:
+                if stats.null_count != group.num_rows:
+                    return None
+                continue
+            low, high = bounds.get(name, (stats.min, stats.max))
+            bounds[name] = (min(low, stats.min), max(high, stats.max))
+    if "position" not in bounds:
+        return ("", "", False, False)  # no rows with a position
+    snapshot, op = bounds.get("snapshot"), bounds.get("op")
+    reads = snapshot is not None and snapshot != ("false", "false")
+    changes = op is not None and op != ("r", "r")
+    return (*bounds["position"], reads, changes)
+
+
+def may_repeat(files: Sequence[str]) -> bool:
+    """Whether two of ``files`` can hold the same event. An event's identity includes its op, so a read
+    can only repeat a read and a change a change; files whose positions do not overlap cannot share one
+    (the usual case: a snapshot, then slices of disjoint windows)."""
+    if len(files) < 2:
+        return False
+    spans = [_span(f) for f in files]
+    known = [s for s in spans if s is not None]
+    if len(known) < len(spans):
+        return True
+    for kind in (2, 3):  # reads, changes
+        ranges = sorted((s[0], s[1]) for s in known if s[kind] and s[0])
+        for (_, high), (low, _) in zip(ranges, ranges[1:], strict=False):
+            if low <= high:
+                return True
+    return False
+
+
+def append_events(
+    spark: SparkSession, location: str, namespace: str, rows: DataFrame, *, unique: bool = False
+) -> Appended:
+    """Append the events of ``rows`` the changelog does not hold yet (by ``__key, __position, __op``).
+    ``unique``: the caller knows ``rows`` holds each event once (no deduplication among them)."""
+    if not unique:
+        rows = rows.dropDuplicates(EVENT_IDENTITY)
+    exists = table_exists(spark, location)
+    if exists:
+        rows = rows.localCheckpoint()
+        bounds = rows.agg(
+            F.min("__position").alias("lo"), F.max("__position").alias("hi"),
+            F.collect_set(PARTITION_COLUMN).alias("dates"),
+        ).first()
+        assert bounds is not None
+        if bounds["lo"] is None:
+            return Appended(0, {}, None)
+        existing = (
+            spark.read.format("delta").load(location)
+            .where(F.col(PARTITION_COLUMN).isin(list(bounds["dates"])))
+            .where(F.col("__position").between(bounds["lo"], bounds["hi"]))
+            .select(*EVENT_IDENTITY)
+        )
+        rows = rows.join(existing, EVENT_IDENTITY, "left_anti")
+    observation = Observation(f"changelog-{id(rows)}")
+    observed = rows.observe(
+        observation,
+        F.count(F.lit(1)).alias("rows"),
+        F.max("__position").alias("max_position"),
+        *[F.count(F.when(F.col("__op") == op, 1)).alias(f"op_{op}") for op in DATA_OPS],
+    )
+    writer = observed.write.format("delta").mode("append").partitionBy(PARTITION_COLUMN)
+    if not exists:
+        writer = writer.option("delta.enableChangeDataFeed", "true")
+    writer.save(location)
+    metrics = observation.get
+    counts = {op: int(metrics[f"op_{op}"]) for op in DATA_OPS if metrics.get(f"op_{op}")}
+    return Appended(int(metrics.get("rows") or 0), counts, metrics.get("max_position"))
+
+
+def record(
+    spark: SparkSession,
+    location: str,
+    namespace: str,
+    appended: Appended,
+    snapshot_position: str | None = None,
+    properties: dict[str, str] | None = None,
+) -> str | None:
+    """Keep the source collection, the highest position and the latest full snapshot as table
+    properties (one commit, only when something changed); returns the highest position."""
+    properties = table_properties(spark, location) if properties is None else properties
+    position = max(filter(None, [properties.get(POSITION_PROPERTY), appended.max_position]), default=None)
+    updates = {COLLECTION_PROPERTY: namespace}
+    if position is not None:
+        updates[POSITION_PROPERTY] = position
+    if snapshot_position is not None:
+        updates[SNAPSHOT_PROPERTY] = snapshot_position
+    if any(properties.get(k) != v for k, v in updates.items()):
+        set_properties(spark, location, updates)
+    return position
+
+
+# --------------------------------------------------------------------------- manifest and refresh
+
+
+@dataclass(frozen=True)
+class ChangelogResult:
+    files_read: int
+    appended: Appended
+    position: str | None
+    snapshot_position: str | None
+    row_count: int
+    schema: T.StructType
+
+
+def _manifest(spark: SparkSession, location: str) -> DataFrame | None:
+    path = f"{location.rstrip('/')}/{MANIFEST_DIR}"
+    return spark.read.format("delta").load(path) if table_exists(spark, path) else None
+
+
+def _snapshot_positions(spark: SparkSession, namespace: str, files: list[str], landing: DataFrame) -> dict[str, str]:
+    """The read position of each full-snapshot file among ``files`` (one aggregation)."""
+    parts = [f for f in files if snapshot_part(f, namespace) is not None]
+    if not parts:
+        return {}
+    found = (
+        landing.where(F.col("op") == "r")
+        .groupBy(F.col("_metadata.file_path").alias("file"))
+        .agg(F.min("position").alias("position"))
+        .collect()
+    )
+    out: dict[str, str] = {}
+    for given in parts:
+        for row in found:
+            if _same_file(row["file"], given):
+                out[given] = row["position"]
+    return out
+
+
+def _completed_snapshot(manifest: DataFrame) -> str | None:
+    """The position of the latest full snapshot all of whose files were read (None: none yet).
+
+    A snapshot that read no document at all carries no position, so it cannot count.
+    """
+    best = (
+        manifest.where(F.col("plan").isNotNull())
+        .groupBy("plan", "parts")
+        .agg(F.countDistinct("part").alias("read"), F.min("position").alias("position"))
+        .where(F.col("read") >= F.col("parts"))
+        .agg(F.max("position"))
+        .first()
+    )
+    return best[0] if best is not None else None
+
+
+def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[str]) -> ChangelogResult:
+    """Append the events of new or re-written landing files of ``namespace`` (see the module doc)."""
+    files = landing_files(paths)
+    versions = {f: file_version(spark, f) for f in files}
+    manifest = _manifest(spark, location)
+    seen: set[tuple[str, str]] = set()
+    if manifest is not None and files:
+        seen = {(r["path"], r["version"]) for r in manifest.select("path", "version").collect()}
+    todo = [f for f in files if (f, versions[f]) not in seen]
+    appended = Appended(0, {}, None)
+    properties = table_properties(spark, location)
+    snapshot_position = properties.get(SNAPSHOT_PROPERTY)
+    if todo:
+        landing = spark.read.schema(LANDING_SPARK_SCHEMA).parquet(*todo)
+        rows = changelog_rows(landing, F.col("_metadata.file_path"), namespace)
+        appended = append_events(spark, location, namespace, rows, unique=not may_repeat(todo))
+        positions = _snapshot_positions(spark, namespace, todo, landing)
+        now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+        entries = []
+        for f in todo:
+            part = snapshot_part(f, namespace)
+            entries.append((f, versions[f], *(part or (None, None, None)), positions.get(f), now))
+        manifest_path = f"{location.rstrip('/')}/{MANIFEST_DIR}"
+        spark.createDataFrame(entries, _MANIFEST_SCHEMA).write.format("delta").mode("append").save(manifest_path)
+        if any(e[2] is not None for e in entries):
+            completed = _completed_snapshot(spark.read.format("delta").load(manifest_path))
+            if completed is not None and (snapshot_position is None or completed > snapshot_position):
+                snapshot_position = completed
+    elif not table_exists(spark, location):  # no landing data yet: an empty table, so readers find one
+        append_events(spark, location, namespace, spark.createDataFrame([], CHANGELOG_SCHEMA))
+    position = record(spark, location, namespace, appended, snapshot_position, properties)
+    table = spark.read.format("delta").load(location)
+    return ChangelogResult(len(todo), appended, position, snapshot_position, table.count(), table.schema)

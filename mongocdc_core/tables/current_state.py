@@ -1,357 +1,595 @@
-"""The ``current_state`` Delta table: for each key, the document of the highest-position change event.
+"""A collection's ``current_state`` Delta table: one row per document, the highest position wins.
 
-DESIGN.md section 3: for any key the record with the highest position is the current state, so the
-table is right whatever order snapshots and slices are written in. A merge therefore takes every
-changelog row of the keys the new rows touch (a semi-join on the changelog partition), and per key
+A refresh reads only what the changelog gained since the table's recorded changelog version (its
+change data feed) and MERGEs only the keys those events touch:
 
-- if the highest-position row carries a full image (``after``, or a delete), that row wins — a
-  window function, no Python;
-- otherwise (capture modes without full documents) the key's state is the latest full image with
-  every later ``updateDescription`` applied in position order (a grouped Arrow function). A key
-  whose updates arrived before any full image (a slice materialised before its snapshot) has no
-  state yet; it is counted as pending and resolved when the full image lands.
+- per key the winning event is the one with the highest position (DESIGN.md section 3; at one
+  position a snapshot read sorts before a change). When every new event is later than everything
+  the table already reflects (the usual case) the new events alone decide; when older events arrive
+  (a slice or snapshot materialised late) the keys' events from the oldest new position on are read
+  back from the changelog, so a later delete is never overtaken by an older insert;
+- a winner without a full document (capture modes without ``fullDocument``) is rebuilt from the
+  key's last full image and the update descriptions after it (:mod:`~mongocdc_core.tables.fold`,
+  the one Python function; keys whose full image has not arrived yet are *pending*);
+- a key whose winner is older than the latest completed full snapshot was not read by it, so it no
+  longer exists (no ghosts after a re-snapshot); when a newer full snapshot completes, every such
+  row is dropped;
+- the documents become typed columns (:mod:`~mongocdc_core.tables.kinds`,
+  :mod:`~mongocdc_core.tables.convert`): new fields add columns, a type change converts that column
+  (from ``__doc``, which keeps every document exactly) and is reported.
 
-The winners become ``document`` (Extended JSON) plus one typed column per top-level field; a new
-field adds a column, and a field seen with two types widens (bigint+double -> double, anything else
--> string holding JSON) and is reported. One Delta MERGE then inserts, updates and deletes rows.
+The MERGE writes deletion vectors, so it rewrites the changed rows, not the files around them;
+change data feed is on, so downstream jobs read row-level changes incrementally.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import itertools
+import json
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
 from delta.tables import DeltaTable
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark import cloudpickle
+from pyspark.errors import AnalysisException
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from mongocdc_core.tables import documents
-from mongocdc_core.tables.changelog import read_changelog, table_exists
+from mongocdc_core.tables import convert, fold, kinds
+from mongocdc_core.tables.changelog import (
+    COLLECTION_PROPERTY,
+    PARTITION_COLUMN,
+    POSITION_PROPERTY,
+    SNAPSHOT_PROPERTY,
+    TableInputError,
+    latest_version,
+    position_seconds,
+    set_properties,
+    table_exists,
+    table_properties,
+)
+from mongocdc_core.tables.kinds import Kind
 
-BASE_COLUMNS: tuple[tuple[str, T.DataType], ...] = (
-    ("collection", T.StringType()),
-    ("_id", T.StringType()),
-    ("op", T.StringType()),
-    ("position", T.StringType()),
-    ("ts_ms", T.LongType()),
-    ("document", T.StringType()),
+# Executors get fold.py inside the job instead of importing it (mongocdc need not be installed there).
+cloudpickle.register_pickle_by_value(fold)
+
+VERSION_PROPERTY = "mongocdc.changelog.version"
+KINDS_PROPERTY = "mongocdc.kinds"
+OPTIONS_PROPERTY = "mongocdc.options"
+#: Optional metadata columns (``TableOptions.add_fields``), named like the extraction transform's.
+ADD_FIELDS = {"op": "__op", "source_ts_ms": "__source_ts_ms", "position": "__position", "collection": "__collection"}
+_EVENT_COLUMNS = (
+    "__key", "__op", "__position", "__ts_ms", "__source_ts_ms", "after", "updated_fields", "removed_fields",
+    "truncated_arrays",
 )
-_SPARK_TYPES: dict[str, T.DataType] = {
-    documents.LONG: T.LongType(),
-    documents.DOUBLE: T.DoubleType(),
-    documents.BOOLEAN: T.BooleanType(),
-    documents.STRING: T.StringType(),
-    documents.TIMESTAMP: T.TimestampType(),
+_FOLD_SCHEMA = (
+    "__key string, __op string, __position string, __ts_ms bigint, __source_ts_ms bigint, after string, "
+    "deleted boolean, pending boolean"
+)
+_STATE_COLUMNS = ("__key", "__op", "__position", "__ts_ms", "__source_ts_ms", "after", "deleted", "pending")
+_OBSERVATIONS = itertools.count()
+_TARGET_PARTITION_BYTES = 64 * 1024 * 1024
+_TABLE_OPTIONS = {
+    "delta.columnMapping.mode": "name",
+    "delta.enableChangeDataFeed": "true",
+    "delta.enableDeletionVectors": "true",
 }
-_KEY = ["collection", "_id"]
-_WINNER_SCHEMA = T.StructType(
-    [
-        T.StructField("collection", T.StringType()),
-        T.StructField("_id", T.StringType()),
-        T.StructField("op", T.StringType()),
-        T.StructField("position", T.StringType()),
-        T.StructField("ts_ms", T.LongType()),
-        T.StructField("after", T.StringType()),
-        T.StructField("deleted", T.BooleanType()),
-    ]
-)
-_FOLD_RESULT_SCHEMA = T.StructType([*_WINNER_SCHEMA.fields, T.StructField("pending", T.BooleanType())])
-_ROW_SCHEMA = T.StructType(
-    [
-        *[f for f in _FOLD_RESULT_SCHEMA.fields if f.name not in ("after",)],
-        T.StructField("document", T.StringType()),
-        T.StructField("plain", T.StringType()),
-        T.StructField("types", T.StringType()),
-    ]
-)
-_TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which optional columns the table has and how deletes show (from ``TableOptions``)."""
+
+    delete_handling: str = "drop"
+    add_fields: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.delete_handling not in ("drop", "rewrite"):
+            raise TableInputError(f"delete_handling must be 'drop' or 'rewrite', got {self.delete_handling!r}")
+        unknown = [f for f in self.add_fields if f not in ADD_FIELDS]
+        if unknown:
+            raise TableInputError(f"add_fields: unknown {unknown} (allowed: {', '.join(ADD_FIELDS)})")
+
+    @property
+    def metadata_columns(self) -> list[str]:
+        """Optional columns after ``__key`` and ``__position`` (which every table has), in a fixed order."""
+        wanted = {ADD_FIELDS[f] for f in self.add_fields} - {"__position"}
+        extra = [c for c in ("__op", "__source_ts_ms", "__collection") if c in wanted]
+        return extra + (["__deleted"] if self.delete_handling == "rewrite" else [])
+
+    def to_json(self) -> str:
+        return json.dumps({"delete_handling": self.delete_handling, "add_fields": sorted(set(self.add_fields))})
 
 
 @dataclass
-class MergeResult:
-    """What one current_state merge did, for asset metadata and tests."""
+class StateResult:
+    """What a refresh did (``collection.StateRefresh`` is built from it)."""
 
-    location: str
-    keys_touched: int = 0
+    keys_merged: int = 0
     upserted: int = 0
     deleted: int = 0
-    pending_keys: int = 0
-    new_columns: list[str] = field(default_factory=list)
-    widened: dict[str, str] = field(default_factory=dict)
-    rows: dict[str, int] = field(default_factory=dict)
+    pending: int = 0
+    row_count: int = 0
+    position: str | None = None
+    schema: T.StructType = field(default_factory=T.StructType)
+    schema_changes: list[str] = field(default_factory=list)
 
 
-def _position_order() -> list[Column]:
-    """Stream order; at one position a snapshot read sorts before a change event."""
-    return [
-        F.col("pos_seconds"),
-        F.col("pos_increment"),
-        F.col("pos_ordinal"),
-        F.when(F.col("op") == "r", 0).otherwise(1),
-    ]
+# --------------------------------------------------------------------------- winners
 
 
-def _position_struct() -> Column:
-    return F.struct(*[c.alias(f"p{i}") for i, c in enumerate(_position_order())])
+def _order() -> Column:
+    return F.struct(F.col("__position"), F.when(F.col("__op") == "r", 0).otherwise(1))
 
 
 def _full_image() -> Column:
-    return (F.col("op") == "d") | F.col("after").isNotNull()
+    return (F.col("__op") == "d") | F.col("after").isNotNull()
 
 
-def _fold(table: pa.Table) -> pa.Table:
-    """One key's rows from its latest full image on: apply the later update descriptions in order."""
-    rows = sorted(
-        table.to_pylist(),
-        key=lambda r: (r["pos_seconds"], r["pos_increment"], r["pos_ordinal"], 0 if r["op"] == "r" else 1),
+def _checkpoint(frame: DataFrame, **metrics: Column) -> tuple[DataFrame, dict[str, Any]]:
+    """Materialise ``frame`` once and compute ``metrics`` (aggregates) in the same pass."""
+    observation = Observation(f"mongocdc-{next(_OBSERVATIONS)}")
+    done = frame.observe(observation, *[c.alias(k) for k, c in metrics.items()]).localCheckpoint()
+    return done, observation.get
+
+
+def _per_key(events: DataFrame) -> DataFrame:
+    """Per key of ``events``: its winning event (highest position), its last full image's order and its
+    earliest position (``first``)."""
+    per_key = events.groupBy("__key").agg(
+        F.max_by(F.struct(*[F.col(c) for c in _EVENT_COLUMNS]), _order()).alias("w"),
+        F.max(F.when(_full_image(), _order())).alias("last_full"),
+        F.min("__position").alias("first"),
     )
-    doc: Any = None
-    previous: tuple[Any, ...] | None = None
-    for row in rows:
-        order = (row["pos_seconds"], row["pos_increment"], row["pos_ordinal"], row["op"])
-        if order == previous:  # the same event from a second landing file: apply it once
-            continue
-        previous = order
-        if row["op"] == "d":
-            doc = None
-        elif row["after"] is not None:
-            doc = documents.loads(row["after"])
-        elif doc is not None:
-            documents.apply_update(doc, row["updated_fields"], row["removed_fields"], row["truncated_arrays"])
-    last = rows[-1]
-    base_is_delete = rows[0]["op"] == "d"
-    out = {
-        "collection": last["collection"],
-        "_id": last["_id"],
-        "op": last["op"],
-        "position": last["position"],
-        "ts_ms": last["ts_ms"],
-        "after": documents.dumps(doc) if doc is not None else None,
-        "deleted": doc is None and base_is_delete,
-        "pending": doc is None and not base_is_delete,
-    }
-    return pa.Table.from_pylist([out], schema=_arrow_schema(_FOLD_RESULT_SCHEMA))
+    return per_key.select("w.*", "last_full", "first")
 
 
-def _arrow_schema(schema: T.StructType) -> pa.Schema:
-    mapping: dict[type, pa.DataType] = {T.StringType: pa.string(), T.LongType: pa.int64(), T.BooleanType: pa.bool_()}
-    return pa.schema([pa.field(f.name, mapping[type(f.dataType)]) for f in schema.fields])
-
-
-def _document_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Winner rows -> ``document``, ``plain`` (typed-column JSON) and ``types`` per row.
-
-    ``types`` is a signature ``name:type,...``: few distinct signatures exist, so the driver collects
-    them cheaply to decide the table schema.
-    """
-    schema = _arrow_schema(_ROW_SCHEMA)
-    for batch in batches:
-        out: dict[str, list[Any]] = {name: [] for name in schema.names}
-        for row in batch.to_pylist():
-            for name in ("collection", "_id", "op", "position", "ts_ms", "deleted", "pending"):
-                out[name].append(row[name])
-            if row["deleted"] or row["pending"]:
-                out["document"].append(None)
-                out["plain"].append(None)
-                out["types"].append(None)
-                continue
-            doc = documents.loads(row["after"])
-            if not isinstance(doc, dict):
-                raise documents.DocumentError(f"{row['collection']} key {row['_id']}: 'after' is not a document")
-            text, plain, types = documents.document_row(doc)
-            out["document"].append(text)
-            out["plain"].append(plain)
-            out["types"].append(",".join(f"{k}:{v}" for k, v in sorted(types.items())))
-        yield pa.RecordBatch.from_pydict(out, schema=schema)
-
-
-def winners(changes: DataFrame) -> DataFrame:
-    """One row per key of ``changes`` (all its changelog rows): the winner, deleted or pending."""
-    w = Window.partitionBy(*_KEY)
-    ranked = (
-        changes.withColumn("_pos", _position_struct())
-        .withColumn("_last_full", F.max(F.when(_full_image(), F.col("_pos"))).over(w))
-        .withColumn("_rank", F.row_number().over(w.orderBy(F.col("_pos").desc(), F.col("landing_file").desc())))
+def _winners(events: DataFrame) -> tuple[DataFrame, dict[str, Any]]:
+    """One state row per key of ``events`` (all of that key's events from some position on), checkpointed:
+    ``after`` (Extended JSON), ``deleted`` or ``pending``, and ``first``, the key's earliest position here.
+    Also ``first``/``last`` (positions) and ``pending`` (keys) over all of them."""
+    top, stats = _checkpoint(
+        _per_key(events),
+        first=F.min("first"), last=F.max("__position"), unfolded=F.count(F.when(~_full_image(), 1)),
     )
-    # row_number, not max(): the same event can sit in two landing files (a slice and the Kafka path)
-    top = ranked.where(F.col("_rank") == 1)
+    stats["pending"] = 0
     direct = top.where(_full_image()).select(
-        *[F.col(c) for c in ("collection", "_id", "op", "position", "ts_ms", "after")],
-        (F.col("op") == "d").alias("deleted"),
-        F.lit(False).alias("pending"),
+        *_STATE_COLUMNS[:6], (F.col("__op") == "d").alias("deleted"), F.lit(False).alias("pending"), "first"
     )
-    fold_keys = top.where(~_full_image()).select(*_KEY).distinct()
-    to_fold = ranked.join(fold_keys, _KEY, "left_semi").where(
-        F.col("_last_full").isNull() | (F.col("_pos") >= F.col("_last_full"))
+    if not stats["unfolded"]:
+        return direct, stats
+    needs_fold = top.where(~_full_image()).select("__key", "last_full", "first")
+    to_fold = (
+        events.join(needs_fold, "__key")
+        .where(F.col("last_full").isNull() | (_order() >= F.col("last_full")))
+        .select(*_EVENT_COLUMNS)
     )
-    folded = (
-        to_fold.select(
-            "collection", "_id", "op", "position", "ts_ms", "pos_seconds", "pos_increment", "pos_ordinal",
-            "after", "updated_fields", "removed_fields", "truncated_arrays",
+    folded = to_fold.groupBy("__key").applyInArrow(fold.fold_key, _FOLD_SCHEMA)
+    rows, more = _checkpoint(
+        direct.unionByName(folded.join(needs_fold.select("__key", "first"), "__key")),
+        pending=F.count(F.when(F.col("pending"), 1)),
+    )
+    return rows, stats | more
+
+
+def _history(changelog: DataFrame, keys: DataFrame, floor: str | None) -> DataFrame:
+    """The changelog events of ``keys`` at or after ``floor`` (all of them when None)."""
+    events = changelog
+    if floor is not None:
+        events = events.where(
+            (F.col(PARTITION_COLUMN) >= F.to_date(F.timestamp_seconds(position_seconds(F.lit(floor)))))
+            & (F.col("__position") >= floor)
         )
-        .groupBy(*_KEY)
-        .applyInArrow(_fold, _FOLD_RESULT_SCHEMA)
-    )
-    return direct.unionByName(folded)
+    return events.select(*_EVENT_COLUMNS).join(keys.select("__key"), "__key", "left_semi")
 
 
-def _typed_schema(existing: T.StructType | None) -> dict[str, str]:
-    """Typed columns of an existing state table as {name: Spark type name}."""
-    if existing is None:
-        return {}
-    base = {name for name, _ in BASE_COLUMNS}
-    return {f.name: f.dataType.simpleString() for f in existing.fields if f.name not in base}
+# --------------------------------------------------------------------------- table shape
 
 
-def _batch_stats(rows: DataFrame) -> tuple[dict[str, set[str]], dict[str, int]]:
-    """One pass over the winners: field types seen, and how many keys are upserted/deleted/pending."""
-    outcome = F.when(F.col("pending"), "pending").when(F.col("deleted"), "deleted").otherwise("upserted")
-    stats = rows.groupBy(outcome.alias("outcome")).agg(
-        F.count("*").alias("n"), F.collect_set("types").alias("signatures")
-    )
-    seen: dict[str, set[str]] = {}
-    counts: dict[str, int] = {}
-    for row in stats.collect():
-        counts[row["outcome"]] = int(row["n"])
-        for signature in row["signatures"]:
-            for entry in filter(None, signature.split(",")):
-                name, _, kind = entry.rpartition(":")
-                seen.setdefault(name, set()).add(kind)
-    return seen, counts
+@dataclass(frozen=True)
+class Shape:
+    """The kinds behind the table's columns: ``_id`` and the document's fields."""
+
+    id_kind: Kind
+    doc: Kind
+
+    def to_json(self) -> str:
+        return json.dumps({"id": self.id_kind.to_json(), "doc": self.doc.to_json()}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Shape:
+        data = json.loads(text)
+        return cls(Kind.from_json(data["id"]), Kind.from_json(data["doc"]))
+
+    def user_columns(self) -> list[kinds.Field]:
+        return [f for f in self.doc.fields if f.kind.typed]
+
+    def id_type(self) -> T.DataType:
+        return self.id_kind.spark_type() if self.id_kind.typed else T.StringType()
 
 
-def _resolve_types(existing: dict[str, str], seen: dict[str, set[str]]) -> tuple[dict[str, str], dict[str, str]]:
-    """(final column types, widened columns): existing types widened with everything seen now."""
-    final = dict(existing)
-    widened: dict[str, str] = {}
-    for name in sorted(seen):
-        kinds = sorted(seen[name])
-        current = final.get(name)
-        for kind in kinds:
-            current = documents.widen(current, kind)
-        assert current is not None
-        if len(kinds) > 1 or (name in existing and existing[name] != current):
-            widened[name] = f"{'+'.join(sorted({*kinds, *([existing[name]] if name in existing else [])}))} -> {current}"
-        final[name] = current
-    return final, widened
+def _infer(rows: DataFrame, observed: dict[str, Any], old: Shape | None) -> Shape:
+    """The shape of ``rows`` (variant columns ``v``, ``idv``) merged with ``old``.
 
-
-def _project(rows: DataFrame, columns: dict[str, str]) -> DataFrame:
-    """Rows with ``plain`` -> one typed column per field (``from_json`` leaves absent fields null)."""
-    schema = T.StructType([T.StructField(n, _SPARK_TYPES[t]) for n, t in columns.items()])
-    parsed = F.from_json("plain", schema, {"timestampFormat": _TIMESTAMP_FORMAT})
-    return rows.select(
-        *[F.col(n) for n, _ in BASE_COLUMNS],
-        "deleted",
-        *[parsed[n].alias(n) for n in columns],
-    )
-
-
-def _empty_state(spark: SparkSession) -> DataFrame:
-    return spark.createDataFrame([], T.StructType([T.StructField(n, t) for n, t in BASE_COLUMNS]))
-
-
-def _rewrite_with_types(spark: SparkSession, location: str, columns: dict[str, str]) -> None:
-    """Re-derive every typed column from ``document`` (after a type widened) and overwrite the table."""
-    current = spark.read.format("delta").load(location)
-    rows = current.select(
-        "collection", "_id", "op", "position", "ts_ms",
-        F.col("document").alias("after"), F.lit(False).alias("deleted"), F.lit(False).alias("pending"),
-    ).mapInArrow(_document_rows, _ROW_SCHEMA)
-    projected = _project(rows, columns).drop("deleted").localCheckpoint()
-    (
-        projected.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-        .partitionBy("collection").save(location)
-    )
-
-
-def merge_current_state(
-    spark: SparkSession,
-    changelog_location: str,
-    state_location: str,
-    *,
-    changes: DataFrame | None = None,
-    collections: Sequence[str] | None = None,
-) -> MergeResult:
-    """Bring current_state up to date for the keys in ``changes`` (or every key of ``collections``).
-
-    ``changes`` are changelog rows already written to the changelog table (only their keys matter);
-    without it, the named collections are rebuilt from the whole changelog.
+    ``observed`` holds the merged variant schemas (``doc``, ``id``) and the answers to the questions
+    about fields the table already has (see :func:`_prepare`); only new dates, decimals or binaries, or
+    a type conflict, cost one more aggregation.
     """
-    if changes is None and collections is None:
-        raise ValueError("merge_current_state needs the new changelog rows (changes=) or collections=")
-    result = MergeResult(state_location)
-    changelog = read_changelog(spark, changelog_location)
-    if changes is not None:
-        keys = changes.select(*_KEY).distinct().localCheckpoint()
-        names = sorted(r["collection"] for r in keys.select("collection").distinct().collect())
-        relevant = changelog.where(F.col("collection").isin(names)).join(keys, _KEY, "left_semi") if names else None
-    else:
-        names = sorted(collections or [])
-        relevant = changelog.where(F.col("collection").isin(names)) if names else None
-    if relevant is None:
-        return result
+    doc, doc_questions = kinds.from_variant_schema(observed["doc"]) if observed["doc"] else (kinds.struct([]), None)
+    id_kind, id_questions = kinds.from_variant_schema(observed["id"]) if observed["id"] else (kinds.NULL, None)
+    if doc.tag != "struct":
+        raise TableInputError(f"documents are not JSON objects (schema {observed['doc']})")
+    doc = kinds.struct((f.name, f.kind) for f in doc.fields if f.name != "_id")
+    known_doc, known_id = _known(old)
+    values = dict(observed)
+    missing: list[Column] = []
+    if doc_questions and not doc_questions.within(known_doc):
+        missing += convert.questions_aggregates(F.col("v"), doc_questions, "d_")
+    if id_questions and not id_questions.within(known_id):
+        missing += convert.questions_aggregates(F.col("idv"), id_questions, "i_")
+    if missing:
+        second = rows.agg(*missing).first()
+        assert second is not None
+        values |= second.asDict()
+    if doc_questions:
+        prefix = "d_" if not doc_questions.within(known_doc) else "kd_"
+        chosen = doc_questions if prefix == "d_" else known_doc
+        doc = kinds.resolve(doc, convert.read_answers(values, chosen, prefix))
+    if id_questions:
+        prefix = "i_" if not id_questions.within(known_id) else "ki_"
+        chosen = id_questions if prefix == "i_" else known_id
+        id_kind = kinds.resolve(id_kind, convert.read_answers(values, chosen, prefix))
+    merged_doc = kinds.merge(old.doc, doc) if old is not None else doc
+    merged_id = kinds.merge(old.id_kind, id_kind) if old is not None else id_kind
+    return Shape(kinds.as_id(merged_id), kinds.name_columns(merged_doc, old.doc if old else None, top=True))
 
-    rows = winners(relevant).mapInArrow(_document_rows, _ROW_SCHEMA).localCheckpoint()
-    seen, counts = _batch_stats(rows)
-    result.upserted, result.deleted = counts.get("upserted", 0), counts.get("deleted", 0)
-    result.pending_keys = counts.get("pending", 0)
-    result.keys_touched = sum(counts.values())
 
-    existing_schema = spark.read.format("delta").load(state_location).schema if table_exists(
-        spark, state_location
-    ) else None
-    existing = _typed_schema(existing_schema)
-    columns, widened = _resolve_types(existing, seen)
-    result.widened = widened
-    result.new_columns = [n for n in columns if n not in existing]
+def _known(old: Shape | None) -> tuple[kinds.Questions, kinds.Questions]:
+    if old is None:
+        return kinds.Questions(), kinds.Questions()
+    return kinds.known_questions(old.doc), kinds.known_questions(old.id_kind)
 
-    if existing_schema is None:
-        _project(_empty_state(spark).withColumn("plain", F.lit(None).cast("string")).withColumn(
-            "deleted", F.lit(False)), columns
-        ).drop("deleted").write.format("delta").partitionBy("collection").save(state_location)
-    elif any(existing[n] != columns[n] for n in existing):
-        _rewrite_with_types(spark, state_location, columns)
-    elif result.new_columns:
-        added = ", ".join(f"`{n}` {columns[n]}" for n in result.new_columns)
-        spark.sql(f"ALTER TABLE delta.`{state_location}` ADD COLUMNS ({added})")
 
-    source = _project(rows.where(~F.col("pending")), columns)
-
-    assignments: dict[str, str | Column] = {c: F.col(f"s.`{c}`") for c in [n for n, _ in BASE_COLUMNS] + list(columns)}
-    target = DeltaTable.forPath(spark, state_location)
-    in_scope = "t.collection IN (" + ", ".join("'" + n.replace("'", "\\'") + "'" for n in names) + ")"
-    (
-        target.alias("t")
-        .merge(source.alias("s"), f"{in_scope} AND t.collection = s.collection AND t._id = s._id")
-        .whenMatchedDelete(condition="s.deleted")
-        .whenMatchedUpdate(set=assignments)
-        .whenNotMatchedInsert(condition="NOT s.deleted", values=assignments)
-        .execute()
+def _prepare(rows: DataFrame, snapshot: str | None, old: Shape | None, **more: Column) -> tuple[DataFrame, dict[str, Any]]:
+    """State rows -> the live rows to merge, with their documents parsed (``v``, ``idv``), materialised
+    once; the same pass observes counts (``keys`` live, ``pending``, ``deleted``), the merged variant
+    schemas and the answers to the questions about the table's known fields."""
+    ghost = F.lit(snapshot).isNotNull() & (F.col("__position") < F.lit(snapshot))
+    prepared = rows.select(
+        *_STATE_COLUMNS[:6], ((F.col("deleted") | ghost) & ~F.col("pending")).alias("deleted"), "pending", "first",
+    ).select(
+        "*",
+        F.when(~F.col("deleted") & ~F.col("pending"), convert.document(F.col("after"))).alias("v"),
+        F.when(~F.col("pending"), convert.document(F.col("__key"))).alias("idv"),
     )
-    if changes is not None:
-        # Keys whose changelog rows were all replaced away (a re-written landing file without them)
-        # have no winner row above; with no record left they must leave current_state too.
-        orphans = keys.join(relevant.select(*_KEY).distinct(), list(_KEY), "left_anti")
-        if not orphans.isEmpty():
-            (
-                target.alias("t")
-                .merge(orphans.alias("o"), f"{in_scope} AND t.collection = o.collection AND t._id = o._id")
-                .whenMatchedDelete()
-                .execute()
-            )
-    state = spark.read.format("delta").load(state_location).where(F.col("collection").isin(names))
-    result.rows = {r["collection"]: int(r["count"]) for r in state.groupBy("collection").count().collect()}
-    for name in names:
-        result.rows.setdefault(name, 0)
+    known_doc, known_id = _known(old)
+    answers = convert.question_columns(F.col("v"), known_doc, "kd_")
+    answers += convert.question_columns(F.col("idv"), known_id, "ki_")
+    done, observed = _checkpoint(
+        prepared, keys=F.count(F.when(~F.col("pending"), 1)), pending=F.count(F.when(F.col("pending"), 1)),
+        deleted=F.count(F.when(F.col("deleted"), 1)),
+        doc=F.schema_of_variant_agg("v"), id=F.schema_of_variant_agg("idv"),
+        **dict(answers), **more,
+    )
+    return done.where(~F.col("pending")), observed
+
+
+def columns(
+    shape: Shape, layout: Layout, namespace: str, doc: Column, key: Column, state: dict[str, Column],
+    *, strict: bool = True,
+) -> list[Column]:
+    """The table's columns, in order, from a normalised document variant and the event's fields."""
+    id_value = convert.convert(shape.id_kind, convert.document(key), strict=strict) if shape.id_kind.typed else F.lit(None)
+    out = [id_value.cast(shape.id_type()).alias("_id")]
+    out += [
+        convert.convert(f.kind, convert.child(doc, f.name), strict=strict).alias(f.column) for f in shape.user_columns()
+    ]
+    out += [doc.alias("__doc"), key.alias("__key"), state["__position"].alias("__position")]
+    for column in layout.metadata_columns:
+        if column == "__collection":
+            out.append(F.lit(namespace).alias(column))
+        else:
+            out.append(state[column].alias(column))
+    return out
+
+
+def _ddl(dtype: T.DataType) -> str:
+    """Spark SQL type text with quoted field names (``simpleString`` does not quote)."""
+    if isinstance(dtype, T.StructType):
+        return "STRUCT<" + ", ".join(f"{convert.quote(f.name)}: {_ddl(f.dataType)}" for f in dtype.fields) + ">"
+    if isinstance(dtype, T.ArrayType):
+        return f"ARRAY<{_ddl(dtype.elementType)}>"
+    return dtype.simpleString().upper()
+
+
+def _added(old: Kind, new: Kind, prefix: str) -> list[tuple[str, T.DataType]]:
+    """(column path, type) of every column ``new`` adds to ``old`` (types unchanged)."""
+    out: list[tuple[str, T.DataType]] = []
+    if old.tag == "struct" and new.tag == "struct":
+        for f in new.fields:
+            if not f.kind.typed:
+                continue
+            before = old.field(f.name)
+            path = f"{prefix}{convert.quote(f.column)}"
+            if before is None or not before.kind.typed:
+                out.append((path, f.kind.spark_type()))
+            else:
+                out += _added(before.kind, f.kind, path + ".")
+    elif old.tag == "array" and new.tag == "array" and old.element and new.element:
+        out += _added(old.element, new.element, prefix + "element.")
+    return out
+
+
+# --------------------------------------------------------------------------- refresh
+
+
+@contextmanager
+def sized_shuffles(spark: SparkSession, nbytes: int) -> Iterator[int]:
+    """Shuffle partitions sized from the data (about 64 MB each, at most 4 per core), not Spark's 200."""
+    cores = max(1, spark.sparkContext.defaultParallelism)
+    partitions = max(1, min(math.ceil(nbytes / _TARGET_PARTITION_BYTES), 4 * cores))
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    try:
+        yield partitions
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", str(before))
+
+
+def _size(spark: SparkSession, location: str) -> int:
+    if not table_exists(spark, location):
+        return 0
+    row = DeltaTable.forPath(spark, location).detail().select("sizeInBytes").first()
+    return int(row[0] or 0) if row is not None else 0
+
+
+def _changes(spark: SparkSession, location: str, since: int, until: int) -> DataFrame | None:
+    """Rows the changelog gained after version ``since`` (None when its change feed no longer has them)."""
+    try:
+        feed = (
+            spark.read.format("delta").option("readChangeFeed", "true")
+            .option("startingVersion", since + 1).option("endingVersion", until).load(location)
+        )
+        return feed.where(F.col("_change_type") == "insert").drop("_change_type", "_commit_version", "_commit_timestamp")
+    except AnalysisException:
+        return None
+
+
+def refresh(
+    spark: SparkSession, namespace: str, changelog_location: str, state_location: str, layout: Layout
+) -> StateResult:
+    """Bring current_state up to the changelog (see the module doc)."""
+    if not table_exists(spark, changelog_location):
+        raise TableInputError(f"{namespace}: no changelog table at {changelog_location}: refresh the changelog first")
+    log_version = latest_version(spark, changelog_location)
+    snapshot = table_properties(spark, changelog_location).get(SNAPSHOT_PROPERTY)
+    props = table_properties(spark, state_location)
+    old = Shape.from_json(props[KINDS_PROPERTY]) if KINDS_PROPERTY in props else None
+    rebuild = old is None or props.get(OPTIONS_PROPERTY) != layout.to_json() or VERSION_PROPERTY not in props
+    since = -1 if rebuild else int(props[VERSION_PROPERTY])
+    table_position = None if rebuild else props.get(POSITION_PROPERTY)
+    applied = None if rebuild else props.get(SNAPSHOT_PROPERTY)
+    if not rebuild and since >= log_version and applied == snapshot:
+        return _result(spark, state_location, StateResult(position=table_position))
+    changelog = spark.read.format("delta").option("versionAsOf", log_version).load(changelog_location)
+    events = None if rebuild else _changes(spark, changelog_location, since, log_version)
+    if events is None:
+        rebuild, old, table_position, applied, events = True, None, None, None, changelog
+    nbytes = _size(spark, changelog_location) if rebuild else _size(spark, state_location)
+    with sized_shuffles(spark, nbytes):
+        result, shape = _merge(
+            spark, namespace, state_location, layout, changelog, events.select(*_EVENT_COLUMNS), old,
+            table_position, snapshot, rebuild,
+        )
+        if snapshot is not None and not rebuild and (applied is None or snapshot > applied):
+            result.deleted += _drop_ghosts(spark, state_location, layout, snapshot)
+    updates = {
+        COLLECTION_PROPERTY: namespace,
+        VERSION_PROPERTY: str(log_version),
+        OPTIONS_PROPERTY: layout.to_json(),
+        KINDS_PROPERTY: shape.to_json(),
+    }
+    if result.position is not None:
+        updates[POSITION_PROPERTY] = result.position
+    if snapshot is not None:
+        updates[SNAPSHOT_PROPERTY] = snapshot
+    set_properties(spark, state_location, updates)
+    return _result(spark, state_location, result)
+
+
+def _result(spark: SparkSession, location: str, result: StateResult) -> StateResult:
+    if table_exists(spark, location):
+        table = spark.read.format("delta").load(location)
+        result.schema = table.schema
+        result.row_count = table.count()
+        if result.position is None:
+            result.position = table_properties(spark, location).get(POSITION_PROPERTY)
     return result
 
 
-def read_current_state(spark: SparkSession, location: str) -> DataFrame:
-    """The current_state table (empty, base columns only, when it does not exist yet)."""
+def _state_rows(
+    changelog: DataFrame, events: DataFrame, table_position: str | None, rebuild: bool
+) -> tuple[DataFrame, str | None, int]:
+    """The state of every key ``events`` touch, the highest position among them, and how many keys
+    are still pending."""
+    rows, stats = _winners(events)
+    last = stats["last"]
+    complete = rebuild  # the events are every event of their keys
+    if table_position is not None and stats["first"] is not None and stats["first"] <= table_position:
+        # older events arrived: the keys' later events (merged before) must keep winning
+        rows, stats = _winners(_history(changelog, rows, stats["first"]))
+    elif not stats["pending"]:
+        complete = True
+    pending = int(stats["pending"])
+    if not complete and pending:  # updates whose last full image is older than these events
+        rebuilt, again = _winners(_history(changelog, rows.where(F.col("pending")), None))
+        rows, pending = rows.where(~F.col("pending")).unionByName(rebuilt), int(again["pending"])
+    return rows, last, pending
+
+
+def _merge(
+    spark: SparkSession,
+    namespace: str,
+    location: str,
+    layout: Layout,
+    changelog: DataFrame,
+    events: DataFrame,
+    old: Shape | None,
+    table_position: str | None,
+    snapshot: str | None,
+    rebuild: bool,
+) -> tuple[StateResult, Shape]:
+    result = StateResult(position=table_position)
+    # The usual case in one pass: every winner has a full document and is newer than the table.
+    top = _per_key(events).select(
+        *_STATE_COLUMNS[:6], (F.col("__op") == "d").alias("deleted"), (~_full_image()).alias("pending"), "first"
+    )
+    live, counts = _prepare(top, snapshot, old, first=F.min("first"), last=F.max("__position"))
+    out_of_order = table_position is not None and counts["first"] is not None and counts["first"] <= table_position
+    last = counts["last"]
+    if counts["pending"] or out_of_order:  # updates to fold, or older events: the general way
+        rows, last, _ = _state_rows(changelog, events, table_position, rebuild)
+        live, counts = _prepare(rows, snapshot, old)
+    result.position = max(filter(None, [table_position, last]), default=None)
+    result.pending = int(counts["pending"])
+    result.keys_merged = int(counts["keys"]) + result.pending
+    if result.keys_merged == 0 and old is not None and not rebuild:
+        return result, old
+    shape = _infer(live, counts, old)
+    state_columns = {
+        "__position": F.col("__position"), "__op": F.col("__op"), "__source_ts_ms": F.col("__source_ts_ms"),
+        "__deleted": F.col("deleted"),
+    }
+    source = live.select(
+        *columns(shape, layout, namespace, F.col("v"), F.col("__key"), state_columns),
+        F.col("__op").alias("__merge_op"), F.col("deleted").alias("__merge_deleted"),
+    )
+    if rebuild or old is None or not table_exists(spark, location):
+        written = source.where(~F.col("__merge_deleted")) if layout.delete_handling == "drop" else source
+        _replace(spark, location, written.drop("__merge_op", "__merge_deleted"))
+        result.upserted = int(counts["keys"]) - int(counts["deleted"])
+        return result, shape
+    result.schema_changes = kinds.changes(
+        kinds.struct([("_id", old.id_kind)]), kinds.struct([("_id", shape.id_kind)])
+    ) + kinds.changes(old.doc, shape.doc)
+    if kinds.needs_rewrite(old.doc, shape.doc) or kinds.needs_rewrite(old.id_kind, shape.id_kind):
+        _rewrite(spark, namespace, location, layout, shape)
+    else:
+        _add_columns(spark, location, old, shape)
+    _apply(spark, location, layout, source, result)
+    return result, shape
+
+
+def _add_columns(spark: SparkSession, location: str, old: Shape, shape: Shape) -> None:
+    """ALTER TABLE … ADD COLUMNS for new fields (top level after the last user column, nested at the end)."""
+    added = _added(old.doc, shape.doc, "")
+    if not added:
+        return
+    top_level = [(p, t) for p, t in added if "." not in _unquoted_dots(p)]
+    nested = [(p, t) for p, t in added if "." in _unquoted_dots(p)]
+    user = [f.column for f in old.user_columns()]
+    anchor = convert.quote(user[-1]) if user else "`_id`"
+    table = f"delta.{convert.quote(location)}"
+    for path, dtype in top_level:
+        spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({path} {_ddl(dtype)} AFTER {anchor})")
+        anchor = path
+    if nested:
+        spark.sql(f"ALTER TABLE {table} ADD COLUMNS (" + ", ".join(f"{p} {_ddl(t)}" for p, t in nested) + ")")
+
+
+def _unquoted_dots(path: str) -> str:
+    """``path`` with quoted names removed, so a dot left in it separates nested fields."""
+    out, quoted, i = [], False, 0
+    while i < len(path):
+        ch = path[i]
+        if ch == "`":
+            if quoted and path[i + 1:i + 2] == "`":
+                i += 2
+                continue
+            quoted = not quoted
+        elif not quoted:
+            out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def _rewrite(spark: SparkSession, namespace: str, location: str, layout: Layout, shape: Shape) -> None:
+    """A type changed: convert every row's columns again from ``__doc``/``__key`` (the exact document)."""
+    table = spark.read.format("delta").load(location)
+    state: dict[str, Column] = {
+        c: F.col(c) for c in ("__position", "__op", "__source_ts_ms", "__deleted") if c in table.columns
+    }
+    _replace(spark, location, table.select(*columns(shape, layout, namespace, F.col("__doc"), F.col("__key"), state)))
+
+
+def _replace(spark: SparkSession, location: str, rows: DataFrame) -> None:
+    """Write ``rows`` as the whole table, whatever its schema was.
+
+    A new table is created with column mapping, deletion vectors and change data feed first, so the
+    feed covers its first rows. Delta refuses a schema-replacing overwrite while the change data feed
+    is on (with column mapping), so an existing table has the feed off for that one commit; a
+    downstream feed reader resumes from the version after it.
+    """
+    table = f"delta.{convert.quote(location)}"
     if not table_exists(spark, location):
-        return _empty_state(spark)
+        properties = ", ".join(f"'{k}' = '{v}'" for k, v in _TABLE_OPTIONS.items())
+        columns_ddl = ", ".join(f"{convert.quote(f.name)} {_ddl(f.dataType)}" for f in rows.schema.fields)
+        spark.sql(f"CREATE TABLE {table} ({columns_ddl}) USING delta TBLPROPERTIES ({properties})")
+        rows.write.format("delta").mode("append").save(location)
+        return
+    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'false')")
+    rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(location)
+    spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
+
+
+def _apply(spark: SparkSession, location: str, layout: Layout, source: DataFrame, result: StateResult) -> None:
+    """One MERGE of the winners: newer events replace (or delete) rows, older ones change nothing."""
+    columns = [c for c in source.columns if not c.startswith("__merge_")]
+    assignments: dict[str, str | Column] = {convert.quote(c): F.col(f"s.{convert.quote(c)}") for c in columns}
+    newer = "(s.__position > t.__position OR (s.__position = t.__position AND s.__merge_op <> 'r'))"
+    merge = DeltaTable.forPath(spark, location).alias("t").merge(source.alias("s"), "t.__key = s.__key")
+    if layout.delete_handling == "drop":
+        merge = (
+            merge.whenMatchedDelete(condition=f"{newer} AND s.__merge_deleted")
+            .whenMatchedUpdate(condition=f"{newer} AND NOT s.__merge_deleted", set=assignments)
+            .whenNotMatchedInsert(condition="NOT s.__merge_deleted", values=assignments)
+        )
+    else:
+        merge = merge.whenMatchedUpdate(condition=newer, set=assignments).whenNotMatchedInsert(values=assignments)
+    merge.execute()
+    metrics = DeltaTable.forPath(spark, location).history(1).select("operationMetrics").first()
+    values = dict(metrics[0]) if metrics is not None and metrics[0] else {}
+    result.upserted = int(values.get("numTargetRowsInserted", 0)) + int(values.get("numTargetRowsUpdated", 0))
+    result.deleted = int(values.get("numTargetRowsDeleted", 0))
+
+
+def _drop_ghosts(spark: SparkSession, location: str, layout: Layout, snapshot: str) -> int:
+    """Rows older than the latest completed full snapshot, which did not read them: deleted, or marked."""
+    if not table_exists(spark, location):
+        return 0
+    table = DeltaTable.forPath(spark, location)
+    condition = F.col("__position") < F.lit(snapshot)
+    if layout.delete_handling == "drop":
+        table.delete(condition)
+    else:
+        schema = spark.read.format("delta").load(location).schema
+        cleared: dict[str, str | Column] = {
+            convert.quote(f.name): F.lit(None).cast(f.dataType)
+            for f in schema.fields if not f.name.startswith("__") and f.name != "_id"
+        }
+        cleared |= {"__doc": F.lit(None).cast("variant"), "__deleted": F.lit(True)}
+        table.update(condition & ~F.col("__deleted"), cleared)
+    metrics = table.history(1).select("operationMetrics").first()
+    values = dict(metrics[0]) if metrics is not None and metrics[0] else {}
+    return int(values.get("numDeletedRows") or values.get("numUpdatedRows") or 0)
+
+
+def read_current_state(spark: SparkSession, location: str) -> DataFrame:
+    """The current_state table (raises when it does not exist yet)."""
+    if not table_exists(spark, location):
+        raise TableInputError(f"no current_state table at {location}: refresh it first")
     return spark.read.format("delta").load(location)

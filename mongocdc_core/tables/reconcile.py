@@ -1,146 +1,194 @@
-"""Does ``current_state`` equal the MongoDB collections? Counts plus an order-independent hash.
+"""Does a collection's ``current_state`` equal MongoDB *at the table's position*? Two comparisons:
 
-Each document, on either side, is hashed as BLAKE2b-64 of its canonical Extended JSON with sorted
-keys (``documents.document_hash``); a collection's fingerprint is the count and the sum of those
-hashes modulo 2**64. Only when fingerprints differ are per-key hashes compared, to name the first
-mismatching keys. Field transforms (``field.exclude.list``, ``field.renames``) make the table differ
-from the source on purpose; reconcile collections captured without them.
+1. **The data a user reads** (``_id``, every typed column, ``__doc``) against the collection as it was
+   at the table's position. The source side is read through the engine (``api.snapshot_collection``),
+   so field transforms apply as they did to the events, and converted by the same Spark expressions
+   with the table's own column types, then compared row by row on the exact key. Preferably the read
+   is a snapshot read at that cluster time; where the server no longer holds it (or cannot), the
+   collection is read now and the keys the change stream shows changed since the position are left
+   out of the comparison, and counted. Either way the check holds while writes continue.
+2. **The metadata columns** (``__position``, ``__op``, ``__source_ts_ms``, ``__deleted``) against the
+   winning event of each key in the changelog version the table reflects.
+
+MongoDB is read only through :mod:`mongocdc_core.api`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-import pyarrow as pa
-from pymongo import MongoClient
-from pyspark.sql import DataFrame, SparkSession
+import orjson
+from bson import Timestamp
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from mongocdc_core.tables import documents
-from mongocdc_core.tables.current_state import read_current_state
-
-_MASK64 = (1 << 64) - 1
-_HASH_SCHEMA = T.StructType(
-    [T.StructField("id", T.StringType()), T.StructField("hi", T.LongType()), T.StructField("lo", T.LongType())]
+from mongocdc_core import api
+from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.events.records import Record
+from mongocdc_core.positions import Position
+from mongocdc_core.sinks.parquet import landing_table
+from mongocdc_core.sinks.readback import key_id
+from mongocdc_core.tables import convert
+from mongocdc_core.tables.changelog import (
+    POSITION_PROPERTY,
+    SNAPSHOT_PROPERTY,
+    TableInputError,
+    changelog_rows,
+    table_exists,
+    table_properties,
 )
+from mongocdc_core.tables.current_state import (
+    KINDS_PROPERTY,
+    OPTIONS_PROPERTY,
+    VERSION_PROPERTY,
+    Layout,
+    Shape,
+    columns,
+)
+
 MAX_REPORTED_KEYS = 20
 
 
 @dataclass(frozen=True)
-class CollectionReconciliation:
-    """One collection's comparison; ``mismatching_keys`` are canonical Extended JSON ``_id`` values."""
+class Comparison:
+    """What :func:`compare` found (``collection.Reconciliation`` is built from it)."""
 
-    namespace: str
-    table_count: int
-    source_count: int
-    table_hash: int
-    source_hash: int
-    mismatching_keys: tuple[str, ...] = ()
-
-    @property
-    def matches(self) -> bool:
-        return self.table_count == self.source_count and self.table_hash == self.source_hash
+    position: str | None
+    method: str
+    table_rows: int
+    source_rows: int
+    keys_excluded: int
+    mismatching_keys: list[str]
 
 
-@dataclass(frozen=True)
-class ReconcileResult:
-    """All compared collections; ``mismatching_keys`` are ``<namespace> <_id>`` strings."""
+class _Rows:
+    """A sink keeping the data records it gets (the source side, in memory) for their landing-zone rows."""
 
-    collections: tuple[CollectionReconciliation, ...] = field(default_factory=tuple)
+    def __init__(self) -> None:
+        self.records: list[Record] = []
 
-    @property
-    def matches(self) -> bool:
-        return all(c.matches for c in self.collections)
+    def write(self, records: Sequence[Record]) -> None:
+        self.records.extend(r for r in records if r.op is not None)
 
-    @property
-    def table_count(self) -> int:
-        return sum(c.table_count for c in self.collections)
+    def flush(self, timeout: float | None = None) -> None:
+        """Nothing buffered."""
 
-    @property
-    def source_count(self) -> int:
-        return sum(c.source_count for c in self.collections)
+    def close(self) -> None:
+        """Nothing to close."""
 
-    @property
-    def mismatching_keys(self) -> list[str]:
-        return [f"{c.namespace} {k}" for c in self.collections for k in c.mismatching_keys]
+    def keys(self) -> set[str]:
+        """The exact key (``__key``) of every row."""
+        return {kid for r in self.records if r.key is not None and (kid := key_id(orjson.loads(r.key))) is not None}
 
 
-def _hash_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``document`` -> (canonical ``_id``, high and low 32 bits of the document hash)."""
-    for batch in batches:
-        ids: list[str] = []
-        his: list[int] = []
-        los: list[int] = []
-        for text in batch.column("document").to_pylist():
-            doc = documents.loads(text)
-            h = documents.document_hash(doc)
-            ids.append(documents.canonical_json(doc.get("_id")))
-            his.append(h >> 32)
-            los.append(h & 0xFFFFFFFF)
-        yield pa.RecordBatch.from_pydict({"id": ids, "hi": his, "lo": los}, schema=pa.schema(
-            [("id", pa.string()), ("hi", pa.int64()), ("lo", pa.int64())]
-        ))
+def _layout(props: dict[str, str]) -> Layout:
+    data = orjson.loads(props[OPTIONS_PROPERTY])
+    return Layout(data["delete_handling"], tuple(data["add_fields"]))
 
 
-def _table_hashes(state: DataFrame, namespace: str) -> DataFrame:
-    return state.where(F.col("collection") == namespace).select("document").mapInArrow(_hash_rows, _HASH_SCHEMA)
-
-
-def _combine(hi_sum: int, lo_sum: int) -> int:
-    return ((hi_sum << 32) + lo_sum) & _MASK64
-
-
-def _source_hashes(client: MongoClient, namespace: str) -> dict[str, int]:
-    db, _, coll = namespace.partition(".")
-    if not db or not coll:
-        raise ValueError(f"not a '<db>.<collection>' namespace: {namespace!r}")
-    return {
-        documents.canonical_json(doc.get("_id")): documents.document_hash(doc)
-        for doc in client[db][coll].find({})
-    }
-
-
-def _differences(table: dict[str, int], source: dict[str, int], table_dupes: list[str]) -> tuple[str, ...]:
-    keys = set(table_dupes)
-    keys.update(k for k in table.keys() | source.keys() if table.get(k) != source.get(k))
-    return tuple(sorted(keys)[:MAX_REPORTED_KEYS])
-
-
-def reconcile_collection(
-    spark: SparkSession, state: DataFrame, client: MongoClient, namespace: str
-) -> CollectionReconciliation:
-    """Compare one collection's rows of ``state`` with the live collection."""
-    hashed = _table_hashes(state, namespace).cache()
+def _source(cfg: ConnectorConfig, namespace: str, position: str | None) -> tuple[_Rows, set[str], str]:
+    """The collection at ``position``: its read rows, the keys to leave out, and how it was read."""
+    rows = _Rows()
+    if position is None:
+        api.snapshot_collection(cfg, namespace, rows, filter={})
+        return rows, set(), "read now (the table has no position yet)"
+    at = Position.parse(position).timestamp
     try:
-        agg = hashed.agg(F.count("*").alias("n"), F.sum("hi").alias("hi"), F.sum("lo").alias("lo")).first()
-        assert agg is not None
-        table_count, table_hash = int(agg["n"]), _combine(int(agg["hi"] or 0), int(agg["lo"] or 0))
-        source = _source_hashes(client, namespace)
-        source_hash = sum(source.values()) & _MASK64
-        keys: tuple[str, ...] = ()
-        if table_count != len(source) or table_hash != source_hash:
-            table: dict[str, int] = {}
-            dupes: list[str] = []
-            for row in hashed.collect():
-                if row["id"] in table:
-                    dupes.append(row["id"])
-                table[row["id"]] = _combine(row["hi"], row["lo"])
-            keys = _differences(table, source, dupes)
-    finally:
-        hashed.unpersist()
-    return CollectionReconciliation(namespace, table_count, len(source), table_hash, source_hash, keys)
+        api.snapshot_collection(cfg, namespace, rows, filter={}, at_cluster_time=at)
+        return rows, set(), f"snapshot read at {at.time}.{at.inc}"
+    except api.SnapshotReadUnavailable as exc:
+        reason = str(exc)
+    rows = _Rows()
+    api.snapshot_collection(cfg, namespace, rows, filter={})
+    now = api.current_cluster_time(cfg)
+    start, end = Timestamp(at.time, at.inc + 1), Timestamp(now.time, now.inc + 1)
+    changed = _Rows()
+    if (start.time, start.inc) < (end.time, end.inc):
+        api.stream_window(cfg, namespace, start, end, changed)
+    keys = changed.keys()
+    return rows, keys, f"keys changed since {position} left out ({len(keys)} keys; {reason})"
 
 
-def reconcile(
-    spark: SparkSession,
-    state_location: str,
-    client: MongoClient,
-    namespaces: Sequence[str],
-) -> ReconcileResult:
-    """Compare current_state with MongoDB for each ``<db>.<collection>`` in ``namespaces``.
+def _signature(frame: DataFrame, names: list[str]) -> Column:
+    """One comparable string of the columns a user reads (variants as their JSON)."""
+    types = dict(frame.dtypes)
+    parts = [F.to_json(F.col(convert.quote(n))) if types[n] == "variant" else F.col(convert.quote(n)) for n in names]
+    return F.sha2(F.to_json(F.struct(*[p.alias(f"c{i}") for i, p in enumerate(parts)])), 256)
 
-    The caller owns ``client`` (this module opens no connection of its own)."""
-    state = read_current_state(spark, state_location)
-    return ReconcileResult(tuple(reconcile_collection(spark, state, client, ns) for ns in namespaces))
+
+def _readable(key: Column) -> Column:
+    return convert.id_text(convert.document(key))
+
+
+def _state_winners(changelog: DataFrame, snapshot: str | None, rewrite: bool) -> DataFrame:
+    """Per key, the winning event's metadata as the table should show it (pending keys left out)."""
+    order = F.struct(F.col("__position"), F.when(F.col("__op") == "r", 0).otherwise(1))
+    full = (F.col("__op") == "d") | F.col("after").isNotNull()
+    per_key = changelog.groupBy("__key").agg(
+        F.max_by(F.struct("__op", "__position", "__source_ts_ms"), order).alias("w"),
+        F.max(F.when(full, 1)).alias("based"),
+    ).where(F.col("based").isNotNull())
+    ghost = F.lit(snapshot).isNotNull() & (F.col("w.__position") < F.lit(snapshot))
+    deleted = (F.col("w.__op") == "d") | ghost
+    winners = per_key.select(
+        "__key", F.col("w.__op").alias("__op"), F.col("w.__position").alias("__position"),
+        F.col("w.__source_ts_ms").alias("__source_ts_ms"), deleted.alias("__deleted"),
+    )
+    return winners if rewrite else winners.where(~F.col("__deleted"))
+
+
+def compare(spark: SparkSession, namespace: str, changelog: str, state: str, cfg: ConnectorConfig) -> Comparison:
+    """Both comparisons of the module doc for one collection."""
+    if not table_exists(spark, state):
+        raise TableInputError(f"{namespace}: no current_state table at {state}: refresh it first")
+    props = table_properties(spark, state)
+    if KINDS_PROPERTY not in props:
+        raise TableInputError(f"{namespace}: {state} was not written by mongocdc (no {KINDS_PROPERTY} property)")
+    shape, layout = Shape.from_json(props[KINDS_PROPERTY]), _layout(props)
+    position = props.get(POSITION_PROPERTY)
+    table = spark.read.format("delta").load(state)
+    if layout.delete_handling == "rewrite":
+        live = table.where(~F.col("__deleted"))
+    else:
+        live = table
+    rows, excluded, method = _source(cfg, namespace, position)
+
+    landing = spark.createDataFrame(landing_table(rows.records))
+    events = changelog_rows(landing, F.lit("reconciliation"), namespace)
+    doc = convert.document(F.col("after"))
+    state_columns = {c: F.col(c) for c in ("__position", "__op", "__source_ts_ms")} | {"__deleted": F.lit(False)}
+    source = events.select(*columns(shape, layout, namespace, doc, F.col("__key"), state_columns, strict=False))
+    names = ["_id", *[f.column for f in shape.user_columns()], "__doc"]
+    left = live.select("__key", _signature(live, names).alias("t"))
+    right = source.select("__key", _signature(source, names).alias("s"))
+    joined = left.join(right, "__key", "full_outer")
+    keys_excluded = 0
+    if excluded:
+        leave_out = spark.createDataFrame([(k,) for k in excluded], T.StructType([T.StructField("__key", T.StringType())]))
+        keys_excluded = leave_out.join(joined, "__key", "left_semi").count()
+        joined = joined.join(leave_out, "__key", "left_anti")
+    data_mismatch = joined.where(~F.col("t").eqNullSafe(F.col("s"))).select("__key")
+
+    log = spark.read.format("delta").option("versionAsOf", int(props[VERSION_PROPERTY])).load(changelog)
+    expected = _state_winners(log, props.get(SNAPSHOT_PROPERTY), layout.delete_handling == "rewrite")
+    meta = ["__position", *[c for c in layout.metadata_columns if c != "__collection"]]
+    meta_left = table.select("__key", F.to_json(F.struct(*meta)).alias("t"))
+    meta_right = expected.select("__key", F.to_json(F.struct(*meta)).alias("s"))
+    meta_mismatch = meta_left.join(meta_right, "__key", "full_outer").where(~F.col("t").eqNullSafe(F.col("s")))
+    wrong_collection = (
+        table.where(F.col("__collection") != namespace).select("__key") if "__collection" in table.columns else None
+    )
+    mismatches = data_mismatch.union(meta_mismatch.select("__key"))
+    if wrong_collection is not None:
+        mismatches = mismatches.union(wrong_collection)
+    found = mismatches.distinct().select(_readable(F.col("__key")).alias("id")).orderBy("id").limit(MAX_REPORTED_KEYS)
+    return Comparison(
+        position=position,
+        method=method,
+        table_rows=live.count(),
+        source_rows=len(rows.records),
+        keys_excluded=keys_excluded,
+        mismatching_keys=[r["id"] for r in found.collect()],
+    )

@@ -48,16 +48,20 @@ def spark_conf(*, local_tuning: bool = True) -> dict[str, str]:
     """Spark properties for Delta Lake tables and the Kafka source (e.g. ``PySparkResource.spark_config``).
 
     ``local_tuning`` keeps shuffles and Delta state reconstruction small (2 partitions, no UI) and
-    runs Python workers with this interpreter (so they import mongocdc from the same environment),
-    which is what local mode on a laptop or CI runner wants; cluster deployments pass ``False`` and
-    install mongocdc on the executors.
+    runs Python workers with this interpreter (it has pyarrow), which is what local mode on a laptop
+    or CI runner wants; cluster deployments pass ``False``. Executors need no mongocdc: the tables
+    run Spark SQL, and their one Python function is shipped with the job (it needs pyarrow only).
     """
     conf = {
         "spark.jars": ",".join(table_jars()),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.session.timeZone": "UTC",
-        "spark.databricks.delta.schema.autoMerge.enabled": "true",
+        # dates before 1582 are written as they are (proleptic Gregorian), never rebased or refused
+        "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+        "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
+        "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+        "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
     }
     if local_tuning:
         # PySpark takes the worker interpreter from PYSPARK_PYTHON when the SparkContext starts

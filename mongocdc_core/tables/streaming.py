@@ -1,28 +1,33 @@
-"""Structured Streaming from the connector's Kafka topics into the same two Delta tables.
+"""Structured Streaming from the connector's Kafka topics into the same per-collection tables.
 
 Each micro-batch (``foreachBatch``) flattens the Debezium records (JsonConverter values with or
-without their ``schema`` part) into landing-zone columns, appends them to the changelog (idempotent
-per batch through Delta's ``txnAppId``/``txnVersion``) and merges current_state for the batch's keys.
+without their ``schema`` part) into landing-zone columns, appends each collection's events to its
+changelog (append-only per event identity, so a batch replayed after a restart adds nothing) and
+refreshes that collection's current_state: exactly once into the tables, across restarts.
 
-Positions: a Kafka record carries ``source.ts_ms`` (clusterTime seconds) and ``source.ord`` (its
-increment) but not the transaction ordinal, so the record's Kafka offset takes the ordinal's place.
-Per key, Kafka keeps the connector's delivery order inside one partition, which is the stream order.
-Snapshot reads carry their read time in ``source.ts_ms``; mixing a Kafka-fed snapshot with a
-landing-zone stream of the same collection is therefore not supported (feed one table from one path).
+Positions: mongocdc's Kafka sink puts every record's position in the header ``mongocdc.position``,
+so a record read here sorts exactly as the same record read from the landing zone, and both paths
+build identical tables. A record without the header (another producer, such as Debezium itself)
+falls back to ``source.ts_ms`` seconds and ``source.ord`` for change events; its snapshot reads have
+no position and lose to every change event of their key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
-from mongocdc_core.tables.changelog import table_exists, to_changelog
-from mongocdc_core.tables.current_state import merge_current_state
+from mongocdc_core.sinks.kafka import POSITION_HEADER
+from mongocdc_core.tables import changelog as _changelog
+from mongocdc_core.tables.changelog import TableInputError, changelog_rows
+from mongocdc_core.tables.collection import CollectionTables, TableOptions, refresh_current_state
+
+_NO_POSITION = "0000000000000.0000000000.000000"
 
 
 @dataclass(frozen=True)
@@ -30,20 +35,28 @@ class StreamSettings:
     """What the streaming job reads and where it writes.
 
     ``topics`` are the data topics (``<prefix>.<db>.<collection>``) or, with ``pattern=True``, one
-    Java regular expression; transaction, heartbeat and signal topics may be included — their
-    records are skipped, as are tombstones.
+    Java regular expression (new topics matching it are picked up: a collection added while the job
+    runs gets its tables). Transaction, heartbeat and signal topics may be included — their records
+    are skipped, as are tombstones. Each collection's tables are ``CollectionTables.under(root, ns)``
+    unless ``tables`` names them. ``kafka_options`` pass through to the Kafka source (``kafka.*``
+    settings such as security).
     """
 
     bootstrap_servers: str
     topics: Sequence[str]
-    changelog_location: str
-    state_location: str
+    root: str
     checkpoint_location: str
     pattern: bool = False
     starting_offsets: str = "earliest"
     max_offsets_per_trigger: int | None = None
     #: Process what the topics hold now, then stop (batch-like runs and tests); else run until stopped.
     available_now: bool = False
+    options: TableOptions = field(default_factory=TableOptions)
+    tables: Callable[[str], CollectionTables] | None = None
+    kafka_options: Mapping[str, str] = field(default_factory=dict)
+
+    def tables_for(self, namespace: str) -> CollectionTables:
+        return self.tables(namespace) if self.tables is not None else CollectionTables.under(self.root, namespace)
 
 
 def _payload(value: Column) -> Column:
@@ -53,66 +66,68 @@ def _payload(value: Column) -> Column:
     return F.when(has_schema, wrapped).otherwise(value)
 
 
+def _position(payload: Column) -> Column:
+    """The record's position: its header, else derived from the envelope (see the module doc)."""
+    header = F.element_at(F.filter(F.col("headers"), lambda h: h["key"] == F.lit(POSITION_HEADER)), 1)
+    seconds = F.floor(F.get_json_object(payload, "$.source.ts_ms").cast("bigint") / 1000)
+    increment = F.get_json_object(payload, "$.source.ord").cast("bigint")
+    derived = F.when(F.get_json_object(payload, "$.op") == "r", F.lit(_NO_POSITION)).otherwise(
+        F.format_string("%013d.%010d.%06d", seconds, F.coalesce(increment, F.lit(0)), F.lit(0))
+    )
+    return F.coalesce(header["value"].cast("string"), derived)
+
+
 def kafka_to_landing(records: DataFrame) -> DataFrame:
-    """Kafka rows (``key``, ``value`` bytes, ``topic``, ``partition``, ``offset``) -> landing-zone columns."""
-    value = F.col("value").cast("string")
-    key = F.col("key").cast("string")
+    """Kafka rows (``key``, ``value``, ``topic``, ``partition``, ``headers``) -> landing-zone columns."""
     p = F.col("_payload")
 
-    def field(path: str) -> Column:
+    def field_(path: str) -> Column:
         return F.get_json_object(p, path)
 
-    seconds = F.floor(field("$.source.ts_ms").cast("bigint") / 1000)
-    increment = field("$.source.ord").cast("bigint")
-    ordinal = F.col("offset").cast("bigint")
+    position = F.col("_position")
+    parts = F.split(position, r"\.")
     return (
-        records.withColumn("_payload", _payload(value))
-        .withColumn("_key", _payload(key))
+        records.withColumn("_payload", _payload(F.col("value").cast("string")))
+        .withColumn("_position", _position(F.col("_payload")))
         .select(
             F.col("topic"),
-            F.concat_ws(".", field("$.source.db"), field("$.source.collection")).alias("collection"),
-            F.col("_key").alias("key"),
-            field("$.op").alias("op"),
-            F.format_string("%013d.%010d.%06d", seconds, increment, ordinal).alias("position"),
-            seconds.alias("pos_seconds"),
-            increment.alias("pos_increment"),
-            ordinal.alias("pos_ordinal"),
-            field("$.ts_ms").cast("bigint").alias("ts_ms"),
-            field("$.before").alias("before"),
-            field("$.after").alias("after"),
-            field("$.updateDescription.updatedFields").alias("updated_fields"),
-            F.from_json(field("$.updateDescription.removedFields"), T.ArrayType(T.StringType())).alias(
-                "removed_fields"
-            ),
-            field("$.updateDescription.truncatedArrays").alias("truncated_arrays"),
-            field("$.source.snapshot").alias("snapshot"),
-            field("$.source").alias("source"),
+            F.concat_ws(".", field_("$.source.db"), field_("$.source.collection")).alias("collection"),
+            _payload(F.col("key").cast("string")).alias("key"),
+            field_("$.op").alias("op"),
+            position.alias("position"),
+            parts[0].cast("bigint").alias("pos_seconds"),
+            parts[1].cast("bigint").alias("pos_increment"),
+            parts[2].cast("bigint").alias("pos_ordinal"),
+            field_("$.ts_ms").cast("bigint").alias("ts_ms"),
+            field_("$.before").alias("before"),
+            field_("$.after").alias("after"),
+            field_("$.updateDescription.updatedFields").alias("updated_fields"),
+            F.from_json(field_("$.updateDescription.removedFields"), T.ArrayType(T.StringType())).alias("removed_fields"),
+            field_("$.updateDescription.truncatedArrays").alias("truncated_arrays"),
+            field_("$.source.snapshot").alias("snapshot"),
+            field_("$.source").alias("source"),
             p.alias("value"),
-            F.concat(F.lit("kafka:"), F.col("topic"), F.lit(":"), F.col("partition").cast("string")).alias(
-                "_landing"
-            ),
+            F.concat(F.lit("kafka:"), F.col("topic"), F.lit(":"), F.col("partition").cast("string")).alias("_origin"),
         )
     )
 
 
 def kafka_changelog_rows(records: DataFrame) -> DataFrame:
-    """Kafka rows -> changelog rows (data events only; ``landing_file`` names topic and partition)."""
-    landing = kafka_to_landing(records).where(F.col("op").isin("c", "u", "d", "r"))
-    return to_changelog(landing, F.col("_landing"))
+    """Kafka rows -> changelog rows of every collection (data events only)."""
+    return changelog_rows(kafka_to_landing(records), F.col("_origin"))
 
 
-def process_batch(spark: SparkSession, settings: StreamSettings, batch: DataFrame, batch_id: int, app_id: str) -> None:
-    """One micro-batch: idempotent changelog append, then current_state for the batch's keys."""
+def process_batch(spark: SparkSession, settings: StreamSettings, batch: DataFrame) -> None:
+    """One micro-batch: each collection's new events into its changelog, then its current_state."""
     rows = kafka_changelog_rows(batch).localCheckpoint()
-    if rows.isEmpty():
-        return
-    writer = rows.write.format("delta").mode("append").partitionBy("collection")
-    if not table_exists(spark, settings.changelog_location):
-        writer = writer.option("delta.enableChangeDataFeed", "true")
-    writer.option("txnAppId", app_id).option("txnVersion", batch_id).save(settings.changelog_location)
-    merge_current_state(
-        spark, settings.changelog_location, settings.state_location, changes=rows.select("collection", "_id")
-    )
+    namespaces = sorted(r[0] for r in rows.select("__collection").distinct().collect())
+    for namespace in namespaces:
+        tables = settings.tables_for(namespace)
+        appended = _changelog.append_events(
+            spark, tables.changelog, namespace, rows.where(F.col("__collection") == namespace)
+        )
+        _changelog.record(spark, tables.changelog, namespace, appended)
+        refresh_current_state(spark, tables, settings.options)
 
 
 def start_stream(spark: SparkSession, settings: StreamSettings, query_name: str = "mongocdc-tables") -> StreamingQuery:
@@ -122,14 +137,17 @@ def start_stream(spark: SparkSession, settings: StreamSettings, query_name: str 
         .option("kafka.bootstrap.servers", settings.bootstrap_servers)
         .option("startingOffsets", settings.starting_offsets)
         .option("failOnDataLoss", "true")
+        .option("includeHeaders", "true")
     )
+    for key, value in settings.kafka_options.items():
+        reader = reader.option(key if key.startswith("kafka.") else f"kafka.{key}", value)
     if settings.pattern:
         if len(settings.topics) != 1:
-            raise ValueError("with pattern=True, topics must hold exactly one regular expression")
+            raise TableInputError("with pattern=True, topics must hold exactly one regular expression")
         reader = reader.option("subscribePattern", settings.topics[0])
     else:
         if not settings.topics:
-            raise ValueError("StreamSettings.topics is empty: name the data topics to read")
+            raise TableInputError("StreamSettings.topics is empty: name the data topics to read")
         reader = reader.option("subscribe", ",".join(settings.topics))
     if settings.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
@@ -137,7 +155,7 @@ def start_stream(spark: SparkSession, settings: StreamSettings, query_name: str 
         reader.load()
         .writeStream.queryName(query_name)
         .option("checkpointLocation", settings.checkpoint_location)
-        .foreachBatch(lambda batch, batch_id: process_batch(spark, settings, batch, batch_id, query_name))
+        .foreachBatch(lambda batch, batch_id: process_batch(spark, settings, batch))
     )
     if settings.available_now:
         writer = writer.trigger(availableNow=True)

@@ -30,10 +30,14 @@ from dagster_pyspark import PySparkResource
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from mongocdc_core.tables import TableLocations, refresh_current_state, write_changelog
-from mongocdc_core.tables.changelog import changed_files, landing_files, read_changelog
-from mongocdc_core.tables.current_state import read_current_state
-from mongocdc_core.tables.reconcile import CollectionReconciliation, reconcile_collection
+from mongocdc_core.tables import (
+    CollectionTables,
+    Reconciliation,
+    landing_files,
+    reconcile_at_position,
+    refresh_changelog,
+    refresh_current_state,
+)
 from mongocdc_dagster.partitions import COLLECTION_DIM, collections_partitions
 from mongocdc_dagster.resources import MongoCdcResource
 
@@ -48,16 +52,12 @@ _CDC_SOURCES = (SNAPSHOT_KEY, STREAM_SLICE_KEY)
 
 #: changelog column -> the landing-zone columns (of snapshot and stream_slice files) it is made from.
 _CHANGELOG_LINEAGE: dict[str, tuple[str, ...]] = {
-    "collection": ("collection",),
+    "__key": ("key",),
     "_id": ("key",),
-    "key": ("key",),
-    "op": ("op",),
-    "position": ("position",),
-    "pos_seconds": ("pos_seconds",),
-    "pos_increment": ("pos_increment",),
-    "pos_ordinal": ("pos_ordinal",),
-    "ts_ms": ("ts_ms",),
-    "event_time": ("ts_ms",),
+    "__op": ("op",),
+    "__position": ("position",),
+    "__ts_ms": ("ts_ms",),
+    "__source_ts_ms": ("source",),
     "before": ("before",),
     "after": ("after",),
     "updated_fields": ("updated_fields",),
@@ -65,29 +65,27 @@ _CHANGELOG_LINEAGE: dict[str, tuple[str, ...]] = {
     "truncated_arrays": ("truncated_arrays",),
     "snapshot": ("snapshot",),
     "source": ("source",),
-    "source_ts_ms": ("source",),
-    "source_rs": ("source",),
-    "source_lsid": ("source",),
-    "source_txn_number": ("source",),
-    "source_wall_time": ("source",),
     "transaction_id": ("value",),
     "topic": ("topic",),
+    "__collection": ("collection",),
+    "__change_date": ("position",),
 }
-#: current_state base column -> changelog columns; typed document columns come from after + updates.
+#: current_state metadata column -> changelog columns; typed document columns come from after + updates.
 _STATE_LINEAGE: dict[str, tuple[str, ...]] = {
-    "collection": ("collection",),
-    "_id": ("_id",),
-    "op": ("op",),
-    "position": ("position", "pos_seconds", "pos_increment", "pos_ordinal"),
-    "ts_ms": ("ts_ms",),
-    "document": ("after", "updated_fields", "removed_fields", "truncated_arrays"),
+    "__key": ("__key",),
+    "_id": ("__key",),
+    "__position": ("__position",),
+    "__op": ("__op",),
+    "__source_ts_ms": ("__source_ts_ms",),
+    "__collection": ("__collection",),
+    "__deleted": ("__op",),
 }
 _DOCUMENT_SOURCES = ("after", "updated_fields", "removed_fields", "truncated_arrays")
 
 
-def table_locations(mongocdc: MongoCdcResource) -> TableLocations:
-    """``<MONGOCDC_HOME>/tables`` of the connector the resource names."""
-    return TableLocations(str(Path(mongocdc.home) / "tables"))
+def collection_tables(mongocdc: MongoCdcResource, namespace: str) -> CollectionTables:
+    """The collection's tables under ``<MONGOCDC_HOME>/tables``."""
+    return CollectionTables.under(str(Path(mongocdc.home) / "tables"), namespace)
 
 
 def collection_landing_files(mongocdc: MongoCdcResource, namespace: str) -> list[str]:
@@ -138,42 +136,38 @@ def _state_lineage(schema: T.StructType) -> TableColumnLineage:
 def changelog(context: AssetExecutionContext, mongocdc: MongoCdcResource, pyspark: PySparkResource) -> MaterializeResult:
     namespace = context.partition_key
     spark: SparkSession = pyspark.spark_session
-    locations = table_locations(mongocdc)
+    tables = collection_tables(mongocdc, namespace)
     files = collection_landing_files(mongocdc, namespace)
-    todo = changed_files(spark, locations.changelog, files)
-    metadata: dict[str, Any] = {
-        "dagster/uri": MetadataValue.path(locations.changelog),
-        "landing_files": len(files),
-        "landing_files_written": len(todo),
-        "dagster/column_lineage": _changelog_lineage(),
-    }
-    if todo:
-        written = write_changelog(spark, locations.changelog, todo)
-        metadata["events_written"] = written.rows
-        metadata["events_by_op"] = MetadataValue.json(written.counts.get(namespace, {}))
-    else:
+    result = refresh_changelog(spark, tables, files)
+    if not result.files_read:
         context.log.info(f"{namespace}: no new or re-written landing files among {len(files)}")
-    table = read_changelog(spark, locations.changelog)
-    metadata["dagster/column_schema"] = table_schema(table.schema)
-    metadata["dagster/partition_row_count"] = table.where(table.collection == namespace).count()
-    return MaterializeResult(metadata=metadata)
+    return MaterializeResult(metadata={
+        "dagster/uri": MetadataValue.path(tables.changelog),
+        "landing_files": len(files),
+        "landing_files_written": result.files_read,
+        "events_written": result.rows_added,
+        "events_by_op": MetadataValue.json(result.counts),
+        "dagster/column_lineage": _changelog_lineage(),
+        "dagster/column_schema": table_schema(result.schema),
+        "dagster/partition_row_count": result.row_count,
+    })
 
 
-def _reconciliation_result(result: CollectionReconciliation) -> AssetCheckResult:
+def _reconciliation_result(result: Reconciliation) -> AssetCheckResult:
     return AssetCheckResult(
         asset_key=CURRENT_STATE_KEY,
         check_name=RECONCILE_CHECK,
         passed=result.matches,
         severity=AssetCheckSeverity.ERROR,
         description=(
-            f"{result.namespace}: current_state has {result.table_count} rows, MongoDB {result.source_count}; "
-            + ("hashes match" if result.matches else f"first mismatching keys: {', '.join(result.mismatching_keys)}")
+            f"{result.namespace} at {result.position} ({result.method}): current_state has {result.table_rows} "
+            f"rows, MongoDB {result.source_rows}; "
+            + ("equal" if result.matches else f"first mismatching keys: {', '.join(result.mismatching_keys)}")
         ),
         metadata={
-            "table_count": result.table_count,
-            "source_count": result.source_count,
-            "table_hash": f"{result.table_hash:016x}",
-            "source_hash": f"{result.source_hash:016x}",
+            "table_count": result.table_rows,
+            "source_count": result.source_rows,
+            "keys_excluded": result.keys_excluded,
             "mismatching_keys": MetadataValue.json(list(result.mismatching_keys)),
         },
     )
@@ -204,28 +198,22 @@ def current_state(
 ) -> MaterializeResult:
     namespace = context.partition_key
     spark: SparkSession = pyspark.spark_session
-    locations = table_locations(mongocdc)
-    merged = refresh_current_state(spark, locations, [namespace])
-    if merged.widened:
-        context.log.warning(f"{namespace}: columns widened by type conflicts: {merged.widened}")
-    table = read_current_state(spark, locations.current_state)
-    client = mongocdc.client()
-    try:
-        check = reconcile_collection(spark, table, client, namespace)
-    finally:
-        client.close()
+    tables = collection_tables(mongocdc, namespace)
+    merged = refresh_current_state(spark, tables)
+    if merged.schema_changes:
+        context.log.warning(f"{namespace}: schema changes: {merged.schema_changes}")
+    check = reconcile_at_position(spark, tables, mongocdc.load_config())
     return MaterializeResult(
         metadata={
-            "dagster/uri": MetadataValue.path(locations.current_state),
-            "dagster/column_schema": table_schema(table.schema),
-            "dagster/column_lineage": _state_lineage(table.schema),
-            "dagster/partition_row_count": merged.rows.get(namespace, 0),
-            "keys_merged": merged.keys_touched,
+            "dagster/uri": MetadataValue.path(tables.current_state),
+            "dagster/column_schema": table_schema(merged.schema),
+            "dagster/column_lineage": _state_lineage(merged.schema),
+            "dagster/partition_row_count": merged.row_count,
+            "keys_merged": merged.keys_merged,
             "rows_upserted": merged.upserted,
             "rows_deleted": merged.deleted,
             "keys_waiting_for_a_full_document": merged.pending_keys,
-            "new_columns": MetadataValue.json(merged.new_columns),
-            "widened_columns": MetadataValue.json(merged.widened),
+            "schema_changes": MetadataValue.json(merged.schema_changes),
         },
         check_results=[_reconciliation_result(check)],
     )

@@ -1,116 +1,214 @@
-"""changelog + current_state from converter-made landing files, in every order the design allows."""
+"""current_state from converter-made landing files: order-independent, incremental, typed, without ghosts."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
-import mongomock
-import pyarrow.parquet as pq
 import pytest
+from bson.timestamp import Timestamp
+from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from mongocdc_core.positions import Position
 from mongocdc_core.tables import (
-    TableLocations,
-    materialize,
-    read_changelog,
+    CollectionTables,
+    TableOptions,
     read_current_state,
-    reconcile,
+    refresh_changelog,
     refresh_current_state,
-    write_changelog,
 )
-from mongocdc_core.tables.current_state import merge_current_state
 
-from .workload import DB, Workload, converter, slice_records, snapshot_records, write_landing
+from .support import build, comparable, read_file
+from .workload import DB, Event, Workload, converter, slice_records, snapshot_records, write_landing
 
 
-def _expected_client(workload: Workload) -> mongomock.MongoClient:
-    """The model's final documents in a mongomock database, so reconcile() compares against them."""
-    client: mongomock.MongoClient = mongomock.MongoClient()
-    for coll, docs in workload.docs.items():
-        if docs:
-            client[DB][coll].insert_many([dict(d) for d in docs.values()])
-    return client
+def _docs(spark: SparkSession, tables: CollectionTables) -> list[tuple[Any, ...]]:
+    return comparable(read_current_state(spark, tables.current_state).select("__key", "__doc"))
+
+
+def _expected(spark: SparkSession, tmp: Path, wl: Workload, coll: str) -> list[tuple[Any, ...]]:
+    """The model's documents, through a snapshot file into a table of their own."""
+    tables = CollectionTables.under(str(tmp / f"expected-{coll}"), f"{DB}.{coll}")
+    build(spark, tables, write_landing(tmp / f"expected-{coll}.parquet", snapshot_records(converter("change_streams"), wl, coll)))
+    return _docs(spark, tables)
 
 
 def _scenario(tmp: Path, capture_mode: str, seed: int) -> tuple[Workload, dict[str, Path]]:
-    """Landing files: snapshot after some history, then three slices (one spans a transaction)."""
+    """Landing files: snapshot after some history, then three slices (transactions included)."""
     rng = random.Random(seed)
-    wl = Workload(rng, collections=("orders", "users"), full_document=capture_mode != "change_streams")
+    wl = Workload(rng, collections=("orders",), full_document=capture_mode != "change_streams")
     conv = converter(capture_mode)
     files: dict[str, Path] = {}
-    a0, a1 = wl.run(40)
+    a0, a1 = wl.run(25)
     files["slice0"] = write_landing(tmp / "slice0.parquet", slice_records(conv, wl.events[a0:a1]))
-    files["snap_orders"] = write_landing(tmp / "snap_orders.parquet", snapshot_records(conv, wl, "orders"))
-    files["snap_users"] = write_landing(tmp / "snap_users.parquet", snapshot_records(conv, wl, "users"))
+    files["snap"] = write_landing(tmp / "snapshot.parquet", snapshot_records(conv, wl, "orders"))
     for i in (1, 2, 3):
-        s0, s1 = wl.run(60)
+        s0, s1 = wl.run(25)
         files[f"slice{i}"] = write_landing(tmp / f"slice{i}.parquet", slice_records(conv, wl.events[s0:s1]))
     return wl, files
 
 
-# Each step is one materialisation (several files at once where the order does not matter).
-# Both plans write slices before their snapshot and re-materialise a slice at the end.
+# Each step is one refresh. Both plans land slices before their snapshot and re-deliver a slice at the end.
 PLANS: dict[str, list[list[str]]] = {
-    "change_streams_update_full": [["slice3"], ["slice1", "snap_users"], ["slice2", "snap_orders"], ["slice1"]],
-    "change_streams": [["slice2"], ["slice1", "slice3"], ["snap_orders", "snap_users"], ["slice2"]],
+    "change_streams_update_full": [["slice3"], ["slice1", "snap"], ["slice2"], ["slice1"]],
+    "change_streams": [["slice2"], ["slice1", "slice3"], ["snap"], ["slice2"]],
 }
 
 
 @pytest.mark.parametrize("capture_mode", sorted(PLANS))
-def test_current_state_matches_model_in_any_order(spark: SparkSession, tmp_path: Path, capture_mode: str) -> None:
+def test_current_state_is_the_same_in_any_order(spark: SparkSession, tmp_path: Path, capture_mode: str) -> None:
     wl, files = _scenario(tmp_path / "landing", capture_mode, seed=len(capture_mode))
-    tables = TableLocations(str(tmp_path / "tables"))
-    namespaces = [f"{DB}.orders", f"{DB}.users"]
-    expected = _expected_client(wl)
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
     plan = PLANS[capture_mode]
-
-    _, first = materialize(spark, tables, [files[n] for n in plan[0]])
-    early = reconcile(spark, tables.current_state, expected, namespaces)
-    assert not early.matches and early.mismatching_keys
-    assert all(k.split(" ")[0] in namespaces for k in early.mismatching_keys)
-    if capture_mode == "change_streams":  # updates of documents whose full image has not landed yet
-        assert first.pending_keys > 0
-    for step in plan[1:]:
-        _, merged = materialize(spark, tables, [files[n] for n in step])
-    assert merged.pending_keys == 0
-
-    result = reconcile(spark, tables.current_state, expected, namespaces)
-    assert result.matches, result
-    assert result.table_count == sum(len(d) for d in wl.docs.values()) == result.source_count
-
-    # re-materialised files replaced their rows: each landing file's events appear exactly once
-    changelog = read_changelog(spark, tables.changelog)
-    written = {str(files[n].resolve()) for step in plan for n in step}
-    assert {r["landing_file"] for r in changelog.select("landing_file").distinct().collect()} == written
-    assert changelog.count() == changelog.dropDuplicates(["landing_file", "position", "_id", "op"]).count()
-
-    # rebuilding from the whole changelog gives the same table as the incremental merges
-    rebuilt = TableLocations(str(tmp_path / "rebuilt"))
-    merge_current_state(spark, tables.changelog, rebuilt.current_state, collections=namespaces)
-    incremental = {r["_id"]: r["document"] for r in read_current_state(spark, tables.current_state).collect()}
-    again = {r["_id"]: r["document"] for r in read_current_state(spark, rebuilt.current_state).collect()}
-    assert again == incremental
-    assert read_current_state(spark, rebuilt.current_state).where(F.col("op") == "d").count() == 0
+    delivered: list[Path] = []
+    pending = 0
+    for step in plan:
+        delivered += [files[n] for n in step]
+        refresh_changelog(spark, tables, [str(f) for f in delivered])
+        result = refresh_current_state(spark, tables)
+        pending = max(pending, result.pending_keys)
+    if capture_mode == "change_streams":  # updates whose full document had not landed yet waited
+        assert pending > 0
+    assert result.pending_keys == 0
+    assert _docs(spark, tables) == _expected(spark, tmp_path, wl, "orders")
+    assert result.row_count == len(wl.docs["orders"])
 
 
-def test_refresh_follows_the_changelog_change_feed(spark: SparkSession, tmp_path: Path) -> None:
-    """What the Dagster current_state asset runs: first a rebuild, then only what the changelog gained."""
-    wl, files = _scenario(tmp_path / "landing", "change_streams", seed=21)
-    tables = TableLocations(str(tmp_path / "tables"))
-    namespaces = [f"{DB}.orders", f"{DB}.users"]
-    write_changelog(spark, tables.changelog, [files["snap_orders"], files["snap_users"], files["slice1"]])
-    first = refresh_current_state(spark, tables, namespaces)
-    assert first.upserted > 0
-    write_changelog(spark, tables.changelog, [files["slice3"], files["slice2"]])
-    second = refresh_current_state(spark, tables, namespaces)
-    new_keys = {
-        (row["collection"], row["key"])
-        for name in ("slice2", "slice3")
-        for row in pq.read_table(files[name], columns=["collection", "key", "op"]).to_pylist()
-        if row["op"] is not None
+def _changes(tmp: Path, name: str, events: list[Event]) -> Path:
+    return write_landing(tmp / f"{name}.parquet", slice_records(converter("change_streams_update_full"), events))
+
+
+def _event(op: str, doc_id: Any, position: Position, doc: dict[str, Any] | None = None) -> Event:
+    change: dict[str, Any] = {
+        "operationType": op, "ns": {"db": DB, "coll": "orders"}, "documentKey": {"_id": doc_id},
+        "clusterTime": Timestamp(position.seconds, position.increment),
     }
-    assert second.keys_touched == len(new_keys)  # only the keys the change feed brought, not a rebuild
-    assert reconcile(spark, tables.current_state, _expected_client(wl), namespaces).matches
-    assert refresh_current_state(spark, tables, namespaces).keys_touched == 0  # nothing new
+    if doc is not None:
+        change["fullDocument"] = doc
+    if op == "update":
+        change["updateDescription"] = {"updatedFields": {k: v for k, v in (doc or {}).items() if k != "_id"},
+                                       "removedFields": [], "truncatedArrays": []}
+    return Event(change, position)
+
+
+def test_refresh_merges_only_the_keys_that_changed(spark: SparkSession, tmp_path: Path) -> None:
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    docs = [{"_id": i, "qty": i, "name": f"n{i}"} for i in range(40)]
+    snap = read_file(tmp_path / "snap.parquet", DB, "orders", docs, Position(100, 1))
+    first = refresh_changelog(spark, tables, [str(snap)])
+    built = refresh_current_state(spark, tables)
+    assert (built.keys_merged, built.row_count, first.rows_added) == (40, 40, 40)
+    assert refresh_current_state(spark, tables).keys_merged == 0  # nothing new: no rebuild, no merge
+    versions = DeltaTable.forPath(spark, tables.current_state).history().count()
+
+    events = [_event("update", i, Position(200, i + 1), {"_id": i, "qty": -i, "name": f"n{i}"}) for i in (3, 7)]
+    events += [_event("delete", 9, Position(200, 20)), _event("insert", 99, Position(200, 21), {"_id": 99, "qty": 0})]
+    refresh_changelog(spark, tables, [str(snap), str(_changes(tmp_path, "s1", events))])
+    result = refresh_current_state(spark, tables)
+    assert (result.keys_merged, result.upserted, result.deleted, result.row_count) == (4, 3, 1, 40)
+    assert result.position == Position(200, 21).to_str()
+    history = DeltaTable.forPath(spark, tables.current_state).history()
+    merge = history.where(F.col("operation") == "MERGE").orderBy(F.col("version").desc()).first()
+    assert merge is not None
+    metrics = merge["operationMetrics"]
+    # deletion vectors: the untouched rows of the files are not copied
+    assert int(metrics["numTargetRowsCopied"]) == 0
+    assert int(metrics["numTargetRowsUpdated"]) + int(metrics["numTargetRowsInserted"]) == 3
+    assert history.count() > versions
+
+    # change data feed: downstream jobs read exactly those row changes
+    feed = (spark.read.format("delta").option("readChangeFeed", "true")
+            .option("startingVersion", int(merge["version"])).option("endingVersion", int(merge["version"]))
+            .load(tables.current_state))
+    changed = {(r["_id"], r["_change_type"]) for r in feed.collect()}
+    assert changed == {(3, "update_preimage"), (3, "update_postimage"), (7, "update_preimage"),
+                       (7, "update_postimage"), (9, "delete"), (99, "insert")}
+
+
+def test_delete_and_reinsert_inside_one_transaction(spark: SparkSession, tmp_path: Path) -> None:
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    snap = read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": 1, "v": "old"}, {"_id": 2, "v": "two"}],
+                     Position(100, 1))
+    tx = [  # one clusterTime, ordered by the ordinal
+        _event("delete", 1, Position(200, 1, 0)), _event("insert", 1, Position(200, 1, 1), {"_id": 1, "v": "new"}),
+        _event("insert", 3, Position(200, 1, 2), {"_id": 3}), _event("delete", 3, Position(200, 1, 3)),
+        _event("delete", 2, Position(200, 1, 4)),
+    ]
+    state = build(spark, tables, snap, _changes(tmp_path, "tx", tx))
+    assert sorted((r["_id"], r["v"]) for r in state.collect()) == [(1, "new")]
+
+
+def test_a_field_that_changes_type_mid_stream(spark: SparkSession, tmp_path: Path) -> None:
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    snap = read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": 1, "qty": 1}, {"_id": 2, "qty": 2}],
+                     Position(100, 1))
+    build(spark, tables, snap)
+    later = [
+        _event("update", 2, Position(200, 1), {"_id": 2, "qty": "two", "extra": True}),
+        _event("insert", 3, Position(200, 2), {"_id": 3, "qty": 3.5}),
+    ]
+    refresh_changelog(spark, tables, [str(snap), str(_changes(tmp_path, "s", later))])
+    result = refresh_current_state(spark, tables)
+    assert result.schema_changes == ["field qty: bigint -> VARIANT", "added column extra (boolean)"]
+    state = read_current_state(spark, tables.current_state)
+    assert dict(state.dtypes)["qty"] == "variant"
+    rows = {r["_id"]: r for r in state.select("_id", F.to_json("qty").alias("qty"), "extra").collect()}
+    assert {k: r["qty"] for k, r in rows.items()} == {1: "1", 2: '"two"', 3: "3.5"}  # no value lost
+    assert rows[2]["extra"] is True and rows[1]["extra"] is None
+
+
+def test_no_ghosts_after_a_re_snapshot(spark: SparkSession, tmp_path: Path) -> None:
+    home = tmp_path / "landing" / "snapshot" / f"{DB}.orders"
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    marked = CollectionTables.under(str(tmp_path / "marked"), f"{DB}.orders")
+    first = read_file(home / "snapshot.parquet", DB, "orders", [{"_id": i} for i in range(1, 6)], Position(100, 1))
+    build(spark, tables, first)
+    build(spark, marked, first, delete_handling="rewrite")
+    # history lost; 4 and 5 were deleted during the gap. A newer full snapshot (as ranges) misses them.
+    plan = home / "ranges-p2"
+    second = [
+        read_file(plan / "1-of-2.parquet", DB, "orders", [{"_id": 1}, {"_id": 2}], Position(300, 1)),
+        read_file(plan / "2-of-2.parquet", DB, "orders", [{"_id": 3}, {"_id": 6}], Position(300, 2)),
+    ]
+    late = _changes(tmp_path, "late", [_event("update", 5, Position(200, 1), {"_id": 5, "x": 1})])
+    state = build(spark, tables, first, *second, late)  # a slice older than the new snapshot lands with it
+    assert sorted(r["_id"] for r in state.collect()) == [1, 2, 3, 6]
+    kept = build(spark, marked, first, *second, late, delete_handling="rewrite")
+    assert sorted((r["_id"], r["__deleted"]) for r in kept.collect()) == [
+        (1, False), (2, False), (3, False), (4, True), (5, True), (6, False)
+    ]
+
+
+def test_deletes_kept_marked_and_metadata_columns(spark: SparkSession, tmp_path: Path) -> None:
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    snap = read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": 1, "v": 1}, {"_id": 2, "v": 2}], Position(100, 1))
+    gone = _changes(tmp_path, "gone", [_event("delete", 2, Position(200, 7))])
+    options = {"delete_handling": "rewrite", "add_fields": ("op", "source_ts_ms", "position", "collection")}
+    state = build(spark, tables, snap, gone, **options)
+    assert state.columns[-5:] == ["__position", "__op", "__source_ts_ms", "__collection", "__deleted"]
+    rows = {r["_id"]: r for r in state.collect()}
+    assert (rows[2]["__deleted"], rows[2]["__op"], rows[2]["v"], rows[2]["__position"]) == (
+        True, "d", None, Position(200, 7).to_str()
+    )
+    assert (rows[1]["__deleted"], rows[1]["__op"], rows[1]["__collection"]) == (False, "r", f"{DB}.orders")
+    assert rows[1]["__source_ts_ms"] is not None
+    plain = refresh_current_state(spark, tables, TableOptions())  # other options: the table is rebuilt
+    assert plain.row_count == 1 and "__deleted" not in read_current_state(spark, tables.current_state).columns
+
+
+def test_shuffle_partitions_are_sized_from_the_data(spark: SparkSession, tmp_path: Path) -> None:
+    """A cluster's default of 200 shuffle partitions must not turn a small merge into 200 tasks and files."""
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "200")
+    try:
+        tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+        snap = read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": i} for i in range(50)], Position(1, 1))
+        build(spark, tables, snap)
+        files = DeltaTable.forPath(spark, tables.current_state).detail().first()["numFiles"]  # type: ignore[index]
+        assert files <= 4
+        assert spark.conf.get("spark.sql.shuffle.partitions") == "200"  # the session's own setting is restored
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)

@@ -1,46 +1,106 @@
-"""Kafka topics -> Structured Streaming (foreachBatch) -> the same changelog and current_state tables."""
+"""Kafka -> Structured Streaming -> the same per-collection tables as the landing path, exactly once."""
 
 from __future__ import annotations
 
+import datetime
 import random
 from pathlib import Path
+from typing import Any
 
-import mongomock
-from confluent_kafka import Producer
+from bson.timestamp import Timestamp
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
-from mongocdc_core.tables import TableLocations, read_changelog, reconcile
+from mongocdc_core.events.records import Record
+from mongocdc_core.positions import Position
+from mongocdc_core.sinks.kafka import KafkaSink, KafkaSinkSettings
+from mongocdc_core.tables import CollectionTables, read_changelog, read_current_state
 from mongocdc_core.tables.streaming import StreamSettings, start_stream
 
-from .workload import DB, Workload, converter, slice_records, snapshot_records
+from .support import build, comparable
+from .workload import DB, Workload, converter, slice_records, snapshot_records, write_landing
+
+_LANDING_ONLY = ("__origin", "__ingested_at")
 
 
-def test_stream_from_kafka_builds_current_state(spark: SparkSession, tmp_path: Path, kafka_bootstrap: str) -> None:
-    wl = Workload(random.Random(5), collections=("orders",), full_document=False)
-    conv = converter("change_streams")  # no full documents: update descriptions are applied
-    wl.run(5)
-    records = snapshot_records(conv, wl, "orders")
-    start = len(wl.events)
-    wl.run(80)
-    records += slice_records(conv, wl.events[start:])
-    topic = records[0].topic
-    producer = Producer({"bootstrap.servers": kafka_bootstrap})
-    for rec in records:  # tombstones included: the stream must skip them
-        producer.produce(topic, key=rec.key, value=rec.value)
-    assert producer.flush(30) == 0
+def _produce(bootstrap: str, records: list[Record]) -> None:
+    """Through mongocdc's own Kafka sink (it sets the position header)."""
+    sink = KafkaSink(KafkaSinkSettings.from_config(bootstrap))
+    sink.write(records)
+    sink.flush()
+    sink.close()
 
-    tables = TableLocations(str(tmp_path / "tables"))
+
+def _stream(spark: SparkSession, bootstrap: str, topics: list[str], root: Path, checkpoint: Path,
+            pattern: bool = False) -> None:
     settings = StreamSettings(
-        bootstrap_servers=kafka_bootstrap, topics=[topic], changelog_location=tables.changelog,
-        state_location=tables.current_state, checkpoint_location=str(tmp_path / "checkpoint"),
-        available_now=True, max_offsets_per_trigger=len(records) // 2 + 1,
+        bootstrap_servers=bootstrap, topics=topics, root=str(root), checkpoint_location=str(checkpoint),
+        pattern=pattern, available_now=True, max_offsets_per_trigger=60,
     )
-    query = start_stream(spark, settings)
-    query.awaitTermination(300)
+    query: StreamingQuery = start_stream(spark, settings)
+    query.awaitTermination(900)
     assert query.exception() is None
 
-    expected: mongomock.MongoClient = mongomock.MongoClient()
-    expected[DB]["orders"].insert_many([dict(d) for d in wl.docs["orders"].values()])
-    result = reconcile(spark, tables.current_state, expected, [f"{DB}.orders"])
-    assert result.matches, result
-    assert read_changelog(spark, tables.changelog).count() == sum(1 for r in records if r.op is not None)
+
+def _crafted(conv: Any, position: Position) -> list[Record]:
+    """A snapshot read taken at ``position`` whose wall-clock read time (T+1.2 s) is later than changes made
+    after the snapshot began, at (T+1, 10) and (T+1, 11): by position the changes win."""
+    t = position.seconds
+    read_at = datetime.datetime.fromtimestamp(t + 1.2, datetime.UTC)
+    records = [conv.convert_read({"_id": k, "v": "stale"}, DB, "orders", position, "true", read_at) for k in ("r1", "r2")]
+    for op, pos, extra in (("update", Position(t + 1, 10), {"fullDocument": {"_id": "r1", "v": "fresh"}}),
+                           ("delete", Position(t + 1, 11), {})):
+        change = {"operationType": op, "ns": {"db": DB, "coll": "orders"}, "clusterTime": Timestamp(t + 1, pos.increment),
+                  "documentKey": {"_id": "r1" if op == "update" else "r2"}, **extra}
+        if op == "update":
+            change["updateDescription"] = {"updatedFields": {"v": "fresh"}, "removedFields": [], "truncatedArrays": []}
+        records += conv.convert_change(change, pos)
+    return records
+
+
+def test_both_paths_build_identical_tables_exactly_once(
+    spark: SparkSession, tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    wl = Workload(random.Random(5), collections=("orders",), full_document=False)
+    conv = converter("change_streams")  # no full documents: update descriptions are folded
+    wl.run(5)
+    first = snapshot_records(conv, wl, "orders")
+    start = len(wl.events)
+    wl.run(40)
+    first += slice_records(conv, wl.events[start:])
+    later_start = len(wl.events)
+    wl.run(30)
+    later = slice_records(conv, wl.events[later_start:]) + _crafted(conv, wl.position())
+    topic = first[0].topic
+
+    # Kafka path: two runs of the stream over one checkpoint (a restart), with records re-produced
+    # in between (as an at-least-once producer does after a crash)
+    _produce(kafka_bootstrap, first)
+    root, checkpoint = tmp_path / "kafka", tmp_path / "checkpoint"
+    _stream(spark, kafka_bootstrap, [topic], root, checkpoint)
+    _produce(kafka_bootstrap, first[-10:] + later)
+    _stream(spark, kafka_bootstrap, [topic], root, checkpoint)
+
+    # landing path: the same events as files
+    files = [write_landing(tmp_path / "a.parquet", first), write_landing(tmp_path / "b.parquet", later)]
+    landing = CollectionTables.under(str(tmp_path / "landing"), f"{DB}.orders")
+    build(spark, landing, *files)
+
+    kafka = CollectionTables.under(str(root), f"{DB}.orders")
+    assert comparable(read_current_state(spark, kafka.current_state)) == comparable(
+        read_current_state(spark, landing.current_state)
+    )
+    events = sum(1 for r in first + later if r.op is not None)
+    kafka_log = read_changelog(spark, kafka.changelog)
+    assert kafka_log.count() == events  # exactly once, despite the re-produced records and the restart
+    assert comparable(kafka_log, _LANDING_ONLY) == comparable(read_changelog(spark, landing.changelog), _LANDING_ONLY)
+    state = {r["_id"]: r for r in read_current_state(spark, kafka.current_state).collect()}
+    assert "r2" not in state and state["r1"]["__doc"].toJson() == '{"_id":"r1","v":"fresh"}'  # no resurrection
+
+    # a collection added while the job runs: a new topic matching the pattern gets its own tables
+    users = [conv.convert_read({"_id": 1, "n": "x"}, DB, "users", Position(5, 1), "true")]
+    _produce(kafka_bootstrap, users)
+    _stream(spark, kafka_bootstrap, [r"dbz\.shop\..*"], root, tmp_path / "pattern-checkpoint", pattern=True)
+    added = CollectionTables.under(str(root), f"{DB}.users")
+    assert [r["n"] for r in read_current_state(spark, added.current_state).collect()] == ["x"]
+    assert read_changelog(spark, kafka.changelog).count() == events  # a second reader of orders added nothing

@@ -44,6 +44,8 @@ class Workload:
     rng: random.Random
     collections: Sequence[str] = ("orders",)
     full_document: bool = False
+    #: emit ``fullDocumentBeforeChange`` (pre-images) for updates, replaces and deletes
+    pre_images: bool = False
     docs: dict[str, dict[Any, dict[str, Any]]] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     seconds: int = 1_700_000_000
@@ -119,8 +121,12 @@ class Workload:
         self.docs[coll][doc_id] = doc
         self._emit(coll, "insert", doc_id, ts, ordinal, fullDocument=copy.deepcopy(doc))
 
+    def _before(self, coll: str, doc_id: Any) -> dict[str, Any]:
+        return {"fullDocumentBeforeChange": copy.deepcopy(self.docs[coll][doc_id])} if self.pre_images else {}
+
     def update(self, coll: str, ts: Timestamp, ordinal: int = 0) -> None:
         doc_id = self.rng.choice(list(self.docs[coll]))
+        before = self._before(coll, doc_id)
         doc = self.docs[coll][doc_id]
         updated: dict[str, Any] = {}
         removed: list[str] = []
@@ -159,21 +165,23 @@ class Workload:
             doc["touched"] = self.rng.randint(0, 100)
             updated["touched"] = doc["touched"]
         desc = {"updatedFields": updated, "removedFields": removed, "truncatedArrays": truncated}
-        extra: dict[str, Any] = {"updateDescription": copy.deepcopy(desc)}
+        extra: dict[str, Any] = {"updateDescription": copy.deepcopy(desc), **before}
         if self.full_document:
             extra["fullDocument"] = copy.deepcopy(doc)
         self._emit(coll, "update", doc_id, ts, ordinal, **extra)
 
     def replace(self, coll: str, ts: Timestamp, ordinal: int = 0) -> None:
         doc_id = self.rng.choice(list(self.docs[coll]))
+        before = self._before(coll, doc_id)
         doc = self._document(doc_id)
         self.docs[coll][doc_id] = doc
-        self._emit(coll, "replace", doc_id, ts, ordinal, fullDocument=copy.deepcopy(doc))
+        self._emit(coll, "replace", doc_id, ts, ordinal, fullDocument=copy.deepcopy(doc), **before)
 
     def delete(self, coll: str, ts: Timestamp, ordinal: int = 0) -> None:
         doc_id = self.rng.choice(list(self.docs[coll]))
+        before = self._before(coll, doc_id)
         del self.docs[coll][doc_id]
-        self._emit(coll, "delete", doc_id, ts, ordinal)
+        self._emit(coll, "delete", doc_id, ts, ordinal, **before)
 
     def step(self) -> None:
         """One random operation, or a transaction of 2-4 operations sharing one clusterTime."""

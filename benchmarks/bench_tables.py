@@ -1,0 +1,170 @@
+"""The lakehouse tables against plain Delta baselines, in one Spark session, printed as ratios.
+
+1. Full build: ``refresh_changelog`` + ``refresh_current_state`` from about 1M landing records (a
+   snapshot of half of them, then updates with full documents, inserts and deletes), against a plain
+   Delta write of the same landing rows (read the Parquet files, write one Delta table). Goal <= 2x.
+2. Incremental refresh of 10k changes into current_state tables of 100k and of 1M rows, against a
+   hand-written Delta MERGE of the same 10k rows (already typed) into a copy of the table. Goal <= 1.5x,
+   and the refresh time flat as the table grows.
+
+``MONGOCDC_BENCH_SMALL=1``: 20k records, tables of 5k and 20k rows, 500 changes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from benchmarks import harness
+from mongocdc_core.tables import CollectionTables, refresh_changelog, refresh_current_state
+from mongocdc_core.tables.changelog import LANDING_SPARK_SCHEMA
+from mongocdc_core.tables.session import spark_session
+
+NAMESPACE = "bench.items"
+FILES = 8
+NAME = "tables"
+BASELINE = "plain Delta in the same Spark session: a Delta write of the same landing rows, a hand-written MERGE of the same changes"
+
+
+def _document(key: Column, version: Column) -> Column:
+    """A realistic document as the connector's strict Extended JSON: numbers, a decimal, a date, an array,
+    a sub-document."""
+    return F.format_string(
+        '{"_id": %d,"name": "item-%d","qty": %d,"price": {"$numberDecimal": "%d.%02d"},'
+        '"when": {"$date": %d},"tags": ["a", "b", "c"],"address": {"city": "Berlin","zip": "%05d"},"ok": true}',
+        key, key, version, key % 1000, version % 100, F.lit(1_700_000_000_000) + key * 1000, key % 100_000,
+    )
+
+
+def _landing(spark: SparkSession, ids: DataFrame, op: Column, second: Column, increment: Column,
+             version: Column) -> DataFrame:
+    """Landing-zone rows (``LANDING_SCHEMA``) built in Spark: ``ids`` has ``key`` and ``n``."""
+    position = F.format_string("%013d.%010d.%06d", second, increment, F.lit(0))
+    after = F.when(op != "d", _document(F.col("key"), version))
+    columns = {
+        "topic": F.lit("bench.bench.items"),
+        "collection": F.lit(NAMESPACE),
+        "key": F.format_string('{"id":"%d"}', F.col("key")),
+        "op": op,
+        "position": position,
+        "pos_seconds": second,
+        "pos_increment": increment,
+        "pos_ordinal": F.lit(0),
+        "ts_ms": second * 1000,
+        "after": after,
+        "updated_fields": F.when(op == "u", F.format_string('{"qty": %d}', version)),
+        "snapshot": F.when(op == "r", F.lit("true")).otherwise(F.lit("false")),
+        "source": F.format_string('{"ts_ms": %d,"ord": %d}', second * 1000, increment),
+    }
+    return ids.select(*[
+        (columns[f.name] if f.name in columns else F.lit(None)).cast(f.dataType).alias(f.name)
+        for f in LANDING_SPARK_SCHEMA.fields
+    ])
+
+
+def _snapshot(spark: SparkSession, keys: int) -> DataFrame:
+    ids = spark.range(keys).select(F.col("id").alias("key"), F.col("id").alias("n"))
+    return _landing(spark, ids, F.lit("r"), F.lit(1_700_000_000), F.lit(1), F.lit(0))
+
+
+def _changes(spark: SparkSession, count: int, keys: int, first_second: int) -> DataFrame:
+    """Updates (80%), inserts of new keys (10%) and deletes (10%), in position order."""
+    n = F.col("id")
+    kind = n % 10
+    key = F.when(kind == 8, F.lit(keys) + n).otherwise((n * 7919) % keys)
+    ids = spark.range(count).select(key.alias("key"), n.alias("n"))
+    op = F.when(F.col("n") % 10 == 8, "c").when(F.col("n") % 10 == 9, "d").otherwise("u")
+    second = F.lit(first_second) + (F.col("n") / 1000).cast("bigint")
+    return _landing(spark, ids, op, second, F.col("n") % 1000 + 1, F.col("n") + 1)
+
+
+def _write(frame: DataFrame, path: Path, files: int) -> list[str]:
+    frame.repartition(files).write.mode("overwrite").parquet(str(path))
+    return sorted(str(p) for p in path.glob("*.parquet"))
+
+
+def _timed(action: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
+def full_build(spark: SparkSession, root: Path, records: int) -> harness.Row:
+    keys = records // 2
+    landing = _snapshot(spark, keys).unionByName(_changes(spark, records - keys, keys, 1_700_000_100))
+    files = _write(landing, root / "landing", FILES)
+    baseline = _timed(lambda: spark.read.schema(LANDING_SPARK_SCHEMA).parquet(*files)
+                      .write.format("delta").save(str(root / "plain")))
+    tables = CollectionTables.under(str(root / "tables"), NAMESPACE)
+    log = _timed(lambda: refresh_changelog(spark, tables, files))
+    state = _timed(lambda: refresh_current_state(spark, tables))
+    return harness.Row(NAME, f"full build (changelog + current_state) from {records:,} landing records",
+                       "a plain Delta write of the same landing rows", log + state, baseline, "s",
+                       (log + state) / baseline, 2.0, "<=")
+
+
+def incremental(spark: SparkSession, root: Path, size: int, changes_count: int) -> tuple[float, list[harness.Row]]:
+    home = root / f"inc-{size}"
+    tables = CollectionTables.under(str(home / "tables"), NAMESPACE)
+    snap = _write(_snapshot(spark, size), home / "snapshot", FILES)
+    refresh_changelog(spark, tables, snap)
+    refresh_current_state(spark, tables)
+    copy = str(home / "copy")
+    spark.sql(f"CREATE TABLE delta.`{copy}` SHALLOW CLONE delta.`{tables.current_state}`")
+    version = DeltaTable.forPath(spark, tables.current_state).history(1).select("version").first()[0]  # type: ignore[index]
+    changes = _write(_changes(spark, changes_count, size, 1_700_001_000), home / "changes", 1)
+    log = _timed(lambda: refresh_changelog(spark, tables, snap + changes))
+    state = _timed(lambda: refresh_current_state(spark, tables))
+
+    # the same rows, typed, as a user's hand-written MERGE would get them
+    feed = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", version + 1)
+            .load(tables.current_state).where(F.col("_change_type").isin("update_postimage", "insert", "delete")))
+    rows = feed.select(*[c for c in feed.columns if not c.startswith("_c")],
+                       (F.col("_change_type") == "delete").alias("_gone")).localCheckpoint()
+    rows.count()
+    target = DeltaTable.forPath(spark, copy).alias("t")
+    assignments: dict[str, str | Column] = {f"`{c}`": F.col(f"s.`{c}`") for c in rows.columns if c != "_gone"}
+    merge = _timed(lambda: target.merge(rows.alias("s"), "t.__key = s.__key")
+                   .whenMatchedDelete(condition="s._gone")
+                   .whenMatchedUpdate(set=assignments)
+                   .whenNotMatchedInsert(condition="NOT s._gone", values=assignments)
+                   .execute())
+    what = f"{changes_count:,} changes into {size:,} rows"
+    merge_line = "a hand-written Delta MERGE of the same rows into a copy of the table"
+    return state, [
+        harness.Row(NAME, f"current_state refresh, {what}", merge_line, state, merge, "s", state / merge, 1.5, "<="),
+        harness.Row(NAME, f"changelog + current_state refresh, {what}", merge_line, log + state, merge, "s",
+                    (log + state) / merge),
+    ]
+
+
+def run(small: bool) -> list[harness.Row]:
+    records = 20_000 if small else 1_000_000
+    sizes = (5_000, 20_000) if small else (100_000, 1_000_000)
+    changes = 500 if small else 10_000
+    spark = spark_session()
+    root = Path(tempfile.mkdtemp(prefix="bench-tables-"))
+    try:
+        rows = [full_build(spark, root, records)]
+        times = []
+        for size in sizes:
+            elapsed, got = incremental(spark, root, size, changes)
+            times.append(elapsed)
+            rows += got
+    finally:
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    rows.append(harness.Row(NAME, f"current_state refresh time, {sizes[-1]:,} rows against {sizes[0]:,} (flat: about 1)",
+                            f"the same refresh into {sizes[0]:,} rows", times[-1], times[0], "s", times[-1] / times[0]))
+    return rows
+
+
+if __name__ == "__main__":
+    harness.main(NAME, BASELINE, run)

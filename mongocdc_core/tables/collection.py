@@ -1,0 +1,208 @@
+"""The tables of one captured collection: what the Dagster table assets, the demo and the streaming
+job call (the API agreed in ``contracts/tables-dagster.md``).
+
+Each collection has its own ``changelog`` (every change event once, with its position) and
+``current_state`` (one typed row per document) Delta table. Both refresh incrementally: the
+changelog reads only landing files it has not read, current_state merges only the keys the
+changelog gained since its recorded version.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.tables import changelog as _changelog
+from mongocdc_core.tables import current_state as _state
+from mongocdc_core.tables import reconcile as _reconcile
+from mongocdc_core.tables.changelog import TableInputError, table_exists
+
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclass(frozen=True)
+class CollectionTables:
+    """Where one collection's two tables live (any Spark path or URI)."""
+
+    namespace: str  # "db.coll"
+    changelog: str
+    current_state: str
+
+    @classmethod
+    def under(
+        cls,
+        root: str,
+        namespace: str,
+        *,
+        changelog_name: str | None = None,
+        current_state_name: str | None = None,
+    ) -> CollectionTables:
+        """``<root>/<db>__<coll>__changelog`` and ``<root>/<db>__<coll>__current`` (or the names given)."""
+        db, dot, coll = namespace.partition(".")
+        if not (db and dot and coll):
+            raise TableInputError(f"namespace must be '<database>.<collection>', got {namespace!r}")
+        base = _NAME_UNSAFE.sub("_", f"{db}__{coll}")
+        root = root.rstrip("/")
+        return cls(
+            namespace,
+            f"{root}/{changelog_name or base + '__changelog'}",
+            f"{root}/{current_state_name or base + '__current'}",
+        )
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """current_state's layout, like the extraction transform's ``delete.handling.mode`` and ``add.fields``."""
+
+    delete_handling: Literal["drop", "rewrite"] = "drop"  # rewrite keeps the row with __deleted = true
+    add_fields: tuple[str, ...] = ()  # subset of ("op", "source_ts_ms", "position", "collection")
+
+    def layout(self) -> _state.Layout:
+        return _state.Layout(self.delete_handling, tuple(self.add_fields))
+
+
+@dataclass(frozen=True)
+class ChangelogRefresh:
+    namespace: str
+    files_read: int  # landing files (or file versions) newly read
+    rows_added: int
+    counts: dict[str, int]  # rows added by op (c/u/d/r)
+    row_count: int  # rows in the table after the refresh
+    position: str | None  # highest event position in the table (Position.to_str()), None when empty
+    schema: T.StructType
+
+
+@dataclass(frozen=True)
+class StateRefresh:
+    namespace: str
+    keys_merged: int
+    upserted: int
+    deleted: int
+    row_count: int
+    position: str | None  # the changelog position the table reflects
+    schema: T.StructType
+    schema_changes: list[str]  # "added column x", "field y: bigint -> VARIANT"
+    pending_keys: int = 0  # updates whose full document has not arrived yet (capture modes without one)
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    namespace: str
+    matches: bool
+    position: str | None  # the table position the comparison was made at
+    method: str  # "snapshot read at <cluster time>" or "keys changed since <pos> left out (…)"
+    table_rows: int
+    source_rows: int
+    keys_excluded: int  # keys changed after the position, left out of the comparison
+    mismatching_keys: list[str]  # first few, as a user would read them
+
+
+def refresh_changelog(spark: SparkSession, tables: CollectionTables, landing_files: Sequence[str]) -> ChangelogRefresh:
+    """Append the events of the landing files (or file versions) not read before.
+
+    Idempotent: re-delivering the same files or events adds nothing; a re-written file adds only
+    the events it did not hold. Rows of other collections in the files are ignored.
+    """
+    result = _changelog.refresh(spark, tables.namespace, tables.changelog, landing_files)
+    return ChangelogRefresh(
+        namespace=tables.namespace,
+        files_read=result.files_read,
+        rows_added=result.appended.rows,
+        counts=result.appended.counts,
+        row_count=result.row_count,
+        position=result.position,
+        schema=result.schema,
+    )
+
+
+def refresh_current_state(
+    spark: SparkSession, tables: CollectionTables, options: TableOptions | None = None
+) -> StateRefresh:
+    """Merge what the changelog gained since the table's recorded version (a full build the first
+    time, or when ``options`` changed)."""
+    result = _state.refresh(
+        spark, tables.namespace, tables.changelog, tables.current_state, (options or TableOptions()).layout()
+    )
+    return StateRefresh(
+        namespace=tables.namespace,
+        keys_merged=result.keys_merged,
+        upserted=result.upserted,
+        deleted=result.deleted,
+        row_count=result.row_count,
+        position=result.position,
+        schema=result.schema,
+        schema_changes=result.schema_changes,
+        pending_keys=result.pending,
+    )
+
+
+def reconcile_at_position(spark: SparkSession, tables: CollectionTables, cfg: ConnectorConfig) -> Reconciliation:
+    """Compare current_state with the MongoDB collection as it was at the table's position (passes
+    under continuous writes, fails on a corrupted row); see :mod:`mongocdc_core.tables.reconcile`."""
+    found = _reconcile.compare(spark, tables.namespace, tables.changelog, tables.current_state, cfg)
+    return Reconciliation(
+        namespace=tables.namespace,
+        matches=not found.mismatching_keys,
+        position=found.position,
+        method=found.method,
+        table_rows=found.table_rows,
+        source_rows=found.source_rows,
+        keys_excluded=found.keys_excluded,
+        mismatching_keys=found.mismatching_keys,
+    )
+
+
+def maintain(spark: SparkSession, tables: CollectionTables, *, retention_hours: int = 168) -> dict[str, int]:
+    """OPTIMIZE (compaction) and VACUUM (files unreferenced for ``retention_hours``) of both tables.
+
+    Keep the retention longer than the time between current_state refreshes: a refresh reads the
+    changelog's change data feed since its last run, and VACUUM removes what that feed needs (the
+    refresh then rebuilds the table from the whole changelog).
+    """
+    if retention_hours < 0:
+        raise TableInputError(f"retention_hours must be >= 0, got {retention_hours}")
+    figures: dict[str, int] = {}
+    for kind, location in (("changelog", tables.changelog), ("current_state", tables.current_state)):
+        if not table_exists(spark, location):
+            continue
+        table = DeltaTable.forPath(spark, location)
+        optimized = table.optimize().executeCompaction().select("metrics").first()
+        metrics = optimized[0].asDict() if optimized is not None and optimized[0] is not None else {}
+        figures[f"{kind}_files_added"] = int(metrics.get("numFilesAdded") or 0)
+        figures[f"{kind}_files_removed"] = int(metrics.get("numFilesRemoved") or 0)
+        before = _file_count(spark, location)
+        table.vacuum(retention_hours)
+        figures[f"{kind}_files_vacuumed"] = max(0, before - _file_count(spark, location))
+    return figures
+
+
+def _file_count(spark: SparkSession, location: str) -> int:
+    """Data files in the table's directory (referenced or not), as VACUUM sees them."""
+    jvm: Any = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(location)
+    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+    files = fs.listFiles(path, True)
+    count = 0
+    while files.hasNext():
+        name = files.next().getPath().toString()
+        if name.endswith(".parquet") and "/_delta_log/" not in name and "/_mongocdc_landing/" not in name:
+            count += 1
+    return count
+
+
+def combined_changelog(spark: SparkSession, tables: Sequence[CollectionTables]) -> DataFrame:
+    """Every given collection's changelog as one DataFrame (``__collection`` tells them apart)."""
+    frames = [_changelog.read_changelog(spark, t.changelog) for t in tables]
+    if not frames:
+        return spark.createDataFrame([], _changelog.CHANGELOG_SCHEMA)
+    combined = frames[0]
+    for frame in frames[1:]:
+        combined = combined.unionByName(frame)
+    return combined

@@ -1,0 +1,86 @@
+"""The changelog: idempotent per event, before-images kept, partitioned by change date, recorded position."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from mongocdc_core.positions import Position
+from mongocdc_core.tables import CollectionTables, read_changelog, refresh_changelog
+from mongocdc_core.tables.changelog import may_repeat, snapshot_part, table_properties
+
+from .support import read_file
+from .workload import DB, Workload, converter, slice_records, write_landing
+
+
+def test_delivering_the_same_files_twice_adds_nothing(spark: SparkSession, tmp_path: Path) -> None:
+    wl = Workload(random.Random(1), collections=("orders", "users"), full_document=True, pre_images=True)
+    conv = converter("change_streams_update_full_with_pre_image")
+    wl.run(30)
+    mixed = write_landing(tmp_path / "slice.parquet", slice_records(conv, wl.events))  # two collections
+    copy = write_landing(tmp_path / "copy.parquet", slice_records(conv, wl.events))  # the same events again
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    first = refresh_changelog(spark, tables, [mixed])
+    expected = sum(1 for e in wl.events if e.change["ns"]["coll"] == "orders")
+    assert first.files_read == 1 and first.rows_added == first.row_count == expected  # users' rows ignored
+    assert sum(first.counts.values()) == expected
+    again = refresh_changelog(spark, tables, [mixed, copy])
+    assert (again.files_read, again.rows_added, again.row_count) == (1, 0, expected)
+    os.utime(mixed)  # a re-written file (new version) is read again, and still adds nothing new
+    assert refresh_changelog(spark, tables, [mixed, copy]).files_read == 1
+    log = read_changelog(spark, tables.changelog)
+    assert log.count() == log.dropDuplicates(["__key", "__position", "__op"]).count() == expected
+
+    # before-images of the with_pre_image capture modes are kept
+    updates = log.where(F.col("__op") == "u")
+    assert updates.count() > 0 and updates.where(F.col("before").isNull()).count() == 0
+    assert log.where(F.col("__op") == "d").where(F.col("before").isNull()).count() == 0
+
+    # partitioned by change date; the table records its collection and last position
+    assert DeltaTable.forPath(spark, tables.changelog).detail().first()["partitionColumns"] == ["__change_date"]  # type: ignore[index]
+    props = table_properties(spark, tables.changelog)
+    assert props["mongocdc.source.collection"] == f"{DB}.orders"
+    assert props["mongocdc.position"] == first.position == log.agg(F.max("__position")).first()[0]  # type: ignore[index]
+    assert props["delta.enableChangeDataFeed"] == "true"
+
+
+def test_full_snapshots_are_recognised_by_name_and_complete_plans(spark: SparkSession, tmp_path: Path) -> None:
+    assert snapshot_part("/h/landing/snapshot/db.c/snapshot.parquet", "db.c") == ("", 1, 1)
+    assert snapshot_part("s3a://b/landing/snapshot/db.c/ranges-ab12/02-of-03.parquet", "db.c") == (
+        "db.c/ranges-ab12", 2, 3
+    )
+    assert snapshot_part("/h/landing/snapshot/db.c/filtered-1f.parquet", "db.c") is None
+    assert snapshot_part("/h/landing/stream_slice/db.c/20260101T000000Z.parquet", "db.c") is None
+    assert snapshot_part("/h/landing/snapshot/db.other/snapshot.parquet", "db.c") is None
+
+    tables = CollectionTables.under(str(tmp_path / "tables"), "db.c")
+    plan = tmp_path / "landing" / "snapshot" / "db.c" / "ranges-p1"
+    one = read_file(plan / "1-of-2.parquet", "db", "c", [{"_id": 1}], Position(100, 5))
+    refresh_changelog(spark, tables, [one])
+    assert "mongocdc.snapshot.position" not in table_properties(spark, tables.changelog)  # 1 of 2: incomplete
+    two = read_file(plan / "2-of-2.parquet", "db", "c", [{"_id": 9}], Position(100, 2))
+    refresh_changelog(spark, tables, [one, two])
+    assert table_properties(spark, tables.changelog)["mongocdc.snapshot.position"] == Position(100, 2).to_str()
+
+
+def test_files_that_cannot_share_an_event_are_not_deduplicated(tmp_path: Path) -> None:
+    """Footer statistics tell when two landing files may hold the same event (then the batch is deduplicated)."""
+    conv = converter("change_streams_update_full")
+    wl = Workload(random.Random(2), collections=("orders",), full_document=True)
+    wl.run(10)
+    snap_a = read_file(tmp_path / "a.parquet", DB, "orders", [{"_id": 1}], Position(1_700_000_000, 5))
+    snap_b = read_file(tmp_path / "b.parquet", DB, "orders", [{"_id": 2}], Position(1_700_000_000, 9))
+    s0 = write_landing(tmp_path / "s0.parquet", slice_records(conv, wl.events[:5]))
+    s1 = write_landing(tmp_path / "s1.parquet", slice_records(conv, wl.events[5:]))
+    # a snapshot inside a slice's window: a read never repeats a change; disjoint slices share nothing
+    assert not may_repeat([str(f) for f in (snap_a, s0, s1)])
+    assert not may_repeat([str(snap_a), str(snap_b)])
+    assert may_repeat([str(snap_a), str(snap_a)])  # the same snapshot twice
+    both = write_landing(tmp_path / "both.parquet", slice_records(conv, wl.events[3:8]))
+    assert may_repeat([str(s0), str(both)])  # overlapping windows
+    assert may_repeat(["s3a://bucket/x.parquet", str(s0)])  # no statistics to read: deduplicate

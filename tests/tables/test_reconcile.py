@@ -1,0 +1,112 @@
+"""Reconciliation at the table's position: passes while a writer keeps writing, fails on corrupted rows."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bson.timestamp import Timestamp
+from pymongo import MongoClient
+from pymongo.database import Database
+from pyspark.sql import SparkSession
+
+from mongocdc_core import api
+from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.sinks.parquet import ParquetSink
+from mongocdc_core.tables import CollectionTables, reconcile_at_position
+
+from .support import build
+
+
+def _after(ts: Timestamp) -> Timestamp:
+    return Timestamp(ts.time, ts.inc + 1)
+
+
+class Writer(threading.Thread):
+    """Keeps changing the collection until stopped (inserts, updates, deletes of its own keys >= 1000)."""
+
+    def __init__(self, uri: str, db: str) -> None:
+        super().__init__(daemon=True)
+        self.client: MongoClient = MongoClient(uri)
+        self.coll = self.client[db]["orders"]
+        self.stop = threading.Event()
+        self.writes = 0
+
+    def run(self) -> None:
+        n = 1000
+        while not self.stop.is_set():
+            self.coll.insert_one({"_id": n, "qty": n})
+            self.coll.update_one({"_id": n - 1}, {"$inc": {"qty": 1}})
+            self.coll.delete_one({"_id": n - 2})
+            n += 1
+            self.writes += 3
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.join()
+        self.client.close()
+
+
+@pytest.mark.parametrize("read", ["snapshot_read", "stream_fallback"])
+def test_reconciliation_at_the_tables_position(
+    spark: SparkSession, tmp_path: Path, mongo_uri: str, fresh_db: Database, read: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both ways of reading the source at the table's position: a snapshot read at that cluster time,
+    and, where the server no longer holds that time, a read now with the keys changed since left out."""
+    namespace = f"{fresh_db.name}.orders"
+    cfg = ConnectorConfig.from_dict({
+        "mongodb.connection.string": mongo_uri, "topic.prefix": "dbz", "collection.include.list": namespace,
+    })
+    fresh_db.orders.insert_many(
+        [{"_id": i, "qty": i, "tags": ["a"], "o": {"k": i}} for i in range(20)]
+        + [{"_id": {"a": 1, "b": "two"}, "order": 1}, {"_id": {"b": "two", "a": 1}, "order": 2}]
+    )
+    landing = tmp_path / "landing"
+    snap_path = landing / "snapshot" / namespace / "snapshot.parquet"
+    sink = ParquetSink.to_file(snap_path)
+    snap = api.snapshot_collection(cfg, namespace, sink)
+    sink.close()
+    fresh_db.orders.update_one({"_id": 1}, {"$set": {"qty": "one"}})
+    fresh_db.orders.delete_one({"_id": 2})
+    end = _after(api.current_cluster_time(cfg))
+    slice_path = landing / "stream_slice" / namespace / "1.parquet"
+    out = ParquetSink.to_file(slice_path)
+    api.stream_window(cfg, namespace, snap.position.timestamp, end, out)
+    out.close()
+    tables = CollectionTables.under(str(tmp_path / "tables"), namespace)
+    build(spark, tables, snap_path, slice_path, add_fields=("op",))
+
+    fresh_db.orders.update_one({"_id": 3}, {"$set": {"qty": 333}})  # after the table's position
+    fresh_db.orders.insert_one({"_id": 500})
+    if read == "stream_fallback":  # as a server answers once the position left its history window
+        snapshot_collection = api.snapshot_collection
+
+        def too_old(*args: Any, at_cluster_time: Timestamp | None = None, **kwargs: Any) -> api.SnapshotResult:
+            if at_cluster_time is not None:
+                raise api.SnapshotReadUnavailable(f"SnapshotTooOld: {at_cluster_time} is before the history window")
+            return snapshot_collection(*args, **kwargs)
+
+        monkeypatch.setattr(api, "snapshot_collection", too_old)
+    writer = Writer(mongo_uri, fresh_db.name)
+    writer.start()
+    try:
+        result = reconcile_at_position(spark, tables, cfg)
+    finally:
+        writer.finish()
+    assert result.matches, result
+    assert result.table_rows == 21
+    if read == "snapshot_read":
+        assert result.method.startswith("snapshot read at") and result.keys_excluded == 0, result
+    else:  # _id 3 and 500 changed after the position, and the writer's keys, when they existed then
+        assert result.method.startswith("keys changed since") and result.keys_excluded >= 2, result
+
+    table = f"delta.`{tables.current_state}`"
+    spark.sql(f"UPDATE {table} SET qty = parse_json('999') WHERE _id = '4'")  # a typed column
+    spark.sql(f"UPDATE {table} SET __op = 'c' WHERE _id = '5'")  # metadata
+    spark.sql(f"UPDATE {table} SET __position = '0000000000001.0000000001.000000' WHERE _id = '6'")
+    corrupted = reconcile_at_position(spark, tables, cfg)
+    assert not corrupted.matches and set(corrupted.mismatching_keys) == {"4", "5", "6"}, corrupted

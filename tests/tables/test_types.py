@@ -1,0 +1,148 @@
+"""Columns typed to the documents: every BSON type of the zoo, awkward field names, the key as users query it."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import uuid
+from decimal import Decimal
+from pathlib import Path
+
+from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from bson.binary import UuidRepresentation
+from bson.datetime_ms import DatetimeMS
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from mongocdc_core.positions import Position
+from mongocdc_core.tables import CollectionTables
+
+from .support import build, read_file
+
+OID = ObjectId("65f0a1b2c3d4e5f6a7b8c9d0")
+UUID = uuid.UUID("4571054c-0dba-4dfe-bd52-0478795099b4")
+WHEN = datetime.datetime(2024, 5, 6, 7, 8, 9, 123000)
+YEAR_60 = datetime.datetime(60, 3, 1, 12, 0)
+
+ZOO = {
+    "_id": "sku-0000",
+    "int32": 7,
+    "int64": Int64(2**40),
+    "double": 1.5,
+    "nan": float("nan"),
+    "inf": float("inf"),
+    "ninf": float("-inf"),
+    "dec": Decimal128("1.50"),
+    "dec_nan": Decimal128("NaN"),
+    "date": WHEN,
+    "year60": YEAR_60,
+    "far": DatetimeMS(2**62),
+    "oid": OID,
+    "uuid": Binary.from_uuid(UUID, UuidRepresentation.STANDARD),
+    "bin": Binary(b"\x00abc"),
+    "regex": Regex("^a.*", "i"),
+    "bts": Timestamp(5, 6),
+    "minkey": MinKey(),
+    "maxkey": MaxKey(),
+    "code": Code("f()"),
+    "bool": True,
+    "str": "ünï",
+    "null": None,
+    "nested": {"customer": {"address": {"city": "Berlin", "zip": 10115}}},
+    "arr": [1, 2, 3],
+    "docs": [{"x": 1}, {"x": 2, "y": "a"}],
+    "mixed_arr": [1, "a"],
+    "varies": 1,
+}
+SECOND = {"_id": "sku-0001", "int32": 8, "varies": "one", "dec": Decimal128("12.3456"), "double": 2}
+
+
+def test_each_bson_type_lands_in_its_documented_column_type(spark: SparkSession, tmp_path: Path) -> None:
+    tables = CollectionTables.under(str(tmp_path / "tables"), "shop.zoo")
+    landing = read_file(tmp_path / "zoo.parquet", "shop", "zoo", [ZOO, SECOND], Position(1_700_000_000, 1))
+    state = build(spark, tables, landing)
+    types = {f.name: f.dataType for f in state.schema.fields}
+    expected: dict[str, T.DataType] = {
+        "_id": T.StringType(), "int32": T.LongType(), "int64": T.LongType(), "double": T.DoubleType(),
+        "nan": T.DoubleType(), "inf": T.DoubleType(), "ninf": T.DoubleType(), "dec": T.DecimalType(38, 4),
+        "dec_nan": T.StringType(), "date": T.TimestampType(), "year60": T.TimestampType(), "far": T.VariantType(),
+        "oid": T.StringType(), "uuid": T.StringType(), "bin": T.BinaryType(), "regex": T.StringType(),
+        "bts": T.StructType([T.StructField("t", T.LongType()), T.StructField("i", T.LongType())]),
+        "minkey": T.StringType(), "maxkey": T.StringType(), "code": T.StringType(), "bool": T.BooleanType(),
+        "str": T.StringType(), "arr": T.ArrayType(T.LongType()), "mixed_arr": T.ArrayType(T.VariantType()),
+        "varies": T.VariantType(), "__doc": T.VariantType(), "__key": T.StringType(), "__position": T.StringType(),
+    }
+    for name, dtype in expected.items():
+        assert types[name] == dtype, name
+    assert "null" not in types  # only ever null: no type to give it yet (the value is in __doc)
+    assert types["nested"].simpleString() == "struct<customer:struct<address:struct<city:string,zip:bigint>>>"
+    assert types["docs"].simpleString() == "array<struct<x:bigint,y:string>>"
+
+    row = state.where("_id = 'sku-0000'").first()  # the key as a user would query it
+    assert row is not None
+    assert (row["int32"], row["int64"], row["double"]) == (7, 2**40, 1.5)
+    assert math.isnan(row["nan"]) and row["inf"] == math.inf and row["ninf"] == -math.inf
+    assert row["dec"] == Decimal("1.5000") and row["dec_nan"] == "NaN"
+    assert row["date"] == WHEN and row["year60"] == YEAR_60
+    assert row["oid"] == str(OID) and row["uuid"] == str(UUID) and row["bin"] == bytearray(b"\x00abc")
+    assert row["regex"] == '{"$options":"i","$regex":"^a.*"}' and row["minkey"] == '{"$minKey":1}'
+    assert row["bts"] == T.Row(t=5, i=6) and row["code"] == '{"$code":"f()"}'
+    assert row["nested"]["customer"]["address"]["city"] == "Berlin"
+    assert [d["y"] for d in row["docs"]] == [None, "a"]
+    queried = spark.sql(
+        f"SELECT __doc:nested.customer.address.city::string AS city, to_json(far) AS far, "
+        f"to_json(varies) AS varies, __doc:int64::bigint AS int64 FROM delta.`{tables.current_state}` ORDER BY _id"
+    ).collect()
+    assert [r["city"] for r in queried] == ["Berlin", None]
+    assert queried[0]["far"] == '{"$date":4611686018427387904}'  # beyond Spark's timestamps: kept exactly
+    assert [r["varies"] for r in queried] == ["1", '"one"']
+    assert queried[0]["int64"] == 2**40  # Int64 round-trips (64-bit) inside the document too
+    second = state.where("_id = 'sku-0001'").first()
+    assert second is not None and second["dec"] == Decimal("12.3456") and second["double"] == 2.0
+
+
+def test_awkward_field_names_never_collide_with_the_tables_columns(spark: SparkSession, tmp_path: Path) -> None:
+    docs = [
+        {"_id": 1, "deleted": True, "op": "mine", "position": 3, "document": "d", "Name": "upper", "name": "lower",
+         "a.b": "dotted", "__op": "reserved", "with space": 1, "o": {"K": 1, "k": 2}},
+        {"_id": 2, "deleted": False, "name": "only lower"},
+    ]
+    tables = CollectionTables.under(str(tmp_path / "tables"), "shop.names")
+    state = build(spark, tables, read_file(tmp_path / "n.parquet", "shop", "names", docs, Position(10, 1)),
+                  add_fields=("op", "position"))
+    columns = set(state.columns)
+    assert {"deleted", "op", "position", "document", "Name", "name__2", "a.b", "___op", "with space", "__op",
+            "__position"} <= columns
+    rows = {r["_id"]: r for r in state.collect()}
+    assert rows[1]["deleted"] is True and rows[1]["op"] == "mine" and rows[1]["__op"] == "r"
+    assert (rows[1]["Name"], rows[1]["name__2"], rows[1]["a.b"], rows[1]["___op"]) == ("upper", "lower", "dotted", "reserved")
+    assert rows[2]["name__2"] == "only lower" and rows[1]["o"]["k__2"] == 2
+
+    # a later batch of the same collection merges through all of those names (the merge used to crash)
+    more = [{"_id": 1, "deleted": False, "Name": "U2", "name": "l2", "a.b": "d2", "new.field": 5}]
+    later = read_file(tmp_path / "m.parquet", "shop", "names", more, Position(20, 1))
+    state = build(spark, tables, later, add_fields=("op", "position"))
+    row = state.where("_id = 1").first()
+    assert row is not None and (row["deleted"], row["Name"], row["name__2"], row["a.b"], row["new.field"]) == (
+        False, "U2", "l2", "d2", 5
+    )
+
+
+def test_keys_are_typed_and_their_identity_is_exact(spark: SparkSession, tmp_path: Path) -> None:
+    cases = {
+        "oid": ([{"_id": OID}], T.StringType(), str(OID)),
+        "long": ([{"_id": Int64(2)}], T.LongType(), 2),
+        "date": ([{"_id": WHEN}], T.TimestampType(), WHEN),
+        "docid": ([{"_id": {"a": 1, "b": "two"}}, {"_id": {"b": "two", "a": 1}}], None, None),
+    }
+    for name, (docs, dtype, value) in cases.items():
+        tables = CollectionTables.under(str(tmp_path / name), f"shop.{name}")
+        state = build(spark, tables, read_file(tmp_path / f"{name}.parquet", "shop", name, docs, Position(1, 1)))
+        if dtype is not None:
+            assert state.schema["_id"].dataType == dtype
+            assert state.first()["_id"] == value  # type: ignore[index]
+        else:  # two different MongoDB keys (field order differs): two rows, each with its exact identity
+            assert state.count() == 2
+            assert sorted(r["__key"] for r in state.collect()) == [
+                '{"a" : 1, "b" : "two"}', '{"b" : "two", "a" : 1}'
+            ]
