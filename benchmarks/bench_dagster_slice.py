@@ -1,109 +1,130 @@
-"""What a Dagster run costs around a stream slice: events/s through `materialize` vs the engine alone.
+"""Dagster slices: a 24-window backfill as one run vs 24 runs, and a slice run vs `mongocdc run` on one window.
 
-Starts the emulator as a separate process, waits for a one-minute window that lies wholly inside its
-oplog, writes N documents into it, and once the window has closed reads it in this process, best of three each after a warm-up pass: the
-baseline ``api.stream_window`` into a ``ParquetSink.to_file`` (exactly what the asset does inside),
-then the ``stream_slice`` asset through ``dagster.materialize`` on an ephemeral instance. The ratio
-(Dagster events/s over engine events/s) is the fraction of the engine's speed left after Dagster's
-run overhead and the asset's landing check; it approaches 1 as slices grow.
+An in-process emulator whose cluster clock starts an hour in the past (``tests/dagster/time_travel.py``)
+gets N orders changes in each of 24 one-minute windows, so all 24 are closed history at once. Then, on
+an ephemeral Dagster instance:
 
-Usage: ``python benchmarks/bench_dagster_slice.py [--events 20000]``
+1. the slices of the 24 windows as ONE run (``BackfillPolicy.single_run``: one change stream, one file
+   per window) vs 24 runs of one window each; the ratio is how much faster the single run is;
+2. one window as a slice run (``materialize`` of one partition) vs ``mongocdc run`` (the CLI's entry
+   point, in this process) streaming the same window into a Parquet sink from an offset at the window's
+   start (``--stop-at`` its end); the ratio is the slice run's events/s over the connector's.
+
+Usage: ``python benchmarks/bench_dagster_slice.py [--events 2000]`` (``MONGOCDC_BENCH_SMALL=1``: 200).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import orjson
-from bson import Timestamp
-from dagster import DagsterInstance, materialize
+from dagster import AssetsDefinition, DagsterInstance, materialize
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from pymongo import MongoClient
 from rich.console import Console
 from rich.table import Table
 
-from mongocdc_core import api
-from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.sinks.parquet import ParquetSink
-from mongocdc_dagster.assets.cdc import build_cdc_assets
-from mongocdc_dagster.partitions import COLLECTIONS_PARTITIONS_NAME, CdcPartitions
-from mongocdc_dagster.resources import MongoCdcKafkaResource, MongoCdcResource
-from mongocdc_dagster.settings import CdcSettings
-from mongocdc_devstack.fixture import EmulatedReplicaSet
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/ holds the travelling emulator
 
-ROUNDS = 3  # best of three for each path: the change stream's polling makes single runs noisy
+from mongocdc_core import runner  # noqa: E402
+from mongocdc_core.offsets import FileOffsetStore, Offset  # noqa: E402
+from mongocdc_core.positions import Position, token_timestamp  # noqa: E402
+from mongocdc_dagster.build import build_definitions  # noqa: E402
+from mongocdc_dagster.discovery import DiscoveryState  # noqa: E402
+from mongocdc_dagster.partitions import floor_to  # noqa: E402
+from mongocdc_dagster.settings import CdcSettings  # noqa: E402
+from tests.dagster.time_travel import travelling_replica_set  # noqa: E402
+
+WINDOWS = 24
+FMT = "%Y-%m-%d-%H:%M"
 
 
-def _sleep_until(when: datetime) -> None:
-    delay = (when - datetime.now(UTC)).total_seconds()
-    if delay > 0:
-        time.sleep(delay)
+def _slices(defs: Any, instance: DagsterInstance, key: Any, tags: dict[str, str] | None = None,
+            partition: str | None = None) -> None:
+    assets = [a for a in defs.assets or [] if isinstance(a, AssetsDefinition)]
+    result = materialize(assets, selection=[key], resources=dict(defs.resources or {}), instance=instance,
+                         partition_key=partition, tags=tags)
+    assert result.success
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=20_000, help="documents inserted into the window")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--events", type=int, default=200 if os.environ.get("MONGOCDC_BENCH_SMALL") else 2000,
+                        help="orders changes per window")
     args = parser.parse_args()
     console = Console()
-    with EmulatedReplicaSet(in_process=False, noop_interval=1.0) as emulator, tempfile.TemporaryDirectory() as tmp:
+    with travelling_replica_set(behind_s=3600) as (uri, clock), tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
+        client: MongoClient[dict[str, Any]] = MongoClient(uri)
+        db = client["bench"]
+        first = floor_to(clock.now(), 60) + timedelta(minutes=1)
+        tokens: list[dict[str, Any]] = []
+        with db.watch() as stream:
+            for minute in range(WINDOWS):
+                clock.jump_to(first + timedelta(minutes=minute, seconds=1))
+                db.other.insert_one({"_id": f"tick-{minute}"})  # the resume point of `mongocdc run` for this window
+                while stream.try_next() is not None:
+                    pass
+                assert stream.resume_token is not None
+                tokens.append(dict(stream.resume_token))
+                db.orders.insert_many([{"_id": f"{minute}-{i}", "qty": i, "pad": "x" * 200} for i in range(args.events)])
+        clock.jump_to(first + timedelta(minutes=WINDOWS, seconds=2))
+        db.other.insert_one({"_id": "after"})
         config = home / "connector.json"
         config.write_bytes(orjson.dumps({"name": "bench", "config": {
-            "mongodb.connection.string": emulator.uri, "topic.prefix": "bench", "database.include.list": "bench"}}))
-        cfg = ConnectorConfig.load(config)
-        first = datetime.fromtimestamp(api.oplog_window(cfg).first.time, UTC)
-        settings = CdcSettings.from_env({"MONGOCDC_CONFIG": str(config), "MONGOCDC_HOME": str(home),
-                                         "MONGOCDC_SLICE_GRANULARITY": "1min",
-                                         "MONGOCDC_SLICE_START": first.replace(second=0, microsecond=0).isoformat()})
-        partitions = CdcPartitions.from_settings(settings)
-        window_start = partitions.window(partitions.window_key_containing(first) or "").end
-        console.print(f"waiting for the window starting {window_start:%H:%M:%S} (inside the oplog)")
-        _sleep_until(window_start)
-        client: MongoClient[dict[str, object]] = MongoClient(emulator.uri)
-        docs = [{"_id": i, "name": f"customer-{i}", "value": i * 3, "tags": ["a", "b"]} for i in range(args.events)]
-        for offset in range(0, len(docs), 1000):
-            client.bench.orders.insert_many(docs[offset:offset + 1000])
-        client.close()
-        window_key = partitions.window_key_containing(window_start)
-        assert window_key is not None
-        window = partitions.window(window_key)
-        _sleep_until(window.end)
-        time.sleep(1.5)  # the emulator's no-op entry moves the cluster time past the window end
-
-        start, end = Timestamp(int(window.start.timestamp()), 0), Timestamp(int(window.end.timestamp()), 0)
-        direct_s = dagster_s = float("inf")
-        for attempt in range(ROUNDS + 1):  # the first pass warms the emulator's caches and is not counted
-            began = time.perf_counter()
-            sink = ParquetSink.to_file(home / "baseline.parquet")
-            direct = api.stream_window(cfg, "bench.orders", start, end, sink)
-            sink.close()
-            if attempt:
-                direct_s = min(direct_s, time.perf_counter() - began)
-
-        assets = build_cdc_assets(cfg, settings.landing_dir, partitions)
-        resources = {"mongocdc": MongoCdcResource(config_path=str(config), home=str(home)),
-                     "kafka": MongoCdcKafkaResource()}
+            "mongodb.connection.string": uri, "topic.prefix": "bench", "collection.include.list": r"bench\.orders",
+            "snapshot.mode": "no_data"}}))
+        settings = CdcSettings.resolve(connector_config=str(config), home=str(home / "cdc"), slice_granularity="1min",
+                                       slice_start=first.isoformat(), tables=False, environ={})
+        defs = build_definitions(settings, DiscoveryState.of(["bench.orders"]))
+        key = next(s.key for s in defs.resolve_all_asset_specs() if s.tags.get("mongocdc/kind") == "slices")
+        keys = [(first + timedelta(minutes=m)).strftime(FMT) for m in range(WINDOWS)]
+        events = WINDOWS * args.events
         with DagsterInstance.ephemeral() as instance:
-            instance.add_dynamic_partitions(COLLECTIONS_PARTITIONS_NAME, ["bench.orders"])
-            for _ in range(ROUNDS):
-                began = time.perf_counter()
-                result = materialize([assets.stream_slice],
-                                     partition_key=str(partitions.slice_key("bench.orders", window_key)),
-                                     resources=resources, instance=instance)
-                dagster_s = min(dagster_s, time.perf_counter() - began)
-        assert result.success and direct.events == args.events, (direct.events, args.events)
-
-    table = Table(title=f"stream slice of {direct.events} events")
-    table.add_column("path")
-    table.add_column("seconds", justify="right")
-    table.add_column("events/s", justify="right")
-    table.add_row("api.stream_window (baseline)", f"{direct_s:.2f}", f"{direct.events / direct_s:,.0f}")
-    table.add_row("dagster materialize", f"{dagster_s:.2f}", f"{direct.events / dagster_s:,.0f}")
+            _slices(defs, instance, key, partition=keys[0])  # warm-up: imports, first connection
+            started = time.perf_counter()
+            _slices(defs, instance, key, tags={ASSET_PARTITION_RANGE_START_TAG: keys[0],
+                                               ASSET_PARTITION_RANGE_END_TAG: keys[-1]})
+            one_run = time.perf_counter() - started
+            started = time.perf_counter()
+            for k in keys:
+                _slices(defs, instance, key, partition=k)
+            many_runs = time.perf_counter() - started
+            window = keys[WINDOWS // 2]
+            started = time.perf_counter()
+            _slices(defs, instance, key, partition=window)
+            slice_run = time.perf_counter() - started
+        index = WINDOWS // 2
+        offsets = home / "offsets.json"
+        ts = token_timestamp(tokens[index])
+        assert ts is not None
+        FileOffsetStore(offsets).save(Offset(resume_token=tokens[index], position=Position.from_timestamp(ts)))
+        end = int((first + timedelta(minutes=index + 1)).timestamp())
+        started = time.perf_counter()
+        code = runner.main(["--config", str(config), "--sink", f"parquet:{home / 'run'}", "--offsets", str(offsets),
+                            "--stop-at", f"{end}:0", "--no-progress", "--log-level", "WARNING"])
+        connector = time.perf_counter() - started
+        assert code == 0, f"mongocdc run exited {code}"
+        client.close()
+    table = Table(title=f"Dagster slices: {WINDOWS} windows x {args.events} changes")
+    for column in ("measure", "seconds", "events/s", "ratio"):
+        table.add_column(column, justify="right" if column != "measure" else "left")
+    table.add_row(f"{WINDOWS}-window backfill, 1 run", f"{one_run:.2f}", f"{events / one_run:,.0f}", "1.00")
+    table.add_row(f"{WINDOWS}-window backfill, {WINDOWS} runs", f"{many_runs:.2f}", f"{events / many_runs:,.0f}",
+                  f"{many_runs / one_run:.2f}x slower")
+    table.add_row("one window: `mongocdc run`", f"{connector:.2f}", f"{args.events / connector:,.0f}", "1.00")
+    table.add_row("one window: slice run", f"{slice_run:.2f}", f"{args.events / slice_run:,.0f}",
+                  f"{connector / slice_run:.2f}x the connector's events/s")
     console.print(table)
-    console.print(f"ratio dagster/engine: {direct_s / dagster_s:.2f}")
+    console.print(f"ratio one run vs {WINDOWS} runs: {many_runs / one_run:.2f} (higher: the single run is faster); "
+                  f"slice run vs mongocdc run: {connector / slice_run:.2f} (1.0: as fast as the connector)")
 
 
 if __name__ == "__main__":

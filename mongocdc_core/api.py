@@ -152,8 +152,9 @@ def read_signals(
     from now), in insert order, up to the current cluster time; see ``source.signals.read_signal_inserts``."""
     with CapturePipeline(cfg, _NoSink()) as pipeline:
         until = _oplog.current_cluster_time(pipeline.client)
+        after_now = Timestamp(until.time, until.inc + 1)  # signals already inserted are not "from now"
         return read_signal_inserts(pipeline.client, cfg, resume_after=resume_after,
-                                   start_at=start_at if start_at is not None or resume_after else until,
+                                   start_at=start_at if start_at is not None or resume_after else after_now,
                                    until=until, limit=limit)
 
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dagster import (
     AssetCheckKey,
     AssetCheckSeverity,
+    AssetKey,
     AssetSelection,
     DagsterInstance,
     Definitions,
@@ -45,13 +46,10 @@ def load_definitions(target: str) -> Definitions:
     return value
 
 
-def _collection_of(key: AssetCheckKey, defs: Definitions) -> str | None:
-    spec = defs.resolve_all_asset_specs()
-    for s in spec:
-        if s.key == key.asset_key:
-            value = s.metadata.get("mongocdc/collection")
-            return str(value) if value is not None else None
-    return None
+def _collections(defs: Definitions) -> dict[AssetKey, str]:
+    """Asset key -> the collection it belongs to (the translator's ``mongocdc/collection`` metadata)."""
+    return {spec.key: str(spec.metadata["mongocdc/collection"]) for spec in defs.resolve_all_asset_specs()
+            if "mongocdc/collection" in spec.metadata}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,17 +60,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", action="append", default=[], help="only checks of this name; repeat")
     args = parser.parse_args(argv)
     defs = load_definitions(args.module)
-    repository = defs.get_repository_def()
-    check_keys = sorted(repository.asset_graph.asset_check_keys, key=lambda k: (k.asset_key.to_user_string(), k.name))
+    graph = defs.get_repository_def().asset_graph
+    check_keys = sorted(graph.asset_check_keys, key=lambda k: (k.asset_key.to_user_string(), k.name))
+    collections = _collections(defs)
     selected: list[AssetCheckKey] = []
-    collections = {k: _collection_of(k, defs) for k in check_keys}
     for key in check_keys:
-        namespace = collections[key]
+        namespace = collections.get(key.asset_key)
         if args.collection and (namespace is None or not any(fnmatch.fnmatch(namespace, p) for p in args.collection)):
             continue
         if args.check and key.name not in args.check:
             continue
-        if _runs_alone(repository, key):
+        # checks declared on a multi-asset run only when it materialises; the standalone ones run here
+        if not graph.assets_def_for_key(key).keys:
             selected.append(key)
     if not selected:
         print(f"mongocdc check: no standalone asset check matches collections {args.collection or 'all'}"
@@ -83,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with DagsterInstance.get() as instance:
         result = resolved.execute_in_process(instance=instance, raise_on_error=False)
     evaluations = {(e.asset_key, e.check_name): e for e in result.get_asset_check_evaluations()}
-    blocking = {k for k in selected if repository.asset_graph.get_check_spec(k).blocking}
+    blocking = {k for k in selected if graph.get_check_spec(k).blocking}
     failed_blocking = 0
     for key in selected:
         evaluation = evaluations.get((key.asset_key, key.name))
@@ -99,13 +98,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{status:<5} {key.asset_key.to_user_string()}  {key.name}  {kind}  {text}", flush=True)
     print(f"{len(selected)} check(s), {failed_blocking} blocking failure(s)", flush=True)
     return 1 if failed_blocking else 0
-
-
-def _runs_alone(repository: object, key: AssetCheckKey) -> bool:
-    """Checks declared on a multi-asset run only when it materialises; the standalone ones run here."""
-    graph = repository.asset_graph  # type: ignore[attr-defined]
-    assets_def = graph.assets_def_for_key(key)
-    return assets_def is not None and not assets_def.keys
 
 
 if __name__ == "__main__":

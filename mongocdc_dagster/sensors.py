@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
-from bson import json_util
+from bson import Timestamp, json_util
 from dagster import (
     AddDynamicPartitionsRequest,
     AssetObservation,
@@ -132,8 +132,16 @@ class _Pending:
         return cls(json_util.loads(data["doc"]), Position.parse(data["position"]), data.get("held_since"))
 
 
-def _signal_cursor(token: dict[str, Any] | None, held: list[_Pending]) -> str:
-    return orjson.dumps({"token": json_util.dumps(token) if token else None,
+def _after(read: api.SignalRead, fallback: Timestamp | None = None) -> Timestamp:
+    """The cluster time a read without a resume token continues from: past what it read completely."""
+    if read.complete or fallback is None:
+        return Timestamp(read.until.time, read.until.inc + 1)
+    return fallback
+
+
+def _signal_cursor(token: dict[str, Any] | None, at: Timestamp, held: list[_Pending]) -> str:
+    """Where the next tick continues: after ``token``, or (no token from the server) from cluster time ``at``."""
+    return orjson.dumps({"token": json_util.dumps(token) if token else None, "at": [at.time, at.inc],
                          "held": [h.to_json() for h in held]}).decode()
 
 
@@ -213,21 +221,22 @@ def build_signal_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefinition:
         if "source" not in cfg.signal_enabled_channels:
             return SkipReason(f"the source signal channel is not enabled ({', '.join(cfg.signal_enabled_channels)})")
         previous = orjson.loads(context.cursor) if context.cursor else None
-        if previous is None:
+        if not isinstance(previous, dict) or "at" not in previous:  # first tick, or a cursor of an older version
             read = api.read_signals(cfg, limit=0)
             return SensorResult(skip_reason="started: signals inserted from now on are acted on",
-                                cursor=_signal_cursor(read.resume_token, []))
+                                cursor=_signal_cursor(read.resume_token, _after(read), []))
         token = json_util.loads(previous["token"]) if previous.get("token") else None
+        at = Timestamp(*previous["at"])
         held = [_Pending.from_json(h) for h in previous.get("held", [])]
         notes: list[str] = []
         try:
-            read = api.read_signals(cfg, resume_after=token, limit=SIGNAL_BATCH)
+            read = api.read_signals(cfg, resume_after=token, start_at=None if token else at, limit=SIGNAL_BATCH)
         except HistoryLostError as exc:
             message = (f"signals inserted while the sensor was not reading left the oplog and are lost ({exc}); "
                        "following the signaling collection from now")
             context.log.error(message)
             read = api.read_signals(cfg, limit=0)
-            return SensorResult(skip_reason=message, cursor=_signal_cursor(read.resume_token, held))
+            return SensorResult(skip_reason=message, cursor=_signal_cursor(read.resume_token, _after(read), held))
         pending = held + [_Pending(i.document, i.position) for i in read.inserts]
         captured: list[str] | None = None
         loaded = set(cdc.namespaces)
@@ -276,7 +285,7 @@ def build_signal_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefinition:
             dropped = still_held[:-MAX_HELD]
             context.log.error(f"{len(dropped)} held signal(s) dropped: more than {MAX_HELD} are waiting")
             still_held = still_held[-MAX_HELD:]
-        cursor = _signal_cursor(read.resume_token or token, still_held)
+        cursor = _signal_cursor(read.resume_token or token, _after(read, at), still_held)
         if run_requests:
             return SensorResult(run_requests=run_requests, cursor=cursor)
         text = "; ".join(notes) or ("no new signals" if read.complete else

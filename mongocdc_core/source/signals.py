@@ -730,6 +730,7 @@ class SignalRead:
     inserts: list[SignalInsert]
     resume_token: dict[str, Any] | None
     complete: bool
+    until: Timestamp
 
 
 def read_signal_inserts(
@@ -780,4 +781,4 @@ def read_signal_inserts(
                 position=token_timestamp(dict(resume_after)) if resume_after else start_at,
             ) from exc
         raise
-    return SignalRead(inserts, dict(token) if token else None, complete)
+    return SignalRead(inserts, dict(token) if token else None, complete, until)

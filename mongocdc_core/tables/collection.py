@@ -162,11 +162,6 @@ def reconcile_at_position(spark: SparkSession, tables: CollectionTables, cfg: Co
     from the change stream) are left out on both sides and counted."""
     namespace = tables.namespace
     position = _max_position(spark, tables.changelog, namespace)
-    changed = _ChangedKeys()
-    if position is not None:
-        start = Position.parse(position).timestamp
-        now = api.current_cluster_time(cfg)
-        api.stream_window(cfg, namespace, start, Timestamp(now.time, now.inc + 1), changed)
     state = read_current_state(spark, tables.current_state)
     table = {r["id"]: _combine(r["hi"], r["lo"]) for r in _table_hashes(state, namespace).collect()}
     client = open_client(cfg)
@@ -174,6 +169,11 @@ def reconcile_at_position(spark: SparkSession, tables: CollectionTables, cfg: Co
         source = _source_hashes(client, namespace)
     finally:
         client.close()
+    # the keys changed from the table's position until after the source was read (writes go on meanwhile)
+    changed = _ChangedKeys()
+    if position is not None:
+        now = api.current_cluster_time(cfg)
+        api.stream_window(cfg, namespace, Position.parse(position).timestamp, Timestamp(now.time, now.inc + 1), changed)
     excluded = changed.keys
     compared_table = {k: v for k, v in table.items() if k not in excluded}
     compared_source = {k: v for k, v in source.items() if k not in excluded}
