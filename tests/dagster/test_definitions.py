@@ -114,3 +114,26 @@ def test_inline_properties_and_the_password_secret(tmp_path: Path) -> None:
                                                       "topic.prefix": "p", "mongodb.user": "cdc"},
                                 home=str(tmp_path), mongodb_password="s3cret")
     assert resource.load_config().mongodb_password == "s3cret" and resource.load_config().topic_prefix == "p"
+
+
+def test_make_dev_keeps_an_existing_dagster_home_and_points_the_connector_at_its_emulator(tmp_path: Path) -> None:
+    home = tmp_path / "dagster"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")  # the operator's own instance config
+    local_stack.prepare_dagster_home(home)
+    assert (home / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"
+    fresh = local_stack.prepare_dagster_home(tmp_path / "fresh")
+    assert (fresh / "dagster.yaml").read_text() == local_stack.DAGSTER_YAML.read_text()
+    from dagster import DagsterInstance
+
+    with DagsterInstance.from_config(str(fresh)) as instance:
+        limits = {p: instance.event_log_storage.get_concurrency_info(p).slot_count
+                  for p in ("mongocdc_snapshots", "mongocdc_snapshot_ranges", "mongocdc_slices")}
+        assert limits == {"mongocdc_snapshots": 2, "mongocdc_snapshot_ranges": 4, "mongocdc_slices": 1}
+        instance.event_log_storage.set_concurrency_slots("mongocdc_snapshots", 5)
+    local_stack.prepare_dagster_home(fresh)  # a limit the operator set is kept
+    with DagsterInstance.from_config(str(fresh)) as instance:
+        assert instance.event_log_storage.get_concurrency_info("mongocdc_snapshots").slot_count == 5
+    config = CdcSettings.resolve(connector_config=str(local_stack.write_local_config(tmp_path / "c.json", 27555)),
+                                 environ={}).load_config()
+    assert config.mongodb_connection_string == local_stack.emulator_uri(27555)

@@ -43,7 +43,7 @@ from mongocdc_dagster.partitions import floor_to
 from tests.dagster.cdc_helpers import write_config
 from tests.dagster.time_travel import travelling_replica_set
 
-pytestmark = [pytest.mark.slow, pytest.mark.daemon, pytest.mark.fault]
+pytestmark = [pytest.mark.slow, pytest.mark.daemon, pytest.mark.fault, pytest.mark.timeout(2400)]
 
 BIN = Path(sys.executable).parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
