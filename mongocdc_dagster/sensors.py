@@ -17,6 +17,7 @@ from bson import Timestamp, json_util
 from dagster import (
     AddDynamicPartitionsRequest,
     AssetObservation,
+    AssetSelection,
     DagsterRunStatus,
     DefaultSensorStatus,
     DeleteDynamicPartitionsRequest,
@@ -212,7 +213,10 @@ def build_signal_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefinition:
     until the code location is reloaded with it, for up to HOLD_FOR.
     """
 
+    snapshots = [*cdc.keys_of("snapshot"), *cdc.keys_of("incremental_snapshot")]
+
     @sensor(name="mongocdc_signals", minimum_interval_seconds=interval_s, default_status=DefaultSensorStatus.RUNNING,
+            target=AssetSelection.assets(*snapshots) if snapshots else None,
             description="Reads Debezium snapshot signals from signal.data.collection, in insert order.")
     def signals(context: SensorEvaluationContext, mongocdc: MongoCdcResource) -> SensorResult | SkipReason:
         cfg = mongocdc.load_config()
@@ -307,8 +311,10 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
     requests a new snapshot of that collection. Collections never snapshotted have nothing to lose.
     """
 
+    snapshots = list(cdc.keys_of("snapshot"))
+
     @sensor(name="mongocdc_oplog_window", minimum_interval_seconds=interval_s,
-            default_status=DefaultSensorStatus.RUNNING,
+            default_status=DefaultSensorStatus.RUNNING, target=AssetSelection.assets(*snapshots) if snapshots else None,
             description="Oplog window size and per-collection lag; re-snapshots a collection only after a real gap.")
     def oplog_window(context: SensorEvaluationContext, mongocdc: MongoCdcResource) -> SensorResult:
         window = mongocdc.oplog_window()

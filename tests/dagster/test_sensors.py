@@ -279,3 +279,13 @@ def test_continuity_check_finds_windows_missing_since_the_snapshot(
 def _run_checks(env: CdcEnv, instance: DagsterInstance) -> dict[AssetKey, AssetCheckEvaluation]:
     result = env.defs.resolve_job_def("mongocdc_continuity_checks").execute_in_process(instance=instance)
     return {e.asset_key: e for e in result.get_asset_check_evaluations()}
+
+
+def test_sensors_that_launch_runs_target_the_snapshot_assets(
+        tmp_path: Path, mongo_uri: str, db: Database[Any]) -> None:
+    env = make_env(tmp_path, mongo_uri, db, ["a"])
+    sensors = {s.name: s for s in env.defs.sensors or []}
+    graph = env.defs.resolve_asset_graph()
+    for name, kinds in (("mongocdc_signals", ("snapshot", "incremental_snapshot")), ("mongocdc_oplog_window", ("snapshot",))):
+        (target,) = sensors[name].targets  # type: ignore[union-attr]
+        assert target.job_def.selection.resolve(graph) == {env.key("a", k) for k in kinds}  # type: ignore[union-attr]
