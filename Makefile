@@ -84,9 +84,10 @@ lint: setup
 	$(PY) -m mypy mongocdc_core mongocdc_dagster mongocdc_devstack
 
 # Local stack: emulated replica set on 127.0.0.1:27117 (data in .local/mongo), demo data when empty,
-# and `dagster dev` on http://127.0.0.1:3000 with DAGSTER_HOME=.local/dagster. Ctrl-C stops everything.
+# and `dagster dev` on http://127.0.0.1:3000 with DAGSTER_HOME=.local/dagster (kept when already set).
+# Other ports and home: make dev ARGS="--port 27200 --dagster-port 3100 --home /tmp/cdc". Ctrl-C stops everything.
 dev: setup
-	$(PY) -m mongocdc_dagster.local_stack
+	$(PY) -m mongocdc_dagster.local_stack $(ARGS)
 
 demo: setup
 	$(PY) -m mongocdc_devstack.demo

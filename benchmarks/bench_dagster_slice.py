@@ -1,104 +1,119 @@
-"""What a Dagster run costs around a stream slice: events/s through `materialize` vs the engine alone.
+"""Dagster slices: a 24-window backfill as one run vs 24 runs, and a slice run vs `mongocdc run` on one window.
 
-Starts the emulator as a separate process, waits for a one-minute window that lies wholly inside its
-oplog, writes N documents into it, and once the window has closed reads it in this process, best of three each after a warm-up pass: the
-baseline ``api.stream_window`` into a ``ParquetSink.to_file`` (exactly what the asset does inside),
-then the ``stream_slice`` asset through ``dagster.materialize`` on an ephemeral instance. The ratio
-(Dagster events/s over engine events/s) is the fraction of the engine's speed left after Dagster's
-run overhead and the asset's landing check; it approaches 1 as slices grow.
+An in-process emulator whose cluster clock starts an hour in the past (``tests/dagster/time_travel.py``)
+gets N orders changes in each of 24 one-minute windows, so all 24 are closed history at once. Then, on
+an ephemeral Dagster instance:
 
-Usage: ``python -m benchmarks.bench_dagster_slice`` (``MONGOCDC_BENCH_SMALL=1``: 500 documents)
+1. the slices of the 24 windows as ONE run (``BackfillPolicy.single_run``: one change stream, one file
+   per window) vs 24 runs of one window each; the ratio is how much faster the single run is;
+2. one window as a slice run (``materialize`` of one partition) vs ``mongocdc run`` (the CLI's entry
+   point, in this process) streaming the same window into a Parquet sink from an offset at the window's
+   start (``--stop-at`` its end); the ratio is the slice run's events/s over the connector's.
+
+Usage: ``python -m benchmarks.bench_dagster_slice`` (2,000 changes per window; ``MONGOCDC_BENCH_SMALL=1``: 200).
 """
 
 from __future__ import annotations
 
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import orjson
-from bson import Timestamp
-from dagster import DagsterInstance, materialize
+from dagster import AssetsDefinition, DagsterInstance, materialize
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from pymongo import MongoClient
-from rich.console import Console
 
 from benchmarks import harness
-from mongocdc_core import api
-from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.sinks.parquet import ParquetSink
-from mongocdc_dagster.assets.cdc import build_cdc_assets
-from mongocdc_dagster.partitions import COLLECTIONS_PARTITIONS_NAME, CdcPartitions
-from mongocdc_dagster.resources import MongoCdcKafkaResource, MongoCdcResource
+from mongocdc_core import runner
+from mongocdc_core.offsets import FileOffsetStore, Offset
+from mongocdc_core.positions import Position, token_timestamp
+from mongocdc_dagster.build import build_definitions
+from mongocdc_dagster.discovery import DiscoveryState
+from mongocdc_dagster.partitions import floor_to
 from mongocdc_dagster.settings import CdcSettings
-from mongocdc_devstack.fixture import EmulatedReplicaSet
+from tests.dagster.time_travel import travelling_replica_set
 
-ROUNDS = 3  # best of three for each path: the change stream's polling makes single runs noisy
-
-
-def _sleep_until(when: datetime) -> None:
-    delay = (when - datetime.now(UTC)).total_seconds()
-    if delay > 0:
-        time.sleep(delay)
+WINDOWS = 24
+FMT = "%Y-%m-%d-%H:%M"
 
 
-NAME = "dagster slice"
-BASELINE = "api.stream_window of the same window into a ParquetSink.to_file (what the asset runs inside), best of 3"
+def _slices(defs: Any, instance: DagsterInstance, key: Any, tags: dict[str, str] | None = None,
+            partition: str | None = None) -> None:
+    assets = [a for a in defs.assets or [] if isinstance(a, AssetsDefinition)]
+    result = materialize(assets, selection=[key], resources=dict(defs.resources or {}), instance=instance,
+                         partition_key=partition, tags=tags)
+    assert result.success
+
+
+NAME = "dagster slices"
+BASELINE = "24 runs of one window each (backfill); `mongocdc run` streaming the same window into Parquet (one slice)"
 
 
 def run(small: bool) -> list[harness.Row]:
-    events = 500 if small else 20_000
-    console = Console()
-    with EmulatedReplicaSet(in_process=False, noop_interval=1.0) as emulator, tempfile.TemporaryDirectory() as tmp:
+    per_window = 200 if small else 2000
+    with travelling_replica_set(behind_s=3600) as (uri, clock), tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
+        client: MongoClient[dict[str, Any]] = MongoClient(uri)
+        db = client["bench"]
+        first = floor_to(clock.now(), 60) + timedelta(minutes=1)
+        tokens: list[dict[str, Any]] = []
+        with db.watch() as stream:
+            for minute in range(WINDOWS):
+                clock.jump_to(first + timedelta(minutes=minute, seconds=1))
+                db.other.insert_one({"_id": f"tick-{minute}"})  # the resume point of `mongocdc run` for this window
+                while stream.try_next() is not None:
+                    pass
+                assert stream.resume_token is not None
+                tokens.append(dict(stream.resume_token))
+                db.orders.insert_many([{"_id": f"{minute}-{i}", "qty": i, "pad": "x" * 200} for i in range(per_window)])
+        clock.jump_to(first + timedelta(minutes=WINDOWS, seconds=2))
+        db.other.insert_one({"_id": "after"})
         config = home / "connector.json"
         config.write_bytes(orjson.dumps({"name": "bench", "config": {
-            "mongodb.connection.string": emulator.uri, "topic.prefix": "bench", "database.include.list": "bench"}}))
-        cfg = ConnectorConfig.load(config)
-        first = datetime.fromtimestamp(api.oplog_window(cfg).first.time, UTC)
-        settings = CdcSettings.from_env({"MONGOCDC_CONFIG": str(config), "MONGOCDC_HOME": str(home),
-                                         "MONGOCDC_SLICE_GRANULARITY": "1min",
-                                         "MONGOCDC_SLICE_START": first.replace(second=0, microsecond=0).isoformat()})
-        partitions = CdcPartitions.from_settings(settings)
-        window_start = partitions.window(partitions.window_key_containing(first) or "").end
-        console.print(f"waiting for the window starting {window_start:%H:%M:%S} (inside the oplog)")
-        _sleep_until(window_start)
-        client: MongoClient[dict[str, object]] = MongoClient(emulator.uri)
-        docs = [{"_id": i, "name": f"customer-{i}", "value": i * 3, "tags": ["a", "b"]} for i in range(events)]
-        for offset in range(0, len(docs), 1000):
-            client.bench.orders.insert_many(docs[offset:offset + 1000])
-        client.close()
-        window_key = partitions.window_key_containing(window_start)
-        assert window_key is not None
-        window = partitions.window(window_key)
-        _sleep_until(window.end)
-        time.sleep(1.5)  # the emulator's no-op entry moves the cluster time past the window end
-
-        start, end = Timestamp(int(window.start.timestamp()), 0), Timestamp(int(window.end.timestamp()), 0)
-        direct_s = dagster_s = float("inf")
-        for attempt in range(ROUNDS + 1):  # the first pass warms the emulator's caches and is not counted
-            began = time.perf_counter()
-            sink = ParquetSink.to_file(home / "baseline.parquet")
-            direct = api.stream_window(cfg, "bench.orders", start, end, sink)
-            sink.close()
-            if attempt:
-                direct_s = min(direct_s, time.perf_counter() - began)
-
-        assets = build_cdc_assets(cfg, settings.landing_dir, partitions)
-        resources = {"mongocdc": MongoCdcResource(config_path=str(config), home=str(home)),
-                     "kafka": MongoCdcKafkaResource()}
+            "mongodb.connection.string": uri, "topic.prefix": "bench", "collection.include.list": r"bench\.orders",
+            "snapshot.mode": "no_data"}}))
+        settings = CdcSettings.resolve(connector_config=str(config), home=str(home / "cdc"), slice_granularity="1min",
+                                       slice_start=first.isoformat(), tables=False, environ={})
+        defs = build_definitions(settings, DiscoveryState.of(["bench.orders"]))
+        key = next(s.key for s in defs.resolve_all_asset_specs() if s.tags.get("mongocdc/kind") == "slices")
+        keys = [(first + timedelta(minutes=m)).strftime(FMT) for m in range(WINDOWS)]
+        events = WINDOWS * per_window
         with DagsterInstance.ephemeral() as instance:
-            instance.add_dynamic_partitions(COLLECTIONS_PARTITIONS_NAME, ["bench.orders"])
-            for _ in range(ROUNDS):
-                began = time.perf_counter()
-                result = materialize([assets.stream_slice],
-                                     partition_key=str(partitions.slice_key("bench.orders", window_key)),
-                                     resources=resources, instance=instance)
-                dagster_s = min(dagster_s, time.perf_counter() - began)
-        assert result.success and direct.events == events, (direct.events, events)
-
-    return [harness.Row(NAME, f"stream slice of {direct.events:,} events through dagster materialize", BASELINE,
-                        direct.events / dagster_s, direct.events / direct_s, "events/s", direct_s / dagster_s)]
+            _slices(defs, instance, key, partition=keys[0])  # warm-up: imports, first connection
+            started = time.perf_counter()
+            _slices(defs, instance, key, tags={ASSET_PARTITION_RANGE_START_TAG: keys[0],
+                                               ASSET_PARTITION_RANGE_END_TAG: keys[-1]})
+            one_run = time.perf_counter() - started
+            started = time.perf_counter()
+            for k in keys:
+                _slices(defs, instance, key, partition=k)
+            many_runs = time.perf_counter() - started
+            window = keys[WINDOWS // 2]
+            started = time.perf_counter()
+            _slices(defs, instance, key, partition=window)
+            slice_run = time.perf_counter() - started
+        index = WINDOWS // 2
+        offsets = home / "offsets.json"
+        ts = token_timestamp(tokens[index])
+        assert ts is not None
+        FileOffsetStore(offsets).save(Offset(resume_token=tokens[index], position=Position.from_timestamp(ts)))
+        end = int((first + timedelta(minutes=index + 1)).timestamp())
+        started = time.perf_counter()
+        code = runner.main(["--config", str(config), "--sink", f"parquet:{home / 'run'}", "--offsets", str(offsets),
+                            "--stop-at", f"{end}:0", "--no-progress", "--log-level", "WARNING"])
+        connector = time.perf_counter() - started
+        assert code == 0, f"mongocdc run exited {code}"
+        client.close()
+    return [
+        harness.Row(NAME, f"{WINDOWS}-window backfill as one run ({per_window:,} changes per window)",
+                    f"the same {WINDOWS} windows as {WINDOWS} runs", events / one_run, events / many_runs, "events/s",
+                    many_runs / one_run),
+        harness.Row(NAME, "one window as a slice run", "`mongocdc run` streaming the same window into Parquet",
+                    per_window / slice_run, per_window / connector, "events/s", connector / slice_run),
+    ]
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import datetime
 import os
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +24,7 @@ from pymongo.database import Database
 
 from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.events.records import Record
+from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.offsets import Offset
 from mongocdc_core.pipeline import Bound, CapturePipeline
 from mongocdc_core.positions import Position
@@ -40,10 +41,12 @@ from mongocdc_core.source.incremental import (
 )
 from mongocdc_core.source.oplog import OplogWindow
 from mongocdc_core.source.ranges import IdRange, plan_ranges
+from mongocdc_core.source.signals import SignalRead, read_signal_inserts
 from mongocdc_core.source.snapshot import (
     MARK_TRUE,
     captured_collections,
     collection_filter,
+    estimate_count,
     read_at_cluster_time,
     record_start,
 )
@@ -56,14 +59,17 @@ __all__ = [
     "IdRange",
     "IncrementalSnapshotResult",
     "OplogWindow",
+    "SignalRead",
     "SliceResult",
     "SnapshotReadUnavailable",
     "SnapshotResult",
     "current_cluster_time",
+    "estimated_counts",
     "incremental_snapshot_collection",
     "list_captured_collections",
     "oplog_window",
     "plan_snapshot_ranges",
+    "read_signals",
     "snapshot_collection",
     "stream_window",
 ]
@@ -94,9 +100,13 @@ class SliceResult:
 
 
 @contextmanager
-def _pipeline(cfg: ConnectorConfig, sink: Sink, progress: ProgressListener | None = None) -> Iterator[CapturePipeline]:
-    """A connected capture pipeline with a fresh dispatcher (no offsets: callers keep positions)."""
-    with CapturePipeline(cfg, sink, progress=progress) as pipeline:
+def _pipeline(
+    cfg: ConnectorConfig, sink: Sink, progress: ProgressListener | None = None, metrics: ConnectorMetrics | None = None
+) -> Iterator[CapturePipeline]:
+    """A connected capture pipeline with a fresh dispatcher (no offsets: callers keep positions).
+
+    ``metrics`` lets the caller read Debezium's snapshot and streaming metrics of the call afterwards."""
+    with CapturePipeline(cfg, sink, progress=progress, metrics=metrics) as pipeline:
         pipeline.open_dispatcher(Offset())
         yield pipeline
 
@@ -136,6 +146,26 @@ def oplog_window(cfg: ConnectorConfig) -> OplogWindow:
     return window
 
 
+def estimated_counts(cfg: ConnectorConfig, namespaces: Sequence[str]) -> dict[str, int | None]:
+    """Each collection's document count for progress totals (estimated; exact under a filter override)."""
+    with CapturePipeline(cfg, _NoSink()) as pipeline:
+        return {ns: estimate_count(pipeline.client, cfg, ns) for ns in namespaces}
+
+
+def read_signals(
+    cfg: ConnectorConfig, *, resume_after: dict[str, Any] | None = None, start_at: Timestamp | None = None,
+    limit: int = 100,
+) -> SignalRead:
+    """Signals inserted into ``signal.data.collection`` after a resume token (or from ``start_at``, else
+    from now), in insert order, up to the current cluster time; see ``source.signals.read_signal_inserts``."""
+    with CapturePipeline(cfg, _NoSink()) as pipeline:
+        until = _oplog.current_cluster_time(pipeline.client)
+        after_now = Timestamp(until.time, until.inc + 1)  # signals already inserted are not "from now"
+        return read_signal_inserts(pipeline.client, cfg, resume_after=resume_after,
+                                   start_at=start_at if start_at is not None or resume_after else after_now,
+                                   until=until, limit=limit)
+
+
 def current_cluster_time(cfg: ConnectorConfig) -> Timestamp:
     """The deployment's current clusterTime."""
     with CapturePipeline(cfg, _NoSink()) as pipeline:
@@ -160,6 +190,7 @@ def snapshot_collection(
     id_range: IdRange | None = None,
     progress: ProgressListener | None = None,
     at_cluster_time: Timestamp | None = None,
+    metrics: ConnectorMetrics | None = None,
 ) -> SnapshotResult:
     """Blocking snapshot of one collection into ``sink`` (flushed before returning).
 
@@ -177,7 +208,8 @@ def snapshot_collection(
     counting = _CountingSink(sink)
     if at_cluster_time is not None:
         return _snapshot_at(cfg, namespace, counting, at_cluster_time, filter, started)
-    with _pipeline(cfg, counting, progress) as pipeline:
+    with _pipeline(cfg, counting, progress, metrics) as pipeline:
+        pipeline.metrics.snapshot.start([namespace])
         start = record_start(pipeline.client, pipeline.client[db][coll])
         query = filter if filter is not None else collection_filter(cfg, namespace)
         if id_range is not None and not id_range.whole:
@@ -190,6 +222,7 @@ def snapshot_collection(
         )
         dispatcher = pipeline.dispatcher
         dispatcher.commit()
+        pipeline.metrics.snapshot.finish(aborted=False)
         if progress is not None:
             progress.snapshot_finished(True, dispatcher.snapshot_documents)
     return SnapshotResult(
@@ -263,10 +296,13 @@ def stream_window(
     sink: Sink,
     *,
     progress: ProgressListener | None = None,
+    metrics: ConnectorMetrics | None = None,
+    only: Iterable[str] | None = None,
 ) -> SliceResult:
     """Deliver the change events of clusterTime window ``[start, end)`` into ``sink``.
 
-    For one collection (or every captured one when ``namespace`` is None). The same window
+    For one collection (or every captured one when ``namespace`` is None, or those of them in
+    ``only``: one change stream serves many collections). The same window
     yields the same events as long as the oplog holds them; when ``start`` has left the oplog
     this raises ``HistoryLostError`` instead of returning a partial window. If ``end`` is in the
     future it waits until the cluster time passes it.
@@ -275,7 +311,7 @@ def stream_window(
         raise CdcError(f"window bounds must be bson.Timestamp values, got {start!r} and {end!r}")
     if _key(end) <= _key(start):
         raise CdcError(f"empty window: end {end} is not after start {start}")
-    with _pipeline(cfg, sink, progress) as pipeline:
+    with _pipeline(cfg, sink, progress, metrics) as pipeline:
         client = pipeline.client
         window = _oplog.oplog_window(client)
         if window is not None and not window.contains(start):
@@ -286,7 +322,7 @@ def stream_window(
         try:
             outcome = pipeline.stream(
                 StartPoint(start_at=start), Bound(), target=target, window_end=end,
-                accept=None if namespace is None else namespace.__eq__,
+                accept=namespace.__eq__ if namespace is not None else None if only is None else frozenset(only).__contains__,
             )
         except HistoryLostError as lost:
             raise HistoryLostError.for_window(start, end, lost.oplog_first) from lost
@@ -344,6 +380,7 @@ def incremental_snapshot_collection(
     filter: dict[str, Any] | None = None,  # noqa: A002 - the API's name
     progress: ProgressListener | None = None,
     state_path: str | os.PathLike[str] | None = None,
+    metrics: ConnectorMetrics | None = None,
 ) -> IncrementalSnapshotResult:
     """Incremental snapshot of one collection with its own change stream, into ``sink``.
 
@@ -366,7 +403,7 @@ def incremental_snapshot_collection(
     state_file = IncrementalStateFile(state_path) if state_path is not None else None
     signal_db, _, signal_coll = (cfg.signal_data_collection or "").partition(".")
     watched = {namespace} if read_only else {namespace, cfg.signal_data_collection}
-    with _pipeline(cfg, sink, progress) as pipeline:
+    with _pipeline(cfg, sink, progress, metrics) as pipeline:
         client = pipeline.client
         target: Collection[Any] | Database[Any] | MongoClient[Any]
         stages: list[dict[str, Any]] = []

@@ -1,66 +1,123 @@
-"""Asset checks over the landed history: continuity of slices and freshness of the latest slice.
+"""Asset checks that stand on their own (runnable without materialising, e.g. from CI):
 
-The per-file checks (envelope validity, snapshot count) run inside the materialising run, see
-assets/cdc.py; these two look across partitions, so they read the instance.
+- ``matches_source`` on each ``current_state`` (blocking): the table equals the MongoDB collection as it
+  was at the table's position (``reconcile_at_position``), so it holds while writes continue and still
+  fails on a corrupted row; one result per collection.
+- ``no_gap_since_snapshot`` on each collection's slices (not blocking, on its own schedule): every closed
+  window since the collection's snapshot is landed. Cross-window, so it reads the instance, not a run.
+
+The per-file checks (envelopes, snapshot counts) run inside the materialising run, see assets/cdc.py;
+freshness is the translator's ``FreshnessPolicy``.
+
+No ``from __future__ import annotations``: Dagster resolves the resource annotations at definition time.
 """
 
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from collections.abc import Iterator
+from datetime import UTC, datetime
 
 from dagster import (
     AssetCheckExecutionContext,
+    AssetCheckKey,
     AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
+    AssetCheckSpec,
     MetadataValue,
-    asset_check,
+    multi_asset_check,
 )
+from dagster_pyspark import PySparkResource
+from pyspark.sql import SparkSession
 
+from mongocdc_core.tables.collection import reconcile_at_position
 from mongocdc_dagster.assets.cdc import CdcAssets
-from mongocdc_dagster.history import collection_histories, missing_windows
-from mongocdc_dagster.partitions import CdcPartitions
+from mongocdc_dagster.assets.tables import POOL_TABLES, TableAssets
+from mongocdc_dagster.history import collection_history, missing_windows
+from mongocdc_dagster.metadata import position_time
+from mongocdc_dagster.resources import MongoCdcResource
 
-FRESHNESS_WINDOWS = 2  # a collection is stale when its latest slice ended more than 2 windows ago
+RECONCILE_CHECK = "matches_source"
+GAP_CHECK = "no_gap_since_snapshot"
 
 
-def _md_list(items: dict[str, Any]) -> MetadataValue:
-    return MetadataValue.md("\n".join(f"- `{k}`: {v}" for k, v in items.items()) or "none")
+def build_reconciliation_check(tables: TableAssets) -> AssetChecksDefinition | None:
+    """``matches_source`` for every collection's current_state."""
+    specs = [
+        AssetCheckSpec(RECONCILE_CHECK, asset=key, blocking=True,
+                       description="current_state equals the collection as it was at the table's position "
+                                   "(keys changed since then are left out and counted)")
+        for key in tables.current_state_keys
+    ]
+    if not specs:
+        return None
+
+    @multi_asset_check(name="mongocdc_reconciliation", specs=specs, can_subset=True, pool=POOL_TABLES,
+                       description="Reconciles each selected current_state with MongoDB at the table's position.")
+    def reconciliation(
+        context: AssetCheckExecutionContext, mongocdc: MongoCdcResource, pyspark: PySparkResource
+    ) -> Iterator[AssetCheckResult]:
+        spark: SparkSession = pyspark.spark_session
+        cfg = mongocdc.load_config()
+        for check_key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.to_user_string()):
+            namespace = tables.current_state_keys[check_key.asset_key]
+            result = reconcile_at_position(spark, tables.tables[namespace], cfg)
+            where = position_time(result.position) or "no position (empty table)"
+            verdict = ("matches" if result.matches else
+                       f"DIFFERS at {len(result.mismatching_keys)} key(s): {', '.join(result.mismatching_keys[:5])}")
+            yield AssetCheckResult(
+                asset_key=check_key.asset_key,
+                check_name=RECONCILE_CHECK,
+                passed=result.matches,
+                severity=AssetCheckSeverity.ERROR,
+                description=(f"{namespace} at {where}: table {result.table_rows} rows, source {result.source_rows} "
+                             f"({result.method}); {verdict}"),
+                metadata={
+                    "collection": namespace,
+                    "position": where,
+                    "method": result.method,
+                    "table_rows": result.table_rows,
+                    "source_rows": result.source_rows,
+                    "keys_excluded": result.keys_excluded,
+                    "mismatching_keys": MetadataValue.json(list(result.mismatching_keys)),
+                },
+            )
+
+    return reconciliation
 
 
-def build_checks(assets: CdcAssets, partitions: CdcPartitions) -> list[AssetChecksDefinition]:
-    @asset_check(asset=assets.stream_slice_key, name="no_gap_since_snapshot",
-                 description="Every window between a collection's last full snapshot and its latest slice is landed.")
-    def no_gap(context: AssetCheckExecutionContext) -> AssetCheckResult:
-        histories = collection_histories(context.instance, partitions, assets.snapshot_keys, assets.stream_slice_key)
-        gaps = {ns: missing_windows(h, partitions) for ns, h in histories.items()}
-        gaps = {ns: keys for ns, keys in gaps.items() if keys}
-        return AssetCheckResult(
-            passed=not gaps,
-            metadata={"collections": len(histories), "collections_with_gaps": len(gaps),
-                      "missing_windows": _md_list({ns: ", ".join(keys[:10]) + (" ..." if len(keys) > 10 else "")
-                                                   for ns, keys in gaps.items()})},
-        )
+def build_gap_check(cdc: CdcAssets) -> AssetChecksDefinition | None:
+    """``no_gap_since_snapshot`` for every collection's slices."""
+    slices = cdc.keys_of("slices")
+    specs = [AssetCheckSpec(GAP_CHECK, asset=key, blocking=False,
+                            description="every closed window since the collection's snapshot is landed")
+             for key in slices]
+    if not specs:
+        return None
 
-    @asset_check(asset=assets.stream_slice_key, name="latest_slice_fresh",
-                 description=f"Each collection's latest slice ended at most {FRESHNESS_WINDOWS} windows ago.")
-    def fresh(context: AssetCheckExecutionContext) -> AssetCheckResult:
+    @multi_asset_check(name="mongocdc_continuity", specs=specs, can_subset=True,
+                       description="Finds windows missing between each collection's snapshot and now.")
+    def continuity(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
         now = datetime.now(UTC)
-        limit = timedelta(seconds=partitions.seconds * FRESHNESS_WINDOWS)
-        histories = collection_histories(context.instance, partitions, assets.snapshot_keys, assets.stream_slice_key)
-        lags: dict[str, str] = {}
-        stale: dict[str, str] = {}
-        for ns, history in histories.items():
-            if not history.window_keys:
-                stale[ns] = "no slice landed"
-                continue
-            lag = now - partitions.window(history.window_keys[-1]).end
-            lags[ns] = f"{lag.total_seconds():.0f} s"
-            if lag > limit:
-                stale[ns] = f"{lag.total_seconds():.0f} s behind"
-        return AssetCheckResult(
-            passed=not stale,
-            severity=AssetCheckSeverity.WARN,
-            metadata={"limit_s": limit.total_seconds(), "lag": _md_list(lags), "stale": _md_list(stale)},
-        )
+        for check_key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.to_user_string()):
+            namespace = slices[check_key.asset_key]
+            history = collection_history(context.instance, namespace, cdc.snapshot_keys(namespace),
+                                         check_key.asset_key, cdc.windows)
+            missing = missing_windows(history, cdc.windows, now)
+            since = position_time(history.snapshot) if history.snapshot else "its first landed window"
+            shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
+            yield AssetCheckResult(
+                asset_key=check_key.asset_key,
+                check_name=GAP_CHECK,
+                passed=not missing,
+                severity=AssetCheckSeverity.WARN,
+                description=(f"{namespace}: every closed window since {since} is landed" if not missing else
+                             f"{namespace}: {len(missing)} closed window(s) since {since} not landed: {shown}"),
+                metadata={"collection": namespace, "snapshot": since, "windows_landed": len(history.window_keys),
+                          "missing_windows": MetadataValue.json(missing[:200]), "missing_count": len(missing)},
+            )
 
-    return [no_gap, fresh]
+    return continuity
+
+
+def blocking_check_keys(checks: list[AssetChecksDefinition]) -> set[AssetCheckKey]:
+    """The checks whose failure blocks downstream assets (and fails the headless CI command)."""
+    return {spec.key for definition in checks for spec in definition.check_specs if spec.blocking}

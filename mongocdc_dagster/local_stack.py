@@ -2,7 +2,9 @@
 
 With neither ``MONGOCDC_CONFIG`` nor ``MONGOCDC_HOME`` set, the Dagster definitions point at the stack
 this module starts: the emulated replica set on 127.0.0.1:27117 (replica set ``rs0``), state and landing
-zone under ``.local/`` in the repository, and the connector config shipped next to this file.
+zone under ``.local/`` in the repository, and the connector config shipped next to this file. ``make dev``
+takes other ports and a home directory (``ARGS="--port 27200 --home /tmp/cdc"``), writes a connector
+config for the emulator it started, and keeps a ``DAGSTER_HOME`` that is already set.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EMULATOR_HOST = "127.0.0.1"
@@ -88,37 +92,64 @@ def seed_demo_data(uri: str) -> int:
         client.close()
 
 
+def write_local_config(path: Path, port: int) -> Path:
+    """The shipped connector config, pointed at the emulator on ``port``."""
+    config = orjson.loads(DEFAULT_CONFIG.read_bytes())
+    config["config"]["mongodb.connection.string"] = emulator_uri(port)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps(config, option=orjson.OPT_INDENT_2))
+    return path
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m mongocdc_dagster.local_stack",
         description="Start the emulated replica set, seed demo data, and run `dagster dev` against it.",
     )
-    parser.add_argument("--port", type=int, default=EMULATOR_PORT, help="emulator port (default 27117)")
+    parser.add_argument("--port", type=int, default=EMULATOR_PORT, help=f"emulator port (default {EMULATOR_PORT})")
     parser.add_argument("--dagster-port", type=int, default=3000, help="Dagster UI port (default 3000)")
+    parser.add_argument("--home", type=Path, default=DEFAULT_HOME,
+                        help="emulator data, landing zone and tables (default .local/; MONGOCDC_HOME wins when set)")
+    parser.add_argument("--dagster-home", type=Path, default=None,
+                        help="Dagster instance directory (default: DAGSTER_HOME when set, else <home>/dagster)")
     return parser.parse_args(argv)
+
+
+def prepare_dagster_home(path: Path) -> Path:
+    """An instance directory with the project's dagster.yaml (an existing one is kept) and the pool limits."""
+    path.mkdir(parents=True, exist_ok=True)
+    if not (path / "dagster.yaml").exists():
+        shutil.copyfile(DAGSTER_YAML, path / "dagster.yaml")
+    from dagster import DagsterInstance
+
+    from mongocdc_dagster.pools import configure_pools
+
+    with DagsterInstance.from_config(str(path)) as instance:
+        configure_pools(instance)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
     """`make dev`: emulator in the background, demo data, then `dagster dev` in the foreground."""
     args = _parse_args(argv)
-    dagster_home = LOCAL_DIR / "dagster"
-    dagster_home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(DAGSTER_YAML, dagster_home / "dagster.yaml")
+    home = Path(os.environ.get("MONGOCDC_HOME") or args.home).resolve()
+    dagster_home = prepare_dagster_home(
+        (args.dagster_home or Path(os.environ.get("DAGSTER_HOME") or home / "dagster")).resolve())
     # The emulator gets its own session so a Ctrl-C reaches Dagster only; it is stopped after Dagster exits,
     # letting sensors finish their calls while Dagster shuts down.
     emulator = subprocess.Popen(
         [sys.executable, "-m", "mongocdc_devstack.server", "--port", str(args.port),
-         "--replset", REPLICA_SET, "--dbpath", str(LOCAL_DIR / "mongo")],
+         "--replset", REPLICA_SET, "--dbpath", str(home / "mongo")],
         cwd=REPO_ROOT, start_new_session=True,
     )
     try:
         wait_for_port(EMULATOR_HOST, args.port, timeout=60)
         seeded = seed_demo_data(emulator_uri(args.port))
-        print(f"emulator on {emulator_uri(args.port)}; seeded {seeded} demo documents", flush=True)
-        env = dict(os.environ, DAGSTER_HOME=str(dagster_home))
-        env.setdefault("MONGOCDC_HOME", str(DEFAULT_HOME))
-        if args.port != EMULATOR_PORT and "MONGOCDC_CONFIG" not in env:
-            print("note: the shipped connector config points at port 27117", file=sys.stderr)
+        print(f"emulator on {emulator_uri(args.port)}; seeded {seeded} demo documents; "
+              f"home {home}; DAGSTER_HOME {dagster_home}", flush=True)
+        env = dict(os.environ, DAGSTER_HOME=str(dagster_home), MONGOCDC_HOME=str(home))
+        if "MONGOCDC_CONFIG" not in env:
+            env["MONGOCDC_CONFIG"] = str(write_local_config(home / "connector.json", args.port))
         dagster = subprocess.Popen(
             [str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1",
              "-p", str(args.dagster_port), "-w", str(WORKSPACE_YAML)],

@@ -1,65 +1,77 @@
-"""Partitions: a dynamic `collections` dimension, and collection x time window for stream slices."""
+"""Partitions: clusterTime windows for slices, and ``_id`` ranges for collections snapshotted in ranges."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
-from dagster import (
-    DynamicPartitionsDefinition,
-    MultiPartitionKey,
-    MultiPartitionsDefinition,
-    TimeWindow,
-    TimeWindowPartitionsDefinition,
-)
+from dagster import DynamicPartitionsDefinition, TimeWindow, TimeWindowPartitionsDefinition
 
-from mongocdc_dagster.settings import CdcSettings
+from mongocdc_dagster.discovery import DiscoveryState
+from mongocdc_dagster.settings import MAX_DEFAULT_WINDOWS, CdcSettings
+from mongocdc_dagster.translator import name_part
 
-COLLECTIONS_PARTITIONS_NAME = "collections"
-COLLECTION_DIM = "collection"
-WINDOW_DIM = "window"
 
-collections_partitions = DynamicPartitionsDefinition(name=COLLECTIONS_PARTITIONS_NAME)
+def floor_to(when: datetime, seconds: int) -> datetime:
+    """The window boundary at or before ``when`` (windows are aligned to the epoch in UTC)."""
+    ts = int(when.timestamp())
+    return datetime.fromtimestamp(ts - ts % seconds, UTC)
+
+
+def default_start(state: DiscoveryState, seconds: int) -> datetime:
+    """Where windows start when none is configured: the window holding the oplog's first entry (older
+    windows can only be read from a snapshot), at most MAX_DEFAULT_WINDOWS back; without an oplog to
+    read, the window of the discovery."""
+    newest = floor_to(state.discovered_at, seconds)
+    if state.oplog_first is None:
+        return newest
+    oldest = newest - timedelta(seconds=seconds * MAX_DEFAULT_WINDOWS)
+    return max(floor_to(state.oplog_first, seconds), oldest)
 
 
 @dataclass(frozen=True)
-class CdcPartitions:
-    """The partition definitions one set of CDC assets shares with its sensors, schedule and checks."""
+class SliceWindows:
+    """The time windows every collection's slices are partitioned by."""
 
-    collections: DynamicPartitionsDefinition
-    windows: TimeWindowPartitionsDefinition
-    slices: MultiPartitionsDefinition
+    definition: TimeWindowPartitionsDefinition
     seconds: int
+    cron: str
 
     @classmethod
-    def from_settings(cls, settings: CdcSettings) -> CdcPartitions:
-        windows = TimeWindowPartitionsDefinition(
-            start=settings.start,
-            fmt=settings.granularity.fmt,
-            cron_schedule=settings.granularity.cron,
-            timezone="UTC",
+    def build(cls, settings: CdcSettings, state: DiscoveryState) -> SliceWindows:
+        granularity = settings.granularity
+        start = settings.start or default_start(state, granularity.seconds)
+        definition = TimeWindowPartitionsDefinition(
+            start=start, fmt=granularity.fmt, cron_schedule=granularity.cron, timezone="UTC",
         )
-        slices = MultiPartitionsDefinition({COLLECTION_DIM: collections_partitions, WINDOW_DIM: windows})
-        return cls(collections_partitions, windows, slices, settings.granularity.seconds)
+        return cls(definition, granularity.seconds, granularity.cron)
 
-    def slice_key(self, namespace: str, window_key: str) -> MultiPartitionKey:
-        return MultiPartitionKey({COLLECTION_DIM: namespace, WINDOW_DIM: window_key})
+    @property
+    def start(self) -> datetime:
+        return self.definition.start
 
-    def split_slice_key(self, key: str) -> tuple[str, str]:
-        """(collection, window key) of a stream slice partition key."""
-        parsed = self.slices.get_partition_key_from_str(key)
-        dims = parsed.keys_by_dimension
-        return dims[COLLECTION_DIM], dims[WINDOW_DIM]
+    def window(self, key: str) -> TimeWindow:
+        return self.definition.time_window_for_partition_key(key)
 
-    def window(self, window_key: str) -> TimeWindow:
-        return self.windows.time_window_for_partition_key(window_key)
-
-    def window_key_containing(self, when: datetime) -> str | None:
-        """The key of the window that contains `when` (None before the first window)."""
-        if when < self.windows.start:
+    def key_containing(self, when: datetime) -> str | None:
+        """The key of the window that contains ``when`` (None before the first window)."""
+        if when < self.definition.start:
             return None
-        return self.windows.get_partition_key_for_timestamp(when.timestamp())
+        return self.definition.get_partition_key_for_timestamp(when.timestamp())
 
-    def latest_closed_window(self, now: datetime) -> str | None:
-        """The newest window that ended at or before `now` (what the schedule materialises)."""
-        return self.window_key_containing(now - timedelta(seconds=self.seconds))
+    def latest_closed(self, now: datetime) -> str | None:
+        """The newest window that ended at or before ``now`` (what the schedule materialises)."""
+        return self.key_containing(now - timedelta(seconds=self.seconds))
+
+    def keys_between(self, start: datetime, end: datetime) -> list[str]:
+        """Keys of the windows overlapping ``[start, end)``."""
+        return list(self.definition.get_partition_keys_in_time_window(TimeWindow(max(start, self.start), end)))
+
+
+def ranges_partitions_name(namespace: str) -> str:
+    return f"mongocdc_ranges__{name_part(namespace)}"
+
+
+def ranges_partitions(namespace: str) -> DynamicPartitionsDefinition:
+    """The ``_id`` ranges of one collection's current snapshot plan (keys ``<plan>-<i>-of-<n>``)."""
+    return DynamicPartitionsDefinition(name=ranges_partitions_name(namespace))

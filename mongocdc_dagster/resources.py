@@ -1,7 +1,8 @@
-"""Dagster resources: the CDC engine, the optional Kafka sink, and Spark.
+"""Dagster resources: the capture pipeline, the optional Kafka sink, and Spark.
 
 Like dagster-sling's ``SlingResource``, ``MongoCdcResource`` is the one place assets, sensors and checks
-reach the engine through, so a test or a deployment swaps the connector by swapping the resource.
+reach the engine through, so a test or a deployment swaps the connector by swapping the resource. It
+also owns the landing zone's layout (one file per partition, see ``contracts`` in the README).
 """
 
 from __future__ import annotations
@@ -21,49 +22,91 @@ from mongocdc_core.sinks.base import Sink
 from mongocdc_core.source.connection import open_client
 from mongocdc_dagster.settings import CdcSettings
 
+SNAPSHOT_FILE = "snapshot"
+RANGES_PREFIX = "ranges-"
+PLAN_FILE = "plan.json"
+
 
 class MongoCdcResource(ConfigurableResource):  # type: ignore[misc]
-    """The connector named by a `mongocdc run` config file, with its landing zone under `home`."""
+    """The connector named by a config file (or inline properties), with its landing zone under ``home``."""
 
-    config_path: str = Field(description="Debezium connector config (JSON or .properties), as `mongocdc run` takes")
-    home: str = Field(description="MONGOCDC_HOME: landing zone, tables and local state")
+    config_path: str | None = Field(
+        default=None, description="Debezium connector config (JSON or .properties), as `mongocdc run` takes")
+    connector_properties: dict[str, str] | None = Field(
+        default=None, description="the connector's Debezium properties inline (instead of config_path)")
+    home: str = Field(description="landing zone, tables and local state")
     mongodb_password: str | None = Field(
         default=None, description="Overrides mongodb.password; set it through EnvVar, never in code"
     )
 
+    @classmethod
+    def from_settings(cls, settings: CdcSettings, password: Any = None) -> MongoCdcResource:
+        return cls(
+            config_path=str(settings.config_path) if settings.config_path is not None else None,
+            connector_properties=dict(settings.properties) if settings.properties is not None else None,
+            home=str(settings.home),
+            mongodb_password=password,
+        )
+
     def load_config(self) -> ConnectorConfig:
         """The validated connector config, with the secret applied."""
-        cfg = ConnectorConfig.load(self.config_path)
+        if self.connector_properties is not None:
+            cfg = ConnectorConfig.from_dict(self.connector_properties)
+        elif self.config_path is not None:
+            cfg = ConnectorConfig.load(self.config_path)
+        else:
+            raise ValueError("the mongocdc resource needs config_path or connector_properties")
         if self.mongodb_password:
             cfg = cfg.with_properties({"mongodb.password": self.mongodb_password})
         return cfg
 
     @property
+    def describe(self) -> str:
+        """How the connector was named, for messages."""
+        return self.config_path or "the inline connector_properties"
+
+    # -- the landing zone ------------------------------------------------------------------------------
+
+    @property
     def landing_dir(self) -> Path:
         return Path(self.home) / "landing"
 
-    def snapshot_path(self, namespace: str, name: str) -> Path:
-        """Where one snapshot partition's single Parquet file lives."""
-        return self.landing_dir / "snapshot" / namespace / f"{name}.parquet"
+    def snapshot_dir(self, namespace: str) -> Path:
+        return self.landing_dir / "snapshot" / namespace
 
-    def incremental_snapshot_path(self, namespace: str, name: str) -> Path:
-        """Where one incremental snapshot partition's single Parquet file lives."""
+    def snapshot_path(self, namespace: str, name: str = SNAPSHOT_FILE) -> Path:
+        """Where one snapshot's single Parquet file lives (``snapshot`` or ``filtered-<hash>``)."""
+        return self.snapshot_dir(namespace) / f"{name}.parquet"
+
+    def ranges_dir(self, namespace: str, plan: str) -> Path:
+        """The folder of one range plan: ``plan.json`` and one file per range."""
+        return self.snapshot_dir(namespace) / f"{RANGES_PREFIX}{plan}"
+
+    def range_path(self, namespace: str, plan: str, index: int, count: int) -> Path:
+        return self.ranges_dir(namespace, plan) / f"range-{index:05d}-of-{count:05d}.parquet"
+
+    def incremental_snapshot_path(self, namespace: str, name: str = SNAPSHOT_FILE) -> Path:
         return self.landing_dir / "incremental_snapshot" / namespace / f"{name}.parquet"
 
     def slice_path(self, namespace: str, window_start: datetime) -> Path:
-        """Where one stream slice's single Parquet file lives (no ':' so Hadoop paths accept it)."""
+        """Where one window's single Parquet file lives (no ':' so Hadoop paths accept it)."""
         return self.landing_dir / "stream_slice" / namespace / f"{window_start.strftime('%Y%m%dT%H%M%SZ')}.parquet"
+
+    def landing_files(self, namespace: str) -> list[str]:
+        """Every landing file of one collection (snapshots, range files, incremental snapshots, slices)."""
+        folders = [self.landing_dir / kind / namespace for kind in ("snapshot", "incremental_snapshot", "stream_slice")]
+        return sorted(str(p.resolve()) for folder in folders if folder.is_dir()
+                      for p in folder.rglob("*.parquet") if not p.name.startswith("."))
+
+    # -- MongoDB ---------------------------------------------------------------------------------------
 
     def client(self) -> MongoClient[Any]:
         """A MongoClient built from the connector config (caller closes it)."""
         return open_client(self.load_config())
 
     def captured_collections(self, cfg: ConnectorConfig | None = None) -> list[str]:
-        """Captured `db.collection` names, without the signaling collection (it is not data)."""
-        cfg = cfg or self.load_config()
-        return [
-            ns for ns in api.list_captured_collections(cfg) if not cfg.is_signal_collection(*ns.split(".", 1))
-        ]
+        """Captured ``db.collection`` names (the signaling collection is not data)."""
+        return api.list_captured_collections(cfg or self.load_config())
 
     def oplog_window(self) -> api.OplogWindow:
         return api.oplog_window(self.load_config())
@@ -83,14 +126,15 @@ class MongoCdcKafkaResource(ConfigurableResource):  # type: ignore[misc]
         from mongocdc_core.sinks.factory import open_sink
 
         if not self.bootstrap_servers:
-            raise ValueError("the kafka resource has no bootstrap_servers; set MONGOCDC_KAFKA_BOOTSTRAP")
+            raise ValueError("the kafka resource has no bootstrap_servers; set kafka_bootstrap (MONGOCDC_KAFKA_BOOTSTRAP)")
         return open_sink(f"kafka:{self.bootstrap_servers}", cfg)
 
 
-def build_pyspark_resource(settings: CdcSettings, master: str) -> PySparkResource:
-    """Local-mode Spark by default; the same assets run on a cluster by changing `master`."""
+def build_pyspark_resource(settings: CdcSettings) -> PySparkResource:
+    """Local-mode Spark by default; the same assets run on a cluster by changing ``spark_master``."""
     from mongocdc_core.tables import spark_conf
 
+    master = settings.spark_master
     return PySparkResource(
         spark_config={
             **spark_conf(local_tuning=master.startswith("local")),

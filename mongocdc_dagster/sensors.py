@@ -1,15 +1,19 @@
 """Sensors: collection discovery, the signaling collection, and the oplog window.
 
-Each is built by a factory from the CDC assets and partitions it serves, like the sensors
-dagster integration libraries ship, so a second connector gets its own set with its own keys.
+Each is built by a factory from the assets it serves, like the sensors Dagster integration libraries
+ship, so a second connector gets its own set with its own keys.
 """
 
+from __future__ import annotations
+
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
-from bson import json_util
+from bson import Timestamp, json_util
 from dagster import (
     AddDynamicPartitionsRequest,
     AssetObservation,
@@ -27,178 +31,291 @@ from dagster import (
     sensor,
 )
 
-from mongocdc_core.source.signals import WATERMARK_CLOSE, WATERMARK_OPEN
-from mongocdc_dagster.assets.cdc import CdcAssets
-from mongocdc_dagster.history import collection_histories, known_collections, needed_window_start
-from mongocdc_dagster.partitions import COLLECTIONS_PARTITIONS_NAME, CdcPartitions
+from mongocdc_core import api
+from mongocdc_core.positions import Position
+from mongocdc_core.source.errors import CdcError, HistoryLostError
+from mongocdc_dagster.assets.cdc import CdcAssets, write_plan
+from mongocdc_dagster.discovery import DiscoveryState
+from mongocdc_dagster.history import collection_history, needed_window_start
+from mongocdc_dagster.metadata import position_time
+from mongocdc_dagster.partitions import ranges_partitions_name
 from mongocdc_dagster.resources import MongoCdcResource
 from mongocdc_dagster.signals import EXECUTE, SignalError, SnapshotSignal, parse_signal, signal_id_of
+from mongocdc_dagster.translator import CdcKind, tag_value
 
 SIGNAL_BATCH = 100
-# Incremental snapshots write their chunk watermarks (string _ids) into the same collection; they are
-# not requests, and skipping them keeps the _id cursor on the signals' own _id type.
-_NOT_WATERMARK = {"type": {"$nin": [WATERMARK_OPEN, WATERMARK_CLOSE]}}
-WARN_FRACTION = 0.25  # warn when the next needed window is in the oldest quarter of the oplog
+#: Signals for collections the definitions do not have yet are held this long, then dropped with an error.
+HOLD_FOR = timedelta(days=7)
+MAX_HELD = 200
+WARN_FRACTION = 0.25  # warn when a collection's next needed window is in the oldest quarter of the oplog
+OBSERVE_EVERY_S = 300
 _ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 
 TAG_KIND = "mongocdc/kind"
 TAG_COLLECTION = "mongocdc/collection"
 TAG_SIGNAL = "mongocdc/signal_id"
+TAG_SIGNAL_POSITION = "mongocdc/signal_position"
 TAG_SNAPSHOT_TYPE = "mongocdc/snapshot_type"
 
 
-def build_discovery_sensor(interval_s: int) -> SensorDefinition:
-    """Keeps the dynamic `collections` partitions equal to the captured collections."""
+def _names(items: Sequence[str], limit: int = 8) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def build_discovery_sensor(interval_s: int, state: DiscoveryState, cdc: CdcAssets,
+                           ranged: dict[str, int]) -> SensorDefinition:
+    """Compares what MongoDB captures now with the collections the definitions were built for, and plans
+    the ``_id`` ranges of ranged collections that have none yet."""
+    loaded = set(state.namespaces)
 
     @sensor(name="mongocdc_collection_discovery", minimum_interval_seconds=interval_s,
             default_status=DefaultSensorStatus.RUNNING,
-            description="Adds and removes `collections` partitions from the connector's include/exclude filters.")
+            description="Tells when captured collections differ from the loaded definitions (reload to pick "
+                        "them up) and plans the _id ranges of collections snapshotted in ranges.")
     def discovery(context: SensorEvaluationContext, mongocdc: MongoCdcResource) -> SensorResult | SkipReason:
-        wanted = set(mongocdc.captured_collections())
-        existing = set(context.instance.get_dynamic_partitions(COLLECTIONS_PARTITIONS_NAME))
-        added, removed = sorted(wanted - existing), sorted(existing - wanted)
-        if not added and not removed:
-            return SkipReason(f"{len(existing)} captured collections, unchanged")
+        try:
+            now = set(mongocdc.captured_collections())
+        except CdcError as exc:
+            return SkipReason(f"MongoDB did not answer, so the captured collections are unknown this tick: {exc}")
+        added, removed = sorted(now - loaded), sorted(loaded - now)
         requests: list[AddDynamicPartitionsRequest | DeleteDynamicPartitionsRequest] = []
+        planned: list[str] = []
+        for namespace, split_size in sorted(ranged.items()):
+            if namespace not in loaded or namespace not in now:
+                continue
+            name = ranges_partitions_name(namespace)
+            if context.instance.get_dynamic_partitions(name):
+                continue
+            keys = write_plan(mongocdc, namespace, split_size)
+            requests.append(AddDynamicPartitionsRequest(name, keys))
+            planned.append(f"{namespace} into {len(keys)} _id range(s)")
+        words: list[str] = []
+        if state.error:
+            words.append(f"the definitions were loaded while MongoDB could not be listed ({state.error}); "
+                         "reload the code location to build the collections' assets")
         if added:
-            context.log.info(f"new captured collections: {', '.join(added)}")
-            requests.append(AddDynamicPartitionsRequest(COLLECTIONS_PARTITIONS_NAME, added))
+            words.append(f"{len(added)} captured collection(s) have no assets yet: {_names(added)}; reload the code "
+                         "location to add them (snapshot signals for them are held until then)")
         if removed:
-            context.log.info(f"collections no longer captured: {', '.join(removed)}")
-            requests.append(DeleteDynamicPartitionsRequest(COLLECTIONS_PARTITIONS_NAME, removed))
-        return SensorResult(dynamic_partitions_requests=requests)
+            words.append(f"{len(removed)} collection(s) with assets are no longer captured: {_names(removed)}; "
+                         "reload the code location to remove them (their landed files stay)")
+        if planned:
+            words.append(f"planned the snapshot ranges of {', '.join(planned)}")
+        for line in words:
+            context.log.warning(line) if (added or removed or state.error) else context.log.info(line)
+        if not words:
+            words.append(f"no change: MongoDB captures the same {len(now)} collection(s) the definitions were built "
+                         f"for ({_names(sorted(now))})" if now else
+                         "no change: the connector's filters capture no collection yet")
+        text = "; ".join(words)
+        return SensorResult(dynamic_partitions_requests=requests, skip_reason=text) if requests else SkipReason(text)
 
     return discovery
 
 
-def _cursor(last_id: Any) -> str:
-    return json_util.dumps({"last_id": last_id})
+# -- signals ----------------------------------------------------------------------------------------------
 
 
-def _run_snapshot_type(run_tags: dict[str, str], asset_selection: Any, assets: CdcAssets) -> str | None:
+@dataclass(frozen=True)
+class _Pending:
+    """A signal read from the collection and not acted on yet (``held_since`` set: waiting for its collections)."""
+
+    document: dict[str, Any]
+    position: Position
+    held_since: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"doc": json_util.dumps(self.document), "position": self.position.to_str(), "held_since": self.held_since}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> _Pending:
+        return cls(json_util.loads(data["doc"]), Position.parse(data["position"]), data.get("held_since"))
+
+
+def _after(read: api.SignalRead, fallback: Timestamp | None = None) -> Timestamp:
+    """The cluster time a read without a resume token continues from: past what it read completely."""
+    if read.complete or fallback is None:
+        return Timestamp(read.until.time, read.until.inc + 1)
+    return fallback
+
+
+def _signal_cursor(token: dict[str, Any] | None, at: Timestamp, held: list[_Pending]) -> str:
+    """Where the next tick continues: after ``token``, or (no token from the server) from cluster time ``at``."""
+    return orjson.dumps({"token": json_util.dumps(token) if token else None, "at": [at.time, at.inc],
+                         "held": [h.to_json() for h in held]}).decode()
+
+
+def _run_snapshot_type(run_tags: dict[str, str], asset_selection: Any, cdc: CdcAssets) -> str | None:
     if TAG_SNAPSHOT_TYPE in run_tags:
         return run_tags[TAG_SNAPSHOT_TYPE]
-    if asset_selection and assets.snapshot_key in asset_selection:
+    selection = set(asset_selection or ())
+    if selection & set(cdc.keys_of("snapshot")):
         return "blocking"
-    if asset_selection and assets.incremental_snapshot_key in asset_selection:
+    if selection & set(cdc.keys_of("incremental_snapshot")):
         return "incremental"
     return None
 
 
-def _stop_runs(context: SensorEvaluationContext, signal: SnapshotSignal, assets: CdcAssets) -> list[str]:
-    """Cancel in-flight snapshot runs of the signal's type whose collection the signal matches."""
+def _stop_runs(context: SensorEvaluationContext, signal: SnapshotSignal, cdc: CdcAssets) -> list[str]:
+    """Cancel in-flight snapshot runs of the signal's type that snapshot a collection the signal matches."""
+    owners = {**cdc.keys_of("snapshot"), **cdc.keys_of("incremental_snapshot")}
     stopped: list[str] = []
     for run in context.instance.get_runs(filters=RunsFilter(statuses=_ACTIVE)):
-        kind = _run_snapshot_type(dict(run.tags), run.asset_selection, assets)
-        if kind is None or (signal.snapshot_type is not None and kind != signal.snapshot_type):
+        kind = _run_snapshot_type(dict(run.tags), run.asset_selection, cdc)
+        if kind is None or kind != signal.snapshot_type:
             continue
-        namespace = run.tags.get(TAG_COLLECTION) or run.tags.get("dagster/partition")
-        if namespace is None or not signal.matches(namespace):
+        namespaces = {owners[k] for k in (run.asset_selection or ()) if k in owners}
+        if not any(signal.matches(ns) for ns in namespaces):
             continue
         context.instance.run_coordinator.cancel_run(run.run_id)
         stopped.append(run.run_id)
     return stopped
 
 
-def build_signal_sensor(interval_s: int, assets: CdcAssets) -> SensorDefinition:
-    """Turns execute-snapshot / stop-snapshot signals into runs / cancellations, one run per signal and collection.
+def _snapshot_run(signal: SnapshotSignal, position: Position, namespaces: list[str], cdc: CdcAssets,
+                  context: SensorEvaluationContext) -> list[RunRequest]:
+    """One run for the signal (per range of a collection snapshotted in ranges, which fan out)."""
+    kind: CdcKind = "incremental_snapshot" if signal.snapshot_type == "incremental" else "snapshot"
+    op = "mongocdc_incremental_snapshot" if kind == "incremental_snapshot" else "mongocdc_snapshot"
+    filters = {ns: text for ns in namespaces if (text := signal.condition_for(ns)) is not None}
+    tags = {TAG_KIND: kind, TAG_SIGNAL: tag_value(signal.signal_id), TAG_SIGNAL_POSITION: position.to_str(),
+            TAG_SNAPSHOT_TYPE: signal.snapshot_type, TAG_COLLECTION: tag_value(_names(namespaces, 2))}
+    config = {"filters": filters, "signal_id": signal.signal_id}
+    plain = [ns for ns in namespaces if not (kind == "snapshot" and ns in cdc.ranged)]
+    requests: list[RunRequest] = []
+    if plain:
+        requests.append(RunRequest(
+            run_key=f"signal:{position.to_str()}", asset_selection=[cdc.key(ns, kind) for ns in plain],
+            run_config={"ops": {op: {"config": config}}}, tags=tags,
+        ))
+    for ns in namespaces:
+        if ns in plain:
+            continue
+        definition = cdc.ranged[ns]
+        name = definition.op.name
+        for key in context.instance.get_dynamic_partitions(ranges_partitions_name(ns)):
+            requests.append(RunRequest(
+                run_key=f"signal:{position.to_str()}:{key}", asset_selection=[cdc.key(ns, "snapshot")], partition_key=key,
+                run_config={"ops": {name: {"config": config}}}, tags={**tags, TAG_COLLECTION: tag_value(ns)},
+            ))
+    return requests
 
-    The first tick only records the newest existing `_id`; later ticks read at most SIGNAL_BATCH newer
-    signals in `_id` order and the cursor holds the `_id` of the last one handled. Run keys
-    `<signal _id>:<collection>` make a signal launch at most once even if the cursor is rewound. Signals
-    are expected to share one `_id` type (ObjectId when the inserts omit it).
+
+def build_signal_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefinition:
+    """Turns execute-snapshot / stop-snapshot signals into runs / cancellations: one run per signal.
+
+    The signaling collection is followed by its change stream (the cursor holds the resume token), so
+    signals are taken in the order they were inserted, whatever the type of their ``_id``; the run key is
+    the insert's position, so a signal launches once. The first tick starts from now (like Debezium's
+    source channel, signals sent before the sensor started are not replayed). A signal naming a
+    collection the definitions do not have yet (new, or not captured) is logged and held in the cursor
+    until the code location is reloaded with it, for up to HOLD_FOR.
     """
-    @sensor(name="mongocdc_signals", minimum_interval_seconds=interval_s,
-            default_status=DefaultSensorStatus.RUNNING, target=AssetSelection.assets(*assets.snapshot_keys),
-            description="Reads Debezium snapshot signals from signal.data.collection.")
+
+    snapshots = [*cdc.keys_of("snapshot"), *cdc.keys_of("incremental_snapshot")]
+
+    @sensor(name="mongocdc_signals", minimum_interval_seconds=interval_s, default_status=DefaultSensorStatus.RUNNING,
+            target=AssetSelection.assets(*snapshots) if snapshots else None,
+            description="Reads Debezium snapshot signals from signal.data.collection, in insert order.")
     def signals(context: SensorEvaluationContext, mongocdc: MongoCdcResource) -> SensorResult | SkipReason:
         cfg = mongocdc.load_config()
         if not cfg.signal_data_collection:
             return SkipReason("signal.data.collection is not set in the connector config")
         if "source" not in cfg.signal_enabled_channels:
             return SkipReason(f"the source signal channel is not enabled ({', '.join(cfg.signal_enabled_channels)})")
-        db, _, coll = cfg.signal_data_collection.partition(".")
-        client = mongocdc.client()
-        try:
-            signals_coll = client[db][coll]
-            if not context.cursor:
-                # Like Debezium's source channel, only signals sent after the sensor started count: a new or
-                # reset sensor must not replay the collection's history.
-                newest = signals_coll.find_one(_NOT_WATERMARK, {"_id": 1}, sort=[("_id", -1)])
-                last = None if newest is None else newest["_id"]
-                return SensorResult(skip_reason=f"started; signals up to _id {last!r} predate the sensor",
-                                    cursor=_cursor(last))
-            last_id = json_util.loads(context.cursor)["last_id"]
-            query = dict(_NOT_WATERMARK) if last_id is None else {**_NOT_WATERMARK, "_id": {"$gt": last_id}}
-            docs = list(signals_coll.find(query).sort("_id", 1).limit(SIGNAL_BATCH))
-        finally:
-            client.close()
-        if not docs:
-            return SkipReason("no new signals")
-        collections = known_collections(context.instance)
-        captured: list[str] | None = None
-        run_requests: list[RunRequest] = []
-        new_partitions: set[str] = set()
+        previous = orjson.loads(context.cursor) if context.cursor else None
+        if not isinstance(previous, dict) or "at" not in previous:  # first tick, or a cursor of an older version
+            read = api.read_signals(cfg, limit=0)
+            return SensorResult(skip_reason="started: signals inserted from now on are acted on",
+                                cursor=_signal_cursor(read.resume_token, _after(read), []))
+        token = json_util.loads(previous["token"]) if previous.get("token") else None
+        at = Timestamp(*previous["at"])
+        held = [_Pending.from_json(h) for h in previous.get("held", [])]
         notes: list[str] = []
-        for doc in docs:
+        try:
+            read = api.read_signals(cfg, resume_after=token, start_at=None if token else at, limit=SIGNAL_BATCH)
+        except HistoryLostError as exc:
+            message = (f"signals inserted while the sensor was not reading left the oplog and are lost ({exc}); "
+                       "following the signaling collection from now")
+            context.log.error(message)
+            read = api.read_signals(cfg, limit=0)
+            return SensorResult(skip_reason=message, cursor=_signal_cursor(read.resume_token, _after(read), held))
+        pending = held + [_Pending(i.document, i.position) for i in read.inserts]
+        captured: list[str] | None = None
+        loaded = set(cdc.namespaces)
+        still_held: list[_Pending] = []
+        run_requests: list[RunRequest] = []
+        now = time.time()
+        for item in pending:
+            doc_id = signal_id_of(item.document)
             try:
-                signal = parse_signal(doc)
+                signal = parse_signal(item.document)
             except SignalError as exc:
                 context.log.warning(f"malformed signal skipped: {exc}")
-                notes.append(f"malformed: {exc}")
+                notes.append(f"malformed signal {doc_id}: {exc}")
                 continue
             if signal is None:
-                notes.append(f"signal {signal_id_of(doc)} of type {doc.get('type')!r} is not for Dagster")
+                notes.append(f"signal {doc_id} of type {item.document.get('type')!r} is not for Dagster")
                 continue
             if signal.action != EXECUTE:
-                stopped = _stop_runs(context, signal, assets)
-                context.log.info(f"stop-snapshot {signal.signal_id}: cancelled {len(stopped)} run(s) {stopped}")
-                notes.append(f"stop-snapshot {signal.signal_id} cancelled {len(stopped)} run(s)")
+                stopped = _stop_runs(context, signal, cdc)
+                context.log.info(f"stop-snapshot {doc_id}: cancelled {len(stopped)} run(s) {stopped}")
+                notes.append(f"stop-snapshot {doc_id} cancelled {len(stopped)} run(s)")
                 continue
             if captured is None:
                 captured = mongocdc.captured_collections(cfg)
             matched = signal.matching(captured)
-            if not matched:
-                notes.append(f"signal {signal.signal_id} matches no captured collection")
+            missing = [ns for ns in matched if ns not in loaded] + signal.unmatched_names(captured)
+            if missing or not matched:
+                waited = 0.0 if item.held_since is None else now - item.held_since
+                what = (f"names {_names(missing)}, which the definitions do not have yet" if missing else
+                        "matches no captured collection")
+                if waited > HOLD_FOR.total_seconds():
+                    context.log.error(f"signal {doc_id} dropped after being held {HOLD_FOR.days} days: it {what}")
+                    notes.append(f"signal {doc_id} dropped: it {what}")
+                    continue
+                if item.held_since is None:
+                    context.log.warning(f"signal {doc_id} {what}; held until the code location is reloaded with "
+                                        "its collections")
+                still_held.append(_Pending(item.document, item.position, item.held_since or now))
+                notes.append(f"signal {doc_id} held: it {what}")
                 continue
-            key = assets.incremental_snapshot_key if signal.snapshot_type == "incremental" else assets.snapshot_key
-            for namespace in matched:
-                if namespace not in collections:
-                    new_partitions.add(namespace)
-                filter_text = signal.condition_for(namespace)
-                run_requests.append(RunRequest(
-                    run_key=f"{signal.signal_id}:{namespace}",
-                    partition_key=namespace,
-                    asset_selection=[key],
-                    run_config={"ops": {"_".join(key.path): {"config": {
-                        "filter": filter_text, "signal_id": signal.signal_id}}}},
-                    tags={TAG_KIND: key.path[-1], TAG_COLLECTION: namespace, TAG_SIGNAL: signal.signal_id,
-                          TAG_SNAPSHOT_TYPE: signal.snapshot_type or "incremental"},
-                ))
-            context.log.info(f"execute-snapshot {signal.signal_id}: {signal.snapshot_type} snapshot of {matched}")
-        cursor = _cursor(docs[-1]["_id"])
-        partition_requests = (
-            [AddDynamicPartitionsRequest(COLLECTIONS_PARTITIONS_NAME, sorted(new_partitions))] if new_partitions else []
-        )
+            requests = _snapshot_run(signal, item.position, matched, cdc, context)
+            run_requests += requests
+            context.log.info(f"execute-snapshot {doc_id} (inserted at {position_time(item.position)}): "
+                             f"{signal.snapshot_type} snapshot of {_names(matched)}")
+        if len(still_held) > MAX_HELD:
+            dropped = still_held[:-MAX_HELD]
+            context.log.error(f"{len(dropped)} held signal(s) dropped: more than {MAX_HELD} are waiting")
+            still_held = still_held[-MAX_HELD:]
+        cursor = _signal_cursor(read.resume_token or token, _after(read, at), still_held)
         if run_requests:
-            return SensorResult(run_requests=run_requests, cursor=cursor, dynamic_partitions_requests=partition_requests)
-        return SensorResult(skip_reason="; ".join(notes) or "no snapshot requests", cursor=cursor,
-                            dynamic_partitions_requests=partition_requests)
+            return SensorResult(run_requests=run_requests, cursor=cursor)
+        text = "; ".join(notes) or ("no new signals" if read.complete else
+                                    "no new signals yet (the signaling collection's stream has not reached now)")
+        return SensorResult(skip_reason=text, cursor=cursor)
 
     return signals
 
 
-def build_oplog_window_sensor(interval_s: int, assets: CdcAssets, partitions: CdcPartitions) -> SensorDefinition:
-    """Observes the oplog window and each collection's lag; re-snapshots collections whose history was lost.
+# -- the oplog window -----------------------------------------------------------------------------------
 
-    A collection's next slice must start where its landed history ends (see `needed_window_start`). When
-    that point is in the oldest WARN_FRACTION of the oplog it warns; once it has left the oplog the
-    missing changes can only be recovered by a new snapshot, so it requests one for just those collections.
+
+def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefinition:
+    """Watches the oplog window against each collection's landed history.
+
+    A collection's next slice must start where its landed history ends (after its last window, or at
+    its snapshot position when that is newer). When that point is in the oldest WARN_FRACTION of the
+    oplog it warns; when it has left the oplog the changes in between are lost, and only then it
+    requests a new snapshot of that collection. Collections never snapshotted have nothing to lose.
     """
 
+    snapshots = list(cdc.keys_of("snapshot"))
+
     @sensor(name="mongocdc_oplog_window", minimum_interval_seconds=interval_s,
-            default_status=DefaultSensorStatus.RUNNING, target=AssetSelection.assets(assets.snapshot_key),
-            description="Oplog window size, growth and per-collection lag; re-snapshots after history loss.")
+            default_status=DefaultSensorStatus.RUNNING, target=AssetSelection.assets(*snapshots) if snapshots else None,
+            description="Oplog window size and per-collection lag; re-snapshots a collection only after a real gap.")
     def oplog_window(context: SensorEvaluationContext, mongocdc: MongoCdcResource) -> SensorResult:
         window = mongocdc.oplog_window()
         now = datetime.now(UTC)
@@ -208,57 +325,72 @@ def build_oplog_window_sensor(interval_s: int, assets: CdcAssets, partitions: Cd
         growth: float | None = None
         if previous is not None and now.timestamp() > previous["at"]:
             growth = (window.size_bytes - previous["size"]) / ((now.timestamp() - previous["at"]) / 3600)
-        metadata: dict[str, Any] = {
-            "oplog_window_hours": round(window.hours, 4),
-            "oplog_first": MetadataValue.timestamp(first),
-            "oplog_last": MetadataValue.timestamp(last),
-            "oplog_size_bytes": window.size_bytes,
-            "oplog_max_bytes": window.max_bytes,
-            "oplog_growth_bytes_per_hour": None if growth is None else round(growth, 1),
-        }
-        margin = timedelta(seconds=max(partitions.seconds, (last - first).total_seconds() * WARN_FRACTION))
+        margin = timedelta(seconds=max(cdc.windows.seconds, (last - first).total_seconds() * WARN_FRACTION))
         lost: list[str] = []
         at_risk: list[str] = []
+        lags: dict[str, float] = {}
         run_requests: list[RunRequest] = []
-        histories = collection_histories(context.instance, partitions, assets.snapshot_keys, assets.stream_slice_key)
-        for namespace, history in histories.items():
+        for namespace in cdc.namespaces:
+            slices_key = cdc.key(namespace, "slices")
+            history = collection_history(context.instance, namespace, cdc.snapshot_keys(namespace), slices_key,
+                                         cdc.windows)
             if history.window_keys:
-                end = partitions.window(history.window_keys[-1]).end
-                metadata[f"lag_s/{namespace}"] = round((now - end).total_seconds(), 1)
-            needed = needed_window_start(history, partitions)
+                lags[namespace] = round((now - cdc.windows.window(history.window_keys[-1]).end).total_seconds(), 1)
+            needed = needed_window_start(history, cdc.windows)
             if needed is None:
                 continue
             if needed < first:
                 lost.append(namespace)
+                if namespace in cdc.ranged:
+                    context.log.error(f"{namespace}: history lost; plan its ranges again and backfill them")
+                    continue
                 run_requests.append(RunRequest(
                     run_key=f"resnapshot:{namespace}:{int(needed.timestamp())}",
-                    partition_key=namespace, asset_selection=[assets.snapshot_key],
-                    tags={TAG_KIND: "snapshot", TAG_COLLECTION: namespace, "mongocdc/reason": "history_lost"},
+                    asset_selection=[cdc.key(namespace, "snapshot")],
+                    tags={TAG_KIND: "snapshot", TAG_COLLECTION: tag_value(namespace), "mongocdc/reason": "history_lost"},
                 ))
             elif needed - first < margin:
                 at_risk.append(namespace)
         for namespace in at_risk:
             context.log.warning(
-                f"{namespace}: the next unmaterialised window starts close to the oplog start ({first.isoformat()}); "
-                "materialise its stream slices soon or its history will be lost"
-            )
+                f"{namespace}: its next window to land starts close to the oplog start ({first.isoformat()}); "
+                "land its slices soon or its history will be lost")
         for namespace in lost:
-            context.log.error(f"{namespace}: unmaterialised history has left the oplog; requesting a new snapshot")
-        metadata["collections_at_risk"] = ", ".join(at_risk) or "none"
-        metadata["collections_history_lost"] = ", ".join(lost) or "none"
-        cursor = orjson.dumps({"at": now.timestamp(), "size": window.size_bytes}).decode()
-        observation = AssetObservation(asset_key=assets.stream_slice_key, metadata=metadata)
+            context.log.error(f"{namespace}: changes not landed have left the oplog (it starts at {first.isoformat()}); "
+                              "requesting a new snapshot")
+        observe = previous is None or now.timestamp() - previous.get("observed", 0) >= OBSERVE_EVERY_S or lost or at_risk
+        events: list[AssetObservation] = []
+        if observe:
+            common: dict[str, Any] = {
+                "oplog_window_hours": round(window.hours, 4),
+                "oplog_first": MetadataValue.timestamp(first),
+                "oplog_last": MetadataValue.timestamp(last),
+                "oplog_size_bytes": window.size_bytes,
+                "oplog_max_bytes": window.max_bytes,
+                "oplog_growth_bytes_per_hour": None if growth is None else round(growth, 1),
+            }
+            for namespace in cdc.namespaces:
+                events.append(AssetObservation(asset_key=cdc.key(namespace, "slices"), metadata={
+                    **common, "lag_s": lags.get(namespace), "history_lost": namespace in lost,
+                    "at_risk": namespace in at_risk}))
+        cursor = orjson.dumps({"at": now.timestamp(), "size": window.size_bytes,
+                               "observed": now.timestamp() if observe else previous.get("observed", 0) if previous else 0
+                               }).decode()
         if run_requests:
-            return SensorResult(run_requests=run_requests, asset_events=[observation], cursor=cursor)
-        summary = f"oplog window {window.hours:.2f} h; at risk: {metadata['collections_at_risk']}"
-        return SensorResult(skip_reason=summary, asset_events=[observation], cursor=cursor)
+            return SensorResult(run_requests=run_requests, asset_events=events, cursor=cursor)
+        summary = (f"oplog window {window.hours:.2f} h; no collection lost history"
+                   + (f"; at risk: {_names(at_risk)}" if at_risk else "")
+                   + ("" if not lost else f"; lost (ranged, see log): {_names(lost)}"))
+        return SensorResult(skip_reason=summary, asset_events=events, cursor=cursor)
 
     return oplog_window
 
 
-def build_sensors(interval_s: int, assets: CdcAssets, partitions: CdcPartitions) -> Sequence[SensorDefinition]:
+def build_sensors(interval_s: int, state: DiscoveryState, cdc: CdcAssets,
+                  ranged: dict[str, int]) -> list[SensorDefinition]:
     return [
-        build_discovery_sensor(interval_s),
-        build_signal_sensor(interval_s, assets),
-        build_oplog_window_sensor(interval_s, assets, partitions),
+        build_discovery_sensor(interval_s, state, cdc, ranged),
+        build_signal_sensor(interval_s, cdc),
+        build_oplog_window_sensor(interval_s, cdc),
     ]
+

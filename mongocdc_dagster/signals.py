@@ -18,6 +18,7 @@ from mongocdc_core.source.signals import (
     SNAPSHOT_BLOCKING,
     SignalError,
     collection_pattern,
+    literal_namespace,
     parse_execute_snapshot,
     parse_signal_document,
     parse_stop_snapshot,
@@ -40,6 +41,14 @@ class SnapshotSignal:
     snapshot_type: SnapshotType
     patterns: tuple[re.Pattern[str], ...] | None  # None: every collection (stop-snapshot only)
     conditions: tuple[tuple[str, str], ...] = ()  # (data-collection entry, filter as extended JSON)
+    entries: tuple[str, ...] = ()  # the data-collections entries as sent
+
+    def unmatched_names(self, namespaces: Iterable[str]) -> list[str]:
+        """Entries that name one collection (not a pattern) matching none of ``namespaces``: collections
+        that do not exist yet, or that the connector does not capture."""
+        names = list(namespaces)
+        return [name for entry in self.entries if (name := literal_namespace(entry)) is not None
+                and not any(collection_pattern(entry).fullmatch(ns) for ns in names)]
 
     def matches(self, namespace: str) -> bool:
         return self.patterns is None or any(p.fullmatch(namespace) for p in self.patterns)
@@ -55,11 +64,13 @@ class SnapshotSignal:
 
 
 def signal_id_of(doc: Mapping[str, Any]) -> str:
-    """The signal's `_id` as text: ObjectId hex, or the string / number itself."""
+    """The signal's `_id` as a person reads it: ObjectId hex, a string in quotes, a number as is."""
     value = doc.get("_id")
     if isinstance(value, ObjectId):
         return str(value)
-    if isinstance(value, str | int):
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, int):
         return str(value)
     return json_util.dumps(value)
 
@@ -76,6 +87,7 @@ def parse_signal(doc: Mapping[str, Any]) -> SnapshotSignal | None:
             snapshot_type="blocking" if request.snapshot_type == SNAPSHOT_BLOCKING else "incremental",
             patterns=tuple(collection_pattern(entry) for entry in request.collections),
             conditions=tuple((entry, json_util.dumps(query)) for entry, query in request.conditions),
+            entries=tuple(request.collections),
         )
     if kind == STOP:
         stop = parse_stop_snapshot(signal)

@@ -1,96 +1,191 @@
-"""Maps the connector's CDC outputs to Dagster asset specs; subclass it to rename, regroup or retag.
+"""Maps each captured collection's CDC outputs to Dagster asset specs; subclass it to rename, regroup or retag.
 
-Modelled on ``DagsterSlingTranslator``: every aspect of a spec has its own overridable method, and
-``get_asset_spec`` assembles them. Collections are partitions of these assets, not separate assets, so
-per-collection facts go in ``get_collection_metadata`` which each materialisation carries.
+Modelled on ``DagsterSlingTranslator``: :meth:`MongoCdcTranslator.get_asset_spec` is the one override
+point, and the default implementation assembles it from small methods (key, group, tags, kinds,
+description, metadata, dependencies, freshness, automation). Every collection gets one asset per kind:
+
+=====================  =======================================================  ===================
+kind                   what it is                                               default key
+=====================  =======================================================  ===================
+snapshot               blocking snapshot (one file, or one file per _id range)  ``<db>/<coll>/snapshot``
+incremental_snapshot   chunked, watermarked snapshot                            ``…/incremental_snapshot``
+slices                 change events per clusterTime window (partitioned)       ``…/slices``
+changelog              Delta table of every event (reads the three above)       ``…/changelog``
+current_state          Delta table, one row per document (reads changelog)      ``…/current_state``
+=====================  =======================================================  ===================
+
+Dependencies are built from the keys this same translator gives the upstream kinds, so renaming a
+key renames the edges too.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any, Literal
 
-from dagster import AssetKey, AssetSpec, MetadataValue
+from dagster import (
+    AssetDep,
+    AssetKey,
+    AssetSpec,
+    AutomationCondition,
+    FreshnessPolicy,
+    MetadataValue,
+    TableColumn,
+    TableSchema,
+)
 
-from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.events.naming import TopicNamingStrategy
+from mongocdc_core.sinks.parquet import LANDING_SCHEMA
 
-CdcKind = Literal["snapshot", "incremental_snapshot", "stream_slice"]
+CdcKind = Literal["snapshot", "incremental_snapshot", "slices", "changelog", "current_state"]
+CDC_KINDS: tuple[CdcKind, ...] = ("snapshot", "incremental_snapshot", "slices")
+TABLE_KINDS: tuple[CdcKind, ...] = ("changelog", "current_state")
 _TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 
-_DESCRIPTIONS: dict[str, str] = {
+_DESCRIPTIONS: dict[CdcKind, str] = {
     "snapshot": (
-        "Blocking snapshot of one collection: every document as a Debezium read (`op: r`) record, all "
-        "carrying the cluster position taken before the copy started."
+        "Blocking snapshot of `{ns}`: every document as a Debezium read (`op: r`) record, all carrying the "
+        "cluster position taken before the copy started."
     ),
-    "incremental_snapshot": (
-        "Incremental (chunked, watermarked) snapshot of one collection, readable while streaming continues."
+    "incremental_snapshot": "Incremental (chunked, watermarked) snapshot of `{ns}`, readable while streaming continues.",
+    "slices": (
+        "Change events of `{ns}` in half-open clusterTime windows [start, end) as Debezium change event records; "
+        "re-materialising a window yields the same events while the oplog holds them."
     ),
-    "stream_slice": (
-        "Change events of one collection in the half-open clusterTime window [start, end) as Debezium "
-        "change event records; re-materialising a window yields the same events while the oplog holds them."
-    ),
+    "changelog": "Every change event of `{ns}` as a Delta table (one row per event, with its position).",
+    "current_state": "The latest version of every document of `{ns}` as a Delta table (highest position wins).",
 }
 
 
-@dataclass(frozen=True)
-class CdcAssetProps:
-    """What the translator knows about one CDC output of one connector."""
-
-    kind: CdcKind
-    connector_name: str
-    topic_prefix: str
-    landing_dir: str
-    topics: TopicNamingStrategy = field(compare=False, repr=False)
-
-    @classmethod
-    def from_config(cls, kind: CdcKind, cfg: ConnectorConfig, landing_dir: str) -> CdcAssetProps:
-        return cls(kind, cfg.name or cfg.topic_prefix, cfg.topic_prefix, landing_dir, cfg.topic_naming())
-
-
-def _tag_value(text: str) -> str:
+def tag_value(text: str) -> str:
     """Dagster tag values allow letters, digits, `_.-` and at most 63 characters."""
     return _TAG_UNSAFE.sub("_", text)[:63]
 
 
+def name_part(text: str) -> str:
+    """A piece of a Dagster name (group, op, job): letters, digits and underscores."""
+    return _NAME_UNSAFE.sub("_", text)
+
+
+@dataclass(frozen=True)
+class MongoCdcAssetProps:
+    """What the translator knows about one output of one collection.
+
+    ``landing_dir`` is the landing zone folder of the kind (CDC kinds) and ``table_root`` where the
+    Delta tables live (table kinds); ``slice_seconds`` is the window length of the slices.
+    """
+
+    kind: CdcKind
+    namespace: str
+    connector_name: str
+    topic: str
+    landing_dir: str
+    table_root: str
+    slice_seconds: int
+    estimated_documents: int | None = None
+
+    @property
+    def database(self) -> str:
+        return self.namespace.partition(".")[0]
+
+    @property
+    def collection(self) -> str:
+        return self.namespace.partition(".")[2]
+
+    def of_kind(self, kind: CdcKind) -> MongoCdcAssetProps:
+        """The same collection's props for another kind (to name a dependency)."""
+        return replace(self, kind=kind)
+
+
 class MongoCdcTranslator:
-    """Default naming: keys `["mongocdc", <kind>]`, group `mongocdc`, kinds mongodb and parquet."""
+    """Default naming: keys ``<db>/<coll>/<kind>``, group ``<db>``, kinds mongodb+parquet or spark+delta."""
 
-    key_prefix: Sequence[str] = ("mongocdc",)
+    key_prefix: Sequence[str] = ()
 
-    def get_asset_key(self, props: CdcAssetProps) -> AssetKey:
-        return AssetKey([*self.key_prefix, props.kind])
+    def get_asset_key(self, props: MongoCdcAssetProps) -> AssetKey:
+        return AssetKey([*self.key_prefix, props.database, props.collection, props.kind])
 
-    def get_group_name(self, props: CdcAssetProps) -> str:
-        return "mongocdc"
+    def get_group_name(self, props: MongoCdcAssetProps) -> str:
+        return name_part(props.database)
 
-    def get_tags(self, props: CdcAssetProps) -> Mapping[str, str]:
-        return {"mongocdc/kind": props.kind, "mongocdc/connector": _tag_value(props.connector_name)}
-
-    def get_kinds(self, props: CdcAssetProps) -> set[str]:
-        return {"mongodb", "parquet"}
-
-    def get_owners(self, props: CdcAssetProps) -> Sequence[str]:
-        return []
-
-    def get_description(self, props: CdcAssetProps) -> str:
-        return _DESCRIPTIONS[props.kind]
-
-    def get_metadata(self, props: CdcAssetProps) -> Mapping[str, Any]:
+    def get_tags(self, props: MongoCdcAssetProps) -> Mapping[str, str]:
         return {
-            "mongocdc/connector": props.connector_name,
-            "mongocdc/topic_prefix": props.topic_prefix,
-            "mongocdc/landing": MetadataValue.path(f"{props.landing_dir}/{props.kind}"),
+            "mongocdc/kind": props.kind,
+            "mongocdc/collection": tag_value(props.namespace),
+            "mongocdc/connector": tag_value(props.connector_name),
         }
 
-    def get_collection_metadata(self, props: CdcAssetProps, namespace: str) -> Mapping[str, Any]:
-        """Facts about one collection attached to each of its materialisations."""
-        db, _, coll = namespace.partition(".")
-        return {"collection": namespace, "database": db, "topic": props.topics.data_change_topic(db, coll)}
+    def get_kinds(self, props: MongoCdcAssetProps) -> set[str]:
+        return {"spark", "delta"} if props.kind in TABLE_KINDS else {"mongodb", "parquet"}
 
-    def get_asset_spec(self, props: CdcAssetProps) -> AssetSpec:
+    def get_owners(self, props: MongoCdcAssetProps) -> Sequence[str]:
+        return []
+
+    def get_description(self, props: MongoCdcAssetProps) -> str:
+        return _DESCRIPTIONS[props.kind].format(ns=props.namespace)
+
+    def get_table_name(self, props: MongoCdcAssetProps) -> str | None:
+        """The Delta table's name (table kinds): ``<db>__<coll>__changelog`` / ``__current``."""
+        if props.kind == "changelog":
+            return f"{props.database}__{props.collection}__changelog"
+        if props.kind == "current_state":
+            return f"{props.database}__{props.collection}__current"
+        return None
+
+    def get_metadata(self, props: MongoCdcAssetProps) -> Mapping[str, Any]:
+        meta: dict[str, Any] = {
+            "mongocdc/collection": props.namespace,
+            "mongocdc/connector": props.connector_name,
+            "mongocdc/topic": props.topic,
+        }
+        if props.kind in TABLE_KINDS:
+            name = self.get_table_name(props)
+            if name is not None:
+                meta["dagster/table_name"] = name
+                meta["dagster/uri"] = MetadataValue.path(f"{props.table_root.rstrip('/')}/{name}")
+        else:
+            meta["dagster/uri"] = MetadataValue.path(f"{props.landing_dir}/{props.namespace}")
+            # every landing file of every CDC kind has the same columns (the engine's Parquet sink)
+            meta["dagster/column_schema"] = TableSchema(
+                columns=[TableColumn(f.name, str(f.type)) for f in LANDING_SCHEMA]
+            )
+        if props.estimated_documents is not None:
+            meta["mongocdc/estimated_documents"] = props.estimated_documents
+        return meta
+
+    def get_deps(self, props: MongoCdcAssetProps) -> Sequence[AssetDep]:
+        """changelog reads the three landing kinds; current_state reads changelog."""
+        upstream: tuple[CdcKind, ...] = ()
+        if props.kind == "changelog":
+            upstream = CDC_KINDS
+        elif props.kind == "current_state":
+            upstream = ("changelog",)
+        return [AssetDep(self.get_asset_spec(props.of_kind(kind)).key) for kind in upstream]
+
+    def get_freshness_policy(self, props: MongoCdcAssetProps) -> FreshnessPolicy | None:
+        """Slices and tables should be no older than two windows (warn after one and a half)."""
+        if props.kind in ("slices", "changelog", "current_state"):
+            window = timedelta(seconds=props.slice_seconds)
+            return FreshnessPolicy.time_window(fail_window=window * 2, warn_window=window * 3 / 2)
+        return None
+
+    def get_automation_condition(self, props: MongoCdcAssetProps) -> AutomationCondition | None:
+        """Tables refresh when what they read was updated (a slice landed, a snapshot finished)."""
+        if props.kind in TABLE_KINDS:
+            # eager() without "no dependency missing": a table depends on every window of the slices,
+            # and old windows are never all materialised
+            return (
+                (AutomationCondition.newly_missing() | AutomationCondition.any_deps_updated()).since_last_handled()
+                & ~AutomationCondition.any_deps_in_progress()
+                & ~AutomationCondition.in_progress()
+            ).with_label("refresh when upstream lands")
+        return None
+
+    def get_asset_spec(self, props: MongoCdcAssetProps) -> AssetSpec:
+        """The one override point: everything Dagster shows about this output."""
         return AssetSpec(
             key=self.get_asset_key(props),
             group_name=self.get_group_name(props),
@@ -99,4 +194,7 @@ class MongoCdcTranslator:
             owners=self.get_owners(props),
             description=self.get_description(props),
             metadata=self.get_metadata(props),
+            deps=self.get_deps(props),
+            freshness_policy=self.get_freshness_policy(props),
+            automation_condition=self.get_automation_condition(props),
         )

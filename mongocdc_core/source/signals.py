@@ -26,9 +26,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
-from bson import json_util
+from bson import Timestamp, json_util
+from pymongo import MongoClient
+from pymongo.errors import OperationFailure
 
+from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.positions import Position, token_timestamp
 from mongocdc_core.quoting import QUOTE_LIMIT, TEXT_LIMIT, bounded, quote
+from mongocdc_core.source.errors import CdcError, HistoryLostError
 
 log = logging.getLogger("mongocdc.signals")
 
@@ -688,3 +693,79 @@ class FileSignalChannel(threading.Thread):
                 count += 1
                 self.processor.receive_json(line, CHANNEL_FILE, id=f"file-{self.path.name}-{number}")
         return count
+
+
+# -- the source channel, read by position (for orchestrators) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class SignalInsert:
+    """A document inserted into the signaling collection, with the position of its insert."""
+
+    document: dict[str, Any]
+    position: Position
+    token: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SignalRead:
+    """Signals read from one position on; ``resume_token`` is where the next read continues.
+
+    ``complete`` says the read reached ``until`` (every signal inserted before it is in ``inserts``).
+    """
+
+    inserts: list[SignalInsert]
+    resume_token: dict[str, Any] | None
+    complete: bool
+    until: Timestamp
+
+
+def read_signal_inserts(
+    client: MongoClient[Any],
+    cfg: ConnectorConfig,
+    *,
+    resume_after: Mapping[str, Any] | None,
+    start_at: Timestamp | None,
+    until: Timestamp,
+    limit: int,
+    wait_s: float = 5.0,
+) -> SignalRead:
+    """The signals inserted after ``resume_after`` (or from ``start_at``) up to ``until``, in insert order.
+
+    The signaling collection is followed by its change stream, so signals are found by the position
+    of their insert, whatever type their ``_id`` has; incremental-snapshot watermarks are left out.
+    Stops after ``limit`` signals, at ``until``, or after ``wait_s`` without reaching it. A resume
+    token that left the oplog raises ``HistoryLostError`` (signals in between were purged).
+    """
+    if not cfg.signal_data_collection:
+        raise CdcError("signal.data.collection is not set")
+    db, _, coll = cfg.signal_data_collection.partition(".")
+    options: dict[str, Any] = {"start_after": dict(resume_after)} if resume_after else {"start_at_operation_time": start_at}
+    match = {"$match": {"operationType": "insert", "fullDocument.type": {"$nin": sorted(WATERMARK_TYPES)}}}
+    inserts: list[SignalInsert] = []
+    deadline = time.monotonic() + wait_s
+    complete = False
+    try:
+        with client[db][coll].watch([match], max_await_time_ms=200, **options) as stream:
+            while len(inserts) < limit:
+                change = stream.try_next()
+                if change is not None:
+                    inserts.append(SignalInsert(dict(change["fullDocument"]),
+                                                Position.from_timestamp(change["clusterTime"]), dict(change["_id"])))
+                    continue
+                reached = token_timestamp(dict(stream.resume_token) if stream.resume_token else None)
+                if reached is not None and (reached.time, reached.inc) >= (until.time, until.inc):
+                    complete = True
+                    break
+                if time.monotonic() > deadline:
+                    break
+            token = stream.resume_token
+    except OperationFailure as exc:
+        if exc.code in (136, 286) or "ChangeStreamHistoryLost" in str(exc):
+            raise HistoryLostError(
+                f"the signaling collection's position {token_timestamp(dict(resume_after)) if resume_after else start_at} "
+                f"left the oplog before its signals were read: {exc}",
+                position=token_timestamp(dict(resume_after)) if resume_after else start_at,
+            ) from exc
+        raise
+    return SignalRead(inserts, dict(token) if token else None, complete, until)

@@ -97,7 +97,7 @@ _MANIFEST_SCHEMA = T.StructType(
     ]
 )
 _SINGLE_SNAPSHOT = re.compile(r"(?:^|/)snapshot/(?P<ns>[^/]+)/snapshot\.parquet$")
-_RANGE_SNAPSHOT = re.compile(r"(?:^|/)snapshot/(?P<ns>[^/]+)/ranges-(?P<plan>[^/]+)/0*(?P<i>\d+)-of-0*(?P<n>\d+)\.parquet$")
+_RANGE_SNAPSHOT = re.compile(r"(?:^|/)snapshot/(?P<ns>[^/]+)/ranges-(?P<plan>[^/]+)/(?:range-)?0*(?P<i>\d+)-of-0*(?P<n>\d+)\.parquet$")
 
 
 class TableInputError(ValueError):
@@ -187,7 +187,8 @@ def snapshot_part(path: str, namespace: str) -> tuple[str, int, int] | None:
     """``(plan, part, parts)`` when ``path`` is (part of) a full snapshot of ``namespace``, else None.
 
     ``…/snapshot/<ns>/snapshot.parquet`` is a whole snapshot (plan ``""``, part 1 of 1);
-    ``…/snapshot/<ns>/ranges-<plan>/<i>-of-<n>.parquet`` is range ``i`` of ``n`` of one plan.
+    ``…/snapshot/<ns>/ranges-<plan>/[range-]<i>-of-<n>.parquet`` is range ``i`` of ``n`` of one plan
+    (the Dagster range assets write ``range-<iiiii>-of-<nnnnn>.parquet``).
     """
     normalized = path.replace("\\", "/")
     single = _SINGLE_SNAPSHOT.search(normalized)

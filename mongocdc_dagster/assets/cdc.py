@@ -1,19 +1,24 @@
-"""The CDC assets: `snapshot`, `incremental_snapshot` (per collection), `stream_slice` (collection x window).
+"""The CDC assets, one per collection and kind: snapshot, incremental_snapshot and slices.
 
-Each materialisation writes exactly one Parquet file for its partition through
-``ParquetSink.to_file`` (temp file + rename at close), so re-running a partition replaces its file and
-a failed run leaves the previous one in place. Like dagster-sling's assets, each run yields a
-``MaterializeResult`` with metadata and the in-run asset check results for the file it wrote.
+Each kind is one subsettable ``@multi_asset`` over every discovered collection, so one run serves any
+selection: the schedule's run lands the closed window of every collection from one change stream, a
+backfill of many windows of one collection runs once (``BackfillPolicy.single_run``) and still writes
+one file per window. A collection listed in ``ranged_snapshots`` has a snapshot asset of its own,
+partitioned by ``_id`` range, so a backfill copies its ranges as separate runs in parallel.
+
+Every materialisation writes exactly one Parquet file per partition (``ParquetSink.to_file``: a temp
+file renamed at close), so a re-run replaces its file and a failed run leaves the previous one.
 
 No ``from __future__ import annotations`` here: Dagster reads the annotations (Config, resources) at
 definition time and cannot resolve them from strings.
 """
 
 import hashlib
+import shutil
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,16 +26,21 @@ from typing import Any
 import orjson
 from bson import Timestamp, json_util
 from dagster import (
+    AssetCheckKey,
     AssetCheckResult,
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
+    AssetMaterialization,
     AssetsDefinition,
+    AssetSpec,
+    BackfillPolicy,
     Config,
     Failure,
     MaterializeResult,
     MetadataValue,
+    TimeWindow,
     multi_asset,
 )
 from pydantic import Field
@@ -38,25 +48,37 @@ from pydantic import Field
 from mongocdc_core import api
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events.records import Record
+from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.base import Sink
 from mongocdc_core.sinks.parquet import ParquetSink
 from mongocdc_core.sinks.tee import TeeSink
+from mongocdc_core.source.ranges import IdRange
+from mongocdc_dagster.discovery import DiscoveryState
+from mongocdc_dagster.history import COVERS_FROM, PARTIAL, snapshot_position
 from mongocdc_dagster.landing import EnvelopeReport, Expectation, count_rows_at, live_keys, validate_file
-from mongocdc_dagster.partitions import CdcPartitions
+from mongocdc_dagster.metadata import metrics_metadata, position_metadata, position_time
+from mongocdc_dagster.partitions import SliceWindows, ranges_partitions
 from mongocdc_dagster.progress import RunLogProgress
-from mongocdc_dagster.resources import MongoCdcKafkaResource, MongoCdcResource
-from mongocdc_dagster.translator import CdcAssetProps, MongoCdcTranslator
+from mongocdc_dagster.resources import PLAN_FILE, RANGES_PREFIX, MongoCdcKafkaResource, MongoCdcResource
+from mongocdc_dagster.routing import RouteTarget, WindowRouter
+from mongocdc_dagster.settings import CdcSettings
+from mongocdc_dagster.translator import CDC_KINDS, CdcKind, MongoCdcAssetProps, MongoCdcTranslator, name_part
 
 ENVELOPE_CHECK = "landing_envelopes"
 COUNT_CHECK = "source_count"
+#: Pools (instance concurrency limits, `dagster instance concurrency set <pool> <n>`): they apply to every run,
+#: launched from the UI, by a backfill, a schedule or a sensor.
+POOL_SNAPSHOTS = "mongocdc_snapshots"
+POOL_SNAPSHOT_RANGES = "mongocdc_snapshot_ranges"
+POOL_SLICES = "mongocdc_slices"
 
 
 class SnapshotConfig(Config):  # type: ignore[misc]
-    """Run config a signal-triggered snapshot carries (empty for a plain partition run)."""
+    """Run config a signal-triggered snapshot carries (empty for a plain run)."""
 
-    filter: str | None = Field(
-        default=None, description="MongoDB query (extended JSON) selecting the documents to copy"
+    filters: dict[str, str] = Field(
+        default_factory=dict, description="collection -> MongoDB query (extended JSON) selecting the documents to copy"
     )
     signal_id: str | None = Field(default=None, description="the execute-snapshot signal that asked for this run")
 
@@ -100,7 +122,7 @@ def snapshot_file_name(filter_text: str | None) -> str:
 
 
 @contextmanager
-def _landing_sink(path: Path, kafka: MongoCdcKafkaResource, cfg: ConnectorConfig) -> Iterator[Sink]:
+def landing_sink(path: Path, kafka: MongoCdcKafkaResource, cfg: ConnectorConfig) -> Iterator[Sink]:
     """A partition's single landing file (and Kafka when configured): moved into place when the block
     succeeds, discarded when it fails, so a failed run never replaces the previous file."""
     parquet = ParquetSink.to_file(path)
@@ -113,12 +135,14 @@ def _landing_sink(path: Path, kafka: MongoCdcKafkaResource, cfg: ConnectorConfig
         raise
 
 
-def _require_captured(mongocdc: MongoCdcResource, cfg: ConnectorConfig, namespace: str) -> None:
-    captured = mongocdc.captured_collections(cfg)
-    if namespace not in captured:
+def _require_captured(mongocdc: MongoCdcResource, cfg: ConnectorConfig, namespaces: Sequence[str]) -> None:
+    captured = set(mongocdc.captured_collections(cfg))
+    missing = [ns for ns in namespaces if ns not in captured]
+    if missing:
         raise Failure(
-            f"collection {namespace!r} is not captured by {mongocdc.config_path} "
-            f"(captured: {', '.join(captured) or 'none'}); check the include/exclude lists",
+            f"collection(s) {', '.join(repr(ns) for ns in missing)} not captured by {mongocdc.describe} "
+            f"(captured now: {', '.join(sorted(captured)) or 'none'}); check the include/exclude lists, or "
+            "reload the code location if a collection was dropped",
             allow_retries=False,
         )
 
@@ -127,11 +151,12 @@ def _token_json(token: Mapping[str, Any] | None) -> str | None:
     return None if token is None else json_util.dumps(token)
 
 
-def _envelope_result(key: AssetKey, report: EnvelopeReport) -> AssetCheckResult:
+def envelope_result(key: AssetKey, report: EnvelopeReport, what: str = "") -> AssetCheckResult:
     return AssetCheckResult(
         asset_key=key,
         check_name=ENVELOPE_CHECK,
         passed=report.passed,
+        description=f"{report.rows} rows{what}, {report.invalid} invalid",
         metadata={"rows": report.rows, "invalid_rows": report.invalid,
                   "problems": MetadataValue.md("\n".join(f"- {p}" for p in report.problems) or "none")},
     )
@@ -159,9 +184,11 @@ def source_count_result(
         now = client[db][coll].count_documents(filter_doc or {})
     finally:
         client.close()
-    metadata: dict[str, Any] = {"documents_in_file": in_file, "source_count_now": now, "position": str(position)}
+    metadata: dict[str, Any] = {"documents_in_file": in_file, "source_count_now": now,
+                                "position": position_time(position)}
     if in_file == now:
-        return AssetCheckResult(asset_key=key, check_name=COUNT_CHECK, passed=True, metadata=metadata)
+        return AssetCheckResult(asset_key=key, check_name=COUNT_CHECK, passed=True, metadata=metadata,
+                                description=f"{in_file} documents, as in the source")
     counter = _CountingSink()
     now_ts = api.current_cluster_time(cfg)
     # the window is half-open: end one increment past now so a write at exactly `now` is counted
@@ -170,194 +197,532 @@ def source_count_result(
     expected = now - inserts + deletes
     metadata.update({"inserts_since": inserts, "deletes_since": deletes, "expected_at_position": expected})
     passed = expected == in_file
-    metadata["explanation"] = (
+    explanation = (
         f"{now} documents now; {inserts} inserted and {deletes} deleted since the snapshot position, "
         f"so {expected} existed at it; the snapshot holds {in_file}"
         + ("" if filter_doc is None else " (filtered: updates may move documents across the filter)")
     )
+    metadata["explanation"] = explanation
     return AssetCheckResult(
-        asset_key=key, check_name=COUNT_CHECK, passed=passed, metadata=metadata,
+        asset_key=key, check_name=COUNT_CHECK, passed=passed, metadata=metadata, description=explanation,
         severity=AssetCheckSeverity.WARN if filter_doc is not None else AssetCheckSeverity.ERROR,
     )
 
 
+def remove_superseded(mongocdc: MongoCdcResource, namespace: str, keep: Path) -> list[str]:
+    """After a full snapshot landed (``keep``: its file or its plan folder), delete the collection's other
+    full snapshots (``snapshot.parquet``, older range plans): the tables drop their rows, so a document
+    deleted while history was lost cannot come back from an old snapshot. Filtered snapshots stay."""
+    removed: list[str] = []
+    folder = mongocdc.snapshot_dir(namespace)
+    if not folder.is_dir():
+        return removed
+    for entry in folder.iterdir():
+        if entry == keep:
+            continue
+        if entry.is_dir() and entry.name.startswith(RANGES_PREFIX):
+            shutil.rmtree(entry)
+            removed.append(str(entry))
+        elif entry.name == "snapshot.parquet":
+            entry.unlink()
+            removed.append(str(entry))
+    return removed
+
+
+# -- stream windows and what may be read of them -------------------------------------------------------
+
+
+def _ts(when: datetime) -> Timestamp:
+    return Timestamp(int(when.timestamp()), 0)
+
+
+def _key(ts: Timestamp) -> tuple[int, int]:
+    return (ts.time, ts.inc)
+
+
 @dataclass(frozen=True)
+class WindowRead:
+    """How one window of one collection is read: from ``start`` (the window start, or the snapshot
+    position when the start left the oplog), or not at all (``gap``: a real loss of history)."""
+
+    window_key: str
+    window: TimeWindow
+    start: Timestamp
+    from_snapshot: Position | None = None
+    gap: str | None = None
+
+    @property
+    def end(self) -> Timestamp:
+        return _ts(self.window.end)
+
+    def read_from(self) -> str:
+        if self.from_snapshot is None:
+            return "window start"
+        if _key(self.from_snapshot.timestamp) >= _key(self.end):
+            return (f"nothing: the window's start left the oplog, and the collection's snapshot at "
+                    f"{position_time(self.from_snapshot)} is after the window, so it covers the window")
+        return (f"the snapshot position {position_time(self.from_snapshot)}: the window's start left the oplog, "
+                "and the snapshot covers what came before it")
+
+
+def plan_window_read(window_key: str, window: TimeWindow, oplog_first: Timestamp,
+                     snapshot: Position | None) -> WindowRead:
+    """A window reads from its start while the oplog holds it. When the start has left the oplog, the
+    collection's snapshot covers the window if its position is inside or after the window (and the oplog
+    still holds the snapshot position): it reads from there. Anything else is a real gap."""
+    start = _ts(window.start)
+    if _key(start) >= _key(oplog_first):
+        return WindowRead(window_key, window, start)
+    if snapshot is not None and _key(snapshot.timestamp) >= _key(start):
+        if _key(snapshot.timestamp) >= _key(_ts(window.end)):
+            return WindowRead(window_key, window, _ts(window.end), from_snapshot=snapshot)
+        if _key(snapshot.timestamp) >= _key(oplog_first):
+            return WindowRead(window_key, window, snapshot.timestamp, from_snapshot=snapshot)
+    oplog = datetime.fromtimestamp(oplog_first.time, UTC).isoformat()
+    why = ("the collection has no snapshot" if snapshot is None else
+           f"its snapshot at {position_time(snapshot)} is older than the window" if _key(snapshot.timestamp) < _key(start)
+           else f"its snapshot at {position_time(snapshot)} is older than the oplog")
+    return WindowRead(window_key, window, start, gap=(
+        f"history lost: the oplog starts at {oplog}, after the window's start {window.start.isoformat()}, and {why}; "
+        "snapshot the collection again (its snapshot then covers the lost window)"))
+
+
+# -- the assets ------------------------------------------------------------------------------------------
+
+
+@dataclass
 class CdcAssets:
-    """The CDC asset definitions and the keys sensors, schedules and checks target."""
+    """The CDC asset definitions and, per collection, the keys of its kinds."""
 
-    snapshot: AssetsDefinition
-    incremental_snapshot: AssetsDefinition
-    stream_slice: AssetsDefinition
-    snapshot_key: AssetKey
-    incremental_snapshot_key: AssetKey
-    stream_slice_key: AssetKey
+    windows: SliceWindows
+    definitions: list[AssetsDefinition] = field(default_factory=list)
+    keys: dict[tuple[str, CdcKind], AssetKey] = field(default_factory=dict)
+    ranged: dict[str, AssetsDefinition] = field(default_factory=dict)
+    snapshot: AssetsDefinition | None = None
+    incremental_snapshot: AssetsDefinition | None = None
+    slices: AssetsDefinition | None = None
+
+    def key(self, namespace: str, kind: CdcKind) -> AssetKey:
+        return self.keys[(namespace, kind)]
+
+    def keys_of(self, kind: CdcKind) -> dict[AssetKey, str]:
+        """Asset key -> namespace for one kind."""
+        return {key: ns for (ns, k), key in self.keys.items() if k == kind}
+
+    def snapshot_keys(self, namespace: str) -> list[AssetKey]:
+        """Both snapshot kinds of a collection: either one covers it."""
+        return [self.key(namespace, "snapshot"), self.key(namespace, "incremental_snapshot")]
 
     @property
-    def snapshot_keys(self) -> list[AssetKey]:
-        """Both snapshot kinds: either one resets a collection's baseline."""
-        return [self.snapshot_key, self.incremental_snapshot_key]
+    def namespaces(self) -> list[str]:
+        return sorted({ns for ns, _ in self.keys})
 
-    @property
-    def assets(self) -> list[AssetsDefinition]:
-        return [self.snapshot, self.incremental_snapshot, self.stream_slice]
+
+def collection_props(kind: CdcKind, namespace: str, cfg: ConnectorConfig, settings: CdcSettings,
+                     state: DiscoveryState) -> MongoCdcAssetProps:
+    db, _, coll = namespace.partition(".")
+    landing = {"snapshot": "snapshot", "incremental_snapshot": "incremental_snapshot", "slices": "stream_slice"}
+    sizes = {c.namespace: c.estimated_documents for c in state.collections}
+    return MongoCdcAssetProps(
+        kind=kind, namespace=namespace, connector_name=cfg.name or cfg.topic_prefix,
+        topic=cfg.topic_naming().data_change_topic(db, coll),
+        landing_dir=str(settings.landing_dir / landing.get(kind, "")), table_root=settings.tables_root,
+        slice_seconds=settings.granularity.seconds, estimated_documents=sizes.get(namespace),
+    )
+
+
+def _selected_checks(context: AssetExecutionContext) -> set[AssetCheckKey]:
+    return set(context.selected_asset_check_keys)
 
 
 def build_cdc_assets(
-    cfg: ConnectorConfig, landing_dir: Path, partitions: CdcPartitions,
-    translator: MongoCdcTranslator | None = None,
+    settings: CdcSettings, cfg: ConnectorConfig, state: DiscoveryState, translator: MongoCdcTranslator,
 ) -> CdcAssets:
-    """Build the assets for one connector; `translator` controls keys, groups, tags and metadata."""
-    translator = translator or MongoCdcTranslator()
-    snap_props = CdcAssetProps.from_config("snapshot", cfg, str(landing_dir))
-    inc_props = CdcAssetProps.from_config("incremental_snapshot", cfg, str(landing_dir))
-    slice_props = CdcAssetProps.from_config("stream_slice", cfg, str(landing_dir))
-    snap_spec = translator.get_asset_spec(snap_props)
-    inc_spec = translator.get_asset_spec(inc_props)
-    slice_spec = translator.get_asset_spec(slice_props)
-    snap_key, inc_key, slice_key = snap_spec.key, inc_spec.key, slice_spec.key
+    """One asset per discovered collection and CDC kind; keys, groups, tags and metadata from ``translator``."""
+    windows = SliceWindows.build(settings, state)
+    out = CdcAssets(windows)
+    specs: dict[CdcKind, list[AssetSpec]] = {kind: [] for kind in CDC_KINDS}
+    ns_of: dict[AssetKey, str] = {}
+    for namespace in state.namespaces:
+        for kind in CDC_KINDS:
+            spec = translator.get_asset_spec(collection_props(kind, namespace, cfg, settings, state))
+            out.keys[(namespace, kind)] = spec.key
+            ns_of[spec.key] = namespace
+            if kind == "snapshot" and namespace in settings.ranged:
+                out.ranged[namespace] = _ranged_snapshot_asset(spec, namespace, state)
+                continue
+            specs[kind].append(spec)
+    totals = {c.namespace: c.estimated_documents for c in state.collections}
+    if specs["snapshot"]:
+        out.snapshot = _snapshot_asset(specs["snapshot"], ns_of, totals)
+    if specs["incremental_snapshot"]:
+        out.incremental_snapshot = _incremental_asset(specs["incremental_snapshot"], ns_of, totals)
+    if specs["slices"]:
+        out.slices = _slices_asset(specs["slices"], ns_of, out, windows)
+    out.definitions = [d for d in (out.snapshot, out.incremental_snapshot, out.slices) if d is not None]
+    out.definitions += list(out.ranged.values())
+    return out
 
-    @multi_asset(
-        name="_".join(snap_key.path),
-        specs=[snap_spec],
-        partitions_def=partitions.collections,
-        check_specs=[
-            AssetCheckSpec(ENVELOPE_CHECK, asset=snap_key, description="every record is a valid read event"),
-            AssetCheckSpec(COUNT_CHECK, asset=snap_key,
+
+def _collection_meta(key: AssetKey, namespace: str) -> dict[str, Any]:
+    return {"collection": namespace}
+
+
+def _snapshot_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str],
+                    totals: Mapping[str, int | None]) -> AssetsDefinition:
+    check_specs = [
+        spec
+        for s in specs
+        for spec in (
+            AssetCheckSpec(ENVELOPE_CHECK, asset=s.key, description="every record is a valid read event"),
+            AssetCheckSpec(COUNT_CHECK, asset=s.key,
                            description="snapshot reads equal the source count at the snapshot position"),
-        ],
-    )
+        )
+    ]
+
+    @multi_asset(name="mongocdc_snapshot", specs=specs, check_specs=check_specs, can_subset=True,
+                 pool=POOL_SNAPSHOTS, description="Blocking snapshots of the selected collections, one after another.")
     def snapshot_asset(
         context: AssetExecutionContext, config: SnapshotConfig, mongocdc: MongoCdcResource,
         kafka: MongoCdcKafkaResource,
     ) -> Iterator[MaterializeResult | AssetCheckResult]:
-        namespace = context.partition_key
-        cfg_now = mongocdc.load_config()
-        _require_captured(mongocdc, cfg_now, namespace)
-        filter_doc = parse_filter(config.filter)
-        path = mongocdc.snapshot_path(namespace, snapshot_file_name(config.filter))
-        context.log.info(f"blocking snapshot of {namespace} into {path}" + (f" with filter {config.filter}" if filter_doc else ""))
-        with _landing_sink(path, kafka, cfg_now) as sink:
-            result = api.snapshot_collection(
-                cfg_now, namespace, sink, filter=filter_doc, progress=RunLogProgress(context.log)
+        cfg = mongocdc.load_config()
+        selected = sorted(context.selected_asset_keys, key=lambda k: ns_of[k])
+        _require_captured(mongocdc, cfg, [ns_of[k] for k in selected])
+        checks = _selected_checks(context)
+        for key in selected:
+            namespace = ns_of[key]
+            filter_text = config.filters.get(namespace)
+            filter_doc = parse_filter(filter_text)
+            path = mongocdc.snapshot_path(namespace, snapshot_file_name(filter_text))
+            context.log.info(f"blocking snapshot of {namespace} into {path}" + (f" with filter {filter_text}" if filter_doc else ""))
+            metrics = ConnectorMetrics(cfg.topic_prefix)
+            with landing_sink(path, kafka, cfg) as sink:
+                result = api.snapshot_collection(cfg, namespace, sink, filter=filter_doc, metrics=metrics,
+                                                 progress=RunLogProgress(context.log, totals))
+            removed = [] if filter_doc else remove_superseded(mongocdc, namespace, path)
+            yield MaterializeResult(
+                asset_key=key,
+                metadata={
+                    **_collection_meta(key, namespace),
+                    "dagster/row_count": result.documents,
+                    "dagster/uri": MetadataValue.path(str(path)),
+                    "bytes": result.bytes,
+                    "duration_s": round(result.duration_s, 3),
+                    "documents_per_s": round(result.documents / result.duration_s) if result.duration_s > 0 else None,
+                    **position_metadata("position", result.position),
+                    COVERS_FROM: result.position.to_str(),
+                    PARTIAL: filter_doc is not None,
+                    "resume_token": _token_json(result.resume_token),
+                    "filter": filter_text,
+                    "signal_id": config.signal_id,
+                    "superseded_snapshots_removed": MetadataValue.json(removed),
+                    **metrics_metadata(metrics, ("snapshot",)),
+                },
             )
-        yield MaterializeResult(
-            asset_key=snap_key,
-            metadata={
-                **translator.get_collection_metadata(snap_props, namespace),
-                "documents": result.documents,
-                "bytes": result.bytes,
-                "duration_s": round(result.duration_s, 3),
-                "position": str(result.position),
-                "resume_token": _token_json(result.resume_token),
-                "path": MetadataValue.path(str(path)),
-                "filter": config.filter,
-                "signal_id": config.signal_id,
-            },
-        )
-        report = validate_file(path, Expectation(namespace, snapshot=True, exact=result.position))
-        yield _envelope_result(snap_key, report)
-        yield source_count_result(snap_key, mongocdc, cfg_now, namespace, count_rows_at(path, result.position),
-                                  result.position, filter_doc)
+            if AssetCheckKey(key, ENVELOPE_CHECK) in checks:
+                yield envelope_result(key, validate_file(path, Expectation(namespace, snapshot=True, exact=result.position)))
+            if AssetCheckKey(key, COUNT_CHECK) in checks:
+                yield source_count_result(key, mongocdc, cfg, namespace, count_rows_at(path, result.position),
+                                          result.position, filter_doc)
 
-    @multi_asset(
-        name="_".join(inc_key.path),
-        specs=[inc_spec],
-        partitions_def=partitions.collections,
-        check_specs=[
-            AssetCheckSpec(ENVELOPE_CHECK, asset=inc_key,
-                           description="every record is a valid read or streamed change event"),
-            AssetCheckSpec(COUNT_CHECK, asset=inc_key,
+    return snapshot_asset
+
+
+def _incremental_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str],
+                       totals: Mapping[str, int | None]) -> AssetsDefinition:
+    check_specs = [
+        spec
+        for s in specs
+        for spec in (
+            AssetCheckSpec(ENVELOPE_CHECK, asset=s.key, description="every record is a valid read or streamed change"),
+            AssetCheckSpec(COUNT_CHECK, asset=s.key,
                            description="the keys alive at the snapshot's end equal the source count there"),
-        ],
-    )
+        )
+    ]
+
+    @multi_asset(name="mongocdc_incremental_snapshot", specs=specs, check_specs=check_specs, can_subset=True,
+                 pool=POOL_SNAPSHOTS, description="Incremental snapshots of the selected collections.")
     def incremental_snapshot_asset(
         context: AssetExecutionContext, config: SnapshotConfig, mongocdc: MongoCdcResource,
         kafka: MongoCdcKafkaResource,
     ) -> Iterator[MaterializeResult | AssetCheckResult]:
-        namespace = context.partition_key
-        cfg_now = mongocdc.load_config()
-        _require_captured(mongocdc, cfg_now, namespace)
-        filter_doc = parse_filter(config.filter)
-        path = mongocdc.incremental_snapshot_path(namespace, snapshot_file_name(config.filter))
-        context.log.info(f"incremental snapshot of {namespace} into {path}" + (f" with filter {config.filter}" if filter_doc else ""))
-        with _landing_sink(path, kafka, cfg_now) as sink:
-            # No state file: a retried run copies the collection again into a new file, so the landed file is
-            # always one whole snapshot (resuming would land only the chunks after the failure).
-            result = api.incremental_snapshot_collection(
-                cfg_now, namespace, sink, filter=filter_doc, progress=RunLogProgress(context.log)
+        cfg = mongocdc.load_config()
+        selected = sorted(context.selected_asset_keys, key=lambda k: ns_of[k])
+        _require_captured(mongocdc, cfg, [ns_of[k] for k in selected])
+        checks = _selected_checks(context)
+        for key in selected:
+            namespace = ns_of[key]
+            filter_text = config.filters.get(namespace)
+            filter_doc = parse_filter(filter_text)
+            path = mongocdc.incremental_snapshot_path(namespace, snapshot_file_name(filter_text))
+            context.log.info(f"incremental snapshot of {namespace} into {path}" + (f" with filter {filter_text}" if filter_doc else ""))
+            metrics = ConnectorMetrics(cfg.topic_prefix)
+            with landing_sink(path, kafka, cfg) as sink:
+                # No state file: a retried run copies the collection again into a new file, so the landed file
+                # is always one whole snapshot (resuming would land only the chunks after the failure).
+                result = api.incremental_snapshot_collection(cfg, namespace, sink, filter=filter_doc, metrics=metrics,
+                                                             progress=RunLogProgress(context.log, totals))
+            end = result.end_position or Position.from_timestamp(api.current_cluster_time(cfg))
+            yield MaterializeResult(
+                asset_key=key,
+                metadata={
+                    **_collection_meta(key, namespace),
+                    "dagster/row_count": result.documents,
+                    "dagster/uri": MetadataValue.path(str(path)),
+                    "streamed_events": result.events,
+                    "duration_s": round(result.duration_s, 3),
+                    **position_metadata("first_position", result.first_position),
+                    **position_metadata("last_position", result.last_position),
+                    **position_metadata("position", end),
+                    # the file holds every change up to its end: later changes come from the slices
+                    COVERS_FROM: end.to_str(),
+                    PARTIAL: filter_doc is not None,
+                    "filter": filter_text,
+                    "signal_id": config.signal_id,
+                    **metrics_metadata(metrics, ("snapshot", "streaming")),
+                },
             )
-        end = result.end_position or Position.from_timestamp(api.current_cluster_time(cfg_now))
-        yield MaterializeResult(
-            asset_key=inc_key,
-            metadata={
-                **translator.get_collection_metadata(inc_props, namespace),
-                "documents": result.documents,
-                "streamed_events": result.events,
-                "duration_s": round(result.duration_s, 3),
-                "first_position": str(result.first_position) if result.first_position else None,
-                "last_position": str(result.last_position) if result.last_position else None,
-                "position": str(end),
-                "path": MetadataValue.path(str(path)),
-                "filter": config.filter,
-                "signal_id": config.signal_id,
-            },
-        )
-        report = validate_file(path, Expectation(namespace, snapshot=True, incremental=True))
-        yield _envelope_result(inc_key, report)
-        yield source_count_result(inc_key, mongocdc, cfg_now, namespace, live_keys(path), end, filter_doc)
+            if AssetCheckKey(key, ENVELOPE_CHECK) in checks:
+                yield envelope_result(key, validate_file(path, Expectation(namespace, snapshot=True, incremental=True)))
+            if AssetCheckKey(key, COUNT_CHECK) in checks:
+                yield source_count_result(key, mongocdc, cfg, namespace, live_keys(path), end, filter_doc)
+
+    return incremental_snapshot_asset
+
+
+# -- ranges -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RangeKey:
+    """``<plan>-<index>-of-<count>``: range ``index`` (0-based) of the plan's ``count``."""
+
+    plan: str
+    index: int
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.plan}-{self.index:05d}-of-{self.count:05d}"
+
+    @classmethod
+    def parse(cls, text: str) -> "RangeKey":
+        plan, index, _, count = text.rsplit("-", 3)
+        return cls(plan, int(index), int(count))
+
+
+def write_plan(mongocdc: MongoCdcResource, namespace: str, split_size: int) -> list[str]:
+    """Plan the collection's ``_id`` ranges (``api.plan_snapshot_ranges``) into ``ranges-<plan>/plan.json``;
+    returns the plan's partition keys."""
+    ranges = api.plan_snapshot_ranges(mongocdc.load_config(), namespace, split_size)
+    body = [r.to_json() for r in ranges]
+    plan = hashlib.sha1(orjson.dumps([namespace, body, time.time_ns()])).hexdigest()[:8]
+    folder = mongocdc.ranges_dir(namespace, plan)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / PLAN_FILE).write_bytes(orjson.dumps(
+        {"namespace": namespace, "plan": plan, "split_size": split_size, "ranges": body,
+         "planned_at": datetime.now(UTC).isoformat()}, option=orjson.OPT_INDENT_2))
+    return [str(RangeKey(plan, i, len(ranges))) for i in range(len(ranges))]
+
+
+def _plan_ranges(mongocdc: MongoCdcResource, namespace: str, key: RangeKey) -> list[IdRange]:
+    path = mongocdc.ranges_dir(namespace, key.plan) / PLAN_FILE
+    try:
+        plan = orjson.loads(path.read_bytes())
+    except OSError:
+        raise Failure(f"range plan {key.plan} of {namespace} has no {path}; plan the ranges again "
+                      "(job mongocdc_plan_snapshot_ranges)", allow_retries=False) from None
+    return [IdRange.from_json(r) for r in plan["ranges"]]
+
+
+def _range_done_files(folder: Path) -> dict[int, Position]:
+    done: dict[int, Position] = {}
+    for path in folder.glob("range-*.done.json"):
+        data = orjson.loads(path.read_bytes())
+        done[int(data["index"])] = Position.parse(data["position"])
+    return done
+
+
+def _ranged_snapshot_asset(spec: AssetSpec, namespace: str, state: DiscoveryState) -> AssetsDefinition:
+    partitions = ranges_partitions(namespace)
+    total = next((c.estimated_documents for c in state.collections if c.namespace == namespace), None)
+    key = spec.key
 
     @multi_asset(
-        name="_".join(slice_key.path),
-        specs=[slice_spec],
-        partitions_def=partitions.slices,
-        check_specs=[
-            AssetCheckSpec(ENVELOPE_CHECK, asset=slice_key,
-                           description="every record is a valid change event inside the window"),
-        ],
+        name=f"mongocdc_snapshot_ranges__{name_part(namespace)}",
+        specs=[spec.replace_attributes(partitions_def=partitions)],
+        check_specs=[AssetCheckSpec(ENVELOPE_CHECK, asset=key, description="every record is a valid read event")],
+        pool=POOL_SNAPSHOT_RANGES,
+        backfill_policy=BackfillPolicy.multi_run(1),
+        description=f"Blocking snapshot of {namespace}, one `_id` range per partition (backfill all ranges).",
     )
-    def stream_slice_asset(
-        context: AssetExecutionContext, mongocdc: MongoCdcResource, kafka: MongoCdcKafkaResource,
+    def ranged_snapshot(
+        context: AssetExecutionContext, config: SnapshotConfig, mongocdc: MongoCdcResource,
+        kafka: MongoCdcKafkaResource,
     ) -> Iterator[MaterializeResult | AssetCheckResult]:
-        namespace, window_key = partitions.split_slice_key(context.partition_key)
-        window = partitions.window(window_key)
-        cfg_now = mongocdc.load_config()
-        _require_captured(mongocdc, cfg_now, namespace)
-        start = Timestamp(int(window.start.timestamp()), 0)
-        end = Timestamp(int(window.end.timestamp()), 0)
-        path = mongocdc.slice_path(namespace, window.start)
-        context.log.info(f"stream slice of {namespace} over [{window.start.isoformat()}, {window.end.isoformat()}) into {path}")
-        started = time.monotonic()
-        with _landing_sink(path, kafka, cfg_now) as sink:
-            try:
-                result = api.stream_window(cfg_now, namespace, start, end, sink, progress=RunLogProgress(context.log))
-            except api.HistoryLostError as exc:
-                raise Failure(
-                    description=f"history lost for {namespace} window {window_key}: {exc}",
-                    metadata={"collection": namespace, "window": window_key,
-                              "remedy": "snapshot the collection again (the oplog no longer holds this window)"},
-                    allow_retries=False,
-                ) from exc
-        lag = (datetime.now(UTC) - window.end).total_seconds()
+        cfg = mongocdc.load_config()
+        _require_captured(mongocdc, cfg, [namespace])
+        range_key = RangeKey.parse(context.partition_key)
+        id_range = _plan_ranges(mongocdc, namespace, range_key)[range_key.index]
+        filter_text = config.filters.get(namespace)
+        filter_doc = parse_filter(filter_text)
+        path = mongocdc.range_path(namespace, range_key.plan, range_key.index, range_key.count)
+        context.log.info(f"snapshot of {namespace}, range {range_key.index + 1} of {range_key.count} "
+                         f"({id_range.describe()}) into {path}")
+        per_range = None if total is None else max(1, total // range_key.count)
+        metrics = ConnectorMetrics(cfg.topic_prefix)
+        with landing_sink(path, kafka, cfg) as sink:
+            result = api.snapshot_collection(cfg, namespace, sink, filter=filter_doc, id_range=id_range,
+                                             metrics=metrics, progress=RunLogProgress(context.log, {namespace: per_range}))
+        folder = path.parent
+        (folder / f"{path.stem}.done.json").write_bytes(orjson.dumps(
+            {"index": range_key.index, "position": result.position.to_str(), "documents": result.documents}))
+        done = _range_done_files(folder)
+        complete = len(done) == range_key.count
+        covers = min(done.values()) if complete else None
+        removed = remove_superseded(mongocdc, namespace, folder) if complete and not filter_doc else []
+        context.log.info(f"{namespace}: {len(done)} of {range_key.count} ranges of plan {range_key.plan} done"
+                         + (f"; the plan is complete and covers the collection from {position_time(covers)}"
+                            if covers is not None else ""))
         yield MaterializeResult(
-            asset_key=slice_key,
+            asset_key=key,
             metadata={
-                **translator.get_collection_metadata(slice_props, namespace),
-                "window_start": MetadataValue.timestamp(window.start),
-                "window_end": MetadataValue.timestamp(window.end),
-                "events": result.events,
-                **{f"op_{op}": count for op, count in sorted(result.counts.items())},
-                "first_position": str(result.first_position) if result.first_position else None,
-                "last_position": str(result.last_position) if result.last_position else None,
-                "resume_token": _token_json(result.resume_token),
-                "lag_s": round(lag, 3),
-                "duration_s": round(time.monotonic() - started, 3),
-                "path": MetadataValue.path(str(path)),
-                "counts": MetadataValue.json(orjson.loads(orjson.dumps(result.counts))),
+                **_collection_meta(key, namespace),
+                "plan": range_key.plan,
+                "range": f"{range_key.index + 1} of {range_key.count}: {id_range.describe()}",
+                "ranges_done": f"{len(done)} of {range_key.count}",
+                "ranges_done_count": len(done),
+                "ranges_total": range_key.count,
+                "dagster/row_count": result.documents,
+                "dagster/uri": MetadataValue.path(str(path)),
+                "duration_s": round(result.duration_s, 3),
+                **position_metadata("position", result.position),
+                # only the materialisation that completes the plan covers the collection
+                COVERS_FROM: covers.to_str() if covers is not None else None,
+                PARTIAL: covers is None or filter_doc is not None,
+                "superseded_snapshots_removed": MetadataValue.json(removed),
+                "signal_id": config.signal_id,
+                **metrics_metadata(metrics, ("snapshot",)),
             },
         )
-        report = validate_file(
-            path, Expectation(namespace, snapshot=False, low=Position(start.time, 0), high=Position(end.time, 0))
-        )
-        yield _envelope_result(slice_key, report)
+        if AssetCheckKey(key, ENVELOPE_CHECK) in _selected_checks(context):
+            yield envelope_result(key, validate_file(path, Expectation(namespace, snapshot=True, exact=result.position)))
 
-    return CdcAssets(snapshot_asset, incremental_snapshot_asset, stream_slice_asset, snap_key, inc_key, slice_key)
+    return ranged_snapshot
+
+
+# -- slices -----------------------------------------------------------------------------------------------
+
+
+def _slices_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str], cdc: CdcAssets,
+                  windows: SliceWindows) -> AssetsDefinition:
+    partitioned = [s.replace_attributes(partitions_def=windows.definition, skippable=True) for s in specs]
+    check_specs = [AssetCheckSpec(ENVELOPE_CHECK, asset=s.key,
+                                  description="every record is a valid change event inside its window")
+                   for s in specs]
+
+    @multi_asset(
+        name="mongocdc_slices",
+        specs=partitioned,
+        check_specs=check_specs,
+        can_subset=True,
+        pool=POOL_SLICES,
+        backfill_policy=BackfillPolicy.single_run(),
+        description="Stream slices of the selected collections and windows, read from one change stream.",
+    )
+    def slices_asset(
+        context: AssetExecutionContext, mongocdc: MongoCdcResource, kafka: MongoCdcKafkaResource,
+    ) -> Iterator[MaterializeResult | AssetMaterialization | AssetCheckResult]:
+        cfg = mongocdc.load_config()
+        selected = sorted(context.selected_asset_keys, key=lambda k: ns_of[k])
+        namespaces = [ns_of[k] for k in selected]
+        _require_captured(mongocdc, cfg, namespaces)
+        window_keys = sorted(context.partition_keys, key=lambda k: windows.window(k).start)
+        oplog_first = mongocdc.oplog_window().first
+        reads: dict[tuple[str, int], WindowRead] = {}
+        for namespace in namespaces:
+            snap = snapshot_position(context.instance, cdc.snapshot_keys(namespace))
+            for index, window_key in enumerate(window_keys):
+                reads[(namespace, index)] = plan_window_read(window_key, windows.window(window_key), oplog_first, snap)
+        gaps = {k: r for k, r in reads.items() if r.gap is not None}
+        todo = {k: r for k, r in reads.items() if r.gap is None}
+        starts = [Position.from_timestamp(_ts(windows.window(k).start)) for k in window_keys]
+        targets = {
+            (ns, i): RouteTarget(mongocdc.slice_path(ns, r.window.start), Position.from_timestamp(r.start))
+            for (ns, i), r in todo.items()
+        }
+        started = time.monotonic()
+        metrics = ConnectorMetrics(cfg.topic_prefix)
+        readable = [r for r in todo.values() if _key(r.start) < _key(r.end)]
+        if readable:
+            first = min((r.start for r in readable), key=_key)
+            last = max((r.end for r in readable), key=_key)
+            streamed = sorted({ns for (ns, _), r in todo.items() if r in readable})
+            context.log.info(
+                f"stream of {', '.join(streamed)} over [{position_time(Position.from_timestamp(first))}, "
+                f"{position_time(Position.from_timestamp(last))}): {len(window_keys)} window(s), one change stream")
+            router = WindowRouter(starts, targets)
+            sink: Sink = TeeSink([router, kafka.open_sink(cfg)]) if kafka.enabled else router
+            try:
+                api.stream_window(cfg, streamed[0] if len(streamed) == 1 else None, first, last, sink,
+                                  only=None if len(streamed) == 1 else streamed, metrics=metrics,
+                                  progress=RunLogProgress(context.log))
+                sink.close()
+            except api.HistoryLostError as exc:
+                router.abort()
+                raise Failure(description=f"history lost while reading {', '.join(streamed)}: {exc}",
+                              metadata={"remedy": "snapshot the collection again"}, allow_retries=False) from exc
+            except BaseException:
+                router.abort()
+                raise
+        else:
+            WindowRouter(starts, targets).close()  # windows wholly covered by a snapshot: empty files
+        duration = time.monotonic() - started
+        now = datetime.now(UTC)
+        checks = _selected_checks(context)
+        single = len(window_keys) == 1
+        debezium = metrics_metadata(metrics, ("streaming",))
+        for key in selected:
+            namespace = ns_of[key]
+            reports: list[EnvelopeReport] = []
+            for index in range(len(window_keys)):
+                if (namespace, index) not in todo:
+                    continue
+                read, target = todo[(namespace, index)], targets[(namespace, index)]
+                metadata = {
+                    **_collection_meta(key, namespace),
+                    "window_start": MetadataValue.timestamp(read.window.start),
+                    "window_end": MetadataValue.timestamp(read.window.end),
+                    "read_from": read.read_from(),
+                    **position_metadata("read_start", Position.from_timestamp(read.start)),
+                    "dagster/row_count": target.events,
+                    "dagster/uri": MetadataValue.path(str(target.path)),
+                    **{f"op_{op}": count for op, count in sorted(target.counts.items())},
+                    **position_metadata("first_position", target.first),
+                    **position_metadata("last_position", target.last),
+                    "lag_s": round((now - read.window.end).total_seconds(), 3),
+                    "run_windows": len(window_keys),
+                    "run_duration_s": round(duration, 3),
+                    **debezium,
+                }
+                if single:
+                    yield MaterializeResult(asset_key=key, metadata=metadata)
+                else:
+                    yield AssetMaterialization(asset_key=key, partition=read.window_key, metadata=metadata)
+                reports.append(validate_file(target.path, Expectation(
+                    namespace, snapshot=False, low=Position.from_timestamp(read.start),
+                    high=Position.from_timestamp(read.end))))
+            if reports and AssetCheckKey(key, ENVELOPE_CHECK) in checks:
+                yield envelope_result(key, EnvelopeReport(
+                    sum(r.rows for r in reports), sum(r.reads for r in reports), sum(r.invalid for r in reports),
+                    [p for r in reports for p in r.problems][:20]), f" in {len(reports)} window(s)")
+        if gaps:
+            lines = sorted(f"{ns} {r.window_key}: {r.gap}" for (ns, _), r in gaps.items())
+            raise Failure(
+                description=f"{len(gaps)} window(s) cannot be read without a gap:\n" + "\n".join(lines[:20]),
+                metadata={"windows": MetadataValue.json(lines),
+                          "remedy": "snapshot the collection again: its snapshot then covers the lost windows"},
+                allow_retries=False,
+            )
+
+    return slices_asset

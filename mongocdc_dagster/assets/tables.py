@@ -1,227 +1,171 @@
-"""PySpark assets: the ``changelog`` and ``current_state`` Delta tables, partitioned by collection.
+"""PySpark assets: each collection's Delta ``changelog`` and ``current_state`` tables.
 
-``changelog`` reads the collection's landing files (snapshots, incremental snapshots, stream slices)
-that are new or were re-written since it last ran; ``current_state`` merges what the changelog gained
-and, in the same run, checks (blocking) that the table equals the MongoDB collection.
+``changelog`` reads the collection's landing files (snapshots, range files, incremental snapshots,
+slices) that are new or were re-written since it last ran; ``current_state`` merges what the changelog
+gained. Both are subsettable multi-assets over every collection, refreshed automatically when what
+they read lands (the translator's ``automation_condition``). Whether ``current_state`` equals the
+source is checked at the table's position by ``checks.py`` (blocking), so it holds while writes go on.
+
+The table functions are the tables package's per-collection API (``mongocdc_core.tables.collection``).
 
 No ``from __future__ import annotations``: Dagster resolves the resource annotations at definition time.
 """
 
-from pathlib import Path
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from dagster import (
-    AssetCheckResult,
-    AssetCheckSeverity,
-    AssetCheckSpec,
-    AssetDep,
     AssetExecutionContext,
     AssetKey,
+    AssetsDefinition,
+    AssetSpec,
     MaterializeResult,
     MetadataValue,
-    MultiToSingleDimensionPartitionMapping,
-    TableColumn,
     TableColumnDep,
     TableColumnLineage,
-    TableSchema,
-    asset,
+    multi_asset,
 )
 from dagster_pyspark import PySparkResource
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from mongocdc_core.tables import (
-    CollectionTables,
-    Reconciliation,
-    landing_files,
-    reconcile_at_position,
-    refresh_changelog,
-    refresh_current_state,
-)
-from mongocdc_dagster.partitions import COLLECTION_DIM, collections_partitions
+from mongocdc_core.sinks.parquet import LANDING_SCHEMA
+from mongocdc_core.tables.collection import CollectionTables, refresh_changelog, refresh_current_state
+from mongocdc_dagster.assets.cdc import CdcAssets, collection_props
+from mongocdc_dagster.discovery import DiscoveryState
+from mongocdc_dagster.metadata import position_metadata, spark_schema
 from mongocdc_dagster.resources import MongoCdcResource
+from mongocdc_dagster.settings import CdcSettings
+from mongocdc_dagster.translator import CDC_KINDS, MongoCdcTranslator
 
-SNAPSHOT_KEY = AssetKey(["mongocdc", "snapshot"])
-STREAM_SLICE_KEY = AssetKey(["mongocdc", "stream_slice"])
-CHANGELOG_KEY = AssetKey(["mongocdc", "changelog"])
-CURRENT_STATE_KEY = AssetKey(["mongocdc", "current_state"])
-RECONCILE_CHECK = "matches_source"
-#: Landing-zone folders (under ``<home>/landing``) whose files feed the changelog.
-LANDING_KINDS = ("snapshot", "incremental_snapshot", "stream_slice")
-_CDC_SOURCES = (SNAPSHOT_KEY, STREAM_SLICE_KEY)
-
-#: changelog column -> the landing-zone columns (of snapshot and stream_slice files) it is made from.
-_CHANGELOG_LINEAGE: dict[str, tuple[str, ...]] = {
-    "__key": ("key",),
-    "_id": ("key",),
-    "__op": ("op",),
-    "__position": ("position",),
-    "__ts_ms": ("ts_ms",),
-    "__source_ts_ms": ("source",),
-    "before": ("before",),
-    "after": ("after",),
-    "updated_fields": ("updated_fields",),
-    "removed_fields": ("removed_fields",),
-    "truncated_arrays": ("truncated_arrays",),
-    "snapshot": ("snapshot",),
-    "source": ("source",),
-    "transaction_id": ("value",),
-    "topic": ("topic",),
-    "__collection": ("collection",),
-    "__change_date": ("position",),
+POOL_TABLES = "mongocdc_tables"
+#: Table columns made from landing columns of another name (the rest map to the landing column of their own
+#: name, when one exists). Only columns that exist on both sides are ever named in the lineage.
+_FROM_LANDING: dict[str, tuple[str, ...]] = {
+    "_id": ("key",), "__op": ("op",), "__position": ("position",), "__collection": ("collection",),
+    "__source_ts_ms": ("source",), "event_time": ("ts_ms",), "source_ts_ms": ("source",), "source_rs": ("source",),
+    "source_lsid": ("source",), "source_txn_number": ("source",), "source_wall_time": ("source",),
+    "transaction_id": ("value",), "_id_bson": ("key",), "before": ("before",),
 }
-#: current_state metadata column -> changelog columns; typed document columns come from after + updates.
-_STATE_LINEAGE: dict[str, tuple[str, ...]] = {
-    "__key": ("__key",),
-    "_id": ("__key",),
-    "__position": ("__position",),
-    "__op": ("__op",),
-    "__source_ts_ms": ("__source_ts_ms",),
-    "__collection": ("__collection",),
-    "__deleted": ("__op",),
+#: The changelog columns a document field of current_state is folded from.
+_DOCUMENT_SOURCES = ("after", "updated_fields", "removed_fields", "truncated_arrays", "document", "doc")
+_STATE_FROM_LOG: dict[str, tuple[str, ...]] = {
+    "op": ("op",), "__op": ("op", "__op"), "position": ("position",), "__position": ("position", "__position"),
+    "__deleted": ("op", "__op"), "ts_ms": ("ts_ms",), "__source_ts_ms": ("source_ts_ms", "__source_ts_ms"),
+    "_id": ("_id",), "collection": ("collection",), "__collection": ("collection", "__collection"),
 }
-_DOCUMENT_SOURCES = ("after", "updated_fields", "removed_fields", "truncated_arrays")
+_LANDING_COLUMNS = frozenset(LANDING_SCHEMA.names)
 
 
-def collection_tables(mongocdc: MongoCdcResource, namespace: str) -> CollectionTables:
-    """The collection's tables under ``<MONGOCDC_HOME>/tables``."""
-    return CollectionTables.under(str(Path(mongocdc.home) / "tables"), namespace)
-
-
-def collection_landing_files(mongocdc: MongoCdcResource, namespace: str) -> list[str]:
-    """Every landing file of one collection, across the snapshot and slice folders."""
-    folders = [mongocdc.landing_dir / kind / namespace for kind in LANDING_KINDS]
-    return landing_files([f for f in folders if f.is_dir()])
-
-
-def table_schema(schema: T.StructType) -> TableSchema:
-    return TableSchema(columns=[TableColumn(f.name, f.dataType.simpleString()) for f in schema.fields])
-
-
-def _changelog_lineage() -> TableColumnLineage:
-    return TableColumnLineage(
-        deps_by_column={
-            column: [TableColumnDep(asset_key=key, column_name=src) for key in _CDC_SOURCES for src in sources]
-            for column, sources in _CHANGELOG_LINEAGE.items()
-        }
-    )
-
-
-def _state_lineage(schema: T.StructType) -> TableColumnLineage:
+def changelog_lineage(schema: T.StructType, upstream: Sequence[AssetKey]) -> TableColumnLineage:
+    """Each changelog column from the landing columns it is made of (landing files of every CDC kind)."""
     deps: dict[str, list[TableColumnDep]] = {}
     for f in schema.fields:
-        sources = _STATE_LINEAGE.get(f.name, _DOCUMENT_SOURCES)
-        deps[f.name] = [TableColumnDep(asset_key=CHANGELOG_KEY, column_name=src) for src in sources]
+        sources = [c for c in _FROM_LANDING.get(f.name, (f.name,)) if c in _LANDING_COLUMNS]
+        if sources:
+            deps[f.name] = [TableColumnDep(asset_key=key, column_name=c) for key in upstream for c in sources]
     return TableColumnLineage(deps_by_column=deps)
 
 
-@asset(
-    key=CHANGELOG_KEY,
-    partitions_def=collections_partitions,
-    deps=[
-        AssetDep(SNAPSHOT_KEY),
-        AssetDep(
-            STREAM_SLICE_KEY,
-            partition_mapping=MultiToSingleDimensionPartitionMapping(partition_dimension_name=COLLECTION_DIM),
-        ),
-    ],
-    group_name="mongocdc",
-    kinds={"spark", "delta"},
-    description=(
-        "Every change event of the collection (one row per event: op, position, key, before/after, update "
-        "description, source fields) as a Delta table partitioned by collection. Re-materialised landing "
-        "files replace their rows, never duplicate them."
-    ),
-)
-def changelog(context: AssetExecutionContext, mongocdc: MongoCdcResource, pyspark: PySparkResource) -> MaterializeResult:
-    namespace = context.partition_key
-    spark: SparkSession = pyspark.spark_session
-    tables = collection_tables(mongocdc, namespace)
-    files = collection_landing_files(mongocdc, namespace)
-    result = refresh_changelog(spark, tables, files)
-    if not result.files_read:
-        context.log.info(f"{namespace}: no new or re-written landing files among {len(files)}")
-    return MaterializeResult(metadata={
-        "dagster/uri": MetadataValue.path(tables.changelog),
-        "landing_files": len(files),
-        "landing_files_written": result.files_read,
-        "events_written": result.rows_added,
-        "events_by_op": MetadataValue.json(result.counts),
-        "dagster/column_lineage": _changelog_lineage(),
-        "dagster/column_schema": table_schema(result.schema),
-        "dagster/partition_row_count": result.row_count,
-    })
+def state_lineage(schema: T.StructType, changelog: T.StructType, changelog_key: AssetKey) -> TableColumnLineage:
+    """Each current_state column from the changelog columns it comes from; document fields from the
+    changelog's document columns (only columns the changelog really has)."""
+    present = {f.name for f in changelog.fields}
+    deps: dict[str, list[TableColumnDep]] = {}
+    for f in schema.fields:
+        named = [c for c in _STATE_FROM_LOG.get(f.name, (f.name,)) if c in present]
+        sources = named or [c for c in _DOCUMENT_SOURCES if c in present]
+        if sources:
+            deps[f.name] = [TableColumnDep(asset_key=changelog_key, column_name=c) for c in sources]
+    return TableColumnLineage(deps_by_column=deps)
 
 
-def _reconciliation_result(result: Reconciliation) -> AssetCheckResult:
-    return AssetCheckResult(
-        asset_key=CURRENT_STATE_KEY,
-        check_name=RECONCILE_CHECK,
-        passed=result.matches,
-        severity=AssetCheckSeverity.ERROR,
-        description=(
-            f"{result.namespace} at {result.position} ({result.method}): current_state has {result.table_rows} "
-            f"rows, MongoDB {result.source_rows}; "
-            + ("equal" if result.matches else f"first mismatching keys: {', '.join(result.mismatching_keys)}")
-        ),
-        metadata={
-            "table_count": result.table_rows,
-            "source_count": result.source_rows,
-            "keys_excluded": result.keys_excluded,
-            "mismatching_keys": MetadataValue.json(list(result.mismatching_keys)),
-        },
-    )
+@dataclass
+class TableAssets:
+    definitions: list[AssetsDefinition] = field(default_factory=list)
+    changelog_keys: dict[AssetKey, str] = field(default_factory=dict)
+    current_state_keys: dict[AssetKey, str] = field(default_factory=dict)
+    tables: dict[str, CollectionTables] = field(default_factory=dict)
+
+    def key(self, namespace: str, kind: str) -> AssetKey:
+        keys = self.changelog_keys if kind == "changelog" else self.current_state_keys
+        return next(k for k, ns in keys.items() if ns == namespace)
 
 
-@asset(
-    key=CURRENT_STATE_KEY,
-    partitions_def=collections_partitions,
-    deps=[AssetDep(CHANGELOG_KEY)],
-    group_name="mongocdc",
-    kinds={"spark", "delta"},
-    check_specs=[
-        AssetCheckSpec(
-            RECONCILE_CHECK,
-            asset=CURRENT_STATE_KEY,
-            blocking=True,
-            description="current_state equals the MongoDB collection: same count and order-independent hash",
-        )
-    ],
-    description=(
-        "The latest version of every document (highest position wins; deletes remove the row), with the "
-        "top-level fields as typed columns (new fields add columns, type conflicts widen) and the whole "
-        "document as Extended JSON."
-    ),
-)
-def current_state(
-    context: AssetExecutionContext, mongocdc: MongoCdcResource, pyspark: PySparkResource
-) -> MaterializeResult:
-    namespace = context.partition_key
-    spark: SparkSession = pyspark.spark_session
-    tables = collection_tables(mongocdc, namespace)
-    merged = refresh_current_state(spark, tables)
-    if merged.schema_changes:
-        context.log.warning(f"{namespace}: schema changes: {merged.schema_changes}")
-    check = reconcile_at_position(spark, tables, mongocdc.load_config())
-    return MaterializeResult(
-        metadata={
-            "dagster/uri": MetadataValue.path(tables.current_state),
-            "dagster/column_schema": table_schema(merged.schema),
-            "dagster/column_lineage": _state_lineage(merged.schema),
-            "dagster/partition_row_count": merged.row_count,
-            "keys_merged": merged.keys_merged,
-            "rows_upserted": merged.upserted,
-            "rows_deleted": merged.deleted,
-            "keys_waiting_for_a_full_document": merged.pending_keys,
-            "schema_changes": MetadataValue.json(merged.schema_changes),
-        },
-        check_results=[_reconciliation_result(check)],
-    )
+def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, translator: MongoCdcTranslator,
+                       cdc: CdcAssets) -> TableAssets:
+    out = TableAssets()
+    log_specs: list[AssetSpec] = []
+    state_specs: list[AssetSpec] = []
+    for namespace in state.namespaces:
+        log_props = collection_props("changelog", namespace, cfg, settings, state)
+        state_props = collection_props("current_state", namespace, cfg, settings, state)
+        log_spec = translator.get_asset_spec(log_props)
+        state_spec = translator.get_asset_spec(state_props)
+        log_specs.append(log_spec)
+        state_specs.append(state_spec)
+        out.changelog_keys[log_spec.key] = namespace
+        out.current_state_keys[state_spec.key] = namespace
+        out.tables[namespace] = CollectionTables.under(
+            settings.tables_root, namespace, changelog_name=translator.get_table_name(log_props),
+            current_state_name=translator.get_table_name(state_props))
+    if not log_specs:
+        return out
+    upstream = {ns: [cdc.key(ns, kind) for kind in CDC_KINDS] for ns in state.namespaces}
 
+    @multi_asset(name="mongocdc_changelog", specs=log_specs, can_subset=True, pool=POOL_TABLES,
+                 description="Refreshes the selected collections' changelog tables from their landing files.")
+    def changelog_asset(
+        context: AssetExecutionContext, mongocdc: MongoCdcResource, pyspark: PySparkResource
+    ) -> Iterator[MaterializeResult]:
+        spark: SparkSession = pyspark.spark_session
+        for key in sorted(context.selected_asset_keys, key=lambda k: out.changelog_keys[k]):
+            namespace = out.changelog_keys[key]
+            tables = out.tables[namespace]
+            files = mongocdc.landing_files(namespace)
+            refresh = refresh_changelog(spark, tables, files)
+            context.log.info(f"{namespace}: {refresh.files_read} new or re-written landing file(s) of {len(files)}, "
+                             f"{refresh.rows_added} rows added, {refresh.row_count} in the table")
+            yield MaterializeResult(asset_key=key, metadata={
+                "collection": namespace,
+                "dagster/uri": MetadataValue.path(tables.changelog),
+                "dagster/row_count": refresh.row_count,
+                "dagster/column_schema": spark_schema(refresh.schema),
+                "dagster/column_lineage": changelog_lineage(refresh.schema, upstream[namespace]),
+                "landing_files": len(files),
+                "landing_files_read": refresh.files_read,
+                "rows_added": refresh.rows_added,
+                "rows_added_by_op": MetadataValue.json(dict(refresh.counts)),
+                **position_metadata("position", refresh.position),
+            })
 
-table_assets = [changelog, current_state]
-#: The reconciliation check is declared on ``current_state`` (``check_specs``) and runs with it, so it
-#: knows the partition it reconciles; there are no separate check definitions.
-table_checks: list[Any] = []
+    @multi_asset(name="mongocdc_current_state", specs=state_specs, can_subset=True, pool=POOL_TABLES,
+                 description="Merges what each selected collection's changelog gained into its current_state table.")
+    def current_state_asset(
+        context: AssetExecutionContext, pyspark: PySparkResource
+    ) -> Iterator[MaterializeResult]:
+        spark: SparkSession = pyspark.spark_session
+        for key in sorted(context.selected_asset_keys, key=lambda k: out.current_state_keys[k]):
+            namespace = out.current_state_keys[key]
+            tables = out.tables[namespace]
+            refresh = refresh_current_state(spark, tables)
+            for change in refresh.schema_changes:
+                context.log.warning(f"{namespace}: {change}")
+            log_schema = spark.read.format("delta").load(tables.changelog).schema
+            yield MaterializeResult(asset_key=key, metadata={
+                "collection": namespace,
+                "dagster/uri": MetadataValue.path(tables.current_state),
+                "dagster/row_count": refresh.row_count,
+                "dagster/column_schema": spark_schema(refresh.schema),
+                "dagster/column_lineage": state_lineage(refresh.schema, log_schema, out.key(namespace, "changelog")),
+                "keys_merged": refresh.keys_merged,
+                "rows_upserted": refresh.upserted,
+                "rows_deleted": refresh.deleted,
+                "schema_changes": MetadataValue.json(list(refresh.schema_changes)),
+                **position_metadata("position", refresh.position),
+            })
 
-__all__ = ["changelog", "current_state", "table_assets", "table_checks"]
+    out.definitions = [changelog_asset, current_state_asset]
+    return out
+

@@ -1,75 +1,139 @@
-"""The code location loads and validates as Dagster's own CLI sees it, and the resources compose."""
+"""The code location loads as Dagster's own tools see it: workspace.yaml, `dg check defs`, and a project that
+scaffolds MongoCdcComponent with `dg scaffold defs` and lists one asset per discovered collection."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+from pymongo.database import Database
 
-from mongocdc_core.sinks.tee import TeeSink
 from mongocdc_dagster import local_stack
-from mongocdc_dagster.definitions import build_definitions
-from mongocdc_dagster.resources import MongoCdcKafkaResource, MongoCdcResource
-from mongocdc_dagster.settings import CdcSettings
+from mongocdc_dagster.discovery import DiscoveryState, discover
+from mongocdc_dagster.resources import MongoCdcResource
+from mongocdc_dagster.settings import CdcSettings, SettingsError
+from tests.dagster.cdc_helpers import write_config
+
+BIN = Path(sys.executable).parent
 
 
-def test_dagster_definitions_validate_passes_on_the_workspace(tmp_path: Path) -> None:
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MONGOCDC_", "DAGSTER_"))}
-    env["DAGSTER_HOME"] = str(tmp_path)
+    return {**env, "DAGSTER_HOME": str(tmp_path), "VIRTUAL_ENV": str(BIN.parent),
+            "PATH": f"{BIN}:{env.get('PATH', '')}", **extra}
+
+
+def test_workspace_yaml_validates(tmp_path: Path, mongo_uri: str, db: Database[Any]) -> None:
+    db.orders.insert_one({"_id": 1})
+    config = write_config(tmp_path / "connector.json", mongo_uri, db.name)
     result = subprocess.run(
-        [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
-        cwd=local_stack.REPO_ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+        [str(BIN / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=local_stack.REPO_ROOT, env=_env(tmp_path, MONGOCDC_CONFIG=str(config)), capture_output=True, text=True,
+        timeout=180, check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "All code locations passed validation" in result.stdout + result.stderr
 
 
-def test_defaults_point_at_the_local_stack() -> None:
-    settings = CdcSettings.from_env({})
-    assert settings.config_path == local_stack.DEFAULT_CONFIG and settings.home == local_stack.DEFAULT_HOME
-    defs = build_definitions(settings)
-    assert {"mongocdc", "kafka", "pyspark"} <= set(defs.resources or {})
-    keys = {k.to_user_string() for k in defs.resolve_all_asset_keys()}
-    assert {"mongocdc/snapshot", "mongocdc/stream_slice"} <= keys
-    cfg = defs.resources["mongocdc"].load_config()  # type: ignore[index]
-    assert cfg.mongodb_connection_string == local_stack.emulator_uri()
+def test_dg_check_defs_passes_on_the_project(tmp_path: Path, mongo_uri: str, db: Database[Any]) -> None:
+    db.orders.insert_one({"_id": 1})
+    config = write_config(tmp_path / "connector.json", mongo_uri, db.name)
+    result = subprocess.run([str(BIN / "dg"), "check", "defs"], cwd=local_stack.REPO_ROOT,
+                            env=_env(tmp_path, MONGOCDC_CONFIG=str(config)), capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "All definitions loaded successfully" in result.stdout + result.stderr
 
 
-def test_password_secret_overrides_the_config_file(tmp_path: Path) -> None:
+def test_definitions_load_when_mongodb_is_down_and_say_why(tmp_path: Path) -> None:
     config = tmp_path / "c.properties"
-    config.write_text("mongodb.connection.string=mongodb://127.0.0.1:1/\ntopic.prefix=p\nmongodb.user=cdc\n")
-    resource = MongoCdcResource(config_path=str(config), home=str(tmp_path), mongodb_password="s3cret")
-    assert resource.load_config().mongodb_password == "s3cret"
-    assert MongoCdcResource(config_path=str(config), home=str(tmp_path)).load_config().mongodb_password is None
+    config.write_text("mongodb.connection.string=mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=500\n"
+                      "topic.prefix=p\n")
+    state = discover(CdcSettings.resolve(connector_config=str(config), environ={}).load_config())
+    assert state.namespaces == () and state.error is not None and "127.0.0.1:9" in state.error
+    assert DiscoveryState.from_json(state.to_json()) == state
 
 
-class _Memory:
-    def __init__(self) -> None:
-        self.records: list[Any] = []
-        self.flushed = self.closed = 0
+def test_dg_scaffolds_the_component_and_lists_one_asset_per_collection(
+        tmp_path: Path, mongo_uri: str, db: Database[Any]) -> None:
+    db.orders.insert_one({"_id": 1})
+    db.customers.insert_one({"_id": 1})
+    project = tmp_path / "proj"
+    (project / "myproj" / "defs").mkdir(parents=True)
+    (project / "myproj" / "__init__.py").write_text("")
+    (project / "myproj" / "defs" / "__init__.py").write_text("")
+    (project / "myproj" / "definitions.py").write_text(
+        "from pathlib import Path\nimport dagster as dg\n\n\n@dg.definitions\ndef defs():\n"
+        "    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)\n")
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "myproj"\nversion = "0.1"\n[tool.dg]\ndirectory_type = "project"\n'
+        '[tool.dg.project]\nroot_module = "myproj"\n')
+    env = _env(tmp_path, PYTHONPATH=str(project))
+    scaffold = subprocess.run([str(BIN / "dg"), "scaffold", "defs", "mongocdc_dagster.MongoCdcComponent", "cdc"],
+                              cwd=project, env=env, capture_output=True, text=True, timeout=180, check=False)
+    assert scaffold.returncode == 0, scaffold.stdout + scaffold.stderr
+    folder = project / "myproj" / "defs" / "cdc"
+    defs_yaml = (folder / "defs.yaml").read_text()
+    assert "type: mongocdc_dagster.MongoCdcComponent" in defs_yaml and "connector_config: connector.json" in defs_yaml
+    scaffolded = orjson.loads((folder / "connector.json").read_bytes())
+    assert "mongodb.connection.string" in scaffolded["config"]
+    write_config(folder / "connector.json", mongo_uri, db.name)
+    (folder / "defs.yaml").write_text(defs_yaml + "  translation:\n    group_name: \"cdc_{{ collection }}\"\n")
+    listed = subprocess.run([str(BIN / "dg"), "list", "defs", "--json"], cwd=project, env=env, capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assets = {a["asset_key"]: a for a in json.loads(listed.stdout)["assets"]}
+    for coll in ("orders", "customers"):
+        for kind in ("snapshot", "incremental_snapshot", "slices", "changelog", "current_state"):
+            assert f"{db.name}/{coll}/{kind}" in assets
+        assert assets[f"{db.name}/{coll}/current_state"]["group_name"] == f"cdc_{coll}"
+    assert sorted(assets[f"{db.name}/orders/current_state"]["dependency_keys"]) == [f"{db.name}/orders/changelog"]
+    assert f"{db.name}/signals/snapshot" not in assets  # the signaling collection is not data
 
-    def write(self, records: Any) -> None:
-        self.records.extend(records)
 
-    def flush(self, timeout: float | None = None) -> None:
-        self.flushed += 1
+def test_settings_name_what_is_wrong() -> None:
+    with pytest.raises(SettingsError, match="slice_granularity='7min'"):
+        CdcSettings.resolve(slice_granularity="7min", environ={})
+    with pytest.raises(SettingsError, match="MONGOCDC_SLICE_START='yesterday'"):
+        CdcSettings.from_env({"MONGOCDC_SLICE_START": "yesterday"})
+    with pytest.raises(SettingsError, match="not both"):
+        CdcSettings.resolve(connector_config="a.json", connector_properties={"topic.prefix": "p"}, environ={})
+    defaults = CdcSettings.from_env({})
+    assert defaults.config_path == local_stack.DEFAULT_CONFIG and defaults.home == local_stack.DEFAULT_HOME
+    assert defaults.start is None  # windows start where the oplog starts, not at a fixed date
 
-    def close(self) -> None:
-        self.closed += 1
+
+def test_inline_properties_and_the_password_secret(tmp_path: Path) -> None:
+    resource = MongoCdcResource(connector_properties={"mongodb.connection.string": "mongodb://127.0.0.1:1/",
+                                                      "topic.prefix": "p", "mongodb.user": "cdc"},
+                                home=str(tmp_path), mongodb_password="s3cret")
+    assert resource.load_config().mongodb_password == "s3cret" and resource.load_config().topic_prefix == "p"
 
 
-def test_tee_sink_delivers_to_every_sink_and_kafka_needs_a_bootstrap() -> None:
-    a, b = _Memory(), _Memory()
-    tee = TeeSink([a, b])
-    tee.write(["r1", "r2"])  # type: ignore[list-item]
-    tee.flush()
-    tee.close()
-    assert a.records == b.records == ["r1", "r2"] and a.flushed == b.flushed == 1 and a.closed == b.closed == 1
-    kafka = MongoCdcKafkaResource()
-    assert not kafka.enabled
-    with pytest.raises(ValueError, match="MONGOCDC_KAFKA_BOOTSTRAP"):
-        kafka.open_sink(MongoCdcResource(config_path=str(local_stack.DEFAULT_CONFIG), home="/tmp/x").load_config())
+def test_make_dev_keeps_an_existing_dagster_home_and_points_the_connector_at_its_emulator(tmp_path: Path) -> None:
+    home = tmp_path / "dagster"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")  # the operator's own instance config
+    local_stack.prepare_dagster_home(home)
+    assert (home / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"
+    fresh = local_stack.prepare_dagster_home(tmp_path / "fresh")
+    assert (fresh / "dagster.yaml").read_text() == local_stack.DAGSTER_YAML.read_text()
+    from dagster import DagsterInstance
+
+    with DagsterInstance.from_config(str(fresh)) as instance:
+        limits = {p: instance.event_log_storage.get_concurrency_info(p).slot_count
+                  for p in ("mongocdc_snapshots", "mongocdc_snapshot_ranges", "mongocdc_slices")}
+        assert limits == {"mongocdc_snapshots": 2, "mongocdc_snapshot_ranges": 4, "mongocdc_slices": 1}
+        instance.event_log_storage.set_concurrency_slots("mongocdc_snapshots", 5)
+    local_stack.prepare_dagster_home(fresh)  # a limit the operator set is kept
+    with DagsterInstance.from_config(str(fresh)) as instance:
+        assert instance.event_log_storage.get_concurrency_info("mongocdc_snapshots").slot_count == 5
+    config = CdcSettings.resolve(connector_config=str(local_stack.write_local_config(tmp_path / "c.json", 27555)),
+                                 environ={}).load_config()
+    assert config.mongodb_connection_string == local_stack.emulator_uri(27555)

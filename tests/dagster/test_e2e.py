@@ -1,9 +1,13 @@
-"""End to end: dagster-webserver and dagster-daemon as real processes against an emulator process.
+"""End to end: dagster-webserver and dagster-daemon as real processes, per-collection assets.
 
-One module-scoped stack (temporary DAGSTER_HOME, MONGOCDC_HOME, one-minute slices starting at the first
-minute inside the oplog) serves every test here: a snapshot backfill launched through the webserver's
-GraphQL API, a signal the daemon's sensor turns into a run, a schedule tick landing a stream slice, and
-the asset graph page rendered by headless Chromium.
+One module-scoped stack serves every test here, in order: the emulated replica set runs in this process
+with its cluster clock started an hour in the past (``time_travel``), so the orders written into three
+one-minute windows are history the moment the stack starts; then the clock rejoins real time and the
+webserver and daemon load ``workspace.yaml`` (the project's MongoCdcComponent). The tests backfill one
+collection's slices through GraphQL (one run), materialise one collection end to end in one launch,
+insert signals with ObjectId, string and integer ``_id``s (one run each), run the reconciliation headless
+(``mongocdc check``) while a writer writes (it passes) and after corrupting a row (it fails), and screenshot
+the asset graph with headless Chromium. Emulator only (the clock); against a real MongoDB it is skipped.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,22 +31,25 @@ from typing import Any, TypeVar
 
 import pyarrow.parquet as pq
 import pytest
-from bson import ObjectId, Timestamp
+from bson import ObjectId
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from delta.tables import DeltaTable
 from pymongo import MongoClient
+from pyspark.sql import functions as F
 
-from mongocdc_core import api
-from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.tables import spark_session
 from mongocdc_dagster import local_stack
-from mongocdc_dagster.partitions import COLLECTIONS_PARTITIONS_NAME
-from mongocdc_devstack.fixture import EmulatedReplicaSet, free_port
+from mongocdc_dagster.partitions import floor_to
 from tests.dagster.cdc_helpers import write_config
+from tests.dagster.time_travel import travelling_replica_set
 
-pytestmark = pytest.mark.slow
+# One stack per module: every test runs on the same xdist worker, in order (the later ones build on the earlier).
+pytestmark = [pytest.mark.slow, pytest.mark.daemon, pytest.mark.fault, pytest.mark.timeout(2400), pytest.mark.xdist_group("e2e")]
 
 BIN = Path(sys.executable).parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 T = TypeVar("T")
+KEY_FMT = "%Y-%m-%d-%H:%M"
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float, logs: list[Path]) -> T:
@@ -64,8 +72,9 @@ class Stack:
     dagster_home: Path
     port: int
     config: Path
-    slice_start: datetime
+    windows: list[datetime]
     logs: list[Path]
+    env: dict[str, str]
 
     def instance(self) -> DagsterInstance:
         return DagsterInstance.from_config(str(self.dagster_home))
@@ -85,6 +94,24 @@ class Stack:
     def runs(self, **tags: str) -> list[Any]:
         with self.instance() as instance:
             return list(instance.get_runs(filters=RunsFilter(tags=tags)))
+
+    def key(self, coll: str, kind: str) -> dict[str, list[str]]:
+        return {"path": [self.db, coll, kind]}
+
+    def stop_instigators(self) -> None:
+        """Stop the schedules and the table automation (the sensors for signals, discovery and the oplog run)."""
+        repo = {"repositoryLocationName": "mongocdc", "repositoryName": "__repository__"}
+        sensors = self.graphql("""query($r: RepositorySelector!) { sensorsOrError(repositorySelector: $r) {
+            ... on Sensors { results { name sensorState { id } } } } }""", {"r": repo})["sensorsOrError"]["results"]
+        for sensor in sensors:
+            if sensor["name"] == "mongocdc_table_automation":
+                self.graphql("mutation($id: String) { stopSensor(id: $id) { __typename } }",
+                             {"id": sensor["sensorState"]["id"]})
+        schedules = self.graphql("""query($r: RepositorySelector!) { schedulesOrError(repositorySelector: $r) {
+            ... on Schedules { results { name scheduleState { id } } } } }""", {"r": repo})["schedulesOrError"]["results"]
+        for schedule in schedules:
+            self.graphql("mutation($id: String) { stopRunningSchedule(id: $id) { __typename } }",
+                         {"id": schedule["scheduleState"]["id"]})
 
 
 def _server_up(port: int) -> bool:
@@ -108,175 +135,218 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    if os.environ.get("MONGOCDC_TEST_MONGODB_URI"):
+        pytest.skip("the end-to-end test travels the emulator's clock")
     tmp = tmp_path_factory.mktemp("e2e")
-    real = os.environ.get("MONGOCDC_TEST_MONGODB_URI")
-    emulator = None if real else EmulatedReplicaSet(in_process=False, noop_interval=1.0).start()
-    uri = real or emulator.uri  # type: ignore[union-attr]
-    db = f"e2e_{uuid.uuid4().hex[:8]}"
-    client: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=10_000)
-    client[db].customers.insert_many([{"_id": i, "name": f"c{i}", "tier": i % 3} for i in range(30)])
-    client[db].orders.insert_many([{"_id": i, "qty": i} for i in range(12)])
-    client[db].create_collection("signals")
-    config = write_config(tmp / "connector.json", uri, db)
-    first = datetime.fromtimestamp(api.oplog_window(ConnectorConfig.load(config)).first.time, UTC)
-    # one-minute windows from the first whole minute inside the oplog (and after now)
-    slice_start = (max(first, datetime.now(UTC)) + timedelta(minutes=1)).replace(second=0, microsecond=0)
-    dagster_home = tmp / "dagster_home"
-    dagster_home.mkdir()
-    shutil.copyfile(local_stack.DAGSTER_YAML, dagster_home / "dagster.yaml")
-    # Create the SQLite storage once, here: the webserver and the daemon migrating a fresh home at the same
-    # moment can leave two alembic heads behind.
-    with DagsterInstance.from_config(str(dagster_home)) as instance:
-        instance.get_runs(limit=1)
-        instance.all_instigator_state()
-    port = free_port()
-    env = dict(os.environ, DAGSTER_HOME=str(dagster_home), MONGOCDC_CONFIG=str(config),
-               MONGOCDC_HOME=str(tmp / "home"), MONGOCDC_SLICE_GRANULARITY="1min",
-               MONGOCDC_SLICE_START=slice_start.isoformat(), MONGOCDC_SENSOR_INTERVAL="5")
-    logs = [tmp / "webserver.log", tmp / "daemon.log"]
-    processes: list[subprocess.Popen[bytes]] = []
-    try:
-        for log, command in zip(logs, [
-            [str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-            [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"],
-        ], strict=True):
-            with open(log, "wb") as out:
-                processes.append(subprocess.Popen(command, cwd=local_stack.REPO_ROOT, env=env, stdout=out,
-                                                  stderr=subprocess.STDOUT, start_new_session=True))
-        stack = Stack(uri, db, tmp / "home", dagster_home, port, config, slice_start, logs)
-        wait_for("the webserver", lambda: _server_up(port), 120, logs)
-        yield stack
-    finally:
-        for process in processes:
-            _stop(process)
-        client.drop_database(db)
-        client.close()
-        if emulator is not None:
-            emulator.stop()
+    with travelling_replica_set(behind_s=3600) as (uri, clock):
+        db = f"e2e_{uuid.uuid4().hex[:8]}"
+        client: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=10_000)
+        first = floor_to(clock.now(), 60) + timedelta(minutes=1)
+        clock.jump_to(first - timedelta(seconds=30))
+        client[db].customers.insert_many([{"_id": i, "name": f"c{i}", "tier": i % 3} for i in range(30)])
+        client[db].orders.insert_many([{"_id": i, "qty": i} for i in range(12)])
+        client[db].create_collection("signals")
+        windows = [first + timedelta(minutes=m) for m in range(3)]
+        for minute, start in enumerate(windows):  # history: orders changes in three closed windows
+            clock.jump_to(start + timedelta(seconds=10))
+            client[db].orders.insert_many([{"_id": 100 * (minute + 1) + i, "qty": i} for i in range(minute + 2)])
+            client[db].orders.update_one({"_id": minute}, {"$inc": {"qty": 1000}})
+        clock.jump_to(datetime.now(UTC))  # from here on the cluster keeps real time
+        client[db].orders.update_one({"_id": 11}, {"$set": {"qty": -11}})
+        config = write_config(tmp / "connector.json", uri, db)
+        dagster_home = local_stack.prepare_dagster_home(tmp / "dagster_home")
+        port = local_stack_port()
+        env = dict(os.environ, DAGSTER_HOME=str(dagster_home), MONGOCDC_CONFIG=str(config),
+                   MONGOCDC_HOME=str(tmp / "home"), MONGOCDC_SLICE_GRANULARITY="1min",
+                   MONGOCDC_SLICE_START=windows[0].isoformat(), MONGOCDC_SENSOR_INTERVAL="5",
+                   # run workers load the definitions before the launch returns: slow on a busy 2-core machine
+                   DAGSTER_GRPC_TIMEOUT_SECONDS="300")
+        logs = [tmp / "webserver.log", tmp / "daemon.log"]
+        processes: list[subprocess.Popen[bytes]] = []
+        try:
+            for log, command in zip(logs, [
+                [str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+                [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"],
+            ], strict=True):
+                with open(log, "wb") as out:
+                    processes.append(subprocess.Popen(command, cwd=local_stack.REPO_ROOT, env=env, stdout=out,
+                                                      stderr=subprocess.STDOUT, start_new_session=True))
+            stack = Stack(uri, db, tmp / "home", dagster_home, port, config, windows, logs, env)
+            wait_for("the webserver", lambda: _server_up(port), 120, logs)
+            # each test launches what it shows; the schedules and the table automation would add runs (and
+            # Spark JVMs) every minute, and refresh tables a test changes by hand
+            stack.stop_instigators()
+            yield stack
+        finally:
+            for process in processes:
+                _stop(process)
+            client.close()
 
 
-def _succeeded(stack: Stack, runs: list[Any]) -> bool:
+def local_stack_port() -> int:
+    from mongocdc_devstack.fixture import free_port
+
+    return free_port("127.0.0.1")
+
+
+def _succeeded(runs: list[Any]) -> bool:
     failed = [r for r in runs if r.status in (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)]
     assert not failed, f"runs failed: {[(r.run_id, r.tags) for r in failed]}"
     return bool(runs) and all(r.status == DagsterRunStatus.SUCCESS for r in runs)
 
 
-def test_discovery_then_snapshot_backfill_through_graphql(stack: Stack) -> None:
-    expected = [f"{stack.db}.customers", f"{stack.db}.orders"]
+_LAUNCH_BACKFILL = """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
+    __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message stack }
+    ... on PartitionKeysNotFoundError { message } ... on InvalidSubsetError { message } } }"""
 
-    def partitions() -> list[str] | None:
-        with stack.instance() as instance:
-            keys = sorted(instance.get_dynamic_partitions(COLLECTIONS_PARTITIONS_NAME))
-        return keys if keys == expected else None
 
-    wait_for("the discovery sensor to register the collections", partitions, 90, stack.logs)
-    launched = stack.graphql(
-        """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
-             __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message stack }
-             ... on PartitionKeysNotFoundError { message } ... on InvalidSubsetError { message } } }""",
-        {"params": {"partitionNames": expected, "assetSelection": [{"path": ["mongocdc", "snapshot"]}]}},
-    )["launchPartitionBackfill"]
+def test_backfill_of_one_collections_slices_through_graphql_is_one_run(stack: Stack) -> None:
+    keys = [w.strftime(KEY_FMT) for w in stack.windows]
+    launched = stack.graphql(_LAUNCH_BACKFILL, {"params": {
+        "partitionNames": keys, "assetSelection": [stack.key("orders", "slices")]}})["launchPartitionBackfill"]
     assert launched["__typename"] == "LaunchBackfillSuccess", launched
     backfill = launched["backfillId"]
+    runs = wait_for("the backfill's run", lambda: (r if _succeeded(r := stack.runs(**{"dagster/backfill": backfill}))
+                                                    else None), 600, stack.logs)
+    assert len(runs) == 1  # BackfillPolicy.single_run: three windows, one change stream
+    for minute, start in enumerate(stack.windows):
+        path = stack.home / "landing" / "stream_slice" / f"{stack.db}.orders" / (start.strftime("%Y%m%dT%H%M%SZ") + ".parquet")
+        ops = pq.read_table(path)["op"].to_pylist()
+        assert (ops.count("c"), ops.count("u")) == (minute + 2, 1)
 
-    def done() -> bool:
-        runs = stack.runs(**{"dagster/backfill": backfill})
-        return len(runs) == 2 and _succeeded(stack, runs)
 
-    wait_for("the backfill runs", done, 150, stack.logs)
-    for ns, count in ((expected[0], 30), (expected[1], 12)):
-        table = pq.read_table(stack.home / "landing" / "snapshot" / ns / "snapshot.parquet")
-        assert table.num_rows == count and set(table["op"].to_pylist()) == {"r"}
+def test_one_launch_materialises_a_collection_end_to_end(stack: Stack) -> None:
+    selection = [stack.key("orders", k) for k in ("snapshot", "slices", "changelog", "current_state")]
+    launched = stack.graphql(
+        """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) {
+             __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message stack }
+             ... on InvalidSubsetError { message } ... on RunConfigValidationInvalid { errors { message } } } }""",
+        {"params": {"selector": {"repositoryLocationName": "mongocdc", "repositoryName": "__repository__",
+                                 "jobName": "__ASSET_JOB", "assetSelection": selection},
+                    "executionMetadata": {"tags": [{"key": "dagster/partition",
+                                                    "value": stack.windows[-1].strftime(KEY_FMT)}]}}},
+    )["launchRun"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    run_id = launched["run"]["runId"]
+
+    def done() -> Any:
+        with stack.instance() as instance:
+            run = instance.get_run_by_id(run_id)
+        return run if run is not None and _succeeded([run]) else None
+
+    wait_for("snapshot -> slices -> changelog -> current_state in one run", done, 900, stack.logs)
+    with stack.instance() as instance:
+        for kind in ("snapshot", "slices", "changelog", "current_state"):
+            event = instance.get_latest_materialization_event(_asset_key(stack, "orders", kind))
+            assert event is not None and event.run_id == run_id, kind
+        state = instance.get_latest_materialization_event(_asset_key(stack, "orders", "current_state"))
+        assert state is not None and state.asset_materialization is not None
+        assert state.asset_materialization.metadata["dagster/row_count"].value == 12 + 2 + 3 + 4
+
+
+def _asset_key(stack: Stack, coll: str, kind: str) -> Any:
+    from dagster import AssetKey
+
+    return AssetKey([stack.db, coll, kind])
+
+
+def _materialized(stack: Stack, coll: str, kind: str) -> bool:
+    with stack.instance() as instance:
+        return instance.get_latest_materialization_event(_asset_key(stack, coll, kind)) is not None
 
 
 def _signal_sensor_started(stack: Stack) -> bool:
-    """The signal sensor has ticked once (it ignores signals older than its first tick)."""
+    """The signal sensor has ticked once (it ignores signals sent before its first tick)."""
     with stack.instance() as instance:
         return any(state.name == "mongocdc_signals" and getattr(state.instigator_data, "cursor", None)
                    for state in instance.all_instigator_state())
 
 
-def test_signals_launch_a_filtered_blocking_and_an_incremental_snapshot(stack: Stack) -> None:
+def _sensor_ticks(stack: Stack) -> int:
+    with stack.instance() as instance:
+        states = [s for s in instance.all_instigator_state() if s.name == "mongocdc_signals"]
+        return len(instance.get_ticks(states[0].instigator_origin_id, states[0].selector_id, limit=1000))
+
+
+def test_signals_with_objectid_string_and_integer_ids_each_launch_exactly_one_run(stack: Stack) -> None:
     wait_for("the signal sensor's first tick", lambda: _signal_sensor_started(stack), 60, stack.logs)
-    blocking, incremental = ObjectId(), ObjectId()
+    ids: list[Any] = [ObjectId(), "string-signal", 42]
     with stack.client() as client:
-        client[stack.db].signals.insert_many([
-            {"_id": blocking, "type": "execute-snapshot", "data": {
-                "data-collections": [f"{stack.db}\\.cust.*"], "type": "blocking",
-                "additional-conditions": [{"data-collection": f"{stack.db}.customers", "filter": '{"tier": 1}'}]}},
-            {"_id": incremental, "type": "execute-snapshot", "data": {"data-collections": [f"{stack.db}.orders"]}},
-        ])
+        for signal_id in ids:  # in _id order the string and the integer sort before the ObjectId
+            client[stack.db].signals.insert_one({"_id": signal_id, "type": "execute-snapshot", "data": {
+                "data-collections": [f"{stack.db}.customers"], "type": "blocking"}})
+    tags = [str(ids[0]), "_string-signal_", "42"]
 
     def finished() -> list[Any] | None:
-        runs = [r for s in (blocking, incremental) for r in stack.runs(**{"mongocdc/signal_id": str(s)})]
-        return runs if len(runs) == 2 and _succeeded(stack, runs) else None
+        runs = [r for t in tags for r in stack.runs(**{"mongocdc/signal_id": t})]
+        return runs if len(runs) == 3 and _succeeded(runs) else None
 
-    runs = wait_for("the signal sensor's runs", finished, 150, stack.logs)
-    assert sorted((r.tags["mongocdc/collection"], r.tags["mongocdc/snapshot_type"]) for r in runs) == [
-        (f"{stack.db}.customers", "blocking"), (f"{stack.db}.orders", "incremental")]
-    files = list((stack.home / "landing" / "snapshot" / f"{stack.db}.customers").glob("filtered-*.parquet"))
-    assert len(files) == 1 and pq.read_table(files[0]).num_rows == 10
-    ops = pq.read_table(stack.home / "landing" / "incremental_snapshot" / f"{stack.db}.orders" / "snapshot.parquet",
-                        columns=["op"])["op"].to_pylist()
-    assert ops.count("r") == 12
+    runs = wait_for("one run per signal", finished, 900, stack.logs)
+    ticks = _sensor_ticks(stack)
+    wait_for("two more signal sensor ticks", lambda: _sensor_ticks(stack) >= ticks + 2, 300, stack.logs)
+    assert sorted(len(stack.runs(**{"mongocdc/signal_id": t})) for t in tags) == [1, 1, 1]
+    assert len({r.tags["mongocdc/signal_position"] for r in runs}) == 3
 
 
-def test_schedule_lands_the_closed_window(stack: Stack) -> None:
-    now = datetime.now(UTC)
-    window_start = max(now.replace(second=0, microsecond=0), stack.slice_start)
-    if window_start <= now and (now - window_start).total_seconds() > 50:
-        window_start += timedelta(minutes=1)  # too late in this window for the writes: use the next one
-    if window_start > now:
-        time.sleep((window_start - now).total_seconds() + 0.5)
-    with stack.client() as client:
-        orders = client[stack.db].orders
-        orders.insert_many([{"_id": 100 + i, "qty": i} for i in range(7)])
-        orders.update_one({"_id": 1}, {"$inc": {"qty": 5}})
-        orders.delete_one({"_id": 2})
-    assert datetime.now(UTC) < window_start + timedelta(minutes=1), "the writes spilled into the next window"
-    window_key = window_start.strftime("%Y-%m-%d-%H:%M")
-    partitions = [f"{stack.db}.{c}|{window_key}" for c in ("customers", "orders")]
+def _check(stack: Stack) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "mongocdc"), "check", "--collection", f"{stack.db}.orders"],
+                          cwd=local_stack.REPO_ROOT, env=stack.env, capture_output=True, text=True, timeout=600,
+                          check=False)
 
-    def landed() -> list[Any] | None:
-        runs = [r for p in partitions for r in stack.runs(**{"dagster/partition": p})]
-        return runs if len(runs) == 2 and _succeeded(stack, runs) else None
 
-    runs = wait_for("the schedule's stream slice runs", landed, 170, stack.logs)
-    assert all(r.tags.get("dagster/schedule_name") == "mongocdc_latest_window" for r in runs)
-    path = stack.home / "landing" / "stream_slice" / f"{stack.db}.orders" / (
-        window_start.strftime("%Y%m%dT%H%M%SZ") + ".parquet")
-    ops = pq.read_table(path)["op"].to_pylist()
-    assert (ops.count("c"), ops.count("u"), ops.count("d"), ops.count(None)) == (7, 1, 1, 1)
-    start = Timestamp(int(window_start.timestamp()), 0)
-    end = Timestamp(int(window_start.timestamp()) + 60, 0)
+def test_reconciliation_passes_while_a_writer_writes_and_fails_on_a_corrupted_row(stack: Stack) -> None:
+    wait_for("orders' current_state", lambda: _materialized(stack, "orders", "current_state"), 300, stack.logs)
+    stop = threading.Event()
+    written = [0]
 
-    class Discard:
-        def write(self, records: Any) -> None: ...
-        def flush(self, timeout: float | None = None) -> None: ...
-        def close(self) -> None: ...
+    def writer() -> None:
+        with stack.client() as client:
+            while not stop.is_set():
+                n = written[0]
+                client[stack.db].orders.insert_one({"_id": 10_000 + n, "qty": n})
+                client[stack.db].orders.update_one({"_id": 10_000 + n // 2}, {"$inc": {"qty": 1}})
+                written[0] += 1
+                time.sleep(0.02)
 
-    again = api.stream_window(ConnectorConfig.load(stack.config), f"{stack.db}.orders", start, end, Discard())
-    assert again.counts == {"c": 7, "u": 1, "d": 1}  # the engine, called directly, agrees with the run
-    with stack.instance() as instance:
-        every = list(instance.get_runs())
-    assert every and all(r.status == DagsterRunStatus.SUCCESS for r in every), [(r.run_id, r.status) for r in every]
+    thread = threading.Thread(target=writer, name="writer")
+    thread.start()
+    try:
+        passing = _check(stack)
+    finally:
+        stop.set()
+        thread.join()
+    assert written[0] > 10, "the writer did not write during the check"
+    assert passing.returncode == 0, passing.stdout + passing.stderr
+    assert f"PASS  {stack.db}/orders/current_state  matches_source  blocking" in passing.stdout
+
+    table = str(stack.home / "tables" / f"{stack.db}__orders__current")
+    DeltaTable.forPath(spark_session("local[2]"), table).update(F.col("_id") == "5", {"__doc": F.parse_json(F.lit('{"_id": 5}'))})
+    failing = _check(stack)
+    assert failing.returncode == 1, failing.stdout + failing.stderr
+    line = next(x for x in failing.stdout.splitlines() if x.startswith("FAIL"))
+    assert f"{stack.db}/orders/current_state  matches_source  blocking" in line and "DIFFERS" in line
 
 
 @pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"),
                     reason="chromium is not installed (apt-get install -y chromium); required when CI is set")
-def test_asset_graph_page_shows_the_cdc_assets(stack: Stack, tmp_path: Path) -> None:
+def test_asset_graph_shows_each_collections_assets(stack: Stack, tmp_path: Path) -> None:
     assert CHROMIUM is not None, "CI is set but chromium is missing: apt-get install -y chromium"
     url = f"http://127.0.0.1:{stack.port}/asset-groups"  # the global asset lineage graph
+    shot = tmp_path / "asset-graph.png"
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--window-size=1600,1000", f"--user-data-dir={tmp_path / 'chrome'}", "--virtual-time-budget=20000"]
 
     def dom() -> str | None:
-        result = subprocess.run(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'chrome'}", "--virtual-time-budget=20000", "--dump-dom", url],
-            capture_output=True, timeout=120, check=False,
-        )
+        result = subprocess.run([*flags, "--dump-dom", url], capture_output=True, timeout=120, check=False)
         text = result.stdout.decode(errors="replace")
-        return text if "stream_slice" in text and "snapshot" in text else None
+        wanted = [f"{stack.db}/{c}/{k}" for c in ("orders", "customers") for k in ("snapshot", "slices", "current_state")]
+        return text if all(w in text or json.dumps([stack.db, c, k]) in text for w, (c, k) in
+                           zip(wanted, [(c, k) for c in ("orders", "customers") for k in ("snapshot", "slices", "current_state")],
+                               strict=True)) else None
 
-    page = wait_for("the asset graph to render the CDC assets", dom, 100, stack.logs)
+    page = wait_for("the asset graph to render each collection's assets", dom, 120, stack.logs)
     assert "Global asset lineage" in page
+    subprocess.run([*flags, f"--screenshot={shot}", url], capture_output=True, timeout=120, check=True)
+    assert shot.stat().st_size > 10_000
+    shutil.copyfile(shot, stack.home.parent / "asset-graph.png")

@@ -7,16 +7,18 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-from dagster import DagsterInstance, materialize
+from dagster import AssetsDefinition, DagsterInstance, materialize
+from pymongo.database import Database
 
 from mongocdc_dagster.resources import MongoCdcKafkaResource
 from mongocdc_devstack.kafka_broker import KafkaBroker, KafkaBrokerError, check_jars, default_jars_dir
-from tests.dagster.cdc_helpers import CdcEnv, materialization_metadata, register
+from tests.dagster.cdc_helpers import make_env, materialization_metadata
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +62,14 @@ def _keys(bootstrap: str, topic: str) -> list[str]:
     return keys
 
 
-def test_snapshot_publishes_to_kafka_and_lands_parquet(cdc: CdcEnv, instance: DagsterInstance, bootstrap: str) -> None:
-    cdc.db.parts.insert_many([{"_id": i, "n": i} for i in range(8)])
-    ns = cdc.ns("parts")
-    register(instance, ns)
-    resources = {**cdc.resources, "kafka": MongoCdcKafkaResource(bootstrap_servers=bootstrap)}
-    assert materialize([cdc.assets.snapshot], partition_key=ns, resources=resources, instance=instance).success
-    path = Path(materialization_metadata(instance, cdc.assets.snapshot_key, ns)["path"])
+def test_snapshot_publishes_to_kafka_and_lands_parquet(tmp_path: Path, mongo_uri: str, db: Database[Any],
+                                                      instance: DagsterInstance, bootstrap: str) -> None:
+    db.parts.insert_many([{"_id": i, "n": i} for i in range(8)])
+    env = make_env(tmp_path, mongo_uri, db, ["parts"], tables=False)  # snapshots only: no Spark needed
+    key = env.key("parts", "snapshot")
+    resources = {**env.resources, "kafka": MongoCdcKafkaResource(bootstrap_servers=bootstrap)}
+    assets = [a for a in env.defs.assets or [] if isinstance(a, AssetsDefinition)]
+    assert materialize(assets, selection=[key], resources=resources, instance=instance).success
+    path = Path(materialization_metadata(instance, key)["dagster/uri"])
     landed = sorted(pq.read_table(path)["key"].to_pylist())
-    assert sorted(_keys(bootstrap, f"testsrv.{ns}")) == landed and len(landed) == 8
+    assert sorted(_keys(bootstrap, f"testsrv.{env.ns('parts')}")) == landed and len(landed) == 8

@@ -1,42 +1,43 @@
-"""Sensors, schedule and cross-partition checks, evaluated with Dagster's test contexts."""
+"""Sensors, schedules and cross-window checks, evaluated with Dagster's test contexts."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, cast
 
 from bson import ObjectId, Timestamp
 from dagster import (
-    AssetCheckResult,
+    AssetKey,
     AssetMaterialization,
     DagsterInstance,
     DagsterRunStatus,
     RunRequest,
     SensorResult,
     SkipReason,
-    build_asset_check_context,
     build_schedule_context,
     build_sensor_context,
 )
+from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluation
 from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteRepositoryOrigin
 from dagster._core.test_utils import create_run_for_test
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+from pymongo.database import Database
 
 from mongocdc_core.positions import Position
 from mongocdc_core.source.oplog import OplogWindow
-from mongocdc_dagster.checks import build_checks
-from mongocdc_dagster.partitions import COLLECTIONS_PARTITIONS_NAME
+from mongocdc_dagster.checks import build_gap_check
+from mongocdc_dagster.history import COVERS_FROM, PARTIAL
 from mongocdc_dagster.resources import MongoCdcResource
 from mongocdc_dagster.schedules import build_latest_window_schedule
 from mongocdc_dagster.sensors import (
-    TAG_COLLECTION,
     TAG_SNAPSHOT_TYPE,
     build_discovery_sensor,
     build_oplog_window_sensor,
     build_signal_sensor,
 )
-from tests.dagster.cdc_helpers import CdcEnv, register
+from tests.dagster.cdc_helpers import CdcEnv, make_env
 
 
 def _evaluate(sensor: Any, instance: DagsterInstance, resource: MongoCdcResource, cursor: str | None = None) -> Any:
@@ -44,109 +45,157 @@ def _evaluate(sensor: Any, instance: DagsterInstance, resource: MongoCdcResource
     return sensor(context)
 
 
-def test_discovery_adds_and_removes_collection_partitions(cdc: CdcEnv, instance: DagsterInstance) -> None:
-    cdc.db.create_collection("alpha")
-    cdc.db.create_collection("beta")
-    sensor = build_discovery_sensor(30)
-    result = _evaluate(sensor, instance, cdc.mongocdc)
+def _skip_text(result: Any) -> str:
+    return str(result.skip_message if isinstance(result, SkipReason) else result.skip_reason)
+
+
+def test_discovery_says_in_words_what_changed_and_what_did_not(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    db.create_collection("alpha")
+    env = make_env(tmp_path, mongo_uri, db, ["alpha"])
+    sensor = build_discovery_sensor(30, env.state, env.cdc, {})
+    same = _evaluate(sensor, instance, env.mongocdc)
+    assert isinstance(same, SkipReason)
+    assert _skip_text(same) == (f"no change: MongoDB captures the same 1 collection(s) the definitions were built "
+                                f"for ({env.ns('alpha')})")
+    db.create_collection("beta")
+    text = _skip_text(_evaluate(sensor, instance, env.mongocdc))
+    assert f"1 captured collection(s) have no assets yet: {env.ns('beta')}; reload the code location" in text
+    db.drop_collection("alpha")
+    assert f"no longer captured: {env.ns('alpha')}" in _skip_text(_evaluate(sensor, instance, env.mongocdc))
+
+
+def test_discovery_plans_the_ranges_of_a_ranged_collection_once(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    db.big.insert_many([{"_id": i} for i in range(300)])
+    env = make_env(tmp_path, mongo_uri, db, ["big"], ranged={f"{db.name}.big": 100})
+    sensor = build_discovery_sensor(30, env.state, env.cdc, dict(env.settings.ranged))
+    result = _evaluate(sensor, instance, env.mongocdc)
     assert isinstance(result, SensorResult)
-    (add,) = result.dynamic_partitions_requests or []
-    assert add.partition_keys == [cdc.ns("alpha"), cdc.ns("beta")]  # not the signaling collection
-    instance.add_dynamic_partitions(COLLECTIONS_PARTITIONS_NAME, add.partition_keys)
-    assert isinstance(_evaluate(sensor, instance, cdc.mongocdc), SkipReason)
-    cdc.db.drop_collection("beta")
-    (remove,) = _evaluate(sensor, instance, cdc.mongocdc).dynamic_partitions_requests
-    assert remove.partition_keys == [cdc.ns("beta")]
+    (request,) = result.dynamic_partitions_requests
+    assert len(request.partition_keys) >= 2 and all("-of-" in k for k in request.partition_keys)
+    assert f"planned the snapshot ranges of {env.ns('big')}" in str(result.skip_reason)
+    instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
+    assert isinstance(_evaluate(sensor, instance, env.mongocdc), SkipReason)  # planned once
 
 
-def _started(cdc: CdcEnv, instance: DagsterInstance) -> str:
-    """The cursor of a signal sensor's first tick (which only notes where the collection stands)."""
-    result = _evaluate(build_signal_sensor(30, cdc.assets), instance, cdc.mongocdc)
-    assert isinstance(result, SensorResult) and "predate the sensor" in str(result.skip_reason)
+# -- signals ----------------------------------------------------------------------------------------------
+
+
+def _started(env: CdcEnv, instance: DagsterInstance) -> str:
+    """The cursor of a signal sensor's first tick (which only notes where the signaling collection stands)."""
+    result = _evaluate(build_signal_sensor(30, env.cdc), instance, env.mongocdc)
+    assert isinstance(result, SensorResult) and "signals inserted from now on" in str(result.skip_reason)
     assert result.cursor is not None
     return result.cursor
 
 
-def test_signals_sent_before_the_sensor_started_are_not_replayed(cdc: CdcEnv, instance: DagsterInstance) -> None:
-    cdc.db.create_collection("old")
-    cdc.db.signals.insert_one({"_id": 5, "type": "execute-snapshot",
-                               "data": {"data-collections": [".*"], "type": "blocking"}})
-    cursor = _started(cdc, instance)
-    again = _evaluate(build_signal_sensor(30, cdc.assets), instance, cdc.mongocdc, cursor=cursor)
-    assert isinstance(again, SkipReason) and "no new signals" in (again.skip_message or "")
+def test_signals_sent_before_the_sensor_started_are_not_replayed(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    db.create_collection("old")
+    env = make_env(tmp_path, mongo_uri, db, ["old"])
+    db.signals.insert_one({"_id": 5, "type": "execute-snapshot", "data": {"data-collections": [".*"], "type": "blocking"}})
+    cursor = _started(env, instance)
+    again = _evaluate(build_signal_sensor(30, env.cdc), instance, env.mongocdc, cursor=cursor)
+    assert "no new signals" in _skip_text(again) and not getattr(again, "run_requests", None)
 
 
-def test_signal_sensor_launches_one_run_per_signal_and_collection(cdc: CdcEnv, instance: DagsterInstance) -> None:
+def test_signals_with_objectid_string_and_integer_ids_each_launch_one_run(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
     for name in ("customers", "customers_eu", "orders"):
-        cdc.db.create_collection(name)
-    register(instance, cdc.ns("customers"))
-    cursor = _started(cdc, instance)
-    db = cdc.db.name
-    signal_id = ObjectId()
-    cdc.db.signals.insert_many([
-        {"_id": signal_id, "type": "execute-snapshot", "data": {
-            "data-collections": [f"{db}\\.customers.*"], "type": "blocking",
-            "additional-conditions": [{"data-collection": f"{db}.customers_eu", "filter": '{"eu": true}'}]}},
-        {"_id": ObjectId(), "type": "execute-snapshot", "data": {"data-collections": "not-a-list", "type": "blocking"}},
-        {"_id": ObjectId(), "type": "log", "data": {"message": "hello"}},
-        {"_id": ObjectId(), "type": "execute-snapshot", "data": {"data-collections": [f"{db}\\.orders"]}},
-    ])
-    # an incremental snapshot's chunk watermark (string _id) in the same collection is not a request
-    cdc.db.signals.insert_one({"_id": "api-1-open", "type": "snapshot-window-open", "data": {}})
-    sensor = build_signal_sensor(30, cdc.assets)
-    result = _evaluate(sensor, instance, cdc.mongocdc, cursor=cursor)
+        db.create_collection(name)
+    env = make_env(tmp_path, mongo_uri, db, ["customers", "customers_eu", "orders"])
+    sensor = build_signal_sensor(30, env.cdc)
+    cursor = _started(env, instance)
+    oid = ObjectId()
+    # inserted in this order: by _id order the string and the integer would sort before the ObjectId
+    db.signals.insert_one({"_id": oid, "type": "execute-snapshot", "data": {
+        "data-collections": [f"{db.name}\\.customers.*"], "type": "blocking",
+        "additional-conditions": [{"data-collection": f"{db.name}.customers_eu", "filter": '{"eu": true}'}]}})
+    db.signals.insert_one({"_id": "zz-signal", "type": "execute-snapshot", "data": {"data-collections": [f"{db.name}.orders"]}})
+    db.signals.insert_one({"_id": 7, "type": "execute-snapshot", "data": {"data-collections": [f"{db.name}.orders"],
+                                                                          "type": "blocking"}})
+    db.signals.insert_one({"_id": "api-1-open", "type": "snapshot-window-open", "data": {}})  # a watermark, not a request
+    result = _evaluate(sensor, instance, env.mongocdc, cursor=cursor)
     assert isinstance(result, SensorResult)
-    requests = {str(r.partition_key): r for r in result.run_requests or []}
-    assert sorted(requests) == [cdc.ns("customers"), cdc.ns("customers_eu"), cdc.ns("orders")]
-    incremental = requests.pop(cdc.ns("orders"))  # the type defaults to incremental, as in Debezium
-    assert incremental.asset_selection == [cdc.assets.incremental_snapshot_key]
-    assert incremental.tags["mongocdc/snapshot_type"] == "incremental"
-    assert all(r.asset_selection == [cdc.assets.snapshot_key] for r in requests.values())
-    eu = requests[cdc.ns("customers_eu")]
-    assert eu.run_key == f"{signal_id}:{cdc.ns('customers_eu')}"
-    assert eu.run_config["ops"]["mongocdc_snapshot"]["config"] == {"filter": '{"eu": true}', "signal_id": str(signal_id)}
-    assert requests[cdc.ns("customers")].run_config["ops"]["mongocdc_snapshot"]["config"]["filter"] is None
-    # a matched collection that was not yet a partition is registered in the same tick
-    (add,) = result.dynamic_partitions_requests or []
-    assert add.partition_keys == [cdc.ns("customers_eu"), cdc.ns("orders")]
-    again = _evaluate(sensor, instance, cdc.mongocdc, cursor=result.cursor)
-    assert isinstance(again, SkipReason) and "no new signals" in (again.skip_message or "")
+    requests = result.run_requests or []
+    assert len(requests) == 3 and len({r.run_key for r in requests}) == 3
+    by_id = {r.tags["mongocdc/signal_id"]: r for r in requests}
+    assert set(by_id) == {str(oid), "_zz-signal_", "7"}
+    blocking = by_id[str(oid)]
+    assert sorted(k.to_user_string() for k in blocking.asset_selection or []) == [
+        f"{db.name}/customers/snapshot", f"{db.name}/customers_eu/snapshot"]
+    assert blocking.run_config["ops"]["mongocdc_snapshot"]["config"] == {
+        "filters": {env.ns("customers_eu"): '{"eu": true}'}, "signal_id": str(oid)}
+    incremental = by_id["_zz-signal_"]  # the type defaults to incremental, as in Debezium
+    assert incremental.asset_selection == [env.key("orders", "incremental_snapshot")]
+    assert incremental.tags[TAG_SNAPSHOT_TYPE] == "incremental"
+    assert by_id["7"].asset_selection == [env.key("orders", "snapshot")]
+    again = _evaluate(sensor, instance, env.mongocdc, cursor=result.cursor)
+    assert "no new signals" in _skip_text(again) and not getattr(again, "run_requests", None)
 
 
-def test_malformed_and_unsupported_signals_become_skip_reasons(cdc: CdcEnv, instance: DagsterInstance) -> None:
-    cursor = _started(cdc, instance)
-    cdc.db.signals.insert_many([
+def test_a_signal_for_a_collection_without_assets_is_held_until_a_reload_has_it(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    db.create_collection("known")
+    env = make_env(tmp_path, mongo_uri, db, ["known"])
+    cursor = _started(env, instance)
+    db.signals.insert_one({"_id": "later", "type": "execute-snapshot",
+                           "data": {"data-collections": [f"{db.name}.later"], "type": "blocking"}})
+    first = _evaluate(build_signal_sensor(30, env.cdc), instance, env.mongocdc, cursor=cursor)
+    assert not first.run_requests and f"held: it names {env.ns('later')}" in _skip_text(first)
+    db.create_collection("later")  # now captured, but the loaded definitions do not have it
+    second = _evaluate(build_signal_sensor(30, env.cdc), instance, env.mongocdc, cursor=first.cursor)
+    assert not second.run_requests and "held" in _skip_text(second)
+    reloaded = make_env(tmp_path, mongo_uri, db, ["known", "later"])  # what a reload of the code location builds
+    third = _evaluate(build_signal_sensor(30, reloaded.cdc), instance, reloaded.mongocdc, cursor=second.cursor)
+    (request,) = third.run_requests
+    assert request.asset_selection == [reloaded.key("later", "snapshot")]
+    fourth = _evaluate(build_signal_sensor(30, reloaded.cdc), instance, reloaded.mongocdc, cursor=third.cursor)
+    assert not getattr(fourth, "run_requests", None)  # launched once, no longer held
+
+
+def test_malformed_and_unsupported_signals_are_reported(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    env = make_env(tmp_path, mongo_uri, db, [])
+    cursor = _started(env, instance)
+    db.signals.insert_many([
         {"_id": 1, "type": "execute-snapshot", "data": {"data-collections": ["(unclosed"], "type": "blocking"}},
-        {"_id": 2, "type": "execute-snapshot", "data": {"data-collections": [".*"]}},  # incremental by default
+        {"_id": 2, "type": "execute-snapshot", "data": {"data-collections": [".*"]}},
         {"_id": 3, "type": "execute-snapshot", "data": "{not json"},
+        {"_id": 4, "type": "log", "data": {"message": "hi"}},
     ])
-    result = _evaluate(build_signal_sensor(30, cdc.assets), instance, cdc.mongocdc, cursor=cursor)
+    result = _evaluate(build_signal_sensor(30, env.cdc), instance, env.mongocdc, cursor=cursor)
     assert isinstance(result, SensorResult) and not result.run_requests
     reason = str(result.skip_reason)
-    assert "signal 1" in reason and "not a valid regular expression" in reason
-    assert "signal 2 matches no captured collection" in reason
-    assert "signal 3" in reason and "not valid JSON" in reason
-    assert result.cursor is not None and "3" in result.cursor
+    assert "malformed signal 1" in reason and "not a valid regular expression" in reason
+    assert "signal 2 held: it matches no captured collection" in reason
+    assert "malformed signal 3" in reason and "not valid JSON" in reason
+    assert "signal 4 of type 'log' is not for Dagster" in reason
 
 
-def _queued_run(instance: DagsterInstance, tags: dict[str, str]) -> Any:
+def _queued_run(instance: DagsterInstance, selection: list[AssetKey], tags: dict[str, str]) -> Any:
     origin = RemoteRepositoryOrigin(
         InProcessCodeLocationOrigin(LoadableTargetOrigin(python_file=__file__), location_name="test"), "repo"
     ).get_job_origin("snap")
     return create_run_for_test(instance, job_name="snap", status=DagsterRunStatus.QUEUED, tags=tags,
-                               remote_job_origin=origin)
+                               remote_job_origin=origin, asset_selection=frozenset(selection))
 
 
-def test_stop_snapshot_cancels_matching_queued_runs(cdc: CdcEnv, instance: DagsterInstance) -> None:
-    ns, other = cdc.ns("big"), cdc.ns("small")
-    doomed = _queued_run(instance, {TAG_COLLECTION: ns, TAG_SNAPSHOT_TYPE: "blocking"})
-    spared = _queued_run(instance, {TAG_COLLECTION: other, TAG_SNAPSHOT_TYPE: "blocking"})
-    cursor = _started(cdc, instance)
-    cdc.db.signals.insert_one({"type": "stop-snapshot", "data": {"data-collections": [ns], "type": "BLOCKING"}})
-    result = _evaluate(build_signal_sensor(30, cdc.assets), instance, cdc.mongocdc, cursor=cursor)
-    assert "cancelled 1 run" in str(result.skip_reason)
+def test_stop_snapshot_cancels_matching_queued_runs(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    env = make_env(tmp_path, mongo_uri, db, ["big", "small"])
+    doomed = _queued_run(instance, [env.key("big", "snapshot")], {TAG_SNAPSHOT_TYPE: "blocking"})
+    spared = _queued_run(instance, [env.key("small", "snapshot")], {TAG_SNAPSHOT_TYPE: "blocking"})
+    cursor = _started(env, instance)
+    db.signals.insert_one({"type": "stop-snapshot", "data": {"data-collections": [env.ns("big")], "type": "BLOCKING"}})
+    result = _evaluate(build_signal_sensor(30, env.cdc), instance, env.mongocdc, cursor=cursor)
+    assert "cancelled 1 run" in _skip_text(result)
     assert instance.get_run_by_id(doomed.run_id).status == DagsterRunStatus.CANCELED  # type: ignore[union-attr]
     assert instance.get_run_by_id(spared.run_id).status == DagsterRunStatus.QUEUED  # type: ignore[union-attr]
+
+
+# -- the oplog window, the schedule and the continuity check ------------------------------------------------
 
 
 class FixedOplog(MongoCdcResource):
@@ -160,80 +209,83 @@ class FixedOplog(MongoCdcResource):
         return OplogWindow(first, last, 1000, 10_000, (self.last_s - self.first_s) / 3600)
 
 
-def _slice(instance: DagsterInstance, cdc: CdcEnv, ns: str, start: datetime) -> None:
-    key = cdc.partitions.window_key_containing(start)
+def _slice(instance: DagsterInstance, env: CdcEnv, coll: str, start: datetime) -> None:
+    key = env.cdc.windows.key_containing(start)
     assert key is not None
-    instance.report_runless_asset_event(
-        AssetMaterialization(cdc.assets.stream_slice_key, partition=str(cdc.partitions.slice_key(ns, key)))
-    )
+    instance.report_runless_asset_event(AssetMaterialization(env.key(coll, "slices"), partition=key))
 
 
-def _snapshot(instance: DagsterInstance, cdc: CdcEnv, ns: str, at: datetime, filt: str | None = None) -> None:
-    metadata = {"position": Position(int(at.timestamp()), 1).to_str(), "filter": filt}
-    instance.report_runless_asset_event(AssetMaterialization(cdc.assets.snapshot_key, partition=ns, metadata=metadata))
+def _snapshot(instance: DagsterInstance, env: CdcEnv, coll: str, at: datetime, partial: bool = False) -> None:
+    metadata = {COVERS_FROM: Position(int(at.timestamp()), 1).to_str(), PARTIAL: partial}
+    instance.report_runless_asset_event(AssetMaterialization(env.key(coll, "snapshot"), metadata=metadata))
 
 
-def test_oplog_window_sensor_observes_warns_and_resnapshots_lost_history(cdc: CdcEnv, instance: DagsterInstance) -> None:
+def test_oplog_sensor_resnapshots_only_after_a_real_gap(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
     now = datetime.now(UTC).replace(second=0, microsecond=0)
     first = now - timedelta(hours=2)
-    safe, risky, lost = cdc.ns("safe"), cdc.ns("risky"), cdc.ns("lost")
-    register(instance, safe, risky, lost)
+    env = make_env(tmp_path, mongo_uri, db, ["safe", "fresh", "risky", "lost", "never"],
+                   start=(now - timedelta(hours=4)).isoformat())
     for minutes in (3, 2):
-        _slice(instance, cdc, safe, now - timedelta(minutes=minutes))
-    _snapshot(instance, cdc, risky, first + timedelta(minutes=5))  # next window within 25% of the oplog start
-    _snapshot(instance, cdc, lost, first - timedelta(hours=1))  # a full snapshot, then nothing
-    _snapshot(instance, cdc, lost, now, filt='{"x": 1}')  # a filtered snapshot does not reset the baseline
-    resource = FixedOplog(config_path=cdc.mongocdc.config_path, home=cdc.mongocdc.home,
+        _slice(instance, env, "safe", now - timedelta(minutes=minutes))
+    # a fresh deployment: snapshotted inside the oplog, no slice landed yet: nothing is lost
+    _snapshot(instance, env, "fresh", now - timedelta(seconds=30))
+    _snapshot(instance, env, "risky", first + timedelta(minutes=5))  # next window within 25% of the oplog start
+    _snapshot(instance, env, "lost", first - timedelta(hours=1))  # a full snapshot, then nothing landed
+    _snapshot(instance, env, "lost", now, partial=True)  # a filtered snapshot does not cover the collection
+    resource = FixedOplog(config_path=env.mongocdc.config_path, home=env.mongocdc.home,
                           first_s=int(first.timestamp()), last_s=int(now.timestamp()))
-    sensor = build_oplog_window_sensor(30, cdc.assets, cdc.partitions)
+    sensor = build_oplog_window_sensor(30, env.cdc)
     result = _evaluate(sensor, instance, resource)
     (request,) = result.run_requests
-    assert request.partition_key == lost and request.asset_selection == [cdc.assets.snapshot_key]
-    (observation,) = result.asset_events
-    meta = {k: v.value for k, v in observation.metadata.items()}
-    assert meta["oplog_window_hours"] == 2.0 and meta["collections_at_risk"] == risky
-    assert meta["collections_history_lost"] == lost
-    assert 60 <= meta[f"lag_s/{safe}"] <= 180
-    assert meta["oplog_growth_bytes_per_hour"] is None
-    second = _evaluate(sensor, instance, resource, cursor=result.cursor)
-    assert second.asset_events[0].metadata["oplog_growth_bytes_per_hour"].value == 0.0
+    assert request.asset_selection == [env.key("lost", "snapshot")]
+    observed = {e.asset_key: {k: v.value for k, v in e.metadata.items()} for e in result.asset_events}
+    assert observed[env.key("risky", "slices")]["at_risk"] is True
+    assert observed[env.key("lost", "slices")]["history_lost"] is True
+    assert 60 <= observed[env.key("safe", "slices")]["lag_s"] <= 180
+    assert observed[env.key("fresh", "slices")]["history_lost"] is False
 
 
-def test_schedule_requests_the_latest_closed_window_of_every_collection(cdc: CdcEnv, instance: DagsterInstance) -> None:
-    register(instance, cdc.ns("a"), cdc.ns("b"))
-    schedule = build_latest_window_schedule(cdc.assets, cdc.partitions, "* * * * *")
+def test_schedule_lands_the_latest_closed_window_of_every_collection_in_one_run(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    env = make_env(tmp_path, mongo_uri, db, ["a", "b"])
+    schedule = build_latest_window_schedule(env.cdc)
     tick = datetime(2026, 11, 22, 10, 31, tzinfo=UTC)
     with build_schedule_context(instance=instance, scheduled_execution_time=tick) as context:
-        requests = list(cast(Iterator[RunRequest], schedule(context)))
-    keys = sorted(str(r.partition_key) for r in requests)
-    assert keys == [f"{cdc.ns('a')}|2026-11-22-10:30", f"{cdc.ns('b')}|2026-11-22-10:30"]
+        (request,) = list(cast(Iterator[RunRequest], schedule(context)))
+    assert request.partition_key == "2026-11-22-10:30" and request.asset_selection is None
+    selection = schedule.target.job_def.selection  # type: ignore[union-attr]
+    assert selection.resolve(env.defs.resolve_asset_graph()) == {env.key("a", "slices"), env.key("b", "slices")}
 
 
-def _run_check(check: Any, instance: DagsterInstance) -> AssetCheckResult:
-    result = check(build_asset_check_context(instance=instance))
-    assert isinstance(result, AssetCheckResult)
-    return result
+def test_continuity_check_finds_windows_missing_since_the_snapshot(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    base = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=6)
+    env = make_env(tmp_path, mongo_uri, db, ["holey", "whole"], start=(base - timedelta(hours=1)).isoformat())
+    check = build_gap_check(env.cdc)
+    assert check is not None
+    _snapshot(instance, env, "holey", base + timedelta(seconds=20))
+    _snapshot(instance, env, "whole", base + timedelta(seconds=20))
+    for minute in range(6):
+        _slice(instance, env, "whole", base + timedelta(minutes=minute))
+        if minute != 2:
+            _slice(instance, env, "holey", base + timedelta(minutes=minute))
+    evaluations = _run_checks(env, instance)
+    holey = evaluations[env.key("holey", "slices")]
+    assert not holey.passed and (base + timedelta(minutes=2)).strftime("%Y-%m-%d-%H:%M") in (holey.description or "")
+    assert evaluations[env.key("whole", "slices")].passed
 
 
-def test_gap_and_freshness_checks(cdc: CdcEnv, instance: DagsterInstance) -> None:
-    no_gap, fresh = build_checks(cdc.assets, cdc.partitions)
-    holey, whole = cdc.ns("holey"), cdc.ns("whole")
-    register(instance, holey, whole)
-    base = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=30)
-    _snapshot(instance, cdc, holey, base + timedelta(seconds=20))
-    for minute in (0, 1, 3):
-        _slice(instance, cdc, holey, base + timedelta(minutes=minute))
-    _snapshot(instance, cdc, whole, base + timedelta(minutes=40))  # newer than its slices: no gap counted
-    _slice(instance, cdc, whole, base)
-    gap = _run_check(no_gap, instance)
-    assert not gap.passed
-    assert (base + timedelta(minutes=2)).strftime("%Y-%m-%d-%H:%M") in str(gap.metadata["missing_windows"].value)
-    assert whole not in str(gap.metadata["missing_windows"].value)
-    freshness = _run_check(fresh, instance)
-    assert not freshness.passed and holey in str(freshness.metadata["stale"].value)
-    _slice(instance, cdc, holey, base + timedelta(minutes=2))
-    assert _run_check(no_gap, instance).passed
-    for ns in (holey, whole):
-        _slice(instance, cdc, ns, datetime.now(UTC) - timedelta(minutes=1))
-    assert _run_check(fresh, instance).passed
-    assert not _run_check(no_gap, instance).passed  # jumped ahead: a gap again
+def _run_checks(env: CdcEnv, instance: DagsterInstance) -> dict[AssetKey, AssetCheckEvaluation]:
+    result = env.defs.resolve_job_def("mongocdc_continuity_checks").execute_in_process(instance=instance)
+    return {e.asset_key: e for e in result.get_asset_check_evaluations()}
+
+
+def test_sensors_that_launch_runs_target_the_snapshot_assets(
+        tmp_path: Path, mongo_uri: str, db: Database[Any]) -> None:
+    env = make_env(tmp_path, mongo_uri, db, ["a"])
+    sensors = {s.name: s for s in env.defs.sensors or []}
+    graph = env.defs.resolve_asset_graph()
+    for name, kinds in (("mongocdc_signals", ("snapshot", "incremental_snapshot")), ("mongocdc_oplog_window", ("snapshot",))):
+        (target,) = sensors[name].targets  # type: ignore[union-attr]
+        assert target.job_def.selection.resolve(graph) == {env.key("a", k) for k in kinds}  # type: ignore[union-attr]

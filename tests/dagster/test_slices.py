@@ -1,56 +1,190 @@
-"""Stream slices materialised in process (last in the directory, so the session's emulator is old enough that
-the current one-minute window already lies inside its oplog and only the window's close is waited for)."""
+"""Stream slices per collection: single-run backfills, windows covered by a snapshot, and real gaps.
+
+The multi-window tests use an emulator whose cluster clock runs in the past (``time_travel``), so
+several closed windows hold events without waiting for them to close; they are marked ``fault``.
+"""
 
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
-from dagster import DagsterInstance, materialize
+import pytest
+from bson import Timestamp
+from dagster import DagsterInstance, TimeWindow
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+from pymongo import MongoClient
+from pymongo.database import Database
 
-from tests.dagster.cdc_helpers import CdcEnv, checks_of, materialization_metadata, register
+from mongocdc_core.positions import Position
+from mongocdc_dagster.assets.cdc import plan_window_read
+from mongocdc_dagster.partitions import floor_to
+from tests.dagster.cdc_helpers import (
+    CdcEnv,
+    checks_of,
+    make_env,
+    materialization_metadata,
+    partition_metadata,
+)
+from tests.dagster.time_travel import TravelClock, travelling_replica_set
+
+STABLE = ["key", "op", "position", "before", "after", "updated_fields", "removed_fields"]
+T0 = datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
 
 
-def wait_for_window_inside_oplog(cdc: CdcEnv) -> datetime:
-    """Now, or the start of the next window when the current one began before the oplog (a new emulator)."""
-    first = datetime.fromtimestamp(cdc.mongocdc.oplog_window().first.time, UTC)
-    now = datetime.now(UTC)
-    key = cdc.partitions.window_key_containing(now)
-    assert key is not None
-    window = cdc.partitions.window(key)
-    if window.start >= first:
-        return now
-    time.sleep((window.end - now).total_seconds() + 0.2)
-    return datetime.now(UTC)
+def _window(minute: int) -> TimeWindow:
+    return TimeWindow(T0 + timedelta(minutes=minute), T0 + timedelta(minutes=minute + 1))
 
 
-def test_stream_slice_lands_the_window_events(cdc: CdcEnv, instance: DagsterInstance) -> None:
-    ns = cdc.ns("orders")
-    cdc.db.orders.insert_one({"_id": 0, "qty": 0})
-    started = wait_for_window_inside_oplog(cdc)
-    cdc.db.orders.insert_many([{"_id": i, "qty": i} for i in range(1, 6)])
-    cdc.db.orders.update_one({"_id": 1}, {"$set": {"qty": 100}})
-    cdc.db.orders.delete_one({"_id": 2})
-    cdc.db.other.insert_one({"_id": "not in this collection"})
-    window_key = cdc.partitions.window_key_containing(started)
-    assert window_key is not None
-    window = cdc.partitions.window(window_key)
-    time.sleep(max(0.0, (window.end - datetime.now(UTC)).total_seconds()) + 1.5)  # let the window close
-    register(instance, ns)
-    key = str(cdc.partitions.slice_key(ns, window_key))
-    result = materialize([cdc.assets.stream_slice], partition_key=key, resources=cdc.resources, instance=instance)
-    assert result.success and checks_of(result) == {"landing_envelopes": True}
-    meta = materialization_metadata(instance, cdc.assets.stream_slice_key, key)
-    assert meta["op_c"] >= 5 and meta["op_u"] == 1 and meta["op_d"] == 1
-    path = Path(meta["path"])
-    table = pq.read_table(path)
-    assert set(table["collection"].to_pylist()) == {ns}
-    assert table.num_rows == meta["events"] + 1  # the delete's tombstone
-    stable = ["key", "op", "position", "before", "after", "updated_fields", "removed_fields"]
-    first = table.select(stable).to_pylist()
-    again = materialize([cdc.assets.stream_slice], partition_key=key, resources=cdc.resources, instance=instance)
-    assert again.success
-    # idempotent: the same window yields the same events (only the processing time ts_ms differs)
-    assert pq.read_table(path).select(stable).to_pylist() == first
+def _ts(when: datetime, inc: int = 0) -> Timestamp:
+    return Timestamp(int(when.timestamp()), inc)
+
+
+def test_a_window_reads_from_its_start_while_the_oplog_holds_it() -> None:
+    read = plan_window_read("k", _window(5), _ts(T0), None)
+    assert read.gap is None and read.start == _ts(T0 + timedelta(minutes=5)) and read.read_from() == "window start"
+
+
+def test_a_window_whose_start_left_the_oplog_reads_from_a_snapshot_inside_it() -> None:
+    snapshot = Position(int((T0 + timedelta(minutes=5, seconds=20)).timestamp()), 3)
+    read = plan_window_read("k", _window(5), _ts(T0 + timedelta(minutes=5, seconds=10)), snapshot)
+    assert read.gap is None and read.start == snapshot.timestamp and read.from_snapshot == snapshot
+    assert "the snapshot position" in read.read_from() and "left the oplog" in read.read_from()
+
+
+def test_a_window_before_the_snapshot_is_covered_and_empty() -> None:
+    snapshot = Position(int((T0 + timedelta(minutes=9)).timestamp()), 1)
+    read = plan_window_read("k", _window(5), _ts(T0 + timedelta(minutes=8)), snapshot)
+    assert read.gap is None and read.start == read.end and "covers the window" in read.read_from()
+
+
+@pytest.mark.parametrize(("snapshot_minute", "why"), [
+    (None, "has no snapshot"),
+    (3, "older than the window"),
+    (5.2, "older than the oplog"),
+])
+def test_a_real_gap_says_why(snapshot_minute: float | None, why: str) -> None:
+    snapshot = None if snapshot_minute is None else Position(int((T0 + timedelta(minutes=snapshot_minute)).timestamp()), 1)
+    read = plan_window_read("k", _window(5), _ts(T0 + timedelta(minutes=5, seconds=30)), snapshot)
+    assert read.gap is not None and "history lost" in read.gap and why in read.gap
+
+
+# -- with an emulator whose clock runs in the past ------------------------------------------------------------
+
+
+@pytest.fixture
+def travel(tmp_path: Path) -> Iterator[tuple[MongoClient[Any], TravelClock, str]]:
+    with travelling_replica_set(behind_s=3600) as (uri, clock):
+        client: MongoClient[Any] = MongoClient(uri)
+        yield client, clock, uri
+        client.close()
+
+
+def _env(tmp_path: Path, uri: str, client: MongoClient[Any], start: datetime) -> CdcEnv:
+    db: Database[Any] = client["travel"]
+    db.create_collection("signals")
+    return make_env(tmp_path, uri, db, ["orders", "customers"], granularity="1min", start=start.isoformat())
+
+
+def _write_windows(db: Database[Any], clock: TravelClock, first: datetime, count: int) -> None:
+    """Writes into each of ``count`` windows from ``first``; then the clock passes the last one's end."""
+    for minute in range(count):
+        clock.jump_to(first + timedelta(minutes=minute, seconds=5))
+        db.orders.insert_many([{"_id": f"{minute}-{i}", "qty": i} for i in range(minute + 2)])
+        db.orders.update_one({"_id": f"{minute}-0"}, {"$inc": {"qty": 100}})
+        db.customers.insert_one({"_id": minute, "name": f"c{minute}"})
+    clock.jump_to(first + timedelta(minutes=count, seconds=5))
+    db.other.insert_one({"_id": "after the last window"})  # the cluster time is now past every window
+
+
+def _wait_for_cluster_time(client: MongoClient[Any], when: datetime) -> None:
+    deadline = time.monotonic() + 30
+    while client.admin.command("ping")["$clusterTime"]["clusterTime"].time < when.timestamp():
+        assert time.monotonic() < deadline, "the emulator's cluster time did not pass the last window"
+        client.admin.command("ping")
+
+
+@pytest.mark.fault
+def test_a_backfill_of_many_windows_is_one_run_with_one_file_per_window(
+        tmp_path: Path, travel: tuple[MongoClient[Any], TravelClock, str], instance: DagsterInstance) -> None:
+    client, clock, uri = travel
+    first = floor_to(clock.now(), 60) + timedelta(minutes=1)
+    env = _env(tmp_path, uri, client, first)
+    _write_windows(client["travel"], clock, first, 3)
+    _wait_for_cluster_time(client, first + timedelta(minutes=3))
+    keys = [(first + timedelta(minutes=m)).strftime("%Y-%m-%d-%H:%M") for m in range(3)]
+    orders = env.key("orders", "slices")
+    result = env.materialize(instance, [orders], tags={ASSET_PARTITION_RANGE_START_TAG: keys[0],
+                                                       ASSET_PARTITION_RANGE_END_TAG: keys[-1]})
+    assert result.success and checks_of(result) == {(orders.to_user_string(), "landing_envelopes"): True}
+    assert len(instance.get_runs()) == 1  # one run, one change stream, three windows
+    landed = instance.get_materialized_partitions(orders)
+    assert landed == set(keys)
+    per_window = {}
+    for minute, key in enumerate(keys):
+        meta = partition_metadata(instance, orders, key)
+        assert meta["dagster/row_count"] == minute + 3 and meta["run_windows"] == 3  # inserts + one update
+        assert meta["read_from"] == "window start"
+        path = Path(meta["dagster/uri"])
+        per_window[key] = pq.read_table(path).select(STABLE).to_pylist()
+        ops = pq.read_table(path)["op"].to_pylist()
+        assert ops.count("c") == minute + 2 and ops.count("u") == 1
+    # each window alone lands the same records as the single run did
+    for key in keys:
+        assert env.materialize(instance, [orders], partition_key=key).success
+        path = env.mongocdc.slice_path(env.ns("orders"), datetime.strptime(key, "%Y-%m-%d-%H:%M").replace(tzinfo=UTC))
+        assert pq.read_table(path).select(STABLE).to_pylist() == per_window[key]
+    # both collections of one window from one run (one change stream), each into its own file
+    both = env.materialize(instance, [orders, env.key("customers", "slices")], partition_key=keys[1])
+    assert both.success
+    customers = pq.read_table(env.mongocdc.slice_path(env.ns("customers"), first + timedelta(minutes=1)))
+    assert customers["op"].to_pylist() == ["c"] and set(customers["collection"].to_pylist()) == {env.ns("customers")}
+
+
+@pytest.mark.fault
+def test_windows_whose_start_left_the_oplog_read_from_the_snapshot_and_real_gaps_fail(
+        tmp_path: Path, travel: tuple[MongoClient[Any], TravelClock, str], instance: DagsterInstance) -> None:
+    client, clock, uri = travel
+    first = floor_to(clock.now(), 60) + timedelta(minutes=1)
+    env = _env(tmp_path, uri, client, first)
+    db = client["travel"]
+    clock.jump_to(first + timedelta(seconds=5))
+    db.orders.insert_many([{"_id": i} for i in range(3)])  # window 0: will be purged from the oplog
+    clock.jump_to(first + timedelta(minutes=1, seconds=5))
+    db.orders.insert_one({"_id": "before the snapshot"})  # window 1, before the snapshot: purged too
+    clock.jump_to(first + timedelta(minutes=1, seconds=20))
+    assert env.materialize(instance, [env.key("orders", "snapshot")]).success
+    snapshot = Position.parse(materialization_metadata(instance, env.key("orders", "snapshot"))["position_raw"])
+    clock.jump_to(first + timedelta(minutes=1, seconds=40))
+    db.orders.insert_one({"_id": "after the snapshot"})  # window 1, after the snapshot: kept
+    db.customers.insert_one({"_id": "no snapshot"})
+    # Purge up to the last change before the snapshot: the snapshot's position stays inside the oplog
+    # (a change stream can start there), while both windows' starts have left it.
+    kept = client.local["oplog.rs"].find_one({"o._id": "before the snapshot"})
+    assert kept is not None and (kept["ts"].time, kept["ts"].inc) <= (snapshot.seconds, snapshot.increment)
+    client.admin.command("mongocdcTruncateOplog", before=kept["ts"])
+    clock.jump_to(first + timedelta(minutes=2, seconds=5))
+    db.other.insert_one({"_id": "tick"})
+    _wait_for_cluster_time(client, first + timedelta(minutes=2))
+    keys = [(first + timedelta(minutes=m)).strftime("%Y-%m-%d-%H:%M") for m in range(2)]
+    orders = env.key("orders", "slices")
+    result = env.materialize(instance, [orders], tags={ASSET_PARTITION_RANGE_START_TAG: keys[0],
+                                                       ASSET_PARTITION_RANGE_END_TAG: keys[1]})
+    assert result.success
+    covered = partition_metadata(instance, orders, keys[0])
+    assert "covers the window" in covered["read_from"] and covered["dagster/row_count"] == 0
+    meta = partition_metadata(instance, orders, keys[1])
+    assert "the snapshot position" in meta["read_from"]
+    assert Position.parse(meta["read_start_raw"]) == Position.from_timestamp(snapshot.timestamp)
+    table = pq.read_table(Path(meta["dagster/uri"]))
+    assert table["key"].to_pylist() == ['{"id":"\\"after the snapshot\\""}']
+    # customers has no snapshot: its window 1 lost history, a clear failure and no file
+    failed = env.materialize(instance, [env.key("customers", "slices")], partition_key=keys[1], raise_on_error=False)
+    assert not failed.success
+    error = str([e for e in failed.all_events if e.is_step_failure][0].step_failure_data.error)
+    assert "history lost" in error and "has no snapshot" in error
+    assert not env.mongocdc.slice_path(env.ns("customers"), first + timedelta(minutes=1)).exists()

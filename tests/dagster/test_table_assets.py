@@ -1,71 +1,66 @@
-"""The PySpark assets through Dagster: snapshot -> changelog -> current_state, reconciled with MongoDB."""
+"""Each collection's tables through Dagster: snapshot -> changelog -> current_state in one launch, then the
+reconciliation at the table's position: passing while writes continue, failing on a corrupted row."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from dagster import DagsterInstance, materialize
-from pyspark.sql import SparkSession
+from dagster import AssetCheckKey, AssetKey, AssetSelection, DagsterInstance, Definitions, define_asset_job
+from delta.tables import DeltaTable
+from pymongo.database import Database
+from pyspark.sql import functions as F
 
-from mongocdc_dagster.assets.tables import (
-    CHANGELOG_KEY,
-    CURRENT_STATE_KEY,
-    changelog,
-    collection_tables,
-    current_state,
-)
-from mongocdc_dagster.resources import build_pyspark_resource
-from tests.dagster.cdc_helpers import CdcEnv, checks_of, materialization_metadata, register
+from mongocdc_core.tables import spark_session
+from tests.dagster.cdc_helpers import CdcEnv, checks_of, make_env, materialization_metadata
 
 
-def _tables(cdc: CdcEnv, instance: DagsterInstance, ns: str, raise_on_error: bool = True) -> Any:
-    resources = {**cdc.resources, "pyspark": build_pyspark_resource(cdc.settings, "local[2]")}
-    return materialize(
-        [cdc.assets.snapshot, changelog, current_state],
-        selection=[changelog, current_state],
-        partition_key=ns,
-        resources=resources,
-        instance=instance,
-        raise_on_error=raise_on_error,
-    )
+def _reconcile(env: CdcEnv, instance: DagsterInstance, colls: list[str]) -> dict[str, Any]:
+    """Run the standalone reconciliation checks of some collections (as the headless command does)."""
+    keys = [AssetCheckKey(env.key(c, "current_state"), "matches_source") for c in colls]
+    defs = Definitions.merge(env.defs, Definitions(jobs=[define_asset_job("reconcile", AssetSelection.checks(*keys))]))
+    result = defs.resolve_job_def("reconcile").execute_in_process(instance=instance, raise_on_error=False)
+    return {e.asset_key.path[1]: e for e in result.get_asset_check_evaluations()}
 
 
-def test_tables_follow_snapshots_and_reconcile(cdc: CdcEnv, instance: DagsterInstance) -> None:
-    cdc.db.orders.insert_many([{"_id": i, "qty": i, "tags": ["a"] * (i % 3)} for i in range(30)])
-    ns = cdc.ns("orders")
-    register(instance, ns)
-    assert materialize([cdc.assets.snapshot], partition_key=ns, resources=cdc.resources, instance=instance).success
+def test_one_launch_builds_a_collections_tables_and_reconciliation_holds_under_writes(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    db.orders.insert_many([{"_id": i, "qty": i, "tags": ["a"] * (i % 3)} for i in range(30)])
+    db.customers.insert_many([{"_id": i, "name": f"c{i}"} for i in range(5)])
+    env = make_env(tmp_path, mongo_uri, db, ["orders", "customers"])
+    keys = [env.key("orders", k) for k in ("snapshot", "changelog", "current_state")]
+    result = env.materialize(instance, keys)
+    assert result.success and all(checks_of(result).values())
+    log = materialization_metadata(instance, env.key("orders", "changelog"))
+    state = materialization_metadata(instance, env.key("orders", "current_state"))
+    assert log["dagster/row_count"] == 30 and state["dagster/row_count"] == 30
+    assert "(clusterTime " in state["position"]
+    assert "_id" in {c.name for c in state["dagster/column_schema"].columns}
+    lineage = state["dagster/column_lineage"].deps_by_column
+    log_columns = {c.name for c in log["dagster/column_schema"].columns}
+    assert lineage and all(d.column_name in log_columns and d.asset_key == env.key("orders", "changelog")
+                           for deps in lineage.values() for d in deps)  # only real columns
+    log_lineage = log["dagster/column_lineage"].deps_by_column
+    assert {d.asset_key for deps in log_lineage.values() for d in deps} == {
+        env.key("orders", k) for k in ("snapshot", "incremental_snapshot", "slices")}
+    assert instance.get_latest_materialization_event(env.key("customers", "current_state")) is None
 
-    first = _tables(cdc, instance, ns)
-    assert first.success and checks_of(first) == {"matches_source": True}
-    log_meta = materialization_metadata(instance, CHANGELOG_KEY, ns)
-    state_meta = materialization_metadata(instance, CURRENT_STATE_KEY, ns)
-    assert log_meta["dagster/partition_row_count"] == 30
-    assert state_meta["dagster/partition_row_count"] == 30
-    assert "_id" in {c.name for c in state_meta["dagster/column_schema"].columns}
+    # writes after the table's position: the table is behind the source, yet equal to it at its position
+    db.orders.insert_many([{"_id": 100 + i, "qty": 1} for i in range(5)])
+    db.orders.update_one({"_id": 3}, {"$set": {"qty": 333}})
+    db.orders.delete_one({"_id": 4})
+    (check,) = _reconcile(env, instance, ["orders"]).values()
+    meta = {k: v.value for k, v in check.metadata.items()}
+    assert check.passed, check.description
+    assert meta["table_rows"] == 30
+    if meta["method"].startswith("snapshot read"):  # the source as it was at the table's position
+        assert meta["keys_excluded"] == 0 and meta["source_rows"] == 30, meta
+    else:  # read now, the 7 keys changed since (5 inserts, 1 update, 1 delete) left out
+        assert meta["keys_excluded"] == 7 and meta["source_rows"] == 34, meta
 
-    # A new snapshot re-writes the file: its reads are new events (the changelog is append-only per event),
-    # and current_state drops the keys the newer full snapshot did not read.
-    cdc.db.orders.delete_many({"_id": {"$gte": 25}})
-    cdc.db.orders.update_one({"_id": 1}, {"$set": {"qty": 1000, "new_field": "x"}})
-    assert materialize([cdc.assets.snapshot], partition_key=ns, resources=cdc.resources, instance=instance).success
-    second = _tables(cdc, instance, ns)
-    assert second.success and checks_of(second) == {"matches_source": True}
-    assert materialization_metadata(instance, CHANGELOG_KEY, ns)["dagster/partition_row_count"] == 30 + 25
-    assert materialization_metadata(instance, CURRENT_STATE_KEY, ns)["dagster/partition_row_count"] == 25
-
-
-def test_reconciliation_fails_on_a_corrupted_row(cdc: CdcEnv, instance: DagsterInstance) -> None:
-    cdc.db.items.insert_many([{"_id": i, "v": i} for i in range(5)])
-    ns = cdc.ns("items")
-    register(instance, ns)
-    assert materialize([cdc.assets.snapshot], partition_key=ns, resources=cdc.resources, instance=instance).success
-    assert _tables(cdc, instance, ns).success
-    cdc.db.items.insert_one({"_id": 99})  # after the table's position: left out, not a mismatch
-    table = collection_tables(cdc.mongocdc, ns).current_state
-    SparkSession.builder.getOrCreate().sql(f"UPDATE delta.`{table}` SET v = 42 WHERE _id = 3")
-    result = _tables(cdc, instance, ns, raise_on_error=False)
-    assert not result.success  # the check is blocking: a wrong table stops the run
-    checks = [e for e in result.get_asset_check_evaluations() if e.check_name == "matches_source"]
-    assert len(checks) == 1 and not checks[0].passed
-    assert "keys: 3" in (checks[0].description or "")
+    # a corrupted row is found, and named
+    table = env.settings.tables_root + f"/{db.name}__orders__current"
+    DeltaTable.forPath(spark_session("local[2]"), table).update(F.col("_id") == "7", {"qty": F.lit(-1)})
+    (bad,) = _reconcile(env, instance, ["orders"]).values()
+    assert not bad.passed and "DIFFERS" in (bad.description or "") and "7" in (bad.description or "")
+    assert bad.asset_key == AssetKey([db.name, "orders", "current_state"])

@@ -54,6 +54,9 @@ def test_full_snapshots_are_recognised_by_name_and_complete_plans(spark: SparkSe
     assert snapshot_part("s3a://b/landing/snapshot/db.c/ranges-ab12/02-of-03.parquet", "db.c") == (
         "db.c/ranges-ab12", 2, 3
     )
+    assert snapshot_part("/h/landing/snapshot/db.c/ranges-ab12/range-00000-of-00003.parquet", "db.c") == (
+        "db.c/ranges-ab12", 0, 3
+    )  # as the Dagster range assets name them
     assert snapshot_part("/h/landing/snapshot/db.c/filtered-1f.parquet", "db.c") is None
     assert snapshot_part("/h/landing/stream_slice/db.c/20260101T000000Z.parquet", "db.c") is None
     assert snapshot_part("/h/landing/snapshot/db.other/snapshot.parquet", "db.c") is None

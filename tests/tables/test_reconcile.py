@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from bson.timestamp import Timestamp
 from pymongo import MongoClient
 from pymongo.database import Database

@@ -1,0 +1,104 @@
+"""``mongocdc check``: run the asset checks of selected collections headless, for CI pipelines.
+
+No webserver, no daemon: it loads the code location (``mongocdc_dagster.definitions`` by default, or
+``-m module[:attribute]``), runs the standalone asset checks of the selected collections in this process
+against the deployment's Dagster instance (``DAGSTER_HOME``, so the results show in the UI too), prints
+one line per check and exits 1 when a blocking check failed (2 on a usage error)::
+
+    mongocdc check --collection inventory.orders --collection 'inventory.cust*'
+    PASS  inventory/orders/current_state  matches_source  blocking  inventory.orders at ...: ...
+    FAIL  inventory/customers/current_state  matches_source  blocking  ...: DIFFERS at 1 key(s): ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib
+import sys
+from collections.abc import Sequence
+
+from dagster import (
+    AssetCheckKey,
+    AssetCheckSeverity,
+    AssetKey,
+    AssetSelection,
+    DagsterInstance,
+    Definitions,
+    define_asset_job,
+)
+from dagster._core.definitions.definitions_load_context import DefinitionsLoadContext, DefinitionsLoadType
+from dagster.components.definitions import LazyDefinitions
+
+DEFAULT_TARGET = "mongocdc_dagster.definitions:defs"
+
+
+def load_definitions(target: str) -> Definitions:
+    """``module[:attribute]`` -> Definitions (a ``@definitions`` function is called, as a code server does)."""
+    module_name, _, attribute = target.partition(":")
+    module = importlib.import_module(module_name)
+    value = getattr(module, attribute or "defs")
+    if isinstance(value, LazyDefinitions):
+        DefinitionsLoadContext.set(DefinitionsLoadContext(load_type=DefinitionsLoadType.INITIALIZATION))
+        value = value()
+    if not isinstance(value, Definitions):
+        raise SystemExit(f"mongocdc check: {target} is not a Dagster Definitions object")
+    return value
+
+
+def _collections(defs: Definitions) -> dict[AssetKey, str]:
+    """Asset key -> the collection it belongs to (the translator's ``mongocdc/collection`` metadata)."""
+    return {spec.key: str(spec.metadata["mongocdc/collection"]) for spec in defs.resolve_all_asset_specs()
+            if "mongocdc/collection" in spec.metadata}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mongocdc check", description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("-m", "--module", default=DEFAULT_TARGET, help=f"code location (default {DEFAULT_TARGET})")
+    parser.add_argument("-c", "--collection", action="append", default=[],
+                        help="collection ('db.coll', shell wildcards allowed); repeat; default: all")
+    parser.add_argument("--check", action="append", default=[], help="only checks of this name; repeat")
+    args = parser.parse_args(argv)
+    defs = load_definitions(args.module)
+    graph = defs.get_repository_def().asset_graph
+    check_keys = sorted(graph.asset_check_keys, key=lambda k: (k.asset_key.to_user_string(), k.name))
+    collections = _collections(defs)
+    selected: list[AssetCheckKey] = []
+    for key in check_keys:
+        namespace = collections.get(key.asset_key)
+        if args.collection and (namespace is None or not any(fnmatch.fnmatch(namespace, p) for p in args.collection)):
+            continue
+        if args.check and key.name not in args.check:
+            continue
+        # checks declared on a multi-asset run only when it materialises; the standalone ones run here
+        if not graph.assets_def_for_key(key).keys:
+            selected.append(key)
+    if not selected:
+        print(f"mongocdc check: no standalone asset check matches collections {args.collection or 'all'}"
+              f" and checks {args.check or 'all'}", file=sys.stderr)
+        return 2
+    job = define_asset_job("mongocdc_ci_checks", selection=AssetSelection.checks(*selected))
+    resolved = Definitions.merge(defs, Definitions(jobs=[job])).resolve_job_def("mongocdc_ci_checks")
+    with DagsterInstance.get() as instance:
+        result = resolved.execute_in_process(instance=instance, raise_on_error=False)
+    evaluations = {(e.asset_key, e.check_name): e for e in result.get_asset_check_evaluations()}
+    blocking = {k for k in selected if graph.get_check_spec(k).blocking}
+    failed_blocking = 0
+    for key in selected:
+        evaluation = evaluations.get((key.asset_key, key.name))
+        kind = "blocking" if key in blocking else "non-blocking"
+        if evaluation is None:
+            status, text = "ERROR", "did not run (see the run's logs: " + result.run_id + ")"
+            failed_blocking += key in blocking
+        else:
+            warn = evaluation.severity == AssetCheckSeverity.WARN
+            status = "PASS" if evaluation.passed else ("WARN" if warn else "FAIL")
+            text = evaluation.description or ""
+            failed_blocking += (not evaluation.passed) and key in blocking
+        print(f"{status:<5} {key.asset_key.to_user_string()}  {key.name}  {kind}  {text}", flush=True)
+    print(f"{len(selected)} check(s), {failed_blocking} blocking failure(s)", flush=True)
+    return 1 if failed_blocking else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

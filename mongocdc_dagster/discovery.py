@@ -1,0 +1,92 @@
+"""Which collections the connector captures, found in MongoDB when definitions load, kept as state.
+
+The component stores this (as Dagster defs state) when a code server starts or reloads, so loading
+the definitions in a run worker never reaches MongoDB; a reload discovers again. When MongoDB cannot
+be reached the state says so, and the definitions load with no collections (the discovery sensor
+keeps reporting the error) rather than taking the whole code location down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import orjson
+from pymongo.errors import PyMongoError
+
+from mongocdc_core import api
+from mongocdc_core.config import ConfigError, ConnectorConfig
+from mongocdc_core.source.errors import CdcError
+
+STATE_VERSION = 1
+DISCOVERY_TIMEOUT_MS = 5000
+
+
+@dataclass(frozen=True)
+class CollectionInfo:
+    """One captured collection and its estimated size (for progress totals and range plans)."""
+
+    namespace: str
+    estimated_documents: int | None = None
+
+
+@dataclass(frozen=True)
+class DiscoveryState:
+    """The captured collections at ``discovered_at`` and where the oplog started then."""
+
+    collections: tuple[CollectionInfo, ...]
+    discovered_at: datetime
+    oplog_first: datetime | None = None
+    error: str | None = None
+    namespaces: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "namespaces", tuple(c.namespace for c in self.collections))
+
+    def to_json(self) -> str:
+        return orjson.dumps({
+            "version": STATE_VERSION,
+            "collections": [{"namespace": c.namespace, "estimated_documents": c.estimated_documents}
+                            for c in self.collections],
+            "discovered_at": self.discovered_at.isoformat(),
+            "oplog_first": self.oplog_first.isoformat() if self.oplog_first else None,
+            "error": self.error,
+        }).decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> DiscoveryState:
+        data = orjson.loads(text)
+        if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+            raise ValueError(f"not a mongocdc discovery state (version {STATE_VERSION}): {text[:200]!r}")
+        return cls(
+            collections=tuple(CollectionInfo(c["namespace"], c.get("estimated_documents"))
+                              for c in data["collections"]),
+            discovered_at=datetime.fromisoformat(data["discovered_at"]),
+            oplog_first=datetime.fromisoformat(data["oplog_first"]) if data.get("oplog_first") else None,
+            error=data.get("error"),
+        )
+
+    @classmethod
+    def of(cls, namespaces: Sequence[str], oplog_first: datetime | None = None) -> DiscoveryState:
+        """A state naming collections directly (tests, a deployment that lists them)."""
+        return cls(tuple(CollectionInfo(ns) for ns in sorted(namespaces)), datetime.now(UTC), oplog_first)
+
+
+def discover(cfg: ConnectorConfig) -> DiscoveryState:
+    """The captured collections (the connector's include/exclude filters, without the signaling
+    collection) with their estimated sizes, and the oplog's first entry; an error is kept, not raised."""
+    now = datetime.now(UTC)
+    # a definitions load must not wait out the connector's reconnection schedule (minutes)
+    cfg = cfg.with_properties({"connect.max.attempts": "1", "mongodb.server.selection.timeout.ms": str(DISCOVERY_TIMEOUT_MS)})
+    try:
+        namespaces = api.list_captured_collections(cfg)
+        counts = api.estimated_counts(cfg, namespaces)
+        try:
+            window = api.oplog_window(cfg)
+            first: datetime | None = datetime.fromtimestamp(window.first.time, UTC)
+        except CdcError:
+            first = None  # mongos or missing privileges: windows then start at the configured default
+    except (CdcError, ConfigError, PyMongoError) as exc:
+        return DiscoveryState((), now, None, f"{type(exc).__name__}: {exc}")
+    return DiscoveryState(tuple(CollectionInfo(ns, counts.get(ns)) for ns in namespaces), now, first)
