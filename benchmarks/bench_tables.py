@@ -46,6 +46,7 @@ def _document(key: Column, version: Column) -> Column:
 def _landing(spark: SparkSession, ids: DataFrame, op: Column, second: Column, increment: Column,
              version: Column) -> DataFrame:
     """Landing-zone rows (``LANDING_SCHEMA``) built in Spark: ``ids`` has ``key`` and ``n``."""
+    second = second.cast("bigint")  # milliseconds of it overflow an int (Spark's ANSI mode refuses)
     position = F.format_string("%013d.%010d.%06d", second, increment, F.lit(0))
     after = F.when(op != "d", _document(F.col("key"), version))
     columns = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -22,7 +23,10 @@ from mongocdc_core.events.naming import (
 )
 from mongocdc_core.events.options import EventOptions
 from mongocdc_core.positions import Position
-from mongocdc_dagster.translator import CdcAssetProps, MongoCdcTranslator
+from mongocdc_dagster.assets.cdc import collection_props
+from mongocdc_dagster.discovery import DiscoveryState
+from mongocdc_dagster.settings import CdcSettings
+from mongocdc_dagster.translator import MongoCdcTranslator
 
 BASE = {"mongodb.connection.string": "mongodb://h/?replicaSet=rs0", "topic.prefix": "shop"}
 
@@ -49,14 +53,17 @@ def _converter_topic(cfg: ConnectorConfig, db: str, coll: str) -> str:
 
 
 @pytest.mark.parametrize("delimiter", [".", "_", "-"])
-def test_converter_config_and_translator_name_the_same_topic(delimiter: str) -> None:
-    cfg = ConnectorConfig({**BASE, "topic.delimiter": delimiter})
-    props = CdcAssetProps.from_config("stream_slice", cfg, "/tmp/landing")
-    meta = MongoCdcTranslator().get_collection_metadata(props, "inv.my coll$x")
+def test_converter_config_and_translator_name_the_same_topic(delimiter: str, tmp_path: Path) -> None:
+    properties = {**BASE, "topic.delimiter": delimiter}
+    cfg = ConnectorConfig(properties)
+    settings = CdcSettings.resolve(connector_properties=properties, home=str(tmp_path), environ={})
+    namespace = "inv.my coll$x"
+    props = collection_props("slices", namespace, cfg, settings, DiscoveryState.of([namespace]))
+    meta = MongoCdcTranslator().get_asset_spec(props).metadata
     expected = f"shop{delimiter}inv{delimiter}my_coll_x"
     assert cfg.data_topic("inv", "my coll$x") == expected
     assert _converter_topic(cfg, "inv", "my coll$x") == expected
-    assert meta["topic"] == expected
+    assert meta["mongocdc/topic"] == expected
 
 
 _VALID = st.text(alphabet="abcXYZ019._-", min_size=1, max_size=20).filter(lambda s: s not in (".", ".."))
