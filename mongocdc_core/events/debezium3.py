@@ -37,7 +37,7 @@ from mongocdc_core.events import javajson
 from mongocdc_core.events.changes import data_change, short
 from mongocdc_core.events.options import EventOptions
 from mongocdc_core.events.records import Record
-from mongocdc_core.events.schema import Serializer, adjust_schema_name
+from mongocdc_core.events.schema import Serializer, _field, _json_field, _plain, _schema, adjust_schema_name
 from mongocdc_core.events.transforms import CollectionFields, FieldTransforms
 from mongocdc_core.positions import Position
 
@@ -55,55 +55,14 @@ _LAST = "last"
 _INCREMENTAL = "incremental"
 SNAPSHOT_VALUES = "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"
 
-# -- schemas (JsonConverter's key order: type, fields/items, optional, name, version, parameters, default) --
-
-_MISSING: Any = object()
-
-
-def _schema(
-    type_: str,
-    optional: bool,
-    *,
-    fields: list[dict[str, Any]] | None = None,
-    items: dict[str, Any] | None = None,
-    name: str | None = None,
-    version: int | None = None,
-    parameters: dict[str, str] | None = None,
-    default: Any = _MISSING,
-) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": type_}
-    if fields is not None:
-        out["fields"] = fields
-    if items is not None:
-        out["items"] = items
-    out["optional"] = optional
-    if name is not None:
-        out["name"] = name
-    if version is not None:
-        out["version"] = version
-    if parameters is not None:
-        out["parameters"] = parameters
-    if default is not _MISSING:
-        out["default"] = default
-    return out
-
-
-def _field(name: str, schema: dict[str, Any]) -> dict[str, Any]:
-    return {**schema, "field": name}
-
-
-def _plain(name: str, type_: str, optional: bool) -> dict[str, Any]:
-    return _field(name, _schema(type_, optional))
-
-
-def _json(name: str) -> dict[str, Any]:
-    return _field(name, _schema("string", True, name="io.debezium.data.Json", version=1))
+# -- schemas (Debezium 3.x's key order: type, fields/items, optional, name, version, parameters, default) --
 
 
 def source_schema() -> dict[str, Any]:
     """``io.debezium.connector.mongo.Source`` as Debezium 3.4/3.6 declare it."""
     snapshot = _schema(
-        "string", True, name="io.debezium.data.Enum", version=1, parameters={"allowed": SNAPSHOT_VALUES}, default="false"
+        "string", True, name="io.debezium.data.Enum", version=1, parameters={"allowed": SNAPSHOT_VALUES}, default="false",
+        default_last=True,
     )
     return _schema(
         "struct",
@@ -157,7 +116,7 @@ def envelope_schema(name: str) -> dict[str, Any]:
         True,
         fields=[
             _field("removedFields", _schema("array", True, items=_schema("string", False))),
-            _json("updatedFields"),
+            _json_field("updatedFields"),
             _field("truncatedArrays", _schema("array", True, items=truncated)),
         ],
         name="io.debezium.connector.mongodb.changestream.updatedescription",
@@ -167,8 +126,8 @@ def envelope_schema(name: str) -> dict[str, Any]:
         "struct",
         False,
         fields=[
-            _json("before"),
-            _json("after"),
+            _json_field("before"),
+            _json_field("after"),
             _field("updateDescription", update_description),
             _field("source", source_schema()),
             _plain("op", "string", True),

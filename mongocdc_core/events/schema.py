@@ -47,14 +47,17 @@ def _schema(
     name: str | None = None,
     version: int | None = None,
     parameters: dict[str, str] | None = None,
+    default_last: bool = False,
 ) -> dict[str, Any]:
+    """A Kafka Connect schema in JsonConverter's key order; the documented (2.x) records put ``default``
+    after ``optional``, Debezium 3.x's after everything (``default_last``)."""
     out: dict[str, Any] = {"type": type_}
     if fields is not None:
         out["fields"] = fields
     if items is not None:
         out["items"] = items
     out["optional"] = optional
-    if default is not _MISSING:
+    if default is not _MISSING and not default_last:
         out["default"] = default
     if name is not None:
         out["name"] = name
@@ -62,6 +65,8 @@ def _schema(
         out["version"] = version
     if parameters is not None:
         out["parameters"] = parameters
+    if default is not _MISSING and default_last:
+        out["default"] = default
     return out
 
 
