@@ -331,6 +331,21 @@ def collection_props(kind: CdcKind, namespace: str, cfg: ConnectorConfig, settin
     )
 
 
+def _selected_copies(
+    context: AssetExecutionContext, config: SnapshotConfig, mongocdc: MongoCdcResource, cfg: ConnectorConfig,
+    ns_of: Mapping[AssetKey, str],
+) -> list[tuple[AssetKey, str, str | None, dict[str, Any] | None]]:
+    """The selected collections of a snapshot run in name order (all captured, else a clear failure), each
+    with its filter as the user wrote it and parsed."""
+    selected = sorted(context.selected_asset_keys, key=lambda k: ns_of[k])
+    _require_captured(mongocdc, cfg, [ns_of[k] for k in selected])
+    copies = []
+    for key in selected:
+        text = config.filters.get(ns_of[key])
+        copies.append((key, ns_of[key], text, parse_filter(text)))
+    return copies
+
+
 def _selected_checks(context: AssetExecutionContext) -> set[AssetCheckKey]:
     return set(context.selected_asset_check_keys)
 
@@ -387,13 +402,8 @@ def _snapshot_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str],
         kafka: MongoCdcKafkaResource,
     ) -> Iterator[MaterializeResult | AssetCheckResult]:
         cfg = mongocdc.load_config()
-        selected = sorted(context.selected_asset_keys, key=lambda k: ns_of[k])
-        _require_captured(mongocdc, cfg, [ns_of[k] for k in selected])
         checks = _selected_checks(context)
-        for key in selected:
-            namespace = ns_of[key]
-            filter_text = config.filters.get(namespace)
-            filter_doc = parse_filter(filter_text)
+        for key, namespace, filter_text, filter_doc in _selected_copies(context, config, mongocdc, cfg, ns_of):
             path = mongocdc.snapshot_path(namespace, snapshot_file_name(filter_text))
             context.log.info(f"blocking snapshot of {namespace} into {path}" + (f" with filter {filter_text}" if filter_doc else ""))
             metrics = ConnectorMetrics(cfg.topic_prefix)
@@ -448,13 +458,8 @@ def _incremental_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str],
         kafka: MongoCdcKafkaResource,
     ) -> Iterator[MaterializeResult | AssetCheckResult]:
         cfg = mongocdc.load_config()
-        selected = sorted(context.selected_asset_keys, key=lambda k: ns_of[k])
-        _require_captured(mongocdc, cfg, [ns_of[k] for k in selected])
         checks = _selected_checks(context)
-        for key in selected:
-            namespace = ns_of[key]
-            filter_text = config.filters.get(namespace)
-            filter_doc = parse_filter(filter_text)
+        for key, namespace, filter_text, filter_doc in _selected_copies(context, config, mongocdc, cfg, ns_of):
             path = mongocdc.incremental_snapshot_path(namespace, snapshot_file_name(filter_text))
             context.log.info(f"incremental snapshot of {namespace} into {path}" + (f" with filter {filter_text}" if filter_doc else ""))
             metrics = ConnectorMetrics(cfg.topic_prefix)
