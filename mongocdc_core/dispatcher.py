@@ -208,12 +208,8 @@ class Dispatcher:
     def snapshot_chunk(self, chunk: SnapshotChunk, position: Position, read_at: datetime.datetime) -> None:
         """Read events for one chunk; when the collection is complete, flush and mark it done."""
         db, _, coll = chunk.namespace.partition(".")
-        convert = self.converter.convert_read
         try:
-            records = [
-                convert(doc, db, coll, position, marker, read_at)
-                for doc, marker in zip(chunk.documents, chunk.markers, strict=True)
-            ]
+            records = self.converter.convert_reads(chunk.documents, chunk.markers, db, coll, position, read_at)
         except Exception:  # noqa: BLE001 - find the failing reads one by one, for the policy
             records = self._convert_reads_one_by_one(chunk, db, coll, position, read_at)
         self._write(records)

@@ -1524,6 +1524,23 @@ def project_stage(docs: list[dict[str, Any]], spec: Any) -> list[dict[str, Any]]
     return [_include(doc, tree, doc) for doc in docs]
 
 
+def _sample(docs: list[Any], options: Any) -> list[Any]:
+    """``$sample``: ``size`` documents picked at random (all of them, shuffled, when there are fewer)."""
+    if not isinstance(options, Mapping):
+        raise command_error((28745, "Location28745"), "the $sample stage specification must be an object")
+    size = options.get("size")
+    if size is None:
+        raise command_error((28749, "Location28749"), "$sample stage must specify a size")
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise command_error((28746, "Location28746"), "size argument to $sample must be a number")
+    if size < 0:
+        raise command_error((28747, "Location28747"), "size argument to $sample must not be negative")
+    unknown = [key for key in options if key != "size"]
+    if unknown:
+        raise command_error((28748, "Location28748"), f"unrecognized option to $sample: {unknown[0]}")
+    return random.sample(docs, min(size, len(docs)))
+
+
 def run_pipeline(
     docs: Iterable[Mapping[str, Any]],
     stages: Sequence[Mapping[str, Any]],
@@ -1554,6 +1571,9 @@ def run_pipeline(
                 raise command_error((15976, "Location15976"), "$sort stage must have at least one sort key")
             current = sort_documents(current, options)
             continue
+        if name == "$sample":  # only selects: picked before any copy, as mongod's random cursor reads few documents
+            current = _sample(current, options)
+            continue
         if not copied:
             current = [copy.deepcopy(dict(d)) for d in current]
             copied = True
@@ -1571,11 +1591,6 @@ def run_pipeline(
         elif name == "$sortByCount":
             grouped = run_pipeline(current, [{"$group": {"_id": options, "count": {"$sum": 1}}}])
             current = sort_documents(grouped, {"count": -1})
-        elif name == "$sample":
-            size = options.get("size") if isinstance(options, Mapping) else None
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise command_error((28746, "Location28746"), "size argument to $sample must be a number")
-            current = mm_aggregate._handle_sample_stage(current, database, dict(options))
         else:
             handler = mm_aggregate._PIPELINE_HANDLERS.get(name)
             if handler is None or name in ("$out",):

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from itertools import islice
 from typing import Any, Protocol, runtime_checkable
 
 from bson import Timestamp, json_util
@@ -285,8 +286,6 @@ def snapshot_marker(first_collection: bool, last_collection: bool, first_record:
 
 EmitFn = Callable[[SnapshotChunk], bool]
 
-_END = object()
-
 
 @dataclass(frozen=True, slots=True)
 class _Unit:
@@ -433,25 +432,22 @@ class SnapshotCopier:
             self.stop.set()
 
     def _copy(self, unit: _Unit) -> None:
+        """Read one range in ``_id`` order and deliver it in chunks of ``chunk_size`` documents; one
+        document past each chunk is read first, so the range's last chunk is known to be its last."""
         db, _, coll = unit.namespace.partition(".")
         cursor = self.client[db][coll].find(unit.query, batch_size=self.fetch_size).sort("_id", 1)
+        size = self.chunk_size
         try:
             it = iter(cursor)
-            batch: list[dict[str, Any]] = []
-            current = next(it, _END)
-            if current is _END:
-                self._deliver(unit.namespace, unit.part, [], part_done=True)
-                return
-            while current is not _END:
-                if self.stop.is_set():
+            chunk = list(islice(it, size))
+            while not self.stop.is_set():
+                following = next(it, None)
+                if following is None:
+                    self._deliver(unit.namespace, unit.part, chunk, part_done=True)
                     return
-                following = next(it, _END)
-                batch.append(current)  # type: ignore[arg-type]
-                if following is _END or len(batch) >= self.chunk_size:
-                    if not self._deliver(unit.namespace, unit.part, batch, part_done=following is _END):
-                        return
-                    batch = []
-                current = following
+                if not self._deliver(unit.namespace, unit.part, chunk, part_done=False):
+                    return
+                chunk = [following, *islice(it, size - 1)]
         finally:
             cursor.close()
 

@@ -56,6 +56,12 @@ def test_lookup(sales: Database) -> None:
 def test_sample_and_bucket_auto(sales: Database) -> None:
     sample = list(sales.sales.aggregate([{"$sample": {"size": 5}}]))
     assert len(sample) == 5 and len({d["_id"] for d in sample}) == 5
+    everything = list(sales.sales.aggregate([{"$sample": {"size": 1000}}, {"$sort": {"_id": 1}}]))
+    assert everything == list(sales.sales.find().sort("_id", 1))  # fewer documents than asked: all of them
+    for spec, code in (({"size": "5"}, 28746), ({"size": -1}, 28747), ({}, 28749), ({"size": 1, "x": 1}, 28748)):
+        with pytest.raises(OperationFailure) as raised:
+            list(sales.sales.aggregate([{"$sample": spec}]))
+        assert raised.value.code == code, spec
     buckets = list(sales.sales.aggregate([{"$bucketAuto": {"groupBy": "$qty", "buckets": 3}}]))
     assert buckets == [
         {"_id": {"min": 1, "max": 5}, "count": 4},

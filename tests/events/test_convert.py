@@ -14,6 +14,7 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 from mongocdc_core.events.convert import EventConverter
 from mongocdc_core.events.options import EventOptions
@@ -435,3 +436,21 @@ def test_raw_bson_change_documents_with_standard_uuids() -> None:
     expected = converter(schemas_enable=False, provide_transaction_metadata=True).convert_change(ev, POSITION)
     assert [begin, record] == expected
     assert '"session": {"$binary": "FA7YEzXgQXSX9OxmzllH2w==","$type": "04"}' in payload(record)["after"]
+
+
+@settings(max_examples=100, deadline=None, phases=[Phase.generate])
+@given(st.lists(documents, min_size=1, max_size=5), st.booleans(), st.booleans())
+def test_a_chunk_of_reads_equals_its_reads_one_by_one(docs: list[dict[str, Any]], schemas: bool, renamed: bool) -> None:
+    conv = converter(schemas_enable=schemas, field_renames=("inventory.customers.a:b",) if renamed else ())
+    reads = [{**normalized(doc), "_id": i} for i, doc in enumerate(docs)]
+    markers = ["first", *["true"] * (len(reads) - 2), "last"][-len(reads):] if len(reads) > 1 else ["last"]
+    ts = datetime.datetime(2026, 11, 26, 12, 0, tzinfo=datetime.UTC)
+    chunk = conv.convert_reads(reads, markers, "inventory", "customers", POSITION, ts)
+    assert chunk == [conv.convert_read(doc, "inventory", "customers", POSITION, m, ts) for doc, m in zip(reads, markers, strict=True)]
+
+
+def test_a_chunk_with_a_bad_read_fails_like_the_read() -> None:
+    with pytest.raises(ValueError, match="has no '_id'"):
+        converter().convert_reads([DOC, {"x": 1}], ["true", "true"], "inventory", "customers", POSITION)
+    with pytest.raises(ValueError, match="snapshot marker"):
+        converter().convert_reads([DOC, DOC], ["true", "false"], "inventory", "customers", POSITION)

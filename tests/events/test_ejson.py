@@ -19,6 +19,7 @@ from bson.objectid import ObjectId
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 from mongocdc_core.events import ejson
 from mongocdc_core.events.ejson import COMPACT_STYLE, DOCUMENT_STYLE, LEGACY_STYLE, EjsonMode
@@ -200,3 +201,34 @@ def test_dates_outside_pythons_range_are_spelled_like_every_date(millis: int) ->
     assert ejson.key_id(value) == f'{{"$date" : {millis}}}'
     assert ejson.dumps({"d": value}, COMPACT_STYLE) == f'{{"d":{{"$date":{millis}}}}}'
     assert ejson.loads(ejson.dumps({"d": value})) == {"d": value}
+
+
+@settings(max_examples=200, deadline=None, phases=[Phase.generate])
+@given(st.lists(documents, max_size=6))
+def test_batched_document_strings_equal_one_by_one(docs: list[dict[str, Any]]) -> None:
+    values = [normalized(doc) for doc in docs]
+    for style in (DOCUMENT_STYLE, LEGACY_STYLE, COMPACT_STYLE):
+        assert ejson.dumps_strings(values, style) == [ejson.dumps_string(value, style) for value in values]
+
+
+def test_batched_document_strings_with_a_string_equal_to_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ejson.secrets, "token_hex", lambda n: "f" * (2 * n))
+    values = [{"a": "f" * 32}, {"b": ["x", "f" * 32]}, {"c": 1}]
+    assert ejson.dumps_strings(values) == [ejson.dumps_string(value) for value in values]
+
+
+_PLAIN_TEXT = st.text(st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters='"\\'), max_size=8)
+_PLAIN_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**31), 2**31 - 1), st.floats(allow_nan=False, allow_infinity=False),
+              _PLAIN_TEXT, st.builds(lambda n: Int64(n), st.integers(-(2**63), 2**63 - 1)),
+              st.builds(ObjectId), st.datetimes().map(lambda d: d.replace(microsecond=d.microsecond // 1000 * 1000))),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_PLAIN_TEXT, inner, max_size=3)),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.dictionaries(_PLAIN_TEXT, _PLAIN_VALUES, max_size=5), min_size=2, max_size=6))
+def test_batched_document_strings_of_plain_documents(docs: list[dict[str, Any]]) -> None:
+    """Documents without escapes, the batched path's own case (most real snapshot chunks)."""
+    assert ejson.dumps_strings(docs) == [ejson.dumps_string(doc) for doc in docs]
