@@ -193,10 +193,6 @@ _ELEMENT_SEP = re.compile(rb",\n +")
 _LINE_BREAK = re.compile(rb"\n *")
 # Member names start their line in indented output: anchoring there keeps string contents untouched.
 _NAME_SEP = re.compile(rb"(\n +" + _STRING + rb"): ")
-# Fast path, on the structure of compact output with one NUL per string: a member comma is
-# followed by a string (the name) and its colon; every other comma separates array elements.
-_STRUCT_ELEMENT_SEP = re.compile(b",(?!\x00:)")
-_STRUCT_MEMBER_SEP = re.compile(b",(?=\x00:)")
 
 
 # orjson writes uuid.UUID natively as a plain string (no passthrough option exists); seeing that
@@ -256,11 +252,10 @@ def _restyled_parts(compact: bytes, style: JsonStyle) -> list[bytes] | None:
     structure = b"\x00".join(parts[0::2])  # even pieces are outside strings
     if style.item_sep == style.array_sep:
         structure = structure.replace(b",", style.array_bytes)
-    else:
-        if style.array_sep != ",":
-            structure = _STRUCT_ELEMENT_SEP.sub(style.array_bytes, structure)
-        if style.item_sep != ",":
-            structure = _STRUCT_MEMBER_SEP.sub(style.item_bytes, structure)
+    else:  # every comma as an array's, then those before a member name (NUL, colon) as a member's
+        structure = structure.replace(b",", style.array_bytes).replace(
+            style.array_bytes + b"\x00:", style.item_bytes + b"\x00:"
+        )
     structure = structure.replace(b":", style.name_bytes)
     parts[0::2] = structure.split(b"\x00")
     return parts
