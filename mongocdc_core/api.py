@@ -353,6 +353,11 @@ class _IncrementalCompanion:
     def busy(self) -> bool:
         return self.snapshotter.running
 
+    @property
+    def watching(self) -> bool:
+        """It counts its collection's streamed events and follows what the stream passed: always."""
+        return True
+
     def on_signal(self, change: Any, position: Position) -> None:
         self.snapshotter.on_signal_event(change, position)
 

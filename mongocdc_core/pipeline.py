@@ -88,6 +88,11 @@ class StreamCompanion(Protocol):
     def busy(self) -> bool:
         """Still working (a stream with a busy companion is not idle)."""
 
+    @property
+    def watching(self) -> bool:
+        """Needs ``on_stream_event``/``on_stream_passed`` for every event (an incremental snapshot
+        runs or has windows open); otherwise only signals reach it."""
+
     def on_signal(self, change: Mapping[str, Any], position: Position) -> None:
         """An event of the signaling collection was dispatched at ``position``."""
 
@@ -280,10 +285,12 @@ class CapturePipeline:
                 for item in queue.get_batch(cfg.max_batch_size, poll_s):
                     if item.kind == "change":
                         assert item.doc is not None and item.token is not None
-                        if companion is not None and (passed := _passed_before(item.doc, item.token, dispatcher.last_position)):
-                            frontier = passed
+                        watching = companion is not None and companion.watching
+                        if watching and (passed := _passed_before(item.doc, item.token, dispatcher.last_position)):
+                            assert companion is not None
+                            frontier = passed  # unwatched events leave it behind: it only ever says too little
                             companion.on_stream_passed(frontier, dispatcher.last_position)
-                        if self._dispatch(item.doc, item.token, accept, companion):
+                        if self._dispatch(item.doc, item.token, accept, companion, watching):
                             last_activity = time.monotonic()
                             if bound.max_events is not None and dispatcher.events - counted_from >= bound.max_events:
                                 finished = "max_events"
@@ -344,8 +351,10 @@ class CapturePipeline:
         token: dict[str, Any],
         accept: Callable[[str], bool] | None,
         companion: StreamCompanion | None,
+        watching: bool,
     ) -> bool:
-        """One change through the dispatcher, then to the companion; True for a data event."""
+        """One change through the dispatcher, then to the companion (signals; every data event when it
+        is ``watching``); True for a data event."""
         if accept is None and companion is None:
             return self.dispatcher.change(doc, token)
         ns = doc.get("ns") or {}
@@ -360,7 +369,7 @@ class CapturePipeline:
             assert position is not None
             if self.cfg.is_signal_collection(db, coll):
                 companion.on_signal(doc, position)
-            elif produced:
+            elif produced and watching:
                 companion.on_stream_event(namespace, (doc.get("documentKey") or {}).get("_id"), position)
         return produced
 

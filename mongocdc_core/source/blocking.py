@@ -232,6 +232,10 @@ class AdHocSnapshots:
             self.incremental.poll()
 
     @property
+    def watching(self) -> bool:
+        return self.incremental is not None and self.incremental.watching
+
+    @property
     def busy(self) -> bool:
         """An incremental snapshot is running (an idle stream is not "done" yet)."""
         return self.incremental is not None and self.incremental.running and not self._paused()

@@ -347,6 +347,11 @@ class IncrementalSnapshotter:
     def running(self) -> bool:
         return self.state is not None and not self.finished.is_set()
 
+    @property
+    def watching(self) -> bool:
+        """The stream's events must be reported one by one: a snapshot runs or a window is open."""
+        return self.running or bool(self._windows)
+
     def collections(self) -> list[str]:
         """Collections of the running snapshot not finished yet."""
         with self._lock:
