@@ -52,7 +52,7 @@ _ROW_GROUP_ROWS = 50_000
 
 
 #: The payload fields the landing columns come from, as Arrow's JSON reader parses them.
-_PAYLOAD_SCHEMA = pa.schema(
+PAYLOAD_SCHEMA = pa.schema(
     [
         ("ts_ms", pa.int64()),
         ("before", pa.string()),
@@ -257,7 +257,7 @@ def _parse_payloads(lines: list[bytes]) -> pa.Table:
     return pa_json.read_json(
         pa.BufferReader(data),
         read_options=pa_json.ReadOptions(block_size=block, use_threads=False),
-        parse_options=pa_json.ParseOptions(explicit_schema=_PAYLOAD_SCHEMA, unexpected_field_behavior="ignore"),
+        parse_options=pa_json.ParseOptions(explicit_schema=PAYLOAD_SCHEMA, unexpected_field_behavior="ignore"),
     )
 
 
@@ -280,7 +280,7 @@ def _parse_payloads_slowly(lines: list[bytes]) -> pa.Table:
             },
             "source": {"snapshot": _text(source.get("snapshot"))} if isinstance(source, dict) else None,
         })  # fmt: skip
-    return pa.Table.from_pylist(rows, schema=_PAYLOAD_SCHEMA)
+    return pa.Table.from_pylist(rows, schema=PAYLOAD_SCHEMA)
 
 
 def _truncated_text(truncated: pa.Array | pa.ChunkedArray) -> pa.Array:
