@@ -237,3 +237,30 @@ def test_parquet_takes_documents_larger_than_a_json_block(tmp_path: Path) -> Non
     sink.close()
     rows = pq.read_table(tmp_path / "x.parquet").to_pylist()
     assert orjson.loads(rows[1]["after"])["text"] == big["text"] and len(rows) == 2
+
+
+def test_parquet_cuts_each_records_own_payload_when_a_batch_mixes_topics_and_schemas(tmp_path: Path) -> None:
+    """The payload is cut at the head its topic's first record showed; a record of the same topic
+    with another schema part, another topic's records and tombstones in the same batch keep theirs."""
+    source = {"db": "inventory", "collection": "orders", "snapshot": "true", "ord": 1}
+    payloads = [{"after": f'{{"_id": {i}}}', "source": source, "op": "r", "ts_ms": i} for i in range(4)]
+    schemas = [{"type": "struct", "name": "A"}, {"type": "struct", "name": "A"}, {"type": "struct", "name": "B"}, {}]
+    records = []
+    for i, (payload, schema) in enumerate(zip(payloads, schemas, strict=True)):
+        key = orjson.dumps({"schema": schema, "payload": {"id": str(i)}})
+        records.append(Record(TOPIC, key, orjson.dumps({"schema": schema, "payload": payload}),
+                              Position(1700000000, i), "inventory.orders", "r"))  # fmt: skip
+        records.append(Record("shop.other", key, orjson.dumps(payload), Position(1700000000, i), "inventory.other", "r"))
+    records.append(Record(TOPIC, orjson.dumps({"id": "3"}), None, Position(1700000000, 3), "inventory.orders", "d"))
+    sink = ParquetSink.to_file(tmp_path / "x.parquet")
+    sink.write(records)
+    sink.close()
+    rows = pq.read_table(tmp_path / "x.parquet").to_pylist()
+    assert [(r["topic"], r["pos_increment"]) for r in rows] == [(TOPIC, i) for i in (0, 1, 2, 3, 3)] + [
+        ("shop.other", i) for i in range(4)
+    ]
+    for row, payload in zip(rows[:4] + rows[5:], payloads + payloads, strict=True):
+        assert orjson.loads(row["value"]) == payload and row["after"] == payload["after"]
+        assert orjson.loads(row["source"]) == source and row["snapshot"] == "true" and row["op"] == "r"
+    assert [orjson.loads(r["key"]) for r in rows[:5]] == [{"id": str(i)} for i in (0, 1, 2, 3, 3)]
+    assert rows[4]["value"] is None and rows[4]["op"] is None and rows[4]["source"] is None
