@@ -425,14 +425,17 @@ def refresh(
     if snapshot is not None:
         updates[SNAPSHOT_PROPERTY] = snapshot
     set_properties(spark, state_location, updates)
-    return _result(spark, state_location, result)
+    return _result(spark, state_location, result, counted=rebuild)
 
 
-def _result(spark: SparkSession, location: str, result: StateResult) -> StateResult:
+def _result(spark: SparkSession, location: str, result: StateResult, *, counted: bool = False) -> StateResult:
+    """``result`` with the table's schema, row count (unless ``counted``: a rebuild knows what it wrote)
+    and position."""
     if table_exists(spark, location):
         table = spark.read.format("delta").load(location)
         result.schema = table.schema
-        result.row_count = table.count()
+        if not counted:
+            result.row_count = table.count()
         if result.position is None:
             result.position = table_properties(spark, location).get(POSITION_PROPERTY)
     return result
@@ -500,6 +503,7 @@ def _merge(
         written = source.where(~F.col("__merge_deleted")) if layout.delete_handling == "drop" else source
         _replace(spark, location, written.drop("__merge_op", "__merge_deleted"))
         result.upserted = int(counts["keys"]) - int(counts["deleted"])
+        result.row_count = result.upserted if layout.delete_handling == "drop" else int(counts["keys"])
         return result, shape
     result.schema_changes = kinds.changes(
         kinds.struct([("_id", old.id_kind)]), kinds.struct([("_id", shape.id_kind)])
