@@ -120,10 +120,17 @@ def table_exists(spark: SparkSession, location: str) -> bool:
 
 def table_properties(spark: SparkSession, location: str) -> dict[str, str]:
     """The Delta table properties at ``location`` (empty when there is no table)."""
+    return table_detail(spark, location)[0]
+
+
+def table_detail(spark: SparkSession, location: str) -> tuple[dict[str, str], int]:
+    """The Delta table properties and size in bytes at ``location`` (one look; empty when there is no table)."""
     if not table_exists(spark, location):
-        return {}
-    row = DeltaTable.forPath(spark, location).detail().select("properties").first()
-    return dict(row[0]) if row is not None and row[0] is not None else {}
+        return {}, 0
+    row = DeltaTable.forPath(spark, location).detail().select("properties", "sizeInBytes").first()
+    if row is None:
+        return {}, 0
+    return (dict(row[0]) if row[0] is not None else {}), int(row[1] or 0)
 
 
 def set_properties(spark: SparkSession, location: str, properties: dict[str, str]) -> None:
@@ -228,7 +235,7 @@ def changelog_rows(landing: DataFrame, origin: Column, namespace: str | None = N
     key = F.get_json_object(F.col("key"), "$.id")
     derived: dict[str, Column] = {
         "__key": key,
-        "_id": convert.id_text(convert.document(key)),
+        "_id": convert.key_text(key),
         "__op": F.col("op"),
         "__position": F.col("position"),
         "__ts_ms": F.col("ts_ms"),
@@ -416,6 +423,7 @@ def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[
     """Append the events of new or re-written landing files of ``namespace`` (see the module doc)."""
     files = landing_files(paths)
     versions = {f: file_version(spark, f) for f in files}
+    new_table = not table_exists(spark, location)
     manifest = _manifest(spark, location)
     seen: set[tuple[str, str]] = set()
     if manifest is not None and files:
@@ -444,4 +452,5 @@ def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[
         append_events(spark, location, namespace, spark.createDataFrame([], CHANGELOG_SCHEMA))
     position = record(spark, location, namespace, appended, snapshot_position, properties)
     table = spark.read.format("delta").load(location)
-    return ChangelogResult(len(todo), appended, position, snapshot_position, table.count(), table.schema)
+    row_count = appended.rows if new_table else table.count()  # a new table holds just what was appended
+    return ChangelogResult(len(todo), appended, position, snapshot_position, row_count, table.schema)

@@ -93,6 +93,22 @@ def id_text(value: Column) -> Column:
     return F.coalesce(_member(value, "$oid", "string"), F.variant_get(value, "$", "string"))
 
 
+_PLAIN_INTEGER = r"^-?(0|[1-9][0-9]{0,17})$"
+_PLAIN_STRING = r'^"([^"\\\x00-\x1f]*)"$'
+_PLAIN_OID = r'^\{\s*"\$oid"\s*:\s*"([0-9a-fA-F]{24})"\s*\}$'
+
+
+def key_text(text: Column) -> Column:
+    """:func:`id_text` of a key's Extended JSON text. The usual keys (a plain string, an ObjectId, an
+    integer that fits a long) are read from the text directly; only the others are parsed."""
+    return (
+        F.when(text.rlike(_PLAIN_INTEGER), text)
+        .when(text.rlike(_PLAIN_STRING), F.regexp_extract(text, _PLAIN_STRING, 1))
+        .when(text.rlike(_PLAIN_OID), F.regexp_extract(text, _PLAIN_OID, 1))
+        .otherwise(id_text(document(text)))
+    )
+
+
 def _get(value: Column, path: str, target: str, strict: bool) -> Column:
     return F.variant_get(value, path, target) if strict else F.try_variant_get(value, path, target)
 
@@ -188,13 +204,25 @@ def _decimal_parts(value: Column) -> tuple[Column, Column, Column]:
     return scale, digits, F.when(text.isNotNull() & ~plain, 1).otherwise(0)
 
 
-def _over(values: Column, each: Callable[[Column], Column], combine: str) -> Column:
-    per_row = getattr(F, f"array_{combine}")(F.transform(values, each))
+def _at(value: Column, path: Path) -> Column:
+    """The variant at ``path`` when it goes through no array."""
+    for name in path:
+        assert name is not None
+        value = child(value, name)
+    return value
+
+
+def _over(value: Column, path: Path, each: Callable[[Column], Column], combine: str) -> Column:
+    if None not in path:  # one value per row: no array to build and walk
+        return getattr(F, combine)(each(_at(value, path)))
+    per_row = getattr(F, f"array_{combine}")(F.transform(leaves(value, path), each))
     return getattr(F, combine)(per_row)
 
 
-def _distinct(values: Column, each: Callable[[Column], Column]) -> Column:
-    return F.array_distinct(F.flatten(F.collect_set(F.array_compact(F.transform(values, each)))))
+def _distinct(value: Column, path: Path, each: Callable[[Column], Column]) -> Column:
+    if None not in path:
+        return F.collect_set(each(_at(value, path)))
+    return F.array_distinct(F.flatten(F.collect_set(F.array_compact(F.transform(leaves(value, path), each)))))
 
 
 def questions_aggregates(value: Column, questions: Questions, prefix: str = "") -> list[Column]:
@@ -211,22 +239,19 @@ def question_columns(value: Column, questions: Questions, prefix: str = "") -> l
 def _aggregates(value: Column, questions: Questions) -> list[tuple[str, Column]]:
     out: list[tuple[str, Column]] = []
     for i, path in enumerate(questions.dates + questions.conflicts):
-        values = leaves(value, path)
-        out.append((f"date_lo_{i}", _over(values, lambda x: _member(x, "$date", "bigint"), "min")))
-        out.append((f"date_hi_{i}", _over(values, lambda x: _member(x, "$date", "bigint"), "max")))
+        out.append((f"date_lo_{i}", _over(value, path, lambda x: _member(x, "$date", "bigint"), "min")))
+        out.append((f"date_hi_{i}", _over(value, path, lambda x: _member(x, "$date", "bigint"), "max")))
     for i, path in enumerate(questions.decimals):
-        values = leaves(value, path)
-        out.append((f"dec_scale_{i}", _over(values, lambda x: _decimal_parts(x)[0], "max")))
-        out.append((f"dec_digits_{i}", _over(values, lambda x: _decimal_parts(x)[1], "max")))
-        out.append((f"dec_nan_{i}", _over(values, lambda x: _decimal_parts(x)[2], "max")))
+        out.append((f"dec_scale_{i}", _over(value, path, lambda x: _decimal_parts(x)[0], "max")))
+        out.append((f"dec_digits_{i}", _over(value, path, lambda x: _decimal_parts(x)[1], "max")))
+        out.append((f"dec_nan_{i}", _over(value, path, lambda x: _decimal_parts(x)[2], "max")))
     for i, path in enumerate(questions.binaries):
-        values = leaves(value, path)
         subtype = lambda x: F.coalesce(  # noqa: E731 - a small lambda reads best here
             _member(x, "$type", "string"), F.try_variant_get(x, '$["$binary"]["subType"]', "string")
         )
-        out.append((f"bin_{i}", _distinct(values, subtype)))
+        out.append((f"bin_{i}", _distinct(value, path, subtype)))
     for i, path in enumerate(questions.conflicts):
-        out.append((f"tags_{i}", _distinct(leaves(value, path), tag)))
+        out.append((f"tags_{i}", _distinct(value, path, tag)))
     return out
 
 

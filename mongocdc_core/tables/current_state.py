@@ -38,6 +38,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.window import Window
 
 from mongocdc_core.tables import convert, fold, kinds
 from mongocdc_core.tables.changelog import (
@@ -49,6 +50,7 @@ from mongocdc_core.tables.changelog import (
     latest_version,
     position_seconds,
     set_properties,
+    table_detail,
     table_exists,
     table_properties,
 )
@@ -73,6 +75,7 @@ _FOLD_SCHEMA = (
 _STATE_COLUMNS = ("__key", "__op", "__position", "__ts_ms", "__source_ts_ms", "after", "deleted", "pending")
 _OBSERVATIONS = itertools.count()
 _TARGET_PARTITION_BYTES = 64 * 1024 * 1024
+_SAMPLE_ROWS = 1000  # documents whose schema decides which questions a new table's first pass asks
 _TABLE_OPTIONS = {
     "delta.columnMapping.mode": "name",
     "delta.enableChangeDataFeed": "true",
@@ -122,30 +125,46 @@ class StateResult:
 # --------------------------------------------------------------------------- winners
 
 
+def _order_tiebreak() -> Column:
+    """At one position a snapshot read sorts before a change."""
+    return F.when(F.col("__op") == "r", 0).otherwise(1)
+
+
 def _order() -> Column:
-    return F.struct(F.col("__position"), F.when(F.col("__op") == "r", 0).otherwise(1))
+    return F.struct(F.col("__position"), _order_tiebreak())
 
 
 def _full_image() -> Column:
     return (F.col("__op") == "d") | F.col("after").isNotNull()
 
 
-def _checkpoint(frame: DataFrame, **metrics: Column) -> tuple[DataFrame, dict[str, Any]]:
-    """Materialise ``frame`` once and compute ``metrics`` (aggregates) in the same pass."""
+def _checkpoint(
+    frame: DataFrame, keep: tuple[str, ...] | None = None, **metrics: Column
+) -> tuple[DataFrame, dict[str, Any]]:
+    """Materialise ``frame`` (its ``keep`` columns, default all) once and compute ``metrics``
+    (aggregates over all of ``frame``) in the same pass."""
     observation = Observation(f"mongocdc-{next(_OBSERVATIONS)}")
-    done = frame.observe(observation, *[c.alias(k) for k, c in metrics.items()]).localCheckpoint()
+    observed = frame.observe(observation, *[c.alias(k) for k, c in metrics.items()])
+    done = (observed.select(*keep) if keep is not None else observed).localCheckpoint()
     return done, observation.get
 
 
 def _per_key(events: DataFrame) -> DataFrame:
     """Per key of ``events``: its winning event (highest position), its last full image's order and its
-    earliest position (``first``)."""
-    per_key = events.groupBy("__key").agg(
-        F.max_by(F.struct(*[F.col(c) for c in _EVENT_COLUMNS]), _order()).alias("w"),
-        F.max(F.when(_full_image(), _order())).alias("last_full"),
-        F.min("__position").alias("first"),
-    )
-    return per_key.select("w.*", "last_full", "first")
+    earliest position (``first``).
+
+    A window ranked by position rather than ``groupBy``/``max_by``: ``max_by`` of a struct holding the
+    document cannot use a fixed-width hash buffer and falls back to a slower sort aggregation, while the
+    window sorts each key's events once and keeps the top row.
+    """
+    ranked = Window.partitionBy("__key").orderBy(F.col("__position").desc(), _order_tiebreak().desc())
+    whole = ranked.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    return events.select(
+        *_EVENT_COLUMNS,
+        F.row_number().over(ranked).alias("__rank"),
+        F.max(F.when(_full_image(), _order())).over(whole).alias("last_full"),
+        F.min("__position").over(whole).alias("first"),
+    ).where(F.col("__rank") == 1).drop("__rank")
 
 
 def _winners(events: DataFrame) -> tuple[DataFrame, dict[str, Any]]:
@@ -212,19 +231,21 @@ class Shape:
         return self.id_kind.spark_type() if self.id_kind.typed else T.StringType()
 
 
-def _infer(rows: DataFrame, observed: dict[str, Any], old: Shape | None) -> Shape:
+def _infer(
+    rows: DataFrame, observed: dict[str, Any], old: Shape | None, asked: tuple[kinds.Questions, kinds.Questions]
+) -> Shape:
     """The shape of ``rows`` (variant columns ``v``, ``idv``) merged with ``old``.
 
     ``observed`` holds the merged variant schemas (``doc``, ``id``) and the answers to the questions
-    about fields the table already has (see :func:`_prepare`); only new dates, decimals or binaries, or
-    a type conflict, cost one more aggregation.
+    ``asked`` in that pass (see :func:`_prepare`); only questions it did not ask (new dates, decimals,
+    binaries or type conflicts) cost one more aggregation.
     """
     doc, doc_questions = kinds.from_variant_schema(observed["doc"]) if observed["doc"] else (kinds.struct([]), None)
     id_kind, id_questions = kinds.from_variant_schema(observed["id"]) if observed["id"] else (kinds.NULL, None)
     if doc.tag != "struct":
         raise TableInputError(f"documents are not JSON objects (schema {observed['doc']})")
     doc = kinds.struct((f.name, f.kind) for f in doc.fields if f.name != "_id")
-    known_doc, known_id = _known(old)
+    known_doc, known_id = asked
     values = dict(observed)
     missing: list[Column] = []
     if doc_questions and not doc_questions.within(known_doc):
@@ -248,16 +269,28 @@ def _infer(rows: DataFrame, observed: dict[str, Any], old: Shape | None) -> Shap
     return Shape(kinds.as_id(merged_id), kinds.name_columns(merged_doc, old.doc if old else None, top=True))
 
 
-def _known(old: Shape | None) -> tuple[kinds.Questions, kinds.Questions]:
-    if old is None:
-        return kinds.Questions(), kinds.Questions()
-    return kinds.known_questions(old.doc), kinds.known_questions(old.id_kind)
+def _asked(old: Shape | None, events: DataFrame) -> tuple[kinds.Questions, kinds.Questions]:
+    """The questions (document, ``_id``) to answer in the pass that reads the batch anyway: those about
+    the fields the table holds, or for a new table those a sample of the documents raises. A field
+    the sample missed costs one more aggregation (:func:`_infer`), never a wrong type."""
+    if old is not None:
+        return kinds.known_questions(old.doc), kinds.known_questions(old.id_kind)
+    sample = events.limit(_SAMPLE_ROWS).select(
+        F.schema_of_variant_agg(F.when(F.col("after").isNotNull(), convert.document(F.col("after")))).alias("doc"),
+        F.schema_of_variant_agg(convert.document(F.col("__key"))).alias("id"),
+    ).first()
+    found = []
+    for text in (sample["doc"], sample["id"]) if sample is not None else (None, None):
+        found.append(kinds.from_variant_schema(text)[1] if text else kinds.Questions())
+    return found[0], found[1]
 
 
-def _prepare(rows: DataFrame, snapshot: str | None, old: Shape | None, **more: Column) -> tuple[DataFrame, dict[str, Any]]:
+def _prepare(
+    rows: DataFrame, snapshot: str | None, asked: tuple[kinds.Questions, kinds.Questions], **more: Column
+) -> tuple[DataFrame, dict[str, Any]]:
     """State rows -> the live rows to merge, with their documents parsed (``v``, ``idv``), materialised
-    once; the same pass observes counts (``keys`` live, ``pending``, ``deleted``), the merged variant
-    schemas and the answers to the questions about the table's known fields."""
+    once (without the document text, which ``v`` holds); the same pass observes counts (``keys`` live,
+    ``pending``, ``deleted``), the merged variant schemas and the answers to the ``asked`` questions."""
     ghost = F.lit(snapshot).isNotNull() & (F.col("__position") < F.lit(snapshot))
     prepared = rows.select(
         *_STATE_COLUMNS[:6], ((F.col("deleted") | ghost) & ~F.col("pending")).alias("deleted"), "pending", "first",
@@ -266,11 +299,11 @@ def _prepare(rows: DataFrame, snapshot: str | None, old: Shape | None, **more: C
         F.when(~F.col("deleted") & ~F.col("pending"), convert.document(F.col("after"))).alias("v"),
         F.when(~F.col("pending"), convert.document(F.col("__key"))).alias("idv"),
     )
-    known_doc, known_id = _known(old)
+    known_doc, known_id = asked
     answers = convert.question_columns(F.col("v"), known_doc, "kd_")
     answers += convert.question_columns(F.col("idv"), known_id, "ki_")
     done, observed = _checkpoint(
-        prepared, keys=F.count(F.when(~F.col("pending"), 1)), pending=F.count(F.when(F.col("pending"), 1)),
+        prepared, ("__key", "__op", "__position", "__source_ts_ms", "deleted", "pending", "v", "idv"), keys=F.count(F.when(~F.col("pending"), 1)), pending=F.count(F.when(F.col("pending"), 1)),
         deleted=F.count(F.when(F.col("deleted"), 1)),
         doc=F.schema_of_variant_agg("v"), id=F.schema_of_variant_agg("idv"),
         **dict(answers), **more,
@@ -340,13 +373,6 @@ def sized_shuffles(spark: SparkSession, nbytes: int) -> Iterator[int]:
         spark.conf.set("spark.sql.shuffle.partitions", str(before))
 
 
-def _size(spark: SparkSession, location: str) -> int:
-    if not table_exists(spark, location):
-        return 0
-    row = DeltaTable.forPath(spark, location).detail().select("sizeInBytes").first()
-    return int(row[0] or 0) if row is not None else 0
-
-
 def _changes(spark: SparkSession, location: str, since: int, until: int) -> DataFrame | None:
     """Rows the changelog gained after version ``since`` (None when its change feed no longer has them)."""
     try:
@@ -366,8 +392,9 @@ def refresh(
     if not table_exists(spark, changelog_location):
         raise TableInputError(f"{namespace}: no changelog table at {changelog_location}: refresh the changelog first")
     log_version = latest_version(spark, changelog_location)
-    snapshot = table_properties(spark, changelog_location).get(SNAPSHOT_PROPERTY)
-    props = table_properties(spark, state_location)
+    log_props, log_size = table_detail(spark, changelog_location)
+    snapshot = log_props.get(SNAPSHOT_PROPERTY)
+    props, state_size = table_detail(spark, state_location)
     old = Shape.from_json(props[KINDS_PROPERTY]) if KINDS_PROPERTY in props else None
     rebuild = old is None or props.get(OPTIONS_PROPERTY) != layout.to_json() or VERSION_PROPERTY not in props
     since = -1 if rebuild else int(props[VERSION_PROPERTY])
@@ -379,7 +406,7 @@ def refresh(
     events = None if rebuild else _changes(spark, changelog_location, since, log_version)
     if events is None:
         rebuild, old, table_position, applied, events = True, None, None, None, changelog
-    nbytes = _size(spark, changelog_location) if rebuild else _size(spark, state_location)
+    nbytes = log_size if rebuild else state_size
     with sized_shuffles(spark, nbytes):
         result, shape = _merge(
             spark, namespace, state_location, layout, changelog, events.select(*_EVENT_COLUMNS), old,
@@ -398,14 +425,17 @@ def refresh(
     if snapshot is not None:
         updates[SNAPSHOT_PROPERTY] = snapshot
     set_properties(spark, state_location, updates)
-    return _result(spark, state_location, result)
+    return _result(spark, state_location, result, counted=rebuild)
 
 
-def _result(spark: SparkSession, location: str, result: StateResult) -> StateResult:
+def _result(spark: SparkSession, location: str, result: StateResult, *, counted: bool = False) -> StateResult:
+    """``result`` with the table's schema, row count (unless ``counted``: a rebuild knows what it wrote)
+    and position."""
     if table_exists(spark, location):
         table = spark.read.format("delta").load(location)
         result.schema = table.schema
-        result.row_count = table.count()
+        if not counted:
+            result.row_count = table.count()
         if result.position is None:
             result.position = table_properties(spark, location).get(POSITION_PROPERTY)
     return result
@@ -448,18 +478,19 @@ def _merge(
     top = _per_key(events).select(
         *_STATE_COLUMNS[:6], (F.col("__op") == "d").alias("deleted"), (~_full_image()).alias("pending"), "first"
     )
-    live, counts = _prepare(top, snapshot, old, first=F.min("first"), last=F.max("__position"))
+    asked = _asked(old, events)
+    live, counts = _prepare(top, snapshot, asked, first=F.min("first"), last=F.max("__position"))
     out_of_order = table_position is not None and counts["first"] is not None and counts["first"] <= table_position
     last = counts["last"]
     if counts["pending"] or out_of_order:  # updates to fold, or older events: the general way
         rows, last, _ = _state_rows(changelog, events, table_position, rebuild)
-        live, counts = _prepare(rows, snapshot, old)
+        live, counts = _prepare(rows, snapshot, asked)
     result.position = max(filter(None, [table_position, last]), default=None)
     result.pending = int(counts["pending"])
     result.keys_merged = int(counts["keys"]) + result.pending
     if result.keys_merged == 0 and old is not None and not rebuild:
         return result, old
-    shape = _infer(live, counts, old)
+    shape = _infer(live, counts, old, asked)
     state_columns = {
         "__position": F.col("__position"), "__op": F.col("__op"), "__source_ts_ms": F.col("__source_ts_ms"),
         "__deleted": F.col("deleted"),
@@ -472,6 +503,7 @@ def _merge(
         written = source.where(~F.col("__merge_deleted")) if layout.delete_handling == "drop" else source
         _replace(spark, location, written.drop("__merge_op", "__merge_deleted"))
         result.upserted = int(counts["keys"]) - int(counts["deleted"])
+        result.row_count = result.upserted if layout.delete_handling == "drop" else int(counts["keys"])
         return result, shape
     result.schema_changes = kinds.changes(
         kinds.struct([("_id", old.id_kind)]), kinds.struct([("_id", shape.id_kind)])

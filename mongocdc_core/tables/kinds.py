@@ -240,7 +240,7 @@ class Questions:
     def within(self, known: Questions) -> bool:
         """Whether ``known`` asks all of these questions already."""
         return (
-            not self.conflicts and set(self.dates) <= set(known.dates)
+            set(self.conflicts) <= set(known.conflicts) and set(self.dates) <= set(known.dates)
             and set(self.decimals) <= set(known.decimals) and set(self.binaries) <= set(known.binaries)
         )
 

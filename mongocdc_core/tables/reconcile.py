@@ -119,7 +119,7 @@ def _signature(frame: DataFrame, names: list[str]) -> Column:
 
 
 def _readable(key: Column) -> Column:
-    return convert.id_text(convert.document(key))
+    return convert.key_text(key)
 
 
 def _state_winners(changelog: DataFrame, snapshot: str | None, rewrite: bool) -> DataFrame:
