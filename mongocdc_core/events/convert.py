@@ -330,36 +330,29 @@ class EventConverter:
         ctx = self._collection(db, coll)
         o = self.options
         ts_ns = _datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
-        now_ns = self._now_ns()
-        if self._legacy:
-            source = legacy_source_block(
-                version=o.connector_version,
-                name=o.topic_prefix,
-                rs=o.rs,
-                db=db,
-                collection=coll,
-                ts_ms=ts_ns // 1_000_000,
-                ord=position.increment,
-                snapshot=True,
-                stxnid=None,
-            )
-            payload = legacy_payload(
-                op="r",
-                change=None,
-                document=document,
-                fields=ctx.fields,
-                source=source,
-                now_ns=now_ns,
-                transaction=None,
-            )
-            value = self._serializer.dumps(ctx.value_prefix, payload)
-        else:
-            value = ctx.value_template % (
-                NULL, document_string(document, ctx.fields), NULL,
-                times(ts_ns), _SNAPSHOT_JSON[snapshot_marker], position.increment,
-                NULL, NULL, NULL,
-                _OP_JSON["r"], now_ns // 1_000_000, now_ns // 1_000, now_ns, NULL,
-            )  # fmt: skip
+        if not self._legacy:
+            return self._reads(ctx, [document], [snapshot_marker], position, ts_ns)[0]
+        source = legacy_source_block(
+            version=o.connector_version,
+            name=o.topic_prefix,
+            rs=o.rs,
+            db=db,
+            collection=coll,
+            ts_ms=ts_ns // 1_000_000,
+            ord=position.increment,
+            snapshot=True,
+            stxnid=None,
+        )
+        payload = legacy_payload(
+            op="r",
+            change=None,
+            document=document,
+            fields=ctx.fields,
+            source=source,
+            now_ns=self._now_ns(),
+            transaction=None,
+        )
+        value = self._serializer.dumps(ctx.value_prefix, payload)
         return Record(ctx.topic, ctx.key_template % key_id_json(document["_id"]), value, position, ctx.namespace, "r")
 
     def convert_reads(
@@ -386,10 +379,17 @@ class EventConverter:
             or not all(type(doc) is dict and "_id" in doc for doc in documents)
         ):
             return [self.convert_read(doc, db, coll, position, marker, ts) for doc, marker in zip(documents, markers, strict=True)]
-        ctx = self._collection(db, coll)
+        ts_ns = _datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
+        return self._reads(self._collection(db, coll), documents, markers, position, ts_ns)
+
+    def _reads(
+        self, ctx: _Collection, documents: Sequence[Mapping[str, Any]], markers: Sequence[str], position: Position,
+        ts_ns: int,
+    ) -> list[Record]:
+        """The change streams records of checked reads: the documents written in one pass, each record
+        the value template's bytes (one pair per marker) around its ``after``."""
         fields = ctx.fields
         afters = ejson.dumps_strings([fields.document(doc) for doc in documents] if fields else documents)
-        ts_ns = _datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
         now_ns = self._now_ns()
         source_times = times(ts_ns)
         around: dict[str, tuple[bytes, bytes]] = {}
