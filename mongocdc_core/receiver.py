@@ -24,11 +24,12 @@ class SnapshotChunk:
 
     ``part`` is the ``_id`` range the documents come from, ``part_done`` says that range is complete,
     and ``after`` is the last key of the chunk (canonical Extended JSON): once the chunk is flushed,
-    a restart resumes the range after it.
+    a restart resumes the range after it. ``documents`` may be a raw batch
+    (:class:`~mongocdc_core.events.raw.RawDocuments`), decoded only where needed.
     """
 
     namespace: str
-    documents: list[dict[str, Any]]
+    documents: Sequence[dict[str, Any]]
     markers: list[str]
     final: bool
     part: int = 0

@@ -18,7 +18,7 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from mongocdc_core.events import ejson
+from mongocdc_core.events import ejson, raw
 from mongocdc_core.events.changes import DATA_OPERATIONS, short
 from mongocdc_core.events.debezium3 import Debezium3Events
 from mongocdc_core.events.envelope import (
@@ -32,6 +32,7 @@ from mongocdc_core.events.envelope import (
     value_template,
 )
 from mongocdc_core.events.options import EventOptions
+from mongocdc_core.events.raw import RawDocuments
 from mongocdc_core.events.records import Record
 from mongocdc_core.events.schema import (
     Serializer,
@@ -369,27 +370,25 @@ class EventConverter:
         The records are those of :meth:`convert_read` (one processing time for the chunk); the
         documents are written in one pass (:func:`ejson.dumps_strings`) and every record shares the
         bytes around its ``after``, which is what a snapshot of small documents spends its time on.
+        :class:`RawDocuments` (a raw batch) are written straight from their BSON by the compiled module.
         """
         if len(documents) != len(markers):
             raise ValueError(f"{len(documents)} snapshot documents of {db}.{coll} with {len(markers)} markers")
-        if (
-            self._debezium3 is not None
-            or self._legacy
-            or not READ_SNAPSHOT_MARKERS.issuperset(markers)
-            or not all(type(doc) is dict and "_id" in doc for doc in documents)
-        ):
-            return [self.convert_read(doc, db, coll, position, marker, ts) for doc, marker in zip(documents, markers, strict=True)]
+        plain = self._debezium3 is None and not self._legacy and READ_SNAPSHOT_MARKERS.issuperset(markers)
         ts_ns = _datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
+        if isinstance(documents, RawDocuments):
+            ctx = self._collection(db, coll)
+            if plain and ctx.fields is None and raw.native is not None and documents:
+                return self._raw_reads(ctx, documents, markers, position, ts_ns)
+            documents = documents.decoded()
+        if not plain or not all(type(doc) is dict and "_id" in doc for doc in documents):
+            return [self.convert_read(doc, db, coll, position, marker, ts) for doc, marker in zip(documents, markers, strict=True)]
         return self._reads(self._collection(db, coll), documents, markers, position, ts_ns)
 
-    def _reads(
-        self, ctx: _Collection, documents: Sequence[Mapping[str, Any]], markers: Sequence[str], position: Position,
-        ts_ns: int,
-    ) -> list[Record]:
-        """The change streams records of checked reads: the documents written in one pass, each record
-        the value template's bytes (one pair per marker) around its ``after``."""
-        fields = ctx.fields
-        afters = ejson.dumps_strings([fields.document(doc) for doc in documents] if fields else documents)
+    def _read_templates(
+        self, ctx: _Collection, markers: Sequence[str], position: Position, ts_ns: int
+    ) -> dict[str, tuple[bytes, bytes]]:
+        """The value template's bytes before and after ``after``, per marker (one processing time)."""
         now_ns = self._now_ns()
         source_times = times(ts_ns)
         around: dict[str, tuple[bytes, bytes]] = {}
@@ -400,6 +399,17 @@ class EventConverter:
             )  # fmt: skip
             head, _, tail = whole.partition(_AFTER_SLOT)
             around[marker] = (head, tail)
+        return around
+
+    def _reads(
+        self, ctx: _Collection, documents: Sequence[Mapping[str, Any]], markers: Sequence[str], position: Position,
+        ts_ns: int,
+    ) -> list[Record]:
+        """The change streams records of checked reads: the documents written in one pass, each record
+        the value template's bytes (one pair per marker) around its ``after``."""
+        fields = ctx.fields
+        afters = ejson.dumps_strings([fields.document(doc) for doc in documents] if fields else documents)
+        around = self._read_templates(ctx, markers, position, ts_ns)
         key_template, topic, namespace = ctx.key_template, ctx.topic, ctx.namespace
         if len(around) == 1:
             head, tail = around[markers[0]]
@@ -410,6 +420,41 @@ class EventConverter:
             Record(topic, key_template % key_id_json(doc["_id"]), value, position, namespace, "r")
             for doc, value in zip(documents, values, strict=True)
         ]
+
+    def _raw_reads(
+        self, ctx: _Collection, documents: RawDocuments, markers: Sequence[str], position: Position, ts_ns: int
+    ) -> list[Record]:
+        """:meth:`_reads` of a raw batch: the compiled module writes each record from the BSON with the
+        templates of the chunk's inner marker; reads with another marker get their own template around
+        the same ``after``, and a read it leaves to Python (a type it does not write) is decoded and
+        converted here."""
+        assert raw.native is not None
+        around = self._read_templates(ctx, markers, position, ts_ns)
+        common = markers[len(markers) // 2]  # the copier marks only a chunk's first and last reads
+        head, tail = around[common]
+        key_head, _, key_tail = (ctx.key_template % _AFTER_SLOT).partition(_AFTER_SLOT)
+        keys, values = raw.native.convert_reads(
+            documents.data, documents.bounds, documents.lo, documents.hi, key_head, key_tail, head, tail
+        )
+        topic, namespace = ctx.topic, ctx.namespace
+        records = [Record(topic, key, value, position, namespace, "r") for key, value in zip(keys, values, strict=True)]
+        n = len(records)
+        if markers.count(common) != n:
+            for i, marker in enumerate(markers):
+                value = values[i]
+                if marker != common and value is not None:
+                    other_head, other_tail = around[marker]
+                    records[i].value = other_head + value[len(head) : len(value) - len(tail)] + other_tail
+        if values.count(None):
+            for i, value in enumerate(values):
+                if value is None:
+                    doc = documents[i]
+                    if "_id" not in doc:
+                        raise ValueError(f"snapshot document of {ctx.namespace} has no '_id': {short(doc)}")
+                    other_head, other_tail = around[markers[i]]
+                    records[i].key = ctx.key_template % key_id_json(doc["_id"])
+                    records[i].value = other_head + ejson.dumps_string(doc) + other_tail
+        return records
 
     def heartbeat_record(self, position: Position, ts_ms: int) -> Record:
         """A heartbeat on ``<topic.heartbeat.prefix><delimiter><topic.prefix>``.

@@ -14,18 +14,24 @@ group ``mongocdc.snapshot_modes``; the entry point name is matched against
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from itertools import islice
 from typing import Any, Protocol, runtime_checkable
 
-from bson import Timestamp, json_util
-from pymongo import MongoClient
-from pymongo.errors import OperationFailure, PyMongoError
+from bson import Int64, Timestamp, json_util
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
+from pymongo import MongoClient, ReadPreference
+from pymongo.collection import Collection
+from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
+from pymongo.topology_description import TOPOLOGY_TYPE
 
 from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.events.raw import RawDocuments, native
 from mongocdc_core.offsets.model import SnapshotState
 from mongocdc_core.positions import Position
 from mongocdc_core.receiver import SnapshotChunk, StartPoint
@@ -287,6 +293,135 @@ def snapshot_marker(first_collection: bool, last_collection: bool, first_record:
 EmitFn = Callable[[SnapshotChunk], bool]
 
 
+_RAW_REPLY: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
+_PINNED_TOPOLOGIES = frozenset({TOPOLOGY_TYPE.Single, TOPOLOGY_TYPE.ReplicaSetWithPrimary})
+
+
+def _pinned(collection: Collection[Any]) -> bool:
+    """Whether every command of this collection goes to the one server a cursor lives on."""
+    if native is None or collection.read_preference != ReadPreference.PRIMARY:
+        return False
+    client = collection.database.client
+    if client.topology_description.topology_type in (TOPOLOGY_TYPE.Unknown, TOPOLOGY_TYPE.ReplicaSetNoPrimary):
+        client.admin.command("ping")  # a new client (or an election): wait for the primary, as a find would
+    return client.topology_description.topology_type in _PINNED_TOPOLOGIES
+
+
+def raw_batches(collection: Collection[Any], query: dict[str, Any], batch_size: int) -> Iterator[RawDocuments]:
+    """The documents matching ``query`` in ``_id`` order, one :class:`RawDocuments` per server batch.
+
+    With the compiled module, reading the primary of a replica set (or one server): ``find`` and
+    its ``getMore``s in one session, each reply's batch cut out of its BSON by the module, with no
+    Python object per document (pymongo's raw batch cursor builds one per document to join them);
+    the ``find`` is retried once after a network error or a lost primary, as pymongo retries reads.
+    Otherwise (mongos, secondary reads, no module): pymongo's ``find_raw_batches``, which keeps its
+    cursor on the server that opened it.
+    """
+    options = collection.codec_options
+    client = collection.database.client
+    if not _pinned(collection):
+        cursor = collection.find_raw_batches(query, batch_size=batch_size, sort=[("_id", 1)])
+        with cursor:
+            for batch in cursor:
+                yield RawDocuments(batch, options)
+        return
+    assert native is not None
+    find: dict[str, Any] = {"find": collection.name, "filter": query, "sort": {"_id": 1}}
+    more: dict[str, Any] = {"collection": collection.name}
+    if batch_size:
+        find["batchSize"] = more["batchSize"] = batch_size
+    if collection.read_concern.document:
+        find["readConcern"] = collection.read_concern.document
+    database = collection.database
+    with client.start_session(causal_consistency=False) as session:
+        cursor_id = 0
+        try:
+            try:
+                reply = database.command(find, session=session, codec_options=_RAW_REPLY)
+            except ConnectionFailure:
+                if not client.options.retry_reads:
+                    raise
+                # pymongo retries a find once (retryable reads); its getMores are not retried either
+                reply = database.command(find, session=session, codec_options=_RAW_REPLY)
+            while True:
+                cursor_id, data, bounds = native.cursor_batch(reply.raw)
+                if len(bounds) > 1:
+                    yield RawDocuments(data, options, bounds)
+                if not cursor_id:
+                    return
+                reply = database.command({"getMore": Int64(cursor_id), **more}, session=session,
+                                         codec_options=_RAW_REPLY)
+        finally:
+            if cursor_id:
+                with contextlib.suppress(PyMongoError):  # the server drops it after its idle timeout anyway
+                    database.command({"killCursors": collection.name, "cursors": [Int64(cursor_id)]}, session=session)
+
+
+class _Prefetch:
+    """A range's raw batches, the next one read by a thread of its own while the last is converted.
+
+    The server works on a ``getMore`` while this process converts the previous batch instead of
+    one waiting for the other. The reading thread owns the cursor (cursors are not thread-safe) and
+    closes it; an error it meets is raised by :meth:`next`.
+    """
+
+    _END = object()
+
+    def __init__(self, open_cursor: Callable[[], Iterable[RawDocuments]], stop: threading.Event, name: str,
+                 depth: int = 2) -> None:
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
+        self._stop = stop
+        self._closed = threading.Event()
+        self._ended = False
+        self._thread = threading.Thread(target=self._read, args=(open_cursor,), name=name, daemon=True)
+        self._thread.start()
+
+    def _read(self, open_cursor: Callable[[], Iterable[RawDocuments]]) -> None:
+        try:
+            batches = iter(open_cursor())
+            try:
+                for batch in batches:
+                    if not self._put(batch):
+                        return
+            finally:
+                close = getattr(batches, "close", None)
+                if close is not None:
+                    close()
+            self._put(self._END)
+        except BaseException as exc:  # noqa: BLE001 - handed to the copying thread, which raises it
+            self._put(exc)
+
+    def _put(self, item: object) -> bool:
+        while not self._closed.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def next(self) -> RawDocuments | None:
+        """The next batch; None at the end of the range, or once the copy is stopping."""
+        while not self._ended and not self._stop.is_set():
+            try:
+                item = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if item is self._END:
+                self._ended = True
+            elif isinstance(item, BaseException):
+                self._ended = True
+                raise item
+            else:
+                assert isinstance(item, RawDocuments)
+                return item
+        return None
+
+    def close(self) -> None:
+        """Stop reading; the thread closes the cursor once its current ``getMore`` returns."""
+        self._closed.set()
+
+
 @dataclass(frozen=True, slots=True)
 class _Unit:
     """A piece of work: one ``_id`` range (possibly the whole collection), with its estimated size."""
@@ -433,25 +568,34 @@ class SnapshotCopier:
 
     def _copy(self, unit: _Unit) -> None:
         """Read one range in ``_id`` order and deliver it in chunks of ``chunk_size`` documents; one
-        document past each chunk is read first, so the range's last chunk is known to be its last."""
-        db, _, coll = unit.namespace.partition(".")
-        cursor = self.client[db][coll].find(unit.query, batch_size=self.fetch_size).sort("_id", 1)
-        size = self.chunk_size
-        try:
-            it = iter(cursor)
-            chunk = list(islice(it, size))
-            while not self.stop.is_set():
-                following = next(it, None)
-                if following is None:
-                    self._deliver(unit.namespace, unit.part, chunk, part_done=True)
-                    return
-                if not self._deliver(unit.namespace, unit.part, chunk, part_done=False):
-                    return
-                chunk = [following, *islice(it, size - 1)]
-        finally:
-            cursor.close()
+        document past each chunk is read first, so the range's last chunk is known to be its last.
 
-    def _deliver(self, namespace: str, part: int, docs: list[dict[str, Any]], *, part_done: bool) -> bool:
+        The range is read as raw batches (decoded only where the conversion needs it), the next
+        batch fetched while the previous one is converted (:class:`_Prefetch`)."""
+        db, _, coll = unit.namespace.partition(".")
+        collection = self.client[db][coll]
+        batches = _Prefetch(
+            lambda: raw_batches(collection, unit.query, self.fetch_size),
+            self.stop, f"mongocdc-snapshot-read-{unit.namespace}-{unit.part}",
+        )
+        size = self.chunk_size
+        pending = RawDocuments(b"", collection.codec_options)
+        try:
+            while True:
+                while len(pending) <= size and (batch := batches.next()) is not None:
+                    pending = pending.extended(batch)
+                if self.stop.is_set():
+                    return
+                if len(pending) <= size:  # the cursor is exhausted: this is the range's last chunk
+                    self._deliver(unit.namespace, unit.part, pending, part_done=True)
+                    return
+                if not self._deliver(unit.namespace, unit.part, pending[:size], part_done=False):
+                    return
+                pending = pending[size:]
+        finally:
+            batches.close()
+
+    def _deliver(self, namespace: str, part: int, docs: Sequence[dict[str, Any]], *, part_done: bool) -> bool:
         """A chunk of a range (``part_done``: the range's last); holds back final records (see the class)."""
         with self._lock:
             if not part_done:
@@ -487,7 +631,7 @@ class SnapshotCopier:
         return self._send(namespace, part, [doc], part_done=True, final=True, last=last)
 
     def _send(
-        self, namespace: str, part: int, docs: list[dict[str, Any]], *, part_done: bool, final: bool = False,
+        self, namespace: str, part: int, docs: Sequence[dict[str, Any]], *, part_done: bool, final: bool = False,
         last: bool = False,
     ) -> bool:
         """Hand one chunk to ``emit`` with its markers (under the lock)."""

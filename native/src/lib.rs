@@ -1,0 +1,504 @@
+//! Snapshot reads from raw BSON to Debezium record bytes, without a Python object per field.
+//!
+//! A snapshot spends its time turning each document into the `after` string of its record. The
+//! Python path decodes the BSON into dicts, writes them with orjson and restyles the text; here the
+//! BSON of a whole server batch is walked once and the record bytes are written directly, in the
+//! exact spelling of `mongocdc_core.events.ejson.dumps_string` (strict Extended JSON, document
+//! style, as a JSON string literal). Only the common types are written here; a document holding
+//! anything else (Decimal128, binary, regular expressions, non-finite doubles, duplicate names,
+//! ...) is reported back as `None` and converted by the Python path, so the two always agree.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+
+/// The document needs the Python path (a type or form not written here).
+struct Unsupported;
+
+type Written = Result<(), Unsupported>;
+
+/// Documents nested deeper than this go to the Python path (which applies its own limits).
+const MAX_DEPTH: u32 = 100;
+/// Up to this many members, repeated names are found by a scan; beyond, by sorting them.
+const LINEAR_NAMES: usize = 16;
+
+fn le_i32(data: &[u8], at: usize) -> Option<i32> {
+    data.get(at..at + 4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+fn le_i64(data: &[u8], at: usize) -> Option<i64> {
+    data.get(at..at + 8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+}
+
+/// Start offsets of the BSON documents laid end to end in `data`, then its length.
+fn bounds_of(data: &[u8]) -> Result<Vec<usize>, String> {
+    let mut bounds = Vec::with_capacity(data.len() / 64 + 2);
+    let mut at = 0usize;
+    while at < data.len() {
+        let size = le_i32(data, at).ok_or_else(|| format!("truncated BSON document at byte {at}"))?;
+        if size < 5 {
+            return Err(format!("BSON document at byte {at} declares {size} bytes"));
+        }
+        let end = at + size as usize;
+        if end > data.len() || data[end - 1] != 0 {
+            return Err(format!("BSON document at byte {at} declares {size} bytes; {} remain", data.len() - at));
+        }
+        bounds.push(at);
+        at = end;
+    }
+    bounds.push(data.len());
+    Ok(bounds)
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Writes Extended JSON text already escaped as the contents of a JSON string literal.
+struct Writer {
+    out: Vec<u8>,
+}
+
+impl Writer {
+    /// A string value or member name: orjson's escapes, then those of the enclosing literal.
+    fn string(&mut self, text: &[u8]) -> Written {
+        if std::str::from_utf8(text).is_err() {
+            return Err(Unsupported);
+        }
+        self.out.extend_from_slice(b"\\\"");
+        let mut plain = 0;
+        for (i, &byte) in text.iter().enumerate() {
+            let escaped: &[u8] = match byte {
+                b'"' => b"\\\\\\\"",
+                b'\\' => b"\\\\\\\\",
+                0x08 => b"\\\\b",
+                0x09 => b"\\\\t",
+                0x0a => b"\\\\n",
+                0x0c => b"\\\\f",
+                0x0d => b"\\\\r",
+                0x00..=0x1f => b"",
+                _ => continue,
+            };
+            self.out.extend_from_slice(&text[plain..i]);
+            plain = i + 1;
+            if escaped.is_empty() {
+                self.out.extend_from_slice(b"\\\\u00");
+                self.out.push(HEX[(byte >> 4) as usize]);
+                self.out.push(HEX[(byte & 15) as usize]);
+            } else {
+                self.out.extend_from_slice(escaped);
+            }
+        }
+        self.out.extend_from_slice(&text[plain..]);
+        self.out.extend_from_slice(b"\\\"");
+        Ok(())
+    }
+
+    fn integer(&mut self, value: i64) {
+        self.out.extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
+    }
+
+    /// A finite double as orjson writes it: the shortest round-trip digits, positional from 1e-5
+    /// up to below 1e16 (with `.0` when integral), otherwise `d.ddde+NN` / `d.ddde-N`.
+    fn double(&mut self, value: f64) -> Written {
+        if !value.is_finite() {
+            return Err(Unsupported);
+        }
+        let mut buffer = ryu::Buffer::new();
+        let shortest = buffer.format_finite(value).as_bytes();
+        let (negative, text) = match shortest.split_first() {
+            Some((b'-', rest)) => (true, rest),
+            _ => (false, shortest),
+        };
+        let (mantissa, exponent) = match text.iter().position(|&b| b == b'e') {
+            Some(e) => {
+                let exp = std::str::from_utf8(&text[e + 1..]).ok().and_then(|s| s.parse::<i32>().ok());
+                (&text[..e], exp.ok_or(Unsupported)?)
+            }
+            None => (text, 0),
+        };
+        let dot = mantissa.iter().position(|&b| b == b'.').unwrap_or(mantissa.len()) as i32;
+        let all: Vec<u8> = mantissa.iter().copied().filter(|&b| b != b'.').collect();
+        let leading = all.iter().take_while(|&&b| b == b'0').count();
+        let digits = all[leading..].to_vec();
+        let end = digits.iter().rposition(|&b| b != b'0').map_or(0, |i| i + 1);
+        let digits = &digits[..end];
+        if negative {
+            self.out.push(b'-');
+        }
+        if digits.is_empty() {
+            self.out.extend_from_slice(b"0.0");
+            return Ok(());
+        }
+        // value = 0.<all> * 10^(dot + exponent) = d.ddd * 10^e
+        let e = dot + exponent - 1 - leading as i32;
+        if (-5..16).contains(&e) {
+            if e >= 0 {
+                let whole = (e + 1) as usize;
+                if digits.len() <= whole {
+                    self.out.extend_from_slice(digits);
+                    self.out.extend(std::iter::repeat_n(b'0', whole - digits.len()));
+                    self.out.extend_from_slice(b".0");
+                } else {
+                    self.out.extend_from_slice(&digits[..whole]);
+                    self.out.push(b'.');
+                    self.out.extend_from_slice(&digits[whole..]);
+                }
+            } else {
+                self.out.extend_from_slice(b"0.");
+                self.out.extend(std::iter::repeat_n(b'0', (-e - 1) as usize));
+                self.out.extend_from_slice(digits);
+            }
+        } else {
+            self.out.push(digits[0]);
+            if digits.len() > 1 {
+                self.out.push(b'.');
+                self.out.extend_from_slice(&digits[1..]);
+            }
+            self.out.extend_from_slice(if e > 0 { b"e+" } else { b"e-" });
+            self.out.extend_from_slice(e.unsigned_abs().to_string().as_bytes());
+        }
+        Ok(())
+    }
+
+    fn object_id(&mut self, id: &[u8]) {
+        self.out.extend_from_slice(b"{\\\"$oid\\\": \\\"");
+        for &byte in id {
+            self.out.push(HEX[(byte >> 4) as usize]);
+            self.out.push(HEX[(byte & 15) as usize]);
+        }
+        self.out.extend_from_slice(b"\\\"}");
+    }
+
+    /// One BSON document or array (`data` from its length to its terminating NUL).
+    fn document(&mut self, data: &[u8], array: bool, depth: u32) -> Written {
+        if depth > MAX_DEPTH || data.len() < 5 || data[data.len() - 1] != 0 {
+            return Err(Unsupported);
+        }
+        let end = data.len() - 1;
+        let mut names: Vec<&[u8]> = Vec::new();
+        let mut count = 0usize;
+        self.out.push(if array { b'[' } else { b'{' });
+        let mut at = 4;
+        while at < end {
+            let kind = data[at];
+            let name_end = at + 1 + data[at + 1..end].iter().position(|&b| b == 0).ok_or(Unsupported)?;
+            let name = &data[at + 1..name_end];
+            at = name_end + 1;
+            if count > 0 {
+                self.out.extend_from_slice(if array { b", " } else { b"," });
+            }
+            count += 1;
+            if !array {
+                names.push(name);
+                self.string(name)?;
+                self.out.extend_from_slice(b": ");
+            }
+            at = self.value(kind, data, at, end, depth)?;
+        }
+        if at != end || repeats(&mut names) {
+            return Err(Unsupported); // a repeated name: decoded as a dict, its last value would win
+        }
+        self.out.push(if array { b']' } else { b'}' });
+        Ok(())
+    }
+
+    /// The value of type `kind` at `at`; returns where the next element starts.
+    fn value(&mut self, kind: u8, data: &[u8], at: usize, end: usize, depth: u32) -> Result<usize, Unsupported> {
+        let fixed = |size: usize| if at + size <= end { Ok(at + size) } else { Err(Unsupported) };
+        match kind {
+            0x01 => {
+                let next = fixed(8)?;
+                self.double(f64::from_bits(le_i64(data, at).ok_or(Unsupported)? as u64))?;
+                Ok(next)
+            }
+            0x02 => {
+                let size = le_i32(data, at).ok_or(Unsupported)?;
+                if size < 1 {
+                    return Err(Unsupported);
+                }
+                let next = at + 4 + size as usize;
+                if next > end || data[next - 1] != 0 {
+                    return Err(Unsupported);
+                }
+                self.string(&data[at + 4..next - 1])?;
+                Ok(next)
+            }
+            0x03 | 0x04 => {
+                let size = le_i32(data, at).ok_or(Unsupported)?;
+                if size < 5 || at + size as usize > end {
+                    return Err(Unsupported);
+                }
+                let next = at + size as usize;
+                self.document(&data[at..next], kind == 0x04, depth + 1)?;
+                Ok(next)
+            }
+            0x07 => {
+                let next = fixed(12)?;
+                self.object_id(&data[at..next]);
+                Ok(next)
+            }
+            0x08 => {
+                let next = fixed(1)?;
+                match data[at] {
+                    0 => self.out.extend_from_slice(b"false"),
+                    1 => self.out.extend_from_slice(b"true"),
+                    _ => return Err(Unsupported),
+                }
+                Ok(next)
+            }
+            0x09 => {
+                let next = fixed(8)?;
+                self.out.extend_from_slice(b"{\\\"$date\\\": ");
+                self.integer(le_i64(data, at).ok_or(Unsupported)?);
+                self.out.push(b'}');
+                Ok(next)
+            }
+            0x0a => {
+                self.out.extend_from_slice(b"null");
+                Ok(at)
+            }
+            0x10 => {
+                let next = fixed(4)?;
+                self.integer(le_i32(data, at).ok_or(Unsupported)? as i64);
+                Ok(next)
+            }
+            0x12 => {
+                let next = fixed(8)?;
+                self.out.extend_from_slice(b"{\\\"$numberLong\\\": \\\"");
+                self.integer(le_i64(data, at).ok_or(Unsupported)?);
+                self.out.extend_from_slice(b"\\\"}");
+                Ok(next)
+            }
+            _ => Err(Unsupported),
+        }
+    }
+
+    /// The key's `id` string of the top-level `_id` (key-table style): ObjectId, int32, int64, string.
+    fn key_id(&mut self, data: &[u8]) -> Written {
+        let end = data.len() - 1;
+        let mut at = 4;
+        while at < end {
+            let kind = data[at];
+            let name_end = at + 1 + data[at + 1..end].iter().position(|&b| b == 0).ok_or(Unsupported)?;
+            let name = &data[at + 1..name_end];
+            at = name_end + 1;
+            if name != b"_id" {
+                at = skip(kind, data, at, end)?;
+                continue;
+            }
+            self.out.push(b'"');
+            match kind {
+                0x07 if at + 12 <= end => {
+                    self.out.extend_from_slice(b"{\\\"$oid\\\" : \\\"");
+                    for &byte in &data[at..at + 12] {
+                        self.out.push(HEX[(byte >> 4) as usize]);
+                        self.out.push(HEX[(byte & 15) as usize]);
+                    }
+                    self.out.extend_from_slice(b"\\\"}");
+                }
+                0x10 => self.integer(le_i32(data, at).ok_or(Unsupported)? as i64),
+                0x12 => {
+                    self.out.extend_from_slice(b"{\\\"$numberLong\\\" : \\\"");
+                    self.integer(le_i64(data, at).ok_or(Unsupported)?);
+                    self.out.extend_from_slice(b"\\\"}");
+                }
+                0x02 => {
+                    let size = le_i32(data, at).ok_or(Unsupported)?;
+                    let next = at + 4 + usize::try_from(size).map_err(|_| Unsupported)?;
+                    if size < 1 || next > end || data[next - 1] != 0 {
+                        return Err(Unsupported);
+                    }
+                    self.string(&data[at + 4..next - 1])?;
+                }
+                _ => return Err(Unsupported),
+            }
+            self.out.push(b'"');
+            return Ok(());
+        }
+        Err(Unsupported) // no _id: the Python path reports it
+    }
+}
+
+/// Whether a document repeats a member name (`names` is reordered).
+fn repeats(names: &mut [&[u8]]) -> bool {
+    if names.len() <= LINEAR_NAMES {
+        return names.iter().enumerate().any(|(i, name)| names[..i].contains(name));
+    }
+    names.sort_unstable();
+    names.windows(2).any(|pair| pair[0] == pair[1])
+}
+
+/// Where the value of type `kind` at `at` ends (only the types the writer handles; others fail).
+fn skip(kind: u8, data: &[u8], at: usize, end: usize) -> Result<usize, Unsupported> {
+    let next = match kind {
+        0x01 | 0x09 | 0x12 => at + 8,
+        0x07 => at + 12,
+        0x08 => at + 1,
+        0x0a => at,
+        0x10 => at + 4,
+        0x02 => at + 4 + usize::try_from(le_i32(data, at).ok_or(Unsupported)?).map_err(|_| Unsupported)?,
+        0x03 | 0x04 => at + usize::try_from(le_i32(data, at).ok_or(Unsupported)?).map_err(|_| Unsupported)?,
+        _ => return Err(Unsupported),
+    };
+    if next > end {
+        return Err(Unsupported);
+    }
+    Ok(next)
+}
+
+/// One read: the key and value bytes (templates around the key's id and the document's string).
+fn read_record(document: &[u8], templates: &[&[u8]; 4], key: &mut Writer, value: &mut Writer) -> Written {
+    let [key_head, key_tail, value_head, value_tail] = *templates;
+    key.out.extend_from_slice(key_head);
+    key.key_id(document)?;
+    key.out.extend_from_slice(key_tail);
+    value.out.extend_from_slice(value_head);
+    value.out.push(b'"');
+    value.document(document, false, 0)?;
+    value.out.push(b'"');
+    value.out.extend_from_slice(value_tail);
+    Ok(())
+}
+
+/// The `cursor` of a `find`/`getMore` reply: its id and its batch's documents laid end to end.
+fn batch_of(reply: &[u8]) -> Result<(i64, Vec<u8>, Vec<usize>), String> {
+    let cursor = member(reply, b"cursor", &[0x03]).ok_or("the reply has no 'cursor' document")?;
+    let id = match member(cursor, b"id", &[0x12, 0x10]) {
+        Some(value) if value.len() == 8 => le_i64(value, 0).unwrap_or(0),
+        Some(value) => le_i32(value, 0).unwrap_or(0) as i64,
+        None => return Err("the reply's cursor has no 'id'".to_string()),
+    };
+    let array = member(cursor, b"firstBatch", &[0x04])
+        .or_else(|| member(cursor, b"nextBatch", &[0x04]))
+        .ok_or("the reply's cursor has no 'firstBatch'/'nextBatch' array")?;
+    let mut data = Vec::with_capacity(array.len());
+    let mut bounds = Vec::new();
+    let end = array.len() - 1;
+    let mut at = 4;
+    while at < end {
+        if array[at] != 0x03 {
+            return Err(format!("the batch holds an element of BSON type {:#04x}, not a document", array[at]));
+        }
+        let name = array[at + 1..end].iter().position(|&b| b == 0).ok_or("truncated batch")?;
+        at += 2 + name;
+        let size = le_i32(array, at).filter(|&n| n >= 5).ok_or("truncated batch")? as usize;
+        if at + size > end {
+            return Err("truncated batch".to_string());
+        }
+        bounds.push(data.len());
+        data.extend_from_slice(&array[at..at + size]);
+        at += size;
+    }
+    bounds.push(data.len());
+    Ok((id, data, bounds))
+}
+
+/// The value of the top-level member `name` of a document, when it has one of the types `kinds`
+/// (a nested document or array from its length to its NUL; a scalar as its bytes).
+fn member<'a>(document: &'a [u8], name: &[u8], kinds: &[u8]) -> Option<&'a [u8]> {
+    let end = document.len().checked_sub(1)?;
+    let mut at = 4;
+    while at < end {
+        let kind = document[at];
+        let name_end = at + 1 + document[at + 1..end].iter().position(|&b| b == 0)?;
+        let found = &document[at + 1..name_end] == name;
+        at = name_end + 1;
+        let next = match kind {
+            0x03 | 0x04 => at + usize::try_from(le_i32(document, at)?).ok()?,
+            0x02 => at + 4 + usize::try_from(le_i32(document, at)?).ok()?,
+            0x01 | 0x09 | 0x11 | 0x12 => at + 8,
+            0x10 => at + 4,
+            0x08 => at + 1,
+            0x0a => at,
+            0x07 => at + 12,
+            0x13 => at + 16,
+            _ => return None, // not in a cursor reply's members before the batch
+        };
+        if next > end {
+            return None;
+        }
+        if found {
+            return kinds.contains(&kind).then(|| &document[at..next]);
+        }
+        at = next;
+    }
+    None
+}
+
+/// The cursor id of a raw `find`/`getMore` reply and its batch: the documents laid end to end,
+/// and their bounds (as :func:`document_bounds` gives them). No Python object per document.
+#[pyfunction]
+fn cursor_batch<'py>(py: Python<'py>, reply: &[u8]) -> PyResult<(i64, Bound<'py, PyBytes>, Vec<usize>)> {
+    let (id, data, bounds) = batch_of(reply).map_err(PyValueError::new_err)?;
+    Ok((id, PyBytes::new(py, &data), bounds))
+}
+
+/// Start offsets of the documents of a raw batch (as pymongo's `find_raw_batches` yields it), then
+/// its length; a ValueError names the first byte that does not frame a document.
+#[pyfunction]
+fn document_bounds(data: &[u8]) -> PyResult<Vec<usize>> {
+    bounds_of(data).map_err(PyValueError::new_err)
+}
+
+/// The key and value bytes of the reads `lo..hi` of `data` (documents at `bounds`), each the
+/// templates around the document's key id and `after` string; None for a document the Python
+/// path converts. The conversion runs without the GIL.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn convert_reads<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    bounds: Vec<usize>,
+    lo: usize,
+    hi: usize,
+    key_head: &[u8],
+    key_tail: &[u8],
+    value_head: &[u8],
+    value_tail: &[u8],
+) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
+    if lo > hi || hi >= bounds.len() || bounds[hi] > data.len() {
+        return Err(PyValueError::new_err(format!("reads {lo}..{hi} outside {} bounds", bounds.len())));
+    }
+    let templates = [key_head, key_tail, value_head, value_tail];
+    let (keys, values, ends) = py.allow_threads(|| {
+        let mut key = Writer { out: Vec::with_capacity((hi - lo) * (key_head.len() + key_tail.len() + 48)) };
+        let mut value = Writer { out: Vec::with_capacity(bounds[hi] - bounds[lo] + (hi - lo) * (value_head.len() + value_tail.len() + 64)) };
+        let mut ends: Vec<Option<(usize, usize)>> = Vec::with_capacity(hi - lo);
+        for i in lo..hi {
+            let (key_mark, value_mark) = (key.out.len(), value.out.len());
+            match read_record(&data[bounds[i]..bounds[i + 1]], &templates, &mut key, &mut value) {
+                Ok(()) => ends.push(Some((key.out.len(), value.out.len()))),
+                Err(Unsupported) => {
+                    key.out.truncate(key_mark);
+                    value.out.truncate(value_mark);
+                    ends.push(None);
+                }
+            }
+        }
+        (key.out, value.out, ends)
+    });
+    let key_list = PyList::empty(py);
+    let value_list = PyList::empty(py);
+    let (mut key_at, mut value_at) = (0, 0);
+    for end in ends {
+        match end {
+            Some((key_end, value_end)) => {
+                key_list.append(PyBytes::new(py, &keys[key_at..key_end]))?;
+                value_list.append(PyBytes::new(py, &values[value_at..value_end]))?;
+                (key_at, value_at) = (key_end, value_end);
+            }
+            None => {
+                key_list.append(py.None())?;
+                value_list.append(py.None())?;
+            }
+        }
+    }
+    Ok((key_list, value_list))
+}
+
+#[pymodule]
+fn mongocdc_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_function(wrap_pyfunction!(document_bounds, module)?)?;
+    module.add_function(wrap_pyfunction!(convert_reads, module)?)?;
+    module.add_function(wrap_pyfunction!(cursor_batch, module)?)?;
+    Ok(())
+}

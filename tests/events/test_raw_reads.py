@@ -1,0 +1,170 @@
+"""Snapshot reads from raw batches (the compiled ``mongocdc_native`` path) equal the Python path's.
+
+The copier hands the converter :class:`RawDocuments`; the compiled module writes the records of
+the common types straight from the BSON and leaves every other document to the Python path. Each
+test converts the same documents both ways and compares the bytes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+import struct
+from typing import Any
+
+import bson
+import mongocdc_native
+import pytest
+from bson.binary import UuidRepresentation
+from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.datetime_ms import DatetimeMS
+from bson.int64 import Int64
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from mongocdc_core.events.raw import RawDocuments
+from mongocdc_core.events.records import Record
+
+from .helpers import POSITION, converter
+from .strategies import datetimes, documents, field_names, id_values, int32s, int64s, object_ids
+
+#: As the engine's client decodes (source/connection.py: tz_aware, DATETIME_AUTO).
+ENGINE_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
+    tz_aware=True, datetime_conversion=DatetimeConversion.DATETIME_AUTO
+)
+STANDARD_UUIDS = ENGINE_OPTIONS.with_options(uuid_representation=UuidRepresentation.STANDARD)
+TS = datetime.datetime(2026, 11, 26, 12, 0, tzinfo=datetime.UTC)
+
+# Only the types the compiled path writes itself, so most examples exercise it.
+awkward_text = st.text(alphabet=st.sampled_from(['"', "\\", "\n", "\x00", "\x01", "\x1f", "\x7f", "é", "\u2028", "𝄞", "a", " ", ":", ","]), max_size=8)
+plain_scalars = st.one_of(
+    st.none(), st.booleans(), int32s, int64s, st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=10), awkward_text, object_ids, datetimes,
+    st.integers(min_value=-(2**63), max_value=2**63 - 1).map(DatetimeMS),
+)
+plain_values = st.recursive(
+    plain_scalars,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(field_names | awkward_text.filter(lambda s: s and "\x00" not in s and not s.startswith("$")), children, max_size=4),
+    max_leaves=15,
+)
+plain_documents = st.dictionaries(field_names, plain_values, max_size=6)
+plain_ids = st.one_of(int32s, int64s, object_ids, st.text(max_size=10), awkward_text.filter(lambda s: "\x00" not in s))
+
+
+def _raw(docs: list[dict[str, Any]], options: CodecOptions[dict[str, Any]] = ENGINE_OPTIONS) -> RawDocuments:
+    return RawDocuments(b"".join(bson.encode(doc, codec_options=options) for doc in docs), options)
+
+
+def _markers(n: int) -> list[str]:
+    return ["first", *["true"] * (n - 2), "last"] if n > 1 else ["last"]
+
+
+def _both_ways(docs: list[dict[str, Any]], options: CodecOptions[dict[str, Any]] = ENGINE_OPTIONS,
+               **settings_: Any) -> tuple[list[Record], list[Record]]:
+    raw = _raw(docs, options)
+    markers = _markers(len(docs))
+    conv = converter(**settings_)
+    from_raw = conv.convert_reads(raw, markers, "inventory", "customers", POSITION, TS)
+    from_dicts = conv.convert_reads(raw.decoded(), markers, "inventory", "customers", POSITION, TS)
+    return from_raw, from_dicts
+
+
+@settings(max_examples=300, deadline=None, phases=[Phase.generate])
+@given(st.lists(st.tuples(plain_ids, plain_documents), min_size=1, max_size=6), st.booleans())
+def test_plain_documents_are_written_by_the_compiled_path_byte_for_byte(
+    items: list[tuple[Any, dict[str, Any]]], schemas: bool
+) -> None:
+    docs = [{"_id": i, **{k: v for k, v in body.items() if k != "_id"}} for i, body in items]
+    from_raw, from_dicts = _both_ways(docs, schemas_enable=schemas)
+    assert from_raw == from_dicts
+    raw = _raw(docs)
+    keys, values = mongocdc_native.convert_reads(raw.data, raw.bounds, 0, len(raw), b"", b"", b"", b"")
+    assert None not in values, "the compiled path left a document of its own types to Python"
+
+
+@settings(max_examples=200, deadline=None, phases=[Phase.generate])
+@given(st.lists(st.tuples(id_values, documents), min_size=1, max_size=5), st.booleans(), st.booleans())
+def test_any_documents_equal_the_python_path(items: list[tuple[Any, dict[str, Any]]], schemas: bool, uuids: bool) -> None:
+    """The whole type zoo: what the compiled path does not write goes to Python, with the same bytes."""
+    docs = [{"_id": i, **body} for i, body in items]
+    from_raw, from_dicts = _both_ways(docs, STANDARD_UUIDS if uuids else ENGINE_OPTIONS, schemas_enable=schemas)
+    assert from_raw == from_dicts
+
+
+@pytest.mark.parametrize("event_format", ["debezium_3x", "oplog_1x"])
+def test_other_formats_and_field_rules_decode_the_raw_batch(event_format: str) -> None:
+    docs = [{"_id": i, "a": i, "b": "x"} for i in range(5)]
+    assert _both_ways(docs, event_format=event_format)[0] == _both_ways(docs, event_format=event_format)[1]
+    renamed, plain = _both_ways(docs, field_renames=("inventory.customers.a:z",))
+    assert renamed == plain and b'\\"z\\": 0' in (renamed[0].value or b"")
+
+
+def test_random_doubles_are_spelled_as_orjson_spells_them() -> None:
+    rng = random.Random(7)
+    values = [struct.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))[0] for _ in range(20_000)]
+    values += [0.0, -0.0, 1.0, 1e15, 1e16, 9999999999999998.0, 1e-5, 1e-6, 5e-324, 1.7976931348623157e308]
+    docs = [{"_id": i, "v": v} for i, v in enumerate(values) if v == v and abs(v) != float("inf")]
+    from_raw, from_dicts = _both_ways(docs, schemas_enable=False)
+    assert from_raw == from_dicts
+
+
+def test_documents_the_compiled_path_leaves_to_python() -> None:
+    """A repeated name (a dict keeps the last value, in the first place), a non-finite double, a
+    Decimal128 and a key of another type are all converted by the Python path, in place."""
+    repeated = _members([("_id", 1), ("a", 1), ("b", 2), ("a", 3)])
+    many = _members([("_id", 2), *[(f"f{i}", i) for i in range(20)], ("f3", "again")])
+    docs: list[Any] = [{"_id": 3, "x": float("nan")}, {"_id": 4, "d": bson.Decimal128("1.5")},
+                       {"_id": 5.5, "x": 1}, {"_id": Int64(6), "when": datetime.datetime(2020, 1, 1)}]
+    raw = RawDocuments(repeated + many + b"".join(bson.encode(doc) for doc in docs), ENGINE_OPTIONS)
+    _, values = mongocdc_native.convert_reads(raw.data, raw.bounds, 0, len(raw), b"", b"", b"", b"")
+    assert [v is None for v in values] == [True, True, True, True, True, False]
+    conv = converter(schemas_enable=False)
+    markers = _markers(len(raw))
+    assert conv.convert_reads(raw, markers, "inventory", "customers", POSITION, TS) == conv.convert_reads(
+        raw.decoded(), markers, "inventory", "customers", POSITION, TS)
+    assert b'\\"a\\": 3,\\"b\\": 2' in (conv.convert_reads(raw[:1], ["true"], "inventory", "customers", POSITION, TS)[0].value or b"")
+
+
+def _members(pairs: list[tuple[str, Any]]) -> bytes:
+    """A BSON document with these members in this order, repeated names included (a dict cannot hold them)."""
+    body = b"".join(bson.encode({name: value})[4:-1] for name, value in pairs)
+    return (len(body) + 5).to_bytes(4, "little") + body + b"\x00"
+
+
+def test_a_raw_read_without_id_fails_like_the_read() -> None:
+    raw = _raw([{"_id": 1}, {"x": 1}])
+    with pytest.raises(ValueError, match="has no '_id'"):
+        converter().convert_reads(raw, ["true", "true"], "inventory", "customers", POSITION)
+
+
+def test_raw_documents_behave_as_a_sequence_of_decoded_documents() -> None:
+    docs = [{"_id": i, "n": "x" * i} for i in range(6)]
+    raw = _raw(docs)
+    assert len(raw) == 6 and list(raw) == docs and raw[-1] == docs[-1] and raw[2] == docs[2]
+    tail = raw[4:]
+    assert len(tail) == 2 and list(tail) == docs[4:] and raw[:0].decoded() == []
+    more = tail.extended(_raw([{"_id": 9}, {"_id": 10}])[1:])
+    assert list(more) == [*docs[4:], {"_id": 10}] and more.raw(2) == bson.encode({"_id": 10})
+    assert raw[:0].extended(tail) is tail and tail.extended(raw[3:3]) is tail
+    with pytest.raises(IndexError):
+        raw[6]
+
+
+def test_a_malformed_batch_is_named() -> None:
+    good = bson.encode({"_id": 1})
+    with pytest.raises(ValueError, match=f"BSON document at byte {len(good)} declares"):
+        RawDocuments(good + b"\x30\x00\x00\x00\x00", ENGINE_OPTIONS)
+    with pytest.raises(ValueError, match="truncated BSON document at byte"):
+        mongocdc_native.document_bounds(good + b"\x01")
+
+
+def test_a_cursor_reply_is_cut_into_its_batch_or_named() -> None:
+    docs = [{"_id": i, "v": "x" * i} for i in range(3)]
+    reply = bson.encode({"cursor": {"nextBatch": docs, "id": Int64(42), "ns": "db.c"}, "ok": 1.0})
+    cursor_id, data, bounds = mongocdc_native.cursor_batch(reply)
+    assert cursor_id == 42 and list(RawDocuments(data, ENGINE_OPTIONS, bounds)) == docs
+    assert mongocdc_native.cursor_batch(bson.encode({"cursor": {"id": 0, "firstBatch": []}}))[::2] == (0, [0])
+    with pytest.raises(ValueError, match="no 'cursor' document"):
+        mongocdc_native.cursor_batch(bson.encode({"ok": 0.0}))
+    with pytest.raises(ValueError, match="BSON type 0x10, not a document"):
+        mongocdc_native.cursor_batch(bson.encode({"cursor": {"id": 0, "firstBatch": [1]}}))
