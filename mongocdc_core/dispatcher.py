@@ -293,10 +293,13 @@ class Dispatcher:
     ) -> list[Record]:
         """The chunk's records, each read that cannot be converted handed to the failure policy."""
         records = []
-        for doc, marker in zip(chunk.documents, chunk.markers, strict=True):
+        documents = chunk.documents
+        for i, marker in enumerate(chunk.markers):
+            doc: Mapping[str, Any] | None = None
             try:
+                doc = documents[i]  # a raw batch decodes here, one read at a time
                 records.append(self.converter.convert_read(doc, db, coll, position, marker, read_at))
-            except Exception as exc:  # noqa: BLE001 - any conversion failure is this read's
+            except Exception as exc:  # noqa: BLE001 - any decoding or conversion failure is this read's
                 key = quote_key(doc.get("_id")) if isinstance(doc, Mapping) else None
                 event = FailedEvent("process", SNAPSHOT_READ, chunk.namespace, key, position, _cause(exc))
                 self.failures.failed(event)

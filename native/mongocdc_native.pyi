@@ -15,5 +15,6 @@ def convert_reads(
 ) -> tuple[list[bytes | None], list[bytes | None]]:
     """Key and value bytes of the reads ``lo..hi``; None where the Python path converts."""
 
-def cursor_batch(reply: bytes) -> tuple[int, bytes, list[int]]:
-    """Cursor id of a raw ``find``/``getMore`` reply, its batch's documents end to end, and their bounds."""
+def cursor_batch(reply: bytes) -> tuple[int, bytes, list[int], tuple[int, int] | None]:
+    """Cursor id of a raw ``find``/``getMore`` reply, its batch's documents end to end, their bounds,
+    and the cursor's ``atClusterTime`` as (time, inc)."""

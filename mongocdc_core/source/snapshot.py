@@ -23,7 +23,6 @@ from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
 from bson import Int64, Timestamp, json_util
-from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient, ReadPreference
 from pymongo.collection import Collection
@@ -243,35 +242,23 @@ def estimate_count(
 
 def read_at_cluster_time(
     client: MongoClient[Any], namespace: str, at: Timestamp, query: dict[str, Any], batch_size: int
-) -> Iterator[list[dict[str, Any]]]:
+) -> Iterator[RawDocuments]:
     """Batches of ``namespace`` as it was at cluster time ``at``, in ``_id`` order.
 
     One ``find`` with ``readConcern: {level: "snapshot", atClusterTime}`` and its ``getMore``s in one
-    session. Raises :class:`SnapshotReadUnavailable` when the server refuses (the time has left its
-    snapshot history, error 239) or answers without reading at that time (no ``atClusterTime`` in the
-    cursor: snapshot reads not supported).
+    session (:func:`_own_cursor`). Raises :class:`SnapshotReadUnavailable` when the server refuses (the
+    time has left its snapshot history, error 239) or answers without reading at that time (no
+    ``atClusterTime`` in the cursor: snapshot reads not supported).
     """
     db, _, coll = namespace.partition(".")
     where = f"snapshot read of {namespace} at Timestamp({at.time}, {at.inc})"
-    size = max(1, batch_size)
-    with client.start_session(causal_consistency=False) as session:
-        try:
-            reply = client[db].command(
-                {"find": coll, "filter": query, "sort": {"_id": 1}, "batchSize": size,
-                 "readConcern": {"level": "snapshot", "atClusterTime": at}},
-                session=session,
-            )
-            cursor = reply["cursor"]
-            if cursor.get("atClusterTime") != at:
-                raise SnapshotReadUnavailable(f"{where}: the server does not support reads at a cluster time")
-            yield list(cursor.get("firstBatch", []))
-            while cursor.get("id"):
-                reply = client[db].command({"getMore": cursor["id"], "collection": coll, "batchSize": size},
-                                           session=session)
-                cursor = reply["cursor"]
-                yield list(cursor.get("nextBatch", []))
-        except OperationFailure as exc:
-            raise SnapshotReadUnavailable(f"{where} refused: {exc.details.get('errmsg') if exc.details else exc}") from exc
+    concern = {"level": "snapshot", "atClusterTime": at}
+    try:
+        yield from _own_cursor(client[db][coll], query, max(1, batch_size), concern, at)
+    except OperationFailure as exc:
+        raise SnapshotReadUnavailable(f"{where} refused: {exc.details.get('errmsg') if exc.details else exc}") from exc
+    except _NotReadAtTime:
+        raise SnapshotReadUnavailable(f"{where}: the server does not support reads at a cluster time") from None
 
 
 # -- copying ---------------------------------------------------------------------------------------------
@@ -293,13 +280,12 @@ def snapshot_marker(first_collection: bool, last_collection: bool, first_record:
 EmitFn = Callable[[SnapshotChunk], bool]
 
 
-_RAW_REPLY: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
 _PINNED_TOPOLOGIES = frozenset({TOPOLOGY_TYPE.Single, TOPOLOGY_TYPE.ReplicaSetWithPrimary})
 
 
 def _pinned(collection: Collection[Any]) -> bool:
     """Whether every command of this collection goes to the one server a cursor lives on."""
-    if native is None or collection.read_preference != ReadPreference.PRIMARY:
+    if collection.read_preference != ReadPreference.PRIMARY:
         return False
     client = collection.database.client
     if client.topology_description.topology_type in (TOPOLOGY_TYPE.Unknown, TOPOLOGY_TYPE.ReplicaSetNoPrimary):
@@ -310,51 +296,88 @@ def _pinned(collection: Collection[Any]) -> bool:
 def raw_batches(collection: Collection[Any], query: dict[str, Any], batch_size: int) -> Iterator[RawDocuments]:
     """The documents matching ``query`` in ``_id`` order, one :class:`RawDocuments` per server batch.
 
-    With the compiled module, reading the primary of a replica set (or one server): ``find`` and
-    its ``getMore``s in one session, each reply's batch cut out of its BSON by the module, with no
-    Python object per document (pymongo's raw batch cursor builds one per document to join them);
-    the ``find`` is retried once after a network error or a lost primary, as pymongo retries reads.
-    Otherwise (mongos, secondary reads, no module): pymongo's ``find_raw_batches``, which keeps its
-    cursor on the server that opened it.
+    Reading the primary of a replica set (or one server): :func:`_own_cursor`. Otherwise (mongos,
+    secondary reads): pymongo's ``find_raw_batches``, which keeps its cursor on the server that
+    opened it.
+    """
+    if _pinned(collection):
+        concern = collection.read_concern.document
+        yield from _own_cursor(collection, query, batch_size, concern or None, None)
+        return
+    options = collection.codec_options
+    cursor = collection.find_raw_batches(query, batch_size=batch_size, sort=[("_id", 1)])
+    with cursor:
+        for batch in cursor:
+            yield RawDocuments(batch, options)
+
+
+class _NotReadAtTime(Exception):
+    """A reply to a read at a cluster time without ``atClusterTime``: the server ignored it."""
+
+
+def _cut(reply: RawBSONDocument) -> tuple[int, bytes, list[int] | None, tuple[int, int] | None]:
+    """A raw ``find``/``getMore`` reply's cursor id, its batch's documents end to end (with their
+    bounds when the compiled module cut them) and the cursor's ``atClusterTime``."""
+    if native is not None:
+        return native.cursor_batch(reply.raw)
+    cursor = reply["cursor"]
+    batch = cursor.get("firstBatch", cursor.get("nextBatch", []))
+    at = cursor.get("atClusterTime")
+    return int(cursor["id"]), b"".join(doc.raw for doc in batch), None, None if at is None else (at.time, at.inc)
+
+
+def _own_cursor(
+    collection: Collection[Any], query: dict[str, Any], batch_size: int, read_concern: dict[str, Any] | None,
+    at: Timestamp | None,
+) -> Iterator[RawDocuments]:
+    """``find`` (in ``_id`` order) and its ``getMore``s in one session, on the server it went to (the
+    caller makes sure every command goes there); each reply's batch cut out of its BSON by the
+    compiled module, with no Python object per document (pymongo's raw batch cursor builds one per
+    document to join them). The ``find`` is retried once after a network error or a lost primary, as
+    pymongo retries reads; a cursor left open is killed. With ``at``, a reply must say it read then.
+
+    After an election the next ``getMore`` goes to the new primary, which does not know the cursor
+    (CursorNotFound): the copy fails and the connector's restart resumes it from its recorded
+    progress, as after a lost connection.
     """
     options = collection.codec_options
-    client = collection.database.client
-    if not _pinned(collection):
-        cursor = collection.find_raw_batches(query, batch_size=batch_size, sort=[("_id", 1)])
-        with cursor:
-            for batch in cursor:
-                yield RawDocuments(batch, options)
-        return
-    assert native is not None
-    find: dict[str, Any] = {"find": collection.name, "filter": query, "sort": {"_id": 1}}
-    more: dict[str, Any] = {"collection": collection.name}
+    # The command is encoded with these too: range bounds may hold UUIDs in the client's representation.
+    raw_reply = options.with_options(document_class=RawBSONDocument)
+    database, name = collection.database, collection.name
+    client = database.client
+    find: dict[str, Any] = {"find": name, "filter": query, "sort": {"_id": 1}}
+    more: dict[str, Any] = {"collection": name}
     if batch_size:
         find["batchSize"] = more["batchSize"] = batch_size
-    if collection.read_concern.document:
-        find["readConcern"] = collection.read_concern.document
-    database = collection.database
+    if read_concern:
+        find["readConcern"] = read_concern
     with client.start_session(causal_consistency=False) as session:
         cursor_id = 0
         try:
             try:
-                reply = database.command(find, session=session, codec_options=_RAW_REPLY)
+                reply = database.command(find, session=session, codec_options=raw_reply)
             except ConnectionFailure:
                 if not client.options.retry_reads:
                     raise
-                # pymongo retries a find once (retryable reads); its getMores are not retried either
-                reply = database.command(find, session=session, codec_options=_RAW_REPLY)
+                reply = database.command(find, session=session, codec_options=raw_reply)
+            cursor_id, data, bounds, read_at = _cut(reply)
+            if at is not None and read_at != (at.time, at.inc):
+                raise _NotReadAtTime
             while True:
-                cursor_id, data, bounds = native.cursor_batch(reply.raw)
-                if len(bounds) > 1:
+                if data:
                     yield RawDocuments(data, options, bounds)
                 if not cursor_id:
                     return
                 reply = database.command({"getMore": Int64(cursor_id), **more}, session=session,
-                                         codec_options=_RAW_REPLY)
+                                         codec_options=raw_reply)
+                cursor_id, data, bounds, _ = _cut(reply)
         finally:
             if cursor_id:
                 with contextlib.suppress(PyMongoError):  # the server drops it after its idle timeout anyway
-                    database.command({"killCursors": collection.name, "cursors": [Int64(cursor_id)]}, session=session)
+                    database.command({"killCursors": name, "cursors": [Int64(cursor_id)]}, session=session)
+
+
+_CLOSE_WAIT_S = 5.0  # longest wait for a range reader's getMore in flight when the copy stops
 
 
 class _Prefetch:
@@ -418,8 +441,9 @@ class _Prefetch:
         return None
 
     def close(self) -> None:
-        """Stop reading; the thread closes the cursor once its current ``getMore`` returns."""
+        """Stop reading and wait (a while) for the thread to kill the cursor, before the client may close."""
         self._closed.set()
+        self._thread.join(_CLOSE_WAIT_S)
 
 
 @dataclass(frozen=True, slots=True)

@@ -197,6 +197,9 @@ impl Writer {
         if at != end || repeats(&mut names) {
             return Err(Unsupported); // a repeated name: decoded as a dict, its last value would win
         }
+        if names.contains(&&b"$ref"[..]) && names.contains(&&b"$id"[..]) {
+            return Err(Unsupported); // decoded as a DBRef, written back as $ref, $id, $db, then the rest
+        }
         self.out.push(if array { b']' } else { b'}' });
         Ok(())
     }
@@ -274,6 +277,9 @@ impl Writer {
 
     /// The key's `id` string of the top-level `_id` (key-table style): ObjectId, int32, int64, string.
     fn key_id(&mut self, data: &[u8]) -> Written {
+        if data.len() < 5 {
+            return Err(Unsupported);
+        }
         let end = data.len() - 1;
         let mut at = 4;
         while at < end {
@@ -359,14 +365,19 @@ fn read_record(document: &[u8], templates: &[&[u8]; 4], key: &mut Writer, value:
     Ok(())
 }
 
-/// The `cursor` of a `find`/`getMore` reply: its id and its batch's documents laid end to end.
-fn batch_of(reply: &[u8]) -> Result<(i64, Vec<u8>, Vec<usize>), String> {
+/// A cursor's id, its batch's documents laid end to end with their bounds, and its `atClusterTime`.
+type Batch = (i64, Vec<u8>, Vec<usize>, Option<(u32, u32)>);
+
+/// The `cursor` of a `find`/`getMore` reply.
+fn batch_of(reply: &[u8]) -> Result<Batch, String> {
     let cursor = member(reply, b"cursor", &[0x03]).ok_or("the reply has no 'cursor' document")?;
     let id = match member(cursor, b"id", &[0x12, 0x10]) {
         Some(value) if value.len() == 8 => le_i64(value, 0).unwrap_or(0),
         Some(value) => le_i32(value, 0).unwrap_or(0) as i64,
         None => return Err("the reply's cursor has no 'id'".to_string()),
     };
+    let read_at = member(cursor, b"atClusterTime", &[0x11])
+        .and_then(|value| Some((le_i32(value, 4)? as u32, le_i32(value, 0)? as u32)));
     let array = member(cursor, b"firstBatch", &[0x04])
         .or_else(|| member(cursor, b"nextBatch", &[0x04]))
         .ok_or("the reply's cursor has no 'firstBatch'/'nextBatch' array")?;
@@ -389,13 +400,16 @@ fn batch_of(reply: &[u8]) -> Result<(i64, Vec<u8>, Vec<usize>), String> {
         at += size;
     }
     bounds.push(data.len());
-    Ok((id, data, bounds))
+    Ok((id, data, bounds, read_at))
 }
 
 /// The value of the top-level member `name` of a document, when it has one of the types `kinds`
 /// (a nested document or array from its length to its NUL; a scalar as its bytes).
 fn member<'a>(document: &'a [u8], name: &[u8], kinds: &[u8]) -> Option<&'a [u8]> {
-    let end = document.len().checked_sub(1)?;
+    if document.len() < 5 {
+        return None;
+    }
+    let end = document.len() - 1;
     let mut at = 4;
     while at < end {
         let kind = document[at];
@@ -403,8 +417,8 @@ fn member<'a>(document: &'a [u8], name: &[u8], kinds: &[u8]) -> Option<&'a [u8]>
         let found = &document[at + 1..name_end] == name;
         at = name_end + 1;
         let next = match kind {
-            0x03 | 0x04 => at + usize::try_from(le_i32(document, at)?).ok()?,
-            0x02 => at + 4 + usize::try_from(le_i32(document, at)?).ok()?,
+            0x03 | 0x04 => at + usize::try_from(le_i32(document, at)?).ok().filter(|&size| size >= 5)?,
+            0x02 => at + 4 + usize::try_from(le_i32(document, at)?).ok().filter(|&size| size >= 1)?,
             0x01 | 0x09 | 0x11 | 0x12 => at + 8,
             0x10 => at + 4,
             0x08 => at + 1,
@@ -424,12 +438,17 @@ fn member<'a>(document: &'a [u8], name: &[u8], kinds: &[u8]) -> Option<&'a [u8]>
     None
 }
 
-/// The cursor id of a raw `find`/`getMore` reply and its batch: the documents laid end to end,
-/// and their bounds (as :func:`document_bounds` gives them). No Python object per document.
+/// The cursor id of a raw `find`/`getMore` reply, its batch (the documents laid end to end, and
+/// their bounds as `document_bounds` gives them) and the cursor's `atClusterTime` as (time, inc).
+/// No Python object per document.
 #[pyfunction]
-fn cursor_batch<'py>(py: Python<'py>, reply: &[u8]) -> PyResult<(i64, Bound<'py, PyBytes>, Vec<usize>)> {
-    let (id, data, bounds) = batch_of(reply).map_err(PyValueError::new_err)?;
-    Ok((id, PyBytes::new(py, &data), bounds))
+#[allow(clippy::type_complexity)]
+fn cursor_batch<'py>(
+    py: Python<'py>,
+    reply: &[u8],
+) -> PyResult<(i64, Bound<'py, PyBytes>, Vec<usize>, Option<(u32, u32)>)> {
+    let (id, data, bounds, at) = batch_of(reply).map_err(PyValueError::new_err)?;
+    Ok((id, PyBytes::new(py, &data), bounds, at))
 }
 
 /// Start offsets of the documents of a raw batch (as pymongo's `find_raw_batches` yields it), then
@@ -455,8 +474,12 @@ fn convert_reads<'py>(
     value_head: &[u8],
     value_tail: &[u8],
 ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
-    if lo > hi || hi >= bounds.len() || bounds[hi] > data.len() {
-        return Err(PyValueError::new_err(format!("reads {lo}..{hi} outside {} bounds", bounds.len())));
+    if lo > hi || hi >= bounds.len() || bounds[hi] > data.len() || bounds[lo..=hi].windows(2).any(|w| w[0] > w[1]) {
+        return Err(PyValueError::new_err(format!(
+            "reads {lo}..{hi} do not fit {} ascending bounds within {} bytes",
+            bounds.len(),
+            data.len()
+        )));
     }
     let templates = [key_head, key_tail, value_head, value_tail];
     let (keys, values, ends) = py.allow_threads(|| {

@@ -19,6 +19,7 @@ from bson.binary import UuidRepresentation
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.datetime_ms import DatetimeMS
 from bson.int64 import Int64
+from bson.timestamp import Timestamp
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
@@ -109,15 +110,17 @@ def test_random_doubles_are_spelled_as_orjson_spells_them() -> None:
 
 
 def test_documents_the_compiled_path_leaves_to_python() -> None:
-    """A repeated name (a dict keeps the last value, in the first place), a non-finite double, a
-    Decimal128 and a key of another type are all converted by the Python path, in place."""
+    """A repeated name (a dict keeps the last value, in the first place), a DBRef (decoded, it is
+    written $ref, $id, $db first), a non-finite double, a Decimal128 and a key of another type are
+    all converted by the Python path, in place."""
     repeated = _members([("_id", 1), ("a", 1), ("b", 2), ("a", 3)])
     many = _members([("_id", 2), *[(f"f{i}", i) for i in range(20)], ("f3", "again")])
+    dbrefs = _members([("_id", 7), ("r", {"$id": 1, "$ref": "c"}), ("s", {"$ref": "c", "$id": 2, "x": 1, "$db": "d"})])
     docs: list[Any] = [{"_id": 3, "x": float("nan")}, {"_id": 4, "d": bson.Decimal128("1.5")},
                        {"_id": 5.5, "x": 1}, {"_id": Int64(6), "when": datetime.datetime(2020, 1, 1)}]
-    raw = RawDocuments(repeated + many + b"".join(bson.encode(doc) for doc in docs), ENGINE_OPTIONS)
+    raw = RawDocuments(repeated + many + dbrefs + b"".join(bson.encode(doc) for doc in docs), ENGINE_OPTIONS)
     _, values = mongocdc_native.convert_reads(raw.data, raw.bounds, 0, len(raw), b"", b"", b"", b"")
-    assert [v is None for v in values] == [True, True, True, True, True, False]
+    assert [v is None for v in values] == [True, True, True, True, True, True, False]
     conv = converter(schemas_enable=False)
     markers = _markers(len(raw))
     assert conv.convert_reads(raw, markers, "inventory", "customers", POSITION, TS) == conv.convert_reads(
@@ -156,15 +159,48 @@ def test_a_malformed_batch_is_named() -> None:
         RawDocuments(good + b"\x30\x00\x00\x00\x00", ENGINE_OPTIONS)
     with pytest.raises(ValueError, match="truncated BSON document at byte"):
         mongocdc_native.document_bounds(good + b"\x01")
+    # Bounds that do not fit the data are refused, never a crash of the compiled code.
+    for bounds in ([5, 0, len(good)], [0, len(good) + 1]):
+        with pytest.raises(ValueError, match="ascending bounds"):
+            mongocdc_native.convert_reads(good, bounds, 0, len(bounds) - 1, b"", b"", b"", b"")
+    assert mongocdc_native.convert_reads(good, [0, 0], 0, 1, b"", b"", b"", b"") == ([None], [None])
+    assert mongocdc_native.convert_reads(good[:3], [0, 3], 0, 1, b"", b"", b"", b"") == ([None], [None])
 
 
 def test_a_cursor_reply_is_cut_into_its_batch_or_named() -> None:
     docs = [{"_id": i, "v": "x" * i} for i in range(3)]
     reply = bson.encode({"cursor": {"nextBatch": docs, "id": Int64(42), "ns": "db.c"}, "ok": 1.0})
-    cursor_id, data, bounds = mongocdc_native.cursor_batch(reply)
-    assert cursor_id == 42 and list(RawDocuments(data, ENGINE_OPTIONS, bounds)) == docs
-    assert mongocdc_native.cursor_batch(bson.encode({"cursor": {"id": 0, "firstBatch": []}}))[::2] == (0, [0])
+    cursor_id, data, bounds, at = mongocdc_native.cursor_batch(reply)
+    assert cursor_id == 42 and list(RawDocuments(data, ENGINE_OPTIONS, bounds)) == docs and at is None
+    first = bson.encode({"cursor": {"id": 0, "firstBatch": [], "atClusterTime": Timestamp(1700000000, 7)}})
+    assert mongocdc_native.cursor_batch(first) == (0, b"", [0], (1700000000, 7))
     with pytest.raises(ValueError, match="no 'cursor' document"):
         mongocdc_native.cursor_batch(bson.encode({"ok": 0.0}))
     with pytest.raises(ValueError, match="BSON type 0x10, not a document"):
         mongocdc_native.cursor_batch(bson.encode({"cursor": {"id": 0, "firstBatch": [1]}}))
+    short = bson.encode({"cursor": {"id": 0, "firstBatch": []}}).replace(b"\x05\x00\x00\x00\x00", b"\x01\x00\x00\x00\x00")
+    with pytest.raises(ValueError, match="no 'firstBatch'/'nextBatch' array"):
+        mongocdc_native.cursor_batch(short)
+
+
+@settings(max_examples=300, deadline=None, phases=[Phase.generate])
+@given(plain_documents, st.lists(st.tuples(st.integers(min_value=4), st.integers(0, 255)), max_size=6), st.binary(max_size=64))
+def test_damaged_bson_is_refused_or_left_to_python_never_a_crash(
+    body: dict[str, Any], flips: list[tuple[int, int]], noise: bytes
+) -> None:
+    """Bytes changed inside a well-framed document: the compiled path writes it or leaves it to Python;
+    arbitrary bytes as a batch or a reply: a ValueError. Never a panic of the compiled code."""
+    data = bytearray(bson.encode({"_id": 1, **{k: v for k, v in body.items() if k != "_id"}}))
+    for at, byte in flips:
+        data[4 + at % max(1, len(data) - 5)] = byte
+    raw = RawDocuments(bytes(data), ENGINE_OPTIONS)
+    _, (value,) = mongocdc_native.convert_reads(raw.data, raw.bounds, 0, 1, b"", b"", b"", b"")
+    if value is not None:  # what it writes, Python decodes and writes alike
+        conv = converter(schemas_enable=False)
+        assert conv.convert_reads(raw, ["true"], "inventory", "customers", POSITION, TS) == conv.convert_reads(
+            raw.decoded(), ["true"], "inventory", "customers", POSITION, TS)
+    for call in (mongocdc_native.document_bounds, mongocdc_native.cursor_batch):
+        try:
+            call(noise)
+        except ValueError:
+            pass
