@@ -5,9 +5,11 @@
 //! BSON of a whole server batch is walked once and the record bytes are written directly, in the
 //! exact spelling of `mongocdc_core.events.ejson.dumps_string` (strict Extended JSON, document
 //! style, as a JSON string literal). Only the common types are written here; a document holding
-//! anything else (Decimal128, binary, regular expressions, non-finite doubles, duplicate names,
-//! ...) is reported back as `None` and converted by the Python path, so the two always agree.
+//! anything else (regular expressions, timestamps, code, legacy UUIDs, special decimals, non-finite
+//! doubles, duplicate names, DBRefs, ...) is reported back as `None` and converted by the Python
+//! path, so the two always agree.
 
+use base64::Engine as _;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
@@ -51,6 +53,11 @@ fn bounds_of(data: &[u8]) -> Result<Vec<usize>, String> {
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
+const BASE64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+/// Decimal128 (BID) high-word masks: infinity/NaN, and the "11" combination field of other forms.
+const DECIMAL_SPECIAL: u64 = 0x7800_0000_0000_0000;
+const DECIMAL_LARGE_FORM: u64 = 0x6000_0000_0000_0000;
+const DECIMAL_MAX_COEFFICIENT: u128 = 10u128.pow(34) - 1;
 
 /// Writes Extended JSON text already escaped as the contents of a JSON string literal.
 struct Writer {
@@ -159,6 +166,73 @@ impl Writer {
         Ok(())
     }
 
+    /// `{"$binary": <base64>, "$type": <hex>}` as json_util writes it; subtypes 2 (an old form with
+    /// its own length) and 3 (legacy UUIDs, spelled after the client's UUID representation) go to
+    /// Python.
+    fn binary(&mut self, subtype: u8, data: &[u8]) -> Written {
+        if subtype == 2 || subtype == 3 {
+            return Err(Unsupported);
+        }
+        self.out.extend_from_slice(b"{\\\"$binary\\\": \\\"");
+        let start = self.out.len();
+        self.out.resize(start + base64::encoded_len(data.len(), true).ok_or(Unsupported)?, 0);
+        let written = BASE64.encode_slice(data, &mut self.out[start..]).map_err(|_| Unsupported)?;
+        self.out.truncate(start + written);
+        self.out.extend_from_slice(b"\\\",\\\"$type\\\": \\\"");
+        self.out.push(HEX[(subtype >> 4) as usize]);
+        self.out.push(HEX[(subtype & 15) as usize]);
+        self.out.extend_from_slice(b"\\\"}");
+        Ok(())
+    }
+
+    /// `{"$numberDecimal": <text>}`, the text as Python's `decimal.Decimal` prints the value (as
+    /// `ejson.decimal128_text` does); infinities, NaN and non-canonical encodings go to Python.
+    fn decimal128(&mut self, bid: &[u8]) -> Written {
+        let n = u128::from_le_bytes(bid.try_into().map_err(|_| Unsupported)?);
+        let high = (n >> 64) as u64;
+        if high & DECIMAL_SPECIAL == DECIMAL_SPECIAL || high & DECIMAL_LARGE_FORM == DECIMAL_LARGE_FORM {
+            return Err(Unsupported);
+        }
+        let coefficient = n & ((1u128 << 113) - 1);
+        if coefficient > DECIMAL_MAX_COEFFICIENT {
+            return Err(Unsupported);
+        }
+        let exponent = ((high & 0x7FFF_8000_0000_0000) >> 49) as i64 - 6176;
+        self.out.extend_from_slice(b"{\\\"$numberDecimal\\\": \\\"");
+        if high >> 63 == 1 {
+            self.out.push(b'-');
+        }
+        let digits = coefficient.to_string();
+        let digits = digits.as_bytes();
+        let count = digits.len() as i64;
+        let adjusted = exponent + count - 1;
+        if exponent <= 0 && adjusted >= -6 {
+            if exponent == 0 {
+                self.out.extend_from_slice(digits);
+            } else if count > -exponent {
+                let point = (count + exponent) as usize;
+                self.out.extend_from_slice(&digits[..point]);
+                self.out.push(b'.');
+                self.out.extend_from_slice(&digits[point..]);
+            } else {
+                self.out.extend_from_slice(b"0.");
+                self.out.extend(std::iter::repeat_n(b'0', (-exponent - count) as usize));
+                self.out.extend_from_slice(digits);
+            }
+        } else {
+            self.out.push(digits[0]);
+            if count > 1 {
+                self.out.push(b'.');
+                self.out.extend_from_slice(&digits[1..]);
+            }
+            self.out.push(b'E');
+            self.out.push(if adjusted < 0 { b'-' } else { b'+' });
+            self.out.extend_from_slice(itoa::Buffer::new().format(adjusted.unsigned_abs()).as_bytes());
+        }
+        self.out.extend_from_slice(b"\\\"}");
+        Ok(())
+    }
+
     fn object_id(&mut self, id: &[u8]) {
         self.out.extend_from_slice(b"{\\\"$oid\\\": \\\"");
         for &byte in id {
@@ -237,6 +311,20 @@ impl Writer {
             0x07 => {
                 let next = fixed(12)?;
                 self.object_id(&data[at..next]);
+                Ok(next)
+            }
+            0x05 => {
+                let size = usize::try_from(le_i32(data, at).ok_or(Unsupported)?).map_err(|_| Unsupported)?;
+                let next = at + 5 + size;
+                if next > end {
+                    return Err(Unsupported);
+                }
+                self.binary(data[at + 4], &data[at + 5..next])?;
+                Ok(next)
+            }
+            0x13 => {
+                let next = fixed(16)?;
+                self.decimal128(&data[at..next])?;
                 Ok(next)
             }
             0x08 => {
@@ -343,6 +431,8 @@ fn skip(kind: u8, data: &[u8], at: usize, end: usize) -> Result<usize, Unsupport
         0x10 => at + 4,
         0x02 => at + 4 + usize::try_from(le_i32(data, at).ok_or(Unsupported)?).map_err(|_| Unsupported)?,
         0x03 | 0x04 => at + usize::try_from(le_i32(data, at).ok_or(Unsupported)?).map_err(|_| Unsupported)?,
+        0x05 => at + 5 + usize::try_from(le_i32(data, at).ok_or(Unsupported)?).map_err(|_| Unsupported)?,
+        0x13 => at + 16,
         _ => return Err(Unsupported),
     };
     if next > end {

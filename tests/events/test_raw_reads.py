@@ -8,6 +8,7 @@ test converts the same documents both ways and compares the bytes.
 from __future__ import annotations
 
 import datetime
+import decimal
 import random
 import struct
 from typing import Any
@@ -15,9 +16,10 @@ from typing import Any
 import bson
 import mongocdc_native
 import pytest
-from bson.binary import UuidRepresentation
+from bson.binary import Binary, UuidRepresentation
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.datetime_ms import DatetimeMS
+from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 from hypothesis import Phase, given, settings
@@ -27,7 +29,7 @@ from mongocdc_core.events.raw import RawDocuments
 from mongocdc_core.events.records import Record
 
 from .helpers import POSITION, converter
-from .strategies import datetimes, documents, field_names, id_values, int32s, int64s, object_ids
+from .strategies import datetimes, decimals, documents, field_names, id_values, int32s, int64s, object_ids
 
 #: As the engine's client decodes (source/connection.py: tz_aware, DATETIME_AUTO).
 ENGINE_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
@@ -36,12 +38,21 @@ ENGINE_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
 STANDARD_UUIDS = ENGINE_OPTIONS.with_options(uuid_representation=UuidRepresentation.STANDARD)
 TS = datetime.datetime(2026, 11, 26, 12, 0, tzinfo=datetime.UTC)
 
+def _fits(value: decimal.Decimal) -> bool:
+    """Whether Decimal128 holds the value exactly (34 digits, exponent -6176..6111)."""
+    sign, digits, exponent = value.as_tuple()
+    return isinstance(exponent, int) and len(digits) <= 34 and -6176 <= exponent <= 6111 - len(digits) + 1
+
+
 # Only the types the compiled path writes itself, so most examples exercise it.
 awkward_text = st.text(alphabet=st.sampled_from(['"', "\\", "\n", "\x00", "\x01", "\x1f", "\x7f", "é", "\u2028", "𝄞", "a", " ", ":", ","]), max_size=8)
 plain_scalars = st.one_of(
     st.none(), st.booleans(), int32s, int64s, st.floats(allow_nan=False, allow_infinity=False),
     st.text(max_size=10), awkward_text, object_ids, datetimes,
     st.integers(min_value=-(2**63), max_value=2**63 - 1).map(DatetimeMS),
+    st.builds(Binary, st.binary(max_size=40), st.sampled_from([0, 1, 4, 5, 6, 7, 8, 0x80, 0xFF])),
+    decimals.filter(lambda d: d.to_decimal().is_finite() and not d.to_decimal().is_nan()),
+    st.decimals(allow_nan=False, allow_infinity=False).map(lambda d: Decimal128(d) if _fits(d) else Decimal128("0")),
 )
 plain_values = st.recursive(
     plain_scalars,
@@ -111,12 +122,13 @@ def test_random_doubles_are_spelled_as_orjson_spells_them() -> None:
 
 def test_documents_the_compiled_path_leaves_to_python() -> None:
     """A repeated name (a dict keeps the last value, in the first place), a DBRef (decoded, it is
-    written $ref, $id, $db first), a non-finite double, a Decimal128 and a key of another type are
-    all converted by the Python path, in place."""
+    written $ref, $id, $db first), a non-finite double, a NaN Decimal128, a legacy UUID (subtype 3,
+    spelled after the client's UUID representation) and a key of another type are all converted by
+    the Python path, in place."""
     repeated = _members([("_id", 1), ("a", 1), ("b", 2), ("a", 3)])
     many = _members([("_id", 2), *[(f"f{i}", i) for i in range(20)], ("f3", "again")])
     dbrefs = _members([("_id", 7), ("r", {"$id": 1, "$ref": "c"}), ("s", {"$ref": "c", "$id": 2, "x": 1, "$db": "d"})])
-    docs: list[Any] = [{"_id": 3, "x": float("nan")}, {"_id": 4, "d": bson.Decimal128("1.5")},
+    docs: list[Any] = [{"_id": 3, "x": float("nan")}, {"_id": 4, "d": Decimal128("NaN"), "u": Binary(bytes(16), 3)},
                        {"_id": 5.5, "x": 1}, {"_id": Int64(6), "when": datetime.datetime(2020, 1, 1)}]
     raw = RawDocuments(repeated + many + dbrefs + b"".join(bson.encode(doc) for doc in docs), ENGINE_OPTIONS)
     _, values = mongocdc_native.convert_reads(raw.data, raw.bounds, 0, len(raw), b"", b"", b"", b"")
