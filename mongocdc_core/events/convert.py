@@ -436,15 +436,12 @@ class EventConverter:
         keys, values = raw.native.convert_reads(
             documents.data, documents.bounds, documents.lo, documents.hi, key_head, key_tail, head, tail
         )
-        topic, namespace = ctx.topic, ctx.namespace
-        records = [Record(topic, key, value, position, namespace, "r") for key, value in zip(keys, values, strict=True)]
-        n = len(records)
-        if markers.count(common) != n:
+        if markers.count(common) != len(markers):
             for i, marker in enumerate(markers):
                 value = values[i]
                 if marker != common and value is not None:
                     other_head, other_tail = around[marker]
-                    records[i].value = other_head + value[len(head) : len(value) - len(tail)] + other_tail
+                    values[i] = other_head + value[len(head) : len(value) - len(tail)] + other_tail
         if values.count(None):
             for i, value in enumerate(values):
                 if value is None:
@@ -452,9 +449,10 @@ class EventConverter:
                     if "_id" not in doc:
                         raise ValueError(f"snapshot document of {ctx.namespace} has no '_id': {short(doc)}")
                     other_head, other_tail = around[markers[i]]
-                    records[i].key = ctx.key_template % key_id_json(doc["_id"])
-                    records[i].value = other_head + ejson.dumps_string(doc) + other_tail
-        return records
+                    keys[i] = ctx.key_template % key_id_json(doc["_id"])
+                    values[i] = other_head + ejson.dumps_string(doc) + other_tail
+        topic, namespace = ctx.topic, ctx.namespace
+        return [Record(topic, key, value, position, namespace, "r") for key, value in zip(keys, values, strict=True)]
 
     def heartbeat_record(self, position: Position, ts_ms: int) -> Record:
         """A heartbeat on ``<topic.heartbeat.prefix><delimiter><topic.prefix>``.
