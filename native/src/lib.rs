@@ -123,11 +123,15 @@ impl Writer {
             None => (text, 0),
         };
         let dot = mantissa.iter().position(|&b| b == b'.').unwrap_or(mantissa.len()) as i32;
-        let all: Vec<u8> = mantissa.iter().copied().filter(|&b| b != b'.').collect();
-        let leading = all.iter().take_while(|&&b| b == b'0').count();
-        let digits = all[leading..].to_vec();
-        let end = digits.iter().rposition(|&b| b != b'0').map_or(0, |i| i + 1);
-        let digits = &digits[..end];
+        let mut all = [0u8; 32]; // ryu writes at most 17 significant digits
+        let mut count = 0;
+        for &b in mantissa.iter().filter(|&&b| b != b'.') {
+            *all.get_mut(count).ok_or(Unsupported)? = b;
+            count += 1;
+        }
+        let leading = all[..count].iter().take_while(|&&b| b == b'0').count();
+        let end = all[..count].iter().rposition(|&b| b != b'0').map_or(leading, |i| i + 1);
+        let digits = &all[leading..end.max(leading)];
         if negative {
             self.out.push(b'-');
         }
@@ -161,7 +165,7 @@ impl Writer {
                 self.out.extend_from_slice(&digits[1..]);
             }
             self.out.extend_from_slice(if e > 0 { b"e+" } else { b"e-" });
-            self.out.extend_from_slice(e.unsigned_abs().to_string().as_bytes());
+            self.out.extend_from_slice(itoa::Buffer::new().format(e.unsigned_abs()).as_bytes());
         }
         Ok(())
     }
@@ -376,7 +380,7 @@ impl Writer {
             let name = &data[at + 1..name_end];
             at = name_end + 1;
             if name != b"_id" {
-                at = skip(kind, data, at, end)?;
+                at = element_end(kind, data, at, end).ok_or(Unsupported)?;
                 continue;
             }
             self.out.push(b'"');
@@ -421,24 +425,23 @@ fn repeats(names: &mut [&[u8]]) -> bool {
     names.windows(2).any(|pair| pair[0] == pair[1])
 }
 
-/// Where the value of type `kind` at `at` ends (only the types the writer handles; others fail).
-fn skip(kind: u8, data: &[u8], at: usize, end: usize) -> Result<usize, Unsupported> {
+/// Where the element of type `kind` whose value starts at `at` ends (None: a type of no fixed or
+/// declared length here, or a length that leaves `..end`).
+fn element_end(kind: u8, data: &[u8], at: usize, end: usize) -> Option<usize> {
+    let declared = |minimum: usize| usize::try_from(le_i32(data, at)?).ok().filter(|&size| size >= minimum);
     let next = match kind {
-        0x01 | 0x09 | 0x12 => at + 8,
+        0x01 | 0x09 | 0x11 | 0x12 => at + 8,
         0x07 => at + 12,
         0x08 => at + 1,
         0x0a => at,
         0x10 => at + 4,
-        0x02 => at + 4 + usize::try_from(le_i32(data, at).ok_or(Unsupported)?).map_err(|_| Unsupported)?,
-        0x03 | 0x04 => at + usize::try_from(le_i32(data, at).ok_or(Unsupported)?).map_err(|_| Unsupported)?,
-        0x05 => at + 5 + usize::try_from(le_i32(data, at).ok_or(Unsupported)?).map_err(|_| Unsupported)?,
         0x13 => at + 16,
-        _ => return Err(Unsupported),
+        0x02 => at + 4 + declared(1)?,
+        0x03 | 0x04 => at + declared(5)?,
+        0x05 => at + 5 + declared(0)?,
+        _ => return None,
     };
-    if next > end {
-        return Err(Unsupported);
-    }
-    Ok(next)
+    (next <= end).then_some(next)
 }
 
 /// One read: the key and value bytes (templates around the key's id and the document's string).
@@ -506,20 +509,7 @@ fn member<'a>(document: &'a [u8], name: &[u8], kinds: &[u8]) -> Option<&'a [u8]>
         let name_end = at + 1 + document[at + 1..end].iter().position(|&b| b == 0)?;
         let found = &document[at + 1..name_end] == name;
         at = name_end + 1;
-        let next = match kind {
-            0x03 | 0x04 => at + usize::try_from(le_i32(document, at)?).ok().filter(|&size| size >= 5)?,
-            0x02 => at + 4 + usize::try_from(le_i32(document, at)?).ok().filter(|&size| size >= 1)?,
-            0x01 | 0x09 | 0x11 | 0x12 => at + 8,
-            0x10 => at + 4,
-            0x08 => at + 1,
-            0x0a => at,
-            0x07 => at + 12,
-            0x13 => at + 16,
-            _ => return None, // not in a cursor reply's members before the batch
-        };
-        if next > end {
-            return None;
-        }
+        let next = element_end(kind, document, at, end)?;
         if found {
             return kinds.contains(&kind).then(|| &document[at..next]);
         }
