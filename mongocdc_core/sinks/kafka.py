@@ -154,9 +154,12 @@ def create_topics(
     """Create the missing ones among ``topics`` (existing topics are left alone).
 
     Transient failures (broker away) are retried until ``stop`` is set; anything else raises
-    ``SinkError`` naming the topic and Kafka's error.
+    ``SinkError`` naming the topic and Kafka's error. Returns once the broker's metadata lists the
+    new topics, so a ``describe_configs`` right after (the sink asks for ``max.message.bytes``) sees
+    the topic's own settings rather than "unknown topic".
     """
     pending = sorted(set(topics))
+    created: list[str] = []
     while pending:
         new = [NewTopic(t, num_partitions=partitions, replication_factor=replication_factor, config=dict(config))
                for t in pending]
@@ -165,6 +168,7 @@ def create_topics(
         for topic, future in futures.items():
             try:
                 future.result()
+                created.append(topic)
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
                 if err.code() == _TOPIC_EXISTS:
@@ -181,6 +185,26 @@ def create_topics(
             if on_retry is not None:
                 on_retry(pending)
             time.sleep(1.0)
+    _wait_listed(admin, created)
+
+
+def _wait_listed(admin: AdminClient, topics: Sequence[str]) -> None:
+    """Wait (up to the admin timeout) until the broker's metadata lists ``topics``.
+
+    A KRaft broker applies a created topic to its metadata a moment after the controller answers
+    CreateTopics; until then it calls the topic unknown. Producing needs no wait (the producer
+    retries), so past the timeout this returns and the producer's own retries take over.
+    """
+    deadline = time.monotonic() + _ADMIN_TIMEOUT_S
+    waiting = set(topics)
+    while waiting and time.monotonic() < deadline:
+        try:
+            listed = admin.list_topics(timeout=min(5.0, _ADMIN_TIMEOUT_S)).topics
+        except KafkaException:
+            listed = {}
+        waiting = {t for t in waiting if t not in listed or listed[t].error is not None}
+        if waiting:
+            time.sleep(0.1)
 
 
 class KafkaSinkMetrics:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource
 
+from mongocdc_core.sinks.kafka import create_topics
 from mongocdc_devstack import kafka_broker as kb
 from mongocdc_devstack.kafka_broker import KafkaBroker, KafkaBrokerError
 
@@ -127,10 +128,9 @@ def test_transactions_hide_aborted_records_from_read_committed(kafka_bootstrap: 
 def test_compacted_topic_can_be_created_and_keeps_tombstones(kafka_bootstrap: str) -> None:
     topic = _topic("compacted")
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    futures = admin.create_topics(
-        [NewTopic(topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"})]
-    )
-    futures[topic].result(30)
+    # The connector's own helper: it returns once the broker's metadata lists the topic, so the
+    # description below cannot meet "unknown topic" (KRaft applies a new topic a moment later).
+    create_topics(admin, [topic], partitions=1, replication_factor=1, config={"cleanup.policy": "compact"})
 
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     configs = admin.describe_configs([resource])[resource].result(30)

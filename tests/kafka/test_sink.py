@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from pymongo import MongoClient
 from pymongo.database import Database
 
@@ -21,7 +21,7 @@ from mongocdc_core.positions import Position
 from mongocdc_core.sinks.base import RecordRejected, SinkError
 from mongocdc_core.sinks.factory import open_sink
 from mongocdc_core.sinks.jsonl import JsonlSink
-from mongocdc_core.sinks.kafka import KafkaSink, KafkaSinkSettings
+from mongocdc_core.sinks.kafka import KafkaSink, KafkaSinkSettings, create_topics
 from tests.engine.engine_support import Background
 from tests.kafka.kafka_support import (
     StreamingStarted,
@@ -150,7 +150,7 @@ def test_topic_creation_disabled_relies_on_broker_auto_creation(kafka_bootstrap:
 def test_delivery_error_fails_flush_naming_the_topic_and_stays_failed(kafka_bootstrap: str) -> None:
     topic = f"small-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    create_topics(admin, [topic], partitions=1, replication_factor=1, config={})  # returns once listed
     sink = KafkaSink.from_config(kafka_bootstrap, _cfg())
     sink.write([_record(topic, b"k", b"small")])  # the sink learns the topic's limit here...
     resource = ConfigResource(ResourceType.TOPIC, topic, set_config={"max.message.bytes": "1000"})
@@ -165,7 +165,7 @@ def test_delivery_error_fails_flush_naming_the_topic_and_stays_failed(kafka_boot
 def test_a_record_larger_than_the_topic_takes_is_refused_and_the_sink_stays_usable(kafka_bootstrap: str) -> None:
     topic = f"small-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "2000"})])[topic].result(30)
+    create_topics(admin, [topic], partitions=1, replication_factor=1, config={"max.message.bytes": "2000"})
     sink = KafkaSink.from_config(kafka_bootstrap, _cfg())
     batch = [_record(topic, b"a", b"small", 1), _record(topic, b"b", b"x" * 5000, 2), _record(topic, b"c", b"z", 3)]
     with pytest.raises(RecordRejected, match=r"max.message.bytes \(2,000\)") as info:
