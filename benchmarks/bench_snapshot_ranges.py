@@ -9,14 +9,17 @@ with connecting and closing the client, is a row of its own); and a snapshot sto
 time against one uninterrupted snapshot gives the time lost to the interruption (before ranges
 were resumable, a restart re-read the whole collection: about 90 % lost).
 
-The emulator (a separate process) is the server here; with it the server, not the connector,
-limits how much threads can add: a reference row drains the raw batches alone.
+The emulator (a separate process) is the server here; a reference row drains the raw batches
+alone (what it can serve). Whether more threads can add anything on this machine is answered by
+rows of the cores busy during each snapshot: the connector's process CPU plus the server's (from
+``/proc``), over the snapshot's wall time, against the machine's cores.
 Usage: ``python -m benchmarks.bench_snapshot_ranges`` (1,000,000 documents; ``MONGOCDC_BENCH_SMALL=1``: 20,000).
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -53,17 +56,35 @@ class CountingSink:
         """Nothing to release."""
 
 
-class Timing(ProgressListener):
-    """When the snapshot started (before its ranges are planned) and when it finished."""
+def _process_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far, from ``/proc`` (0 where unreadable)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
-    def __init__(self) -> None:
+
+class Timing(ProgressListener):
+    """When the snapshot started (before its ranges are planned) and when it finished, and the CPU
+    the connector (this process) and the server (``server_pid``) used in between."""
+
+    def __init__(self, server_pid: int | None = None) -> None:
+        self.server_pid = server_pid
         self.started = self.finished = 0.0
+        self._cpu = (0.0, 0.0)
+        self.connector_cpu = self.server_cpu = 0.0
 
     def snapshot_started(self, totals: Mapping[str, int | None]) -> None:
         self.started = time.perf_counter()
+        self._cpu = (time.process_time(), _process_cpu(self.server_pid))
 
     def snapshot_finished(self, completed: bool, documents: int) -> None:
         self.finished = time.perf_counter()
+        self.connector_cpu = time.process_time() - self._cpu[0]
+        self.server_cpu = _process_cpu(self.server_pid) - self._cpu[1]
 
 
 class StopAt(Timing):
@@ -87,11 +108,10 @@ def _config(uri: str, threads: int, split: int) -> ConnectorConfig:
     })
 
 
-def _snapshot(cfg: ConnectorConfig, offsets: OffsetStore, progress: Timing | None = None) -> tuple[float, float, int]:
+def _snapshot(cfg: ConnectorConfig, offsets: OffsetStore, timing: Timing) -> tuple[float, float, int]:
     """The snapshot's own time (planning included), the engine's whole run (connecting, and closing
     the client: pymongo joins its monitor threads, up to 0.5 s) and the records delivered."""
     sink = CountingSink()
-    timing = progress or Timing()
     engine = Engine(cfg, sink, offsets, progress=timing)
     if isinstance(timing, StopAt):
         timing.engine = engine
@@ -180,16 +200,30 @@ def run(small: bool) -> list[harness.Row]:
         rows.append(harness.Row(NAME, "reference: those batches + convert_reads, one thread, no engine, no read-ahead",
                                 BASELINE, converting, baseline, "docs/s", converting / baseline))
         plan_s, planned = _plan_seconds(rs.uri, split)
+        server_pid = rs.process.pid if rs.process is not None else None
         elapsed_by_threads: dict[int, float] = {}
         whole_runs: dict[int, float] = {}
+        timings: dict[int, Timing] = {}
         for threads in (1, 4, 2):  # 2 last: the interrupted snapshot below is compared with it
-            elapsed, whole_runs[threads], records = _snapshot(_config(rs.uri, threads, split), MemoryOffsetStore())
+            timings[threads] = Timing(server_pid)
+            elapsed, whole_runs[threads], records = _snapshot(
+                _config(rs.uri, threads, split), MemoryOffsetStore(), timings[threads]
+            )
             assert records == count, f"{records} records for {count} documents"
             elapsed_by_threads[threads] = elapsed
         for threads, elapsed in sorted(elapsed_by_threads.items()):
             rows.append(harness.Row(NAME, f"snapshot, {threads} thread(s), {count // split} ranges", BASELINE,
                                     count / elapsed, baseline, "docs/s", count / elapsed / baseline,
                                     0.8 if threads == 1 else None, ">="))
+        cores = os.cpu_count() or 1
+        for threads, timing in sorted(timings.items()):
+            busy = (timing.connector_cpu + timing.server_cpu) / elapsed_by_threads[threads]
+            rows.append(harness.Row(
+                NAME, f"cores busy in the {threads}-thread snapshot: connector "
+                f"{timing.connector_cpu / elapsed_by_threads[threads]:.2f} + server "
+                f"{timing.server_cpu / elapsed_by_threads[threads]:.2f}",
+                "the machine's cores", busy, cores, "cores", busy / cores,
+            ))  # fmt: skip
         rows.append(harness.Row(NAME, "the 1-thread engine run as a whole (connect, snapshot, close the client)",
                                 BASELINE, count / whole_runs[1], baseline, "docs/s", count / whole_runs[1] / baseline))
         rows.append(harness.Row(NAME, f"planning {planned} ranges ($sample on the server), share of a snapshot",
@@ -198,11 +232,11 @@ def run(small: bool) -> list[harness.Row]:
         with tempfile.TemporaryDirectory() as tmp:
             offsets = FileOffsetStore(Path(tmp) / "offsets.json")
             _, first, copied = _snapshot(_config(rs.uri, 2, split), offsets, StopAt(int(count * 0.9)))
-            _, second, rest = _snapshot(_config(rs.uri, 2, split), offsets)
+            _, second, rest = _snapshot(_config(rs.uri, 2, split), offsets, Timing())
         # The uninterrupted run it is compared with (whole runs on both sides: the restart's own costs
         # count as lost) ran just before and runs again just after: their mean, so a change in the
         # machine's load weighs on both sides alike.
-        _, after, _ = _snapshot(_config(rs.uri, 2, split), MemoryOffsetStore())
+        _, after, _ = _snapshot(_config(rs.uri, 2, split), MemoryOffsetStore(), Timing())
         full = (whole_runs[2] + after) / 2
     lost = (first + second - full) / full
     rows.append(harness.Row(NAME, f"time lost to a stop at 90% and a resume ({copied + rest - count:,} docs read twice)",

@@ -21,6 +21,7 @@ import datetime
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -97,7 +98,7 @@ class Dispatcher:
 
     # -- writing and committing -----------------------------------------------------------------------
 
-    def _write(self, records: list[Record]) -> None:
+    def _write(self, records: Sequence[Record]) -> None:
         self._buffer.extend(records)
         if len(self._buffer) >= self.batch_size:
             self.drain()
@@ -205,13 +206,30 @@ class Dispatcher:
         if self.progress is not None:
             self.progress.snapshot_started(totals)
 
-    def snapshot_chunk(self, chunk: SnapshotChunk, position: Position, read_at: datetime.datetime) -> None:
-        """Read events for one chunk; when the collection is complete, flush and mark it done."""
+    def prepare_chunk(self, chunk: SnapshotChunk, position: Position, read_at: datetime.datetime) -> SnapshotChunk:
+        """The chunk with its read events, converted ahead of its turn: safe to call from several
+        threads at once (the conversion keeps no state between chunks), so a copier's workers
+        convert in parallel and only the delivery (:meth:`snapshot_chunk`) is in order. A chunk
+        that fails to convert comes back as it was: its turn converts it read by read, for the policy.
+        """
         db, _, coll = chunk.namespace.partition(".")
         try:
             records = self.converter.convert_reads(chunk.documents, chunk.markers, db, coll, position, read_at)
-        except Exception:  # noqa: BLE001 - find the failing reads one by one, for the policy
-            records = self._convert_reads_one_by_one(chunk, db, coll, position, read_at)
+        except Exception:  # noqa: BLE001 - handled in order by snapshot_chunk
+            return chunk
+        return replace(chunk, records=records)
+
+    def snapshot_chunk(self, chunk: SnapshotChunk, position: Position, read_at: datetime.datetime) -> None:
+        """Read events for one chunk (converted here unless :meth:`prepare_chunk` did); when the
+        collection is complete, flush and mark it done."""
+        db, _, coll = chunk.namespace.partition(".")
+        if chunk.records is not None:
+            records = chunk.records
+        else:
+            try:
+                records = self.converter.convert_reads(chunk.documents, chunk.markers, db, coll, position, read_at)
+            except Exception:  # noqa: BLE001 - find the failing reads one by one, for the policy
+                records = self._convert_reads_one_by_one(chunk, db, coll, position, read_at)
         self._write(records)
         if chunk.final:
             self._delete_missing_keys(chunk.namespace, position)

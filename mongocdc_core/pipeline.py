@@ -225,10 +225,13 @@ class CapturePipeline:
                 observe(chunk)
             return True
 
+        def prepare(chunk: SnapshotChunk) -> SnapshotChunk:
+            return dispatcher.prepare_chunk(chunk, position, datetime.datetime.now(datetime.UTC))
+
         copier = SnapshotCopier(
             self.client, self.cfg, list(namespaces), emit, threads=threads,
             chunk_size=min(self.cfg.max_batch_size, 1024), filters=filters, stop=threading.Event(),
-            progress=progress, split_size=split_size,
+            progress=progress, split_size=split_size, prepare=prepare,
         )
         forward = threading.Thread(target=_forward_stop, args=(self.stop_event, copier.stop), daemon=True)
         forward.start()

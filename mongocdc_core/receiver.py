@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from bson import Timestamp
 
+from mongocdc_core.events.records import Record
 from mongocdc_core.positions import Position
 
 
@@ -25,7 +26,9 @@ class SnapshotChunk:
     ``part`` is the ``_id`` range the documents come from, ``part_done`` says that range is complete,
     and ``after`` is the last key of the chunk (canonical Extended JSON): once the chunk is flushed,
     a restart resumes the range after it. ``documents`` may be a raw batch
-    (:class:`~mongocdc_core.events.raw.RawDocuments`), decoded only where needed.
+    (:class:`~mongocdc_core.events.raw.RawDocuments`), decoded only where needed. ``records`` are
+    the chunk's records when they were converted ahead of its turn (a copier's ``prepare``, run by
+    each range's worker in parallel); None: the receiver converts the documents itself.
     """
 
     namespace: str
@@ -35,6 +38,7 @@ class SnapshotChunk:
     part: int = 0
     part_done: bool = False
     after: str | None = None
+    records: Sequence[Record] | None = None
 
 
 @dataclass(frozen=True)

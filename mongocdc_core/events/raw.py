@@ -93,14 +93,6 @@ class RawDocuments(Sequence[dict[str, Any]]):
         """All documents, decoded."""
         return bson.decode_all(self._bytes(), self.codec_options) if len(self) else []
 
-    def extended(self, other: RawDocuments) -> RawDocuments:
-        """These documents followed by ``other``'s."""
-        if not len(self):
-            return other
-        if not len(other):
-            return self
-        return RawDocuments(self._bytes() + other._bytes(), self.codec_options)
-
     def _bytes(self) -> bytes:
         if self.lo == 0 and self.hi == len(self.bounds) - 1:
             return self.data

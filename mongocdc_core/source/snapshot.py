@@ -278,6 +278,7 @@ def snapshot_marker(first_collection: bool, last_collection: bool, first_record:
 
 
 EmitFn = Callable[[SnapshotChunk], bool]
+PrepareFn = Callable[[SnapshotChunk], SnapshotChunk]
 
 
 _PINNED_TOPOLOGIES = frozenset({TOPOLOGY_TYPE.Single, TOPOLOGY_TYPE.ReplicaSetWithPrimary})
@@ -467,8 +468,11 @@ class SnapshotCopier:
     :class:`SnapshotState`), the plan is recorded there and ranges already done, or the keys of a
     range already delivered, are skipped: a resumed snapshot copies only what is left.
 
-    ``emit`` is called under one lock, so chunks reach it in the order their markers describe;
-    it returns False to stop the copy (engine stopping). Markers are Debezium's whatever order
+    Chunks reach ``emit`` one at a time, in the order their markers describe (the order in which
+    the workers took them under one lock); it returns False to stop the copy (engine stopping).
+    ``prepare`` (optional) is called on each chunk before its turn, by the worker that read it and
+    in parallel with the other workers (the conversion, which is most of a chunk's cost); ``emit``
+    gets what it returns. Markers are Debezium's whatever order
     the ranges finish in: the first record delivered is ``first``, the first of each other
     collection ``first_in_data_collection``, the last of each collection
     ``last_in_data_collection`` and the very last ``last``. Which record is a collection's last is
@@ -491,10 +495,12 @@ class SnapshotCopier:
         stop: threading.Event | None = None,
         progress: SnapshotState | None = None,
         split_size: int | None = None,
+        prepare: PrepareFn | None = None,
     ) -> None:
         self.client = client
         self.cfg = cfg
         self.emit = emit
+        self.prepare = prepare
         self.max_threads = max(1, threads)
         self.fetch_size = int(cfg.snapshot_fetch_size or 0)
         self.chunk_size = max(1, self.fetch_size or chunk_size)
@@ -511,6 +517,12 @@ class SnapshotCopier:
         self._last: tuple[str, int, dict[str, Any]] | None = None  # a finished collection's final record
         self._lock = threading.Lock()
         self._errors: list[BaseException] = []
+        # Chunks ordered under the lock wait here with their tickets until the worker that ordered
+        # them hands them over (prepare, then emit in ticket order: ``_turn`` is the next to emit).
+        self._outbox: list[tuple[int, SnapshotChunk]] = []
+        self._tickets = 0
+        self._turn = 0
+        self._turns = threading.Condition()
 
     def plan(self, namespace: str) -> list[IdRange]:
         """The ``_id`` ranges ``namespace`` is copied as (one when it is small)."""
@@ -533,9 +545,14 @@ class SnapshotCopier:
         else:
             self._pending.sort(key=lambda unit: -unit.weight)  # biggest work first; stable within a collection
         with self._lock:
-            for namespace in finished:  # every range was done before a restart: only the end is left to record
-                if not self._send(namespace, 0, [], part_done=False, final=True):
-                    return False
+            try:
+                for namespace in finished:  # every range was done before a restart: only the end is left to record
+                    if not self._send(namespace, 0, [], part_done=False, final=True):
+                        break
+            finally:
+                sent = self._take_outbox()
+        if not self._hand_over(sent):
+            return False
         workers = [
             threading.Thread(target=self._worker, name=f"mongocdc-snapshot-{i}", daemon=True)
             for i in range(max(1, min(self.max_threads, len(self._pending))))
@@ -549,7 +566,11 @@ class SnapshotCopier:
         if self.stop.is_set():
             return False
         with self._lock:
-            return self._release_last(last=True)
+            try:
+                self._release_last(last=True)
+            finally:
+                sent = self._take_outbox()
+        return self._hand_over(sent)
 
     def _units(self, namespace: str) -> list[_Unit]:
         """The ranges of ``namespace`` still to copy (planned now, or taken from ``progress``)."""
@@ -591,11 +612,14 @@ class SnapshotCopier:
             self.stop.set()
 
     def _copy(self, unit: _Unit) -> None:
-        """Read one range in ``_id`` order and deliver it in chunks of ``chunk_size`` documents; one
-        document past each chunk is read first, so the range's last chunk is known to be its last.
+        """Read one range in ``_id`` order and deliver it in chunks of at most ``chunk_size``
+        documents; the next batch is read before a chunk goes, so the range's last chunk is known
+        to be its last.
 
         The range is read as raw batches (decoded only where the conversion needs it), the next
-        batch fetched while the previous one is converted (:class:`_Prefetch`)."""
+        batch fetched while the previous one is converted (:class:`_Prefetch`). A chunk is a batch
+        or a slice of one, never two joined: joining copied every batch once more (the fetch size
+        is the chunk size, so a batch is a chunk)."""
         db, _, coll = unit.namespace.partition(".")
         collection = self.client[db][coll]
         batches = _Prefetch(
@@ -606,45 +630,91 @@ class SnapshotCopier:
         pending = RawDocuments(b"", collection.codec_options)
         try:
             while True:
-                while len(pending) <= size and (batch := batches.next()) is not None:
-                    pending = pending.extended(batch)
-                if self.stop.is_set():
+                if len(pending) > size:
+                    chunk, pending = pending[:size], pending[size:]
+                else:
+                    following = batches.next()
+                    while following is not None and not len(following):
+                        following = batches.next()
+                    if self.stop.is_set():
+                        return
+                    if following is None:  # the cursor is exhausted: this is the range's last chunk
+                        self._deliver(unit.namespace, unit.part, pending, part_done=True)
+                        return
+                    chunk, pending = pending, following
+                    if not len(chunk):
+                        continue
+                if self.stop.is_set() or not self._deliver(unit.namespace, unit.part, chunk, part_done=False):
                     return
-                if len(pending) <= size:  # the cursor is exhausted: this is the range's last chunk
-                    self._deliver(unit.namespace, unit.part, pending, part_done=True)
-                    return
-                if not self._deliver(unit.namespace, unit.part, pending[:size], part_done=False):
-                    return
-                pending = pending[size:]
         finally:
             batches.close()
 
     def _deliver(self, namespace: str, part: int, docs: Sequence[dict[str, Any]], *, part_done: bool) -> bool:
-        """A chunk of a range (``part_done``: the range's last); holds back final records (see the class)."""
+        """A chunk of a range (``part_done``: the range's last): ordered under the lock, then handed over."""
         with self._lock:
-            if not part_done:
-                return self._send(namespace, part, docs, part_done=False)
-            tail = docs[-1] if docs else None
-            if tail is not None and not self._send(namespace, part, docs[:-1], part_done=False):
+            try:
+                ordered = self._order(namespace, part, docs, part_done=part_done)
+            finally:
+                sent = self._take_outbox()
+        return self._hand_over(sent) and ordered
+
+    def _take_outbox(self) -> list[tuple[int, SnapshotChunk]]:
+        sent, self._outbox = self._outbox, []
+        return sent
+
+    def _hand_over(self, sent: Sequence[tuple[int, SnapshotChunk]]) -> bool:
+        """Prepare each chunk, then emit it in its ticket's turn. Every turn passes, whatever happens
+        (a stop, a failure), so no worker waits for a ticket that will never come; once one chunk is
+        not emitted, none after it is (a restart then resumes from what was)."""
+        ok = True
+        failure: BaseException | None = None
+        for ticket, chunk in sent:
+            if ok and failure is None and self.prepare is not None and not self.stop.is_set():
+                try:
+                    chunk = self.prepare(chunk)
+                except BaseException as exc:  # noqa: BLE001 - re-raised once every ticket's turn passed
+                    failure = exc
+            with self._turns:
+                while self._turn != ticket:
+                    self._turns.wait()
+                try:
+                    ok = ok and failure is None and not self.stop.is_set() and self.emit(chunk)
+                except BaseException as exc:  # noqa: BLE001 - as above
+                    failure, ok = exc, False
+                finally:
+                    self._turn += 1
+                    self._turns.notify_all()
+            if not ok:
+                self.stop.set()  # the receiver is stopping (or failed): the copy is incomplete
+        if failure is not None:
+            raise failure
+        return ok
+
+    def _order(self, namespace: str, part: int, docs: Sequence[dict[str, Any]], *, part_done: bool) -> bool:
+        """Decide the chunks of :meth:`_deliver` (under the lock); holds back final records (see the class)."""
+        if not part_done:
+            return self._send(namespace, part, docs, part_done=False)
+        tail = docs[-1] if docs else None
+        if tail is not None and not self._send(namespace, part, docs[:-1], part_done=False):
+            return False
+        if tail is None and not self._send(namespace, part, [], part_done=True):
+            return False
+        if tail is not None:
+            held = self._tails.pop(namespace, None)
+            if held is not None and not self._send(namespace, held[0], [held[1]], part_done=True):
                 return False
-            if tail is None and not self._send(namespace, part, [], part_done=True):
-                return False
-            if tail is not None:
-                held = self._tails.pop(namespace, None)
-                if held is not None and not self._send(namespace, held[0], [held[1]], part_done=True):
-                    return False
-                self._tails[namespace] = (part, tail)
-            self._parts_left[namespace] -= 1
-            if self._parts_left[namespace] > 0:
-                return True
-            # The collection is complete: its held record is its last.
-            final = self._tails.pop(namespace, None)
-            if final is None:  # nothing of it was read in this run: record that it is complete
-                return self._send(namespace, part, [], part_done=False, final=True)
-            if not self._release_last(last=False):  # another collection's final record: not the last
-                return False
-            self._last = (namespace, final[0], final[1])
+            self._tails[namespace] = (part, tail)
+        self._parts_left[namespace] -= 1
+        if self._parts_left[namespace] > 0:
             return True
+        # The collection is complete: its held record is its last.
+        final = self._tails.pop(namespace, None)
+        if final is None:  # nothing of it was read in this run: record that it is complete
+            return self._send(namespace, part, [], part_done=False, final=True)
+        if not self._release_last(last=False):  # another collection's final record: not the last
+            return False
+        self._last = (namespace, final[0], final[1])
+        return True
 
     def _release_last(self, *, last: bool) -> bool:
         """Deliver the held final record of a finished collection (``last``: nothing follows it)."""
@@ -658,7 +728,7 @@ class SnapshotCopier:
         self, namespace: str, part: int, docs: Sequence[dict[str, Any]], *, part_done: bool, final: bool = False,
         last: bool = False,
     ) -> bool:
-        """Hand one chunk to ``emit`` with its markers (under the lock)."""
+        """Put one chunk with its markers in the outbox, with the next ticket (under the lock)."""
         if docs and self._last is not None and self._last[0] != namespace:
             if not self._release_last(last=False):  # another collection follows it: not the last record
                 return False
@@ -674,7 +744,6 @@ class SnapshotCopier:
             self._emitted_any = True
             self._started.add(namespace)
         after = encode_key(docs[-1]["_id"]) if docs else None
-        accepted = self.emit(SnapshotChunk(namespace, docs, markers, final, part, part_done, after))
-        if not accepted:
-            self.stop.set()  # the receiver is stopping: the copy is incomplete
-        return accepted
+        self._outbox.append((self._tickets, SnapshotChunk(namespace, docs, markers, final, part, part_done, after)))
+        self._tickets += 1
+        return not self.stop.is_set()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import threading
 from typing import Any
 
 import orjson
@@ -285,3 +288,64 @@ def test_allowed_offset_invalidation_takes_a_new_snapshot(fresh_db: Any, mongo_u
     assert summary.snapshot_performed and summary.snapshot_documents == 2
     stored = offsets.load()
     assert stored is not None and stored.replica_set is not None and not stored.replica_set.endswith("migration")
+
+
+def test_workers_prepare_chunks_at_the_same_time_and_emit_them_in_order(fresh_db: Any, mongo_uri: str) -> None:
+    """The conversion (``prepare``) of two ranges' chunks runs at once, outside the copier's lock; the
+    chunks still reach ``emit`` one at a time, in the order their markers describe."""
+    _seed(fresh_db, {"a": 60, "b": 45})
+    cfg = make_config(mongo_uri, fresh_db.name, **{"mongocdc.snapshot.split.size": 15})
+    both_preparing = threading.Barrier(2, timeout=60)  # broken (an error) if prepares cannot overlap
+    prepared: list[str] = []
+    emitted: list[SnapshotChunk] = []
+    in_emit = threading.Lock()
+
+    def prepare(chunk: SnapshotChunk) -> SnapshotChunk:
+        if len(prepared) < 2 and threading.current_thread().name not in prepared:
+            prepared.append(threading.current_thread().name)
+            both_preparing.wait()
+        return dataclasses.replace(chunk, records=[])
+
+    def emit(chunk: SnapshotChunk) -> bool:
+        assert in_emit.acquire(blocking=False), "two chunks emitted at once"
+        try:
+            assert chunk.records == []  # what prepare made of it
+            emitted.append(chunk)
+        finally:
+            in_emit.release()
+        return True
+
+    namespaces = [f"{fresh_db.name}.a", f"{fresh_db.name}.b"]
+    copier = SnapshotCopier(fresh_db.client, cfg, namespaces, emit, threads=4, chunk_size=4, prepare=prepare)
+    assert copier.run()
+    assert len(set(prepared)) == 2
+    ids = sorted((c.namespace, d["_id"]) for c in emitted for d in c.documents)
+    assert ids == sorted([(namespaces[0], i) for i in range(60)] + [(namespaces[1], i) for i in range(45)])
+    markers = [m for c in emitted for m in c.markers]
+    assert markers[0] == "first" and markers[-1] == "last"
+    assert markers.count("first") == 1 and markers.count("last") == 1
+    assert markers.count("first_in_data_collection") == 1 and markers.count("last_in_data_collection") == 1
+    assert [c.final for c in emitted].count(True) == 2 and emitted[-1].final
+
+
+def test_a_failing_prepare_stops_every_worker_and_is_raised(fresh_db: Any, mongo_uri: str) -> None:
+    _seed(fresh_db, {"a": 200})
+    cfg = make_config(mongo_uri, fresh_db.name, **{"mongocdc.snapshot.split.size": 20})
+    calls = itertools.count()
+    emitted: list[SnapshotChunk] = []
+
+    def prepare(chunk: SnapshotChunk) -> SnapshotChunk:
+        if next(calls) == 5:
+            raise RuntimeError("conversion broke")
+        return chunk
+
+    def emit(chunk: SnapshotChunk) -> bool:
+        emitted.append(chunk)
+        return True
+
+    copier = SnapshotCopier(fresh_db.client, cfg, [f"{fresh_db.name}.a"], emit, threads=4, chunk_size=4,
+                            prepare=prepare)
+    with pytest.raises(RuntimeError, match="conversion broke"):
+        copier.run()  # returns: no worker waits for the turn of the chunk that failed
+    # Nothing after the failed chunk was emitted: what was is a prefix a restart resumes after.
+    assert len(emitted) <= 5
