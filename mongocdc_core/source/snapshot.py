@@ -682,10 +682,10 @@ class SnapshotCopier:
                 except BaseException as exc:  # noqa: BLE001 - as above
                     failure, ok = exc, False
                 finally:
+                    if not ok:  # the receiver is stopping (or this failed): no later turn emits
+                        self.stop.set()
                     self._turn += 1
                     self._turns.notify_all()
-            if not ok:
-                self.stop.set()  # the receiver is stopping (or failed): the copy is incomplete
         if failure is not None:
             raise failure
         return ok

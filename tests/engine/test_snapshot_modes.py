@@ -332,12 +332,14 @@ def test_a_failing_prepare_stops_every_worker_and_is_raised(fresh_db: Any, mongo
     _seed(fresh_db, {"a": 200})
     cfg = make_config(mongo_uri, fresh_db.name, **{"mongocdc.snapshot.split.size": 20})
     calls = itertools.count()
+    failed: list[SnapshotChunk] = []
     emitted: list[SnapshotChunk] = []
 
     def prepare(chunk: SnapshotChunk) -> SnapshotChunk:
         if next(calls) == 5:
+            failed.append(chunk)
             raise RuntimeError("conversion broke")
-        return chunk
+        return dataclasses.replace(chunk, records=[])
 
     def emit(chunk: SnapshotChunk) -> bool:
         emitted.append(chunk)
@@ -347,5 +349,7 @@ def test_a_failing_prepare_stops_every_worker_and_is_raised(fresh_db: Any, mongo
                             prepare=prepare)
     with pytest.raises(RuntimeError, match="conversion broke"):
         copier.run()  # returns: no worker waits for the turn of the chunk that failed
-    # Nothing after the failed chunk was emitted: what was is a prefix a restart resumes after.
-    assert len(emitted) <= 5
+    # Only prepared chunks were emitted, and never the one that failed.
+    assert failed and all(chunk.records == [] for chunk in emitted)
+    assert not any(chunk.documents is failed[0].documents for chunk in emitted)
+    assert not emitted or emitted[0].markers[0] == "first"  # what was emitted is the start of the order
