@@ -210,7 +210,8 @@ class Dispatcher:
         """The chunk with its read events, converted ahead of its turn: safe to call from several
         threads at once (the conversion keeps no state between chunks), so a copier's workers
         convert in parallel and only the delivery (:meth:`snapshot_chunk`) is in order. A chunk
-        that fails to convert comes back as it was: its turn converts it read by read, for the policy.
+        that fails to convert comes back as it was (``records`` None): its turn converts it again,
+        read by read where it fails, for the policy. The records carry the time they were made.
         """
         db, _, coll = chunk.namespace.partition(".")
         try:

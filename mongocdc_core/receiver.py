@@ -28,7 +28,8 @@ class SnapshotChunk:
     a restart resumes the range after it. ``documents`` may be a raw batch
     (:class:`~mongocdc_core.events.raw.RawDocuments`), decoded only where needed. ``records`` are
     the chunk's records when they were converted ahead of its turn (a copier's ``prepare``, run by
-    each range's worker in parallel); None: the receiver converts the documents itself.
+    each range's worker in parallel); None (not prepared, or its preparation failed): the
+    receiver converts the documents itself.
     """
 
     namespace: str

@@ -155,8 +155,9 @@ def create_topics(
 
     Transient failures (broker away) are retried until ``stop`` is set; anything else raises
     ``SinkError`` naming the topic and Kafka's error. Returns once the broker's metadata lists the
-    new topics, so a ``describe_configs`` right after (the sink asks for ``max.message.bytes``) sees
-    the topic's own settings rather than "unknown topic".
+    new topics (or, with a warning, after the admin timeout or once ``stop`` is set), so a
+    ``describe_configs`` right after (the sink asks for ``max.message.bytes``) sees the topic's own
+    settings rather than "unknown topic".
     """
     pending = sorted(set(topics))
     created: list[str] = []
@@ -185,26 +186,33 @@ def create_topics(
             if on_retry is not None:
                 on_retry(pending)
             time.sleep(1.0)
-    _wait_listed(admin, created)
+    _wait_listed(admin, created, stop)
 
 
-def _wait_listed(admin: AdminClient, topics: Sequence[str]) -> None:
-    """Wait (up to the admin timeout) until the broker's metadata lists ``topics``.
+def _wait_listed(admin: AdminClient, topics: Sequence[str], stop: threading.Event | None) -> None:
+    """Wait (up to the admin timeout, or until ``stop``) until the broker's metadata lists ``topics``.
 
     A KRaft broker applies a created topic to its metadata a moment after the controller answers
     CreateTopics; until then it calls the topic unknown. Producing needs no wait (the producer
-    retries), so past the timeout this returns and the producer's own retries take over.
+    retries), so past the timeout this logs the topics still unlisted and returns.
     """
     deadline = time.monotonic() + _ADMIN_TIMEOUT_S
-    waiting = set(topics)
-    while waiting and time.monotonic() < deadline:
-        try:
-            listed = admin.list_topics(timeout=min(5.0, _ADMIN_TIMEOUT_S)).topics
-        except KafkaException:
-            listed = {}
-        waiting = {t for t in waiting if t not in listed or listed[t].error is not None}
+    waiting = list(topics)
+    while waiting and time.monotonic() < deadline and not (stop is not None and stop.is_set()):
+        still: list[str] = []
+        for topic in waiting:
+            try:
+                metadata = admin.list_topics(topic, timeout=5.0).topics.get(topic)
+            except KafkaException:
+                metadata = None
+            if metadata is None or metadata.error is not None:
+                still.append(topic)
+        waiting = still
         if waiting:
             time.sleep(0.1)
+    if waiting:
+        log.warning("Kafka topics %s were created but the broker does not list them after %.0f s; "
+                    "the producer retries until it does", waiting, _ADMIN_TIMEOUT_S)
 
 
 class KafkaSinkMetrics:

@@ -472,7 +472,7 @@ class SnapshotCopier:
     the workers took them under one lock); it returns False to stop the copy (engine stopping).
     ``prepare`` (optional) is called on each chunk before its turn, by the worker that read it and
     in parallel with the other workers (the conversion, which is most of a chunk's cost); ``emit``
-    gets what it returns. Markers are Debezium's whatever order
+    gets what it returns, while other workers go on reading and ordering their chunks. Markers are Debezium's whatever order
     the ranges finish in: the first record delivered is ``first``, the first of each other
     collection ``first_in_data_collection``, the last of each collection
     ``last_in_data_collection`` and the very last ``last``. Which record is a collection's last is
@@ -518,11 +518,12 @@ class SnapshotCopier:
         self._lock = threading.Lock()
         self._errors: list[BaseException] = []
         # Chunks ordered under the lock wait here with their tickets until the worker that ordered
-        # them hands them over (prepare, then emit in ticket order: ``_turn`` is the next to emit).
+        # them hands them over (prepare, then emit in ticket order: ``_turn`` is the next to emit;
+        # only ``_ordered`` takes tickets).
         self._outbox: list[tuple[int, SnapshotChunk]] = []
         self._tickets = 0
         self._turn = 0
-        self._turns = threading.Condition()
+        self._turn_passed = threading.Condition()
 
     def plan(self, namespace: str) -> list[IdRange]:
         """The ``_id`` ranges ``namespace`` is copied as (one when it is small)."""
@@ -544,14 +545,13 @@ class SnapshotCopier:
             self._pending.sort(key=lambda unit: (unit.weight > 0, unit.namespace.partition(".")[2]))
         else:
             self._pending.sort(key=lambda unit: -unit.weight)  # biggest work first; stable within a collection
-        with self._lock:
-            try:
-                for namespace in finished:  # every range was done before a restart: only the end is left to record
-                    if not self._send(namespace, 0, [], part_done=False, final=True):
-                        break
-            finally:
-                sent = self._take_outbox()
-        if not self._hand_over(sent):
+        def record_finished() -> bool:
+            for namespace in finished:  # every range was done before a restart: only the end is left to record
+                if not self._enqueue(namespace, 0, [], part_done=False, final=True):
+                    return False
+            return True
+
+        if not self._ordered(record_finished):
             return False
         workers = [
             threading.Thread(target=self._worker, name=f"mongocdc-snapshot-{i}", daemon=True)
@@ -565,12 +565,7 @@ class SnapshotCopier:
             raise self._errors[0]
         if self.stop.is_set():
             return False
-        with self._lock:
-            try:
-                self._release_last(last=True)
-            finally:
-                sent = self._take_outbox()
-        return self._hand_over(sent)
+        return self._ordered(lambda: self._release_last(last=True))
 
     def _units(self, namespace: str) -> list[_Unit]:
         """The ranges of ``namespace`` still to copy (planned now, or taken from ``progress``)."""
@@ -651,32 +646,41 @@ class SnapshotCopier:
 
     def _deliver(self, namespace: str, part: int, docs: Sequence[dict[str, Any]], *, part_done: bool) -> bool:
         """A chunk of a range (``part_done``: the range's last): ordered under the lock, then handed over."""
+        return self._ordered(lambda: self._order(namespace, part, docs, part_done=part_done))
+
+    def _ordered(self, order: Callable[[], bool]) -> bool:
+        """Run ``order`` under the lock (it queues chunks with tickets), then hand the queued chunks
+        over. The one path that takes tickets: every ticket taken reaches :meth:`_hand_over`, also
+        when ``order`` raised (its turn must pass, or a later worker waits for it forever), and the
+        stop is set before the lock is released, so no later ticket is emitted either."""
+        failure: BaseException | None = None
         with self._lock:
             try:
-                ordered = self._order(namespace, part, docs, part_done=part_done)
-            finally:
-                sent = self._take_outbox()
-        return self._hand_over(sent) and ordered
+                ordered = order()
+            except BaseException as exc:  # noqa: BLE001 - re-raised once the queued turns passed
+                failure, ordered = exc, False
+                self.stop.set()
+            queued, self._outbox = self._outbox, []
+        handed = self._hand_over(queued)
+        if failure is not None:
+            raise failure
+        return handed and ordered
 
-    def _take_outbox(self) -> list[tuple[int, SnapshotChunk]]:
-        sent, self._outbox = self._outbox, []
-        return sent
-
-    def _hand_over(self, sent: Sequence[tuple[int, SnapshotChunk]]) -> bool:
+    def _hand_over(self, queued: Sequence[tuple[int, SnapshotChunk]]) -> bool:
         """Prepare each chunk, then emit it in its ticket's turn. Every turn passes, whatever happens
-        (a stop, a failure), so no worker waits for a ticket that will never come; once one chunk is
-        not emitted, none after it is (a restart then resumes from what was)."""
+        (a stop, a failure); once one chunk is not emitted, none after it is (a restart then resumes
+        from what was)."""
         ok = True
         failure: BaseException | None = None
-        for ticket, chunk in sent:
+        for ticket, chunk in queued:
             if ok and failure is None and self.prepare is not None and not self.stop.is_set():
                 try:
                     chunk = self.prepare(chunk)
                 except BaseException as exc:  # noqa: BLE001 - re-raised once every ticket's turn passed
                     failure = exc
-            with self._turns:
+            with self._turn_passed:
                 while self._turn != ticket:
-                    self._turns.wait()
+                    self._turn_passed.wait()
                 try:
                     ok = ok and failure is None and not self.stop.is_set() and self.emit(chunk)
                 except BaseException as exc:  # noqa: BLE001 - as above
@@ -685,7 +689,7 @@ class SnapshotCopier:
                     if not ok:  # the receiver is stopping (or this failed): no later turn emits
                         self.stop.set()
                     self._turn += 1
-                    self._turns.notify_all()
+                    self._turn_passed.notify_all()
         if failure is not None:
             raise failure
         return ok
@@ -693,15 +697,15 @@ class SnapshotCopier:
     def _order(self, namespace: str, part: int, docs: Sequence[dict[str, Any]], *, part_done: bool) -> bool:
         """Decide the chunks of :meth:`_deliver` (under the lock); holds back final records (see the class)."""
         if not part_done:
-            return self._send(namespace, part, docs, part_done=False)
+            return self._enqueue(namespace, part, docs, part_done=False)
         tail = docs[-1] if docs else None
-        if tail is not None and not self._send(namespace, part, docs[:-1], part_done=False):
+        if tail is not None and not self._enqueue(namespace, part, docs[:-1], part_done=False):
             return False
-        if tail is None and not self._send(namespace, part, [], part_done=True):
+        if tail is None and not self._enqueue(namespace, part, [], part_done=True):
             return False
         if tail is not None:
             held = self._tails.pop(namespace, None)
-            if held is not None and not self._send(namespace, held[0], [held[1]], part_done=True):
+            if held is not None and not self._enqueue(namespace, held[0], [held[1]], part_done=True):
                 return False
             self._tails[namespace] = (part, tail)
         self._parts_left[namespace] -= 1
@@ -710,7 +714,7 @@ class SnapshotCopier:
         # The collection is complete: its held record is its last.
         final = self._tails.pop(namespace, None)
         if final is None:  # nothing of it was read in this run: record that it is complete
-            return self._send(namespace, part, [], part_done=False, final=True)
+            return self._enqueue(namespace, part, [], part_done=False, final=True)
         if not self._release_last(last=False):  # another collection's final record: not the last
             return False
         self._last = (namespace, final[0], final[1])
@@ -722,13 +726,13 @@ class SnapshotCopier:
         if held is None:
             return True
         namespace, part, doc = held
-        return self._send(namespace, part, [doc], part_done=True, final=True, last=last)
+        return self._enqueue(namespace, part, [doc], part_done=True, final=True, last=last)
 
-    def _send(
+    def _enqueue(
         self, namespace: str, part: int, docs: Sequence[dict[str, Any]], *, part_done: bool, final: bool = False,
         last: bool = False,
     ) -> bool:
-        """Put one chunk with its markers in the outbox, with the next ticket (under the lock)."""
+        """Queue one chunk with its markers and the next ticket (under the lock); False once stopping."""
         if docs and self._last is not None and self._last[0] != namespace:
             if not self._release_last(last=False):  # another collection follows it: not the last record
                 return False

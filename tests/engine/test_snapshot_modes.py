@@ -7,12 +7,16 @@ import itertools
 import threading
 from typing import Any
 
+import bson
+import bson.errors
 import orjson
 import pytest
+from bson.codec_options import CodecOptions
 
 from mongocdc_core.api import current_cluster_time
 from mongocdc_core.dispatcher import ProgressListener
 from mongocdc_core.engine import Engine
+from mongocdc_core.events.raw import RawDocuments
 from mongocdc_core.offsets import MemoryOffsetStore, Offset
 from mongocdc_core.source.snapshot import SnapshotChunk, SnapshotCopier
 from tests.engine.engine_support import MemorySink, make_config, replay, run_engine, source_state
@@ -353,3 +357,31 @@ def test_a_failing_prepare_stops_every_worker_and_is_raised(fresh_db: Any, mongo
     assert failed and all(chunk.records == [] for chunk in emitted)
     assert not any(chunk.documents is failed[0].documents for chunk in emitted)
     assert not emitted or emitted[0].markers[0] == "first"  # what was emitted is the start of the order
+
+
+def test_a_failure_while_ordering_chunks_leaves_no_turn_unpassed(fresh_db: Any, mongo_uri: str) -> None:
+    """White-box: a worker that takes a ticket and then fails in the same locked section (here the
+    held final record of collection x gets its ticket, then the chunk of y cannot be decoded) still
+    passes that ticket's turn, so the next worker is not left waiting for it forever."""
+    cfg = make_config(mongo_uri, fresh_db.name)
+    emitted: list[SnapshotChunk] = []
+
+    def emit(chunk: SnapshotChunk) -> bool:
+        emitted.append(chunk)
+        return True
+
+    x, y = f"{fresh_db.name}.x", f"{fresh_db.name}.y"
+    copier = SnapshotCopier(fresh_db.client, cfg, [x, y], emit, threads=2, filters={})
+    copier._parts_left = {x: 1, y: 2}  # what run() plans: x in one range, y in two
+    assert copier._deliver(x, 0, [{"_id": 1}, {"_id": 2}], part_done=True)  # x's final record is now held
+    damaged = bytearray(bson.encode({"_id": 7, "s": "a"}))
+    damaged[damaged.index(b"a\x00")] = 0xFF  # invalid UTF-8: decoding the chunk's last key fails
+    with pytest.raises(bson.errors.InvalidBSON):
+        copier._deliver(y, 0, RawDocuments(bytes(damaged), CodecOptions()), part_done=False)
+    assert copier.stop.is_set()
+    other_worker = threading.Thread(target=copier._deliver, args=(y, 1, [{"_id": 9}]), kwargs={"part_done": False},
+                                    daemon=True)
+    other_worker.start()
+    other_worker.join(60)
+    assert not other_worker.is_alive(), "a worker waits for the turn of a ticket that was lost"
+    assert [d["_id"] for chunk in emitted for d in chunk.documents] == [1]  # nothing after the failure
