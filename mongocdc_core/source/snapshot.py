@@ -472,10 +472,11 @@ class SnapshotCopier:
     the workers took them under one lock); it returns False to stop the copy (engine stopping).
     ``prepare`` (optional) is called on each chunk before its turn, by the worker that read it and
     in parallel with the other workers (the conversion, which is most of a chunk's cost); ``emit``
-    gets what it returns, while other workers go on reading and ordering their chunks. Markers are Debezium's whatever order
-    the ranges finish in: the first record delivered is ``first``, the first of each other
-    collection ``first_in_data_collection``, the last of each collection
-    ``last_in_data_collection`` and the very last ``last``. Which record is a collection's last is
+    gets what it returns, while other workers go on reading and ordering their chunks.
+
+    Markers are Debezium's whatever order the ranges finish in: the first record delivered is
+    ``first``, the first of each other collection ``first_in_data_collection``, the last of each
+    collection ``last_in_data_collection`` and the very last ``last``. Which record is a collection's last is
     only known once all its ranges finished (a range finishing later may be empty), so the final
     record of each finished range is held back until it is known not to be the last, and the
     final record of a finished collection until it is known whether it is the snapshot's last. A
@@ -545,6 +546,7 @@ class SnapshotCopier:
             self._pending.sort(key=lambda unit: (unit.weight > 0, unit.namespace.partition(".")[2]))
         else:
             self._pending.sort(key=lambda unit: -unit.weight)  # biggest work first; stable within a collection
+
         def record_finished() -> bool:
             for namespace in finished:  # every range was done before a restart: only the end is left to record
                 if not self._enqueue(namespace, 0, [], part_done=False, final=True):
