@@ -20,6 +20,7 @@ from pydantic import Field
 
 from mongocdc_core.tables.collection import CollectionTables, maintain
 from mongocdc_dagster.assets.cdc import write_plan
+from mongocdc_dagster.assets.tables import POOL_TABLES
 from mongocdc_dagster.partitions import ranges_partitions_name
 from mongocdc_dagster.resources import MongoCdcResource
 
@@ -58,7 +59,7 @@ def build_plan_job(ranged: Mapping[str, int]) -> JobDefinition:
 def build_maintenance(tables: Mapping[str, CollectionTables]) -> tuple[JobDefinition, ScheduleDefinition]:
     """OPTIMIZE and VACUUM of every collection's tables, weekly (the schedule starts stopped)."""
 
-    @op(name="mongocdc_maintain_tables")
+    @op(name="mongocdc_maintain_tables", pool=POOL_TABLES)  # Spark table work, one at a time like the refreshes
     def maintenance(context: OpExecutionContext, config: MaintenanceConfig, pyspark: PySparkResource) -> None:
         for namespace, collection_tables in sorted(tables.items()):
             figures = maintain(pyspark.spark_session, collection_tables, retention_hours=config.retention_hours)

@@ -32,6 +32,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> int:
+    """The first of ``count`` consecutive TCP ports that are all free right now.
+
+    A cluster in its own process puts its shards on the ports after its mongos; a free first port alone
+    lets a shard collide with a port another process holds.
+    """
+    for _ in range(100):
+        base = free_port(host)
+        sockets: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports found on {host}")
+
+
 def security_arguments(auth: bool, users_file: str | None, tls_certificate_key_file: str | None) -> list[str]:
     """The command-line flags of ``--auth``, ``--users-file`` and ``--tls-certificate-key-file``."""
     args = ["--auth"] if auth else []
@@ -210,7 +233,7 @@ class EmulatedShardedCluster:
         tls_certificate_key_file: str | None = None,
     ) -> None:
         self.host = host
-        self.port = port or free_port(host)
+        self.port = port or (free_port(host) if in_process else free_ports(shards + 1, host))
         self.shards = shards
         self.layout = layout
         self.noop_interval = noop_interval

@@ -9,11 +9,25 @@ changelog gained since its recorded version.
 
 from __future__ import annotations
 
+import logging
+import random
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from functools import partial
+from typing import Any, Literal, TypeVar
 
+from delta.exceptions import (
+    ConcurrentAppendException,
+    ConcurrentDeleteDeleteException,
+    ConcurrentDeleteReadException,
+    ConcurrentTransactionException,
+    ConcurrentWriteException,
+    MetadataChangedException,
+    ProtocolChangedException,
+)
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
@@ -24,7 +38,19 @@ from mongocdc_core.tables import current_state as _state
 from mongocdc_core.tables import reconcile as _reconcile
 from mongocdc_core.tables.changelog import TableInputError, table_exists
 
+log = logging.getLogger(__name__)
+_R = TypeVar("_R")
+
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+#: Delta's default ``delta.deletedFileRetentionDuration`` (a week); VACUUM below it needs its check off.
+SAFE_RETENTION_HOURS = 168
+#: How often a refresh or maintenance is tried when other writers keep committing to its table first.
+CONFLICT_ATTEMPTS = 6
+#: Delta's optimistic-concurrency failures: another writer committed first (they share no base class).
+_CONFLICTS = (
+    ConcurrentAppendException, ConcurrentDeleteDeleteException, ConcurrentDeleteReadException,
+    ConcurrentTransactionException, ConcurrentWriteException, MetadataChangedException, ProtocolChangedException,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -110,7 +136,9 @@ def refresh_changelog(spark: SparkSession, tables: CollectionTables, landing_fil
     Idempotent: re-delivering the same files or events adds nothing; a re-written file adds only
     the events it did not hold. Rows of other collections in the files are ignored.
     """
-    result = _changelog.refresh(spark, tables.namespace, tables.changelog, landing_files)
+    result = _retrying_conflicts(
+        f"{tables.namespace}: changelog refresh", lambda: _changelog.refresh(spark, tables.namespace, tables.changelog, landing_files)
+    )
     return ChangelogRefresh(
         namespace=tables.namespace,
         files_read=result.files_read,
@@ -127,8 +155,10 @@ def refresh_current_state(
 ) -> StateRefresh:
     """Merge what the changelog gained since the table's recorded version (a full build the first
     time, or when ``options`` changed)."""
-    result = _state.refresh(
-        spark, tables.namespace, tables.changelog, tables.current_state, (options or TableOptions()).layout()
+    layout = (options or TableOptions()).layout()
+    result = _retrying_conflicts(
+        f"{tables.namespace}: current_state refresh",
+        lambda: _state.refresh(spark, tables.namespace, tables.changelog, tables.current_state, layout),
     )
     return StateRefresh(
         namespace=tables.namespace,
@@ -173,14 +203,59 @@ def maintain(spark: SparkSession, tables: CollectionTables, *, retention_hours: 
         if not table_exists(spark, location):
             continue
         table = DeltaTable.forPath(spark, location)
-        optimized = table.optimize().executeCompaction().select("metrics").first()
-        metrics = optimized[0].asDict() if optimized is not None and optimized[0] is not None else {}
+        metrics = _retrying_conflicts(f"{tables.namespace}: OPTIMIZE of {kind}", partial(_compact, table))
         figures[f"{kind}_files_added"] = int(metrics.get("numFilesAdded") or 0)
         figures[f"{kind}_files_removed"] = int(metrics.get("numFilesRemoved") or 0)
         before = _file_count(spark, location)
-        table.vacuum(retention_hours)
+        with _retention_check(spark, retention_hours):
+            table.vacuum(retention_hours)
         figures[f"{kind}_files_vacuumed"] = max(0, before - _file_count(spark, location))
     return figures
+
+
+@contextmanager
+def _retention_check(spark: SparkSession, retention_hours: int) -> Iterator[None]:
+    """Delta refuses a VACUUM below its week of retention unless its safety check is off: the operator
+    chose the retention, so it is off for this call (with a warning) and restored after it."""
+    if retention_hours >= SAFE_RETENTION_HOURS:
+        yield
+        return
+    log.warning("VACUUM with %d hours of retention (Delta's default is %d): readers of older versions and a "
+                "refresh that has not run for that long lose the files they need", retention_hours, SAFE_RETENTION_HOURS)  # fmt: skip
+    key = "spark.databricks.delta.retentionDurationCheck.enabled"
+    before = spark.conf.get(key, "true") or "true"
+    spark.conf.set(key, "false")
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
+
+
+def _compact(table: DeltaTable) -> dict[str, Any]:
+    """OPTIMIZE's metrics (files added and removed)."""
+    optimized = table.optimize().executeCompaction().select("metrics").first()
+    return optimized[0].asDict() if optimized is not None and optimized[0] is not None else {}
+
+
+def _retrying_conflicts(what: str, action: Callable[[], _R]) -> _R:
+    """``action`` again, after a pause, when another writer committed to its table first.
+
+    Delta's optimistic concurrency fails the writer that commits second: a user's repair, OPTIMIZE, a
+    second refresh where the tables pool allows more than one. Every refresh is idempotent (positions
+    decide what a MERGE changes, the changelog skips events it holds, and it starts again from the
+    table's recorded version), so trying again against the new table version is safe.
+    """
+    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+        try:
+            return action()
+        except _CONFLICTS as e:
+            if attempt == CONFLICT_ATTEMPTS:
+                raise
+            pause = min(30.0, 0.5 * 2**attempt) * random.uniform(0.5, 1.0)
+            log.warning("%s lost a commit to a concurrent writer (attempt %d of %d), trying again in %.1f s: %s",
+                        what, attempt, CONFLICT_ATTEMPTS, pause, str(e).splitlines()[0])  # fmt: skip
+            time.sleep(pause)
+    raise AssertionError("unreachable")
 
 
 def _file_count(spark: SparkSession, location: str) -> int:

@@ -519,6 +519,9 @@ def _merge(
 def _add_columns(spark: SparkSession, location: str, old: Shape, shape: Shape) -> None:
     """ALTER TABLE … ADD COLUMNS for new fields (top level after the last user column, nested at the end)."""
     added = _added(old.doc, shape.doc, "")
+    if added:  # a refresh that stopped before recording its shape may have added some of them already
+        present = set(_paths(spark.read.format("delta").load(location).schema, ""))
+        added = [(path, dtype) for path, dtype in added if path not in present]
     if not added:
         return
     top_level = [(p, t) for p, t in added if "." not in _unquoted_dots(p)]
@@ -531,6 +534,17 @@ def _add_columns(spark: SparkSession, location: str, old: Shape, shape: Shape) -
         anchor = path
     if nested:
         spark.sql(f"ALTER TABLE {table} ADD COLUMNS (" + ", ".join(f"{p} {_ddl(t)}" for p, t in nested) + ")")
+
+
+def _paths(dtype: T.DataType, prefix: str) -> Iterator[str]:
+    """Every column path of a table's schema, spelled as :func:`_added` spells them."""
+    if isinstance(dtype, T.StructType):
+        for f in dtype.fields:
+            path = f"{prefix}{convert.quote(f.name)}"
+            yield path
+            yield from _paths(f.dataType, path + ".")
+    elif isinstance(dtype, T.ArrayType):
+        yield from _paths(dtype.elementType, prefix + "element.")
 
 
 def _unquoted_dots(path: str) -> str:

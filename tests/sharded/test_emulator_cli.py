@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pymongo import MongoClient
 
-from mongocdc_devstack.fixture import EmulatedShardedCluster, free_port
+from mongocdc_devstack.fixture import EmulatedShardedCluster, free_ports
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("MONGOCDC_TEST_MONGODB_SHARDED_URI")), reason="the emulator's own command line")
 
@@ -21,13 +21,15 @@ def test_cluster_from_the_command_line_with_a_layout(tmp_path: Path) -> None:
     layout.write_text(json.dumps({"databases": {"shop": "shard1"},
                                   "collections": {"shop.orders": {"key": {"_id": 1},
                                                                   "chunks": [{"max": 100, "shard": "shard0"}, {"shard": "shard1"}]}}}))  # fmt: skip
-    port = free_port()
+    port = free_ports(3)  # the mongos and the two shards after it
     process = subprocess.Popen([sys.executable, "-m", "mongocdc_core.cli", "emulator", "--port", str(port), "--shards", "2",
                                 "--layout", str(layout), "--noop-interval", "0.5", "--dbpath", str(tmp_path / "data")],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
+        if not line and process.stderr is not None:
+            pytest.fail(f"the emulator exited before listening: {process.stderr.read()}")
         assert f"listening on 127.0.0.1:{port} (mongos; shard0 on 127.0.0.1:{port + 1}, shard1 on 127.0.0.1:{port + 2})" in line
         client: MongoClient = MongoClient(f"mongodb://127.0.0.1:{port}/", serverSelectionTimeoutMS=10_000)
         client.shop.orders.insert_many([{"_id": 1}, {"_id": 500}])

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from bson.timestamp import Timestamp
+from delta.exceptions import ConcurrentAppendException
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -16,6 +17,7 @@ from mongocdc_core.positions import Position
 from mongocdc_core.tables import (
     CollectionTables,
     TableOptions,
+    current_state,
     read_current_state,
     refresh_changelog,
     refresh_current_state,
@@ -212,3 +214,33 @@ def test_shuffle_partitions_are_sized_from_the_data(spark: SparkSession, tmp_pat
         assert spark.conf.get("spark.sql.shuffle.partitions") == "200"  # the session's own setting is restored
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", before)
+
+
+def test_a_refresh_that_loses_a_commit_to_another_writer_is_tried_again(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    snap = read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": i, "qty": i} for i in range(10)], Position(100, 1))
+    build(spark, tables, snap)
+    later = [_event("update", 2, Position(200, 1), {"_id": 2, "qty": 20, "note": "new field"}),
+             _event("insert", 30, Position(200, 2), {"_id": 30, "qty": 30})]  # fmt: skip
+    refresh_changelog(spark, tables, [str(snap), str(_changes(tmp_path, "s", later))])
+
+    original = current_state._apply
+    lost: list[int] = []
+
+    def another_writer_first(*args: Any) -> None:
+        if not lost:  # the first attempt added the column `note`, then another writer committed first
+            lost.append(1)
+            DeltaTable.forPath(spark, tables.current_state).update(F.col("_id") == 5, {"qty": F.lit(-5)})
+            raise ConcurrentAppendException("[DELTA_CONCURRENT_APPEND] a concurrent UPDATE added data")
+        original(*args)
+
+    monkeypatch.setattr(current_state, "_apply", another_writer_first)
+    result = refresh_current_state(spark, tables)
+    assert lost, "the first attempt did not reach its MERGE"
+    assert (result.keys_merged, result.upserted, result.row_count) == (2, 2, 11)
+    rows = {r["_id"]: (r["qty"], r["note"]) for r in read_current_state(spark, tables.current_state).collect()}
+    assert rows[2] == (20, "new field") and rows[30] == (30, None)
+    assert rows[5] == (-5, None)  # the other writer's commit stands
+    assert refresh_current_state(spark, tables).keys_merged == 0  # the retried attempt recorded its version

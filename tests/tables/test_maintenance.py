@@ -1,0 +1,62 @@
+"""OPTIMIZE and VACUUM of a collection's tables (the Dagster maintenance job's work): files are
+compacted and removed, what a user reads is unchanged, and refreshes stay incremental afterwards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from bson.timestamp import Timestamp
+from pyspark.sql import SparkSession
+
+from mongocdc_core.positions import Position
+from mongocdc_core.tables import (
+    CollectionTables,
+    TableInputError,
+    read_changelog,
+    read_current_state,
+    refresh_changelog,
+    refresh_current_state,
+)
+from mongocdc_core.tables.collection import maintain
+
+from .support import comparable, read_file
+from .workload import DB, Event, converter, slice_records, write_landing
+
+
+def _updates(tmp: Path, name: str, first: int, ids: range) -> Path:
+    events = [
+        Event({"operationType": "update", "ns": {"db": DB, "coll": "orders"}, "documentKey": {"_id": i},
+               "clusterTime": Timestamp(first, i + 1), "fullDocument": {"_id": i, "qty": first + i},
+               "updateDescription": {"updatedFields": {"qty": first + i}, "removedFields": [], "truncatedArrays": []}},
+              Position(first, i + 1))
+        for i in ids
+    ]  # fmt: skip
+    return write_landing(tmp / f"{name}.parquet", slice_records(converter("change_streams_update_full"), events))
+
+
+def test_maintenance_compacts_and_vacuums_without_changing_what_users_read(spark: SparkSession, tmp_path: Path) -> None:
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    files = [read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": i, "qty": i} for i in range(30)], Position(100, 1))]
+    for n in range(3):  # one commit (and new files) per refresh
+        files.append(_updates(tmp_path, f"s{n}", 200 + n, range(n * 10, n * 10 + 10)))
+        refresh_changelog(spark, tables, [str(f) for f in files])
+        refresh_current_state(spark, tables)
+    state_before = comparable(read_current_state(spark, tables.current_state))
+    log_before = comparable(read_changelog(spark, tables.changelog))
+
+    with pytest.raises(TableInputError, match="retention_hours"):
+        maintain(spark, tables, retention_hours=-1)
+    kept = maintain(spark, tables)  # the default week: compaction, nothing old enough to vacuum
+    assert kept["current_state_files_added"] >= 1 and kept["current_state_files_removed"] >= 2, kept
+    assert kept["current_state_files_vacuumed"] == 0 and kept["changelog_files_vacuumed"] == 0, kept
+    gone = maintain(spark, tables, retention_hours=0)  # an operator's choice below Delta's safety check
+    assert gone["current_state_files_vacuumed"] >= 2, gone
+    assert comparable(read_current_state(spark, tables.current_state)) == state_before
+    assert comparable(read_changelog(spark, tables.changelog)) == log_before
+
+    files.append(_updates(tmp_path, "after", 300, range(5)))
+    refresh_changelog(spark, tables, [str(f) for f in files])
+    result = refresh_current_state(spark, tables)
+    assert (result.keys_merged, result.row_count) == (5, 30)
+    assert {r["_id"]: r["qty"] for r in read_current_state(spark, tables.current_state).collect()}[4] == 304
