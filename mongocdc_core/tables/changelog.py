@@ -119,8 +119,14 @@ def table_exists(spark: SparkSession, location: str) -> bool:
 
 
 def table_properties(spark: SparkSession, location: str) -> dict[str, str]:
-    """The Delta table properties at ``location`` (empty when there is no table)."""
-    return table_detail(spark, location)[0]
+    """The Delta table properties at ``location`` (empty when there is no table).
+
+    ``SHOW TBLPROPERTIES`` reads only the table's metadata; ``DESCRIBE DETAIL`` also sums every file
+    (about a second on a table of 100k rows after each commit).
+    """
+    if not table_exists(spark, location):
+        return {}
+    return {row[0]: row[1] for row in spark.sql(f"SHOW TBLPROPERTIES delta.{convert.quote(location)}").collect()}
 
 
 def table_detail(spark: SparkSession, location: str) -> tuple[dict[str, str], int]:

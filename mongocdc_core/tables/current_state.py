@@ -62,6 +62,10 @@ cloudpickle.register_pickle_by_value(fold)
 VERSION_PROPERTY = "mongocdc.changelog.version"
 KINDS_PROPERTY = "mongocdc.kinds"
 OPTIONS_PROPERTY = "mongocdc.options"
+#: The table's row count and the version it describes: a refresh adds what it inserted and removed
+#: instead of counting the table again, as long as no other writer committed in between.
+ROWS_PROPERTY = "mongocdc.rows"
+ROWS_VERSION_PROPERTY = "mongocdc.rows.version"
 #: Optional metadata columns (``TableOptions.add_fields``), named like the extraction transform's.
 ADD_FIELDS = {"op": "__op", "source_ts_ms": "__source_ts_ms", "position": "__position", "collection": "__collection"}
 _EVENT_COLUMNS = (
@@ -120,6 +124,10 @@ class StateResult:
     position: str | None = None
     schema: T.StructType = field(default_factory=T.StructType)
     schema_changes: list[str] = field(default_factory=list)
+    inserted: int = 0  # rows the table gained
+    removed: int = 0  # rows the table lost
+    commits: int = 0  # Delta commits made to the table
+    recount: bool = False  # the commits made are not known exactly: count the table
 
 
 # --------------------------------------------------------------------------- winners
@@ -242,6 +250,8 @@ def _infer(
     """
     doc, doc_questions = kinds.from_variant_schema(observed["doc"]) if observed["doc"] else (kinds.struct([]), None)
     id_kind, id_questions = kinds.from_variant_schema(observed["id"]) if observed["id"] else (kinds.NULL, None)
+    if doc.tag == "null":  # every row a delete: no document to learn a field from
+        doc = kinds.struct([])
     if doc.tag != "struct":
         raise TableInputError(f"documents are not JSON objects (schema {observed['doc']})")
     doc = kinds.struct((f.name, f.kind) for f in doc.fields if f.name != "_id")
@@ -392,40 +402,57 @@ def refresh(
     if not table_exists(spark, changelog_location):
         raise TableInputError(f"{namespace}: no changelog table at {changelog_location}: refresh the changelog first")
     log_version = latest_version(spark, changelog_location)
-    log_props, log_size = table_detail(spark, changelog_location)
-    snapshot = log_props.get(SNAPSHOT_PROPERTY)
-    props, state_size = table_detail(spark, state_location)
+    snapshot = table_properties(spark, changelog_location).get(SNAPSHOT_PROPERTY)
+    props, state_size = table_detail(spark, state_location)  # its files: the MERGE would list them anyway
     old = Shape.from_json(props[KINDS_PROPERTY]) if KINDS_PROPERTY in props else None
     rebuild = old is None or props.get(OPTIONS_PROPERTY) != layout.to_json() or VERSION_PROPERTY not in props
     since = -1 if rebuild else int(props[VERSION_PROPERTY])
     table_position = None if rebuild else props.get(POSITION_PROPERTY)
     applied = None if rebuild else props.get(SNAPSHOT_PROPERTY)
+    known = None if rebuild else _recorded_rows(props)
     if not rebuild and since >= log_version and applied == snapshot:
-        return _result(spark, state_location, StateResult(position=table_position))
+        valid = known is not None and latest_version(spark, state_location) == known[1]
+        unchanged = StateResult(position=table_position, row_count=known[0] if known and valid else 0)
+        return _result(spark, state_location, unchanged, counted=valid)
     changelog = spark.read.format("delta").option("versionAsOf", log_version).load(changelog_location)
     events = None if rebuild else _changes(spark, changelog_location, since, log_version)
     if events is None:
         rebuild, old, table_position, applied, events = True, None, None, None, changelog
-    nbytes = log_size if rebuild else state_size
+    nbytes = table_detail(spark, changelog_location)[1] if rebuild else state_size
     with sized_shuffles(spark, nbytes):
         result, shape = _merge(
             spark, namespace, state_location, layout, changelog, events.select(*_EVENT_COLUMNS), old,
             table_position, snapshot, rebuild,
         )
         if snapshot is not None and not rebuild and (applied is None or snapshot > applied):
-            result.deleted += _drop_ghosts(spark, state_location, layout, snapshot)
+            _drop_ghosts(spark, state_location, layout, snapshot, result)
+    version = latest_version(spark, state_location)
+    if not rebuild:
+        if known is not None and not result.recount and version == known[1] + result.commits:  # all since ours
+            result.row_count = known[0] + result.inserted - result.removed
+        else:
+            result.row_count = spark.read.format("delta").load(state_location).count()
     updates = {
         COLLECTION_PROPERTY: namespace,
         VERSION_PROPERTY: str(log_version),
         OPTIONS_PROPERTY: layout.to_json(),
         KINDS_PROPERTY: shape.to_json(),
+        ROWS_PROPERTY: str(result.row_count),
+        ROWS_VERSION_PROPERTY: str(version + 1),  # this commit's (a writer committing first makes it stale)
     }
     if result.position is not None:
         updates[POSITION_PROPERTY] = result.position
     if snapshot is not None:
         updates[SNAPSHOT_PROPERTY] = snapshot
     set_properties(spark, state_location, updates)
-    return _result(spark, state_location, result, counted=rebuild)
+    return _result(spark, state_location, result, counted=True)
+
+
+def _recorded_rows(props: dict[str, str]) -> tuple[int, int] | None:
+    """The row count the last refresh recorded and the version it describes. It still holds when
+    every commit since that version is one this refresh made (checked against the latest version)."""
+    rows, at = props.get(ROWS_PROPERTY), props.get(ROWS_VERSION_PROPERTY)
+    return (int(rows), int(at)) if rows is not None and at is not None else None
 
 
 def _result(spark: SparkSession, location: str, result: StateResult, *, counted: bool = False) -> StateResult:
@@ -509,21 +536,22 @@ def _merge(
         kinds.struct([("_id", old.id_kind)]), kinds.struct([("_id", shape.id_kind)])
     ) + kinds.changes(old.doc, shape.doc)
     if kinds.needs_rewrite(old.doc, shape.doc) or kinds.needs_rewrite(old.id_kind, shape.id_kind):
-        _rewrite(spark, namespace, location, layout, shape)
+        result.commits += _rewrite(spark, namespace, location, layout, shape)
     else:
-        _add_columns(spark, location, old, shape)
+        result.commits += _add_columns(spark, location, old, shape)
     _apply(spark, location, layout, source, result)
     return result, shape
 
 
-def _add_columns(spark: SparkSession, location: str, old: Shape, shape: Shape) -> None:
-    """ALTER TABLE … ADD COLUMNS for new fields (top level after the last user column, nested at the end)."""
+def _add_columns(spark: SparkSession, location: str, old: Shape, shape: Shape) -> int:
+    """ALTER TABLE … ADD COLUMNS for new fields (top level after the last user column, nested at the
+    end); returns the commits made."""
     added = _added(old.doc, shape.doc, "")
     if added:  # a refresh that stopped before recording its shape may have added some of them already
         present = set(_paths(spark.read.format("delta").load(location).schema, ""))
         added = [(path, dtype) for path, dtype in added if path not in present]
     if not added:
-        return
+        return 0
     top_level = [(p, t) for p, t in added if "." not in _unquoted_dots(p)]
     nested = [(p, t) for p, t in added if "." in _unquoted_dots(p)]
     user = [f.column for f in old.user_columns()]
@@ -534,6 +562,7 @@ def _add_columns(spark: SparkSession, location: str, old: Shape, shape: Shape) -
         anchor = path
     if nested:
         spark.sql(f"ALTER TABLE {table} ADD COLUMNS (" + ", ".join(f"{p} {_ddl(t)}" for p, t in nested) + ")")
+    return len(top_level) + bool(nested)
 
 
 def _paths(dtype: T.DataType, prefix: str) -> Iterator[str]:
@@ -563,17 +592,18 @@ def _unquoted_dots(path: str) -> str:
     return "".join(out)
 
 
-def _rewrite(spark: SparkSession, namespace: str, location: str, layout: Layout, shape: Shape) -> None:
-    """A type changed: convert every row's columns again from ``__doc``/``__key`` (the exact document)."""
+def _rewrite(spark: SparkSession, namespace: str, location: str, layout: Layout, shape: Shape) -> int:
+    """A type changed: convert every row's columns again from ``__doc``/``__key`` (the exact document);
+    returns the commits made."""
     table = spark.read.format("delta").load(location)
     state: dict[str, Column] = {
         c: F.col(c) for c in ("__position", "__op", "__source_ts_ms", "__deleted") if c in table.columns
     }
-    _replace(spark, location, table.select(*columns(shape, layout, namespace, F.col("__doc"), F.col("__key"), state)))
+    return _replace(spark, location, table.select(*columns(shape, layout, namespace, F.col("__doc"), F.col("__key"), state)))
 
 
-def _replace(spark: SparkSession, location: str, rows: DataFrame) -> None:
-    """Write ``rows`` as the whole table, whatever its schema was.
+def _replace(spark: SparkSession, location: str, rows: DataFrame) -> int:
+    """Write ``rows`` as the whole table, whatever its schema was; returns the commits made.
 
     A new table is created with column mapping, deletion vectors and change data feed first, so the
     feed covers its first rows. Delta refuses a schema-replacing overwrite while the change data feed
@@ -586,10 +616,11 @@ def _replace(spark: SparkSession, location: str, rows: DataFrame) -> None:
         columns_ddl = ", ".join(f"{convert.quote(f.name)} {_ddl(f.dataType)}" for f in rows.schema.fields)
         spark.sql(f"CREATE TABLE {table} ({columns_ddl}) USING delta TBLPROPERTIES ({properties})")
         rows.write.format("delta").mode("append").save(location)
-        return
+        return 2
     spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'false')")
     rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(location)
     spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
+    return 3
 
 
 def _apply(spark: SparkSession, location: str, layout: Layout, source: DataFrame, result: StateResult) -> None:
@@ -606,17 +637,24 @@ def _apply(spark: SparkSession, location: str, layout: Layout, source: DataFrame
         )
     else:
         merge = merge.whenMatchedUpdate(condition=newer, set=assignments).whenNotMatchedInsert(values=assignments)
-    merge.execute()
-    metrics = DeltaTable.forPath(spark, location).history(1).select("operationMetrics").first()
-    values = dict(metrics[0]) if metrics is not None and metrics[0] else {}
-    result.upserted = int(values.get("numTargetRowsInserted", 0)) + int(values.get("numTargetRowsUpdated", 0))
-    result.deleted = int(values.get("numTargetRowsDeleted", 0))
+    metrics = merge.execute().first()  # this MERGE's own figures (the history's latest may be another writer's)
+    inserted, updated, deleted = (
+        (int(metrics["num_inserted_rows"]), int(metrics["num_updated_rows"]), int(metrics["num_deleted_rows"]))
+        if metrics is not None else (0, 0, 0)
+    )  # fmt: skip
+    result.upserted, result.deleted = inserted + updated, deleted
+    result.inserted, result.removed = result.inserted + inserted, result.removed + deleted
+    result.commits += 1
 
 
-def _drop_ghosts(spark: SparkSession, location: str, layout: Layout, snapshot: str) -> int:
-    """Rows older than the latest completed full snapshot, which did not read them: deleted, or marked."""
+def _drop_ghosts(spark: SparkSession, location: str, layout: Layout, snapshot: str, result: StateResult) -> None:
+    """Rows older than the latest completed full snapshot, which did not read them: deleted, or marked.
+
+    Rare (after a new full snapshot), and whether Delta commits a change of no rows is its own affair:
+    the table is counted again afterwards."""
+    result.recount = True
     if not table_exists(spark, location):
-        return 0
+        return
     table = DeltaTable.forPath(spark, location)
     condition = F.col("__position") < F.lit(snapshot)
     if layout.delete_handling == "drop":
@@ -631,7 +669,7 @@ def _drop_ghosts(spark: SparkSession, location: str, layout: Layout, snapshot: s
         table.update(condition & ~F.col("__deleted"), cleared)
     metrics = table.history(1).select("operationMetrics").first()
     values = dict(metrics[0]) if metrics is not None and metrics[0] else {}
-    return int(values.get("numDeletedRows") or values.get("numUpdatedRows") or 0)
+    result.deleted += int(values.get("numDeletedRows") or values.get("numUpdatedRows") or 0)
 
 
 def read_current_state(spark: SparkSession, location: str) -> DataFrame:

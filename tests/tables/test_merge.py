@@ -244,3 +244,26 @@ def test_a_refresh_that_loses_a_commit_to_another_writer_is_tried_again(
     assert rows[2] == (20, "new field") and rows[30] == (30, None)
     assert rows[5] == (-5, None)  # the other writer's commit stands
     assert refresh_current_state(spark, tables).keys_merged == 0  # the retried attempt recorded its version
+
+
+def test_the_row_count_is_kept_without_counting_and_counted_after_another_writer(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    snap = read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": i, "qty": i} for i in range(20)], Position(100, 1))
+    files = [snap]
+
+    def refresh(name: str, events: list[Event]) -> int:
+        files.append(_changes(tmp_path, name, events))
+        refresh_changelog(spark, tables, [str(f) for f in files])
+        counted = refresh_current_state(spark, tables).row_count
+        assert counted == read_current_state(spark, tables.current_state).count()
+        return counted
+
+    assert build(spark, tables, snap).count() == 20
+    assert refresh("a", [_event("insert", 50, Position(200, 1), {"_id": 50}), _event("delete", 3, Position(200, 2))]) == 20
+    assert refresh("b", [_event("insert", 51, Position(201, 1), {"_id": 51, "new": True})]) == 21  # a column added too
+    DeltaTable.forPath(spark, tables.current_state).delete(F.col("_id") < 5)  # another writer: 4 rows gone
+    assert refresh("c", [_event("insert", 52, Position(202, 1), {"_id": 52})]) == 18
+    assert refresh("d", [_event("delete", 52, Position(203, 1))]) == 17
+    assert refresh_current_state(spark, tables).row_count == 17  # nothing new
