@@ -80,10 +80,11 @@ def _snapshot(spark: SparkSession, keys: int) -> DataFrame:
 
 
 def _changes(spark: SparkSession, count: int, keys: int, first_second: int, fresh: int = 0) -> DataFrame:
-    """Updates (80%), inserts of new keys (10%, from ``keys + fresh`` on) and deletes (10%), in position order."""
+    """Updates (80%), inserts of new keys (10%, from ``keys + fresh`` on) and deletes (10%), in position
+    order; ``fresh`` also moves the updated and deleted keys, so each round changes other documents."""
     n = F.col("id")
     kind = n % 10
-    key = F.when(kind == 8, F.lit(keys + fresh) + n).otherwise((n * 7919) % keys)
+    key = F.when(kind == 8, F.lit(keys + fresh) + n).otherwise((n * 7919 + fresh) % keys)
     ids = spark.range(count).select(key.alias("key"), n.alias("n"))
     op = F.when(F.col("n") % 10 == 8, "c").when(F.col("n") % 10 == 9, "d").otherwise("u")
     second = F.lit(first_second) + (F.col("n") / 1000).cast("bigint")

@@ -438,6 +438,7 @@ def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[
     appended = Appended(0, {}, None)
     properties = table_properties(spark, location)
     snapshot_position = properties.get(SNAPSHOT_PROPERTY)
+    read: DataFrame | None = None
     if todo:
         landing = spark.read.schema(LANDING_SPARK_SCHEMA).parquet(*todo)
         rows = changelog_rows(landing, F.col("_metadata.file_path"), namespace)
@@ -448,15 +449,16 @@ def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[
         for f in todo:
             part = snapshot_part(f, namespace)
             entries.append((f, versions[f], *(part or (None, None, None)), positions.get(f), now))
-        manifest_path = f"{location.rstrip('/')}/{MANIFEST_DIR}"
-        spark.createDataFrame(entries, _MANIFEST_SCHEMA).write.format("delta").mode("append").save(manifest_path)
+        read = spark.createDataFrame(entries, _MANIFEST_SCHEMA)
         if any(e[2] is not None for e in entries):
-            completed = _completed_snapshot(spark.read.format("delta").load(manifest_path))
+            completed = _completed_snapshot(read if manifest is None else manifest.unionByName(read))
             if completed is not None and (snapshot_position is None or completed > snapshot_position):
                 snapshot_position = completed
     elif not table_exists(spark, location):  # no landing data yet: an empty table, so readers find one
         append_events(spark, location, namespace, spark.createDataFrame([], CHANGELOG_SCHEMA))
     position = record(spark, location, namespace, appended, snapshot_position, properties)
+    if read is not None:  # last: a refresh stopped before this reads the files again (appending no event twice)
+        read.write.format("delta").mode("append").save(f"{location.rstrip('/')}/{MANIFEST_DIR}")
     table = spark.read.format("delta").load(location)
     row_count = appended.rows if new_table else table.count()  # a new table holds just what was appended
     return ChangelogResult(len(todo), appended, position, snapshot_position, row_count, table.schema)

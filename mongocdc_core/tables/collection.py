@@ -253,7 +253,7 @@ def _retrying_conflicts(what: str, action: Callable[[], _R]) -> _R:
                 raise
             pause = min(30.0, 0.5 * 2**attempt) * random.uniform(0.5, 1.0)
             log.warning("%s lost a commit to a concurrent writer (attempt %d of %d), trying again in %.1f s: %s",
-                        what, attempt, CONFLICT_ATTEMPTS, pause, str(e).splitlines()[0])  # fmt: skip
+                        what, attempt, CONFLICT_ATTEMPTS, pause, (str(e).splitlines() or [""])[0])  # fmt: skip
             time.sleep(pause)
     raise AssertionError("unreachable")
 

@@ -126,7 +126,7 @@ class StateResult:
     schema_changes: list[str] = field(default_factory=list)
     inserted: int = 0  # rows the table gained
     removed: int = 0  # rows the table lost
-    commits: int = 0  # Delta commits made to the table
+    commits: int = 0  # Delta commits an incremental refresh made to the table (ALTERs, MERGE)
     recount: bool = False  # the commits made are not known exactly: count the table
 
 
@@ -535,21 +535,23 @@ def _merge(
     result.schema_changes = kinds.changes(
         kinds.struct([("_id", old.id_kind)]), kinds.struct([("_id", shape.id_kind)])
     ) + kinds.changes(old.doc, shape.doc)
-    if kinds.needs_rewrite(old.doc, shape.doc) or kinds.needs_rewrite(old.id_kind, shape.id_kind):
-        result.commits += _rewrite(spark, namespace, location, layout, shape)
+    added = _added(old.doc, shape.doc, "")
+    # an attempt that stopped before recording its shape may have added some of them already, maybe typed
+    # from fewer events: those of the same type are skipped, a different one means the table is rewritten
+    present = dict(_paths(spark.read.format("delta").load(location).schema, "")) if added else {}
+    retyped = any(path in present and _ddl(present[path]) != _ddl(dtype) for path, dtype in added)
+    if retyped or kinds.needs_rewrite(old.doc, shape.doc) or kinds.needs_rewrite(old.id_kind, shape.id_kind):
+        _rewrite(spark, namespace, location, layout, shape)
+        result.recount = True  # rare (a type changed); the table is counted rather than its commits
     else:
-        result.commits += _add_columns(spark, location, old, shape)
+        result.commits += _add_columns(spark, location, old, [(p, t) for p, t in added if p not in present])
     _apply(spark, location, layout, source, result)
     return result, shape
 
 
-def _add_columns(spark: SparkSession, location: str, old: Shape, shape: Shape) -> int:
-    """ALTER TABLE … ADD COLUMNS for new fields (top level after the last user column, nested at the
-    end); returns the commits made."""
-    added = _added(old.doc, shape.doc, "")
-    if added:  # a refresh that stopped before recording its shape may have added some of them already
-        present = set(_paths(spark.read.format("delta").load(location).schema, ""))
-        added = [(path, dtype) for path, dtype in added if path not in present]
+def _add_columns(spark: SparkSession, location: str, old: Shape, added: list[tuple[str, T.DataType]]) -> int:
+    """ALTER TABLE … ADD COLUMNS for the ``added`` (path, type) columns (top level after the last user
+    column, nested at the end); returns the commits made."""
     if not added:
         return 0
     top_level = [(p, t) for p, t in added if "." not in _unquoted_dots(p)]
@@ -565,12 +567,12 @@ def _add_columns(spark: SparkSession, location: str, old: Shape, shape: Shape) -
     return len(top_level) + bool(nested)
 
 
-def _paths(dtype: T.DataType, prefix: str) -> Iterator[str]:
-    """Every column path of a table's schema, spelled as :func:`_added` spells them."""
+def _paths(dtype: T.DataType, prefix: str) -> Iterator[tuple[str, T.DataType]]:
+    """Every column path of a table's schema with its type, spelled as :func:`_added` spells them."""
     if isinstance(dtype, T.StructType):
         for f in dtype.fields:
             path = f"{prefix}{convert.quote(f.name)}"
-            yield path
+            yield path, f.dataType
             yield from _paths(f.dataType, path + ".")
     elif isinstance(dtype, T.ArrayType):
         yield from _paths(dtype.elementType, prefix + "element.")
@@ -592,18 +594,17 @@ def _unquoted_dots(path: str) -> str:
     return "".join(out)
 
 
-def _rewrite(spark: SparkSession, namespace: str, location: str, layout: Layout, shape: Shape) -> int:
-    """A type changed: convert every row's columns again from ``__doc``/``__key`` (the exact document);
-    returns the commits made."""
+def _rewrite(spark: SparkSession, namespace: str, location: str, layout: Layout, shape: Shape) -> None:
+    """A type changed: convert every row's columns again from ``__doc``/``__key`` (the exact document)."""
     table = spark.read.format("delta").load(location)
     state: dict[str, Column] = {
         c: F.col(c) for c in ("__position", "__op", "__source_ts_ms", "__deleted") if c in table.columns
     }
-    return _replace(spark, location, table.select(*columns(shape, layout, namespace, F.col("__doc"), F.col("__key"), state)))
+    _replace(spark, location, table.select(*columns(shape, layout, namespace, F.col("__doc"), F.col("__key"), state)))
 
 
-def _replace(spark: SparkSession, location: str, rows: DataFrame) -> int:
-    """Write ``rows`` as the whole table, whatever its schema was; returns the commits made.
+def _replace(spark: SparkSession, location: str, rows: DataFrame) -> None:
+    """Write ``rows`` as the whole table, whatever its schema was.
 
     A new table is created with column mapping, deletion vectors and change data feed first, so the
     feed covers its first rows. Delta refuses a schema-replacing overwrite while the change data feed
@@ -616,11 +617,10 @@ def _replace(spark: SparkSession, location: str, rows: DataFrame) -> int:
         columns_ddl = ", ".join(f"{convert.quote(f.name)} {_ddl(f.dataType)}" for f in rows.schema.fields)
         spark.sql(f"CREATE TABLE {table} ({columns_ddl}) USING delta TBLPROPERTIES ({properties})")
         rows.write.format("delta").mode("append").save(location)
-        return 2
+        return
     spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'false')")
     rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(location)
     spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
-    return 3
 
 
 def _apply(spark: SparkSession, location: str, layout: Layout, source: DataFrame, result: StateResult) -> None:
@@ -645,6 +645,8 @@ def _apply(spark: SparkSession, location: str, layout: Layout, source: DataFrame
     result.upserted, result.deleted = inserted + updated, deleted
     result.inserted, result.removed = result.inserted + inserted, result.removed + deleted
     result.commits += 1
+    if not (inserted or updated or deleted):  # Delta may skip the commit of a MERGE that changed nothing
+        result.recount = True
 
 
 def _drop_ghosts(spark: SparkSession, location: str, layout: Layout, snapshot: str, result: StateResult) -> None:

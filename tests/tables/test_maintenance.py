@@ -52,6 +52,7 @@ def test_maintenance_compacts_and_vacuums_without_changing_what_users_read(spark
     assert kept["current_state_files_vacuumed"] == 0 and kept["changelog_files_vacuumed"] == 0, kept
     gone = maintain(spark, tables, retention_hours=0)  # an operator's choice below Delta's safety check
     assert gone["current_state_files_vacuumed"] >= 2, gone
+    assert spark.conf.get("spark.databricks.delta.retentionDurationCheck.enabled", "true") == "true"  # restored
     assert comparable(read_current_state(spark, tables.current_state)) == state_before
     assert comparable(read_changelog(spark, tables.changelog)) == log_before
 

@@ -10,7 +10,7 @@ import pytest
 from bson.timestamp import Timestamp
 from delta.exceptions import ConcurrentAppendException
 from delta.tables import DeltaTable
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from mongocdc_core.positions import Position
@@ -247,23 +247,51 @@ def test_a_refresh_that_loses_a_commit_to_another_writer_is_tried_again(
 
 
 def test_the_row_count_is_kept_without_counting_and_counted_after_another_writer(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
     snap = read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": i, "qty": i} for i in range(20)], Position(100, 1))
     files = [snap]
+    frame = type(spark.range(1))
+    original = frame.count
+    counted: list[int] = []
 
-    def refresh(name: str, events: list[Event]) -> int:
+    def counting(self: DataFrame) -> int:
+        counted.append(1)
+        return original(self)
+
+    def refresh(name: str, events: list[Event]) -> tuple[int, bool]:
+        """The refreshed row count (checked against the table) and whether the refresh counted the table."""
         files.append(_changes(tmp_path, name, events))
         refresh_changelog(spark, tables, [str(f) for f in files])
-        counted = refresh_current_state(spark, tables).row_count
-        assert counted == read_current_state(spark, tables.current_state).count()
-        return counted
+        before = len(counted)
+        rows = refresh_current_state(spark, tables).row_count
+        recounted = len(counted) > before
+        assert rows == read_current_state(spark, tables.current_state).count(), name
+        return rows, recounted
 
     assert build(spark, tables, snap).count() == 20
-    assert refresh("a", [_event("insert", 50, Position(200, 1), {"_id": 50}), _event("delete", 3, Position(200, 2))]) == 20
-    assert refresh("b", [_event("insert", 51, Position(201, 1), {"_id": 51, "new": True})]) == 21  # a column added too
+    monkeypatch.setattr(frame, "count", counting)
+    assert refresh("a", [_event("insert", 50, Position(200, 1), {"_id": 50}), _event("delete", 3, Position(200, 2))]) == (20, False)
+    assert refresh("b", [_event("insert", 51, Position(201, 1), {"_id": 51, "new": True})]) == (21, False)  # and a column
     DeltaTable.forPath(spark, tables.current_state).delete(F.col("_id") < 5)  # another writer: 4 rows gone
-    assert refresh("c", [_event("insert", 52, Position(202, 1), {"_id": 52})]) == 18
-    assert refresh("d", [_event("delete", 52, Position(203, 1))]) == 17
-    assert refresh_current_state(spark, tables).row_count == 17  # nothing new
+    assert refresh("c", [_event("insert", 52, Position(202, 1), {"_id": 52})]) == (18, True)
+    assert refresh("d", [_event("delete", 52, Position(203, 1))]) == (17, False)
+    DeltaTable.forPath(spark, tables.current_state).delete(F.col("_id") == 5)  # another writer, then a MERGE
+    assert refresh("e", [_event("delete", 999, Position(204, 1))]) == (16, True)  # that changes nothing
+    before = len(counted)
+    assert refresh_current_state(spark, tables).row_count == 16 and len(counted) == before  # nothing new
+
+
+def test_a_column_an_interrupted_refresh_added_with_another_type_is_rewritten(spark: SparkSession, tmp_path: Path) -> None:
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    snap = read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": i, "qty": i} for i in range(5)], Position(100, 1))
+    build(spark, tables, snap)
+    # an attempt that saw fewer events added `note` as a number, then stopped before recording its shape
+    spark.sql(f"ALTER TABLE delta.`{tables.current_state}` ADD COLUMNS (note BIGINT AFTER qty)")
+    later = [_event("update", 2, Position(200, 1), {"_id": 2, "qty": 2, "note": "a text"})]
+    refresh_changelog(spark, tables, [str(snap), str(_changes(tmp_path, "s", later))])
+    refresh_current_state(spark, tables)
+    state = read_current_state(spark, tables.current_state)
+    assert dict(state.dtypes)["note"] == "string"
+    assert {r["_id"]: r["note"] for r in state.collect()} == {0: None, 1: None, 2: "a text", 3: None, 4: None}
