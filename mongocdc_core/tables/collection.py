@@ -245,17 +245,15 @@ def _retrying_conflicts(what: str, action: Callable[[], _R]) -> _R:
     decide what a MERGE changes, the changelog skips events it holds, and it starts again from the
     table's recorded version), so trying again against the new table version is safe.
     """
-    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+    for attempt in range(1, CONFLICT_ATTEMPTS):
         try:
             return action()
         except _CONFLICTS as e:
-            if attempt == CONFLICT_ATTEMPTS:
-                raise
             pause = min(30.0, 0.5 * 2**attempt) * random.uniform(0.5, 1.0)
             log.warning("%s lost a commit to a concurrent writer (attempt %d of %d), trying again in %.1f s: %s",
                         what, attempt, CONFLICT_ATTEMPTS, pause, (str(e).splitlines() or [""])[0])  # fmt: skip
             time.sleep(pause)
-    raise AssertionError("unreachable")
+    return action()  # the last attempt: its conflict is raised
 
 
 def _file_count(spark: SparkSession, location: str) -> int:

@@ -17,6 +17,7 @@ from mongocdc_core.positions import Position
 from mongocdc_core.tables import (
     CollectionTables,
     TableOptions,
+    collection,
     current_state,
     read_current_state,
     refresh_changelog,
@@ -295,3 +296,16 @@ def test_a_column_an_interrupted_refresh_added_with_another_type_is_rewritten(sp
     state = read_current_state(spark, tables.current_state)
     assert dict(state.dtypes)["note"] == "string"
     assert {r["_id"]: r["note"] for r in state.collect()} == {0: None, 1: None, 2: "a text", 3: None, 4: None}
+
+
+def test_a_refresh_that_keeps_losing_its_commit_fails_with_the_conflict(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[float] = []
+    monkeypatch.setattr(collection.time, "sleep", calls.append)
+
+    def always_second() -> None:
+        raise ConcurrentAppendException("[DELTA_CONCURRENT_APPEND] a concurrent MERGE added data")
+
+    with pytest.raises(ConcurrentAppendException):
+        collection._retrying_conflicts("shop.orders: current_state refresh", always_second)
+    assert len(calls) == collection.CONFLICT_ATTEMPTS - 1  # a pause between attempts, none after the last
+    assert all(0 < pause <= 30 for pause in calls) and calls[-1] > calls[0]
