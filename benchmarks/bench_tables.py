@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from benchmarks import harness
 from mongocdc_core.tables import CollectionTables, refresh_changelog, refresh_current_state
-from mongocdc_core.tables.changelog import LANDING_SPARK_SCHEMA
+from mongocdc_core.tables.changelog import LANDING_SPARK_SCHEMA, latest_version
 from mongocdc_core.tables.session import spark_session
 
 NAMESPACE = "bench.items"
@@ -116,10 +116,6 @@ def full_build(spark: SparkSession, root: Path, records: int) -> harness.Row:
                        (log + state) / baseline, 2.0, "<=")
 
 
-def _version(spark: SparkSession, location: str) -> int:
-    return int(DeltaTable.forPath(spark, location).history(1).select("version").first()[0])  # type: ignore[index]
-
-
 def _hand_merge(spark: SparkSession, location: str, rows: DataFrame) -> None:
     """The MERGE a user would write for rows that are already typed (``_gone`` marks deletes)."""
     assignments: dict[str, str | Column] = {f"`{c}`": F.col(f"s.`{c}`") for c in rows.columns if c != "_gone"}
@@ -140,7 +136,7 @@ def incremental(spark: SparkSession, root: Path, size: int, changes_count: int) 
     spark.sql(f"CREATE TABLE delta.`{copy}` SHALLOW CLONE delta.`{tables.current_state}`")
     logs, states, merges = [], [], []
     for round_ in range(ROUNDS):
-        version = _version(spark, tables.current_state)
+        version = latest_version(spark, tables.current_state)
         files += _write(_changes(spark, changes_count, size, 1_700_001_000 + 100_000 * round_, changes_count * round_),
                         home / f"changes-{round_}", 1)  # fmt: skip
         logs.append(_timed(partial(refresh_changelog, spark, tables, list(files))))
