@@ -118,25 +118,39 @@ def table_exists(spark: SparkSession, location: str) -> bool:
     return bool(DeltaTable.isDeltaTable(spark, location))
 
 
-def table_properties(spark: SparkSession, location: str) -> dict[str, str]:
-    """The Delta table properties at ``location`` (empty when there is no table).
+@dataclass(frozen=True)
+class TableLook:
+    """What one look at a Delta table's log tells: its version (-1: no table there), its properties
+    and its size in bytes."""
 
-    ``SHOW TBLPROPERTIES`` reads only the table's metadata; ``DESCRIBE DETAIL`` also sums every file
-    (about a second on a table of 100k rows after each commit).
+    version: int
+    properties: dict[str, str]
+    size_bytes: int
+
+
+def look(spark: SparkSession, location: str) -> TableLook:
+    """The table at ``location`` as its Delta log describes it now.
+
+    Read from the log's latest snapshot (milliseconds once the log is cached), not through
+    ``DESCRIBE HISTORY``, ``SHOW TBLPROPERTIES`` or ``DESCRIBE DETAIL``, each of which runs a Spark job
+    (0.1–2 s, paid several times per refresh). The size comes from the commit's checksum file, which
+    Delta writes with every commit; only a table written without one is summed file by file.
     """
-    if not table_exists(spark, location):
-        return {}
-    return {row[0]: row[1] for row in spark.sql(f"SHOW TBLPROPERTIES delta.{convert.quote(location)}").collect()}
+    jvm: Any = spark._jvm
+    none = jvm.scala.Option.empty()
+    snapshot = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, location).update(False, none, none)  # type: ignore[attr-defined]
+    version = int(snapshot.version())
+    if version < 0:
+        return TableLook(-1, {}, 0)
+    configuration = jvm.scala.jdk.javaapi.CollectionConverters.asJava(snapshot.metadata().configuration())
+    checksum = snapshot.checksumOpt()
+    size = checksum.get().tableSizeBytes() if checksum.isDefined() else snapshot.sizeInBytes()
+    return TableLook(version, {str(k): str(v) for k, v in configuration.items()}, int(size))
 
 
-def table_detail(spark: SparkSession, location: str) -> tuple[dict[str, str], int]:
-    """The Delta table properties and size in bytes at ``location`` (one look; empty when there is no table)."""
-    if not table_exists(spark, location):
-        return {}, 0
-    row = DeltaTable.forPath(spark, location).detail().select("properties", "sizeInBytes").first()
-    if row is None:
-        return {}, 0
-    return (dict(row[0]) if row[0] is not None else {}), int(row[1] or 0)
+def table_properties(spark: SparkSession, location: str) -> dict[str, str]:
+    """The Delta table properties at ``location`` (empty when there is no table)."""
+    return look(spark, location).properties
 
 
 def set_properties(spark: SparkSession, location: str, properties: dict[str, str]) -> None:
@@ -148,9 +162,8 @@ def set_properties(spark: SparkSession, location: str, properties: dict[str, str
 
 
 def latest_version(spark: SparkSession, location: str) -> int:
-    row = DeltaTable.forPath(spark, location).history(1).select("version").first()
-    assert row is not None
-    return int(row[0])
+    """The table's latest committed version (-1 when there is no table)."""
+    return look(spark, location).version
 
 
 def _sql_string(text: str) -> str:
@@ -315,11 +328,12 @@ def append_events(
 ) -> Appended:
     """Append the events of ``rows`` the changelog does not hold yet (by ``__key, __position, __op``).
     ``unique``: the caller knows ``rows`` holds each event once (no deduplication among them)."""
-    if not unique:
-        rows = rows.dropDuplicates(EVENT_IDENTITY)
     exists = table_exists(spark, location)
     if exists:
         rows = rows.localCheckpoint()
+    if not unique and _repeats(rows):
+        rows = rows.dropDuplicates(EVENT_IDENTITY)
+    if exists:
         bounds = rows.agg(
             F.min("__position").alias("lo"), F.max("__position").alias("hi"),
             F.collect_set(PARTITION_COLUMN).alias("dates"),
@@ -348,6 +362,13 @@ def append_events(
     metrics = observation.get
     counts = {op: int(metrics[f"op_{op}"]) for op in DATA_OPS if metrics.get(f"op_{op}")}
     return Appended(int(metrics.get("rows") or 0), counts, metrics.get("max_position"))
+
+
+def _repeats(rows: DataFrame) -> bool:
+    """Whether an event occurs more than once in ``rows``. Files whose positions overlap (the ranges
+    of one snapshot share its position) rarely hold one event twice; counting the identities shuffles
+    three short columns, where removing duplicates would shuffle every event with its documents."""
+    return bool(rows.groupBy(*EVENT_IDENTITY).count().where(F.col("count") > 1).limit(1).collect())
 
 
 def record(

@@ -48,9 +48,9 @@ from mongocdc_core.tables.changelog import (
     SNAPSHOT_PROPERTY,
     TableInputError,
     latest_version,
+    look,
     position_seconds,
     set_properties,
-    table_detail,
     table_exists,
     table_properties,
 )
@@ -401,9 +401,10 @@ def refresh(
     """Bring current_state up to the changelog (see the module doc)."""
     if not table_exists(spark, changelog_location):
         raise TableInputError(f"{namespace}: no changelog table at {changelog_location}: refresh the changelog first")
-    log_version = latest_version(spark, changelog_location)
-    snapshot = table_properties(spark, changelog_location).get(SNAPSHOT_PROPERTY)
-    props, state_size = table_detail(spark, state_location)  # its files: the MERGE would list them anyway
+    log = look(spark, changelog_location)
+    log_version, snapshot = log.version, log.properties.get(SNAPSHOT_PROPERTY)
+    state = look(spark, state_location)
+    props = state.properties
     old = Shape.from_json(props[KINDS_PROPERTY]) if KINDS_PROPERTY in props else None
     rebuild = old is None or props.get(OPTIONS_PROPERTY) != layout.to_json() or VERSION_PROPERTY not in props
     since = -1 if rebuild else int(props[VERSION_PROPERTY])
@@ -411,14 +412,14 @@ def refresh(
     applied = None if rebuild else props.get(SNAPSHOT_PROPERTY)
     known = None if rebuild else _recorded_rows(props)
     if not rebuild and since >= log_version and applied == snapshot:
-        valid = known is not None and latest_version(spark, state_location) == known[1]
+        valid = known is not None and state.version == known[1]
         unchanged = StateResult(position=table_position, row_count=known[0] if known and valid else 0)
         return _result(spark, state_location, unchanged, counted=valid)
     changelog = spark.read.format("delta").option("versionAsOf", log_version).load(changelog_location)
     events = None if rebuild else _changes(spark, changelog_location, since, log_version)
     if events is None:
         rebuild, old, table_position, applied, events = True, None, None, None, changelog
-    nbytes = table_detail(spark, changelog_location)[1] if rebuild else state_size
+    nbytes = log.size_bytes if rebuild else state.size_bytes
     with sized_shuffles(spark, nbytes):
         result, shape = _merge(
             spark, namespace, state_location, layout, changelog, events.select(*_EVENT_COLUMNS), old,

@@ -71,6 +71,25 @@ def test_full_snapshots_are_recognised_by_name_and_complete_plans(spark: SparkSe
     assert table_properties(spark, tables.changelog)["mongocdc.snapshot.position"] == Position(100, 2).to_str()
 
 
+def test_files_read_together_that_hold_the_same_events_add_each_event_once(spark: SparkSession, tmp_path: Path) -> None:
+    """A re-delivered file read in the same refresh as its first copy, into a new table and into an
+    existing one: each event once."""
+    wl = Workload(random.Random(2), collections=("orders",), full_document=True)
+    conv = converter("change_streams_update_full")
+    wl.run(25)
+    first = [write_landing(tmp_path / f"a{i}.parquet", slice_records(conv, wl.events)) for i in range(2)]
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    made = refresh_changelog(spark, tables, first)
+    assert (made.files_read, made.rows_added, made.row_count) == (2, len(wl.events), len(wl.events))
+    seen = len(wl.events)
+    wl.run(15)
+    later = [write_landing(tmp_path / f"b{i}.parquet", slice_records(conv, wl.events[seen:])) for i in range(2)]
+    grown = refresh_changelog(spark, tables, first + later)
+    assert (grown.files_read, grown.rows_added, grown.row_count) == (2, len(wl.events) - seen, len(wl.events))
+    log = read_changelog(spark, tables.changelog)
+    assert log.count() == log.dropDuplicates(["__key", "__position", "__op"]).count() == len(wl.events)
+
+
 def test_files_that_cannot_share_an_event_are_not_deduplicated(tmp_path: Path) -> None:
     """Footer statistics tell when two landing files may hold the same event (then the batch is deduplicated)."""
     conv = converter("change_streams_update_full")
