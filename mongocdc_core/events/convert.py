@@ -8,6 +8,7 @@ schema bytes, field rules) is computed once per collection and cached.
 from __future__ import annotations
 
 import datetime
+from binascii import hexlify
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -55,6 +56,7 @@ READ_SNAPSHOT_MARKERS = frozenset(
 _EPOCH = datetime.datetime(1970, 1, 1)
 _EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _MILLISECOND = datetime.timedelta(milliseconds=1)
+_OID_KEY_JSON = b'"{\\"$oid\\" : \\"%b\\"}"'
 _OP_JSON = {op: orjson.dumps(op) for op in ("c", "u", "d", "r")}
 _SNAPSHOT_JSON = {marker: orjson.dumps(marker) for marker in (*READ_SNAPSHOT_MARKERS, "false")}
 #: Stands for a read's ``after`` in its collection's value template: JSON text never holds a NUL byte.
@@ -67,13 +69,16 @@ def _datetime_ns(value: datetime.datetime) -> int:
     return ((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds) * 1_000
 
 
-def _wall_time_ms(value: Any) -> int | None:
+def _wall_time_json(value: Any) -> bytes:
+    """``source.wallTime``: milliseconds since the epoch, or null."""
+    if type(value) is datetime.datetime:  # what bson.decode returns (naive, UTC), first
+        return b"%d" % ((value - (_EPOCH_UTC if value.tzinfo is not None else _EPOCH)) // _MILLISECOND)
     if value is None:
-        return None
-    if type(value) is datetime.datetime or isinstance(value, datetime.datetime):
-        return (value - (_EPOCH_UTC if value.tzinfo is not None else _EPOCH)) // _MILLISECOND
+        return NULL
+    if isinstance(value, datetime.datetime):
+        return b"%d" % ((value - (_EPOCH_UTC if value.tzinfo is not None else _EPOCH)) // _MILLISECOND)
     if isinstance(value, DatetimeMS):
-        return int(value)
+        return b"%d" % int(value)
     raise ValueError(f"change event 'wallTime' must be a date, got {value!r}")
 
 
@@ -81,15 +86,11 @@ def _is_document(value: Any) -> bool:
     return type(value) is dict or isinstance(value, Mapping)
 
 
-def _int_json(value: int | None) -> bytes:
-    return NULL if value is None else b"%d" % value
-
-
 def key_id_json(value: Any) -> bytes:
     """The key's ``id`` (see :func:`ejson.key_id`) as a JSON string; the common ``_id`` types directly."""
     kind = type(value)
     if kind is ObjectId:
-        return b'"{\\"$oid\\" : \\"' + str(value).encode() + b'\\"}"'
+        return _OID_KEY_JSON % hexlify(value.binary)
     if kind is int:
         return b'"%d"' % value
     if kind is Int64:
@@ -295,10 +296,11 @@ class EventConverter:
                 update_desc = NULL
             value = ctx.value_template % (
                 before, after, update_desc,
-                self._source_times(seconds), _SNAPSHOT_JSON["false"], position.increment,
+                self._times if seconds == self._times_seconds else self._source_times(seconds),
+                _SNAPSHOT_JSON["false"], position.increment,
                 NULL if lsid is None else self._lsid_json(lsid),
                 NULL if txn_number is None else b"%d" % txn_number,
-                _int_json(_wall_time_ms(get("wallTime"))),
+                _wall_time_json(get("wallTime")),
                 _OP_JSON[op], now_ns // 1_000_000, now_ns // 1_000, now_ns,
                 NULL if block is None else orjson.dumps(block),
             )  # fmt: skip

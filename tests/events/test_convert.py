@@ -10,6 +10,7 @@ import pytest
 from bson import encode, json_util
 from bson.binary import UuidRepresentation
 from bson.codec_options import CodecOptions
+from bson.datetime_ms import DatetimeMS
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
@@ -214,6 +215,18 @@ def test_malformed_change_events_are_named(doc: dict[str, Any], message: str) ->
 def test_bad_wall_time_is_named() -> None:
     with pytest.raises(ValueError, match="wallTime"):
         converter().convert_change(insert(wallTime="yesterday"), POSITION)
+
+
+@pytest.mark.parametrize(
+    "wall_time",
+    [
+        datetime.datetime(2019, 5, 27, 13, 58, 28, 123000),  # as bson.decode returns it
+        datetime.datetime(2019, 5, 27, 15, 58, 28, 123000, tzinfo=datetime.timezone(datetime.timedelta(hours=2))),
+        DatetimeMS(1558965508123),  # a codec that keeps out-of-range dates
+    ],
+)
+def test_wall_time_in_each_form_a_decoder_gives_is_milliseconds(wall_time: object) -> None:
+    assert payload(converter().convert_change(insert(wallTime=wall_time), POSITION)[0])["source"]["wallTime"] == 1558965508123
 
 
 @pytest.mark.parametrize(
