@@ -50,15 +50,23 @@ def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def _step(name: str) -> str | None:
+    """The JSON path step to field ``name`` (None: no path spells it; the field is read through a map)."""
+    if "\\" in name:
+        return None
+    if "'" not in name:
+        return f"['{name}']"
+    if '"' not in name:
+        return f'["{name}"]'
+    return None
+
+
 def child(value: Column, name: str) -> Column:
     """The variant of field ``name`` of a variant document (SQL NULL when the field is absent)."""
-    if "\\" in name:
+    step = _step(name)
+    if step is None:
         return F.try_variant_get(value, "$", "map<string,variant>")[name]
-    if "'" not in name:
-        return F.variant_get(value, f"$['{name}']", "variant")
-    if '"' not in name:
-        return F.variant_get(value, f'$["{name}"]', "variant")
-    return F.try_variant_get(value, "$", "map<string,variant>")[name]
+    return F.variant_get(value, "$" + step, "variant")
 
 
 def _member(value: Column, key: str, target: str) -> Column:
@@ -80,10 +88,11 @@ def _uuid(value: Column) -> Column:
     return F.coalesce(_member(value, "$uuid", "string"), F.regexp_replace(text, _UUID, "$1-$2-$3-$4-$5"))
 
 
-def _date(value: Column) -> Column:
-    millis = _member(value, "$date", "bigint")
+def _date(value: Column, path: str = "$") -> Column:
+    """The timestamp of the ``$date`` at ``path`` of ``value`` (NULL when absent)."""
+    millis = F.try_variant_get(value, path + '["$date"]', "bigint")
     return F.when(millis.isNotNull(), F.timestamp_millis(millis)).otherwise(
-        _member(value, "$date", "string").cast("timestamp")
+        F.try_variant_get(value, path + '["$date"]', "string").cast("timestamp")
     )
 
 
@@ -158,6 +167,61 @@ def convert(kind: Kind, value: Column, *, strict: bool = True) -> Column:
     else:
         built = _ATOMIC[kind.tag](value, strict)
     return F.when(~_absent(value), built)
+
+
+#: Kinds read with one typed ``variant_get`` at (path + suffix): (suffix, Spark type). JSON null and
+#: an absent path both give NULL there, so these need no test of the value first.
+_BY_PATH: dict[str, tuple[str, str]] = {
+    "bool": ("", "boolean"),
+    "int": ("", "bigint"),
+    "string": ("", "string"),
+    "oid": ('["$oid"]', "string"),
+    "decstr": ('["$numberDecimal"]', "string"),
+    "bts": ('["$timestamp"]', "struct<t:bigint,i:bigint>"),
+}
+
+
+def field(kind: Kind, document: Column, name: str, *, strict: bool = True) -> Column:
+    """:func:`convert` of field ``name`` of a variant ``document``, reading values by their path.
+
+    The same column as ``convert(kind, child(document, name))``, for less work per row: a leaf is one
+    typed ``variant_get`` from the document, instead of a copy of each enclosing field's variant
+    (a variant value carries its metadata) read again for every test and cast.
+    """
+    step = _step(name)
+    if step is None:
+        return convert(kind, child(document, name), strict=strict)
+    return _by_path(kind, document, "$" + step, strict)
+
+
+def _plain(kind: Kind) -> tuple[str, str] | None:
+    """(suffix, Spark type) when ``kind`` is read with one typed ``variant_get`` (see ``_BY_PATH``)."""
+    if kind.tag == "double" and not kind.nonfinite:
+        return "", "double"
+    return _BY_PATH.get(kind.tag)
+
+
+def _by_path(kind: Kind, base: Column, path: str, strict: bool) -> Column:
+    plain = _plain(kind)
+    if plain is not None:
+        return _get(base, path + plain[0], plain[1], strict)
+    element = _plain(kind.element) if kind.tag == "array" and kind.element is not None else None
+    if element is not None and not element[0]:  # an array of plain values: cast as a whole
+        return _get(base, path, f"array<{element[1]}>", strict)
+    if kind.tag == "decimal":
+        return _cast(_get(base, path + '["$numberDecimal"]', "string", strict), T.DecimalType(38, kind.scale), strict)
+    if kind.tag == "date":
+        return _date(base, path)
+    value = F.variant_get(base, path, "variant")
+    if kind.tag != "struct":
+        return convert(kind, value, strict=strict)
+    members = []
+    for f in kind.fields:
+        if f.kind.typed:
+            step = _step(f.name)
+            member = convert(f.kind, child(value, f.name), strict=strict) if step is None else _by_path(f.kind, base, path + step, strict)
+            members.append(member.alias(f.column))
+    return F.when(~_absent(value), F.struct(*members))
 
 
 # --------------------------------------------------------------------------- statistics

@@ -323,13 +323,15 @@ def _prepare(
 
 def columns(
     shape: Shape, layout: Layout, namespace: str, doc: Column, key: Column, state: dict[str, Column],
-    *, strict: bool = True,
+    *, strict: bool = True, key_value: Column | None = None,
 ) -> list[Column]:
-    """The table's columns, in order, from a normalised document variant and the event's fields."""
-    id_value = convert.convert(shape.id_kind, convert.document(key), strict=strict) if shape.id_kind.typed else F.lit(None)
+    """The table's columns, in order, from a normalised document variant and the event's fields
+    (``key_value``: the key's variant when the rows hold it already, else ``key`` is parsed)."""
+    parsed_key = convert.document(key) if key_value is None else key_value
+    id_value = convert.convert(shape.id_kind, parsed_key, strict=strict) if shape.id_kind.typed else F.lit(None)
     out = [id_value.cast(shape.id_type()).alias("_id")]
     out += [
-        convert.convert(f.kind, convert.child(doc, f.name), strict=strict).alias(f.column) for f in shape.user_columns()
+        convert.field(f.kind, doc, f.name, strict=strict).alias(f.column) for f in shape.user_columns()
     ]
     out += [doc.alias("__doc"), key.alias("__key"), state["__position"].alias("__position")]
     for column in layout.metadata_columns:
@@ -524,7 +526,7 @@ def _merge(
         "__deleted": F.col("deleted"),
     }
     source = live.select(
-        *columns(shape, layout, namespace, F.col("v"), F.col("__key"), state_columns),
+        *columns(shape, layout, namespace, F.col("v"), F.col("__key"), state_columns, key_value=F.col("idv")),
         F.col("__op").alias("__merge_op"), F.col("deleted").alias("__merge_deleted"),
     )
     if rebuild or old is None or not table_exists(spark, location):

@@ -104,7 +104,8 @@ def test_each_bson_type_lands_in_its_documented_column_type(spark: SparkSession,
 def test_awkward_field_names_never_collide_with_the_tables_columns(spark: SparkSession, tmp_path: Path) -> None:
     docs = [
         {"_id": 1, "deleted": True, "op": "mine", "position": 3, "document": "d", "Name": "upper", "name": "lower",
-         "a.b": "dotted", "__op": "reserved", "with space": 1, "o": {"K": 1, "k": 2}},
+         "a.b": "dotted", "__op": "reserved", "with space": 1, "o": {"K": 1, "k": 2},
+         "it's": {"x": 1, "say \"hi\" 'n'": {"y": 2}}, "back\\slash": "b", "both'\"": 3},
         {"_id": 2, "deleted": False, "name": "only lower"},
     ]
     tables = CollectionTables.under(str(tmp_path / "tables"), "shop.names")
@@ -117,6 +118,9 @@ def test_awkward_field_names_never_collide_with_the_tables_columns(spark: SparkS
     assert rows[1]["deleted"] is True and rows[1]["op"] == "mine" and rows[1]["__op"] == "r"
     assert (rows[1]["Name"], rows[1]["name__2"], rows[1]["a.b"], rows[1]["___op"]) == ("upper", "lower", "dotted", "reserved")
     assert rows[2]["name__2"] == "only lower" and rows[1]["o"]["k__2"] == 2
+    # names a JSON path cannot spell in one quoting style, or at all, at the top level and nested
+    assert (rows[1]["it's"]["x"], rows[1]["it's"]["say \"hi\" 'n'"]["y"]) == (1, 2)
+    assert (rows[1]["back\\slash"], rows[1]["both'\""]) == ("b", 3) and rows[2]["it's"] is None
 
     # a later batch of the same collection merges through all of those names (the merge used to crash)
     more = [{"_id": 1, "deleted": False, "Name": "U2", "name": "l2", "a.b": "d2", "new.field": 5}]
