@@ -71,12 +71,10 @@ def _datetime_ns(value: datetime.datetime) -> int:
 
 def _wall_time_json(value: Any) -> bytes:
     """``source.wallTime``: milliseconds since the epoch, or null."""
-    if type(value) is datetime.datetime:  # what bson.decode returns (naive, UTC), first
+    if type(value) is datetime.datetime or isinstance(value, datetime.datetime):  # bson.decode's type first
         return b"%d" % ((value - (_EPOCH_UTC if value.tzinfo is not None else _EPOCH)) // _MILLISECOND)
     if value is None:
         return NULL
-    if isinstance(value, datetime.datetime):
-        return b"%d" % ((value - (_EPOCH_UTC if value.tzinfo is not None else _EPOCH)) // _MILLISECOND)
     if isinstance(value, DatetimeMS):
         return b"%d" % int(value)
     raise ValueError(f"change event 'wallTime' must be a date, got {value!r}")
