@@ -134,7 +134,9 @@ def look(spark: SparkSession, location: str) -> TableLook:
     Read from the log's latest snapshot (milliseconds once the log is cached), not through
     ``DESCRIBE HISTORY``, ``SHOW TBLPROPERTIES`` or ``DESCRIBE DETAIL``, each of which runs a Spark job
     (0.1–2 s, paid several times per refresh). The size comes from the commit's checksum file, which
-    Delta writes with every commit; only a table written without one is summed file by file.
+    Delta writes with every commit; only a table written without one is summed file by file. The
+    properties are those stored on the table (not the protocol's ``delta.minReaderVersion`` and the
+    like, which ``SHOW TBLPROPERTIES`` adds).
     """
     jvm: Any = spark._jvm
     none = jvm.scala.Option.empty()
@@ -329,11 +331,9 @@ def append_events(
     """Append the events of ``rows`` the changelog does not hold yet (by ``__key, __position, __op``).
     ``unique``: the caller knows ``rows`` holds each event once (no deduplication among them)."""
     exists = table_exists(spark, location)
-    if exists:
+    bounds = None
+    if exists:  # the positions and dates the batch spans (the same before and after deduplication)
         rows = rows.localCheckpoint()
-    if not unique and _repeats(rows):
-        rows = rows.dropDuplicates(EVENT_IDENTITY)
-    if exists:
         bounds = rows.agg(
             F.min("__position").alias("lo"), F.max("__position").alias("hi"),
             F.collect_set(PARTITION_COLUMN).alias("dates"),
@@ -341,6 +341,9 @@ def append_events(
         assert bounds is not None
         if bounds["lo"] is None:
             return Appended(0, {}, None)
+    if not unique and _repeats(rows):
+        rows = rows.dropDuplicates(EVENT_IDENTITY)
+    if bounds is not None:
         existing = (
             spark.read.format("delta").load(location)
             .where(F.col(PARTITION_COLUMN).isin(list(bounds["dates"])))
