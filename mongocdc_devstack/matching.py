@@ -1524,7 +1524,7 @@ def project_stage(docs: list[dict[str, Any]], spec: Any) -> list[dict[str, Any]]
     return [_include(doc, tree, doc) for doc in docs]
 
 
-def _sample(docs: list[Any], options: Any) -> list[Any]:
+def sample_stage(docs: list[Any], options: Any) -> list[Any]:
     """``$sample``: ``size`` documents picked at random (all of them, shuffled, when there are fewer)."""
     if not isinstance(options, Mapping):
         raise command_error((28745, "Location28745"), "the $sample stage specification must be an object")
@@ -1572,7 +1572,7 @@ def run_pipeline(
             current = sort_documents(current, options)
             continue
         if name == "$sample":  # only selects: picked before any copy, as mongod's random cursor reads few documents
-            current = _sample(current, options)
+            current = sample_stage(current, options)
             continue
         if not copied:
             current = [copy.deepcopy(dict(d)) for d in current]

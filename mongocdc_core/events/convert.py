@@ -22,6 +22,7 @@ from bson.timestamp import Timestamp
 
 from mongocdc_core.events import ejson, raw
 from mongocdc_core.events.changes import DATA_OPERATIONS, short
+from mongocdc_core.events.dates import datetime_ns, since_epoch
 from mongocdc_core.events.debezium3 import Debezium3Events
 from mongocdc_core.events.envelope import (
     NULL,
@@ -53,8 +54,6 @@ from mongocdc_core.positions import Position
 READ_SNAPSHOT_MARKERS = frozenset(
     {"true", "first", "first_in_data_collection", "last_in_data_collection", "last", "incremental"}
 )
-_EPOCH = datetime.datetime(1970, 1, 1)
-_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _MILLISECOND = datetime.timedelta(milliseconds=1)
 _OID_KEY_JSON = b'"{\\"$oid\\" : \\"%b\\"}"'
 _OP_JSON = {op: orjson.dumps(op) for op in ("c", "u", "d", "r")}
@@ -63,16 +62,10 @@ _SNAPSHOT_JSON = {marker: orjson.dumps(marker) for marker in (*READ_SNAPSHOT_MAR
 _AFTER_SLOT = b"\x00"
 
 
-def _datetime_ns(value: datetime.datetime) -> int:
-    """Nanoseconds since the epoch (naive datetimes are UTC, as bson.decode returns them)."""
-    delta = value - (_EPOCH_UTC if value.tzinfo is not None else _EPOCH)
-    return ((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds) * 1_000
-
-
 def _wall_time_json(value: Any) -> bytes:
     """``source.wallTime``: milliseconds since the epoch, or null."""
     if type(value) is datetime.datetime or isinstance(value, datetime.datetime):  # bson.decode's type first
-        return b"%d" % ((value - (_EPOCH_UTC if value.tzinfo is not None else _EPOCH)) // _MILLISECOND)
+        return b"%d" % (since_epoch(value) // _MILLISECOND)
     if value is None:
         return NULL
     if isinstance(value, DatetimeMS):
@@ -331,7 +324,7 @@ class EventConverter:
             raise ValueError(f"snapshot document of {db}.{coll} has no '_id': {short(document)}")
         ctx = self._collection(db, coll)
         o = self.options
-        ts_ns = _datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
+        ts_ns = datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
         if not self._legacy:
             return self._reads(ctx, [document], [snapshot_marker], position, ts_ns)[0]
         source = legacy_source_block(
@@ -376,7 +369,7 @@ class EventConverter:
         if len(documents) != len(markers):
             raise ValueError(f"{len(documents)} snapshot documents of {db}.{coll} with {len(markers)} markers")
         plain = self._debezium3 is None and not self._legacy and READ_SNAPSHOT_MARKERS.issuperset(markers)
-        ts_ns = _datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
+        ts_ns = datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
         if isinstance(documents, RawDocuments):
             ctx = self._collection(db, coll)
             if plain and ctx.fields is None and raw.native is not None and documents:

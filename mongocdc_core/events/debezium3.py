@@ -35,6 +35,7 @@ from bson.timestamp import Timestamp
 
 from mongocdc_core.events import javajson
 from mongocdc_core.events.changes import data_change, short
+from mongocdc_core.events.dates import datetime_millis, datetime_ns
 from mongocdc_core.events.options import EventOptions
 from mongocdc_core.events.records import Record
 from mongocdc_core.events.schema import Serializer, _field, _json_field, _plain, _schema, adjust_schema_name
@@ -239,18 +240,8 @@ def _wall_time_ms(value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, (datetime.datetime, DatetimeMS)):
-        return javajson.datetime_millis(value)
+        return datetime_millis(value)
     raise ValueError(f"change event 'wallTime' must be a date, got {value!r}")
-
-
-_EPOCH = datetime.datetime(1970, 1, 1)
-_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-
-
-def _datetime_ns(value: datetime.datetime) -> int:
-    """Nanoseconds since the epoch (naive datetimes are UTC)."""
-    delta = value - (_EPOCH_UTC if value.tzinfo is not None else _EPOCH)
-    return ((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds) * 1_000
 
 
 def java_string_hash(text: str) -> int:
@@ -499,7 +490,7 @@ class Debezium3Events:
             source = self._source(ctx, position.seconds * 1_000_000_000, _INCREMENTAL, position.increment, None, None, None)
         else:
             marker = _LAST if snapshot_marker == _LAST else "true"
-            ts_ns = _datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
+            ts_ns = datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
             source = self._source(ctx, ts_ns, marker, -1, None, None, None)
         payload = {
             "before": None,

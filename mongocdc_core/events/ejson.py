@@ -41,6 +41,8 @@ from bson.int64 import Int64
 from bson.json_util import DatetimeRepresentation, JSONMode, JSONOptions
 from bson.objectid import ObjectId
 
+from mongocdc_core.events.dates import datetime_millis
+
 
 class EjsonMode(StrEnum):
     """Extended JSON flavour: Debezium's strict mode (the default), or MongoDB's v2 modes."""
@@ -102,15 +104,6 @@ LOADS_OPTIONS = JSONOptions(
     json_mode=JSONMode.RELAXED, tz_aware=False, datetime_conversion=DatetimeConversion.DATETIME_AUTO
 )
 
-_EPOCH = datetime.datetime(1970, 1, 1)
-_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-
-
-def _datetime_millis(value: datetime.datetime) -> int:
-    """Milliseconds since the epoch; naive datetimes are UTC (as bson.decode returns them)."""
-    delta = value - (_EPOCH if value.tzinfo is None else _EPOCH_UTC)
-    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
-
 
 _DECIMAL_SPECIAL = 0x7800000000000000  # infinity and NaN bits of the high word
 _DECIMAL_LARGE_FORM = 0x6000000000000000  # the "11" combination field: non-canonical or special
@@ -146,7 +139,7 @@ def _code(value: Code) -> dict[str, Any]:
 _STRICT_FAST: dict[type, Callable[[Any], Any]] = {
     ObjectId: lambda o: {"$oid": str(o)},
     Int64: lambda o: {"$numberLong": str(o)},
-    datetime.datetime: lambda o: {"$date": _datetime_millis(o)},
+    datetime.datetime: lambda o: {"$date": datetime_millis(o)},
     DatetimeMS: lambda o: {"$date": int(o)},
     Decimal128: lambda o: {"$numberDecimal": decimal128_text(o)},
     Code: _code,

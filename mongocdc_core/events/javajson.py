@@ -49,6 +49,8 @@ from bson.objectid import ObjectId
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
+from mongocdc_core.events.dates import datetime_millis
+
 
 @dataclass(frozen=True, slots=True)
 class JavaJsonSettings:
@@ -149,16 +151,7 @@ def java_double(value: float) -> str:
 
 
 _EPOCH = datetime.datetime(1970, 1, 1)
-_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _LAST_MS_OF_YEAR_9999 = 253402300799999
-
-
-def datetime_millis(value: datetime.datetime | DatetimeMS) -> int:
-    """Milliseconds since the epoch of a BSON date (naive datetimes are UTC, as bson.decode returns them)."""
-    if isinstance(value, DatetimeMS):
-        return int(value)
-    delta = value - (_EPOCH_UTC if value.tzinfo is not None else _EPOCH)
-    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
 
 
 def iso_millis(millis: int) -> str:

@@ -425,8 +425,8 @@ def find(ctx: Context) -> dict[str, Any]:
         with ctx.state.lock:
             items = list(coll.docs.values())
         items = items[skip:] if skip else items
-    else:
-        items = ctx.state.match_stored(coll, query, sort=sort, skip=skip, collation=collation)
+    else:  # the limit too: a sorted find_one reads one document off the _id index, not the collection
+        items = ctx.state.match_stored(coll, query, sort=sort, skip=skip, limit=limit, collation=collation)
     cursor = ListCursor(ns, items, _encoder(projection), limit)
     return _cursor_reply(ctx, cursor, ns, batch_size, single, "firstBatch")
 
@@ -721,7 +721,12 @@ def aggregate(ctx: Context) -> dict[str, Any]:
             docs = []
         else:
             with ctx.state.lock:
-                docs = [d for d, _ in coll.docs.values()]
+                stored = list(coll.docs.values())
+            if matching.validate_pipeline(pipeline) and next(iter(pipeline[0])) == "$sample":
+                # mongod's random cursor reads only the documents it picks: so does this
+                stored = matching.sample_stage(stored, pipeline[0]["$sample"])
+                pipeline = pipeline[1:]
+            docs = [d for d, _ in stored]
     results = matching.run_pipeline(docs, pipeline, _pipeline_resolver(ctx, ctx.txn))
     if writer is not None:
         stage_name, spec = next(iter(writer.items()))

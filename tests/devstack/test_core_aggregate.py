@@ -58,10 +58,15 @@ def test_sample_and_bucket_auto(sales: Database) -> None:
     assert len(sample) == 5 and len({d["_id"] for d in sample}) == 5
     everything = list(sales.sales.aggregate([{"$sample": {"size": 1000}}, {"$sort": {"_id": 1}}]))
     assert everything == list(sales.sales.find().sort("_id", 1))  # fewer documents than asked: all of them
+    ids = list(sales.sales.aggregate([{"$sample": {"size": 3}}, {"$project": {"_id": 1}}, {"$sort": {"_id": 1}}]))
+    assert len(ids) == 3 and all(list(d) == ["_id"] for d in ids) and ids == sorted(ids, key=lambda d: d["_id"])
     for spec, code in (({"size": "5"}, 28746), ({"size": -1}, 28747), ({}, 28749), ({"size": 1, "x": 1}, 28748)):
         with pytest.raises(OperationFailure) as raised:
             list(sales.sales.aggregate([{"$sample": spec}]))
         assert raised.value.code == code, spec
+    with pytest.raises(OperationFailure) as raised:  # the whole pipeline is parsed before anything runs
+        list(sales.sales.aggregate([{"$sample": {"size": 2}}, {"$nope": 1}]))
+    assert raised.value.code == 40324
     buckets = list(sales.sales.aggregate([{"$bucketAuto": {"groupBy": "$qty", "buckets": 3}}]))
     assert buckets == [
         {"_id": {"min": 1, "max": 5}, "count": 4},

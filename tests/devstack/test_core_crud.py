@@ -241,6 +241,10 @@ def test_id_range_reads_follow_type_bracketing(fresh_db: Database) -> None:
     c.delete_one({"_id": 5})
     c.insert_one({"_id": 4})
     assert [d["_id"] for d in c.find({"_id": {"$gte": 3}}).sort("_id", 1)] == [3.5, 4, 7]
+    # whole-collection reads in index order, limited (the smallest / largest _id, as find_one asks)
+    assert c.find_one({}, {"_id": 1}, sort=[("_id", 1)]) == {"_id": 1}
+    assert c.find_one({}, {"_id": 1}, sort=[("_id", -1)]) == {"_id": datetime.datetime(2020, 1, 1)}
+    assert [d["_id"] for d in c.find().sort("_id", 1).skip(2).limit(2)] == [3.5, 4]
 
 
 def test_code_values_are_queried_sorted_and_used_as_ids(fresh_db: Database) -> None:
