@@ -2,7 +2,8 @@
 
 Baseline, in this process against the same server: a bare pymongo ``find({})`` drain of the
 collection (no conversion, no sink). Measured: the connector's snapshot (``snapshot.mode=initial_only``,
-records converted and handed to a sink that only counts them) with 1, 2 and 4 threads, each as
+records converted and handed to a sink that only counts them, so a chunk's RecordRun is never
+taken apart; one more row lands the 1-thread snapshot in JSON Lines files) with 1, 2 and 4 threads, each as
 documents/s and as a ratio to the baseline, timed from the snapshot's start (before its ranges are
 planned) to its end, as the baseline is timed from its first read to its last (the whole engine run,
 with connecting and closing the client, is a row of its own); and a snapshot stopped at 90 % and resumed, whose total
@@ -35,6 +36,7 @@ from mongocdc_core.events import EventConverter, EventOptions
 from mongocdc_core.events.records import Record
 from mongocdc_core.offsets import FileOffsetStore, MemoryOffsetStore, OffsetStore
 from mongocdc_core.positions import Position
+from mongocdc_core.sinks.jsonl import JsonlSink
 from mongocdc_core.source.ranges import plan_ranges
 from mongocdc_core.source.snapshot import raw_batches
 from mongocdc_devstack.fixture import EmulatedReplicaSet
@@ -54,6 +56,18 @@ class CountingSink:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+class _CountedJsonl(JsonlSink):
+    """The landing zone's JSON Lines sink, counting what it wrote."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.records = 0
+
+    def write(self, records: Sequence[Record]) -> None:
+        super().write(records)
+        self.records += len(records)
 
 
 def _process_cpu(pid: int | None) -> float:
@@ -108,10 +122,11 @@ def _config(uri: str, threads: int, split: int) -> ConnectorConfig:
     })
 
 
-def _snapshot(cfg: ConnectorConfig, offsets: OffsetStore, timing: Timing) -> tuple[float, float, int]:
+def _snapshot(cfg: ConnectorConfig, offsets: OffsetStore, timing: Timing, landing: Path | None = None) -> tuple[float, float, int]:
     """The snapshot's own time (planning included), the engine's whole run (connecting, and closing
-    the client: pymongo joins its monitor threads, up to 0.5 s) and the records delivered."""
-    sink = CountingSink()
+    the client: pymongo joins its monitor threads, up to 0.5 s) and the records delivered (into
+    JSON Lines files under ``landing`` when given, else counted only)."""
+    sink: CountingSink | _CountedJsonl = CountingSink() if landing is None else _CountedJsonl(landing)
     engine = Engine(cfg, sink, offsets, progress=timing)
     if isinstance(timing, StopAt):
         timing.engine = engine
@@ -211,6 +226,11 @@ def run(small: bool) -> list[harness.Row]:
             )
             assert records == count, f"{records} records for {count} documents"
             elapsed_by_threads[threads] = elapsed
+        with tempfile.TemporaryDirectory() as tmp:
+            elapsed, _, records = _snapshot(_config(rs.uri, 1, split), MemoryOffsetStore(), Timing(), Path(tmp))
+            assert records == count, f"{records} records written for {count} documents"
+        rows.append(harness.Row(NAME, "snapshot, 1 thread, into the landing zone's JSON Lines files", BASELINE,
+                                count / elapsed, baseline, "docs/s", count / elapsed / baseline))
         for threads, elapsed in sorted(elapsed_by_threads.items()):
             rows.append(harness.Row(NAME, f"snapshot, {threads} thread(s), {count // split} ranges", BASELINE,
                                     count / elapsed, baseline, "docs/s", count / elapsed / baseline,

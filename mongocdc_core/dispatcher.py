@@ -29,6 +29,7 @@ from bson import Timestamp
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events import EventConverter, Record, ejson
+from mongocdc_core.events.records import RecordRun
 from mongocdc_core.failures import CHANGE_EVENT, SNAPSHOT_READ, FailedEvent, FailurePolicy, quote_key
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.offsets import Offset, OffsetStore, SnapshotState
@@ -69,7 +70,10 @@ class Dispatcher:
         self.replica_set = replica_set  # saved offsets name their deployment (offset invalidation)
         self.heartbeat_interval_s = cfg.heartbeat_interval_ms / 1000
         self.batch_size = cfg.max_batch_size
-        self._buffer: list[Record] = []
+        # Records not yet handed to the sink, in delivery order: a snapshot chunk's RecordRun stays one
+        # piece (its records are made only if the sink takes them one by one); others join a list.
+        self._pieces: list[Sequence[Record]] = []
+        self._buffered = 0
         self._captured: dict[tuple[Any, Any], bool] = {}  # the filters' verdict per namespace
         self._last_commit = time.monotonic()
         self._last_heartbeat = time.monotonic()
@@ -99,8 +103,15 @@ class Dispatcher:
     # -- writing and committing -----------------------------------------------------------------------
 
     def _write(self, records: Sequence[Record]) -> None:
-        self._buffer.extend(records)
-        if len(self._buffer) >= self.batch_size:
+        pieces = self._pieces
+        if isinstance(records, RecordRun):
+            pieces.append(records)
+        elif pieces and type(pieces[-1]) is list:
+            pieces[-1].extend(records)
+        else:
+            pieces.append(list(records))
+        self._buffered += len(records)
+        if self._buffered >= self.batch_size:
             self.drain()
 
     def write(self, records: list[Record]) -> None:
@@ -119,17 +130,19 @@ class Dispatcher:
         A record the sink refuses goes to the failure policy; in ``warn``/``skip`` mode the records
         after it are written on.
         """
-        batch, self._buffer = self._buffer, []
-        while batch:
-            try:
-                self.sink.write(batch)
-            except RecordRejected as rejected:
-                self.records_written += rejected.accepted
-                self._rejected(rejected)
-                batch = batch[rejected.accepted + 1:]
-                continue
-            self.records_written += len(batch)
-            return
+        pieces, self._pieces, self._buffered = self._pieces, [], 0
+        for piece in pieces:
+            batch = piece
+            while batch:
+                try:
+                    self.sink.write(batch)
+                except RecordRejected as rejected:
+                    self.records_written += rejected.accepted
+                    self._rejected(rejected)
+                    batch = batch[rejected.accepted + 1:]
+                    continue
+                self.records_written += len(batch)
+                break
 
     def _rejected(self, rejected: RecordRejected) -> None:
         record = rejected.record

@@ -12,8 +12,9 @@ def convert_reads(
     key_tail: bytes,
     value_head: bytes,
     value_tail: bytes,
-) -> tuple[list[bytes | None], list[bytes | None]]:
-    """Key and value bytes of the reads ``lo..hi``; None where the Python path converts."""
+) -> tuple[bytes, bytes, bytes, bytes, list[int]]:
+    """The reads ``lo..hi`` as one run: keys end to end, their end offsets (native-endian u64), values
+    end to end, their end offsets, and the indexes (from ``lo``) left to the Python path (empty)."""
 
 def cursor_batch(reply: bytes) -> tuple[int, bytes, list[int], tuple[int, int] | None]:
     """Cursor id of a raw ``find``/``getMore`` reply, its batch's documents end to end, their bounds,

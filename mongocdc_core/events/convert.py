@@ -36,7 +36,7 @@ from mongocdc_core.events.envelope import (
 )
 from mongocdc_core.events.options import EventOptions
 from mongocdc_core.events.raw import RawDocuments
-from mongocdc_core.events.records import Record
+from mongocdc_core.events.records import Record, RecordRun
 from mongocdc_core.events.schema import (
     Serializer,
     adjust_schema_name,
@@ -358,13 +358,14 @@ class EventConverter:
         coll: str,
         position: Position,
         ts: datetime.datetime | None = None,
-    ) -> list[Record]:
+    ) -> Sequence[Record]:
         """:meth:`convert_read` of each document of a snapshot chunk (``markers`` one per document).
 
         The records are those of :meth:`convert_read` (one processing time for the chunk); the
         documents are written in one pass (:func:`ejson.dumps_strings`) and every record shares the
         bytes around its ``after``, which is what a snapshot of small documents spends its time on.
-        :class:`RawDocuments` (a raw batch) are written straight from their BSON by the compiled module.
+        :class:`RawDocuments` (a raw batch) are written straight from their BSON by the compiled module,
+        into a :class:`RecordRun` (records made only when a consumer takes them).
         """
         if len(documents) != len(markers):
             raise ValueError(f"{len(documents)} snapshot documents of {db}.{coll} with {len(markers)} markers")
@@ -417,36 +418,41 @@ class EventConverter:
 
     def _raw_reads(
         self, ctx: _Collection, documents: RawDocuments, markers: Sequence[str], position: Position, ts_ns: int
-    ) -> list[Record]:
-        """:meth:`_reads` of a raw batch: the compiled module writes each record from the BSON with the
-        templates of the chunk's inner marker; reads with another marker get their own template around
-        the same ``after``, and a read it leaves to Python (a type it does not write) is decoded and
-        converted here."""
+    ) -> Sequence[Record]:
+        """:meth:`_reads` of a raw batch: the compiled module writes every record from the BSON with the
+        templates of the chunk's inner marker, into one :class:`RecordRun` (no object per read). Only
+        a chunk with a read of another marker (a collection's first or last) or a read the module
+        leaves to Python (a type it does not write) becomes a list: those reads get their own
+        template around the same ``after``, or are decoded and converted here."""
         assert raw.native is not None
         around = self._read_templates(ctx, markers, position, ts_ns)
         common = markers[len(markers) // 2]  # the copier marks only a chunk's first and last reads
         head, tail = around[common]
         key_head, _, key_tail = (ctx.key_template % _AFTER_SLOT).partition(_AFTER_SLOT)
-        keys, values = raw.native.convert_reads(
+        keys, key_ends, values, value_ends, left = raw.native.convert_reads(
             documents.data, documents.bounds, documents.lo, documents.hi, key_head, key_tail, head, tail
         )
-        if markers.count(common) != len(markers):
-            for i, marker in enumerate(markers):
-                value = values[i]
-                if marker != common and value is not None:
-                    other_head, other_tail = around[marker]
-                    values[i] = other_head + value[len(head) : len(value) - len(tail)] + other_tail
-        if values.count(None):
-            for i, value in enumerate(values):
-                if value is None:
-                    doc = documents[i]
-                    if "_id" not in doc:
-                        raise ValueError(f"snapshot document of {ctx.namespace} has no '_id': {short(doc)}")
-                    other_head, other_tail = around[markers[i]]
-                    keys[i] = ctx.key_template % key_id_json(doc["_id"])
-                    values[i] = other_head + ejson.dumps_string(doc) + other_tail
+        run = RecordRun(ctx.topic, keys, key_ends, values, value_ends, position, ctx.namespace, "r")
+        if not left and markers.count(common) == len(markers):
+            return run
+        key_list: list[bytes] = run.keys()
+        value_list: list[bytes | None] = list(run.values())
+        for i in left:
+            value_list[i] = None
+        for i, marker in enumerate(markers):
+            value = value_list[i]
+            if marker != common and value is not None:
+                other_head, other_tail = around[marker]
+                value_list[i] = other_head + value[len(head) : len(value) - len(tail)] + other_tail
+        for i in left:
+            doc = documents[i]
+            if "_id" not in doc:
+                raise ValueError(f"snapshot document of {ctx.namespace} has no '_id': {short(doc)}")
+            other_head, other_tail = around[markers[i]]
+            key_list[i] = ctx.key_template % key_id_json(doc["_id"])
+            value_list[i] = other_head + ejson.dumps_string(doc) + other_tail
         # map over the lists (not a comprehension): a third less time per record, most of it GIL-held
-        return list(map(Record, repeat(ctx.topic), keys, values, repeat(position), repeat(ctx.namespace), repeat("r")))
+        return list(map(Record, repeat(ctx.topic), key_list, value_list, repeat(position), repeat(ctx.namespace), repeat("r")))
 
     def heartbeat_record(self, position: Position, ts_ms: int) -> Record:
         """A heartbeat on ``<topic.heartbeat.prefix><delimiter><topic.prefix>``.

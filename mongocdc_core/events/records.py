@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from mongocdc_core.positions import Position
 
@@ -25,3 +27,80 @@ class Record:
     position: Position
     collection: str | None
     op: str | None
+
+
+class RecordRun(Sequence[Record]):
+    """Records sharing their topic, position, collection and op, whose keys and values lie end to end.
+
+    A snapshot chunk's reads as the compiled converter writes them: no Python object per read until
+    a consumer takes one (each access makes a :class:`Record`). The copier's threads convert chunks
+    at the same time only where no GIL is held, so a per-read object there would serialise them;
+    a sink that only counts, or writes in bulk, never pays for the objects at all.
+    ``key_ends``/``value_ends`` are each record's end offset (native-endian u64 bytes).
+    """
+
+    __slots__ = ("topic", "position", "collection", "op", "_keys", "_values", "_key_ends", "_value_ends", "_lo", "_hi")
+
+    def __init__(
+        self, topic: str, keys: bytes, key_ends: bytes | memoryview, values: bytes, value_ends: bytes | memoryview,
+        position: Position, collection: str, op: str, lo: int = 0, hi: int | None = None,
+    ) -> None:  # fmt: skip
+        self.topic, self.position, self.collection, self.op = topic, position, collection, op
+        self._keys, self._values = keys, values
+        self._key_ends = key_ends if isinstance(key_ends, memoryview) else memoryview(key_ends).cast("Q")
+        self._value_ends = value_ends if isinstance(value_ends, memoryview) else memoryview(value_ends).cast("Q")
+        if len(self._key_ends) != len(self._value_ends):
+            raise ValueError(f"a record run needs one key end per value end: {len(self._key_ends)} and {len(self._value_ends)}")
+        self._lo, self._hi = lo, len(self._key_ends) if hi is None else hi
+
+    def __len__(self) -> int:
+        return self._hi - self._lo
+
+    @overload
+    def __getitem__(self, index: int) -> Record: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Record]: ...
+
+    def __getitem__(self, index: int | slice) -> Record | Sequence[Record]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            return RecordRun(self.topic, self._keys, self._key_ends, self._values, self._value_ends, self.position,
+                             self.collection, self.op, self._lo + start, self._lo + max(start, stop))  # fmt: skip
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"record {index} of a run of {n}")
+        i = self._lo + (index if index >= 0 else n + index)
+        return Record(self.topic, self.key_at(i), self.value_at(i), self.position, self.collection, self.op)
+
+    def key_at(self, i: int) -> bytes:
+        """The key of record ``i`` of the whole run (not counted from a slice's start)."""
+        return self._keys[self._key_ends[i - 1] if i else 0 : self._key_ends[i]]
+
+    def value_at(self, i: int) -> bytes:
+        """The value of record ``i`` of the whole run (not counted from a slice's start)."""
+        return self._values[self._value_ends[i - 1] if i else 0 : self._value_ends[i]]
+
+    def keys(self) -> list[bytes]:
+        return [self.key_at(i) for i in range(self._lo, self._hi)]
+
+    def values(self) -> list[bytes]:
+        return [self.value_at(i) for i in range(self._lo, self._hi)]
+
+    def __iter__(self) -> Iterator[Record]:
+        topic, position, collection, op = self.topic, self.position, self.collection, self.op
+        for key, value in zip(self.keys(), self.values(), strict=True):
+            yield Record(topic, key, value, position, collection, op)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to any sequence of the same records (a list of them, another run)."""
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)) or len(other) != len(self):
+            return False
+        return all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # compares by content, like the list it stands for
+
+    def __repr__(self) -> str:
+        return f"RecordRun({len(self)} records of {self.collection} on {self.topic})"

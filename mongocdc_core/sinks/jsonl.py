@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, Protocol
 import orjson
 import zstandard
 
-from mongocdc_core.events.records import Record
+from mongocdc_core.events.records import Record, RecordRun
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.base import KeyScan, SinkError
 from mongocdc_core.sinks.readback import KeyScanBuilder
@@ -118,11 +118,14 @@ class JsonlSink:
             raise SinkError("write to a closed jsonl sink")
         # One write per topic per batch: the lines of a batch, joined, in delivery order.
         lines: dict[str, list[bytes]] = {}
-        for record in records:
-            topic_lines = lines.get(record.topic)
-            if topic_lines is None:
-                topic_lines = lines[record.topic] = []
-            topic_lines.append(b'{"key":%b,"value":%b}\n' % (record.key or b"null", record.value or b"null"))
+        if isinstance(records, RecordRun):  # a snapshot chunk: one topic, every key and value present
+            lines[records.topic] = [b'{"key":%b,"value":%b}\n' % kv for kv in zip(records.keys(), records.values(), strict=True)]
+        else:
+            for record in records:
+                topic_lines = lines.get(record.topic)
+                if topic_lines is None:
+                    topic_lines = lines[record.topic] = []
+                topic_lines.append(b'{"key":%b,"value":%b}\n' % (record.key or b"null", record.value or b"null"))
         for topic, topic_lines in lines.items():
             try:
                 self._file(topic).write(b"".join(topic_lines))

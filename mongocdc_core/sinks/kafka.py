@@ -42,7 +42,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.events.records import Record
+from mongocdc_core.events.records import Record, RecordRun
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.base import KeyScan, RecordRejected, SinkError
 from mongocdc_core.sinks.readback import KeyScanBuilder
@@ -348,7 +348,8 @@ class KafkaSink:
         if not records:
             return
         if self._admin is not None:
-            missing = {r.topic for r in records} - self._known_topics
+            topics = {records.topic} if isinstance(records, RecordRun) else {r.topic for r in records}
+            missing = topics - self._known_topics
             if missing:
                 self._create(missing)
         if self.transactional:

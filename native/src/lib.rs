@@ -12,7 +12,7 @@
 use base64::Engine as _;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::PyBytes;
 
 /// The document needs the Python path (a type or form not written here).
 struct Unsupported;
@@ -538,11 +538,19 @@ fn document_bounds(data: &[u8]) -> PyResult<Vec<usize>> {
     bounds_of(data).map_err(PyValueError::new_err)
 }
 
-/// The key and value bytes of the reads `lo..hi` of `data` (documents at `bounds`), each the
-/// templates around the document's key id and `after` string; None for a document the Python
-/// path converts. The conversion runs without the GIL.
+/// Offsets as native-endian u64 bytes (Python reads them through `memoryview.cast("Q")`).
+fn ends_bytes(ends: &[u64]) -> Vec<u8> {
+    ends.iter().flat_map(|end| end.to_ne_bytes()).collect()
+}
+
+/// The reads `lo..hi` of `data` (documents at `bounds`) as one run: their keys laid end to end and
+/// the end offset of each, the same for their values (each key and value the templates around the
+/// document's key id and `after` string), and the indexes (counted from `lo`) of the documents the
+/// Python path converts, whose key and value are left empty. No Python object per document, and
+/// the conversion runs without the GIL, so the copier's threads convert at the same time.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
+#[allow(clippy::type_complexity)]
 fn convert_reads<'py>(
     py: Python<'py>,
     data: &[u8],
@@ -553,7 +561,7 @@ fn convert_reads<'py>(
     key_tail: &[u8],
     value_head: &[u8],
     value_tail: &[u8],
-) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Vec<usize>)> {
     if lo > hi || hi >= bounds.len() || bounds[hi] > data.len() || bounds[lo..=hi].windows(2).any(|w| w[0] > w[1]) {
         return Err(PyValueError::new_err(format!(
             "reads {lo}..{hi} do not fit {} ascending bounds within {} bytes",
@@ -562,40 +570,25 @@ fn convert_reads<'py>(
         )));
     }
     let templates = [key_head, key_tail, value_head, value_tail];
-    let (keys, values, ends) = py.allow_threads(|| {
+    let (keys, key_ends, values, value_ends, left) = py.allow_threads(|| {
         let mut key = Writer { out: Vec::with_capacity((hi - lo) * (key_head.len() + key_tail.len() + 48)) };
         let mut value = Writer { out: Vec::with_capacity(bounds[hi] - bounds[lo] + (hi - lo) * (value_head.len() + value_tail.len() + 64)) };
-        let mut ends: Vec<Option<(usize, usize)>> = Vec::with_capacity(hi - lo);
+        let mut key_ends: Vec<u64> = Vec::with_capacity(hi - lo);
+        let mut value_ends: Vec<u64> = Vec::with_capacity(hi - lo);
+        let mut left: Vec<usize> = Vec::new();
         for i in lo..hi {
             let (key_mark, value_mark) = (key.out.len(), value.out.len());
-            match read_record(&data[bounds[i]..bounds[i + 1]], &templates, &mut key, &mut value) {
-                Ok(()) => ends.push(Some((key.out.len(), value.out.len()))),
-                Err(Unsupported) => {
-                    key.out.truncate(key_mark);
-                    value.out.truncate(value_mark);
-                    ends.push(None);
-                }
+            if read_record(&data[bounds[i]..bounds[i + 1]], &templates, &mut key, &mut value).is_err() {
+                key.out.truncate(key_mark);
+                value.out.truncate(value_mark);
+                left.push(i - lo);
             }
+            key_ends.push(key.out.len() as u64);
+            value_ends.push(value.out.len() as u64);
         }
-        (key.out, value.out, ends)
+        (key.out, ends_bytes(&key_ends), value.out, ends_bytes(&value_ends), left)
     });
-    let key_list = PyList::empty(py);
-    let value_list = PyList::empty(py);
-    let (mut key_at, mut value_at) = (0, 0);
-    for end in ends {
-        match end {
-            Some((key_end, value_end)) => {
-                key_list.append(PyBytes::new(py, &keys[key_at..key_end]))?;
-                value_list.append(PyBytes::new(py, &values[value_at..value_end]))?;
-                (key_at, value_at) = (key_end, value_end);
-            }
-            None => {
-                key_list.append(py.None())?;
-                value_list.append(py.None())?;
-            }
-        }
-    }
-    Ok((key_list, value_list))
+    Ok((PyBytes::new(py, &keys), PyBytes::new(py, &key_ends), PyBytes::new(py, &values), PyBytes::new(py, &value_ends), left))
 }
 
 #[pymodule]

@@ -7,8 +7,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import bson
 import pytest
 from bson import Binary, Int64, Timestamp
+from bson.codec_options import DEFAULT_CODEC_OPTIONS
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.dispatcher import Dispatcher
@@ -289,3 +291,38 @@ def test_a_snapshot_read_that_cannot_be_converted_goes_to_the_policy(mode: str) 
         dispatcher.snapshot_chunk(chunk, start, read_at)
         assert [r.key for r in sink.written] == [b'{"id":"1"}', b'{"id":"3"}']
         assert dispatcher.metrics.snapshot.NumberOfErroneousEvents == 1
+
+
+def test_a_raw_chunk_reaches_the_sink_as_one_run_in_order_and_a_refused_read_in_it_is_skipped() -> None:
+    """A snapshot chunk of inner reads goes to the sink as the converter's RecordRun, between the
+    records buffered before and after it (delivery order kept); in warn mode a read the sink refuses
+    in the middle of the run is skipped and the rest of the run is delivered."""
+    from mongocdc_core.events.raw import RawDocuments
+    from mongocdc_core.events.records import RecordRun
+    from mongocdc_core.offsets import SnapshotState
+    from mongocdc_core.receiver import SnapshotChunk
+
+    class Batches(RefusingSink):
+        def __init__(self, refuse: set[bytes]) -> None:
+            super().__init__(refuse)
+            self.batches: list[type] = []
+
+        def write(self, records: Sequence[Record]) -> None:
+            self.batches.append(type(records))
+            super().write(records)
+
+    sink = Batches({b'{"id":"12"}'})
+    store = CheckingStore(sink)
+    cfg = _config(**{"event.processing.failure.handling.mode": "warn", "max.batch.size": "100"})
+    dispatcher = _dispatcher(sink, store, cfg)
+    start = Position(1_700_000_000, 1)
+    dispatcher.snapshot_started(SnapshotState(["shop.orders"], start_position=start), {"shop.orders": 30})
+    dispatcher.change(*_insert(1))
+    raw = RawDocuments(b"".join(bson.encode({"_id": i, "n": i}) for i in range(10, 20)), DEFAULT_CODEC_OPTIONS)
+    read_at = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+    dispatcher.snapshot_chunk(SnapshotChunk("shop.orders", raw, ["true"] * 10, False), start, read_at)
+    dispatcher.change(*_insert(2))
+    dispatcher.finish()
+    keys = [r.key for r in sink.written]
+    assert keys == [b'{"id":"1"}', *[b'{"id":"%d"}' % i for i in range(10, 20) if i != 12], b'{"id":"2"}']
+    assert sink.batches == [list, RecordRun, RecordRun, list]  # the run, then what followed the refused read

@@ -26,7 +26,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from mongocdc_core.events.raw import RawDocuments
-from mongocdc_core.events.records import Record
+from mongocdc_core.events.records import Record, RecordRun
 
 from .helpers import POSITION, converter
 from .strategies import datetimes, decimals, documents, field_names, id_values, int32s, int64s, object_ids
@@ -90,8 +90,8 @@ def test_plain_documents_are_written_by_the_compiled_path_byte_for_byte(
     from_raw, from_dicts = _both_ways(docs, schemas_enable=schemas)
     assert from_raw == from_dicts
     raw = _raw(docs)
-    keys, values = mongocdc_native.convert_reads(raw.data, raw.bounds, 0, len(raw), b"", b"", b"", b"")
-    assert None not in values, "the compiled path left a document of its own types to Python"
+    left = mongocdc_native.convert_reads(raw.data, raw.bounds, 0, len(raw), b"", b"", b"", b"")[4]
+    assert not left, "the compiled path left a document of its own types to Python"
 
 
 @settings(max_examples=200, deadline=None, phases=[Phase.generate])
@@ -131,13 +131,36 @@ def test_documents_the_compiled_path_leaves_to_python() -> None:
     docs: list[Any] = [{"_id": 3, "x": float("nan")}, {"_id": 4, "d": Decimal128("NaN"), "u": Binary(bytes(16), 3)},
                        {"_id": 5.5, "x": 1}, {"_id": Int64(6), "when": datetime.datetime(2020, 1, 1)}]
     raw = RawDocuments(repeated + many + dbrefs + b"".join(bson.encode(doc) for doc in docs), ENGINE_OPTIONS)
-    _, values = mongocdc_native.convert_reads(raw.data, raw.bounds, 0, len(raw), b"", b"", b"", b"")
-    assert [v is None for v in values] == [True, True, True, True, True, True, False]
+    left = mongocdc_native.convert_reads(raw.data, raw.bounds, 0, len(raw), b"", b"", b"", b"")[4]
+    assert left == [0, 1, 2, 3, 4, 5]
     conv = converter(schemas_enable=False)
     markers = _markers(len(raw))
     assert conv.convert_reads(raw, markers, "inventory", "customers", POSITION, TS) == conv.convert_reads(
         raw.decoded(), markers, "inventory", "customers", POSITION, TS)
     assert b'\\"a\\": 3,\\"b\\": 2' in (conv.convert_reads(raw[:1], ["true"], "inventory", "customers", POSITION, TS)[0].value or b"")
+
+
+def test_a_chunk_of_inner_reads_is_one_run_that_reads_as_its_list() -> None:
+    """Reads of one marker, all written by the compiled path: a RecordRun, the records made only when
+    taken, and it reads (index, slice, iteration, equality) exactly as the list the Python path gives."""
+    docs = [{"_id": i, "name": f"n-{i}", "tags": ["a"] * (i % 3)} for i in range(7)]
+    raw = _raw(docs)
+    conv = converter(schemas_enable=True)
+    run = conv.convert_reads(raw, ["true"] * 7, "inventory", "customers", POSITION, TS)
+    listed = conv.convert_reads(raw.decoded(), ["true"] * 7, "inventory", "customers", POSITION, TS)
+    assert isinstance(run, RecordRun) and not isinstance(listed, RecordRun)
+    assert run == listed and listed == run and len(run) == 7 and list(run) == listed
+    assert run[0] == listed[0] and run[-1] == listed[-1] and run[3].op == "r" and run[3].collection == "inventory.customers"
+    middle = run[2:5]
+    assert isinstance(middle, RecordRun) and middle == listed[2:5] and middle[-1] == listed[4] and middle[1:] == listed[3:5]
+    assert run[::2] == listed[::2] and run[5:2] == [] and run != listed[:6]
+    assert run.keys() == [r.key for r in listed] and middle.values() == [r.value for r in listed[2:5]]
+    with pytest.raises(IndexError):
+        run[7]
+    with pytest.raises(IndexError):
+        middle[-4]
+    # a first or last read of the collection (another marker) or a read left to Python: a list
+    assert type(conv.convert_reads(raw, ["first", *["true"] * 6], "inventory", "customers", POSITION, TS)) is list
 
 
 def _members(pairs: list[tuple[str, Any]]) -> bytes:
@@ -173,8 +196,9 @@ def test_a_malformed_batch_is_named() -> None:
     for bounds in ([5, 0, len(good)], [0, len(good) + 1]):
         with pytest.raises(ValueError, match="ascending bounds"):
             mongocdc_native.convert_reads(good, bounds, 0, len(bounds) - 1, b"", b"", b"", b"")
-    assert mongocdc_native.convert_reads(good, [0, 0], 0, 1, b"", b"", b"", b"") == ([None], [None])
-    assert mongocdc_native.convert_reads(good[:3], [0, 3], 0, 1, b"", b"", b"", b"") == ([None], [None])
+    empty = bytes(8)  # one end offset, 0: the read is left to Python with an empty key and value
+    assert mongocdc_native.convert_reads(good, [0, 0], 0, 1, b"", b"", b"", b"") == (b"", empty, b"", empty, [0])
+    assert mongocdc_native.convert_reads(good[:3], [0, 3], 0, 1, b"", b"", b"", b"") == (b"", empty, b"", empty, [0])
 
 
 def test_a_cursor_reply_is_cut_into_its_batch_or_named() -> None:
@@ -204,8 +228,8 @@ def test_damaged_bson_is_refused_or_left_to_python_never_a_crash(
     for at, byte in flips:
         data[4 + at % max(1, len(data) - 5)] = byte
     raw = RawDocuments(bytes(data), ENGINE_OPTIONS)
-    _, (value,) = mongocdc_native.convert_reads(raw.data, raw.bounds, 0, 1, b"", b"", b"", b"")
-    if value is not None:  # what it writes, Python decodes and writes alike
+    if not mongocdc_native.convert_reads(raw.data, raw.bounds, 0, 1, b"", b"", b"", b"")[4]:
+        # what it writes, Python decodes and writes alike
         conv = converter(schemas_enable=False)
         assert conv.convert_reads(raw, ["true"], "inventory", "customers", POSITION, TS) == conv.convert_reads(
             raw.decoded(), ["true"], "inventory", "customers", POSITION, TS)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+from array import array
+from itertools import accumulate
 from pathlib import Path
 
 import orjson
@@ -10,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from mongocdc_core.events.records import Record
+from mongocdc_core.events.records import Record, RecordRun
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.base import SinkError
 from mongocdc_core.sinks.factory import open_sink
@@ -60,6 +62,22 @@ def test_jsonl_appends_across_sinks_and_rejects_after_close(tmp_path: Path) -> N
     assert len((tmp_path / f"{TOPIC}.jsonl").read_bytes().splitlines()) == 2
     with pytest.raises(SinkError, match="closed"):
         sink.write(_records())
+
+
+def test_jsonl_writes_a_record_run_as_the_lines_of_its_records(tmp_path: Path) -> None:
+    """A snapshot chunk's RecordRun (keys and values end to end) lands as the same bytes as its records."""
+    keys = [b'{"id":"%d"}' % i for i in range(5)]
+    values = [b'{"after":"{\\"_id\\": %d}","op":"r"}' % i for i in range(5)]
+    run = RecordRun(TOPIC, b"".join(keys), array("Q", accumulate(map(len, keys))).tobytes(), b"".join(values),
+                    array("Q", accumulate(map(len, values))).tobytes(), Position(5, 1), "inventory.customers", "r")
+    by_run, by_list = JsonlSink(tmp_path / "run"), JsonlSink(tmp_path / "list")
+    by_run.write(run[1:])
+    by_list.write(list(run)[1:])
+    for sink in (by_run, by_list):
+        sink.close()
+    lines = (tmp_path / "run" / f"{TOPIC}.jsonl").read_bytes()
+    assert lines == (tmp_path / "list" / f"{TOPIC}.jsonl").read_bytes()
+    assert [orjson.loads(line)["key"] for line in lines.splitlines()] == [{"id": str(i)} for i in range(1, 5)]
 
 
 def test_jsonl_rejects_topic_that_is_not_a_file_name(tmp_path: Path) -> None:
