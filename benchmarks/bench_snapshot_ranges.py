@@ -124,7 +124,7 @@ def _config(uri: str, threads: int, split: int) -> ConnectorConfig:
 
 def _snapshot(cfg: ConnectorConfig, offsets: OffsetStore, timing: Timing, landing: Path | None = None) -> tuple[float, float, int]:
     """The snapshot's own time (planning included), the engine's whole run (connecting, and closing
-    the client: pymongo joins its monitor threads, up to 0.5 s) and the records delivered (into
+    the client) and the records delivered (into
     JSON Lines files under ``landing`` when given, else counted only)."""
     sink: CountingSink | _CountedJsonl = CountingSink() if landing is None else _CountedJsonl(landing)
     engine = Engine(cfg, sink, offsets, progress=timing)

@@ -25,6 +25,7 @@ from pymongo.errors import (
     PyMongoError,
     ServerSelectionTimeoutError,
 )
+from pymongo.server_type import SERVER_TYPE
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.metrics import ConnectorMetrics
@@ -182,32 +183,37 @@ class _DisconnectListener(monitoring.ConnectionPoolListener):
         """Not counted."""
 
 
-class _ElectionListener(monitoring.ServerListener):
-    """Counts primary elections: a primary reporting an electionId other than the one seen before."""
+class _ElectionListener(monitoring.ServerHeartbeatListener):
+    """Counts primary elections: a primary reporting an electionId other than the one seen before.
+
+    Read from the monitors' heartbeat replies, which the driver hands over in the monitor's own
+    thread. A server-description listener would say the same, but only through the driver's event
+    thread, which ``MongoClient.close`` waits for (half a second at the end of every run).
+    """
 
     def __init__(self, metrics: ConnectorMetrics | None) -> None:
         self.metrics = metrics
         self._election_ids: dict[Any, Any] = {}
         self._lock = threading.Lock()
 
-    def opened(self, event: monitoring.ServerOpeningEvent) -> None:
-        """Nothing to count when the driver starts monitoring a server."""
+    def started(self, event: monitoring.ServerHeartbeatStartedEvent) -> None:
+        """Nothing to count before the reply."""
 
-    def closed(self, event: monitoring.ServerClosedEvent) -> None:
-        """Nothing to count when the driver stops monitoring a server."""
+    def failed(self, event: monitoring.ServerHeartbeatFailedEvent) -> None:
+        """Nothing to count: a lost server is counted as a disconnect by the pool."""
 
-    def description_changed(self, event: monitoring.ServerDescriptionChangedEvent) -> None:
+    def succeeded(self, event: monitoring.ServerHeartbeatSucceededEvent) -> None:
         if self.metrics is None:
             return
-        new = event.new_description
-        streaming = self.metrics.streaming
+        reply = event.reply
+        election = reply.election_id
+        if reply.server_type != SERVER_TYPE.RSPrimary or election is None:
+            return
         with self._lock:
-            election = new.election_id
-            if new.server_type_name == "RSPrimary" and election is not None:
-                previous = self._election_ids.get(event.server_address)
-                if previous is not None and previous != election:
-                    streaming.NumberOfPrimaryElections += 1
-                self._election_ids[event.server_address] = election
+            previous = self._election_ids.get(event.connection_id)
+            if previous is not None and previous != election:
+                self.metrics.streaming.NumberOfPrimaryElections += 1
+            self._election_ids[event.connection_id] = election
 
 
 def open_client(cfg: ConnectorConfig, metrics: ConnectorMetrics | None = None, **overrides: Any) -> MongoClient[Any]:

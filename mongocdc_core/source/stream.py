@@ -288,6 +288,10 @@ class ChangeStreamReader(threading.Thread):
         self._backoff = Backoff.from_config(cfg)
         self._fragments: list[dict[str, Any]] = []
         self._last_progress: dict[str, Any] | None = None
+        # The clusterTime of the last event queued when it belongs to a transaction: every event of
+        # a transaction shares its commit time (across shards too), so a scan that only reaches that
+        # time may not have seen the rest of it.
+        self._transaction_at: Timestamp | None = None
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -426,12 +430,19 @@ class ChangeStreamReader(threading.Thread):
                 stream.close()
 
     def _past_stop(self, ts: Timestamp | None, *, scanned: bool) -> bool:
-        """Whether the stream reached ``stop_at``: an event after it, or a scan that covers it."""
+        """Whether the stream reached ``stop_at``: an event after it, or a scan that covers it.
+
+        An inclusive stop is covered by a scan that reached it, unless the last event was part of a
+        transaction committed at that very time: the transaction's other events (on another shard,
+        or in the next batch) share the time and must still come, so then only a scan past it ends.
+        """
         if self.stop_at is None or ts is None:
             return False
         key, stop = _ts_key(ts), _ts_key(self.stop_at)
         if self.stop_inclusive and not scanned:
             return key > stop
+        if self.stop_inclusive and key == stop and self._transaction_at is not None and _ts_key(self._transaction_at) == stop:
+            return False
         return key >= stop
 
     def _end(self, token: dict[str, Any] | None) -> bool:
@@ -473,6 +484,7 @@ class ChangeStreamReader(threading.Thread):
             return False
         self._resume_after = token
         self._last_progress = token
+        self._transaction_at = ct if isinstance(ct, Timestamp) and doc.get("txnNumber") is not None else None
         return True
 
 
