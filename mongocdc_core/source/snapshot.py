@@ -34,8 +34,9 @@ from mongocdc_core.events.raw import RawDocuments, native
 from mongocdc_core.offsets.model import SnapshotState
 from mongocdc_core.positions import Position
 from mongocdc_core.receiver import SnapshotChunk, StartPoint
-from mongocdc_core.source.errors import CdcError, SnapshotReadUnavailable
-from mongocdc_core.source.oplog import current_cluster_time, token_timestamp
+from mongocdc_core.source.connection import one_line
+from mongocdc_core.source.errors import CdcError, HistoryLostError, SnapshotReadUnavailable
+from mongocdc_core.source.oplog import current_cluster_time, is_history_lost, token_timestamp
 from mongocdc_core.source.ranges import IdRange, decode_key, encode_key, plan_ranges
 
 ENTRY_POINT_GROUP = "mongocdc.snapshot_modes"
@@ -217,8 +218,19 @@ def record_start(client: MongoClient[Any], watch_target: Any) -> StartPoint:
     snapshot reads take the token's clusterTime, which no later event has.
     """
     cluster_time = current_cluster_time(client)
-    with watch_target.watch([]) as stream:
-        token = stream.resume_token
+    try:
+        with watch_target.watch([]) as stream:
+            token = stream.resume_token
+    except OperationFailure as exc:
+        if not is_history_lost(exc):
+            raise
+        raise HistoryLostError(
+            f"cannot start the snapshot: a change stream opened at the current cluster time {cluster_time} is "
+            f"already outside the oplog ({one_line(exc)}), so the changes made while the copy runs could not be "
+            "streamed after it. A member (or shard) holds no oplog entry at or after that time; check its oplog "
+            "(replSetGetStatus, rs.printReplicationInfo()) and run again.",
+            position=cluster_time,
+        ) from exc
     ts = token_timestamp(dict(token) if token else None) or cluster_time
     return StartPoint(dict(token) if token else None, Position.from_timestamp(ts), cluster_time)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 import pytest
+from bson import Timestamp
 from pymongo import MongoClient
 from pymongo.database import Database
 from pymongo.errors import OperationFailure
@@ -197,6 +198,22 @@ def test_history_lost_on_one_shard_is_detected_through_mongos(sharded: ShardedDe
     sink = MemorySink()
     summary = run_engine(make_config(sharded.uri, spread.name, **{"snapshot.mode": "when_needed"}), sink, offsets)
     assert summary.snapshot_performed and summary.snapshot_documents == 4
+
+
+def test_a_snapshot_whose_start_is_already_outside_a_shards_oplog_is_named(
+    sharded: ShardedDeployment, spread: Database
+) -> None:
+    """A shard that holds no oplog entry at or after the current cluster time (its oplog emptied past
+    it): the snapshot cannot pin a start to stream from, and says so instead of a raw driver error."""
+    if sharded.emulated is None:
+        pytest.skip("needs the emulator's fault injection (truncating a shard's oplog)")
+    spread.orders.insert_many([{"_id": 1}, {"_id": 2000}])
+    direct: MongoClient = MongoClient(sharded.shard_host(sharded.shards[1]))
+    now = direct.admin.command("hello")["$clusterTime"]["clusterTime"]
+    direct.admin.command("mongocdcTruncateOplog", 1, before=Timestamp(now.time + 5, 0))
+    direct.close()
+    with pytest.raises(HistoryLostError, match="cannot start the snapshot: a change stream opened at the current"):
+        run_engine(make_config(sharded.uri, spread.name), MemorySink(), MemoryOffsetStore())
 
 
 def test_least_privileged_user_through_a_mongos_with_access_control(tmp_path: Path) -> None:
