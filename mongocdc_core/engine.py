@@ -341,13 +341,15 @@ class _Run:
         if dispatcher.offset.resume_token is None:
             # First start without a snapshot: pin "now" durably, so a restart misses nothing.
             dispatcher.start_at(record_start(client, watch_target(client, cfg)))
-        if self.engine.progress is not None:
-            self.engine.progress.streaming_started(dispatcher.offset.position)
         notifications = NotificationService(cfg)
         adhoc = AdHocSnapshots(
             client, cfg, dispatcher, self.engine.metrics, notifications,
             stored_incremental=dispatcher.offset.incremental, stored_blocking=dispatcher.offset.blocking,
         )
+        # Reported once the signal channels are open: the Kafka channel starts at the topic's end as it
+        # opens, so a signal sent after "streaming started" is always read.
+        if self.engine.progress is not None:
+            self.engine.progress.streaming_started(dispatcher.offset.position)
 
         def housekeeping() -> None:
             dispatcher.write(notifications.drain())
