@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +34,33 @@ REPO = Path(__file__).resolve().parents[2]
 TOTAL, SPLIT, THREADS = 3000, 300, 3
 HALF = TOTAL // 2
 SIGNALS = [pytest.param(signal.SIGTERM, id="sigterm"), pytest.param(signal.SIGKILL, id="kill9")]
+APP = "mongocdc-resume-test"
+
+
+@contextmanager
+def _paced(db: Database, block_ms: int = 100) -> Iterator[None]:
+    """Every read of the connector under test (``find``/``getMore`` from its ``appName``) waits
+    ``block_ms`` at the server, through mongod's ``failCommand`` fail point: a run of a few thousand
+    documents then lasts seconds, so the stop lands inside the snapshot however fast the connector is."""
+    admin = db.client.admin
+    admin.command("configureFailPoint", "failCommand", mode="alwaysOn", data={
+        "failCommands": ["find", "getMore"], "blockConnection": True, "blockTimeMS": block_ms, "appName": APP})
+    try:
+        yield
+    finally:
+        admin.command("configureFailPoint", "failCommand", mode="off")
+
+
+def _with_app_name(uri: str) -> str:
+    if "?" in uri:
+        return f"{uri}&appName={APP}"
+    return f"{uri}{'' if uri.partition('://')[2].count('/') else '/'}?appName={APP}"
 
 
 def _config(tmp_path: Path, uri: str, db: str, **extra: str) -> Path:
     path = tmp_path / "connector.json"
     path.write_bytes(orjson.dumps({"name": "resume", "config": {
-        "mongodb.connection.string": uri,
+        "mongodb.connection.string": _with_app_name(uri),
         "topic.prefix": "srv",
         "collection.include.list": f"{db}\\..*",
         "snapshot.mode": "initial_only",
@@ -164,7 +187,8 @@ def test_initial_snapshot_interrupted_at_a_random_point_resumes(
     expected = _seed_big(fresh_db)
     config, out, offsets = _config(tmp_path, mongo_uri, fresh_db.name), tmp_path / "out", tmp_path / "offsets.json"
     landing = out / f"srv.{fresh_db.name}.big.jsonl"
-    _interrupt(_run(config, out, offsets), landing, random.Random(seed).randint(TOTAL // 10, TOTAL * 9 // 10), sig)
+    with _paced(fresh_db):
+        _interrupt(_run(config, out, offsets), landing, random.Random(seed).randint(TOTAL // 10, TOTAL * 9 // 10), sig)
     stored = _stored(offsets)
     assert stored.snapshot is not None and stored.snapshot.running
     covered = _covered(fresh_db, stored.snapshot)
@@ -195,12 +219,13 @@ def test_blocking_snapshot_interrupted_at_a_random_point_resumes_then_streams_on
     files = {coll: out / f"srv.{db}.{coll}.jsonl" for coll in ("big", "small", "later")}
     proc = _run(config, out, offsets)
     _wait_streaming(proc)
-    fresh_db.signals.insert_one({"type": "execute-snapshot", "data": {
-        "type": "blocking", "data-collections": [f"{db}.big", f"{db}.small"]}})
-    # Written after the signal: streamed only once the snapshot is complete, and exactly once.
-    fresh_db.later.insert_many([{"_id": i} for i in range(20)])
-    fresh_db.big.update_many({"_id": {"$in": [0, 7, "s00003"]}}, {"$set": {"changed": True}})
-    _interrupt(proc, files["big"], random.Random(int(sig)).randint(TOTAL // 10, TOTAL * 8 // 10), sig)
+    with _paced(fresh_db):
+        fresh_db.signals.insert_one({"type": "execute-snapshot", "data": {
+            "type": "blocking", "data-collections": [f"{db}.big", f"{db}.small"]}})
+        # Written after the signal: streamed only once the snapshot is complete, and exactly once.
+        fresh_db.later.insert_many([{"_id": i} for i in range(20)])
+        fresh_db.big.update_many({"_id": {"$in": [0, 7, "s00003"]}}, {"$set": {"changed": True}})
+        _interrupt(proc, files["big"], random.Random(int(sig)).randint(TOTAL // 10, TOTAL * 8 // 10), sig)
     stored = _stored(offsets)
     assert stored.blocking is not None and stored.blocking.running and stored.snapshot is None
     assert stored.blocking.collections == [f"{db}.big", f"{db}.small"]
@@ -242,8 +267,9 @@ def test_incremental_snapshot_interrupted_at_a_random_point_resumes_by_chunk(
     landing = out / f"srv.{db}.big.jsonl"
     proc = _run(config, out, offsets)
     _wait_streaming(proc)
-    fresh_db.signals.insert_one({"type": "execute-snapshot", "data": {"data-collections": [f"{db}.big"]}})
-    _interrupt(proc, landing, random.Random(int(sig) + 1).randint(TOTAL // 10, TOTAL * 8 // 10), sig)
+    with _paced(fresh_db, block_ms=20):
+        fresh_db.signals.insert_one({"type": "execute-snapshot", "data": {"data-collections": [f"{db}.big"]}})
+        _interrupt(proc, landing, random.Random(int(sig) + 1).randint(TOTAL // 10, TOTAL * 8 // 10), sig)
     stored = _stored(offsets)
     first = [orjson.loads(v["after"])["_id"] for v in _values(landing)]
     if stored.incremental is not None:
