@@ -29,6 +29,7 @@ from bson import Timestamp
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events import EventConverter, Record, ejson
+from mongocdc_core.events.raw import RawChange, change_namespace, plain
 from mongocdc_core.events.records import RecordRun
 from mongocdc_core.failures import CHANGE_EVENT, SNAPSHOT_READ, FailedEvent, FailurePolicy, quote_key
 from mongocdc_core.metrics import ConnectorMetrics
@@ -387,10 +388,18 @@ class Dispatcher:
         """Dispatch one change event; True when it produced a data event (not filtered).
 
         The one place a change event is converted (``EventConverter.convert_change``) and its
-        records handed on: a failure of either surfaces here, with the event and its position.
+        records handed on: a failure of either surfaces here, with the event and its position. An
+        ordinary raw event (a :class:`RawChange` with a header) is never decoded on this path.
         """
-        ns = doc.get("ns") or {}
-        db, coll = ns.get("db"), ns.get("coll")
+        raw_header = doc.header if type(doc) is RawChange else None
+        if raw_header is not None:
+            db, coll = raw_header[2], raw_header[3]
+            cluster_time = Timestamp(raw_header[4], raw_header[5])
+        else:
+            doc = plain(doc)
+            db, coll = change_namespace(doc)
+            stated = doc.get("clusterTime")
+            cluster_time = stated if type(stated) is Timestamp else token_timestamp(token) or Timestamp(0, 0)
         captured = self._captured.get((db, coll))
         if captured is None:
             captured = (
@@ -400,14 +409,11 @@ class Dispatcher:
                 and not self.cfg.is_signal_collection(db, coll)
             )
             self._captured[(db, coll)] = captured
-        cluster_time = doc.get("clusterTime")
-        if type(cluster_time) is not Timestamp:
-            cluster_time = token_timestamp(token) or Timestamp(0, 0)
         position = self._position(cluster_time)
         try:
             records = self.converter.convert_change(doc, position) if captured else []
         except Exception as exc:  # noqa: BLE001 - any conversion failure is this event's
-            self._unprocessable(doc, position, exc)  # raises in fail mode: the offset stays before it
+            self._unprocessable(plain(doc), position, exc)  # raises in fail mode: the offset stays before it
             self._advance(token, position)  # warn/skip: skipped, and the offset moves past it
             return False
         op = None
@@ -422,7 +428,9 @@ class Dispatcher:
         if op is None:
             self.metrics.streaming.filtered()
             return False
-        self._count(doc, op, position, cluster_time)
+        # a raw event with a header is not part of a transaction (no lsid, no txnNumber)
+        lsid, txn_number = (None, None) if raw_header is not None else (doc.get("lsid"), doc.get("txnNumber"))
+        self._count(op, position, cluster_time, lsid, txn_number)
         return True
 
     def _unprocessable(self, doc: Mapping[str, Any], position: Position, exc: Exception) -> None:
@@ -433,15 +441,14 @@ class Dispatcher:
         kind = f"{doc.get('operationType')} {CHANGE_EVENT}" if isinstance(doc.get("operationType"), str) else CHANGE_EVENT
         self.failures.failed(FailedEvent("process", kind, namespace, key, position, _cause(exc)))
 
-    def _count(self, doc: Mapping[str, Any], op: str, position: Position, cluster_time: Timestamp) -> None:
+    def _count(self, op: str, position: Position, cluster_time: Timestamp, lsid: Any, txn_number: Any) -> None:
         self.events += 1
         self.counts[op] = self.counts.get(op, 0) + 1
         if self.first_position is None:
             self.first_position = position
         self.last_event_position = position
         streaming = self.metrics.streaming
-        lsid = doc.get("lsid")
-        txn = self.converter.transaction_id(lsid, doc.get("txnNumber")) if lsid is not None else None
+        txn = self.converter.transaction_id(lsid, txn_number) if lsid is not None else None
         if txn != self._txn:
             if self._txn is not None:
                 streaming.NumberOfCommittedTransactions += 1

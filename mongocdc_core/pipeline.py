@@ -34,6 +34,7 @@ from pymongo.errors import PyMongoError
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.dispatcher import Dispatcher
 from mongocdc_core.events import EventConverter, EventOptions
+from mongocdc_core.events.raw import RawChange, change_namespace, plain
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.offsets import Offset, OffsetStore, SnapshotState
 from mongocdc_core.positions import Position, token_timestamp
@@ -360,8 +361,7 @@ class CapturePipeline:
         is ``watching``); True for a data event."""
         if accept is None and companion is None:
             return self.dispatcher.change(doc, token)
-        ns = doc.get("ns") or {}
-        db, coll = ns.get("db"), ns.get("coll")
+        db, coll = change_namespace(doc)
         namespace = f"{db}.{coll}"
         if accept is not None and not accept(namespace):
             return False
@@ -371,9 +371,9 @@ class CapturePipeline:
             position = dispatcher.last_position
             assert position is not None
             if self.cfg.is_signal_collection(db, coll):
-                companion.on_signal(doc, position)
+                companion.on_signal(plain(doc), position)
             elif produced and watching:
-                companion.on_stream_event(namespace, (doc.get("documentKey") or {}).get("_id"), position)
+                companion.on_stream_event(namespace, (plain(doc).get("documentKey") or {}).get("_id"), position)
         return produced
 
     def _run_blocking(self, companion: StreamCompanion) -> bool:
@@ -427,7 +427,7 @@ class CapturePipeline:
 def _passed_before(doc: Mapping[str, Any], token: Mapping[str, Any], last: Position | None) -> Timestamp | None:
     """The clusterTime just before this change's, when it is the first of a new clusterTime (every
     event up to that one was dispatched then); None inside a clusterTime (a transaction)."""
-    cluster_time = doc.get("clusterTime")
+    cluster_time = doc.cluster_time if type(doc) is RawChange else doc.get("clusterTime")
     ts = cluster_time if isinstance(cluster_time, Timestamp) else token_timestamp(token)
     if ts is None or (last is not None and (last.seconds, last.increment) >= (ts.time, ts.inc)):
         return None

@@ -1,4 +1,4 @@
-"""mongocdc's compiled snapshot read conversion (the crate in ``native/``)."""
+"""mongocdc's compiled conversion of snapshot reads and change events (the crate in ``native/``)."""
 
 def document_bounds(data: bytes) -> list[int]:
     """Start offsets of the BSON documents laid end to end in ``data``, then its length."""
@@ -19,3 +19,13 @@ def convert_reads(
 def cursor_batch(reply: bytes) -> tuple[int, bytes, list[int], tuple[int, int] | None]:
     """Cursor id of a raw ``find``/``getMore`` reply, its batch's documents end to end, their bounds,
     and the cursor's ``atClusterTime`` as (time, inc)."""
+
+def change_header(raw: bytes) -> tuple[str, str, str, str, int, int] | None:
+    """(resume token ``_data``, operationType, ns.db, ns.coll, clusterTime time, inc) of an ordinary
+    change event; None for a transaction's event, a split fragment or any other shape."""
+
+def change_parts(
+    raw: bytes, op: str, pre_image: bool, update_full: bool
+) -> tuple[bytes, bytes, bytes, bytes, int | None] | None:
+    """(key ``id`` string, ``before``, ``after``, ``updateDescription``, ``wallTime`` ms) of a change
+    event's record without field transforms; None when the Python path converts it."""

@@ -35,7 +35,7 @@ from mongocdc_core.events.envelope import (
     value_template,
 )
 from mongocdc_core.events.options import EventOptions
-from mongocdc_core.events.raw import RawDocuments
+from mongocdc_core.events.raw import RawChange, RawDocuments
 from mongocdc_core.events.records import Record, RecordRun
 from mongocdc_core.events.schema import (
     Serializer,
@@ -213,6 +213,10 @@ class EventConverter:
         types other than insert/update/replace/delete (drop, rename, invalidate, ...) and
         ``skipped.operations`` yield no records.
         """
+        if type(change) is RawChange:
+            if change.header is not None and (written := self._raw_change(change, position)) is not None:
+                return written
+            change = change.document()
         if self._debezium3 is not None:
             return self._debezium3.convert_change(change, position)
         get: Callable[[str], Any] = change.get
@@ -295,6 +299,45 @@ class EventConverter:
                 _OP_JSON[op], now_ns // 1_000_000, now_ns // 1_000, now_ns,
                 NULL if block is None else orjson.dumps(block),
             )  # fmt: skip
+        records.append(Record(ctx.topic, key, value, position, ctx.namespace, op))
+        if op == "d" and self._tombstones:
+            records.append(Record(ctx.topic, key, None, position, ctx.namespace, None))
+        return records
+
+    def _raw_change(self, change: RawChange, position: Position) -> list[Record] | None:
+        """:meth:`convert_change` of an ordinary raw event (no transaction: its header says so), its
+        documents written from the BSON by the compiled module; None when the Python path converts
+        it (another event format, field transforms, or a type or shape the module leaves to Python,
+        which also reports malformed events with their own message)."""
+        header = change.header
+        if header is None or self._debezium3 is not None or self._legacy or raw.native is None:
+            return None
+        op_type, db, coll = header[1], header[2], header[3]
+        op = DATA_OPERATIONS.get(op_type)
+        if op is None:
+            return []
+        if op in self._skipped:
+            return []
+        ctx = self._collections.get((db, coll)) or self._collection(db, coll)
+        if ctx.fields is not None:
+            return None
+        parts = raw.native.change_parts(change.raw, op_type, self._pre_image, self._update_full)
+        if parts is None:
+            return None
+        key_id, before, after, update_desc, wall_ms = parts
+        seconds = header[4]
+        records: list[Record] = []
+        if self._tracker is not None:  # an event outside any transaction ends the one still open
+            records, _ = self._tracker.observe(None, ctx.data_collection, position, seconds * 1000)
+        now_ns = self._now_ns()
+        key = ctx.key_template % key_id
+        value = ctx.value_template % (
+            before, after, update_desc,
+            self._times if seconds == self._times_seconds else self._source_times(seconds),
+            _SNAPSHOT_JSON["false"], position.increment, NULL, NULL,
+            NULL if wall_ms is None else b"%d" % wall_ms,
+            _OP_JSON[op], now_ns // 1_000_000, now_ns // 1_000, now_ns, NULL,
+        )  # fmt: skip
         records.append(Record(ctx.topic, key, value, position, ctx.namespace, op))
         if op == "d" and self._tombstones:
             records.append(Record(ctx.topic, key, None, position, ctx.namespace, None))

@@ -1,20 +1,24 @@
-"""Snapshot documents kept as the server sent them: one raw batch, decoded only where needed.
+"""Snapshot documents and change events kept as the server sent them, decoded only where needed.
 
-A snapshot reads with pymongo's ``find_raw_batches`` and hands chunks of :class:`RawDocuments` on.
-The converter writes their records straight from the BSON with the compiled ``mongocdc_native``
-module (built by ``make setup`` from ``native/``); everything else (markers, the last key of a
-chunk, a read the compiled path leaves to Python, or no compiled module at all) sees ordinary
-documents, decoded with the collection's codec options exactly as a ``find`` cursor decodes them.
+A snapshot reads raw batches and hands chunks of :class:`RawDocuments` on; the change stream
+reader receives each event as a :class:`RawChange`. The converter writes their records straight
+from the BSON with the compiled ``mongocdc_native`` module (built by ``make setup`` from
+``native/``); everything else (markers, the last key of a chunk, a signal, a transaction's event,
+a read or event the compiled path leaves to Python, or no compiled module at all) sees ordinary
+documents, decoded with the stream's or collection's codec options exactly as pymongo decodes them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import copy
+from collections.abc import ItemsView, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any, overload
 
 import bson
 from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
 
 
 def _native() -> ModuleType | None:
@@ -97,3 +101,93 @@ class RawDocuments(Sequence[dict[str, Any]]):
         if self.lo == 0 and self.hi == len(self.bounds) - 1:
             return self.data
         return self.data[self.bounds[self.lo] : self.bounds[self.hi]]
+
+
+#: The last raw codec options seen and their plain (dict) counterpart: a stream keeps one.
+_plain_options: tuple[CodecOptions[Any] | None, CodecOptions[dict[str, Any]] | None] = (None, None)
+
+
+def _plain(options: CodecOptions[Any]) -> CodecOptions[dict[str, Any]]:
+    global _plain_options
+    raw_options, plain = _plain_options
+    if raw_options is not options or plain is None:
+        plain = options.with_options(document_class=dict)
+        _plain_options = (options, plain)
+    return plain
+
+
+class RawChange(RawBSONDocument):
+    """A change event as the server sent it: the change stream's document class.
+
+    pymongo makes one per event of a batch without decoding it. ``header`` is what the reader and
+    the dispatcher need, read by the compiled module: (resume token ``_data``, operationType,
+    ns.db, ns.coll, clusterTime time, inc); it is None for an event of another shape (a
+    transaction's, a split fragment, no compiled module), which the reader decodes at once
+    (``document()``, as pymongo would have decoded it).
+    """
+
+    __slots__ = ("_decoded", "_options", "header")
+
+    def __init__(self, bson_bytes: bytes, codec_options: CodecOptions[Any] | None = None) -> None:
+        super().__init__(bson_bytes, codec_options)
+        self._options = codec_options
+        self._decoded: dict[str, Any] | None = None
+        self.header: tuple[str, str, str, str, int, int] | None = (
+            native.change_header(bson_bytes) if native is not None and type(bson_bytes) is bytes else None
+        )
+
+    def document(self) -> dict[str, Any]:
+        """The event decoded with the stream's own codec options (document class ``dict``)."""
+        if self._decoded is None:
+            options = _plain(self._options) if self._options is not None else CodecOptions()
+            self._decoded = bson.decode(self.raw, options)
+        return self._decoded
+
+    @property
+    def token(self) -> dict[str, Any]:
+        """The resume token (``_id``)."""
+        return {"_data": self.header[0]} if self.header is not None else self.document()["_id"]
+
+    @property
+    def cluster_time(self) -> Timestamp | None:
+        if self.header is not None:
+            return Timestamp(self.header[4], self.header[5])
+        value = self.document().get("clusterTime")
+        return value if isinstance(value, Timestamp) else None
+
+    # With a header, mapping access sees the decoded event (the resume token pymongo reads from each
+    # event without decoding it). Without one (a server reply holding a batch, a post-batch token,
+    # an event the reader decodes at once) it is a RawBSONDocument: pymongo reads replies this way.
+
+    def __getitem__(self, key: str) -> Any:
+        if self.header is None:
+            return super().__getitem__(key)
+        if key == "_id":
+            return {"_data": self.header[0]}
+        return self.document()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return super().__iter__() if self.header is None else iter(self.document())
+
+    def __len__(self) -> int:
+        return super().__len__() if self.header is None else len(self.document())
+
+    def items(self) -> ItemsView[str, Any]:
+        return super().items() if self.header is None else self.document().items()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:
+        """A decoded copy (pymongo deep-copies resume tokens, a post-batch one decoded as this class)."""
+        return copy.deepcopy(self.document(), memo)
+
+
+def plain(change: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A change event as a decoded mapping (a :class:`RawChange` decoded; anything else as it is)."""
+    return change.document() if type(change) is RawChange else change
+
+
+def change_namespace(change: Mapping[str, Any]) -> tuple[Any, Any]:
+    """``(ns.db, ns.coll)`` of a change event (None where absent), without decoding an ordinary raw one."""
+    if type(change) is RawChange and change.header is not None:
+        return change.header[2], change.header[3]
+    ns = change.get("ns")
+    return (ns.get("db"), ns.get("coll")) if isinstance(ns, Mapping) else (None, None)

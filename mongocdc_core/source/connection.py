@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -77,8 +77,7 @@ def is_retriable(exc: BaseException) -> bool:
     if isinstance(exc, (AutoReconnect, ConnectionFailure, NetworkTimeout, NotPrimaryError, ServerSelectionTimeoutError)):
         return True
     if isinstance(exc, OperationFailure):
-        labels = (exc.details or {}).get("errorLabels", []) if isinstance(exc.details, dict) else []
-        if "ResumableChangeStreamError" in labels or "RetryableWriteError" in labels:
+        if exc.has_error_label("ResumableChangeStreamError") or exc.has_error_label("RetryableWriteError"):
             return True
         return exc.code in _RETRIABLE_CODES
     return False
@@ -354,7 +353,7 @@ def _until_stopped(operation: Callable[[], T], stop: threading.Event) -> T:
 
 def code_name(exc: OperationFailure) -> str | None:
     """The server's name for an error code (``codeName``), when it sent one."""
-    details = exc.details if isinstance(exc.details, dict) else {}
+    details = exc.details if isinstance(exc.details, Mapping) else {}  # a stream's error: a RawChange
     name = details.get("codeName")
     return name if isinstance(name, str) else None
 

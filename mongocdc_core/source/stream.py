@@ -14,17 +14,19 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import bson
 from bson import Timestamp
+from bson.codec_options import CodecOptions
 from pymongo import MongoClient
-from pymongo.change_stream import ChangeStream
+from pymongo.change_stream import ChangeStream, ClusterChangeStream
 from pymongo.errors import OperationFailure, PyMongoError
 
 from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.events.raw import RawChange
 from mongocdc_core.metrics import StreamingMetrics
 from mongocdc_core.receiver import ConnectionState
 from mongocdc_core.source.connection import Backoff, code_name, hosts_of, is_retriable, one_line, refused
@@ -149,7 +151,7 @@ class StreamItem:
     """One thing the reader hands over: a change (``doc``), a progress token only, an end, or an error."""
 
     kind: str  # "change" | "progress" | "end" | "error"
-    doc: dict[str, Any] | None = None
+    doc: Mapping[str, Any] | None = None  # a RawChange with a header, or a decoded event
     token: dict[str, Any] | None = None
     size: int = 0
     error: BaseException | None = None
@@ -303,10 +305,20 @@ class ChangeStreamReader(threading.Thread):
             kwargs["resume_after"] = self._resume_after
         elif self._start_at is not None:
             kwargs["start_at_operation_time"] = self._start_at
-        stream: ChangeStream[Any] = self._target.watch(
-            self._pipeline, batch_size=self.cfg.max_batch_size, max_await_time_ms=await_ms, **kwargs
-        )
-        return stream
+        kwargs.update(batch_size=self.cfg.max_batch_size, max_await_time_ms=await_ms)
+        # Events arrive as RawChange (undecoded): the converter writes most records from their BSON.
+        target = self._target
+        if isinstance(target, MongoClient):
+            # MongoClient.watch, on the admin database with the raw document class (a client has no
+            # with_options): the same ClusterChangeStream it builds.
+            admin = target.get_database("admin", codec_options=_raw_options(target.codec_options))
+            every = {"full_document": None, "resume_after": None, "collation": None, "start_at_operation_time": None,
+                     "session": None, "start_after": None}  # fmt: skip
+            stream: ChangeStream[Any] = ClusterChangeStream(admin, self._pipeline, **{**every, **kwargs})
+            stream._initialize_cursor()
+            return stream
+        raw_target = target.with_options(codec_options=_raw_options(target.codec_options))
+        return raw_target.watch(self._pipeline, **kwargs)  # type: ignore[no-any-return]
 
     def run(self) -> None:
         try:
@@ -466,26 +478,39 @@ class ChangeStreamReader(threading.Thread):
             self._resume_after = token
         return True
 
-    def _handle(self, doc: dict[str, Any]) -> bool:
-        """Queue one change (reassembling split fragments); False when the stream must end."""
-        split = doc.get("splitEvent")
-        if split is not None:
-            self._fragments.append(doc)
-            if split.get("fragment") != split.get("of"):
-                return True
-            doc = _reassemble(self._fragments)
-            self._fragments = []
-        token = doc["_id"]
-        ct = doc.get("clusterTime")
+    def _handle(self, doc: Mapping[str, Any]) -> bool:
+        """Queue one change (reassembling split fragments); False when the stream must end.
+
+        An ordinary event stays raw (its header says all this needs); any other is decoded here.
+        """
+        change: Mapping[str, Any] = doc
+        if type(doc) is RawChange and doc.header is not None:
+            token, ct, in_transaction, size = doc.token, doc.cluster_time, False, len(doc.raw)
+        else:
+            change = doc.document() if type(doc) is RawChange else doc
+            split = change.get("splitEvent")
+            if split is not None:
+                self._fragments.append(dict(change))
+                if split.get("fragment") != split.get("of"):
+                    return True
+                change = _reassemble(self._fragments)
+                self._fragments = []
+            token, ct = change["_id"], change.get("clusterTime")
+            in_transaction = change.get("txnNumber") is not None
+            size = len(bson.encode(change)) if self._measure else 0
         if self._past_stop(ct if isinstance(ct, Timestamp) else token_timestamp(token), scanned=False):
             return self._end(token)
-        size = len(bson.encode(doc)) if self._measure else 0
-        if not self.queue.put(StreamItem("change", doc=doc, token=token, size=size), self.stop_event):
+        if not self.queue.put(StreamItem("change", doc=change, token=token, size=size), self.stop_event):
             return False
         self._resume_after = token
         self._last_progress = token
-        self._transaction_at = ct if isinstance(ct, Timestamp) and doc.get("txnNumber") is not None else None
+        self._transaction_at = ct if isinstance(ct, Timestamp) and in_transaction else None
         return True
+
+
+def _raw_options(options: CodecOptions[Any]) -> CodecOptions[RawChange]:
+    """The stream's codec options with events left raw (decoded, when needed, with ``options``)."""
+    return options.with_options(document_class=RawChange)
 
 
 def _reassemble(fragments: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-//! Snapshot reads from raw BSON to Debezium record bytes, without a Python object per field.
+//! Snapshot reads and change events from raw BSON to Debezium record bytes, without a Python
+//! object per field.
 //!
 //! A snapshot spends its time turning each document into the `after` string of its record. The
 //! Python path decodes the BSON into dicts, writes them with orjson and restyles the text; here the
@@ -591,10 +592,270 @@ fn convert_reads<'py>(
     Ok((PyBytes::new(py, &keys), PyBytes::new(py, &key_ends), PyBytes::new(py, &values), PyBytes::new(py, &value_ends), left))
 }
 
+/// A JSON string as orjson writes it (one level of escaping: for JSON text that is not itself
+/// inside a string literal, such as `removedFields`).
+fn plain_string(out: &mut Vec<u8>, text: &[u8]) -> Written {
+    if std::str::from_utf8(text).is_err() {
+        return Err(Unsupported);
+    }
+    out.push(b'"');
+    let mut plain = 0;
+    for (i, &byte) in text.iter().enumerate() {
+        let escaped: &[u8] = match byte {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            0x08 => b"\\b",
+            0x09 => b"\\t",
+            0x0a => b"\\n",
+            0x0c => b"\\f",
+            0x0d => b"\\r",
+            0x00..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&text[plain..i]);
+        plain = i + 1;
+        if escaped.is_empty() {
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[(byte >> 4) as usize]);
+            out.push(HEX[(byte & 15) as usize]);
+        } else {
+            out.extend_from_slice(escaped);
+        }
+    }
+    out.extend_from_slice(&text[plain..]);
+    out.push(b'"');
+    Ok(())
+}
+
+/// One member of a document: its name, BSON type and value bytes.
+type Member<'a> = (&'a [u8], u8, &'a [u8]);
+
+/// The top-level members of a document as (name, BSON type, value bytes), in order; None when the
+/// document does not frame (or holds a type of no known length).
+fn members(document: &[u8]) -> Option<Vec<Member<'_>>> {
+    if document.len() < 5 || document[document.len() - 1] != 0 {
+        return None;
+    }
+    let end = document.len() - 1;
+    let mut found = Vec::with_capacity(12);
+    let mut at = 4;
+    while at < end {
+        let kind = document[at];
+        let name_end = at + 1 + document[at + 1..end].iter().position(|&b| b == 0)?;
+        let name = &document[at + 1..name_end];
+        at = name_end + 1;
+        let next = element_end(kind, document, at, end)?;
+        found.push((name, kind, &document[at..next]));
+        at = next;
+    }
+    (at == end).then_some(found)
+}
+
+/// A BSON string value's text (without its length and NUL).
+fn string_value(kind: u8, value: &[u8]) -> Option<&str> {
+    if kind != 0x02 || value.len() < 5 {
+        return None;
+    }
+    std::str::from_utf8(&value[4..value.len() - 1]).ok()
+}
+
+/// What the stream reader and the dispatcher need of an ordinary change event:
+/// (resume token `_data`, operationType, ns.db, ns.coll, clusterTime seconds, clusterTime increment).
+type Header<'a> = (&'a str, &'a str, &'a str, &'a str, u32, u32);
+
+fn header_of(raw: &[u8]) -> Option<Header<'_>> {
+    let (mut token, mut op, mut ns, mut time) = (None, None, None, None);
+    for (name, kind, value) in members(raw)? {
+        match name {
+            b"_id" if kind == 0x03 => match members(value)?.as_slice() {
+                [(b"_data", 0x02, data)] => token = Some(string_value(0x02, data)?),
+                _ => return None, // `_typeBits` and other token forms: decoded by Python
+            },
+            b"operationType" => op = Some(string_value(kind, value)?),
+            b"ns" if kind == 0x03 => {
+                let parts = members(value)?;
+                let part = |wanted: &[u8]| parts.iter().find(|(n, _, _)| *n == wanted).and_then(|(_, k, v)| string_value(*k, v));
+                ns = Some((part(b"db")?, part(b"coll")?));
+            }
+            b"clusterTime" if kind == 0x11 => time = Some((le_i32(value, 4)? as u32, le_i32(value, 0)? as u32)),
+            // transactions, split fragments and unusual shapes take the decoded path
+            b"_id" | b"ns" | b"clusterTime" | b"lsid" | b"txnNumber" | b"splitEvent" => return None,
+            _ => {}
+        }
+    }
+    let ((db, coll), (seconds, increment)) = (ns?, time?);
+    Some((token?, op?, db, coll, seconds, increment))
+}
+
+/// The header of an ordinary change event (see `Header`), or None for any other: a transaction's
+/// event (`lsid`/`txnNumber`), a split fragment, a token with `_typeBits`, no `ns.coll` or no
+/// `clusterTime`. Those are decoded and handled by Python.
+#[pyfunction]
+fn change_header(raw: &[u8]) -> Option<Header<'_>> {
+    header_of(raw)
+}
+
+/// The members of an optional array or document (none when absent).
+fn optional_members(value: Option<&[u8]>) -> Result<Vec<Member<'_>>, Unsupported> {
+    value.map_or(Ok(Vec::new()), |v| members(v).ok_or(Unsupported))
+}
+
+/// `updateDescription` as `envelope.update_description` writes it (no field transforms).
+fn update_description(out: &mut Writer, desc: &[u8]) -> Written {
+    let (mut updated, mut removed, mut truncated) = (None, None, None);
+    for (name, kind, value) in members(desc).ok_or(Unsupported)? {
+        match (name, kind) {
+            (b"updatedFields", 0x03) => updated = Some(value),
+            (b"removedFields", 0x04) => removed = Some(value),
+            (b"truncatedArrays", 0x04) => truncated = Some(value),
+            (b"updatedFields" | b"removedFields" | b"truncatedArrays", 0x0a) => {}
+            (b"updatedFields" | b"removedFields" | b"truncatedArrays", _) => return Err(Unsupported),
+            _ => {}
+        }
+    }
+    out.out.extend_from_slice(b"{\"removedFields\":");
+    let removed = optional_members(removed)?;
+    if removed.is_empty() {
+        out.out.extend_from_slice(b"null");
+    } else {
+        for (i, (_, kind, value)) in removed.iter().enumerate() {
+            out.out.push(if i == 0 { b'[' } else { b',' });
+            if *kind != 0x02 || value.len() < 5 {
+                return Err(Unsupported);
+            }
+            plain_string(&mut out.out, &value[4..value.len() - 1])?;
+        }
+        out.out.push(b']');
+    }
+    out.out.extend_from_slice(b",\"updatedFields\":");
+    match updated {
+        Some(fields) if fields.len() > 5 => {
+            out.out.push(b'"');
+            out.document(fields, false, 0)?;
+            out.out.push(b'"');
+        }
+        _ => out.out.extend_from_slice(b"null"),
+    }
+    out.out.extend_from_slice(b",\"truncatedArrays\":");
+    let truncated = optional_members(truncated)?;
+    if truncated.is_empty() {
+        out.out.extend_from_slice(b"null");
+    } else {
+        for (i, (_, kind, entry)) in truncated.iter().enumerate() {
+            out.out.extend_from_slice(if i == 0 { b"[{\"field\":" } else { b",{\"field\":" });
+            let parts = if *kind == 0x03 { members(entry).ok_or(Unsupported)? } else { return Err(Unsupported) };
+            let field = parts.iter().find(|(n, _, _)| *n == b"field").ok_or(Unsupported)?;
+            let size = parts.iter().find(|(n, _, _)| *n == b"newSize").ok_or(Unsupported)?;
+            if field.1 != 0x02 || field.2.len() < 5 {
+                return Err(Unsupported);
+            }
+            plain_string(&mut out.out, &field.2[4..field.2.len() - 1])?;
+            out.out.extend_from_slice(b",\"size\":");
+            match size.1 {
+                0x10 => out.integer(le_i32(size.2, 0).ok_or(Unsupported)? as i64),
+                0x12 => out.integer(le_i64(size.2, 0).ok_or(Unsupported)?),
+                _ => return Err(Unsupported),
+            }
+            out.out.push(b'}');
+        }
+        out.out.push(b']');
+    }
+    out.out.push(b'}');
+    Ok(())
+}
+
+/// A document member as the JSON string of its Extended JSON text, or `null` when absent or null.
+fn document_or_null(out: &mut Writer, member: Option<(u8, &[u8])>) -> Written {
+    match member {
+        None | Some((0x0a, _)) => out.out.extend_from_slice(b"null"),
+        Some((0x03, document)) => {
+            out.out.push(b'"');
+            out.document(document, false, 0)?;
+            out.out.push(b'"');
+        }
+        Some(_) => return Err(Unsupported),
+    }
+    Ok(())
+}
+
+/// The parts of one change event's record: the key's `id` string, then `before`, `after` and
+/// `updateDescription` as their JSON, and `wallTime` in milliseconds.
+type ChangeParts = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>, Option<i64>);
+
+fn change_parts_of(raw: &[u8], op: &str, pre_image: bool, update_full: bool) -> Result<ChangeParts, Unsupported> {
+    let (mut key, mut full, mut desc, mut before, mut wall) = (None, None, None, None, None);
+    for (name, kind, value) in members(raw).ok_or(Unsupported)? {
+        match name {
+            b"documentKey" => key = Some((kind, value)),
+            b"fullDocument" => full = Some((kind, value)),
+            b"updateDescription" => desc = Some((kind, value)),
+            b"fullDocumentBeforeChange" => before = Some((kind, value)),
+            b"wallTime" => wall = Some((kind, value)),
+            _ => {}
+        }
+    }
+    let mut key_id = Writer { out: Vec::with_capacity(40) };
+    match key {
+        Some((0x03, document)) => key_id.key_id(document)?,
+        _ => return Err(Unsupported),
+    }
+    let mut before_json = Writer { out: Vec::new() };
+    document_or_null(&mut before_json, if pre_image { before } else { None })?;
+    let mut after = Writer { out: Vec::with_capacity(full.map_or(8, |(_, v)| v.len() * 2)) };
+    let mut update = Writer { out: Vec::new() };
+    match op {
+        "update" => {
+            match desc {
+                Some((0x03, description)) => update_description(&mut update, description)?,
+                _ => return Err(Unsupported), // Python names the missing updateDescription
+            }
+            document_or_null(&mut after, if update_full { full } else { None })?;
+        }
+        "insert" | "replace" => {
+            if !matches!(full, Some((0x03, _))) {
+                return Err(Unsupported); // Python names the missing fullDocument
+            }
+            document_or_null(&mut after, full)?;
+            update.out.extend_from_slice(b"null");
+        }
+        "delete" => {
+            after.out.extend_from_slice(b"null");
+            update.out.extend_from_slice(b"null");
+        }
+        _ => return Err(Unsupported),
+    }
+    let wall_ms = match wall {
+        None | Some((0x0a, _)) => None,
+        Some((0x09, value)) => Some(le_i64(value, 0).ok_or(Unsupported)?),
+        Some(_) => return Err(Unsupported),
+    };
+    Ok((key_id.out, before_json.out, after.out, update.out, wall_ms))
+}
+
+/// The parts of the record of an ordinary change event of operation `op` (insert, update,
+/// replace, delete), written from its BSON as the Python converter writes them without field
+/// transforms: (key `id` string, `before`, `after`, `updateDescription`, `wallTime` ms or None).
+/// None when the event needs the Python path (a type or shape not written here, or an error the
+/// Python path reports with its own message).
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn change_parts<'py>(
+    py: Python<'py>,
+    raw: &[u8],
+    op: &str,
+    pre_image: bool,
+    update_full: bool,
+) -> Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<i64>)> {
+    let (key, before, after, update, wall) = change_parts_of(raw, op, pre_image, update_full).ok()?;
+    Some((PyBytes::new(py, &key), PyBytes::new(py, &before), PyBytes::new(py, &after), PyBytes::new(py, &update), wall))
+}
+
 #[pymodule]
 fn mongocdc_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(document_bounds, module)?)?;
     module.add_function(wrap_pyfunction!(convert_reads, module)?)?;
     module.add_function(wrap_pyfunction!(cursor_batch, module)?)?;
+    module.add_function(wrap_pyfunction!(change_header, module)?)?;
+    module.add_function(wrap_pyfunction!(change_parts, module)?)?;
     Ok(())
 }

@@ -1,0 +1,176 @@
+"""Change events left raw (the compiled ``mongocdc_native`` path) convert to the Python path's bytes.
+
+The change stream reader receives each event as a :class:`RawChange`. An ordinary event (no
+transaction, no split, a plain resume token) keeps its BSON: its header is read by the compiled
+module and its record written from the BSON; every other event, and every use other than the
+conversion, sees it decoded as pymongo decodes it. Each test converts the same events both ways.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from typing import Any
+
+import bson
+import mongocdc_native
+import pytest
+from bson.binary import Binary
+from bson.codec_options import CodecOptions
+from bson.datetime_ms import DatetimeMS
+from bson.int64 import Int64
+from bson.timestamp import Timestamp
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from mongocdc_core.events.raw import RawChange, change_namespace, plain
+from mongocdc_core.events.records import Record
+from mongocdc_core.positions import Position
+
+from .helpers import CLUSTER_TIME, LSID, POSITION, WALL_TIME, converter
+from .strategies import documents, id_values
+from .test_raw_reads import ENGINE_OPTIONS, STANDARD_UUIDS, awkward_text, plain_documents, plain_ids
+
+RAW_OPTIONS: CodecOptions[RawChange] = ENGINE_OPTIONS.with_options(document_class=RawChange)
+CAPTURE_MODES = ["change_streams", "change_streams_update_full", "change_streams_with_pre_image",
+                 "change_streams_update_full_with_pre_image"]  # fmt: skip
+
+
+def _event(op: str, key: Any, full: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
+    event: dict[str, Any] = {
+        "_id": {"_data": "8263" + "0" * 30}, "operationType": op, "clusterTime": CLUSTER_TIME,
+        "wallTime": WALL_TIME, "ns": {"db": "inventory", "coll": "customers"}, "documentKey": {"_id": key},
+    }  # fmt: skip
+    if full is not None:
+        event["fullDocument"] = {"_id": key, **{k: v for k, v in full.items() if k != "_id"}}
+    event.update(extra)
+    return event
+
+
+def _raw(event: dict[str, Any], options: CodecOptions[dict[str, Any]] = ENGINE_OPTIONS) -> RawChange:
+    return RawChange(bson.encode(event, codec_options=options), options.with_options(document_class=RawChange))
+
+
+def _both_ways(event: dict[str, Any], options: CodecOptions[dict[str, Any]] = ENGINE_OPTIONS,
+               **settings_: Any) -> tuple[list[Record], list[Record]]:
+    raw = _raw(event, options)
+    decoded = bson.decode(raw.raw, options)
+    return converter(**settings_).convert_change(raw, POSITION), converter(**settings_).convert_change(decoded, POSITION)
+
+
+wall_times = st.one_of(st.none(), st.just(WALL_TIME), st.integers(-(2**62), 2**62).map(DatetimeMS))
+descriptions = st.fixed_dictionaries({
+    "updatedFields": plain_documents,
+    "removedFields": st.lists(awkward_text.filter(lambda s: "\x00" not in s) | st.text(max_size=8), max_size=3),
+    "truncatedArrays": st.lists(st.fixed_dictionaries({"field": st.text(max_size=6), "newSize": st.integers(0, 2**31 - 1)}),
+                                max_size=2),
+})  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, phases=[Phase.generate])
+@given(
+    st.sampled_from(["insert", "update", "replace", "delete"]), plain_ids, plain_documents, plain_documents,
+    descriptions, wall_times, st.sampled_from(CAPTURE_MODES), st.booleans(), st.booleans(), st.booleans(),
+)  # fmt: skip
+def test_ordinary_events_are_written_by_the_compiled_path_byte_for_byte(
+    op: str, key: Any, full: dict[str, Any], before: dict[str, Any], desc: dict[str, Any], wall: Any,
+    capture_mode: str, schemas: bool, tombstones: bool, transactions: bool,
+) -> None:  # fmt: skip
+    extra: dict[str, Any] = {"wallTime": wall} if wall is not None else {}
+    if op == "update":
+        extra["updateDescription"] = desc
+    if "pre_image" in capture_mode and op != "insert":
+        extra["fullDocumentBeforeChange"] = {"_id": key, **before}
+    event = _event(op, key, full if op != "delete" else None, **extra)
+    if wall is None:
+        event.pop("wallTime")
+    raw = _raw(event)
+    assert raw.header == ("8263" + "0" * 30, op, "inventory", "customers", CLUSTER_TIME.time, CLUSTER_TIME.inc)
+    assert mongocdc_native.change_parts(raw.raw, op, "pre_image" in capture_mode, "update_full" in capture_mode)
+    from_raw, from_dicts = _both_ways(event, schemas_enable=schemas, capture_mode=capture_mode,
+                                      tombstones_on_delete=tombstones, provide_transaction_metadata=transactions)  # fmt: skip
+    assert from_raw == from_dicts and from_raw
+
+
+@settings(max_examples=200, deadline=None, phases=[Phase.generate])
+@given(st.sampled_from(["insert", "update", "replace", "delete"]), id_values, documents, st.booleans(), st.booleans())
+def test_any_documents_equal_the_python_path(op: str, key: Any, full: dict[str, Any], schemas: bool, uuids: bool) -> None:
+    """The whole type zoo: what the compiled path does not write goes to Python, with the same bytes."""
+    extra: dict[str, Any] = {"updateDescription": {"updatedFields": full, "removedFields": [], "truncatedArrays": []}}
+    event = _event(op, key, full, **(extra if op == "update" else {}))
+    from_raw, from_dicts = _both_ways(event, STANDARD_UUIDS if uuids else ENGINE_OPTIONS, schemas_enable=schemas,
+                                      capture_mode="change_streams_update_full_with_pre_image")  # fmt: skip
+    assert from_raw == from_dicts
+
+
+def test_transactions_splits_and_other_tokens_are_decoded_as_pymongo_decodes_them() -> None:
+    """No header (the Python path converts them): a transaction's event, a split fragment, a token
+    with ``_typeBits``, an event without clusterTime; each reads as the decoded event."""
+    doc = {"_id": 1, "a": "x"}
+    cases = [
+        _event("insert", 1, doc, lsid=LSID, txnNumber=Int64(3)),
+        _event("insert", 1, doc, splitEvent={"fragment": 1, "of": 2}),
+        _event("insert", 1, doc, _id={"_data": "82", "_typeBits": Binary(b"\x01")}),
+        {k: v for k, v in _event("insert", 1, doc).items() if k != "clusterTime"},
+        _event("drop", 1, None),
+    ]
+    for event in cases[:4]:
+        raw = _raw(event)
+        assert raw.header is None
+        decoded = bson.decode(raw.raw, ENGINE_OPTIONS)
+        assert plain(raw) == decoded and raw.token == decoded["_id"] and raw.cluster_time == event.get("clusterTime")
+        assert copy.deepcopy(raw) == decoded
+        assert change_namespace(raw) == ("inventory", "customers")
+    transaction = cases[0]
+    conv, reference = converter(provide_transaction_metadata=True), converter(provide_transaction_metadata=True)
+    assert conv.convert_change(_raw(transaction), POSITION) == reference.convert_change(transaction, POSITION)
+    drop = _raw(cases[4])
+    assert drop.header is not None and drop.header[1] == "drop" and converter().convert_change(drop, POSITION) == []
+
+
+def test_an_ordinary_event_reads_as_its_decoded_event() -> None:
+    event = _event("update", 7, {"a": 1}, updateDescription={"updatedFields": {"a": 1}, "removedFields": ["b"]})
+    raw = _raw(event)
+    assert raw.header is not None and raw.token == event["_id"] and raw.cluster_time == CLUSTER_TIME
+    assert raw["_id"] == event["_id"] and raw.get("documentKey") == {"_id": 7} and set(raw) == set(event)
+    assert copy.deepcopy(raw) == bson.decode(raw.raw, ENGINE_OPTIONS)  # pymongo deep-copies resume tokens
+
+
+def test_an_event_spanning_an_open_transaction_ends_it_exactly_as_the_python_path() -> None:
+    """With transaction metadata, an ordinary event after a transaction's events emits its END first."""
+    doc = {"_id": 1, "a": "x"}
+    in_txn = _event("insert", 1, doc, lsid=LSID, txnNumber=Int64(3))
+    after = _event("insert", 2, {"_id": 2}, clusterTime=Timestamp(CLUSTER_TIME.time, CLUSTER_TIME.inc + 1))
+    later = Position.from_timestamp(after["clusterTime"])
+    conv, reference = converter(provide_transaction_metadata=True), converter(provide_transaction_metadata=True)
+    ours = conv.convert_change(_raw(in_txn), POSITION) + conv.convert_change(_raw(after), later)
+    theirs = reference.convert_change(in_txn, POSITION) + reference.convert_change(after, later)
+    assert ours == theirs and [r.topic for r in ours].count("fulfillment.transaction") == 2
+
+
+@pytest.mark.parametrize("event_format", ["debezium_3x", "oplog_1x"])
+def test_other_formats_and_field_rules_decode_the_raw_event(event_format: str) -> None:
+    event = _event("insert", 1, {"a": 1, "b": "x"})
+    assert _both_ways(event, event_format=event_format)[0] == _both_ways(event, event_format=event_format)[1]
+    renamed, reference = _both_ways(event, field_renames=("inventory.customers.a:z",))
+    assert renamed == reference and b'\\"z\\": 1' in (renamed[0].value or b"")
+
+
+def test_malformed_events_fail_with_the_python_paths_message() -> None:
+    """What the compiled path cannot write (here: events missing their documents) is reported by the
+    Python path, in its words."""
+    no_desc = _event("update", 1, None)
+    no_full = _event("insert", 1, None)
+    no_key = {k: v for k, v in _event("delete", 1, None).items() if k != "documentKey"}
+    for event, message in ((no_desc, "no 'updateDescription'"), (no_full, "no 'fullDocument'"), (no_key, "no 'documentKey._id'")):
+        assert mongocdc_native.change_parts(bson.encode(event), event["operationType"], False, True) is None
+        with pytest.raises(ValueError, match=message):
+            converter().convert_change(_raw(event), POSITION)
+
+
+def test_a_date_outside_pythons_range_is_the_same_millisecond_count() -> None:
+    wall = DatetimeMS(-(2**62))
+    event = _event("delete", 1, None, wallTime=wall)
+    from_raw, from_dicts = _both_ways(event)
+    assert from_raw == from_dicts and b'"wallTime":%d' % -(2**62) in (from_raw[0].value or b"")
+    assert _both_ways(_event("delete", 1, None, wallTime=datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)))[0]
