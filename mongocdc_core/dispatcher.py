@@ -374,15 +374,15 @@ class Dispatcher:
 
     # -- streaming (events) ------------------------------------------------------------------------------------
 
-    def _position(self, cluster_time: Timestamp) -> Position:
+    def _position(self, seconds: int, increment: int) -> Position:
         """clusterTime plus an ordinal counting the events that share it (a transaction's operations)."""
-        key = (cluster_time.time, cluster_time.inc)
+        key = (seconds, increment)
         if key == self._last_key:
             self._ordinal += 1
         else:
             self._last_key = key
             self._ordinal = 0
-        return Position.from_timestamp(cluster_time, self._ordinal)
+        return Position.from_cluster_time(seconds, increment, self._ordinal)
 
     def change(self, doc: Mapping[str, Any], token: dict[str, Any]) -> bool:
         """Dispatch one change event; True when it produced a data event (not filtered).
@@ -393,13 +393,13 @@ class Dispatcher:
         """
         raw_header = doc.header if type(doc) is RawChange else None
         if raw_header is not None:
-            db, coll = raw_header[2], raw_header[3]
-            cluster_time = Timestamp(raw_header[4], raw_header[5])
+            db, coll, seconds, increment = raw_header[2:6]
         else:
             doc = plain(doc)
             db, coll = change_namespace(doc)
             stated = doc.get("clusterTime")
             cluster_time = stated if type(stated) is Timestamp else token_timestamp(token) or Timestamp(0, 0)
+            seconds, increment = cluster_time.time, cluster_time.inc
         captured = self._captured.get((db, coll))
         if captured is None:
             captured = (
@@ -409,7 +409,7 @@ class Dispatcher:
                 and not self.cfg.is_signal_collection(db, coll)
             )
             self._captured[(db, coll)] = captured
-        position = self._position(cluster_time)
+        position = self._position(seconds, increment)
         try:
             records = self.converter.convert_change(doc, position) if captured else []
         except Exception as exc:  # noqa: BLE001 - any conversion failure is this event's
@@ -428,9 +428,12 @@ class Dispatcher:
         if op is None:
             self.metrics.streaming.filtered()
             return False
-        # a raw event with a header is not part of a transaction (no lsid, no txnNumber)
-        lsid, txn_number = (None, None) if raw_header is not None else (doc.get("lsid"), doc.get("txnNumber"))
-        self._count(op, position, cluster_time, lsid, txn_number)
+        if raw_header is not None:
+            assert isinstance(doc, RawChange)
+            txn_number, lsid = raw_header[6], self.converter.session_of(doc)
+        else:
+            txn_number, lsid = doc.get("txnNumber"), doc.get("lsid")
+        self._count(op, position, seconds, lsid, txn_number)
         return True
 
     def _unprocessable(self, doc: Mapping[str, Any], position: Position, exc: Exception) -> None:
@@ -441,7 +444,7 @@ class Dispatcher:
         kind = f"{doc.get('operationType')} {CHANGE_EVENT}" if isinstance(doc.get("operationType"), str) else CHANGE_EVENT
         self.failures.failed(FailedEvent("process", kind, namespace, key, position, _cause(exc)))
 
-    def _count(self, op: str, position: Position, cluster_time: Timestamp, lsid: Any, txn_number: Any) -> None:
+    def _count(self, op: str, position: Position, seconds: int, lsid: Any, txn_number: Any) -> None:
         self.events += 1
         self.counts[op] = self.counts.get(op, 0) + 1
         if self.first_position is None:
@@ -455,7 +458,7 @@ class Dispatcher:
             self._txn = txn
         if txn is not None:
             streaming.LastTransactionId = txn
-        streaming.event(op, position, cluster_time.time * 1000, self._latest_token)
+        streaming.event(op, position, seconds * 1000, self._latest_token)
         if self.progress is not None:
             now = time.monotonic()
             if now - self._last_progress_report >= 0.2:

@@ -51,11 +51,16 @@ class Position:
         """
         if type(ts) is not Timestamp and not isinstance(ts, Timestamp):
             raise ValueError(f"expected a bson.Timestamp, got {type(ts).__name__}: {ts!r}")
+        return cls.from_cluster_time(ts.time, ts.inc, ordinal)
+
+    @classmethod
+    def from_cluster_time(cls, seconds: int, increment: int, ordinal: int = 0) -> Position:
+        """:meth:`from_timestamp` of a clusterTime's parts, as read from its BSON (unsigned 32-bit)."""
         if type(ordinal) is not int or not 0 <= ordinal <= _ORDINAL_MAX:
             raise ValueError(f"Position.ordinal must be an int in [0, {_ORDINAL_MAX}], got {ordinal!r}")
         position = _new(cls)
-        _set(position, "seconds", ts.time)
-        _set(position, "increment", ts.inc)
+        _set(position, "seconds", seconds)
+        _set(position, "increment", increment)
         _set(position, "ordinal", ordinal)
         return position
 

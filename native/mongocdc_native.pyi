@@ -20,9 +20,9 @@ def cursor_batch(reply: bytes) -> tuple[int, bytes, list[int], tuple[int, int] |
     """Cursor id of a raw ``find``/``getMore`` reply, its batch's documents end to end, their bounds,
     and the cursor's ``atClusterTime`` as (time, inc)."""
 
-def change_header(raw: bytes) -> tuple[str, str, str, str, int, int] | None:
-    """(resume token ``_data``, operationType, ns.db, ns.coll, clusterTime time, inc) of an ordinary
-    change event; None for a transaction's event, a split fragment or any other shape."""
+def change_header(raw: bytes) -> tuple[str, str, str, str, int, int, int | None, bytes | None] | None:
+    """(resume token ``_data``, operationType, ns.db, ns.coll, clusterTime time, inc, txnNumber, lsid
+    BSON) of an ordinary change event; None for a split fragment or any other shape."""
 
 def change_parts(
     raw: bytes, op: str, pre_image: bool, update_full: bool

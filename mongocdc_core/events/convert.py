@@ -128,6 +128,7 @@ class EventConverter:
         self._debezium3 = Debezium3Events(options) if options.event_format == "debezium_3x" else None
         self._last_lsid: Any = None
         self._last_lsid_json = NULL
+        self._last_session: tuple[bytes | None, Any] = (None, None)  # a raw lsid's BSON and its decoded form
         self._last_txn: tuple[Any, Any, str | None] = (None, None, None)
         self._pre_image = options.pre_image
         self._times_seconds = -1
@@ -304,15 +305,27 @@ class EventConverter:
             records.append(Record(ctx.topic, key, None, position, ctx.namespace, None))
         return records
 
+    def session_of(self, change: RawChange) -> Any:
+        """The decoded ``lsid`` of a raw event with a header, or None outside a transaction (cached:
+        a transaction's events share one session)."""
+        lsid_bson = change.header[7] if change.header is not None else None
+        if lsid_bson is None:
+            return None
+        last_bson, last = self._last_session
+        if lsid_bson != last_bson:
+            last = change.decode(lsid_bson)
+            self._last_session = (lsid_bson, last)
+        return last
+
     def _raw_change(self, change: RawChange, position: Position) -> list[Record] | None:
-        """:meth:`convert_change` of an ordinary raw event (no transaction: its header says so), its
-        documents written from the BSON by the compiled module; None when the Python path converts
-        it (another event format, field transforms, or a type or shape the module leaves to Python,
-        which also reports malformed events with their own message)."""
+        """:meth:`convert_change` of a raw event with a header, its documents written from the BSON
+        by the compiled module; None when the Python path converts it (another event format, field
+        transforms, or a type or shape the module leaves to Python, which also reports malformed
+        events with their own message)."""
         header = change.header
         if header is None or self._debezium3 is not None or self._legacy or raw.native is None:
             return None
-        op_type, db, coll = header[1], header[2], header[3]
+        op_type, db, coll, txn_number = header[1], header[2], header[3], header[6]
         op = DATA_OPERATIONS.get(op_type)
         if op is None:
             return []
@@ -326,17 +339,23 @@ class EventConverter:
             return None
         key_id, before, after, update_desc, wall_ms = parts
         seconds = header[4]
+        lsid = self.session_of(change)
         records: list[Record] = []
-        if self._tracker is not None:  # an event outside any transaction ends the one still open
-            records, _ = self._tracker.observe(None, ctx.data_collection, position, seconds * 1000)
+        block = None
+        if self._tracker is not None:
+            txn_id = self.transaction_id(lsid, txn_number)
+            records, block = self._tracker.observe(txn_id, ctx.data_collection, position, seconds * 1000)
         now_ns = self._now_ns()
         key = ctx.key_template % key_id
         value = ctx.value_template % (
             before, after, update_desc,
             self._times if seconds == self._times_seconds else self._source_times(seconds),
-            _SNAPSHOT_JSON["false"], position.increment, NULL, NULL,
+            _SNAPSHOT_JSON["false"], position.increment,
+            NULL if lsid is None else self._lsid_json(lsid),
+            NULL if txn_number is None else b"%d" % txn_number,
             NULL if wall_ms is None else b"%d" % wall_ms,
-            _OP_JSON[op], now_ns // 1_000_000, now_ns // 1_000, now_ns, NULL,
+            _OP_JSON[op], now_ns // 1_000_000, now_ns // 1_000, now_ns,
+            NULL if block is None else orjson.dumps(block),
         )  # fmt: skip
         records.append(Record(ctx.topic, key, value, position, ctx.namespace, op))
         if op == "d" and self._tombstones:

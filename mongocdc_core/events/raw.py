@@ -103,6 +103,9 @@ class RawDocuments(Sequence[dict[str, Any]]):
         return self.data[self.bounds[self.lo] : self.bounds[self.hi]]
 
 
+#: A raw event's header: (token ``_data``, operationType, db, coll, clusterTime time, inc, txnNumber, lsid BSON).
+Header = tuple[str, str, str, str, int, int, int | None, bytes | None]
+
 #: The last raw codec options seen and their plain (dict) counterpart: a stream keeps one.
 _plain_options: tuple[CodecOptions[Any] | None, CodecOptions[dict[str, Any]] | None] = (None, None)
 
@@ -121,9 +124,10 @@ class RawChange(RawBSONDocument):
 
     pymongo makes one per event of a batch without decoding it. ``header`` is what the reader and
     the dispatcher need, read by the compiled module: (resume token ``_data``, operationType,
-    ns.db, ns.coll, clusterTime time, inc); it is None for an event of another shape (a
-    transaction's, a split fragment, no compiled module), which the reader decodes at once
-    (``document()``, as pymongo would have decoded it).
+    ns.db, ns.coll, clusterTime time, inc, txnNumber, lsid as BSON), the last two None outside a
+    transaction; it is None for an event of another shape (a split fragment, a token with
+    ``_typeBits``, no compiled module), which the reader decodes at once (``document()``, as
+    pymongo would have decoded it).
     """
 
     __slots__ = ("_decoded", "_options", "header")
@@ -132,16 +136,19 @@ class RawChange(RawBSONDocument):
         super().__init__(bson_bytes, codec_options)
         self._options = codec_options
         self._decoded: dict[str, Any] | None = None
-        self.header: tuple[str, str, str, str, int, int] | None = (
+        self.header: Header | None = (
             native.change_header(bson_bytes) if native is not None and type(bson_bytes) is bytes else None
         )
 
     def document(self) -> dict[str, Any]:
         """The event decoded with the stream's own codec options (document class ``dict``)."""
         if self._decoded is None:
-            options = _plain(self._options) if self._options is not None else CodecOptions()
-            self._decoded = bson.decode(self.raw, options)
+            self._decoded = self.decode(self.raw)
         return self._decoded
+
+    def decode(self, data: bytes | memoryview) -> dict[str, Any]:
+        """A document of this event (such as its ``lsid``) decoded as the event would be."""
+        return bson.decode(data, _plain(self._options) if self._options is not None else CodecOptions())
 
     @property
     def token(self) -> dict[str, Any]:

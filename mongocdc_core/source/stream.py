@@ -251,6 +251,10 @@ def _ts_key(ts: Timestamp) -> tuple[int, int]:
     return (ts.time, ts.inc)
 
 
+def _key_of(ts: Timestamp | None) -> tuple[int, int] | None:
+    return None if ts is None else (ts.time, ts.inc)
+
+
 class ChangeStreamReader(threading.Thread):
     """Reads the change stream into an ``EventQueue`` until stopped, at ``stop_at``, or on a fatal error."""
 
@@ -441,16 +445,16 @@ class ChangeStreamReader(threading.Thread):
             if stream is not None:
                 stream.close()
 
-    def _past_stop(self, ts: Timestamp | None, *, scanned: bool) -> bool:
+    def _past_stop(self, at: tuple[int, int] | None, *, scanned: bool) -> bool:
         """Whether the stream reached ``stop_at``: an event after it, or a scan that covers it.
 
         An inclusive stop is covered by a scan that reached it, unless the last event was part of a
         transaction committed at that very time: the transaction's other events (on another shard,
         or in the next batch) share the time and must still come, so then only a scan past it ends.
         """
-        if self.stop_at is None or ts is None:
+        if self.stop_at is None or at is None:
             return False
-        key, stop = _ts_key(ts), _ts_key(self.stop_at)
+        key, stop = at, _ts_key(self.stop_at)
         if self.stop_inclusive and not scanned:
             return key > stop
         if self.stop_inclusive and key == stop and self._transaction_at is not None and _ts_key(self._transaction_at) == stop:
@@ -469,7 +473,7 @@ class ChangeStreamReader(threading.Thread):
         """
         if token is None or self._fragments:
             return True
-        if self._past_stop(token_timestamp(token), scanned=True):
+        if self._past_stop(_key_of(token_timestamp(token)), scanned=True):
             return self._end(token)
         if token == self._last_progress:
             return True
@@ -484,8 +488,12 @@ class ChangeStreamReader(threading.Thread):
         An ordinary event stays raw (its header says all this needs); any other is decoded here.
         """
         change: Mapping[str, Any] = doc
-        if type(doc) is RawChange and doc.header is not None:
-            token, ct, in_transaction, size = doc.token, doc.cluster_time, False, len(doc.raw)
+        header = doc.header if isinstance(doc, RawChange) else None
+        at: tuple[int, int] | None
+        if header is not None:
+            assert isinstance(doc, RawChange)
+            token, at, size = {"_data": header[0]}, (header[4], header[5]), len(doc.raw)
+            ct = Timestamp(header[4], header[5]) if header[6] is not None else None  # a transaction's event
         else:
             change = doc.document() if type(doc) is RawChange else doc
             split = change.get("splitEvent")
@@ -495,16 +503,19 @@ class ChangeStreamReader(threading.Thread):
                     return True
                 change = _reassemble(self._fragments)
                 self._fragments = []
-            token, ct = change["_id"], change.get("clusterTime")
-            in_transaction = change.get("txnNumber") is not None
+            token, stated = change["_id"], change.get("clusterTime")
+            ct = stated if isinstance(stated, Timestamp) else None
+            at = _key_of(ct or token_timestamp(token))
             size = len(bson.encode(change)) if self._measure else 0
-        if self._past_stop(ct if isinstance(ct, Timestamp) else token_timestamp(token), scanned=False):
+            if change.get("txnNumber") is None:
+                ct = None
+        if self._past_stop(at, scanned=False):
             return self._end(token)
         if not self.queue.put(StreamItem("change", doc=change, token=token, size=size), self.stop_event):
             return False
         self._resume_after = token
         self._last_progress = token
-        self._transaction_at = ct if isinstance(ct, Timestamp) and in_transaction else None
+        self._transaction_at = ct  # the clusterTime of a transaction's event, else None
         return True
 
 

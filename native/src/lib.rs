@@ -659,12 +659,13 @@ fn string_value(kind: u8, value: &[u8]) -> Option<&str> {
     std::str::from_utf8(&value[4..value.len() - 1]).ok()
 }
 
-/// What the stream reader and the dispatcher need of an ordinary change event:
-/// (resume token `_data`, operationType, ns.db, ns.coll, clusterTime seconds, clusterTime increment).
-type Header<'a> = (&'a str, &'a str, &'a str, &'a str, u32, u32);
+/// What the stream reader and the dispatcher need of an ordinary change event: (resume token
+/// `_data`, operationType, ns.db, ns.coll, clusterTime seconds, clusterTime increment, txnNumber,
+/// lsid as its BSON), the last two for an event of a transaction.
+type Header<'a> = (&'a str, &'a str, &'a str, &'a str, u32, u32, Option<i64>, Option<&'a [u8]>);
 
 fn header_of(raw: &[u8]) -> Option<Header<'_>> {
-    let (mut token, mut op, mut ns, mut time) = (None, None, None, None);
+    let (mut token, mut op, mut ns, mut time, mut txn, mut lsid) = (None, None, None, None, None, None);
     for (name, kind, value) in members(raw)? {
         match name {
             b"_id" if kind == 0x03 => match members(value)?.as_slice() {
@@ -678,18 +679,24 @@ fn header_of(raw: &[u8]) -> Option<Header<'_>> {
                 ns = Some((part(b"db")?, part(b"coll")?));
             }
             b"clusterTime" if kind == 0x11 => time = Some((le_i32(value, 4)? as u32, le_i32(value, 0)? as u32)),
-            // transactions, split fragments and unusual shapes take the decoded path
+            b"txnNumber" if kind == 0x12 => txn = Some(le_i64(value, 0)?),
+            b"txnNumber" if kind == 0x10 => txn = Some(le_i32(value, 0)? as i64),
+            b"lsid" if kind == 0x03 => lsid = Some(value),
+            // split fragments and unusual shapes take the decoded path
             b"_id" | b"ns" | b"clusterTime" | b"lsid" | b"txnNumber" | b"splitEvent" => return None,
             _ => {}
         }
     }
+    if txn.is_some() != lsid.is_some() {
+        return None; // half a transaction's fields: the Python path says what it makes of it
+    }
     let ((db, coll), (seconds, increment)) = (ns?, time?);
-    Some((token?, op?, db, coll, seconds, increment))
+    Some((token?, op?, db, coll, seconds, increment, txn, lsid))
 }
 
-/// The header of an ordinary change event (see `Header`), or None for any other: a transaction's
-/// event (`lsid`/`txnNumber`), a split fragment, a token with `_typeBits`, no `ns.coll` or no
-/// `clusterTime`. Those are decoded and handled by Python.
+/// The header of an ordinary change event (see `Header`), or None for any other: a split
+/// fragment, a token with `_typeBits`, no `ns.coll` or no `clusterTime`. Those are decoded and
+/// handled by Python.
 #[pyfunction]
 fn change_header(raw: &[u8]) -> Option<Header<'_>> {
     header_of(raw)

@@ -85,7 +85,7 @@ def test_ordinary_events_are_written_by_the_compiled_path_byte_for_byte(
     if wall is None:
         event.pop("wallTime")
     raw = _raw(event)
-    assert raw.header == ("8263" + "0" * 30, op, "inventory", "customers", CLUSTER_TIME.time, CLUSTER_TIME.inc)
+    assert raw.header == ("8263" + "0" * 30, op, "inventory", "customers", CLUSTER_TIME.time, CLUSTER_TIME.inc, None, None)
     assert mongocdc_native.change_parts(raw.raw, op, "pre_image" in capture_mode, "update_full" in capture_mode)
     from_raw, from_dicts = _both_ways(event, schemas_enable=schemas, capture_mode=capture_mode,
                                       tombstones_on_delete=tombstones, provide_transaction_metadata=transactions)  # fmt: skip
@@ -103,12 +103,12 @@ def test_any_documents_equal_the_python_path(op: str, key: Any, full: dict[str, 
     assert from_raw == from_dicts
 
 
-def test_transactions_splits_and_other_tokens_are_decoded_as_pymongo_decodes_them() -> None:
-    """No header (the Python path converts them): a transaction's event, a split fragment, a token
-    with ``_typeBits``, an event without clusterTime; each reads as the decoded event."""
+def test_splits_and_other_tokens_are_decoded_as_pymongo_decodes_them() -> None:
+    """No header (the Python path converts them): a split fragment, a token with ``_typeBits``, an
+    event without clusterTime, half a transaction's fields; each reads as the decoded event."""
     doc = {"_id": 1, "a": "x"}
     cases = [
-        _event("insert", 1, doc, lsid=LSID, txnNumber=Int64(3)),
+        _event("insert", 1, doc, lsid=LSID),
         _event("insert", 1, doc, splitEvent={"fragment": 1, "of": 2}),
         _event("insert", 1, doc, _id={"_data": "82", "_typeBits": Binary(b"\x01")}),
         {k: v for k, v in _event("insert", 1, doc).items() if k != "clusterTime"},
@@ -121,9 +121,9 @@ def test_transactions_splits_and_other_tokens_are_decoded_as_pymongo_decodes_the
         assert plain(raw) == decoded and raw.token == decoded["_id"] and raw.cluster_time == event.get("clusterTime")
         assert copy.deepcopy(raw) == decoded
         assert change_namespace(raw) == ("inventory", "customers")
-    transaction = cases[0]
+    half = cases[0]
     conv, reference = converter(provide_transaction_metadata=True), converter(provide_transaction_metadata=True)
-    assert conv.convert_change(_raw(transaction), POSITION) == reference.convert_change(transaction, POSITION)
+    assert conv.convert_change(_raw(half), POSITION) == reference.convert_change(half, POSITION)
     drop = _raw(cases[4])
     assert drop.header is not None and drop.header[1] == "drop" and converter().convert_change(drop, POSITION) == []
 
@@ -136,16 +136,30 @@ def test_an_ordinary_event_reads_as_its_decoded_event() -> None:
     assert copy.deepcopy(raw) == bson.decode(raw.raw, ENGINE_OPTIONS)  # pymongo deep-copies resume tokens
 
 
-def test_an_event_spanning_an_open_transaction_ends_it_exactly_as_the_python_path() -> None:
-    """With transaction metadata, an ordinary event after a transaction's events emits its END first."""
-    doc = {"_id": 1, "a": "x"}
-    in_txn = _event("insert", 1, doc, lsid=LSID, txnNumber=Int64(3))
-    after = _event("insert", 2, {"_id": 2}, clusterTime=Timestamp(CLUSTER_TIME.time, CLUSTER_TIME.inc + 1))
-    later = Position.from_timestamp(after["clusterTime"])
-    conv, reference = converter(provide_transaction_metadata=True), converter(provide_transaction_metadata=True)
-    ours = conv.convert_change(_raw(in_txn), POSITION) + conv.convert_change(_raw(after), later)
-    theirs = reference.convert_change(in_txn, POSITION) + reference.convert_change(after, later)
-    assert ours == theirs and [r.topic for r in ours].count("fulfillment.transaction") == 2
+@pytest.mark.parametrize("uuids", [False, True])
+@pytest.mark.parametrize("metadata", [False, True])
+def test_transactions_are_written_by_the_compiled_path_as_the_python_path(metadata: bool, uuids: bool) -> None:
+    """A transaction's events (lsid, txnNumber), then an ordinary event that ends it (with transaction
+    metadata: BEGIN, the events with their ``transaction`` blocks, END), then a second transaction."""
+    options = STANDARD_UUIDS if uuids else ENGINE_OPTIONS
+    other = {**LSID, "id": Binary(bytes(range(16)), 4)}
+    events = [
+        _event("insert", 1, {"a": "x"}, lsid=LSID, txnNumber=Int64(3)),
+        _event("delete", 2, None, lsid=LSID, txnNumber=Int64(3)),
+        _event("insert", 3, {"b": 1}, clusterTime=Timestamp(CLUSTER_TIME.time, CLUSTER_TIME.inc + 1)),
+        _event("update", 4, {"c": 2}, lsid=other, txnNumber=7, clusterTime=Timestamp(CLUSTER_TIME.time + 1, 1),
+               updateDescription={"updatedFields": {"c": 2}, "removedFields": []}),
+    ]  # fmt: skip
+    positions = [POSITION, Position.from_timestamp(CLUSTER_TIME, 1), Position.from_timestamp(events[2]["clusterTime"]),
+                 Position.from_timestamp(events[3]["clusterTime"])]  # fmt: skip
+    conv, reference = converter(provide_transaction_metadata=metadata), converter(provide_transaction_metadata=metadata)
+    raws = [_raw(event, options) for event in events]
+    assert raws[0].header is not None and raws[0].header[6:] == (3, bson.encode(LSID, codec_options=options))
+    ours = [r for raw, p in zip(raws, positions, strict=True) for r in conv.convert_change(raw, p)] + conv.flush()
+    theirs = [r for raw, p in zip(raws, positions, strict=True) for r in reference.convert_change(raw.document(), p)]
+    assert ours == theirs + reference.flush()
+    assert [r.topic for r in ours].count("fulfillment.transaction") == (4 if metadata else 0)
+    assert b'"txnNumber":3' in (ours[1 if metadata else 0].value or b"")
 
 
 @pytest.mark.parametrize("event_format", ["debezium_3x", "oplog_1x"])
