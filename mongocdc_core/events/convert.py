@@ -252,11 +252,7 @@ class EventConverter:
         seconds = cluster_time.time if type(cluster_time) is Timestamp else position.seconds
         lsid = get("lsid")
         txn_number = get("txnNumber")
-        records: list[Record] = []
-        block = None
-        if self._tracker is not None:
-            txn_id = self.transaction_id(lsid, txn_number)
-            records, block = self._tracker.observe(txn_id, ctx.data_collection, position, seconds * 1000)
+        records, block = self._transaction(ctx, lsid, txn_number, position, seconds)
         now_ns = self._now_ns()
         key = ctx.key_template % key_id_json(document_key["_id"])
         if self._legacy:
@@ -290,16 +286,39 @@ class EventConverter:
             else:
                 after = document_string(full, fields) if op != "d" else NULL
                 update_desc = NULL
-            value = ctx.value_template % (
-                before, after, update_desc,
-                self._times if seconds == self._times_seconds else self._source_times(seconds),
-                _SNAPSHOT_JSON["false"], position.increment,
-                NULL if lsid is None else self._lsid_json(lsid),
-                NULL if txn_number is None else b"%d" % txn_number,
-                _wall_time_json(get("wallTime")),
-                _OP_JSON[op], now_ns // 1_000_000, now_ns // 1_000, now_ns,
-                NULL if block is None else orjson.dumps(block),
-            )  # fmt: skip
+            value = self._change_value(ctx, op, before, after, update_desc, seconds, position, lsid, txn_number,
+                                       _wall_time_json(get("wallTime")), block, now_ns)  # fmt: skip
+        return self._change_records(records, ctx, op, key, value, position)
+
+    def _transaction(
+        self, ctx: _Collection, lsid: Any, txn_number: Any, position: Position, seconds: int
+    ) -> tuple[list[Record], dict[str, Any] | None]:
+        """With ``provide.transaction.metadata``: the BEGIN/END records before this event and its block."""
+        if self._tracker is None:
+            return [], None
+        txn_id = self.transaction_id(lsid, txn_number)
+        return self._tracker.observe(txn_id, ctx.data_collection, position, seconds * 1000)
+
+    def _change_value(
+        self, ctx: _Collection, op: str, before: bytes, after: bytes, update_desc: bytes, seconds: int,
+        position: Position, lsid: Any, txn_number: Any, wall_time: bytes, block: dict[str, Any] | None, now_ns: int,
+    ) -> bytes:
+        """A change event's value: the collection's template filled with the event's parts."""
+        return ctx.value_template % (
+            before, after, update_desc,
+            self._times if seconds == self._times_seconds else self._source_times(seconds),
+            _SNAPSHOT_JSON["false"], position.increment,
+            NULL if lsid is None else self._lsid_json(lsid),
+            NULL if txn_number is None else b"%d" % txn_number,
+            wall_time,
+            _OP_JSON[op], now_ns // 1_000_000, now_ns // 1_000, now_ns,
+            NULL if block is None else orjson.dumps(block),
+        )  # fmt: skip
+
+    def _change_records(
+        self, records: list[Record], ctx: _Collection, op: str, key: bytes, value: bytes, position: Position
+    ) -> list[Record]:
+        """``records`` (transaction boundaries) then the event's record and, after a delete, its tombstone."""
         records.append(Record(ctx.topic, key, value, position, ctx.namespace, op))
         if op == "d" and self._tombstones:
             records.append(Record(ctx.topic, key, None, position, ctx.namespace, None))
@@ -340,27 +359,11 @@ class EventConverter:
         key_id, before, after, update_desc, wall_ms = parts
         seconds = header[4]
         lsid = self.session_of(change)
-        records: list[Record] = []
-        block = None
-        if self._tracker is not None:
-            txn_id = self.transaction_id(lsid, txn_number)
-            records, block = self._tracker.observe(txn_id, ctx.data_collection, position, seconds * 1000)
+        records, block = self._transaction(ctx, lsid, txn_number, position, seconds)
         now_ns = self._now_ns()
-        key = ctx.key_template % key_id
-        value = ctx.value_template % (
-            before, after, update_desc,
-            self._times if seconds == self._times_seconds else self._source_times(seconds),
-            _SNAPSHOT_JSON["false"], position.increment,
-            NULL if lsid is None else self._lsid_json(lsid),
-            NULL if txn_number is None else b"%d" % txn_number,
-            NULL if wall_ms is None else b"%d" % wall_ms,
-            _OP_JSON[op], now_ns // 1_000_000, now_ns // 1_000, now_ns,
-            NULL if block is None else orjson.dumps(block),
-        )  # fmt: skip
-        records.append(Record(ctx.topic, key, value, position, ctx.namespace, op))
-        if op == "d" and self._tombstones:
-            records.append(Record(ctx.topic, key, None, position, ctx.namespace, None))
-        return records
+        value = self._change_value(ctx, op, before, after, update_desc, seconds, position, lsid, txn_number,
+                                   NULL if wall_ms is None else b"%d" % wall_ms, block, now_ns)  # fmt: skip
+        return self._change_records(records, ctx, op, ctx.key_template % key_id, value, position)
 
     def convert_read(
         self,

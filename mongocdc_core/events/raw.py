@@ -3,8 +3,8 @@
 A snapshot reads raw batches and hands chunks of :class:`RawDocuments` on; the change stream
 reader receives each event as a :class:`RawChange`. The converter writes their records straight
 from the BSON with the compiled ``mongocdc_native`` module (built by ``make setup`` from
-``native/``); everything else (markers, the last key of a chunk, a signal, a transaction's event,
-a read or event the compiled path leaves to Python, or no compiled module at all) sees ordinary
+``native/``); everything else (markers, the last key of a chunk, a signal, a split event, a read
+or event the compiled path leaves to Python, or no compiled module at all) sees ordinary
 documents, decoded with the stream's or collection's codec options exactly as pymongo decodes them.
 """
 
@@ -149,11 +149,6 @@ class RawChange(RawBSONDocument):
     def decode(self, data: bytes | memoryview) -> dict[str, Any]:
         """A document of this event (such as its ``lsid``) decoded as the event would be."""
         return bson.decode(data, _plain(self._options) if self._options is not None else CodecOptions())
-
-    @property
-    def token(self) -> dict[str, Any]:
-        """The resume token (``_id``)."""
-        return {"_data": self.header[0]} if self.header is not None else self.document()["_id"]
 
     @property
     def cluster_time(self) -> Timestamp | None:
