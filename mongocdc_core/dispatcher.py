@@ -413,7 +413,7 @@ class Dispatcher:
         try:
             records = self.converter.convert_change(doc, position) if captured else []
         except Exception as exc:  # noqa: BLE001 - any conversion failure is this event's
-            self._unprocessable(plain(doc), position, exc)  # raises in fail mode: the offset stays before it
+            self._unprocessable(doc, position, exc)  # raises in fail mode: the offset stays before it
             self._advance(token, position)  # warn/skip: skipped, and the offset moves past it
             return False
         op = None
@@ -436,7 +436,12 @@ class Dispatcher:
         self._count(op, position, seconds, lsid, txn_number)
         return True
 
-    def _unprocessable(self, doc: Mapping[str, Any], position: Position, exc: Exception) -> None:
+    def _unprocessable(self, change: Mapping[str, Any], position: Position, exc: Exception) -> None:
+        header = change.header if type(change) is RawChange else None
+        try:
+            doc = plain(change)
+        except Exception:  # noqa: BLE001 - an event that does not decode (invalid UTF-8): what its header says
+            doc = {} if header is None else {"operationType": header[1], "ns": {"db": header[2], "coll": header[3]}}
         ns = doc.get("ns")
         namespace = f"{ns.get('db')}.{ns.get('coll')}" if isinstance(ns, Mapping) else None
         document_key = doc.get("documentKey")

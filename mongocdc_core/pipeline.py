@@ -362,18 +362,18 @@ class CapturePipeline:
         if accept is None and companion is None:
             return self.dispatcher.change(doc, token)
         db, coll = change_namespace(doc)
-        namespace = f"{db}.{coll}"
-        if accept is not None and not accept(namespace):
+        if accept is not None and not accept(f"{db}.{coll}"):
             return False
         dispatcher = self.dispatcher
         produced = dispatcher.change(doc, token)
-        if companion is not None and isinstance(db, str) and isinstance(coll, str):
-            position = dispatcher.last_position
-            assert position is not None
-            if self.cfg.is_signal_collection(db, coll):
-                companion.on_signal(plain(doc), position)
-            elif produced and watching:
-                companion.on_stream_event(namespace, (plain(doc).get("documentKey") or {}).get("_id"), position)
+        if companion is None or (produced and not watching):
+            return produced
+        position = dispatcher.last_position
+        assert position is not None
+        if produced:  # a captured collection's event: never the signaling collection's
+            companion.on_stream_event(f"{db}.{coll}", _key_id(doc), position)
+        elif isinstance(db, str) and isinstance(coll, str) and self.cfg.is_signal_collection(db, coll):
+            companion.on_signal(plain(doc), position)
         return produced
 
     def _run_blocking(self, companion: StreamCompanion) -> bool:
@@ -422,6 +422,14 @@ class CapturePipeline:
                 position=ts,
                 oplog_first=first,
             )
+
+
+def _key_id(change: Mapping[str, Any]) -> Any:
+    """``documentKey._id`` of a change event (a raw one decodes only its ``documentKey``)."""
+    if type(change) is RawChange:
+        return change.key_id()
+    key = change.get("documentKey")
+    return key.get("_id") if isinstance(key, Mapping) else None
 
 
 def _passed_before(doc: Mapping[str, Any], token: Mapping[str, Any], last: Position | None) -> Timestamp | None:

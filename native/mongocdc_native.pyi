@@ -29,3 +29,6 @@ def change_parts(
 ) -> tuple[bytes, bytes, bytes, bytes, int | None] | None:
     """(key ``id`` string, ``before``, ``after``, ``updateDescription``, ``wallTime`` ms) of a change
     event's record without field transforms; None when the Python path converts it."""
+
+def document_member(raw: bytes, name: str) -> bytes | None:
+    """The BSON of the top-level embedded document ``name`` of ``raw`` (the last when repeated), or None."""

@@ -126,8 +126,10 @@ class RawChange(RawBSONDocument):
     the dispatcher need, read by the compiled module: (resume token ``_data``, operationType,
     ns.db, ns.coll, clusterTime time, inc, txnNumber, lsid as BSON), the last two None outside a
     transaction; it is None for an event of another shape (a split fragment, a token with
-    ``_typeBits``, no compiled module), which the reader decodes at once (``document()``, as
-    pymongo would have decoded it).
+    ``_typeBits``, no ``ns.coll`` or ``clusterTime`` as after a dropDatabase or an invalidate, or
+    no compiled module), which the reader decodes at once (``document()``, as pymongo would have
+    decoded it). Server replies decoded with this class (the batches pymongo reads, error
+    replies) have no header either and behave as a RawBSONDocument.
     """
 
     __slots__ = ("_decoded", "_options", "header")
@@ -176,6 +178,21 @@ class RawChange(RawBSONDocument):
 
     def items(self) -> ItemsView[str, Any]:
         return super().items() if self.header is None else self.document().items()
+
+    def __repr__(self) -> str:
+        """The decoded document (an error reply's repr goes into the driver's error message)."""
+        try:
+            return repr(self.document())
+        except Exception:  # noqa: BLE001 - undecodable: the raw bytes
+            return super().__repr__()
+
+    def key_id(self) -> Any:
+        """The event's ``documentKey._id``, decoding only the ``documentKey`` (None when absent)."""
+        if native is not None and type(self.raw) is bytes:
+            member = native.document_member(self.raw, "documentKey")
+            return self.decode(member).get("_id") if member is not None else None
+        key = self.document().get("documentKey")
+        return key.get("_id") if isinstance(key, Mapping) else None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:
         """A decoded copy (pymongo deep-copies resume tokens, a post-batch one decoded as this class)."""

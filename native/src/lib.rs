@@ -60,6 +60,49 @@ const DECIMAL_SPECIAL: u64 = 0x7800_0000_0000_0000;
 const DECIMAL_LARGE_FORM: u64 = 0x6000_0000_0000_0000;
 const DECIMAL_MAX_COEFFICIENT: u128 = 10u128.pow(34) - 1;
 
+/// A JSON string as orjson writes it; `nested`: escaped once more, as the contents of an enclosing
+/// JSON string literal (Extended JSON text inside a record's `after`), else plain JSON text (such
+/// as `removedFields`).
+fn json_string(out: &mut Vec<u8>, text: &[u8], nested: bool) -> Written {
+    if std::str::from_utf8(text).is_err() {
+        return Err(Unsupported);
+    }
+    out.extend_from_slice(if nested { b"\\\"" } else { b"\"" });
+    let mut plain = 0;
+    for (i, &byte) in text.iter().enumerate() {
+        let escaped: &[u8] = match (byte, nested) {
+            (b'"', true) => b"\\\\\\\"",
+            (b'\\', true) => b"\\\\\\\\",
+            (0x08, true) => b"\\\\b",
+            (0x09, true) => b"\\\\t",
+            (0x0a, true) => b"\\\\n",
+            (0x0c, true) => b"\\\\f",
+            (0x0d, true) => b"\\\\r",
+            (b'"', false) => b"\\\"",
+            (b'\\', false) => b"\\\\",
+            (0x08, false) => b"\\b",
+            (0x09, false) => b"\\t",
+            (0x0a, false) => b"\\n",
+            (0x0c, false) => b"\\f",
+            (0x0d, false) => b"\\r",
+            (0x00..=0x1f, _) => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&text[plain..i]);
+        plain = i + 1;
+        if escaped.is_empty() {
+            out.extend_from_slice(if nested { b"\\\\u00" } else { b"\\u00" });
+            out.push(HEX[(byte >> 4) as usize]);
+            out.push(HEX[(byte & 15) as usize]);
+        } else {
+            out.extend_from_slice(escaped);
+        }
+    }
+    out.extend_from_slice(&text[plain..]);
+    out.extend_from_slice(if nested { b"\\\"" } else { b"\"" });
+    Ok(())
+}
+
 /// Writes Extended JSON text already escaped as the contents of a JSON string literal.
 struct Writer {
     out: Vec<u8>,
@@ -68,36 +111,7 @@ struct Writer {
 impl Writer {
     /// A string value or member name: orjson's escapes, then those of the enclosing literal.
     fn string(&mut self, text: &[u8]) -> Written {
-        if std::str::from_utf8(text).is_err() {
-            return Err(Unsupported);
-        }
-        self.out.extend_from_slice(b"\\\"");
-        let mut plain = 0;
-        for (i, &byte) in text.iter().enumerate() {
-            let escaped: &[u8] = match byte {
-                b'"' => b"\\\\\\\"",
-                b'\\' => b"\\\\\\\\",
-                0x08 => b"\\\\b",
-                0x09 => b"\\\\t",
-                0x0a => b"\\\\n",
-                0x0c => b"\\\\f",
-                0x0d => b"\\\\r",
-                0x00..=0x1f => b"",
-                _ => continue,
-            };
-            self.out.extend_from_slice(&text[plain..i]);
-            plain = i + 1;
-            if escaped.is_empty() {
-                self.out.extend_from_slice(b"\\\\u00");
-                self.out.push(HEX[(byte >> 4) as usize]);
-                self.out.push(HEX[(byte & 15) as usize]);
-            } else {
-                self.out.extend_from_slice(escaped);
-            }
-        }
-        self.out.extend_from_slice(&text[plain..]);
-        self.out.extend_from_slice(b"\\\"");
-        Ok(())
+        json_string(&mut self.out, text, true)
     }
 
     fn integer(&mut self, value: i64) {
@@ -592,41 +606,6 @@ fn convert_reads<'py>(
     Ok((PyBytes::new(py, &keys), PyBytes::new(py, &key_ends), PyBytes::new(py, &values), PyBytes::new(py, &value_ends), left))
 }
 
-/// A JSON string as orjson writes it (one level of escaping: for JSON text that is not itself
-/// inside a string literal, such as `removedFields`).
-fn plain_string(out: &mut Vec<u8>, text: &[u8]) -> Written {
-    if std::str::from_utf8(text).is_err() {
-        return Err(Unsupported);
-    }
-    out.push(b'"');
-    let mut plain = 0;
-    for (i, &byte) in text.iter().enumerate() {
-        let escaped: &[u8] = match byte {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            0x08 => b"\\b",
-            0x09 => b"\\t",
-            0x0a => b"\\n",
-            0x0c => b"\\f",
-            0x0d => b"\\r",
-            0x00..=0x1f => b"",
-            _ => continue,
-        };
-        out.extend_from_slice(&text[plain..i]);
-        plain = i + 1;
-        if escaped.is_empty() {
-            out.extend_from_slice(b"\\u00");
-            out.push(HEX[(byte >> 4) as usize]);
-            out.push(HEX[(byte & 15) as usize]);
-        } else {
-            out.extend_from_slice(escaped);
-        }
-    }
-    out.extend_from_slice(&text[plain..]);
-    out.push(b'"');
-    Ok(())
-}
-
 /// One member of a document: its name, BSON type and value bytes.
 type Member<'a> = (&'a [u8], u8, &'a [u8]);
 
@@ -675,7 +654,8 @@ fn header_of(raw: &[u8]) -> Option<Header<'_>> {
             b"operationType" => op = Some(string_value(kind, value)?),
             b"ns" if kind == 0x03 => {
                 let parts = members(value)?;
-                let part = |wanted: &[u8]| parts.iter().find(|(n, _, _)| *n == wanted).and_then(|(_, k, v)| string_value(*k, v));
+                // the last of a repeated name, as a decoded dict keeps it
+                let part = |wanted: &[u8]| parts.iter().rev().find(|(n, _, _)| *n == wanted).and_then(|(_, k, v)| string_value(*k, v));
                 ns = Some((part(b"db")?, part(b"coll")?));
             }
             b"clusterTime" if kind == 0x11 => time = Some((le_i32(value, 4)? as u32, le_i32(value, 0)? as u32)),
@@ -730,7 +710,7 @@ fn update_description(out: &mut Writer, desc: &[u8]) -> Written {
             if *kind != 0x02 || value.len() < 5 {
                 return Err(Unsupported);
             }
-            plain_string(&mut out.out, &value[4..value.len() - 1])?;
+            json_string(&mut out.out, &value[4..value.len() - 1], false)?;
         }
         out.out.push(b']');
     }
@@ -751,12 +731,15 @@ fn update_description(out: &mut Writer, desc: &[u8]) -> Written {
         for (i, (_, kind, entry)) in truncated.iter().enumerate() {
             out.out.extend_from_slice(if i == 0 { b"[{\"field\":" } else { b",{\"field\":" });
             let parts = if *kind == 0x03 { members(entry).ok_or(Unsupported)? } else { return Err(Unsupported) };
+            if repeats(&mut parts.iter().map(|(n, _, _)| *n).collect::<Vec<_>>()) {
+                return Err(Unsupported); // decoded as a dict, the last value would win
+            }
             let field = parts.iter().find(|(n, _, _)| *n == b"field").ok_or(Unsupported)?;
             let size = parts.iter().find(|(n, _, _)| *n == b"newSize").ok_or(Unsupported)?;
             if field.1 != 0x02 || field.2.len() < 5 {
                 return Err(Unsupported);
             }
-            plain_string(&mut out.out, &field.2[4..field.2.len() - 1])?;
+            json_string(&mut out.out, &field.2[4..field.2.len() - 1], false)?;
             out.out.extend_from_slice(b",\"size\":");
             match size.1 {
                 0x10 => out.integer(le_i32(size.2, 0).ok_or(Unsupported)? as i64),
@@ -803,7 +786,13 @@ fn change_parts_of(raw: &[u8], op: &str, pre_image: bool, update_full: bool) -> 
     }
     let mut key_id = Writer { out: Vec::with_capacity(40) };
     match key {
-        Some((0x03, document)) => key_id.key_id(document)?,
+        Some((0x03, document)) => {
+            let names = members(document).ok_or(Unsupported)?;
+            if repeats(&mut names.iter().map(|(n, _, _)| *n).collect::<Vec<_>>()) {
+                return Err(Unsupported); // decoded as a dict, the last `_id` would win
+            }
+            key_id.key_id(document)?
+        }
         _ => return Err(Unsupported),
     }
     let mut before_json = Writer { out: Vec::new() };
@@ -857,6 +846,13 @@ fn change_parts<'py>(
     Some((PyBytes::new(py, &key), PyBytes::new(py, &before), PyBytes::new(py, &after), PyBytes::new(py, &update), wall))
 }
 
+/// The BSON of the top-level embedded document `name` of `raw` (the last, when repeated), or None.
+#[pyfunction]
+fn document_member<'py>(py: Python<'py>, raw: &[u8], name: &str) -> Option<Bound<'py, PyBytes>> {
+    let found = members(raw)?.into_iter().rev().find(|(n, _, _)| *n == name.as_bytes())?;
+    (found.1 == 0x03).then(|| PyBytes::new(py, found.2))
+}
+
 #[pymodule]
 fn mongocdc_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(document_bounds, module)?)?;
@@ -864,5 +860,6 @@ fn mongocdc_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(cursor_batch, module)?)?;
     module.add_function(wrap_pyfunction!(change_header, module)?)?;
     module.add_function(wrap_pyfunction!(change_parts, module)?)?;
+    module.add_function(wrap_pyfunction!(document_member, module)?)?;
     Ok(())
 }

@@ -222,6 +222,45 @@ def test_warn_and_skip_modes_skip_the_unprocessable_event_and_go_on(
         assert warnings == [] and any("key 3" in r.getMessage() for r in caplog.records)
 
 
+def _raw(doc: dict[str, Any], replace: tuple[bytes, bytes] | None = None) -> Any:
+    """The event as the change stream hands it over (a RawChange), its bytes optionally patched."""
+    from mongocdc_core.events.raw import RawChange
+
+    data = bson.encode(doc)
+    if replace is not None:
+        data = data.replace(*replace)
+    return RawChange(data, DEFAULT_CODEC_OPTIONS.with_options(document_class=RawChange))
+
+
+@pytest.mark.parametrize("mode", ["fail", "skip"])
+def test_a_raw_event_that_does_not_decode_is_one_unprocessable_event(mode: str) -> None:
+    """Invalid UTF-8 in a stored document (MongoDB keeps what it was given): the compiled path leaves
+    it to Python, whose decoding fails; the failure policy names the event from its header."""
+    from mongocdc_core.failures import EventProcessingError
+
+    sink = LedgerSink()
+    store = CheckingStore(sink)
+    dispatcher = _dispatcher(sink, store, _config(**{"event.processing.failure.handling.mode": mode}))
+    for i in (1, 2):
+        doc, token = _insert(i)
+        dispatcher.change(_raw(doc), token)
+    doc, token = _insert(3)
+    doc["fullDocument"]["n"] = "AZ"
+    broken = _raw(doc, (b"AZ", b"\xff\xfe"))
+    assert broken.header is not None
+    if mode == "fail":
+        with pytest.raises(EventProcessingError) as info:
+            dispatcher.change(broken, token)
+        assert "insert" in str(info.value) and "shop.orders" in str(info.value) and "utf-8" in str(info.value)
+        return
+    assert dispatcher.change(broken, token) is False
+    doc, token = _insert(4)
+    dispatcher.change(_raw(doc), token)
+    dispatcher.finish()
+    assert [r.key for r in sink.written] == [b'{"id":"%d"}' % i for i in (1, 2, 4)]
+    assert store.saved[-1].position == Position(1_700_000_000, 4, 0)
+
+
 class RefusingSink(LedgerSink):
     """Refuses (``RecordRejected``) every record whose key is in ``refuse``, as Kafka refuses an oversized one."""
 

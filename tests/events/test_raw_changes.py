@@ -1,9 +1,10 @@
 """Change events left raw (the compiled ``mongocdc_native`` path) convert to the Python path's bytes.
 
-The change stream reader receives each event as a :class:`RawChange`. An ordinary event (no
-transaction, no split, a plain resume token) keeps its BSON: its header is read by the compiled
-module and its record written from the BSON; every other event, and every use other than the
-conversion, sees it decoded as pymongo decodes it. Each test converts the same events both ways.
+The change stream reader receives each event as a :class:`RawChange`. An ordinary event (a
+data event, in a transaction or not, with a plain resume token, not split) keeps its BSON: its
+header is read by the compiled module and its record written from the BSON; every other event,
+and every use other than the conversion, sees it decoded as pymongo decodes it. Each test converts
+the same events both ways.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from bson.binary import Binary
 from bson.codec_options import CodecOptions
 from bson.datetime_ms import DatetimeMS
 from bson.int64 import Int64
+from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
@@ -29,7 +31,7 @@ from mongocdc_core.positions import Position
 
 from .helpers import CLUSTER_TIME, LSID, POSITION, WALL_TIME, converter
 from .strategies import documents, id_values
-from .test_raw_reads import ENGINE_OPTIONS, STANDARD_UUIDS, awkward_text, plain_documents, plain_ids
+from .test_raw_reads import ENGINE_OPTIONS, STANDARD_UUIDS, _members, awkward_text, plain_documents, plain_ids
 
 RAW_OPTIONS: CodecOptions[RawChange] = ENGINE_OPTIONS.with_options(document_class=RawChange)
 CAPTURE_MODES = ["change_streams", "change_streams_update_full", "change_streams_with_pre_image",
@@ -188,3 +190,30 @@ def test_a_date_outside_pythons_range_is_the_same_millisecond_count() -> None:
     from_raw, from_dicts = _both_ways(event)
     assert from_raw == from_dicts and b'"wallTime":%d' % -(2**62) in (from_raw[0].value or b"")
     assert _both_ways(_event("delete", 1, None, wallTime=datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)))[0]
+
+
+def test_repeated_names_read_as_the_decoded_event() -> None:
+    """A repeated name keeps its last value once decoded (a dict): the compiled path leaves such a
+    documentKey or truncatedArrays entry to Python, and takes the last ns.db/ns.coll."""
+    twice = RawBSONDocument(_members([("_id", 1), ("_id", 2)]))
+    entry = RawBSONDocument(_members([("field", "t"), ("newSize", 1), ("field", "u")]))
+    ns = RawBSONDocument(_members([("db", "inventory"), ("coll", "other"), ("coll", "customers")]))
+    desc = {"updatedFields": {"a": 1}, "removedFields": [], "truncatedArrays": [{"field": "t", "newSize": 1}]}
+    cases = [
+        _event("update", 1, {"a": 1}, documentKey=twice, updateDescription=desc),
+        _event("update", 1, {"a": 1}, updateDescription={**desc, "truncatedArrays": [entry]}),
+        _event("update", 1, {"a": 1}, ns=ns, updateDescription=desc),
+    ]
+    for event in cases:
+        patched = bson.encode(event)
+        raw = RawChange(patched, RAW_OPTIONS)
+        assert raw.header is not None and raw.header[2:4] == ("inventory", "customers")
+        assert converter().convert_change(raw, POSITION) == converter().convert_change(raw.document(), POSITION)
+        assert raw.key_id() == raw.document()["documentKey"]["_id"]
+
+
+def test_an_error_reply_reads_as_its_decoded_document() -> None:
+    """pymongo puts a reply's repr into its error messages: the decoded document, never BSON bytes."""
+    reply = RawChange(bson.encode({"ok": 0.0, "errmsg": "boom", "code": 280}), RAW_OPTIONS)
+    assert reply.header is None and repr(reply) == repr({"ok": 0.0, "errmsg": "boom", "code": 280})
+    assert reply["code"] == 280 and dict(reply.items())["errmsg"] == "boom"
