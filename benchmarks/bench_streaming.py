@@ -14,7 +14,7 @@ token with the connector's own pipeline and watch options (``build_pipeline``, `
   runs wait on it; the emulator's own CPU per event is reported next to the connector's, so it is
   visible which side bounds the figure.
 
-Three interleaved rounds, medians. Usage: ``python -m benchmarks.bench_streaming``
+Five interleaved rounds, medians (three varied by ±0.1 from run to run). Usage: ``python -m benchmarks.bench_streaming``
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ NAME = "streaming"
 BASELINE = (
     "a bare pymongo drain of the same change stream (same pipeline, watch options and batch size, same resume "
     "token): with orjson.dumps(event, default=json_util.default) per event for CPU per event, iterating only "
-    "for end-to-end events/s; 3 interleaved rounds, medians"
+    "for end-to-end events/s; 5 interleaved rounds, medians"
 )
-ROUNDS = 3
+ROUNDS = 5
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
