@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -300,7 +302,17 @@ def test_a_column_an_interrupted_refresh_added_with_another_type_is_rewritten(sp
 
 def test_a_refresh_that_keeps_losing_its_commit_fails_with_the_conflict(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[float] = []
-    monkeypatch.setattr(collection.time, "sleep", calls.append)
+    this_thread, real_sleep = threading.get_ident(), time.sleep
+
+    def sleep(seconds: float) -> None:
+        """The refresh's pauses are counted, not slept; any other thread of the process (a driver's
+        monitor left by an earlier test) sleeps as before."""
+        if threading.get_ident() == this_thread:
+            calls.append(seconds)
+        else:
+            real_sleep(seconds)
+
+    monkeypatch.setattr(collection.time, "sleep", sleep)
 
     def always_second() -> None:
         raise ConcurrentAppendException("[DELTA_CONCURRENT_APPEND] a concurrent MERGE added data")
