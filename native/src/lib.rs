@@ -60,10 +60,12 @@ const DECIMAL_SPECIAL: u64 = 0x7800_0000_0000_0000;
 const DECIMAL_LARGE_FORM: u64 = 0x6000_0000_0000_0000;
 const DECIMAL_MAX_COEFFICIENT: u128 = 10u128.pow(34) - 1;
 
-/// A JSON string as orjson writes it; `nested`: escaped once more, as the contents of an enclosing
-/// JSON string literal (Extended JSON text inside a record's `after`), else plain JSON text (such
-/// as `removedFields`).
-fn json_string(out: &mut Vec<u8>, text: &[u8], nested: bool) -> Written {
+/// A JSON string as orjson writes it. With `NESTED`, escaped once more as the contents of an
+/// enclosing JSON string literal (Extended JSON text inside a record's `after`); without, plain JSON
+/// text (such as `removedFields`). A constant, so each form compiles to its own loop: a flag read at
+/// run time cost snapshot reads 18% of their conversion time.
+fn json_string<const NESTED: bool>(out: &mut Vec<u8>, text: &[u8]) -> Written {
+    let nested = NESTED;
     if std::str::from_utf8(text).is_err() {
         return Err(Unsupported);
     }
@@ -111,7 +113,7 @@ struct Writer {
 impl Writer {
     /// A string value or member name: orjson's escapes, then those of the enclosing literal.
     fn string(&mut self, text: &[u8]) -> Written {
-        json_string(&mut self.out, text, true)
+        json_string::<true>(&mut self.out, text)
     }
 
     fn integer(&mut self, value: i64) {
@@ -710,7 +712,7 @@ fn update_description(out: &mut Writer, desc: &[u8]) -> Written {
             if *kind != 0x02 || value.len() < 5 {
                 return Err(Unsupported);
             }
-            json_string(&mut out.out, &value[4..value.len() - 1], false)?;
+            json_string::<false>(&mut out.out, &value[4..value.len() - 1])?;
         }
         out.out.push(b']');
     }
@@ -739,7 +741,7 @@ fn update_description(out: &mut Writer, desc: &[u8]) -> Written {
             if field.1 != 0x02 || field.2.len() < 5 {
                 return Err(Unsupported);
             }
-            json_string(&mut out.out, &field.2[4..field.2.len() - 1], false)?;
+            json_string::<false>(&mut out.out, &field.2[4..field.2.len() - 1])?;
             out.out.extend_from_slice(b",\"size\":");
             match size.1 {
                 0x10 => out.integer(le_i32(size.2, 0).ok_or(Unsupported)? as i64),
