@@ -142,6 +142,10 @@ def check_jars(jars_dir: Path) -> None:
         raise KafkaBrokerError(f"no Kafka broker jar (kafka_2.13-*.jar) in {jars_dir}; {_SETUP_HINT}")
 
 
+#: Starts on freshly chosen ports when one was taken between choosing it and the JVM binding it.
+_PORT_ATTEMPTS = 3
+
+
 def _free_ports(count: int) -> list[int]:
     """Distinct free loopback ports; all sockets are held open together so no port is returned twice."""
     sockets: list[socket.socket] = []
@@ -282,18 +286,32 @@ class KafkaBroker:
         java = find_java()
         check_jars(self.jars_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_data_dir()
-        try:
-            self._choose_ports()
-            config_path = self._write_config()
-            if not (self.log_dirs / "meta.properties").exists():
-                self._format_storage(java, config_path)
-            started = time.monotonic()
-            self._launch(java, config_path)
-            self._wait_until_ready(started)
-        except BaseException:
-            self.stop()
-            raise
+        # Ports picked here are free when checked, but the JVM binds them a few seconds later: another
+        # process may take one meanwhile. Then the broker starts again on other ports (only on a first
+        # start with ports of its own choosing; a restart keeps the ports its clients know).
+        attempts = _PORT_ATTEMPTS if self._requested_port is None and self._port is None else 1
+        for attempt in range(1, attempts + 1):
+            self._lock_data_dir()
+            try:
+                self._choose_ports()
+                config_path = self._write_config()
+                if not (self.log_dirs / "meta.properties").exists():
+                    self._format_storage(java, config_path)
+                started = time.monotonic()
+                self._launch(java, config_path)
+                self._wait_until_ready(started)
+            except KafkaBrokerError as exc:
+                self.stop()
+                if attempt == attempts or "already in use" not in str(exc):
+                    raise
+                _log.warning("Kafka broker port %s or %s was taken before the broker bound it; trying other ports",
+                             self._port, self._controller_port)  # fmt: skip
+                self._port = self._controller_port = None
+                continue
+            except BaseException:
+                self.stop()
+                raise
+            break
         _log.info(
             "Kafka broker ready on %s after %.1fs (pid %s)",
             self.bootstrap_servers,

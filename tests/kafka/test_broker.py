@@ -176,6 +176,26 @@ def test_port_taken_is_a_clear_error(held_port: int, tmp_path: Path) -> None:
     assert not broker.is_running
 
 
+def test_a_chosen_port_taken_before_the_broker_binds_it_is_replaced(
+    held_port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process takes a port between its choice and the broker's bind: the first start picks
+    other ports and comes up (a broker given its port, or restarted, keeps it: see above)."""
+    real = kb._free_ports
+    chosen: list[list[int]] = []
+
+    def first_taken(count: int) -> list[int]:
+        ports = [held_port, *real(count - 1)] if not chosen else real(count)
+        chosen.append(ports)
+        return ports
+
+    monkeypatch.setattr(kb, "_free_ports", first_taken)
+    with KafkaBroker(None, tmp_path / "data") as broker:
+        assert len(chosen) == 2 and broker.port not in (held_port, chosen[0][1]) and broker.port == chosen[1][0]
+        metadata = AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=30)
+        assert kb.NODE_ID in metadata.brokers
+
+
 def test_missing_jars_dir_says_run_make_setup(tmp_path: Path) -> None:
     missing = tmp_path / "no-jars-here"
     with pytest.raises(KafkaBrokerError, match=r"does not exist; run `make setup`") as excinfo:
