@@ -691,12 +691,14 @@ def move_chunk(ctx: MongosContext) -> dict[str, Any]:
 @mongos_command("listDatabases", admin_only=True)
 def list_databases(ctx: MongosContext) -> dict[str, Any]:
     sizes: dict[str, int] = {"admin": 4096, "config": 4096}
+    query = ctx.cmd.get("filter")
+    names_only = bool(ctx.cmd.get("nameOnly")) and (not isinstance(query, Mapping) or set(query) <= {"name"})
+    ask: dict[str, Any] = {"listDatabases": 1, "$db": "admin", **({"nameOnly": True} if names_only else {})}
     for shard in ctx.layout.shards:
-        for entry in ctx.server.call(shard, {"listDatabases": 1, "$db": "admin"})["databases"]:
+        for entry in ctx.server.call(shard, ask)["databases"]:
             if entry["name"] not in ("admin", "config", "local"):
                 sizes[entry["name"]] = sizes.get(entry["name"], 0) + int(entry.get("sizeOnDisk", 0))
     entries = [{"name": name, "sizeOnDisk": Int64(size), "empty": False} for name, size in sorted(sizes.items())]
-    query = ctx.cmd.get("filter")
     if isinstance(query, Mapping) and query:
         entries = matching.filter_documents(entries, query)
     if ctx.cmd.get("nameOnly"):

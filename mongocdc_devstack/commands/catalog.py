@@ -54,6 +54,12 @@ def _oplog_info(ctx: Context) -> dict[str, Any]:
 @command("listDatabases", admin_only=True)
 def list_databases(ctx: Context) -> dict[str, Any]:
     names = set(ctx.state.database_names()) | set(SYSTEM_DATABASES)
+    query = ctx.get("filter", Mapping)
+    if ctx.cmd.get("nameOnly") and (not query or set(query) <= {"name"}):
+        # As mongod: names only, and no size computed unless the filter asks about one (a size
+        # walks every document of the database).
+        names_only = [{"name": name} for name in sorted(names)]
+        return {"databases": matching.filter_documents(names_only, query) if query else names_only}
     entries = []
     total = 0
     for name in sorted(names):
@@ -63,11 +69,8 @@ def list_databases(ctx: Context) -> dict[str, Any]:
             size += ctx.state.oplog.size_bytes()
         total += size
         entries.append({"name": name, "sizeOnDisk": Int64(size or 4096), "empty": False})
-    query = ctx.get("filter", Mapping)
     if query:
         entries = matching.filter_documents(entries, query)
-    if ctx.cmd.get("nameOnly"):
-        return {"databases": [{"name": e["name"]} for e in entries]}
     return {"databases": entries, "totalSize": Int64(total), "totalSizeMb": Int64(total // (1024 * 1024))}
 
 
