@@ -71,6 +71,8 @@ def list_databases(ctx: Context) -> dict[str, Any]:
         entries.append({"name": name, "sizeOnDisk": Int64(size or 4096), "empty": False})
     if query:
         entries = matching.filter_documents(entries, query)
+    if ctx.cmd.get("nameOnly"):
+        return {"databases": [{"name": e["name"]} for e in entries]}
     return {"databases": entries, "totalSize": Int64(total), "totalSizeMb": Int64(total // (1024 * 1024))}
 
 

@@ -143,6 +143,15 @@ def test_list_databases(mongo_client: MongoClient, fresh_db: Database) -> None:
     assert {fresh_db.name, "admin", "local"} <= names
     only = mongo_client.admin.command("listDatabases", nameOnly=True, filter={"name": fresh_db.name})
     assert only["databases"] == [{"name": fresh_db.name}]
+    every = mongo_client.admin.command("listDatabases", nameOnly=True)["databases"]
+    assert {fresh_db.name, "admin", "local"} <= {d["name"] for d in every}
+    assert all(d.keys() == {"name"} for d in every)
+    # A filter on the size still filters by size (mongod computes it for the filter, then names only).
+    sized = mongo_client.admin.command("listDatabases", nameOnly=True,
+                                       filter={"name": fresh_db.name, "sizeOnDisk": {"$gt": 0}})
+    assert sized["databases"] == [{"name": fresh_db.name}]
+    assert mongo_client.admin.command("listDatabases", nameOnly=True,
+                                      filter={"name": fresh_db.name, "sizeOnDisk": {"$lt": 0}})["databases"] == []
 
 
 def test_capped_collection_keeps_the_newest(mongo_client: MongoClient, fresh_db: Database) -> None:
