@@ -287,22 +287,26 @@ class CapturePipeline:
             while not self.stop_event.is_set():
                 finished: str | None = None
                 for item in queue.get_batch(cfg.max_batch_size, poll_s):
-                    if item.kind == "change":
-                        assert item.doc is not None and item.token is not None
-                        watching = companion is not None and companion.watching
-                        if watching and (passed := _passed_before(item.doc, item.token, dispatcher.last_position)):
-                            assert companion is not None
-                            frontier = passed  # unwatched events leave it behind: it only ever says too little
-                            companion.on_stream_passed(frontier, dispatcher.last_position)
-                        if self._dispatch(item.doc, item.token, accept, companion, watching):
-                            last_activity = time.monotonic()
-                            if bound.max_events is not None and dispatcher.events - counted_from >= bound.max_events:
-                                finished = "max_events"
-                                break
-                        if companion is not None and self._run_blocking(companion):
-                            last_activity = time.monotonic()
-                            if self.stop_event.is_set():
-                                break  # stopped inside a blocking snapshot: nothing after its signal is dispatched
+                    if item.kind == "changes":
+                        assert item.changes is not None
+                        for doc, token in item.changes:
+                            watching = companion is not None and companion.watching
+                            if watching and (passed := _passed_before(doc, token, dispatcher.last_position)):
+                                assert companion is not None
+                                frontier = passed  # unwatched events leave it behind: it only ever says too little
+                                companion.on_stream_passed(frontier, dispatcher.last_position)
+                            if self._dispatch(doc, token, accept, companion, watching):
+                                last_activity = time.monotonic()
+                                if bound.max_events is not None and dispatcher.events - counted_from >= bound.max_events:
+                                    finished = "max_events"
+                                    break
+                            if companion is not None and self._run_blocking(companion):
+                                last_activity = time.monotonic()
+                                if self.stop_event.is_set():
+                                    break  # stopped inside a blocking snapshot: nothing after its signal is dispatched
+                        else:
+                            continue
+                        break  # the events after the break are not dispatched, nor what was queued after them
                     elif item.kind == "progress":
                         assert item.token is not None
                         dispatcher.progress_token(item.token)

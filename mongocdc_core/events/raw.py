@@ -32,6 +32,9 @@ def _native() -> ModuleType | None:
 #: The compiled conversion, or None when it was not built.
 native = _native()
 
+#: How a change event's BSON starts after its length: its resume token, ``_id``, a document.
+_EVENT_START = b"\x03_id\x00"
+
 
 def _bounds(data: bytes) -> list[int]:
     """Start offsets of the documents of a raw batch, then its length."""
@@ -134,13 +137,24 @@ class RawChange(RawBSONDocument):
 
     __slots__ = ("_decoded", "_options", "header")
 
-    def __init__(self, bson_bytes: bytes, codec_options: CodecOptions[Any] | None = None) -> None:
-        super().__init__(bson_bytes, codec_options)
+    def __init__(self, bson_bytes: bytes | memoryview, codec_options: CodecOptions[Any] | None = None) -> None:
+        if type(bson_bytes) is not bytes and bson_bytes[4:9] == _EVENT_START:
+            # pymongo hands a document of 4 KiB or more over as a memoryview of its reply: an event
+            # gets bytes of its own, so that the compiled module reads it (and the reply can go).
+            bson_bytes = bytes(bson_bytes)
+        header = native.change_header(bson_bytes) if native is not None and type(bson_bytes) is bytes else None
+        if header is None:
+            super().__init__(bson_bytes, codec_options)
+        else:
+            # What RawBSONDocument.__init__ sets, without its checks of the options and the length
+            # (half of this constructor's cost, paid per event): the compiled module has just checked
+            # the document's length and walked all of it, and the options are the stream's own.
+            self._RawBSONDocument__raw = bson_bytes
+            self._RawBSONDocument__inflated_doc = None
+            self._RawBSONDocument__codec_options = codec_options
         self._options = codec_options
         self._decoded: dict[str, Any] | None = None
-        self.header: Header | None = (
-            native.change_header(bson_bytes) if native is not None and type(bson_bytes) is bytes else None
-        )
+        self.header: Header | None = header
 
     def document(self) -> dict[str, Any]:
         """The event decoded with the stream's own codec options (document class ``dict``)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mongocdc_core.metrics.json_file import JsonFileExporter
@@ -140,20 +140,18 @@ class StreamingMetrics:
         self.NumberOfHeartbeats = 0
         self.NumberOfErroneousEvents = 0
 
-    def event(self, op: str | None, position: Any, cluster_time_ms: int | None, resume_token: Any) -> None:
-        """Count one dispatched change event (``op`` c/u/d, None for other kinds).
+    def seen(self, counts: Mapping[str, int], position: Any, cluster_time_ms: int | None, resume_token: Any) -> None:
+        """Count dispatched change events (``counts`` per op: c/u/d, others only in the total), the
+        last of them at ``position``.
 
-        ``position`` and ``resume_token`` are kept as given and turned into text only when the
-        metrics are read: this runs once per event on the hot path.
+        Called once per dispatched batch, not per event. ``position`` and ``resume_token`` are kept
+        as given and turned into text only when the metrics are read.
         """
         with self._lock:
-            self.TotalNumberOfEventsSeen += 1
-            if op == "c":
-                self.TotalNumberOfCreateEventsSeen += 1
-            elif op == "u":
-                self.TotalNumberOfUpdateEventsSeen += 1
-            elif op == "d":
-                self.TotalNumberOfDeleteEventsSeen += 1
+            self.TotalNumberOfEventsSeen += sum(counts.values())
+            self.TotalNumberOfCreateEventsSeen += counts.get("c", 0)
+            self.TotalNumberOfUpdateEventsSeen += counts.get("u", 0)
+            self.TotalNumberOfDeleteEventsSeen += counts.get("d", 0)
             self._last_position = position
             self._last_token = resume_token
             self.last_event_monotonic = time.monotonic()

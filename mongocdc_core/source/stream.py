@@ -1,11 +1,11 @@
 """The change stream reader: Debezium's internal pipeline, resume, oversize handling, bounded queue.
 
 A reader thread owns the change stream and puts raw change documents into a bounded queue
-(``max.queue.size`` items and, when set, ``max.queue.size.in.bytes``); the dispatcher takes them
-out in batches. The queue is what bounds memory when the sink is slower than MongoDB. The reader
-remembers the resume token of the last document it queued, so after an error it reopens the
-stream exactly after it (pymongo resumes transparently once; the rest is handled here with
-Debezium's backoff).
+(``max.queue.size`` events and, when set, ``max.queue.size.in.bytes``), a server batch's events
+at a time; the dispatcher takes them out in batches. The queue is what bounds memory when the
+sink is slower than MongoDB. The reader remembers the resume token of the last document it
+queued, so after an error it reopens the stream exactly after it (pymongo resumes transparently
+once; the rest is handled here with Debezium's backoff).
 """
 
 from __future__ import annotations
@@ -148,26 +148,40 @@ def watch_target(client: MongoClient[Any], cfg: ConnectorConfig) -> Any:
 
 @dataclass(slots=True)
 class StreamItem:
-    """One thing the reader hands over: a change (``doc``), a progress token only, an end, or an error."""
+    """One thing the reader hands over: changes, a progress token only, an end, or an error.
 
-    kind: str  # "change" | "progress" | "end" | "error"
-    doc: Mapping[str, Any] | None = None  # a RawChange with a header, or a decoded event
+    ``changes`` are consecutive events of the stream with their resume tokens, each a RawChange
+    with a header or a decoded event: one item per server batch (or part of one), because a queue
+    operation per event cost about as much as converting it.
+    """
+
+    kind: str  # "changes" | "progress" | "end" | "error"
+    changes: list[tuple[Mapping[str, Any], dict[str, Any]]] | None = None
     token: dict[str, Any] | None = None
     size: int = 0
     error: BaseException | None = None
 
+    @property
+    def count(self) -> int:
+        """How much of ``max.queue.size`` the item takes: its events, or 1."""
+        return 1 if self.changes is None else len(self.changes)
 
-_WAKE_AT = 64  # changes queued before a busy dispatcher is woken (an idle one is woken at once)
+
+_WAKE_AT = 64  # events queued before a busy dispatcher is woken (an idle one is woken at once)
 _ACTIVE_POLL_S = 0.002  # how long a busy dispatcher waits before taking what is queued
 
 
 class EventQueue:
-    """Debezium's ChangeEventQueue: bounded by count and (optionally) bytes; blocks the producer."""
+    """Debezium's ChangeEventQueue: bounded by events and (optionally) bytes; blocks the producer.
+
+    An item of changes weighs its events (an item never holds more than ``max_items``).
+    """
 
     def __init__(self, max_items: int, max_bytes: int, metrics: StreamingMetrics | None = None) -> None:
         self.max_items = max_items
         self.max_bytes = max_bytes
         self._items: deque[StreamItem] = deque()
+        self._count = 0  # the weight of the queued items (events, and 1 per other item)
         self._bytes = 0
         self._cond = threading.Condition()
         self._closed = False
@@ -182,9 +196,10 @@ class EventQueue:
 
     def put(self, item: StreamItem, stop: threading.Event) -> bool:
         """Enqueue, waiting while full; False if ``stop`` was set or the queue closed meanwhile."""
+        weight = item.count
         with self._cond:
             while not self._closed and not stop.is_set() and self._items and (
-                len(self._items) >= self.max_items
+                self._count + weight > self.max_items
                 or (self.max_bytes > 0 and self._bytes + item.size > self.max_bytes)
             ):
                 self._waiting += 1
@@ -193,25 +208,31 @@ class EventQueue:
             if self._closed or stop.is_set():
                 return False
             self._items.append(item)
+            self._count += weight
             self._bytes += item.size
             self._update_metrics()
             # While the dispatcher is busy with a flow of changes it polls every couple of
             # milliseconds, so it is woken only once a batch worth of them waits: one wake-up (a
             # thread switch) per event costs more than converting the event.
-            if self._waiting and (not self._active or item.kind != "change" or len(self._items) >= self._wake_at):
+            if self._waiting and (not self._active or item.kind != "changes" or self._count >= self._wake_at):
                 self._cond.notify_all()
             return True
 
     def get_batch(self, max_items: int, timeout: float) -> list[StreamItem]:
-        """Up to ``max_items`` items, waiting at most ``timeout`` seconds for the first one."""
+        """Items weighing about ``max_items`` (the last may go past it), waiting at most ``timeout``
+        seconds for the first one."""
         with self._cond:
             if not self._items:
                 self._waiting += 1
                 self._cond.wait(min(timeout, _ACTIVE_POLL_S) if self._active else timeout)
                 self._waiting -= 1
             batch: list[StreamItem] = []
-            while self._items and len(batch) < max_items:
+            taken = 0
+            while self._items and taken < max_items:
                 item = self._items.popleft()
+                weight = item.count
+                taken += weight
+                self._count -= weight
                 self._bytes -= item.size
                 batch.append(item)
             self._active = bool(batch)
@@ -221,9 +242,9 @@ class EventQueue:
             return batch
 
     def pending(self) -> int:
-        """Items waiting to be dispatched."""
+        """Events (and other items) waiting to be dispatched."""
         with self._cond:
-            return len(self._items)
+            return self._count
 
     def close(self) -> None:
         with self._cond:
@@ -232,7 +253,7 @@ class EventQueue:
 
     def _update_metrics(self) -> None:
         if self.metrics is not None:
-            self.metrics.QueueRemainingCapacity = max(0, self.max_items - len(self._items))
+            self.metrics.QueueRemainingCapacity = max(0, self.max_items - self._count)
             self.metrics.CurrentQueueSizeInBytes = self._bytes
 
 
@@ -293,6 +314,12 @@ class ChangeStreamReader(threading.Thread):
         self._measure = cfg.max_queue_size_in_bytes > 0  # sizing costs an encode: only when bounded
         self._backoff = Backoff.from_config(cfg)
         self._fragments: list[dict[str, Any]] = []
+        # Changes read but not yet queued: handed over together when the server's batch is used up
+        # (or they fill ``max.batch.size``, the queue, or its bytes).
+        self._changes: list[tuple[Mapping[str, Any], dict[str, Any]]] = []
+        self._changes_bytes = 0
+        self._changes_transaction_at: Timestamp | None = None
+        self._chunk = max(1, min(cfg.max_batch_size, queue.max_items))
         self._last_progress: dict[str, Any] | None = None
         # The clusterTime of the last event queued when it belongs to a transaction: every event of
         # a transaction shares its commit time (across shards too), so a scan that only reaches that
@@ -408,6 +435,7 @@ class ChangeStreamReader(threading.Thread):
                         stream.close()
                         stream = None
                     self._fragments = []
+                    self._changes, self._changes_bytes = [], 0  # read again after the reopen
                     if self.metrics is not None:
                         self.metrics.Connected = False
                     if not (is_retriable(exc) or self._still_in_window(exc)):
@@ -441,6 +469,13 @@ class ChangeStreamReader(threading.Thread):
                 self.quiet_since = None
                 if not self._handle(doc):
                     return
+                for doc in _rest_of_batch(stream):
+                    if len(self._changes) >= self._chunk and not self._hand_over():
+                        return
+                    if not self._handle(doc):
+                        return
+                if not self._hand_over():
+                    return
         finally:
             if stream is not None:
                 stream.close()
@@ -462,7 +497,8 @@ class ChangeStreamReader(threading.Thread):
         return key >= stop
 
     def _end(self, token: dict[str, Any] | None) -> bool:
-        self.queue.put(StreamItem("end", token=token), self.stop_event)
+        if self._hand_over():
+            self.queue.put(StreamItem("end", token=token), self.stop_event)
         self.stop_event.set()
         return False
 
@@ -482,8 +518,22 @@ class ChangeStreamReader(threading.Thread):
             self._resume_after = token
         return True
 
+    def _hand_over(self) -> bool:
+        """Queue the changes read so far as one item; False if stopped meanwhile."""
+        if not self._changes:
+            return True
+        changes, size = self._changes, self._changes_bytes
+        self._changes, self._changes_bytes = [], 0
+        if not self.queue.put(StreamItem("changes", changes=changes, size=size), self.stop_event):
+            return False
+        token = changes[-1][1]
+        self._resume_after = token
+        self._last_progress = token
+        self._transaction_at = self._changes_transaction_at  # the clusterTime of a transaction's event, else None
+        return True
+
     def _handle(self, doc: Mapping[str, Any]) -> bool:
-        """Queue one change (reassembling split fragments); False when the stream must end.
+        """Take one change (reassembling split fragments) to hand over; False when the stream must end.
 
         An ordinary event stays raw (its header says all this needs); any other is decoded here.
         """
@@ -511,12 +561,39 @@ class ChangeStreamReader(threading.Thread):
                 ct = None
         if self._past_stop(at, scanned=False):
             return self._end(token)
-        if not self.queue.put(StreamItem("change", doc=change, token=token, size=size), self.stop_event):
+        if self._measure and self._changes and self._changes_bytes + size > self.queue.max_bytes and not self._hand_over():
             return False
-        self._resume_after = token
-        self._last_progress = token
-        self._transaction_at = ct  # the clusterTime of a transaction's event, else None
+        self._changes.append((change, token))
+        self._changes_bytes += size
+        self._changes_transaction_at = ct
         return True
+
+
+def _rest_of_batch(stream: ChangeStream[Any]) -> list[Any]:
+    """The events left of the server's last batch, taken at once, the stream left as that many
+    ``try_next`` calls would leave it (a call per event cost as much as converting the event).
+
+    pymongo keeps a batch in its cursor's buffer and offers no public way to take it; its own
+    resume (once, inside ``try_next``) starts after the token kept here: the batch's post-batch
+    token, or its last event's. Empty when an event has no resume token (``try_next`` raises
+    pymongo's own error for it) or the stream decodes events itself.
+    """
+    cursor = stream._cursor
+    buffered = cursor._data
+    if not buffered or stream._decode_custom:
+        return []
+    for doc in buffered:
+        if type(doc) is not RawChange or (doc.header is None and "_id" not in doc):
+            return []
+    events = list(buffered)
+    buffered.clear()
+    stream._resume_token = cursor._post_batch_resume_token or events[-1]["_id"]
+    stream._start_at_operation_time = None
+    stream._uses_start_after = False
+    stream._uses_resume_after = True
+    if not cursor.alive:
+        stream._closed = True
+    return events
 
 
 def _raw_options(options: CodecOptions[Any]) -> CodecOptions[RawChange]:

@@ -646,6 +646,9 @@ fn string_value(kind: u8, value: &[u8]) -> Option<&str> {
 type Header<'a> = (&'a str, &'a str, &'a str, &'a str, u32, u32, Option<i64>, Option<&'a [u8]>);
 
 fn header_of(raw: &[u8]) -> Option<Header<'_>> {
+    if usize::try_from(le_i32(raw, 0)?).ok()? != raw.len() {
+        return None; // a length that lies: pymongo's own checks say what is wrong
+    }
     let (mut token, mut op, mut ns, mut time, mut txn, mut lsid) = (None, None, None, None, None, None);
     for (name, kind, value) in members(raw)? {
         match name {

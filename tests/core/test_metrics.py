@@ -33,8 +33,8 @@ def _busy_metrics() -> ConnectorMetrics:
     metrics.snapshot.table_done()
     metrics.snapshot.table_done()
     metrics.snapshot.finish(aborted=False)
-    for op in ("c", "c", "u", "d"):
-        metrics.streaming.event(op, Position(5, 1), 1_000, None)
+    metrics.streaming.seen({"c": 2, "u": 1}, Position(4, 1), 900, None)
+    metrics.streaming.seen({"d": 1}, Position(5, 1), 1_000, None)
     metrics.streaming.filtered(2)
     metrics.streaming.Connected = True
     return metrics
@@ -71,7 +71,7 @@ def test_prometheus_exporter_serves_debezium_names_and_labels_over_http() -> Non
         assert samples[("debezium_metrics_RemainingTableCount", _labels("snapshot", **tags))] == 0
         assert samples[("debezium_metrics_RowsScanned", _labels("snapshot", table="inv.orders", **tags))] == 7
         # Values are read at scrape time: a later event shows in the next scrape.
-        metrics.streaming.event("u", Position(6, 1), 2_000, None)
+        metrics.streaming.seen({"u": 1}, Position(6, 1), 2_000, None)
         assert _scrape(exporter.port)[("debezium_metrics_TotalNumberOfEventsSeen", _labels("streaming", **tags))] == 5
         port = exporter.port
     with pytest.raises(OSError):  # stopped: the port is closed
@@ -91,7 +91,7 @@ def test_json_file_exporter_writes_the_same_values(tmp_path: Path) -> None:
     metrics = _busy_metrics()
     path = tmp_path / "m" / "metrics.json"
     metrics.start_file_writer(path, interval_s=60)
-    metrics.streaming.event("c", Position(7, 1), 3_000, None)
+    metrics.streaming.seen({"c": 1}, Position(7, 1), 3_000, None)
     metrics.stop_file_writer(path)
     data = orjson.loads(path.read_bytes())
     streaming = data["debezium.mongodb:type=connector-metrics,context=streaming,server=shop,task=0"]

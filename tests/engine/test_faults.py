@@ -447,3 +447,27 @@ def test_a_landing_file_ending_in_a_partial_line_is_repaired_by_the_streaming_re
     from mongocdc_core.replay import Replayer, canonical
 
     assert canonical(Replayer().apply_all(pairs).documents(f"{fresh_db.name}.a")) == source_state(fresh_db.a)
+
+
+def test_a_resume_inside_the_driver_starts_after_the_events_taken_by_batch(fresh_db: Any, mongo_uri: str, emulator: Any) -> None:
+    """The reader takes the rest of a server batch at once rather than event by event. pymongo's own
+    resume (once, inside ``try_next``, after a resumable error) must still start after the last of
+    them: every event exactly once, in order."""
+    fresh_db.warmup.insert_one({})
+    cfg = make_config(mongo_uri, fresh_db.name, **{"snapshot.mode": "no_data", "max.batch.size": 7})
+    offsets = MemoryOffsetStore()
+    run_engine(cfg, MemorySink(), offsets, until_idle=0.3)  # pins the start
+    fresh_db.a.insert_many([{"_id": i} for i in range(40)])
+    admin = fresh_db.client.admin
+    # The first getMore after the stream's first batch fails once: pymongo resumes by itself.
+    admin.command("configureFailPoint", "failCommand", mode={"times": 1}, data={
+        "failCommands": ["getMore"], "errorCode": 11602, "errorLabels": ["ResumableChangeStreamError"]})
+    try:
+        sink = MemorySink()
+        engine = Engine(cfg, sink, offsets)
+        summary = engine.run(max_events=40)
+    finally:
+        admin.command("configureFailPoint", "failCommand", mode="off")
+    assert summary.events == 40
+    assert [orjson.loads(v["after"])["_id"] for v in sink.values()] == list(range(40))
+    assert engine.metrics.streaming.NumberOfDisconnects == 0  # the driver resumed, not the reader

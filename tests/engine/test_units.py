@@ -287,13 +287,17 @@ def test_split_fragments_are_reassembled() -> None:
     assert merged == {"_id": {"_data": "2"}, "operationType": "update", "ns": {}, "fullDocument": {"_id": 1}}
 
 
+def _changes(*ids: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    return [({"_id": {"_data": str(i)}}, {"_data": str(i)}) for i in ids]
+
+
 def test_queue_is_bounded_by_count_and_bytes() -> None:
     metrics = ConnectorMetrics("srv")
     queue = EventQueue(2, 100, metrics.streaming)
     stop = threading.Event()
-    assert queue.put(StreamItem("change", size=60), stop)
+    assert queue.put(StreamItem("changes", changes=_changes(1), size=60), stop)
     assert metrics.streaming.QueueRemainingCapacity == 1
-    blocked = threading.Thread(target=queue.put, args=(StreamItem("change", size=60), stop))
+    blocked = threading.Thread(target=queue.put, args=(StreamItem("changes", changes=_changes(2), size=60), stop))
     blocked.start()
     blocked.join(0.3)
     assert blocked.is_alive()  # 120 bytes would exceed max.queue.size.in.bytes
@@ -301,6 +305,24 @@ def test_queue_is_bounded_by_count_and_bytes() -> None:
     blocked.join()
     assert [i.size for i in queue.get_batch(10, 0)] == [60]
     assert metrics.streaming.CurrentQueueSizeInBytes == 0
+
+
+def test_queue_counts_the_events_of_an_item() -> None:
+    """An item of several changes takes one place per event in ``max.queue.size``."""
+    metrics = ConnectorMetrics("srv")
+    queue = EventQueue(4, 0, metrics.streaming)
+    stop = threading.Event()
+    assert queue.put(StreamItem("changes", changes=_changes(1, 2, 3)), stop)
+    assert metrics.streaming.QueueRemainingCapacity == 1 and queue.pending() == 3
+    blocked = threading.Thread(target=queue.put, args=(StreamItem("changes", changes=_changes(4, 5)), stop))
+    blocked.start()
+    blocked.join(0.3)
+    assert blocked.is_alive()  # 5 events would exceed max.queue.size
+    assert [i.count for i in queue.get_batch(2, 0)] == [3]  # an item is never split
+    blocked.join()
+    assert queue.pending() == 2
+    assert [tok for item in queue.get_batch(10, 0) for _, tok in item.changes or []] == [{"_data": "4"}, {"_data": "5"}]
+    assert metrics.streaming.QueueRemainingCapacity == 4
 
 
 def test_history_lost_messages_explain_recovery() -> None:
@@ -320,7 +342,7 @@ def test_metrics_file_and_summary(tmp_path: Any) -> None:
     metrics.snapshot.start(["a.x"])
     metrics.snapshot.rows("a.x", 5, "p")
     metrics.snapshot.finish(aborted=False)
-    metrics.streaming.event("c", "p1", None, "tok")
+    metrics.streaming.seen({"c": 1}, "p1", None, "tok")
     path = tmp_path / "metrics.json"
     metrics.write_file(path)
     data = orjson.loads(path.read_bytes())

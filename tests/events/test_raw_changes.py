@@ -217,3 +217,22 @@ def test_an_error_reply_reads_as_its_decoded_document() -> None:
     reply = RawChange(bson.encode({"ok": 0.0, "errmsg": "boom", "code": 280}), RAW_OPTIONS)
     assert reply.header is None and repr(reply) == repr({"ok": 0.0, "errmsg": "boom", "code": 280})
     assert reply["code"] == 280 and dict(reply.items())["errmsg"] == "boom"
+
+
+def test_an_event_of_4_kib_or_more_keeps_the_compiled_path() -> None:
+    """pymongo slices a document of 4 KiB or more out of its reply as a memoryview: the event still
+    gets a header (bytes of its own), and converts as the decoded event does."""
+    event = _event("insert", 7, {"note": "x" * 6000})
+    reply = bson.encode({"cursor": {"nextBatch": [event], "id": Int64(1)}, "ok": 1.0})
+    decoded_reply = bson.decode(reply, RAW_OPTIONS)
+    assert type(decoded_reply["cursor"].raw) is memoryview  # the reply's own documents stay views
+    (raw,) = decoded_reply["cursor"]["nextBatch"]
+    assert type(raw.raw) is bytes and raw.header is not None
+    assert converter().convert_change(raw, POSITION) == converter().convert_change(bson.decode(raw.raw, ENGINE_OPTIONS), POSITION)
+
+
+def test_a_length_that_lies_is_refused_as_pymongo_refuses_it() -> None:
+    data = bytearray(bson.encode(_event("insert", 7, {"a": 1})))
+    data[0] += 1  # declares one byte more than it has
+    with pytest.raises(bson.errors.InvalidBSON):
+        RawChange(bytes(data), RAW_OPTIONS)
