@@ -97,6 +97,7 @@ class Dispatcher:
         self._last_progress_report = 0.0
         self._unreported: dict[str, int] = {}  # events per op counted but not yet in the metrics
         self._last_event_seconds = 0
+        self._last_event_token: dict[str, Any] | None = None  # the resume token of the last counted event
         self.failures = FailurePolicy(cfg.event_processing_failure_handling_mode, metrics)
         # Set when a record the sink refused stopped the run (fail mode): the offset has moved past
         # it, so no later commit may save that offset.
@@ -436,7 +437,7 @@ class Dispatcher:
             txn_number, lsid = raw_header[6], self.converter.session_of(doc)
         else:
             txn_number, lsid = doc.get("txnNumber"), doc.get("lsid")
-        self._count(op, position, seconds, lsid, txn_number)
+        self._count(op, position, seconds, lsid, txn_number, token)
         return True
 
     def _unprocessable(self, change: Mapping[str, Any], position: Position, exc: Exception) -> None:
@@ -452,7 +453,7 @@ class Dispatcher:
         kind = f"{doc.get('operationType')} {CHANGE_EVENT}" if isinstance(doc.get("operationType"), str) else CHANGE_EVENT
         self.failures.failed(FailedEvent("process", kind, namespace, key, position, _cause(exc)))
 
-    def _count(self, op: str, position: Position, seconds: int, lsid: Any, txn_number: Any) -> None:
+    def _count(self, op: str, position: Position, seconds: int, lsid: Any, txn_number: Any, token: dict[str, Any]) -> None:
         self.events += 1
         self.counts[op] = self.counts.get(op, 0) + 1
         unreported = self._unreported
@@ -461,6 +462,7 @@ class Dispatcher:
             self.first_position = position
         self.last_event_position = position
         self._last_event_seconds = seconds
+        self._last_event_token = token
         if lsid is not None or self._txn is not None:
             streaming = self.metrics.streaming
             txn = self.converter.transaction_id(lsid, txn_number) if lsid is not None else None
@@ -478,7 +480,8 @@ class Dispatcher:
         if not self._unreported:
             return
         unreported, self._unreported = self._unreported, {}
-        self.metrics.streaming.seen(unreported, self.last_event_position, self._last_event_seconds * 1000, self._latest_token)
+        self.metrics.streaming.seen(unreported, self.last_event_position, self._last_event_seconds * 1000,
+                                   self._last_event_token)
         if self.progress is not None:
             now = time.monotonic()
             if now - self._last_progress_report >= 0.2:

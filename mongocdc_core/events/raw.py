@@ -138,7 +138,7 @@ class RawChange(RawBSONDocument):
     __slots__ = ("_decoded", "_options", "header")
 
     def __init__(self, bson_bytes: bytes | memoryview, codec_options: CodecOptions[Any] | None = None) -> None:
-        if type(bson_bytes) is not bytes and bson_bytes[4:9] == _EVENT_START:
+        if native is not None and type(bson_bytes) is not bytes and bson_bytes[4:9] == _EVENT_START:
             # pymongo hands a document of 4 KiB or more over as a memoryview of its reply: an event
             # gets bytes of its own, so that the compiled module reads it (and the reply can go).
             bson_bytes = bytes(bson_bytes)

@@ -122,6 +122,23 @@ def test_offsets_are_saved_only_after_their_records_were_flushed() -> None:
     assert last.increment == 10
 
 
+def test_metrics_count_events_per_batch_and_name_the_last_events_own_position_and_token() -> None:
+    """Metrics are reported once per drain, and what they name is the last counted event, even when a
+    progress token (or a filtered event) moved the offset on after it."""
+    sink = LedgerSink()
+    dispatcher = _dispatcher(sink, CheckingStore(sink), _config(**{"max.batch.size": "100"}))
+    dispatcher.change(*_insert(1))
+    dispatcher.change(*_insert(2))
+    streaming = dispatcher.metrics.streaming
+    assert streaming.TotalNumberOfEventsSeen == 0  # not reported yet: once per batch
+    dispatcher.progress_token(_token(Timestamp(1_700_000_000, 5)))
+    dispatcher.drain()
+    assert streaming.TotalNumberOfEventsSeen == 2 and streaming.TotalNumberOfCreateEventsSeen == 2
+    assert streaming.SourceEventPosition == {"position": str(Position(1_700_000_000, 2)),
+                                             "resume_token": str(_token(Timestamp(1_700_000_000, 2)))}
+    assert streaming.MilliSecondsBehindSource >= 0
+
+
 def test_a_failed_flush_saves_no_offset() -> None:
     sink = LedgerSink(fail_flush=2)
     store = CheckingStore(sink)
