@@ -103,7 +103,10 @@ def read_jsonl(directory: Path) -> dict[str, list[KafkaRecord]]:
 
 
 def normalise(value: bytes | None) -> Any:
-    """A record value without the connector's processing times (they differ between two runs)."""
+    """A record value without what differs between two runs of the same data: the connector's
+    processing times, and in a snapshot read the time it was read and the ``ord`` of the position its
+    snapshot started at (two engines started one after the other can start on either side of an
+    oplog entry, such as the server's periodic no-op)."""
     if value is None:
         return None
     obj = orjson.loads(value)
@@ -111,8 +114,10 @@ def normalise(value: bytes | None) -> Any:
     if isinstance(payload, dict):
         for field in ("ts_ms", "ts_us", "ts_ns"):
             payload.pop(field, None)
-            if payload.get("op") == "r":  # a snapshot read's source time is the time it was read
+            if payload.get("op") == "r":
                 payload["source"].pop(field, None)
+        if payload.get("op") == "r":
+            payload["source"].pop("ord", None)
     return obj
 
 
