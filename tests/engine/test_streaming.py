@@ -319,3 +319,38 @@ def test_time_blocked_on_the_sink_is_not_idle(fresh_db: Any, mongo_uri: str) -> 
     summary = Engine(cfg.with_properties({"snapshot.mode": "no_data"}), sink, offsets).run(until_idle=0.5)
     assert sink.outages == 1 and summary.stopped_because == "idle"
     assert summary.events == 50 and len(sink.durable) == 50
+
+
+def test_server_batches_are_handed_over_within_the_queue_bounds(
+    fresh_db: Any, mongo_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader queues a server batch's events together, yet the queue never holds more events than
+    ``max.queue.size`` nor more bytes than ``max.queue.size.in.bytes`` (beyond one event alone), and
+    every event arrives once, in order, while a slow sink keeps the queue full."""
+    from mongocdc_core.source.stream import EventQueue, StreamItem
+
+    peaks = {"events": 0, "bytes": 0}
+    put = EventQueue.put
+
+    def watched(queue: EventQueue, item: StreamItem, stop: Any) -> bool:
+        accepted = put(queue, item, stop)
+        peaks["events"] = max(peaks["events"], queue.pending())
+        peaks["bytes"] = max(peaks["bytes"], queue.metrics.CurrentQueueSizeInBytes if queue.metrics else 0)
+        return accepted
+
+    monkeypatch.setattr(EventQueue, "put", watched)
+    cfg = make_config(mongo_uri, fresh_db.name, **{"max.batch.size": 16, "max.queue.size": 24,
+                                                   "max.queue.size.in.bytes": 4000})  # fmt: skip
+    offsets = _pinned(cfg)
+    fresh_db.items.insert_many([{"_id": i, "pad": "x" * 200} for i in range(120)])
+
+    class SlowSink(MemorySink):
+        def write(self, records: Any) -> None:
+            time.sleep(0.002)
+            super().write(records)
+
+    sink = SlowSink()
+    run_engine(cfg.with_properties({"snapshot.mode": "no_data"}), sink, offsets, max_events=120)
+    assert [orjson.loads(v["after"])["_id"] for v in sink.values()] == list(range(120))
+    assert 0 < peaks["events"] <= 24
+    assert 0 < peaks["bytes"] <= 4000
