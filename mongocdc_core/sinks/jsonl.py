@@ -1,8 +1,8 @@
 """JSON Lines sink: one file per topic, one ``{"key": …, "value": …}`` line per record.
 
 Lines are assembled from the already-serialized key and value bytes, so the sink adds no JSON
-work of its own: each ``write`` joins a batch's lines per topic and hands them to the file in one
-call. ``flush`` fsyncs every file it touched since the previous flush.
+work of its own: each ``write`` joins a batch's lines per topic, a few dozen at a time, and hands
+them to the file. ``flush`` fsyncs every file it touched since the previous flush.
 
 ``mongocdc.jsonl.compression`` (``gzip`` or ``zstd``) compresses the files as they are written
 (``<topic>.jsonl.gz`` / ``.jsonl.zst``). Each flush ends the current gzip member / zstd frame
@@ -80,6 +80,12 @@ class _TopicFile:
         os.fsync(self.handle.fileno())
 
 
+#: Lines joined into one write. A batch's lines joined whole made one allocation of megabytes per
+#: batch, fresh memory the kernel had to fault in each time; that cost more than the writes themselves
+#: (0.64-0.95 of a bare per-line loop against 2.4-3.8 in chunks of 64, schemas on).
+_LINES_PER_WRITE = 64
+
+
 class JsonlSink:
     """Appends records to ``<directory>/<topic>.jsonl`` (``.gz``/``.zst`` compressed) in delivery order."""
 
@@ -116,7 +122,7 @@ class JsonlSink:
     def write(self, records: Sequence[Record]) -> None:
         if self._closed:
             raise SinkError("write to a closed jsonl sink")
-        # One write per topic per batch: the lines of a batch, joined, in delivery order.
+        # The lines of a batch per topic, in delivery order, joined a few dozen at a time.
         lines: dict[str, list[bytes]] = {}
         if isinstance(records, RecordRun):  # a snapshot chunk: one topic, every key and value present
             lines[records.topic] = [b'{"key":%b,"value":%b}\n' % kv for kv in zip(records.keys(), records.values(), strict=True)]
@@ -128,7 +134,9 @@ class JsonlSink:
                 topic_lines.append(b'{"key":%b,"value":%b}\n' % (record.key or b"null", record.value or b"null"))
         for topic, topic_lines in lines.items():
             try:
-                self._file(topic).write(b"".join(topic_lines))
+                handle = self._file(topic)
+                for start in range(0, len(topic_lines), _LINES_PER_WRITE):
+                    handle.write(b"".join(topic_lines[start : start + _LINES_PER_WRITE]))
             except OSError as exc:
                 raise SinkError(f"cannot write to {self.path(topic)}: {exc}") from exc
             self._dirty.add(topic)
