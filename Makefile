@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml
 
 # mongocdc_native: snapshot reads from raw BSON to record bytes, in Rust (PyO3, built by maturin).
 # Without it the engine converts in Python (the same bytes, about three times slower).
-$(NATIVE_STAMP): $(STAMP) native/Cargo.toml native/Cargo.lock native/pyproject.toml native/src/lib.rs native/mongocdc_native.pyi
+$(NATIVE_STAMP): $(STAMP) native/Cargo.toml native/Cargo.lock native/pyproject.toml $(wildcard native/src/*.rs) native/mongocdc_native.pyi
 	$(PY) -m pip install --quiet ./native
 	touch $@
 

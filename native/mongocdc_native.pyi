@@ -32,3 +32,26 @@ def change_parts(
 
 def document_member(raw: bytes, name: str) -> bytes | None:
     """The BSON of the top-level embedded document ``name`` of ``raw`` (the last when repeated), or None."""
+
+_Strings = tuple[bytes, bytes, bytes, int]
+
+def landing_columns(
+    keys: list[bytes | None], key_head: bytes | None, values: list[bytes | None], value_head: bytes | None
+) -> (
+    tuple[
+        _Strings,
+        _Strings,
+        tuple[bytes, bytes, int],
+        _Strings,
+        _Strings,
+        _Strings,
+        tuple[bytes, bytes, int, _Strings],
+        _Strings,
+        _Strings,
+        _Strings,
+    ]
+    | None
+):
+    """Landing columns of one topic's records as Arrow buffers: key, value (payload text), ts_ms, before,
+    after, updatedFields, removedFields, truncatedArrays (raw JSON), source.snapshot, source (raw JSON).
+    A string column is (i32 offsets, data, validity, null count); None when Arrow's JSON reader must parse."""

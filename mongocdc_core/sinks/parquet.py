@@ -21,7 +21,8 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from mongocdc_core.events.records import Record
+from mongocdc_core.events.raw import native
+from mongocdc_core.events.records import Record, RecordRun
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.base import KeyScan, SinkError
 from mongocdc_core.sinks.readback import KeyScanBuilder, key_id
@@ -90,6 +91,15 @@ class _PayloadText:
     def __init__(self) -> None:
         self._heads: dict[tuple[str, bool], bytes] = {}
 
+    def head(self, topic: str, is_key: bool, raws: list[bytes | None]) -> bytes | None:
+        """The head of the topic's keys or values, learnt from the first of ``raws`` if not known yet
+        (None when they carry no schema part)."""
+        if (topic, is_key) not in self._heads:
+            first = next((raw for raw in raws if raw is not None), None)
+            if first is not None:
+                self.cut(topic, is_key, first)
+        return self._heads.get((topic, is_key))
+
     def cut_values(self, topic: str, raws: list[bytes | None]) -> list[bytes | None]:
         """The payload bytes of a batch of one topic's values (None stays None: a tombstone)."""
         return self._cut_all(topic, False, raws)
@@ -133,28 +143,29 @@ class _PayloadText:
 
 
 def _source(value: bytes | None) -> bytes | None:
-    """The ``source`` block of a payload, cut out of its bytes. Neither marker can occur inside a JSON
-    string (its quotes would be escaped) nor inside the flat ``source`` object, so both are searched
-    from the end, where the block sits, instead of across the documents before it."""
+    """The ``source`` block of a payload, cut out of its bytes where the connector writes it: right
+    before ``op``. Neither marker can occur inside a JSON string (its quotes would be escaped) nor inside
+    the flat ``source`` object, so both are searched from the end, where the block sits, instead of
+    across the documents before it. None when the cut is not one flat object (another layout)."""
     if value is None:
         return None
     end = value.rfind(_SOURCE_END)
     start = value.rfind(_SOURCE_START, 0, end) if end >= 0 else -1
-    return value[start + 10 : end + 1] if start >= 0 else None
+    text = value[start + 10 : end + 1] if start >= 0 else None
+    return text if text is not None and text.count(b"{") == 1 and text.count(b"}") == 1 else None
 
 
 class _Columns:
-    """One topic's pending landing rows: what Python must take from each record (payload bytes,
-    position), kept column by column; Arrow's JSON reader parses the payloads when the table is built.
+    """One topic's pending landing rows: what Python must take from each record (position, op), kept
+    column by column, and the payload columns of each batch, parsed as it arrives (while its bytes
+    are still in the processor's cache; a whole table's bytes are not).
     """
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
         self.collections: list[str | None] = []
         self.ops: list[str | None] = []
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
-        self.sources: list[bytes | None] = []
+        self.payloads: list[dict[str, pa.Array | pa.ChunkedArray]] = []
         self.seconds: list[int] = []
         self.increments: list[int] = []
         self.ordinals: list[int] = []
@@ -169,64 +180,165 @@ class _Columns:
     def add(self, records: Sequence[Record], payloads: _PayloadText) -> None:
         """Append a batch of this topic's records, one list comprehension per column (a loop calling a
         method per record cost as much as Arrow's whole write)."""
-        values = payloads.cut_values(self.topic, [r.value for r in records])
-        self.values += values
-        self.sources += [_source(v) for v in values]
-        self.keys += payloads.cut_keys(self.topic, [r.key for r in records])
-        self.collections += [r.collection for r in records]
-        self.ops += [r.op if v is not None else None for r, v in zip(records, values, strict=True)]
-        positions = [r.position for r in records]
-        self.seconds += [p.seconds for p in positions]
-        self.increments += [p.increment for p in positions]
-        self.ordinals += [p.ordinal for p in positions]
+        if isinstance(records, RecordRun):  # a snapshot chunk: one position, collection and op, no Record needed
+            keys: list[bytes | None] = list(records.keys())
+            values: list[bytes | None] = list(records.values())
+            n, position = len(values), records.position
+            self.collections += [records.collection] * n
+            self.ops += [records.op] * n
+            self.seconds += [position.seconds] * n
+            self.increments += [position.increment] * n
+            self.ordinals += [position.ordinal] * n
+        else:
+            keys = [r.key for r in records]
+            values = [r.value for r in records]
+            self.collections += [r.collection for r in records]
+            self.ops += [r.op if r.value is not None else None for r in records]
+            positions = [r.position for r in records]
+            self.seconds += [p.seconds for p in positions]
+            self.increments += [p.increment for p in positions]
+            self.ordinals += [p.ordinal for p in positions]
+        self.payloads.append(self._walked(keys, values, payloads) or self._parsed(keys, values, payloads))
 
     def table(self) -> pa.Table:
+        """The landing rows of every batch added."""
         rows = self.rows
-        lines = [v if v is not None and v[:1] == b"{" else b"{}" for v in self.values]
+        seconds = pa.array(self.seconds, pa.int64())
+        increments = pa.array(self.increments, pa.int64())
+        ordinals = pa.array(self.ordinals, pa.int64())
+        columns = {
+            "topic": pa.array([self.topic] * rows, pa.string()),
+            "collection": pa.array(self.collections, pa.string()),
+            "op": pa.array(self.ops, pa.string()),
+            "position": pc.binary_join_element_wise(
+                pc.utf8_lpad(pc.cast(seconds, pa.string()), 13, "0"),
+                pc.utf8_lpad(pc.cast(increments, pa.string()), 10, "0"),
+                pc.utf8_lpad(pc.cast(ordinals, pa.string()), 6, "0"),
+                ".",
+            ),
+            "pos_seconds": seconds,
+            "pos_increment": increments,
+            "pos_ordinal": ordinals,
+        }
+        for name in self.payloads[0]:
+            parts = [batch[name] for batch in self.payloads]
+            chunks = [c for p in parts for c in (p.chunks if isinstance(p, pa.ChunkedArray) else [p])]
+            columns[name] = pa.chunked_array(chunks, LANDING_SCHEMA.field(name).type)
+        return pa.Table.from_pydict(columns, schema=LANDING_SCHEMA)
+
+    def _walked(self, keys: list[bytes | None], values: list[bytes | None], payloads: _PayloadText
+                ) -> dict[str, pa.Array] | None:  # fmt: skip
+        """The payload columns of a batch from ``mongocdc_native.landing_columns``; None when it is not
+        built or leaves the batch to Arrow's reader."""
+        if native is None:
+            return None
+        key_head = payloads.head(self.topic, True, keys)
+        value_head = payloads.head(self.topic, False, values)
+        walked = native.landing_columns(keys, key_head, values, value_head)
+        if walked is None:
+            return None
+        key, value, (ts, ts_valid, ts_nulls), before, after, updated, removed, truncated, snapshot, source = walked
+        rows = len(values)
+        truncated_texts = _strings(rows, truncated)
+        if truncated_texts.null_count != rows:
+            try:
+                truncated_texts = pa.array(
+                    [None if t is None else _truncated_as_read(t) for t in truncated_texts.to_pylist()], pa.string()
+                )
+            except _NeedsReader:
+                return None
+        list_offsets, list_valid, list_nulls, items = removed
+        return {
+            "key": _strings(rows, key),
+            "value": _strings(rows, value),
+            "ts_ms": pa.Array.from_buffers(pa.int64(), rows, [_validity(ts_valid, ts_nulls), pa.py_buffer(ts)],
+                                           null_count=ts_nulls),
+            "before": _strings(rows, before),
+            "after": _strings(rows, after),
+            "updated_fields": _strings(rows, updated),
+            "removed_fields": pa.Array.from_buffers(
+                pa.list_(pa.string()), rows, [_validity(list_valid, list_nulls), pa.py_buffer(list_offsets)],
+                null_count=list_nulls, children=[_strings(len(items[0]) // 4 - 1, items)],
+            ),
+            "truncated_arrays": truncated_texts,
+            "snapshot": _strings(rows, snapshot),
+            "source": _strings(rows, source),
+        }  # fmt: skip
+
+    def _parsed(self, keys: list[bytes | None], values: list[bytes | None], payloads: _PayloadText
+                ) -> dict[str, pa.Array | pa.ChunkedArray]:  # fmt: skip
+        """The payload columns of a batch cut in Python and parsed by Arrow's JSON reader (the same
+        columns as the compiled walk, at about twice the cost)."""
+        values = payloads.cut_values(self.topic, values)
+        lines = [v if v is not None and v[:1] == b"{" else b"{}" for v in values]
         try:
             payload = _parse_payloads(lines)
         except pa.ArrowInvalid:  # a payload whose fields have other types (e.g. the 1.x boolean snapshot)
             payload = _parse_payloads_slowly(lines)
         update = payload.column("updateDescription")
-        truncated = pc.struct_field(update, "truncatedArrays")
-        seconds = pa.array(self.seconds, pa.int64())
-        increments = pa.array(self.increments, pa.int64())
-        ordinals = pa.array(self.ordinals, pa.int64())
-        position = pc.binary_join_element_wise(
-            pc.utf8_lpad(pc.cast(seconds, pa.string()), 13, "0"),
-            pc.utf8_lpad(pc.cast(increments, pa.string()), 10, "0"),
-            pc.utf8_lpad(pc.cast(ordinals, pa.string()), 6, "0"),
-            ".",
-        )
-        sources = self.sources
-        columns = {
-            "topic": pa.array([self.topic] * rows, pa.string()),
-            "collection": pa.array(self.collections, pa.string()),
-            "key": pa.array(self.keys, pa.string()),
-            "op": pa.array(self.ops, pa.string()),
-            "position": position,
-            "pos_seconds": seconds,
-            "pos_increment": increments,
-            "pos_ordinal": ordinals,
+        return {
+            "key": pa.array(payloads.cut_keys(self.topic, keys), pa.string()),
+            "value": pa.array(values, pa.string()),
             "ts_ms": payload.column("ts_ms"),
             "before": payload.column("before"),
             "after": payload.column("after"),
             "updated_fields": pc.struct_field(update, "updatedFields"),
             "removed_fields": pc.struct_field(update, "removedFields"),
-            "truncated_arrays": _truncated_text(truncated),
+            "truncated_arrays": _truncated_text(pc.struct_field(update, "truncatedArrays")),
             "snapshot": pc.struct_field(payload.column("source"), "snapshot"),
-            "source": pa.array(sources, pa.string()),
-            "value": pa.array(self.values, pa.string()),
+            "source": pa.array(_sources(values, lines, payload.column("source")), pa.string()),
         }
-        return pa.Table.from_pydict(columns, schema=LANDING_SCHEMA)
+
+
+def _sources(values: list[bytes | None], lines: list[bytes], parsed: pa.ChunkedArray) -> list[bytes | None]:
+    """The ``source`` texts of the payloads that have one (``parsed``: the reader's ``source`` column), cut
+    out of their bytes; one that cannot be cut (not right before ``op``, or holding braces in a string)
+    is written again from the parsed payload."""
+    sources = [_source(v) if present else None for v, present in zip(values, parsed.is_valid().to_pylist(), strict=True)]
+    for i, present in enumerate(parsed.is_valid().to_pylist()):
+        if present and sources[i] is None:
+            sources[i] = orjson.dumps(orjson.loads(lines[i])["source"])
+    return sources
+
+
+class _NeedsReader(Exception):
+    """A ``truncatedArrays`` entry of a shape Arrow's reader decides (it refuses or converts it)."""
+
+
+def _truncated_as_read(text: str) -> str:
+    """``truncatedArrays`` JSON text as the reader's struct list spells it (``field`` then ``size``)."""
+    items = orjson.loads(text)
+    out: list[dict[str, object] | None] = []
+    for item in items:
+        if item is None:
+            out.append(None)
+            continue
+        if not isinstance(item, dict):
+            raise _NeedsReader
+        field, size = item.get("field"), item.get("size")
+        if not (field is None or isinstance(field, str)) or not (size is None or (type(size) is int and -(2**63) <= size < 2**63)):
+            raise _NeedsReader
+        out.append({"field": field, "size": size})
+    return orjson.dumps(out).decode()
+
+
+def _validity(bits: bytes, nulls: int) -> pa.Buffer | None:
+    return pa.py_buffer(bits) if nulls else None
+
+
+def _strings(rows: int, column: tuple[bytes, bytes, bytes, int]) -> pa.Array:
+    """An Arrow string array over the compiled walk's buffers (no copy)."""
+    offsets, data, valid, nulls = column
+    return pa.Array.from_buffers(pa.string(), rows, [_validity(valid, nulls), pa.py_buffer(offsets), pa.py_buffer(data)],
+                                 null_count=nulls)  # fmt: skip
 
 
 def _add_by_topic(pending: dict[str, _Columns], records: Sequence[Record], payloads: _PayloadText) -> None:
     """Append ``records`` to their topics' pending columns, keeping each topic's order."""
     if not records:
         return
-    topic = records[0].topic
-    if all(r.topic == topic for r in records):  # the usual batch: one collection's changes
+    topic = records.topic if isinstance(records, RecordRun) else records[0].topic
+    if isinstance(records, RecordRun) or all(r.topic == topic for r in records):  # one collection's changes
         groups: Mapping[str, Sequence[Record]] = {topic: records}
     else:
         split: dict[str, list[Record]] = {}
@@ -351,7 +463,8 @@ class ParquetSink:
         assert self._tmp is not None
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._tmp, LANDING_SCHEMA)
-        table = pa.concat_tables([c.table() for c in pending]) if len(pending) > 1 else pending[0].table()
+        tables = [c.table() for c in pending]
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         self._writer.write_table(table, row_group_size=_ROW_GROUP_ROWS)
         self.rows_written += table.num_rows
 

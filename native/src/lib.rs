@@ -10,6 +10,8 @@
 //! doubles, duplicate names, DBRefs, ...) is reported back as `None` and converted by the Python
 //! path, so the two always agree.
 
+mod landing;
+
 use base64::Engine as _;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -866,5 +868,6 @@ fn mongocdc_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(change_header, module)?)?;
     module.add_function(wrap_pyfunction!(change_parts, module)?)?;
     module.add_function(wrap_pyfunction!(document_member, module)?)?;
+    module.add_function(wrap_pyfunction!(landing::landing_columns, module)?)?;
     Ok(())
 }

@@ -80,6 +80,23 @@ def test_jsonl_writes_a_record_run_as_the_lines_of_its_records(tmp_path: Path) -
     assert [orjson.loads(line)["key"] for line in lines.splitlines()] == [{"id": str(i)} for i in range(1, 5)]
 
 
+def test_parquet_writes_a_record_run_as_the_rows_of_its_records(tmp_path: Path) -> None:
+    """A snapshot chunk's RecordRun lands as the same rows as its records, without a Record per read."""
+    keys = [b'{"id":"%d"}' % i for i in range(5)]
+    values = [b'{"after":"{\\"_id\\": %d}","source":{"snapshot":"true"},"op":"r","ts_ms":%d}' % (i, i) for i in range(5)]
+    run = RecordRun(TOPIC, b"".join(keys), array("Q", accumulate(map(len, keys))).tobytes(), b"".join(values),
+                    array("Q", accumulate(map(len, values))).tobytes(), Position(5, 1), "inventory.customers", "r")
+    by_run, by_list = ParquetSink.to_file(tmp_path / "run.parquet"), ParquetSink.to_file(tmp_path / "list.parquet")
+    by_run.write(run[1:])
+    by_list.write(list(run)[1:])
+    for sink in (by_run, by_list):
+        sink.close()
+    rows = pq.read_table(tmp_path / "run.parquet").to_pylist()
+    assert rows == pq.read_table(tmp_path / "list.parquet").to_pylist()
+    assert [(r["key"], r["after"], r["op"], r["ts_ms"], r["pos_increment"]) for r in rows] == [
+        (f'{{"id":"{i}"}}', f'{{"_id": {i}}}', "r", i, 1) for i in range(1, 5)]
+
+
 def test_jsonl_rejects_topic_that_is_not_a_file_name(tmp_path: Path) -> None:
     sink = JsonlSink(tmp_path)
     with pytest.raises(SinkError, match="file name"):

@@ -1,0 +1,729 @@
+//! Landing-zone columns straight from record bytes, for the Parquet sink.
+//!
+//! A landing row holds the payload's `before`, `after` and `updateDescription` texts unescaped, so
+//! a sink given record bytes must parse every payload. Arrow's JSON reader alone cost that sink more
+//! than its whole Parquet write; here each payload is walked once, the wanted members are unescaped
+//! into Arrow's own buffer layout (offsets, data, validity), and Python wraps the buffers without a
+//! Python object per value. Anything outside the strict JSON these records are written in (a member
+//! of another type, an escaped member name, a lone surrogate, a repeated member, a 2 GiB column) makes
+//! the whole batch go to the Arrow reader, so both ways give the same columns.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+
+/// The batch needs the Arrow reader (a form not handled here).
+struct Fallback;
+
+type Parsed<T> = Result<T, Fallback>;
+
+/// One Arrow `string` column being built: i32 offsets, UTF-8 data, validity bits.
+struct Strings {
+    offsets: Vec<i32>,
+    data: Vec<u8>,
+    valid: Vec<u8>,
+    nulls: usize,
+}
+
+impl Strings {
+    fn new(rows: usize, bytes: usize) -> Self {
+        let mut offsets = Vec::with_capacity(rows + 1);
+        offsets.push(0);
+        Strings {
+            offsets,
+            data: Vec::with_capacity(bytes),
+            valid: Vec::with_capacity(rows.div_ceil(8)),
+            nulls: 0,
+        }
+    }
+
+    /// Ends the current row as a value (`true`) or a null, after its bytes were appended to `data`.
+    fn end(&mut self, present: bool) -> Parsed<()> {
+        let row = self.offsets.len() - 1;
+        if row.is_multiple_of(8) {
+            self.valid.push(0);
+        }
+        if present {
+            self.valid[row / 8] |= 1 << (row % 8);
+        } else {
+            self.nulls += 1;
+        }
+        self.offsets.push(i32::try_from(self.data.len()).map_err(|_| Fallback)?);
+        Ok(())
+    }
+
+    fn push(&mut self, text: Option<&[u8]>) -> Parsed<()> {
+        if let Some(text) = text {
+            self.data.extend_from_slice(text);
+        }
+        self.end(text.is_some())
+    }
+
+    fn into_py<'py>(self, py: Python<'py>) -> StringsOut<'py> {
+        let offsets: Vec<u8> = self.offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
+        (
+            PyBytes::new(py, &offsets),
+            PyBytes::new(py, &self.data),
+            PyBytes::new(py, &self.valid),
+            self.nulls,
+        )
+    }
+}
+
+/// A string column for Python: offsets (i32, little-endian), data, validity bitmap, null count.
+type StringsOut<'py> = (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, usize);
+
+/// The `removedFields` column: a list of strings per row.
+struct Lists {
+    offsets: Vec<i32>,
+    valid: Vec<u8>,
+    nulls: usize,
+    items: Strings,
+}
+
+/// The columns of one batch, in the order `landing_columns` returns them.
+struct Columns {
+    keys: Strings,
+    values: Strings,
+    ts_ms: Vec<i64>,
+    ts_valid: Vec<u8>,
+    ts_nulls: usize,
+    before: Strings,
+    after: Strings,
+    updated: Strings,
+    removed: Lists,
+    truncated: Strings,
+    snapshot: Strings,
+    source: Strings,
+}
+
+/// The members of a payload this module takes, found in one pass.
+#[derive(Default)]
+struct Payload<'a> {
+    ts_ms: Option<Option<i64>>,
+    before: Option<Option<Span<'a>>>,
+    after: Option<Option<Span<'a>>>,
+    update: Option<Option<Update<'a>>>,
+    source: Option<Option<Source<'a>>>,
+}
+
+#[derive(Default)]
+struct Update<'a> {
+    updated: Option<Option<Span<'a>>>,
+    removed: Option<Option<Vec<Span<'a>>>>,
+    truncated: Option<Option<&'a [u8]>>,
+}
+
+struct Source<'a> {
+    text: &'a [u8],
+    snapshot: Option<Option<Span<'a>>>,
+}
+
+/// A JSON string's contents as written (escapes not yet resolved).
+#[derive(Clone, Copy)]
+struct Span<'a> {
+    raw: &'a [u8],
+    escaped: bool,
+}
+
+/// Sets a member seen once; a repeated member goes to the Arrow reader (which decides which wins).
+fn once<T>(slot: &mut Option<T>, value: T) -> Parsed<()> {
+    if slot.is_some() {
+        return Err(Fallback);
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+/// A cursor over strict JSON (RFC 8259).
+struct Json<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Json<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    /// Skips blanks; a line break sends the batch to the reader, which reads one payload per line.
+    fn blank(&mut self) -> Parsed<()> {
+        while let Some(c) = self.peek() {
+            match c {
+                b' ' | b'\t' => self.i += 1,
+                b'\n' | b'\r' => return Err(Fallback),
+                _ => break,
+            }
+        }
+        Ok(())
+    }
+
+    fn expect(&mut self, byte: u8) -> Parsed<()> {
+        self.blank()?;
+        if self.peek() != Some(byte) {
+            return Err(Fallback);
+        }
+        self.i += 1;
+        Ok(())
+    }
+
+    /// A string starting at the cursor: its contents, checked (escapes, no control characters).
+    fn string(&mut self) -> Parsed<Span<'a>> {
+        self.expect(b'"')?;
+        let start = self.i;
+        let mut escaped = false;
+        loop {
+            self.i = plain_run(self.b, self.i);
+            match self.b.get(self.i) {
+                Some(b'"' | b'\\') => {}
+                _ => return Err(Fallback),
+            }
+            if self.b[self.i] == b'"' {
+                self.i += 1;
+                return Ok(Span {
+                    raw: &self.b[start..self.i - 1],
+                    escaped,
+                });
+            }
+            escaped = true;
+            let next = *self.b.get(self.i + 1).ok_or(Fallback)?;
+            if ESCAPED[next as usize] != 0 {
+                self.i += 2;
+                continue;
+            }
+            match next {
+                b'u' => {
+                    let hex = self.b.get(self.i + 2..self.i + 6).ok_or(Fallback)?;
+                    if !hex.iter().all(u8::is_ascii_hexdigit) {
+                        return Err(Fallback);
+                    }
+                    self.i += 6;
+                }
+                _ => return Err(Fallback),
+            }
+        }
+    }
+
+    /// A member name, which must be written without escapes (an escaped name could spell a wanted one).
+    fn name(&mut self) -> Parsed<&'a [u8]> {
+        let span = self.string()?;
+        if span.escaped {
+            return Err(Fallback);
+        }
+        self.expect(b':')?;
+        Ok(span.raw)
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Parsed<()> {
+        if !self.b[self.i..].starts_with(word) {
+            return Err(Fallback);
+        }
+        self.i += word.len();
+        Ok(())
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.i;
+        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
+            self.i += 1;
+        }
+        self.i - start
+    }
+
+    /// A number's text, checked against JSON's grammar.
+    fn number(&mut self) -> Parsed<&'a [u8]> {
+        let start = self.i;
+        if self.peek() == Some(b'-') {
+            self.i += 1;
+        }
+        let whole = self.digits();
+        if whole == 0 || (whole > 1 && self.b[self.i - whole] == b'0') {
+            return Err(Fallback);
+        }
+        if self.peek() == Some(b'.') {
+            self.i += 1;
+            if self.digits() == 0 {
+                return Err(Fallback);
+            }
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.i += 1;
+            if matches!(self.peek(), Some(b'+' | b'-')) {
+                self.i += 1;
+            }
+            if self.digits() == 0 {
+                return Err(Fallback);
+            }
+        }
+        Ok(&self.b[start..self.i])
+    }
+
+    /// `null` (None) or the value read by `read`.
+    fn nullable<T>(&mut self, read: impl FnOnce(&mut Self) -> Parsed<T>) -> Parsed<Option<T>> {
+        self.blank()?;
+        if self.peek() == Some(b'n') {
+            self.literal(b"null")?;
+            return Ok(None);
+        }
+        read(self).map(Some)
+    }
+
+    /// Skips one value of any kind, checking it.
+    fn skip(&mut self, depth: u32) -> Parsed<()> {
+        if depth > 200 {
+            return Err(Fallback);
+        }
+        self.blank()?;
+        match self.peek().ok_or(Fallback)? {
+            b'"' => self.string().map(drop),
+            b'{' => self.object(|json, _| json.skip(depth + 1)),
+            b'[' => self.array(|json| json.skip(depth + 1)),
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            _ => self.number().map(drop),
+        }
+    }
+
+    /// An object at the cursor; `member` reads each member's value given its name.
+    fn object(&mut self, mut member: impl FnMut(&mut Self, &'a [u8]) -> Parsed<()>) -> Parsed<()> {
+        self.expect(b'{')?;
+        self.blank()?;
+        if self.peek() == Some(b'}') {
+            self.i += 1;
+            return Ok(());
+        }
+        loop {
+            let name = self.name()?;
+            member(self, name)?;
+            self.blank()?;
+            match self.peek() {
+                Some(b',') => self.i += 1,
+                Some(b'}') => {
+                    self.i += 1;
+                    return Ok(());
+                }
+                _ => return Err(Fallback),
+            }
+        }
+    }
+
+    /// An array at the cursor; `item` reads each item.
+    fn array(&mut self, mut item: impl FnMut(&mut Self) -> Parsed<()>) -> Parsed<()> {
+        self.expect(b'[')?;
+        self.blank()?;
+        if self.peek() == Some(b']') {
+            self.i += 1;
+            return Ok(());
+        }
+        loop {
+            item(self)?;
+            self.blank()?;
+            match self.peek() {
+                Some(b',') => self.i += 1,
+                Some(b']') => {
+                    self.i += 1;
+                    return Ok(());
+                }
+                _ => return Err(Fallback),
+            }
+        }
+    }
+
+    /// The raw text of the value at the cursor.
+    fn raw_value(&mut self) -> Parsed<&'a [u8]> {
+        self.blank()?;
+        let start = self.i;
+        self.skip(0)?;
+        Ok(&self.b[start..self.i])
+    }
+}
+
+/// An integer that Arrow reads into int64 (a fraction, exponent or overflow goes to the reader).
+fn integer(text: &[u8]) -> Parsed<i64> {
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .ok_or(Fallback)
+}
+
+fn update<'a>(json: &mut Json<'a>) -> Parsed<Update<'a>> {
+    let mut update = Update::default();
+    json.object(|json, name| match name {
+        b"updatedFields" => {
+            let value = json.nullable(Json::string)?;
+            once(&mut update.updated, value)
+        }
+        b"removedFields" => {
+            let value = json.nullable(|json| {
+                let mut items = Vec::new();
+                json.array(|json| {
+                    json.blank()?;
+                    items.push(json.string()?);
+                    Ok(())
+                })?;
+                Ok(items)
+            })?;
+            once(&mut update.removed, value)
+        }
+        b"truncatedArrays" => {
+            let value = json.nullable(|json| {
+                json.blank()?;
+                if json.peek() != Some(b'[') {
+                    return Err(Fallback);
+                }
+                json.raw_value()
+            })?;
+            once(&mut update.truncated, value)
+        }
+        _ => json.skip(1),
+    })?;
+    Ok(update)
+}
+
+fn source<'a>(json: &mut Json<'a>) -> Parsed<Source<'a>> {
+    json.blank()?;
+    let start = json.i;
+    let mut snapshot = None;
+    json.object(|json, name| match name {
+        b"snapshot" => {
+            let value = json.nullable(Json::string)?;
+            once(&mut snapshot, value)
+        }
+        _ => json.skip(1),
+    })?;
+    Ok(Source {
+        text: &json.b[start..json.i],
+        snapshot,
+    })
+}
+
+fn payload(text: &[u8]) -> Parsed<Payload<'_>> {
+    let mut json = Json { b: text, i: 0 };
+    let mut found = Payload::default();
+    json.object(|json, name| match name {
+        b"ts_ms" => {
+            let value = json.nullable(|json| integer(json.number()?))?;
+            once(&mut found.ts_ms, value)
+        }
+        b"before" => {
+            let value = json.nullable(Json::string)?;
+            once(&mut found.before, value)
+        }
+        b"after" => {
+            let value = json.nullable(Json::string)?;
+            once(&mut found.after, value)
+        }
+        b"updateDescription" => {
+            let value = json.nullable(update)?;
+            once(&mut found.update, value)
+        }
+        b"source" => {
+            let value = json.nullable(source)?;
+            once(&mut found.source, value)
+        }
+        _ => json.skip(1),
+    })?;
+    json.blank()?;
+    if json.i != text.len() {
+        return Err(Fallback);
+    }
+    Ok(found)
+}
+
+/// The bytes that end a run of a JSON string's plain contents: a quote, a backslash, a control character.
+static SPECIAL: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut c = 0;
+    while c < 0x20 {
+        table[c] = true;
+        c += 1;
+    }
+    table[b'"' as usize] = true;
+    table[b'\\' as usize] = true;
+    table
+};
+
+/// What each one-character escape stands for (0: not one; `\u` is read apart).
+static ESCAPED: [u8; 256] = {
+    let mut table = [0; 256];
+    table[b'"' as usize] = b'"';
+    table[b'\\' as usize] = b'\\';
+    table[b'/' as usize] = b'/';
+    table[b'b' as usize] = 0x08;
+    table[b'f' as usize] = 0x0c;
+    table[b'n' as usize] = b'\n';
+    table[b'r' as usize] = b'\r';
+    table[b't' as usize] = b'\t';
+    table
+};
+
+/// A byte of ones in every lane, and the lanes' high bits: the constants of the eight-bytes-at-once
+/// searches (a lane's high bit is set by `(x - ONES) & !x` when it is zero).
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGH: u64 = 0x8080_8080_8080_8080;
+
+/// Where the plain run of string contents starting at `at` ends: the first quote, backslash or control
+/// character, or the end. Eight bytes per step (SWAR): of the flags the subtractions set, the lowest
+/// is always a real one, so the first such byte is found exactly.
+fn plain_run(b: &[u8], mut at: usize) -> usize {
+    while let Some(chunk) = b.get(at..at + 8) {
+        let word = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
+        let quote = word ^ (ONES * u64::from(b'"'));
+        let backslash = word ^ (ONES * u64::from(b'\\'));
+        let found = (quote.wrapping_sub(ONES) & !quote
+            | backslash.wrapping_sub(ONES) & !backslash
+            | word.wrapping_sub(ONES * 0x20) & !word)
+            & HIGH;
+        if found != 0 {
+            return at + (found.trailing_zeros() / 8) as usize;
+        }
+        at += 8;
+    }
+    while b.get(at).is_some_and(|&c| !SPECIAL[c as usize]) {
+        at += 1;
+    }
+    at
+}
+
+fn hex4(raw: &[u8]) -> u32 {
+    raw.iter()
+        .fold(0, |n, &c| n * 16 + (c as char).to_digit(16).unwrap_or(0))
+}
+
+/// Appends a checked string's contents with its escapes resolved (a lone surrogate goes to the reader).
+fn unescape(out: &mut Vec<u8>, span: Span<'_>) -> Parsed<()> {
+    if !span.escaped {
+        out.extend_from_slice(span.raw);
+        return Ok(());
+    }
+    let raw = span.raw;
+    out.reserve(raw.len() + 8);
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] != b'\\' {
+            // A checked string's contents hold no quote or control character: a run ends at a
+            // backslash. Eight bytes are copied at a time and the part from the backslash taken back.
+            let Some(chunk) = raw.get(i..i + 8) else {
+                out.push(raw[i]);
+                i += 1;
+                continue;
+            };
+            let word = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
+            out.extend_from_slice(&word.to_le_bytes());
+            let backslash = word ^ (ONES * u64::from(b'\\'));
+            let found = backslash.wrapping_sub(ONES) & !backslash & HIGH;
+            if found == 0 {
+                i += 8;
+                continue;
+            }
+            let plain = (found.trailing_zeros() / 8) as usize;
+            out.truncate(out.len() - 8 + plain);
+            i += plain;
+        }
+        let simple = ESCAPED[raw[i + 1] as usize];
+        if simple != 0 {
+            out.push(simple);
+            i += 2;
+            continue;
+        }
+        let mut code = hex4(&raw[i + 2..i + 6]);
+        i += 6;
+        if (0xD800..0xDC00).contains(&code) {
+            if raw.get(i..i + 2) != Some(b"\\u") {
+                return Err(Fallback);
+            }
+            let low = hex4(raw.get(i + 2..i + 6).ok_or(Fallback)?);
+            if !(0xDC00..0xE000).contains(&low) {
+                return Err(Fallback);
+            }
+            code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+            i += 6;
+        }
+        let ch = char::from_u32(code).ok_or(Fallback)?;
+        out.extend_from_slice(ch.encode_utf8(&mut [0; 4]).as_bytes());
+    }
+    Ok(())
+}
+
+fn push_span(column: &mut Strings, span: Option<Span<'_>>) -> Parsed<()> {
+    if let Some(span) = span {
+        unescape(&mut column.data, span)?;
+    }
+    column.end(span.is_some())
+}
+
+/// The payload of a key or value: after `head` when it starts with it (the topic's schema part),
+/// as it is when it has no schema part; a schema part of another shape goes to the reader.
+fn cut<'a>(raw: &'a [u8], head: Option<&[u8]>) -> Parsed<&'a [u8]> {
+    if let Some(head) = head {
+        if raw.len() > head.len() && raw.starts_with(head) && raw.ends_with(b"}") {
+            return Ok(&raw[head.len()..raw.len() - 1]);
+        }
+    }
+    if raw.starts_with(b"{\"schema\":") {
+        return Err(Fallback);
+    }
+    Ok(raw)
+}
+
+fn bit(valid: &mut Vec<u8>, row: usize, present: bool) {
+    if row.is_multiple_of(8) {
+        valid.push(0);
+    }
+    if present {
+        valid[row / 8] |= 1 << (row % 8);
+    }
+}
+
+fn columns(
+    keys: &[Option<&[u8]>],
+    key_head: Option<&[u8]>,
+    values: &[Option<&[u8]>],
+    value_head: Option<&[u8]>,
+) -> Parsed<Columns> {
+    let rows = values.len();
+    let keys: Vec<Option<&[u8]>> = keys
+        .iter()
+        .map(|k| k.map(|k| cut(k, key_head)).transpose())
+        .collect::<Parsed<_>>()?;
+    let values: Vec<Option<&[u8]>> = values
+        .iter()
+        .map(|v| v.map(|v| cut(v, value_head)).transpose())
+        .collect::<Parsed<_>>()?;
+    let bytes: usize = values.iter().flatten().map(|v| v.len()).sum();
+    let key_bytes: usize = keys.iter().flatten().map(|k| k.len()).sum();
+    let mut out = Columns {
+        keys: Strings::new(rows, key_bytes),
+        values: Strings::new(rows, bytes),
+        ts_ms: Vec::with_capacity(rows),
+        ts_valid: Vec::with_capacity(rows.div_ceil(8)),
+        ts_nulls: 0,
+        before: Strings::new(rows, 0),
+        after: Strings::new(rows, bytes / 2),
+        updated: Strings::new(rows, 0),
+        removed: Lists {
+            offsets: vec![0],
+            valid: Vec::new(),
+            nulls: 0,
+            items: Strings::new(0, 0),
+        },
+        truncated: Strings::new(rows, 0),
+        snapshot: Strings::new(rows, rows * 5),
+        source: Strings::new(rows, bytes / 3),
+    };
+    for (row, (&key, &value)) in keys.iter().zip(&values).enumerate() {
+        if key.is_some_and(|k| std::str::from_utf8(k).is_err()) {
+            return Err(Fallback);
+        }
+        out.keys.push(key)?;
+        if value.is_some_and(|v| std::str::from_utf8(v).is_err()) {
+            return Err(Fallback);
+        }
+        out.values.push(value)?;
+        // A value that is not an object has no payload members (the reader is given `{}` for it).
+        let found = match value {
+            Some(v) if v.first() == Some(&b'{') => payload(v)?,
+            _ => Payload::default(),
+        };
+        let ts = found.ts_ms.flatten();
+        out.ts_ms.push(ts.unwrap_or(0));
+        bit(&mut out.ts_valid, row, ts.is_some());
+        out.ts_nulls += usize::from(ts.is_none());
+        push_span(&mut out.before, found.before.flatten())?;
+        push_span(&mut out.after, found.after.flatten())?;
+        let update = found.update.flatten().unwrap_or_default();
+        push_span(&mut out.updated, update.updated.flatten())?;
+        let removed = update.removed.flatten();
+        if let Some(items) = &removed {
+            for &item in items {
+                push_span(&mut out.removed.items, Some(item))?;
+            }
+        }
+        let items = out.removed.items.offsets.len() - 1;
+        out.removed.offsets.push(i32::try_from(items).map_err(|_| Fallback)?);
+        bit(&mut out.removed.valid, row, removed.is_some());
+        out.removed.nulls += usize::from(removed.is_none());
+        out.truncated.push(update.truncated.flatten())?;
+        let source = found.source.flatten();
+        push_span(&mut out.snapshot, source.as_ref().and_then(|s| s.snapshot.flatten()))?;
+        out.source.push(source.map(|s| s.text))?;
+    }
+    Ok(out)
+}
+
+/// The byte strings of a list whose items are bytes or None.
+fn byte_items<'py>(list: &Bound<'py, PyList>) -> PyResult<Vec<Option<Bound<'py, PyBytes>>>> {
+    list.iter()
+        .map(|item| {
+            if item.is_none() {
+                Ok(None)
+            } else {
+                Ok(Some(item.downcast_into::<PyBytes>()?))
+            }
+        })
+        .collect()
+}
+
+/// The landing columns of one topic's records from their key and value bytes (None: a tombstone),
+/// each cut after its topic's schema part `key_head` / `value_head` when it starts with it: key,
+/// value (the payload text), ts_ms, before, after, updatedFields, removedFields, truncatedArrays (its
+/// raw JSON text), source.snapshot and source (its raw JSON text). Strings come as Arrow buffers
+/// (offsets, data, validity, null count); ts_ms as (little-endian i64 values, validity, null count);
+/// removedFields as (list offsets, validity, null count, item strings). None when a record needs
+/// Arrow's JSON reader. The walk runs without the GIL.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+pub fn landing_columns<'py>(
+    py: Python<'py>,
+    keys: &Bound<'py, PyList>,
+    key_head: Option<&[u8]>,
+    values: &Bound<'py, PyList>,
+    value_head: Option<&[u8]>,
+) -> PyResult<
+    Option<(
+        StringsOut<'py>,
+        StringsOut<'py>,
+        (Bound<'py, PyBytes>, Bound<'py, PyBytes>, usize),
+        StringsOut<'py>,
+        StringsOut<'py>,
+        StringsOut<'py>,
+        (Bound<'py, PyBytes>, Bound<'py, PyBytes>, usize, StringsOut<'py>),
+        StringsOut<'py>,
+        StringsOut<'py>,
+        StringsOut<'py>,
+    )>,
+> {
+    if keys.len() != values.len() {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "one key per value: {} keys and {} values",
+            keys.len(),
+            values.len()
+        )));
+    }
+    let key_items = byte_items(keys)?;
+    let value_items = byte_items(values)?;
+    let key_bytes: Vec<Option<&[u8]>> = key_items.iter().map(|k| k.as_ref().map(|k| k.as_bytes())).collect();
+    let value_bytes: Vec<Option<&[u8]>> = value_items.iter().map(|v| v.as_ref().map(|v| v.as_bytes())).collect();
+    let Ok(out) = py.allow_threads(|| columns(&key_bytes, key_head, &value_bytes, value_head)) else {
+        return Ok(None);
+    };
+    let ts: Vec<u8> = out.ts_ms.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let list_offsets: Vec<u8> = out.removed.offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
+    Ok(Some((
+        out.keys.into_py(py),
+        out.values.into_py(py),
+        (PyBytes::new(py, &ts), PyBytes::new(py, &out.ts_valid), out.ts_nulls),
+        out.before.into_py(py),
+        out.after.into_py(py),
+        out.updated.into_py(py),
+        (
+            PyBytes::new(py, &list_offsets),
+            PyBytes::new(py, &out.removed.valid),
+            out.removed.nulls,
+            out.removed.items.into_py(py),
+        ),
+        out.truncated.into_py(py),
+        out.snapshot.into_py(py),
+        out.source.into_py(py),
+    )))
+}
