@@ -82,7 +82,7 @@ class _TopicFile:
 
 #: Lines joined into one write. A batch's lines joined whole made one allocation of megabytes per
 #: batch, fresh memory the kernel had to fault in each time; that cost more than the writes themselves
-#: (0.64-0.95 of a bare per-line loop against 2.4-3.8 in chunks of 64, schemas on).
+#: (0.64-0.95 of a bare per-line loop against 2.4-2.9 in chunks of 64, schemas on).
 _LINES_PER_WRITE = 64
 
 

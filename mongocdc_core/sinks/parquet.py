@@ -71,6 +71,9 @@ PAYLOAD_SCHEMA = pa.schema(
 )
 _SOURCE_START = b',"source":{'
 _SOURCE_END = b'},"op":'
+#: The landing columns taken from the key and value bytes (the walk's and the reader's alike).
+_PAYLOAD_COLUMNS = ("key", "value", "ts_ms", "before", "after", "updated_fields", "removed_fields",
+                    "truncated_arrays", "snapshot", "source")  # fmt: skip
 
 
 def _text(value: Any) -> str | None:
@@ -144,14 +147,13 @@ class _PayloadText:
 
 def _source(value: bytes | None) -> bytes | None:
     """The ``source`` block of a payload, cut out of its bytes where the connector writes it: right
-    before ``op``. Neither marker can occur inside a JSON string (its quotes would be escaped) nor inside
-    the flat ``source`` object, so both are searched from the end, where the block sits, instead of
-    across the documents before it. None when the cut is not one flat object (another layout)."""
-    if value is None:
+    before ``op``, as ``,"source":{…},"op":``. Neither marker can occur inside a JSON string (its quotes
+    would be escaped), so the cut is the block itself when each occurs once (members of nested objects
+    could be named so too) and it holds no nested object. None otherwise (another layout)."""
+    if value is None or value.count(_SOURCE_START) != 1 or value.count(_SOURCE_END) != 1:
         return None
-    end = value.rfind(_SOURCE_END)
-    start = value.rfind(_SOURCE_START, 0, end) if end >= 0 else -1
-    text = value[start + 10 : end + 1] if start >= 0 else None
+    start, end = value.find(_SOURCE_START), value.find(_SOURCE_END)
+    text = value[start + 10 : end + 1] if start < end else None
     return text if text is not None and text.count(b"{") == 1 and text.count(b"}") == 1 else None
 
 
@@ -220,7 +222,7 @@ class _Columns:
             "pos_increment": increments,
             "pos_ordinal": ordinals,
         }
-        for name in self.payloads[0]:
+        for name in _PAYLOAD_COLUMNS:
             parts = [batch[name] for batch in self.payloads]
             chunks = [c for p in parts for c in (p.chunks if isinstance(p, pa.ChunkedArray) else [p])]
             columns[name] = pa.chunked_array(chunks, LANDING_SCHEMA.field(name).type)
@@ -245,7 +247,7 @@ class _Columns:
                 truncated_texts = pa.array(
                     [None if t is None else _truncated_as_read(t) for t in truncated_texts.to_pylist()], pa.string()
                 )
-            except _NeedsReader:
+            except (_NeedsReader, orjson.JSONDecodeError):  # the reader path decides (or reports the error)
                 return None
         list_offsets, list_valid, list_nulls, items = removed
         return {
@@ -292,12 +294,12 @@ class _Columns:
 
 def _sources(values: list[bytes | None], lines: list[bytes], parsed: pa.ChunkedArray) -> list[bytes | None]:
     """The ``source`` texts of the payloads that have one (``parsed``: the reader's ``source`` column), cut
-    out of their bytes; one that cannot be cut (not right before ``op``, or holding braces in a string)
-    is written again from the parsed payload."""
-    sources = [_source(v) if present else None for v, present in zip(values, parsed.is_valid().to_pylist(), strict=True)]
-    for i, present in enumerate(parsed.is_valid().to_pylist()):
-        if present and sources[i] is None:
-            sources[i] = orjson.dumps(orjson.loads(lines[i])["source"])
+    out of their bytes; one that cannot be cut is written again from the parsed payload (compact, so
+    a payload of another layout may read differently from how it was written)."""
+    sources: list[bytes | None] = []
+    for value, line, present in zip(values, lines, parsed.is_valid().to_pylist(), strict=True):
+        text = _source(value) if present else None
+        sources.append(orjson.dumps(orjson.loads(line)["source"]) if present and text is None else text)
     return sources
 
 

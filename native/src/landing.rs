@@ -5,7 +5,8 @@
 //! than its whole Parquet write; here each payload is walked once, the wanted members are unescaped
 //! into Arrow's own buffer layout (offsets, data, validity), and Python wraps the buffers without a
 //! Python object per value. Anything outside the strict JSON these records are written in (a member
-//! of another type, an escaped member name, a lone surrogate, a repeated member, a 2 GiB column) makes
+//! of another type, an escaped member name, a lone surrogate or a number beyond a double anywhere, a
+//! repeated member, a `source` block not laid out as the connector writes it, a 2 GiB column) makes
 //! the whole batch go to the Arrow reader, so both ways give the same columns.
 
 use pyo3::prelude::*;
@@ -138,6 +139,10 @@ fn once<T>(slot: &mut Option<T>, value: T) -> Parsed<()> {
 struct Json<'a> {
     b: &'a [u8],
     i: usize,
+    /// Members named `source` and `op` at any depth: the Arrow-reader path cuts the `source` text at
+    /// `,"source":{` … `},"op":`, which is unambiguous only when each occurs once.
+    sources: u32,
+    ops: u32,
 }
 
 impl<'a> Json<'a> {
@@ -192,15 +197,31 @@ impl<'a> Json<'a> {
             }
             match next {
                 b'u' => {
-                    let hex = self.b.get(self.i + 2..self.i + 6).ok_or(Fallback)?;
-                    if !hex.iter().all(u8::is_ascii_hexdigit) {
+                    // A surrogate must come as a high-low pair (both readers refuse a lone one).
+                    let code = self.code_unit(self.i)?;
+                    self.i += 6;
+                    if (0xDC00..0xE000).contains(&code) {
                         return Err(Fallback);
                     }
-                    self.i += 6;
+                    if (0xD800..0xDC00).contains(&code) {
+                        if self.b.get(self.i) != Some(&b'\\') || !(0xDC00..0xE000).contains(&self.code_unit(self.i)?) {
+                            return Err(Fallback);
+                        }
+                        self.i += 6;
+                    }
                 }
                 _ => return Err(Fallback),
             }
         }
+    }
+
+    /// The code unit of the `\\uXXXX` escape at `at`.
+    fn code_unit(&self, at: usize) -> Parsed<u32> {
+        let escape = self.b.get(at..at + 6).ok_or(Fallback)?;
+        if escape[1] != b'u' || !escape[2..].iter().all(u8::is_ascii_hexdigit) {
+            return Err(Fallback);
+        }
+        Ok(hex4(&escape[2..]))
     }
 
     /// A member name, which must be written without escapes (an escaped name could spell a wanted one).
@@ -254,7 +275,18 @@ impl<'a> Json<'a> {
                 return Err(Fallback);
             }
         }
-        Ok(&self.b[start..self.i])
+        let text = &self.b[start..self.i];
+        // Both readers refuse a number beyond a double's range (such as 1e999); short integers cannot be.
+        if text.len() > 18 || text.iter().any(|&c| matches!(c, b'.' | b'e' | b'E')) {
+            let value: f64 = std::str::from_utf8(text)
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .ok_or(Fallback)?;
+            if !value.is_finite() {
+                return Err(Fallback);
+            }
+        }
+        Ok(text)
     }
 
     /// `null` (None) or the value read by `read`.
@@ -294,6 +326,8 @@ impl<'a> Json<'a> {
         }
         loop {
             let name = self.name()?;
+            self.sources += u32::from(name == b"source");
+            self.ops += u32::from(name == b"op");
             member(self, name)?;
             self.blank()?;
             match self.peek() {
@@ -380,8 +414,13 @@ fn update<'a>(json: &mut Json<'a>) -> Parsed<Update<'a>> {
     Ok(update)
 }
 
+/// The `source` object; its text is taken only where the Arrow-reader path cuts the same text: written
+/// as `,"source":{…},"op":` with no nested object (the connector's layout). Another layout goes to the
+/// reader path, which writes the parsed block again.
 fn source<'a>(json: &mut Json<'a>) -> Parsed<Source<'a>> {
-    json.blank()?;
+    if !json.b[..json.i].ends_with(b",\"source\":") {
+        return Err(Fallback);
+    }
     let start = json.i;
     let mut snapshot = None;
     json.object(|json, name| match name {
@@ -391,14 +430,21 @@ fn source<'a>(json: &mut Json<'a>) -> Parsed<Source<'a>> {
         }
         _ => json.skip(1),
     })?;
-    Ok(Source {
-        text: &json.b[start..json.i],
-        snapshot,
-    })
+    let text = &json.b[start..json.i];
+    let braces = |brace: u8| text.iter().filter(|&&c| c == brace).count();
+    if !json.b[json.i..].starts_with(b",\"op\":") || braces(b'{') != 1 || braces(b'}') != 1 {
+        return Err(Fallback);
+    }
+    Ok(Source { text, snapshot })
 }
 
 fn payload(text: &[u8]) -> Parsed<Payload<'_>> {
-    let mut json = Json { b: text, i: 0 };
+    let mut json = Json {
+        b: text,
+        i: 0,
+        sources: 0,
+        ops: 0,
+    };
     let mut found = Payload::default();
     json.object(|json, name| match name {
         b"ts_ms" => {
@@ -424,7 +470,7 @@ fn payload(text: &[u8]) -> Parsed<Payload<'_>> {
         _ => json.skip(1),
     })?;
     json.blank()?;
-    if json.i != text.len() {
+    if json.i != text.len() || (matches!(found.source, Some(Some(_))) && (json.sources, json.ops) != (1, 1)) {
         return Err(Fallback);
     }
     Ok(found)

@@ -3,6 +3,7 @@ columns Arrow's JSON reader gives, and takes the records the connector writes.""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import mongocdc_native
@@ -23,13 +24,18 @@ from tests.events.helpers import POSITION, change, insert, update
 TOPIC = "p.inventory.orders"
 
 
-def _both(records: list[Record], monkeypatch: pytest.MonkeyPatch) -> tuple[pa.Table, pa.Table]:
-    """The landing table with the compiled walk, and with Arrow's reader alone."""
-    walked = landing_table(records)
+def _both(records: list[Record], monkeypatch: pytest.MonkeyPatch) -> tuple[pa.Table, pa.Table] | None:
+    """The landing table with the compiled walk, and with Arrow's reader alone. None where the reader
+    refuses the records, after checking that the same error reaches the sink with the walk."""
     with monkeypatch.context() as patch:
         patch.setattr(parquet, "native", None)
-        read = landing_table(records)
-    return walked, read
+        try:
+            read = landing_table(records)
+        except (pa.ArrowInvalid, orjson.JSONDecodeError) as refused:
+            with pytest.raises(type(refused)):
+                landing_table(records)
+            return None
+    return landing_table(records), read
 
 
 def test_the_walk_takes_the_connectors_records_and_gives_the_readers_columns(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,30 +53,44 @@ def test_the_walk_takes_the_connectors_records_and_gives_the_readers_columns(mon
         key_head = payloads.head(records[0].topic, True, keys)
         assert (value_head is not None) == schemas
         assert mongocdc_native.landing_columns(keys, key_head, values, value_head) is not None
-        walked, read = _both(records, monkeypatch)
-        assert walked.equals(read)
-        assert orjson.loads(walked.column("after")[0].as_py()) == {
+        both = _both(records, monkeypatch)
+        assert both is not None and both[0].equals(both[1])
+        assert orjson.loads(both[0].column("after")[0].as_py()) == {
             "_id": 1, "name": doc["name"], "emoji": doc["emoji"], "n": [1, {"x": None}]}  # fmt: skip
 
 
-def test_the_walk_leaves_what_it_does_not_take_to_the_reader(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Repeated members, an escaped member name, a 1.x boolean snapshot, a fraction in ts_ms, a lone
-    surrogate: the walk refuses the batch and the reader's columns are written."""
-    base = b'"source":{"snapshot":"false"},"op":"c","ts_ms":5'
-    for value in (
-        b'{"after":"{}","after":"{\\"a\\": 1}",' + base + b"}",
-        b'{"\\u0061fter":"{}",' + base + b"}",
-        b'{"after":"{}","source":{"snapshot":true},"op":"c","ts_ms":5}',
-        b'{"after":"{}","source":{"snapshot":"false"},"op":"c","ts_ms":5.0}',
-        b'{"after":"\\ud800",' + base + b"}",
-    ):
-        records = [Record(TOPIC, b'{"id":"1"}', value, Position(1, 1), "inventory.orders", "c")]
-        assert mongocdc_native.landing_columns([b'{"id":"1"}'], None, [value], None) is None
-        try:
-            walked, read = _both(records, monkeypatch)
-        except (pa.ArrowInvalid, orjson.JSONDecodeError):
-            continue  # the reader refuses it too (the lone surrogate): the sink reports it either way
-        assert walked.equals(read)
+@pytest.mark.parametrize(
+    "value",
+    [
+        b'{"after":"{}","after":"{\\"a\\": 1}","source":{"snapshot":"false"},"op":"c"}',  # a repeated member
+        b'{"\\u0061fter":"{}","source":{"snapshot":"false"},"op":"c"}',  # an escaped member name
+        b'{"after":"{}","source":{"snapshot":true},"op":"c","ts_ms":5}',  # the 1.x boolean snapshot
+        b'{"after":"{}","source":{"snapshot":"false"},"op":"c","ts_ms":5.0}',  # a fraction in ts_ms
+        b'{"after":"\\ud800","source":{"snapshot":"false"},"op":"c"}',  # a lone surrogate (refused by both)
+        b'{"x":"\\udc00","op":"c"}',  # a lone low surrogate in a member the walk only skips
+        b'{"x":1e999,"op":"c"}',  # a number beyond a double (refused by both)
+        b'{"op":"c","source":{"db":"a"}}',  # source not right before op
+        b'{"before":null,"source": {"a": 1}, "op":"c"}',  # blanks around the source block
+        b'{"source":{"snapshot":"x"},"op":"c"}',  # source first: no comma before it
+        b'{"before":null,"source":{"a":{"b":1}},"op":"c"}',  # a nested object in source
+        b'{"before":null,"source":{"snapshot":"a"},"op":"c","transaction":{"id":"t","source":{"x":1},"op":"c"}}',
+    ],
+)
+def test_the_walk_leaves_what_it_does_not_take_to_the_reader(value: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forms the walk does not take, or takes only where the reader path cuts the same ``source`` text:
+    it refuses the batch, and the reader's columns (or its error) are what the sink gets."""
+    assert mongocdc_native.landing_columns([b'{"id":"1"}'], None, [value], None) is None
+    both = _both([Record(TOPIC, b'{"id":"1"}', value, Position(1, 1), "inventory.orders", "c")], monkeypatch)
+    assert both is None or both[0].equals(both[1])
+
+
+def test_the_source_block_is_the_top_level_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A nested object with members named ``source`` and ``op`` after the top-level block: both paths take
+    the top-level block (the reader path's cut once took the nested one)."""
+    value = b'{"before":null,"source":{"snapshot":"a"},"op":"c","transaction":{"id":"t","source":{"x":1},"op":"c"}}'
+    both = _both([Record(TOPIC, b'{"id":"1"}', value, Position(1, 1), "inventory.orders", "c")], monkeypatch)
+    assert both is not None
+    assert both[0].column("source").to_pylist() == both[1].column("source").to_pylist() == ['{"snapshot":"a"}']
 
 
 _text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
@@ -101,24 +121,37 @@ _payload = st.fixed_dictionaries(
         "source": st.none() | st.fixed_dictionaries({}, optional={"snapshot": st.none() | _text, "ord": st.integers(0, 9)}),
         "op": st.sampled_from(["c", "u", "d", "r"]),
         "ts_ms": st.none() | st.integers(-(2**62), 2**62),
-        "transaction": st.none() | st.fixed_dictionaries({"id": _text}),
+        "transaction": st.none() | st.fixed_dictionaries(
+            {"id": _text}, optional={"source": st.fixed_dictionaries({"x": st.integers(0, 9)}), "op": st.just("c")}
+        ),
     },
-)
+).flatmap(lambda payload: st.permutations(list(payload.items())).map(dict))  # members in any order
 
 
-def _record(payload: dict[str, Any] | None, schema: bool, spaced: bool) -> Record:
-    value = None if payload is None else orjson.dumps({"schema": {"name": "A"}, "payload": payload} if schema else payload)
-    if value is not None and spaced:
-        value = value.replace(b'":', b'" : ', 1)  # blanks between tokens, as another writer may put them
+def _record(payload: dict[str, Any] | None, schema: bool, spelling: tuple[bool, bool]) -> Record:
+    """A record of ``payload``, written compactly as the connector does, or (``spelling``) with blanks
+    after separators and/or non-ASCII and ``/`` escaped, as another writer might."""
+    blanks, escaped = spelling
+    document = {"schema": {"name": "A"}, "payload": payload} if schema else payload
+    if payload is None:
+        value = None
+    elif blanks or escaped:
+        text = json.dumps(document, ensure_ascii=escaped, separators=(", ", ": ") if blanks else (",", ":"))
+        value = (text.replace("/", "\\/") if escaped else text).encode()
+    else:
+        value = orjson.dumps(document)
     key = orjson.dumps({"schema": {"name": "K"}, "payload": {"id": "1"}} if schema else {"id": "1"})
     return Record(TOPIC, key, value, Position(1, 1), "inventory.orders", None if payload is None else payload.get("op"))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(rows=st.lists(st.tuples(st.none() | _payload, st.booleans()), min_size=1, max_size=6), schema=st.booleans())
+@given(
+    rows=st.lists(st.tuples(st.none() | _payload, st.tuples(st.booleans(), st.booleans())), min_size=1, max_size=6),
+    schema=st.booleans(),
+)
 def test_the_walk_and_the_reader_give_the_same_columns(
-    rows: list[tuple[dict[str, Any] | None, bool]], schema: bool, monkeypatch: pytest.MonkeyPatch
+    rows: list[tuple[dict[str, Any] | None, tuple[bool, bool]]], schema: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    records = [_record(payload, schema, spaced) for payload, spaced in rows]
-    walked, read = _both(records, monkeypatch)
-    assert walked.to_pylist() == read.to_pylist()
+    records = [_record(payload, schema, spelling) for payload, spelling in rows]
+    both = _both(records, monkeypatch)
+    assert both is not None and both[0].to_pylist() == both[1].to_pylist()
