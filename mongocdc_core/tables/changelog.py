@@ -253,15 +253,15 @@ def changelog_rows(landing: DataFrame, origin: Column, namespace: str | None = N
     )
     if namespace is not None:
         data = data.where(F.col("collection") == namespace)
-    key = F.get_json_object(F.col("key"), "$.id")
+    key = _key_id(F.col("key"))
     derived: dict[str, Column] = {
         "__key": key,
         "_id": convert.key_text(key),
         "__op": F.col("op"),
         "__position": F.col("position"),
         "__ts_ms": F.col("ts_ms"),
-        "__source_ts_ms": F.get_json_object(F.col("source"), "$.ts_ms"),
-        "transaction_id": F.get_json_object(F.col("value"), "$.transaction.id"),
+        "__source_ts_ms": _source_ts_ms(F.col("source")),
+        "transaction_id": _transaction_id(F.col("value")),
         "__collection": F.col("collection"),
         "__origin": origin,
         "__ingested_at": F.current_timestamp(),
@@ -270,6 +270,41 @@ def changelog_rows(landing: DataFrame, origin: Column, namespace: str | None = N
     return data.select(
         *[(derived[name] if name in derived else F.col(name)).cast(dtype).alias(name) for name, dtype, _ in CHANGELOG_COLUMNS]
     )
+
+
+# The three members below are read with JSONPath (``get_json_object``) where a plain text search cannot
+# be sure; for the texts the connector writes it can, at a fraction of the cost (they were two thirds
+# of the time spent deriving changelog rows).
+
+
+def _key_id(key: Column) -> Column:
+    """``key.id``. A key written as ``{"id":"…"}`` whose string has no escape but ``\\"`` (numbers,
+    ObjectIds, plain strings) is cut out of the text; every other spelling is parsed."""
+    inner = F.substring(key, F.lit(8), F.length(key) - 9)
+    rest = F.replace(inner, F.lit('\\"'), F.lit(""))
+    plain = (
+        key.startswith('{"id":"') & key.endswith('"}') & (F.length(key) >= 9)
+        & (F.instr(rest, '"') == 0) & (F.instr(rest, "\\") == 0)
+    )
+    return F.when(plain, F.replace(inner, F.lit('\\"'), F.lit('"'))).otherwise(F.get_json_object(key, "$.id"))
+
+
+_SOURCE_TS_MS = r'[{,]\s*"ts_ms"\s*:\s*(-?[0-9]+)\s*[,}]'
+
+
+def _source_ts_ms(source: Column) -> Column:
+    """``source.ts_ms``. In a flat object (no ``{`` after the first: the connector's ``source``) a
+    ``"ts_ms":`` after ``{`` or ``,`` can only be a member name (quotes inside strings are escaped),
+    so a regular expression finds it; a nested or unusual block is parsed."""
+    flat = F.instr(F.substring(source, F.lit(2), F.length(source)), "{") == 0
+    found = F.regexp_extract(source, _SOURCE_TS_MS, 1)
+    return F.when(flat & (found != ""), found).otherwise(F.get_json_object(source, "$.ts_ms"))
+
+
+def _transaction_id(value: Column) -> Column:
+    """``transaction.id``: NULL without parsing when no ``"transaction"`` member holds an object (an
+    event outside a transaction, ``"transaction":null``); parsed otherwise."""
+    return F.when(value.rlike(r'"transaction"\s*:\s*\{'), F.get_json_object(value, "$.transaction.id"))
 
 
 def read_changelog(spark: SparkSession, location: str) -> DataFrame:
@@ -370,8 +405,10 @@ def append_events(
 def _repeats(rows: DataFrame) -> bool:
     """Whether an event occurs more than once in ``rows``. Files whose positions overlap (the ranges
     of one snapshot share its position) rarely hold one event twice; counting the identities shuffles
-    three short columns, where removing duplicates would shuffle every event with its documents."""
-    return bool(rows.groupBy(*EVENT_IDENTITY).count().where(F.col("count") > 1).limit(1).collect())
+    three short columns, where removing duplicates would shuffle every event with its documents; and
+    a 64-bit hash of them stands for the three (a collision only costs the deduplication)."""
+    identity = F.xxhash64(*EVENT_IDENTITY).alias("identity")
+    return bool(rows.groupBy(identity).count().where(F.col("count") > 1).limit(1).collect())
 
 
 def record(

@@ -33,10 +33,11 @@ def normalize(text: Column) -> Column:
     The patterns only match outside strings: inside a JSON string every ``"`` is escaped.
     """
     integers = F.when(
-        F.instr(text, "$number") > 0, F.regexp_replace(text, _INTEGER_WRAPPER, "$1")
-    ).otherwise(text)
+        (F.instr(text, '"$numberLong"') > 0) | (F.instr(text, '"$numberInt"') > 0),
+        F.regexp_replace(text, _INTEGER_WRAPPER, "$1"),
+    ).otherwise(text)  # a plain search first: a document with only decimals or dates needs no regex
     return F.when(
-        F.instr(integers, "$numberDouble") > 0, F.regexp_replace(integers, _DOUBLE_WRAPPER, "$1")
+        F.instr(integers, '"$numberDouble"') > 0, F.regexp_replace(integers, _DOUBLE_WRAPPER, "$1")
     ).otherwise(integers)
 
 
@@ -255,17 +256,25 @@ def tag(value: Column) -> Column:
 
 
 def _decimal_parts(value: Column) -> tuple[Column, Column, Column]:
-    """(scale, integer digits, not a plain number) of a ``$numberDecimal`` value, as Spark needs them."""
+    """(scale, integer digits, not a plain number) of a ``$numberDecimal`` value, as Spark needs them.
+
+    One regular expression decides whether the text is a plain number; plain string functions take it
+    apart (five expressions per value were most of the first pass over a collection with decimals)."""
     text = _member(value, "$numberDecimal", "string")
-    whole = F.regexp_extract(text, _DECIMAL_TEXT, 1)
-    fraction = F.regexp_extract(text, _DECIMAL_TEXT, 2)
-    exponent = F.coalesce(F.nullif(F.regexp_extract(text, _DECIMAL_TEXT, 3), F.lit("")).cast("int"), F.lit(0))
-    significant = F.length(F.regexp_replace(F.concat(whole, fraction), "^0+", ""))
+    plain = text.rlike(_DECIMAL_TEXT)
+    unsigned = F.when(F.substring(text, 1, 1).isin("+", "-"), F.substring(text, F.lit(2), F.length(text))).otherwise(text)
+    e = F.greatest(F.instr(unsigned, "e"), F.instr(unsigned, "E"))
+    mantissa = F.when(e > 0, F.substring(unsigned, F.lit(1), e - 1)).otherwise(unsigned)
+    exponent = F.when(plain & (e > 0), F.substring(unsigned, e + 1, F.length(unsigned)).cast("int")).otherwise(0)
+    dot = F.instr(mantissa, ".")
+    whole = F.when(dot > 0, F.substring(mantissa, F.lit(1), dot - 1)).otherwise(mantissa)
+    fraction = F.when(dot > 0, F.substring(mantissa, dot + 1, F.length(mantissa))).otherwise(F.lit(""))
+    significant = F.length(F.ltrim(F.concat(whole, fraction), F.lit("0")))
     shift = F.length(fraction) - exponent
-    scale = F.greatest(F.lit(0), shift)
-    digits = F.greatest(F.lit(0), significant - shift)
-    plain = text.rlike(_DECIMAL_TEXT) & ((F.length(whole) + F.length(fraction)) > 0)
-    return scale, digits, F.when(text.isNotNull() & ~plain, 1).otherwise(0)
+    scale = F.when(plain, F.greatest(F.lit(0), shift)).otherwise(0)
+    digits = F.when(plain, F.greatest(F.lit(0), significant - shift)).otherwise(0)
+    number = plain & ((F.length(whole) + F.length(fraction)) > 0)
+    return scale, digits, F.when(text.isNotNull() & ~number, 1).otherwise(0)
 
 
 def _at(value: Column, path: Path) -> Column:

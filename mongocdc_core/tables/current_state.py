@@ -79,6 +79,7 @@ _FOLD_SCHEMA = (
 _STATE_COLUMNS = ("__key", "__op", "__position", "__ts_ms", "__source_ts_ms", "after", "deleted", "pending")
 _OBSERVATIONS = itertools.count()
 _TARGET_PARTITION_BYTES = 64 * 1024 * 1024
+_MIN_PARTITION_BYTES = 8 * 1024 * 1024  # below this per core, one partition less beats an idle core
 _SAMPLE_ROWS = 1000  # documents whose schema decides which questions a new table's first pass asks
 _TABLE_OPTIONS = {
     "delta.columnMapping.mode": "name",
@@ -374,9 +375,12 @@ def _added(old: Kind, new: Kind, prefix: str) -> list[tuple[str, T.DataType]]:
 
 @contextmanager
 def sized_shuffles(spark: SparkSession, nbytes: int) -> Iterator[int]:
-    """Shuffle partitions sized from the data (about 64 MB each, at most 4 per core), not Spark's 200."""
+    """Shuffle partitions sized from the data (about 64 MB each, at most 4 per core), not Spark's 200;
+    but one per core once each would get 8 MB: a full build of a 60 MB changelog folded and wrote
+    its 500k documents in one task, on one core."""
     cores = max(1, spark.sparkContext.defaultParallelism)
-    partitions = max(1, min(math.ceil(nbytes / _TARGET_PARTITION_BYTES), 4 * cores))
+    sized = min(math.ceil(nbytes / _TARGET_PARTITION_BYTES), 4 * cores)
+    partitions = max(1, sized, min(cores, nbytes // _MIN_PARTITION_BYTES))
     before = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     try:

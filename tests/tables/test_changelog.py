@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from mongocdc_core.positions import Position
-from mongocdc_core.tables import CollectionTables, read_changelog, refresh_changelog
+from mongocdc_core.tables import CollectionTables, changelog, read_changelog, refresh_changelog
 from mongocdc_core.tables.changelog import may_repeat, snapshot_part, table_properties
 
 from .support import read_file
@@ -106,3 +106,38 @@ def test_files_that_cannot_share_an_event_are_not_deduplicated(tmp_path: Path) -
     both = write_landing(tmp_path / "both.parquet", slice_records(conv, wl.events[3:8]))
     assert may_repeat([str(s0), str(both)])  # overlapping windows
     assert may_repeat(["s3a://bucket/x.parquet", str(s0)])  # no statistics to read: deduplicate
+
+
+def test_members_read_without_a_parser_are_those_a_parser_reads(spark: SparkSession) -> None:
+    """The text searches for ``key.id``, ``source.ts_ms`` and ``transaction.id`` give JSONPath's
+    answer for every spelling, the connector's and others (where they cannot be sure, they parse)."""
+    keys = [
+        '{"id":"37247"}', '{"id":"-5"}', '{"id":""}', '{"id":"\\"sku-1\\""}',
+        '{"id":"{\\"$oid\\": \\"65a1b2c3d4e5f60718293a4b\\"}"}', '{"id":"{\\"a\\": 1, \\"b\\": \\"two\\"}"}',
+        '{"id":"\\"line\\nbreak\\""}', '{"id":"\\"back\\\\\\\\slash\\""}', '{"id":"\\"\\u00e9\\""}',
+        '{"id": "7"}', '{ "id":"7"}', '{"id":"7","x":"y"}', '{"x":"1","id":"7"}', '{"id":7}', '{"id":null}',
+        '{"id":"}', '{"id":"a"}garbage"}', '{}', "not json", None,
+    ]
+    sources = [
+        '{"version":"2.7.0.Final","connector":"mongodb","name":"p","ts_ms":1700000000000,"snapshot":"false"}',
+        '{"ts_ms": 1700000000000,"ord": 1}', '{"ord":1,"ts_ms":-3}', '{"ts_ms":12.5,"ord":1}', '{"ts_ms":"9"}',
+        '{"db":"a{b","ts_ms":5}', '{"db":"x\\",\\"ts_ms\\":1","ts_ms":2}', '{"xts_ms":1,"ts_ms":2}',
+        '{"nested":{"ts_ms":1},"ts_ms":2}', '{"ts_ms":null}', '{"ord":1}', '{}', "[1]", None,
+    ]
+    values = [
+        '{"op":"c","transaction":null}', '{"op":"c","transaction":{"id":"t1:2","total_order":1}}',
+        '{"op":"c","transaction" : { "id" : "t2"}}', '{"op":"c","after":"{\\"transaction\\": {\\"id\\": 1}}"}',
+        '{"op":"c","nested":{"transaction":{"id":"inner"}}}', '{"transaction":{"total_order":1}}', None,
+    ]
+    rows = [(k, s, v) for k in keys for s in sources[:2] for v in values[:1]]
+    rows += [(keys[0], s, v) for s in sources for v in values]
+    frame = spark.createDataFrame(rows, "key string, source string, value string")
+    got = frame.select(
+        changelog._key_id(F.col("key")).alias("fast_key"), F.get_json_object("key", "$.id").alias("key"),
+        changelog._source_ts_ms(F.col("source")).alias("fast_ts"), F.get_json_object("source", "$.ts_ms").alias("ts"),
+        changelog._transaction_id(F.col("value")).alias("fast_txn"),
+        F.get_json_object("value", "$.transaction.id").alias("txn"),
+    ).collect()
+    for row in got:
+        assert (row["fast_key"], row["fast_ts"], row["fast_txn"]) == (row["key"], row["ts"], row["txn"]), row
+    assert {r["fast_txn"] for r in got} >= {"t1:2", "t2"} and {r["fast_ts"] for r in got} >= {"1700000000000", "2"}

@@ -219,6 +219,17 @@ def test_shuffle_partitions_are_sized_from_the_data(spark: SparkSession, tmp_pat
         spark.conf.set("spark.sql.shuffle.partitions", before)
 
 
+def test_every_core_gets_a_shuffle_partition_once_the_data_is_worth_it(spark: SparkSession) -> None:
+    """A 60 MB table in one partition left a core idle through a full build's fold and write."""
+    cores = spark.sparkContext.defaultParallelism
+    mb = 1024 * 1024
+    sizes = {1024: 1, 60 * mb: max(1, min(cores, 7)), 100_000 * mb: 4 * cores}
+    for nbytes, expected in sizes.items():
+        with current_state.sized_shuffles(spark, nbytes) as partitions:
+            assert partitions == expected, nbytes
+            assert spark.conf.get("spark.sql.shuffle.partitions") == str(expected)
+
+
 def test_a_refresh_that_loses_a_commit_to_another_writer_is_tried_again(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
