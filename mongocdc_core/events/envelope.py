@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from mongocdc_core.events import ejson
+from mongocdc_core.events.changes import short
 from mongocdc_core.events.ejson import COMPACT_STYLE, DOCUMENT_STYLE, LEGACY_STYLE
 from mongocdc_core.events.transforms import CollectionFields
 
@@ -76,11 +77,21 @@ def document_string(doc: Mapping[str, Any] | None, fields: CollectionFields | No
     return ejson.dumps_string(doc, DOCUMENT_STYLE)
 
 
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def update_description(desc: Mapping[str, Any], fields: CollectionFields | None) -> bytes:
     """``updateDescription`` with ``updatedFields`` as JSON text; empty parts become null."""
     updated = desc.get("updatedFields") or {}
     removed = list(desc.get("removedFields") or ())
     truncated = list(desc.get("truncatedArrays") or ())
+    for t in truncated:
+        if not (isinstance(t, Mapping) and isinstance(t.get("field"), str) and _integer(t.get("newSize"))):
+            raise ValueError(
+                f"update change event has a 'truncatedArrays' entry without a string 'field' and an integer "
+                f"'newSize': {short(t)}"
+            )
     if fields is not None:
         updated = fields.updated_fields(updated)
         removed = fields.field_paths(removed)

@@ -205,6 +205,15 @@ def test_non_data_events_yield_nothing(op_type: str) -> None:
             {"operationType": "update", "ns": {"db": "a", "coll": "b"}, "documentKey": {"_id": 1}},
             "updateDescription",
         ),
+        *[
+            (
+                {"operationType": "update", "ns": {"db": "a", "coll": "b"}, "documentKey": {"_id": 1},
+                 "updateDescription": {"updatedFields": {}, "removedFields": [], "truncatedArrays": [entry]}},
+                "'truncatedArrays' entry without a string 'field' and an integer 'newSize'",
+            )
+            for entry in ({"field": "tags"}, {"field": "tags", "newSize": "2"}, {"newSize": 2}, "tags",
+                          {"field": 3, "newSize": 2}, {"field": "tags", "newSize": True})
+        ],
     ],
 )
 def test_malformed_change_events_are_named(doc: dict[str, Any], message: str) -> None:
