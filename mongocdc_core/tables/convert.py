@@ -259,7 +259,7 @@ def _decimal_parts(value: Column) -> tuple[Column, Column, Column]:
     """(scale, integer digits, not a plain number) of a ``$numberDecimal`` value, as Spark needs them.
 
     One regular expression decides whether the text is a plain number; plain string functions take it
-    apart (five expressions per value were most of the first pass over a collection with decimals)."""
+    apart (it took five regular-expression evaluations per value)."""
     text = _member(value, "$numberDecimal", "string")
     plain = text.rlike(_DECIMAL_TEXT)
     unsigned = F.when(F.substring(text, 1, 1).isin("+", "-"), F.substring(text, F.lit(2), F.length(text))).otherwise(text)
