@@ -271,9 +271,9 @@ def _decimal_parts(value: Column) -> tuple[Column, Column, Column]:
     fraction = F.when(dot > 0, F.substring(mantissa, dot + 1, F.length(mantissa))).otherwise(F.lit(""))
     significant = F.length(F.ltrim(F.concat(whole, fraction), F.lit("0")))
     shift = F.length(fraction) - exponent
-    scale = F.when(plain, F.greatest(F.lit(0), shift)).otherwise(0)
-    digits = F.when(plain, F.greatest(F.lit(0), significant - shift)).otherwise(0)
     number = plain & ((F.length(whole) + F.length(fraction)) > 0)
+    scale = F.when(number, F.greatest(F.lit(0), shift)).otherwise(0)
+    digits = F.when(number, F.greatest(F.lit(0), significant - shift)).otherwise(0)
     return scale, digits, F.when(text.isNotNull() & ~number, 1).otherwise(0)
 
 

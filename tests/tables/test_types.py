@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import datetime
+import json
 import math
+import random
+import re
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -12,10 +15,11 @@ from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Rege
 from bson.binary import UuidRepresentation
 from bson.datetime_ms import DatetimeMS
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from mongocdc_core.positions import Position
-from mongocdc_core.tables import CollectionTables
+from mongocdc_core.tables import CollectionTables, convert
 
 from .support import build, read_file
 
@@ -150,3 +154,35 @@ def test_keys_are_typed_and_their_identity_is_exact(spark: SparkSession, tmp_pat
             assert sorted(r["__key"] for r in state.collect()) == [
                 '{"a" : 1, "b" : "two"}', '{"b" : "two", "a" : 1}'
             ]
+
+
+def _decimal_parts_by_rule(text: str | None) -> tuple[int, int, int]:
+    """(scale, integer digits, not a plain number) of a ``$numberDecimal`` text, spelled out: sign,
+    digits, an optional fraction, an optional exponent; the scale and the integer digits Spark needs
+    for it as written (leading zeros do not count)."""
+    if text is None:
+        return 0, 0, 0
+    found = re.fullmatch(r"[+-]?(\d*)(?:\.(\d*))?(?:[eE]([+-]?\d+))?", text, flags=re.ASCII)
+    if found is None or not (found[1] or found[2]):
+        return 0, 0, 1
+    whole, fraction, exponent = found[1], found[2] or "", int(found[3] or 0)
+    shift = len(fraction) - exponent
+    return max(0, shift), max(0, len((whole + fraction).lstrip("0")) - shift), 0
+
+
+def test_decimal_scale_and_digits_follow_the_written_number(spark: SparkSession) -> None:
+    """What a new table's first pass asks of each decimal (the column's scale and precision, or a string
+    column for NaN and Infinity) for every spelling a Decimal128 has, and some it never has."""
+    texts = ["0", "-0", "00", "1", "-1", "+1", "1.50", "-0.001", "000123.4500", "1E+5", "1e-5", "1.23E+3",
+             "-1.23e-10", ".5", "5.", "-.5", "+.", "", ".", "NaN", "-NaN", "Infinity", "-Infinity", "1e", "e5",
+             "1.2.3", "12345678901234567890123456789012345678", "0.000000000000000000000000000000000001",
+             "1E+6144", "9.999999999999999999999999999999999E+6144", "0E-6176", "abc", " 1", "1 ", "0.0e0"]
+    rng = random.Random(7)
+    texts += ["".join(rng.choice("0123456789.eE+-") for _ in range(rng.randint(1, 10))) for _ in range(300)]
+    documents = [json.dumps({"$numberDecimal": t}) for t in texts] + ['{"other": 1}']
+    frame = spark.createDataFrame([(d,) for d in documents], "d string").select(F.parse_json("d").alias("v"))
+    parts = convert._decimal_parts(F.col("v"))
+    rows = frame.select(F.col("v").cast("string").alias("d"), *[p.alias(f"p{i}") for i, p in enumerate(parts)])
+    for row in rows.collect():
+        text = json.loads(row["d"]).get("$numberDecimal")
+        assert (row["p0"], row["p1"], row["p2"]) == _decimal_parts_by_rule(text), text
