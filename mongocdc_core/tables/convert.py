@@ -267,7 +267,7 @@ def _decimal_parts(value: Column) -> tuple[Column, Column, Column]:
     exponent = F.coalesce(F.nullif(F.regexp_extract(text, _DECIMAL_TEXT, 3), F.lit("")).cast("int"), F.lit(0))
     significant = F.length(F.ltrim(F.concat(whole, fraction), F.lit("0")))
     shift = F.length(fraction) - exponent
-    number = text.rlike(_DECIMAL_TEXT) & ((F.length(whole) + F.length(fraction)) > 0)
+    number = (F.length(whole) + F.length(fraction)) > 0  # a text the expression does not match has neither
     scale = F.when(number, F.greatest(F.lit(0), shift)).otherwise(0)
     digits = F.when(number, F.greatest(F.lit(0), significant - shift)).otherwise(0)
     return scale, digits, F.when(text.isNotNull() & ~number, 1).otherwise(0)
