@@ -268,10 +268,6 @@ class StartPoint:
     start_at: Timestamp | None = None
 
 
-def _ts_key(ts: Timestamp) -> tuple[int, int]:
-    return (ts.time, ts.inc)
-
-
 def _key_of(ts: Timestamp | None) -> tuple[int, int] | None:
     return None if ts is None else (ts.time, ts.inc)
 
@@ -470,8 +466,6 @@ class ChangeStreamReader(threading.Thread):
                 if not self._handle(doc):
                     return
                 for doc in _rest_of_batch(stream):
-                    if len(self._changes) >= self._chunk and not self._hand_over():
-                        return
                     if not self._handle(doc):
                         return
                 if not self._hand_over():
@@ -489,12 +483,12 @@ class ChangeStreamReader(threading.Thread):
         """
         if self.stop_at is None or at is None:
             return False
-        key, stop = at, _ts_key(self.stop_at)
+        stop = (self.stop_at.time, self.stop_at.inc)
         if self.stop_inclusive and not scanned:
-            return key > stop
-        if self.stop_inclusive and key == stop and self._transaction_at is not None and _ts_key(self._transaction_at) == stop:
+            return at > stop
+        if self.stop_inclusive and at == stop and self._transaction_at == self.stop_at:
             return False
-        return key >= stop
+        return at >= stop
 
     def _end(self, token: dict[str, Any] | None) -> bool:
         if self._hand_over():
@@ -561,7 +555,8 @@ class ChangeStreamReader(threading.Thread):
                 ct = None
         if self._past_stop(at, scanned=False):
             return self._end(token)
-        if self._measure and self._changes and self._changes_bytes + size > self.queue.max_bytes and not self._hand_over():
+        full = len(self._changes) >= self._chunk or (self._measure and self._changes_bytes + size > self.queue.max_bytes)
+        if self._changes and full and not self._hand_over():  # a chunk of max.batch.size, or the byte bound
             return False
         self._changes.append((change, token))
         self._changes_bytes += size
