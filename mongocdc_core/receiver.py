@@ -68,6 +68,16 @@ class SnapshotReceiver(Protocol):
         downstream holds that it did not read (``mongocdc.snapshot.delete.missing.keys``)."""
 
 
+def duration(seconds: float) -> str:
+    """A duration as progress lines spell it: ``42 s``, ``3 min 05 s``, ``2 h 10 min``."""
+    seconds = max(0, int(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+    if seconds >= 60:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds} s"
+
+
 class ProgressListener:
     """Hooks for rendering progress (the CLI draws them with rich); override what you need.
 

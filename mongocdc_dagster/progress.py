@@ -8,16 +8,7 @@ import time
 from collections.abc import Mapping
 
 from mongocdc_core.positions import Position
-from mongocdc_core.receiver import ProgressListener
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds >= 3600:
-        return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
-    if seconds >= 60:
-        return f"{seconds // 60} min {seconds % 60:02d} s"
-    return f"{seconds} s"
+from mongocdc_core.receiver import ProgressListener, duration
 
 
 def progress_line(namespace: str, copied: int, total: int | None, elapsed_s: float) -> str:
@@ -27,7 +18,7 @@ def progress_line(namespace: str, copied: int, total: int | None, elapsed_s: flo
         shown_total = max(total, copied)  # the total is an estimate; never show more copied than total
         eta = (shown_total - copied) / rate if rate > 0 else None
         return (f"snapshot of {namespace}: {copied} of {shown_total} documents ({100 * copied // shown_total}%), "
-                f"{rate:,.0f}/s, ETA {_duration(eta) if eta is not None else 'unknown'}")
+                f"{rate:,.0f}/s, ETA {duration(eta) if eta is not None else 'unknown'}")
     return f"snapshot of {namespace}: {copied} documents, {rate:,.0f}/s"
 
 
@@ -72,7 +63,7 @@ class RunLogProgress(ProgressListener):
 
     def snapshot_collection_done(self, namespace: str, copied: int) -> None:
         elapsed = self._elapsed(namespace)
-        self.log.info(f"snapshot of {namespace} copied {copied} documents in {_duration(elapsed)} "
+        self.log.info(f"snapshot of {namespace} copied {copied} documents in {duration(elapsed)} "
                       f"({copied / elapsed if elapsed > 0 else 0:,.0f}/s)")
 
     def streaming_started(self, position: Position | None) -> None:

@@ -15,7 +15,7 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, TypeVar
 
@@ -37,6 +37,7 @@ from mongocdc_core.tables import changelog as _changelog
 from mongocdc_core.tables import current_state as _state
 from mongocdc_core.tables import reconcile as _reconcile
 from mongocdc_core.tables.changelog import TableInputError, table_exists
+from mongocdc_core.tables.progress import Report, SparkWork, reporting
 
 log = logging.getLogger(__name__)
 _R = TypeVar("_R")
@@ -103,6 +104,7 @@ class ChangelogRefresh:
     row_count: int  # rows in the table after the refresh
     position: str | None  # highest event position in the table (Position.to_str()), None when empty
     schema: T.StructType
+    work: SparkWork = field(default_factory=SparkWork)  # the Spark jobs and tasks it ran, and its duration
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ class StateRefresh:
     schema: T.StructType
     schema_changes: list[str]  # "added column x", "field y: bigint -> VARIANT"
     pending_keys: int = 0  # updates whose full document has not arrived yet (capture modes without one)
+    work: SparkWork = field(default_factory=SparkWork)  # the Spark jobs and tasks it ran, and its duration
 
 
 @dataclass(frozen=True)
@@ -130,15 +133,20 @@ class Reconciliation:
     mismatching_keys: list[str]  # first few, as a user would read them
 
 
-def refresh_changelog(spark: SparkSession, tables: CollectionTables, landing_files: Sequence[str]) -> ChangelogRefresh:
-    """Append the events of the landing files (or file versions) not read before.
+def refresh_changelog(
+    spark: SparkSession, tables: CollectionTables, landing_files: Sequence[str], *, progress: Report | None = None
+) -> ChangelogRefresh:
+    """Append the events of the landing files (or file versions) not read before; ``progress`` gets a
+    line every few seconds while Spark works (tasks done, rate, ETA) and one when it is done.
 
     Idempotent: re-delivering the same files or events adds nothing; a re-written file adds only
     the events it did not hold. Rows of other collections in the files are ignored.
     """
-    result = _retrying_conflicts(
-        f"{tables.namespace}: changelog refresh", lambda: _changelog.refresh(spark, tables.namespace, tables.changelog, landing_files)
-    )
+    with reporting(spark, f"changelog of {tables.namespace}", progress) as work:
+        result = _retrying_conflicts(
+            f"{tables.namespace}: changelog refresh",
+            lambda: _changelog.refresh(spark, tables.namespace, tables.changelog, landing_files),
+        )
     return ChangelogRefresh(
         namespace=tables.namespace,
         files_read=result.files_read,
@@ -147,19 +155,22 @@ def refresh_changelog(spark: SparkSession, tables: CollectionTables, landing_fil
         row_count=result.row_count,
         position=result.position,
         schema=result.schema,
+        work=work,
     )
 
 
 def refresh_current_state(
-    spark: SparkSession, tables: CollectionTables, options: TableOptions | None = None
+    spark: SparkSession, tables: CollectionTables, options: TableOptions | None = None, *,
+    progress: Report | None = None,
 ) -> StateRefresh:
     """Merge what the changelog gained since the table's recorded version (a full build the first
-    time, or when ``options`` changed)."""
+    time, or when ``options`` changed); ``progress`` as for :func:`refresh_changelog`."""
     layout = (options or TableOptions()).layout()
-    result = _retrying_conflicts(
-        f"{tables.namespace}: current_state refresh",
-        lambda: _state.refresh(spark, tables.namespace, tables.changelog, tables.current_state, layout),
-    )
+    with reporting(spark, f"current_state of {tables.namespace}", progress) as work:
+        result = _retrying_conflicts(
+            f"{tables.namespace}: current_state refresh",
+            lambda: _state.refresh(spark, tables.namespace, tables.changelog, tables.current_state, layout),
+        )
     return StateRefresh(
         namespace=tables.namespace,
         keys_merged=result.keys_merged,
@@ -170,6 +181,7 @@ def refresh_current_state(
         schema=result.schema,
         schema_changes=result.schema_changes,
         pending_keys=result.pending,
+        work=work,
     )
 
 
