@@ -32,6 +32,7 @@ from pyspark.sql import types as T
 
 from mongocdc_core.sinks.parquet import LANDING_SCHEMA
 from mongocdc_core.tables.collection import CollectionTables, refresh_changelog, refresh_current_state
+from mongocdc_core.tables.progress import SparkWork
 from mongocdc_dagster.assets.cdc import CdcAssets, collection_props
 from mongocdc_dagster.discovery import DiscoveryState
 from mongocdc_dagster.metadata import position_metadata, spark_schema
@@ -93,6 +94,16 @@ class TableAssets:
         return next(k for k, ns in keys.items() if ns == namespace)
 
 
+def work_metadata(work: SparkWork, **rates: int) -> dict[str, float | int | None]:
+    """How long a refresh took and what it ran in Spark; ``rates``: name -> count, shown per second."""
+    out: dict[str, float | int | None] = {
+        "duration_s": round(work.seconds, 3), "spark_jobs": work.jobs, "spark_tasks": work.tasks,
+    }
+    for name, count in rates.items():
+        out[name] = round(count / work.seconds, 1) if work.seconds > 0 else None
+    return out
+
+
 def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, translator: MongoCdcTranslator,
                        cdc: CdcAssets) -> TableAssets:
     out = TableAssets()
@@ -124,7 +135,7 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
             namespace = out.changelog_keys[key]
             tables = out.tables[namespace]
             files = mongocdc.landing_files(namespace)
-            refresh = refresh_changelog(spark, tables, files)
+            refresh = refresh_changelog(spark, tables, files, progress=context.log.info)
             context.log.info(f"{namespace}: {refresh.files_read} new or re-written landing file(s) of {len(files)}, "
                              f"{refresh.rows_added} rows added, {refresh.row_count} in the table")
             yield MaterializeResult(asset_key=key, metadata={
@@ -137,6 +148,7 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
                 "landing_files_read": refresh.files_read,
                 "rows_added": refresh.rows_added,
                 "rows_added_by_op": MetadataValue.json(dict(refresh.counts)),
+                **work_metadata(refresh.work, rows_added_per_s=refresh.rows_added),
                 **position_metadata("position", refresh.position),
             })
 
@@ -149,7 +161,7 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
         for key in sorted(context.selected_asset_keys, key=lambda k: out.current_state_keys[k]):
             namespace = out.current_state_keys[key]
             tables = out.tables[namespace]
-            refresh = refresh_current_state(spark, tables)
+            refresh = refresh_current_state(spark, tables, progress=context.log.info)
             for change in refresh.schema_changes:
                 context.log.warning(f"{namespace}: {change}")
             log_schema = spark.read.format("delta").load(tables.changelog).schema
@@ -163,6 +175,7 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
                 "rows_upserted": refresh.upserted,
                 "rows_deleted": refresh.deleted,
                 "schema_changes": MetadataValue.json(list(refresh.schema_changes)),
+                **work_metadata(refresh.work, keys_merged_per_s=refresh.keys_merged),
                 **position_metadata("position", refresh.position),
             })
 

@@ -35,6 +35,11 @@ def test_one_launch_builds_a_collections_tables_and_reconciliation_holds_under_w
     state = materialization_metadata(instance, env.key("orders", "current_state"))
     assert log["dagster/row_count"] == 30 and state["dagster/row_count"] == 30
     assert "(clusterTime " in state["position"]
+    for meta, rate, label in ((log, "rows_added_per_s", "changelog"), (state, "keys_merged_per_s", "current_state")):
+        assert meta["spark_jobs"] >= 1 and meta["spark_tasks"] >= 1 and meta["duration_s"] > 0 and meta[rate] > 0
+        said = [e.user_message for e in instance.all_logs(result.run_id)]
+        assert any(m.startswith(f"{label} of {db.name}.orders: done in ") and
+                   m.endswith(f", {meta['spark_jobs']} Spark job(s), {meta['spark_tasks']} task(s)") for m in said)
     assert "_id" in {c.name for c in state["dagster/column_schema"].columns}
     lineage = state["dagster/column_lineage"].deps_by_column
     log_columns = {c.name for c in log["dagster/column_schema"].columns}
