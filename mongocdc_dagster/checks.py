@@ -59,7 +59,7 @@ def build_reconciliation_check(tables: TableAssets) -> AssetChecksDefinition | N
         cfg = mongocdc.load_config()
         for check_key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.to_user_string()):
             namespace = tables.current_state_keys[check_key.asset_key]
-            result = reconcile_at_position(spark, tables.tables[namespace], cfg)
+            result = reconcile_at_position(spark, tables.tables[namespace], cfg, progress=context.log.info)
             where = position_time(result.position) or "no position (empty table)"
             verdict = ("matches" if result.matches else
                        f"DIFFERS at {len(result.mismatching_keys)} key(s): {', '.join(result.mismatching_keys[:5])}")

@@ -62,7 +62,8 @@ def build_maintenance(tables: Mapping[str, CollectionTables]) -> tuple[JobDefini
     @op(name="mongocdc_maintain_tables", pool=POOL_TABLES)  # Spark table work, one at a time like the refreshes
     def maintenance(context: OpExecutionContext, config: MaintenanceConfig, pyspark: PySparkResource) -> None:
         for namespace, collection_tables in sorted(tables.items()):
-            figures = maintain(pyspark.spark_session, collection_tables, retention_hours=config.retention_hours)
+            figures = maintain(pyspark.spark_session, collection_tables, retention_hours=config.retention_hours,
+                               progress=context.log.info)
             context.log.info(f"{namespace}: {figures}")
 
     @job(name="mongocdc_table_maintenance", description="OPTIMIZE and VACUUM of every collection's Delta tables.")

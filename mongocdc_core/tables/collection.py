@@ -185,10 +185,14 @@ def refresh_current_state(
     )
 
 
-def reconcile_at_position(spark: SparkSession, tables: CollectionTables, cfg: ConnectorConfig) -> Reconciliation:
+def reconcile_at_position(
+    spark: SparkSession, tables: CollectionTables, cfg: ConnectorConfig, *, progress: Report | None = None
+) -> Reconciliation:
     """Compare current_state with the MongoDB collection as it was at the table's position (passes
-    under continuous writes, fails on a corrupted row); see :mod:`mongocdc_core.tables.reconcile`."""
-    found = _reconcile.compare(spark, tables.namespace, tables.changelog, tables.current_state, cfg)
+    under continuous writes, fails on a corrupted row); see :mod:`mongocdc_core.tables.reconcile`.
+    ``progress`` as for :func:`refresh_changelog`."""
+    with reporting(spark, f"reconciliation of {tables.namespace}", progress):
+        found = _reconcile.compare(spark, tables.namespace, tables.changelog, tables.current_state, cfg)
     return Reconciliation(
         namespace=tables.namespace,
         matches=not found.mismatching_keys,
@@ -201,8 +205,11 @@ def reconcile_at_position(spark: SparkSession, tables: CollectionTables, cfg: Co
     )
 
 
-def maintain(spark: SparkSession, tables: CollectionTables, *, retention_hours: int = 168) -> dict[str, int]:
-    """OPTIMIZE (compaction) and VACUUM (files unreferenced for ``retention_hours``) of both tables.
+def maintain(
+    spark: SparkSession, tables: CollectionTables, *, retention_hours: int = 168, progress: Report | None = None
+) -> dict[str, int]:
+    """OPTIMIZE (compaction) and VACUUM (files unreferenced for ``retention_hours``) of both tables;
+    ``progress`` as for :func:`refresh_changelog`.
 
     Keep the retention longer than the time between current_state refreshes: a refresh reads the
     changelog's change data feed since its last run, and VACUUM removes what that feed needs (the
@@ -214,14 +221,15 @@ def maintain(spark: SparkSession, tables: CollectionTables, *, retention_hours: 
     for kind, location in (("changelog", tables.changelog), ("current_state", tables.current_state)):
         if not table_exists(spark, location):
             continue
-        table = DeltaTable.forPath(spark, location)
-        metrics = _retrying_conflicts(f"{tables.namespace}: OPTIMIZE of {kind}", partial(_compact, table))
-        figures[f"{kind}_files_added"] = int(metrics.get("numFilesAdded") or 0)
-        figures[f"{kind}_files_removed"] = int(metrics.get("numFilesRemoved") or 0)
-        before = _file_count(spark, location)
-        with _retention_check(spark, retention_hours):
-            table.vacuum(retention_hours)
-        figures[f"{kind}_files_vacuumed"] = max(0, before - _file_count(spark, location))
+        with reporting(spark, f"maintenance of {tables.namespace} {kind}", progress):
+            table = DeltaTable.forPath(spark, location)
+            metrics = _retrying_conflicts(f"{tables.namespace}: OPTIMIZE of {kind}", partial(_compact, table))
+            figures[f"{kind}_files_added"] = int(metrics.get("numFilesAdded") or 0)
+            figures[f"{kind}_files_removed"] = int(metrics.get("numFilesRemoved") or 0)
+            before = _file_count(spark, location)
+            with _retention_check(spark, retention_hours):
+                table.vacuum(retention_hours)
+            figures[f"{kind}_files_vacuumed"] = max(0, before - _file_count(spark, location))
     return figures
 
 

@@ -47,7 +47,10 @@ def test_maintenance_compacts_and_vacuums_without_changing_what_users_read(spark
 
     with pytest.raises(TableInputError, match="retention_hours"):
         maintain(spark, tables, retention_hours=-1)
-    kept = maintain(spark, tables)  # the default week: compaction, nothing old enough to vacuum
+    said: list[str] = []
+    kept = maintain(spark, tables, progress=said.append)  # the default week: compaction, nothing old enough to vacuum
+    assert [line.split(": done in ")[0] for line in said if ": done in " in line] == [
+        f"maintenance of {DB}.orders {kind}" for kind in ("changelog", "current_state")]
     assert kept["current_state_files_added"] >= 1 and kept["current_state_files_removed"] >= 2, kept
     assert kept["current_state_files_vacuumed"] == 0 and kept["changelog_files_vacuumed"] == 0, kept
     gone = maintain(spark, tables, retention_hours=0)  # an operator's choice below Delta's safety check

@@ -107,5 +107,7 @@ def test_reconciliation_at_the_tables_position(
     spark.sql(f"UPDATE {table} SET qty = parse_json('999') WHERE _id = '4'")  # a typed column
     spark.sql(f"UPDATE {table} SET __op = 'c' WHERE _id = '5'")  # metadata
     spark.sql(f"UPDATE {table} SET __position = '0000000000001.0000000001.000000' WHERE _id = '6'")
-    corrupted = reconcile_at_position(spark, tables, cfg)
+    said: list[str] = []
+    corrupted = reconcile_at_position(spark, tables, cfg, progress=said.append)
+    assert said[-1].startswith(f"reconciliation of {tables.namespace}: done in ") and " Spark job(s), " in said[-1]
     assert not corrupted.matches and set(corrupted.mismatching_keys) == {"4", "5", "6"}, corrupted
