@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 #: Where progress lines go (a logger's ``info``, a Dagster run log, ``print``).
 Report = Callable[[str], None]
-_GROUP_PROPERTIES = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+#: The local properties a job group is made of (kept and restored around a block).
+GROUP_PROPERTIES = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
 _GROUPS = itertools.count()
 
 
@@ -42,11 +43,12 @@ class SparkWork:
 class _Watcher(threading.Thread):
     """Polls the status tracker every ``every_s`` and reports the running stage of the group's jobs."""
 
-    def __init__(self, context: SparkContext, group: str, label: str, report: Report, every_s: float) -> None:
+    def __init__(self, context: SparkContext, group: str, label: str, report: Report, every_s: float,
+                 started: float) -> None:  # fmt: skip
         super().__init__(name=f"mongocdc-progress-{group}", daemon=True)
         self.tracker = context.statusTracker()
         self.group, self.label, self.report, self.every_s = group, label, report, every_s
-        self.started = time.monotonic()  # for "running <elapsed>"
+        self.started = started  # when the block began (monotonic), for "running <elapsed>"
         self.halt = threading.Event()
         self._first: dict[int, tuple[float, int]] = {}  # stage -> (when first seen running, tasks done then)
 
@@ -92,13 +94,13 @@ def reporting(spark: SparkSession, label: str, report: Report | None = None, eve
     ends) and, given ``report``, report its progress every ``every_s`` while a stage runs, then once
     what it ran: ``<label>: done in 12 s, 7 Spark job(s), 52 task(s)``."""
     context = spark.sparkContext
-    kept = {key: context.getLocalProperty(key) for key in _GROUP_PROPERTIES}
+    kept = {key: context.getLocalProperty(key) for key in GROUP_PROPERTIES}
     group = f"mongocdc-{next(_GROUPS)}-{threading.get_ident()}"
     context.setJobGroup(group, label)
-    watcher = _Watcher(context, group, label, report, every_s) if report is not None else None
+    started = time.monotonic()
+    watcher = _Watcher(context, group, label, report, every_s, started) if report is not None else None
     if watcher is not None:
         watcher.start()
-    started = time.monotonic()
     work = SparkWork()
     try:
         yield work

@@ -7,6 +7,7 @@ import os
 import random
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,18 @@ from pyspark.sql import SparkSession
 from mongocdc_core.receiver import duration
 from mongocdc_core.tables import CollectionTables, refresh_changelog, refresh_current_state
 from mongocdc_core.tables.changelog import TableInputError
-from mongocdc_core.tables.progress import reporting
+from mongocdc_core.tables.progress import GROUP_PROPERTIES, reporting
 
 from .workload import DB, Workload, converter, slice_records, write_landing
+
+
+@pytest.fixture
+def callers_group(spark: SparkSession) -> Iterator[SparkSession]:
+    """The session with a job group of the test's own on this thread (cleared after)."""
+    spark.sparkContext.setJobGroup("the-callers-group", "the caller's own work")
+    yield spark
+    for key in GROUP_PROPERTIES:
+        spark.sparkContext.setLocalProperty(key, None)  # type: ignore[arg-type]
 
 
 def test_a_stage_that_runs_is_reported_with_its_tasks(spark: SparkSession, tmp_path: Path) -> None:
@@ -45,22 +55,18 @@ def test_a_stage_that_runs_is_reported_with_its_tasks(spark: SparkSession, tmp_p
     assert lines[-1] == f"test work: done in {duration(work.seconds)}, 1 Spark job(s), 4 task(s)"
 
 
-def test_refreshes_count_their_spark_work_and_keep_the_callers_job_group(spark: SparkSession, tmp_path: Path) -> None:
+def test_refreshes_count_their_spark_work_and_keep_the_callers_job_group(
+        spark: SparkSession, callers_group: SparkSession, tmp_path: Path) -> None:
     wl = Workload(random.Random(5), collections=("orders",), full_document=True)
     wl.run(40)
     landing = write_landing(tmp_path / "slice.parquet", slice_records(converter("change_streams_update_full"), wl.events))
     tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
-    context = spark.sparkContext
-    context.setJobGroup("the-callers-group", "the caller's own work")
-    try:
-        lines: list[str] = []
-        log = refresh_changelog(spark, tables, [landing], progress=lines.append)
-        state = refresh_current_state(spark, tables, progress=lines.append)
-        assert context.getLocalProperty("spark.jobGroup.id") == "the-callers-group"
-        assert context.getLocalProperty("spark.job.description") == "the caller's own work"
-    finally:
-        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
-            context.setLocalProperty(key, None)  # type: ignore[arg-type]
+    context = callers_group.sparkContext
+    lines: list[str] = []
+    log = refresh_changelog(spark, tables, [landing], progress=lines.append)
+    state = refresh_current_state(spark, tables, progress=lines.append)
+    assert context.getLocalProperty("spark.jobGroup.id") == "the-callers-group"
+    assert context.getLocalProperty("spark.job.description") == "the caller's own work"
     for refresh, label in ((log, "changelog"), (state, "current_state")):
         work = refresh.work
         assert work.jobs >= 1 and work.tasks >= 1 and work.seconds > 0  # a job may reuse a shuffle: no task of its own
@@ -69,16 +75,11 @@ def test_refreshes_count_their_spark_work_and_keep_the_callers_job_group(spark: 
     assert log.rows_added == log.row_count > 0 and state.row_count > 0
 
 
-def test_a_failed_refresh_reports_no_end_and_keeps_the_callers_job_group(spark: SparkSession, tmp_path: Path) -> None:
+def test_a_failed_refresh_reports_no_end_and_keeps_the_callers_job_group(
+        spark: SparkSession, callers_group: SparkSession, tmp_path: Path) -> None:
     tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
-    context = spark.sparkContext
-    context.setJobGroup("the-callers-group", "the caller's own work")
     lines: list[str] = []
-    try:
-        with pytest.raises(TableInputError, match="no changelog table"):
-            refresh_current_state(spark, tables, progress=lines.append)
-        assert context.getLocalProperty("spark.jobGroup.id") == "the-callers-group"
-    finally:
-        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
-            context.setLocalProperty(key, None)  # type: ignore[arg-type]
+    with pytest.raises(TableInputError, match="no changelog table"):
+        refresh_current_state(spark, tables, progress=lines.append)
+    assert callers_group.sparkContext.getLocalProperty("spark.jobGroup.id") == "the-callers-group"
     assert not [line for line in lines if "done in" in line]
