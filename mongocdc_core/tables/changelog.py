@@ -284,7 +284,7 @@ def _key_id(key: Column) -> Column:
     rest = F.replace(inner, F.lit('\\"'), F.lit(""))
     plain = (
         key.startswith('{"id":"') & key.endswith('"}') & (F.length(key) >= 9)
-        & (F.instr(rest, '"') == 0) & (F.instr(rest, "\\") == 0)
+        & ~rest.contains('"') & ~rest.contains("\\")
     )
     return F.when(plain, F.replace(inner, F.lit('\\"'), F.lit('"'))).otherwise(F.get_json_object(key, "$.id"))
 
@@ -296,7 +296,7 @@ def _source_ts_ms(source: Column) -> Column:
     """``source.ts_ms``. In a flat object (no ``{`` after the first: the connector's ``source``) a
     ``"ts_ms":`` after ``{`` or ``,`` can only be a member name (quotes inside strings are escaped),
     so a regular expression finds it; a nested or unusual block is parsed."""
-    flat = F.instr(F.substring(source, F.lit(2), F.length(source)), "{") == 0
+    flat = ~F.substring(source, F.lit(2), F.length(source)).contains("{")
     found = F.regexp_extract(source, _SOURCE_TS_MS, 1)
     return F.when(flat & (found != ""), found).otherwise(F.get_json_object(source, "$.ts_ms"))
 

@@ -30,14 +30,16 @@ _UUID = r"^(.{8})(.{4})(.{4})(.{4})(.{12})$"
 def normalize(text: Column) -> Column:
     """Extended JSON with Int64/Int32 wrappers as plain integers and finite doubles as plain numbers.
 
-    The patterns only match outside strings: inside a JSON string every ``"`` is escaped.
+    The patterns only match outside strings: inside a JSON string every ``"`` is escaped. A plain
+    search decides first whether a pattern can match at all (a document with only decimals or dates
+    needs no regex); it is ``contains``, which skips ahead to the rare ``$``, not ``instr``, which
+    compares the whole needle at every byte (2.5 µs of a document's 7 to parse).
     """
     integers = F.when(
-        (F.instr(text, '"$numberLong"') > 0) | (F.instr(text, '"$numberInt"') > 0),
-        F.regexp_replace(text, _INTEGER_WRAPPER, "$1"),
-    ).otherwise(text)  # a plain search first: a document with only decimals or dates needs no regex
+        text.contains('$numberLong"') | text.contains('$numberInt"'), F.regexp_replace(text, _INTEGER_WRAPPER, "$1")
+    ).otherwise(text)
     return F.when(
-        F.instr(integers, '"$numberDouble"') > 0, F.regexp_replace(integers, _DOUBLE_WRAPPER, "$1")
+        integers.contains('$numberDouble"'), F.regexp_replace(integers, _DOUBLE_WRAPPER, "$1")
     ).otherwise(integers)
 
 
