@@ -12,8 +12,9 @@ on: ~3.3 KB each, Debezium's default; sizes per record are also reported with sc
   times Arrow's JSON reader alone on the same payloads against the same write: the before/after/
   updatedFields texts are JSON strings inside the payload, so a sink given record bytes must parse
   them, and with parse rate r (as a ratio to the write) it can reach at most r/(1+r) of the baseline.
-  The sink parses with the compiled walk (``mongocdc_native.landing_columns``), about as fast as
-  Arrow's reader alone.
+  The sink parses with the compiled walk (``mongocdc_native.landing_columns``), one pass per payload
+  that unescapes the kept texts as it checks them: about 2.8 µs per 3.5 KB record here, against 3.7 µs
+  for Arrow's reader alone.
 - Kafka (real local broker): ``KafkaSink`` against a bare ``confluent_kafka.Producer`` with the
   sink's own settings (idempotent, acks=all, linger 5 ms, same queue bound), producing the same
   records keyed the same way and waiting for every acknowledgement; and with exactly-once, the

@@ -97,26 +97,29 @@ struct Columns {
     source: Strings,
 }
 
-/// The members of a payload this module takes, found in one pass.
+/// The members of a payload this module takes, found in one pass. The texts of `before`, `after`,
+/// `updatedFields`, the `removedFields` items and `source.snapshot` are unescaped straight into their
+/// columns as the walk meets them; these slots only say whether each was there (`Some(true)`: a string,
+/// `Some(false)`: null, None: absent).
 #[derive(Default)]
 struct Payload<'a> {
     ts_ms: Option<Option<i64>>,
-    before: Option<Option<Span<'a>>>,
-    after: Option<Option<Span<'a>>>,
+    before: Option<bool>,
+    after: Option<bool>,
     update: Option<Option<Update<'a>>>,
     source: Option<Option<Source<'a>>>,
 }
 
 #[derive(Default)]
 struct Update<'a> {
-    updated: Option<Option<Span<'a>>>,
-    removed: Option<Option<Vec<Span<'a>>>>,
+    updated: Option<bool>,
+    removed: Option<bool>,
     truncated: Option<Option<&'a [u8]>>,
 }
 
 struct Source<'a> {
     text: &'a [u8],
-    snapshot: Option<Option<Span<'a>>>,
+    snapshot: Option<bool>,
 }
 
 /// A JSON string's contents as written (escapes not yet resolved).
@@ -124,6 +127,22 @@ struct Source<'a> {
 struct Span<'a> {
     raw: &'a [u8],
     escaped: bool,
+}
+
+/// Where [`Json::scan`] writes a string's resolved contents: a column's bytes, or nowhere (`()`) for
+/// strings that are only checked.
+trait Contents {
+    fn append(&mut self, bytes: &[u8]);
+}
+
+impl Contents for Vec<u8> {
+    fn append(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+impl Contents for () {
+    fn append(&mut self, _: &[u8]) {}
 }
 
 /// Sets a member seen once; a repeated member goes to the Arrow reader (which decides which wins).
@@ -171,47 +190,67 @@ impl<'a> Json<'a> {
         Ok(())
     }
 
-    /// A string starting at the cursor: its contents, checked (escapes, no control characters).
+    /// A string starting at the cursor: its contents as written, checked (escapes, no control characters).
     fn string(&mut self) -> Parsed<Span<'a>> {
+        self.scan(&mut ())
+    }
+
+    /// A string starting at the cursor, checked, its contents appended to `out` with their escapes
+    /// resolved (in the same pass: the texts kept are most of a payload's bytes).
+    fn string_into(&mut self, out: &mut Vec<u8>) -> Parsed<()> {
+        self.scan(out).map(drop)
+    }
+
+    /// The one reading of a string: checks it and writes its resolved contents to `out`.
+    fn scan<O: Contents>(&mut self, out: &mut O) -> Parsed<Span<'a>> {
         self.expect(b'"')?;
         let start = self.i;
         let mut escaped = false;
         loop {
+            let run = self.i;
             self.i = plain_run(self.b, self.i);
+            out.append(&self.b[run..self.i]);
             match self.b.get(self.i) {
-                Some(b'"' | b'\\') => {}
+                Some(b'"') => {
+                    self.i += 1;
+                    return Ok(Span {
+                        raw: &self.b[start..self.i - 1],
+                        escaped,
+                    });
+                }
+                Some(b'\\') => {}
                 _ => return Err(Fallback),
-            }
-            if self.b[self.i] == b'"' {
-                self.i += 1;
-                return Ok(Span {
-                    raw: &self.b[start..self.i - 1],
-                    escaped,
-                });
             }
             escaped = true;
             let next = *self.b.get(self.i + 1).ok_or(Fallback)?;
-            if ESCAPED[next as usize] != 0 {
+            let simple = ESCAPED[next as usize];
+            if simple != 0 {
+                out.append(&[simple]);
                 self.i += 2;
                 continue;
             }
-            match next {
-                b'u' => {
-                    // A surrogate must come as a high-low pair (both readers refuse a lone one).
-                    let code = self.code_unit(self.i)?;
-                    self.i += 6;
-                    if (0xDC00..0xE000).contains(&code) {
-                        return Err(Fallback);
-                    }
-                    if (0xD800..0xDC00).contains(&code) {
-                        if self.b.get(self.i) != Some(&b'\\') || !(0xDC00..0xE000).contains(&self.code_unit(self.i)?) {
-                            return Err(Fallback);
-                        }
-                        self.i += 6;
-                    }
-                }
-                _ => return Err(Fallback),
+            if next != b'u' {
+                return Err(Fallback);
             }
+            // A surrogate must come as a high-low pair (both readers refuse a lone one).
+            let mut code = self.code_unit(self.i)?;
+            self.i += 6;
+            if (0xDC00..0xE000).contains(&code) {
+                return Err(Fallback);
+            }
+            if (0xD800..0xDC00).contains(&code) {
+                if self.b.get(self.i) != Some(&b'\\') {
+                    return Err(Fallback);
+                }
+                let low = self.code_unit(self.i)?;
+                if !(0xDC00..0xE000).contains(&low) {
+                    return Err(Fallback);
+                }
+                self.i += 6;
+                code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+            }
+            let ch = char::from_u32(code).ok_or(Fallback)?;
+            out.append(ch.encode_utf8(&mut [0; 4]).as_bytes());
         }
     }
 
@@ -276,8 +315,9 @@ impl<'a> Json<'a> {
             }
         }
         let text = &self.b[start..self.i];
-        // Both readers refuse a number beyond a double's range (such as 1e999); short integers cannot be.
-        if text.len() > 18 || text.iter().any(|&c| matches!(c, b'.' | b'e' | b'E')) {
+        // Both readers refuse a number beyond a double's range (such as 1e999); an integer of at most 308
+        // digits cannot be (one of 309 can: 10^308 is the last power of ten below f64::MAX).
+        if text.len() > 308 || text.iter().any(|&c| matches!(c, b'.' | b'e' | b'E')) {
             let value: f64 = std::str::from_utf8(text)
                 .ok()
                 .and_then(|t| t.parse().ok())
@@ -380,24 +420,28 @@ fn integer(text: &[u8]) -> Parsed<i64> {
         .ok_or(Fallback)
 }
 
-fn update<'a>(json: &mut Json<'a>) -> Parsed<Update<'a>> {
+/// A nullable string member unescaped into `column`: whether it was a string (false: null).
+fn text_into(json: &mut Json<'_>, column: &mut Strings) -> Parsed<bool> {
+    Ok(json.nullable(|json| json.string_into(&mut column.data))?.is_some())
+}
+
+fn update<'a>(json: &mut Json<'a>, out: &mut Columns) -> Parsed<Update<'a>> {
     let mut update = Update::default();
     json.object(|json, name| match name {
         b"updatedFields" => {
-            let value = json.nullable(Json::string)?;
-            once(&mut update.updated, value)
+            let present = text_into(json, &mut out.updated)?;
+            once(&mut update.updated, present)
         }
         b"removedFields" => {
+            let items = &mut out.removed.items;
             let value = json.nullable(|json| {
-                let mut items = Vec::new();
                 json.array(|json| {
                     json.blank()?;
-                    items.push(json.string()?);
-                    Ok(())
-                })?;
-                Ok(items)
+                    json.string_into(&mut items.data)?;
+                    items.end(true)
+                })
             })?;
-            once(&mut update.removed, value)
+            once(&mut update.removed, value.is_some())
         }
         b"truncatedArrays" => {
             let value = json.nullable(|json| {
@@ -417,7 +461,7 @@ fn update<'a>(json: &mut Json<'a>) -> Parsed<Update<'a>> {
 /// The `source` object; its text is taken only where the Arrow-reader path cuts the same text: written
 /// as `,"source":{…},"op":` with no nested object (the connector's layout). Another layout goes to the
 /// reader path, which writes the parsed block again.
-fn source<'a>(json: &mut Json<'a>) -> Parsed<Source<'a>> {
+fn source<'a>(json: &mut Json<'a>, out: &mut Columns) -> Parsed<Source<'a>> {
     if !json.b[..json.i].ends_with(b",\"source\":") {
         return Err(Fallback);
     }
@@ -425,8 +469,8 @@ fn source<'a>(json: &mut Json<'a>) -> Parsed<Source<'a>> {
     let mut snapshot = None;
     json.object(|json, name| match name {
         b"snapshot" => {
-            let value = json.nullable(Json::string)?;
-            once(&mut snapshot, value)
+            let present = text_into(json, &mut out.snapshot)?;
+            once(&mut snapshot, present)
         }
         _ => json.skip(1),
     })?;
@@ -438,7 +482,8 @@ fn source<'a>(json: &mut Json<'a>) -> Parsed<Source<'a>> {
     Ok(Source { text, snapshot })
 }
 
-fn payload(text: &[u8]) -> Parsed<Payload<'_>> {
+/// The members of one payload, its texts appended to `out`'s columns (the row is ended by the caller).
+fn payload<'a>(text: &'a [u8], out: &mut Columns) -> Parsed<Payload<'a>> {
     let mut json = Json {
         b: text,
         i: 0,
@@ -452,19 +497,19 @@ fn payload(text: &[u8]) -> Parsed<Payload<'_>> {
             once(&mut found.ts_ms, value)
         }
         b"before" => {
-            let value = json.nullable(Json::string)?;
-            once(&mut found.before, value)
+            let present = text_into(json, &mut out.before)?;
+            once(&mut found.before, present)
         }
         b"after" => {
-            let value = json.nullable(Json::string)?;
-            once(&mut found.after, value)
+            let present = text_into(json, &mut out.after)?;
+            once(&mut found.after, present)
         }
         b"updateDescription" => {
-            let value = json.nullable(update)?;
+            let value = json.nullable(|json| update(json, out))?;
             once(&mut found.update, value)
         }
         b"source" => {
-            let value = json.nullable(source)?;
+            let value = json.nullable(|json| source(json, out))?;
             once(&mut found.source, value)
         }
         _ => json.skip(1),
@@ -534,68 +579,6 @@ fn plain_run(b: &[u8], mut at: usize) -> usize {
 fn hex4(raw: &[u8]) -> u32 {
     raw.iter()
         .fold(0, |n, &c| n * 16 + (c as char).to_digit(16).unwrap_or(0))
-}
-
-/// Appends a checked string's contents with its escapes resolved (a lone surrogate goes to the reader).
-fn unescape(out: &mut Vec<u8>, span: Span<'_>) -> Parsed<()> {
-    if !span.escaped {
-        out.extend_from_slice(span.raw);
-        return Ok(());
-    }
-    let raw = span.raw;
-    out.reserve(raw.len() + 8);
-    let mut i = 0;
-    while i < raw.len() {
-        if raw[i] != b'\\' {
-            // A checked string's contents hold no quote or control character: a run ends at a
-            // backslash. Eight bytes are copied at a time and the part from the backslash taken back.
-            let Some(chunk) = raw.get(i..i + 8) else {
-                out.push(raw[i]);
-                i += 1;
-                continue;
-            };
-            let word = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
-            out.extend_from_slice(&word.to_le_bytes());
-            let backslash = word ^ (ONES * u64::from(b'\\'));
-            let found = backslash.wrapping_sub(ONES) & !backslash & HIGH;
-            if found == 0 {
-                i += 8;
-                continue;
-            }
-            let plain = (found.trailing_zeros() / 8) as usize;
-            out.truncate(out.len() - 8 + plain);
-            i += plain;
-        }
-        let simple = ESCAPED[raw[i + 1] as usize];
-        if simple != 0 {
-            out.push(simple);
-            i += 2;
-            continue;
-        }
-        let mut code = hex4(&raw[i + 2..i + 6]);
-        i += 6;
-        if (0xD800..0xDC00).contains(&code) {
-            if raw.get(i..i + 2) != Some(b"\\u") {
-                return Err(Fallback);
-            }
-            let low = hex4(raw.get(i + 2..i + 6).ok_or(Fallback)?);
-            if !(0xDC00..0xE000).contains(&low) {
-                return Err(Fallback);
-            }
-            code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
-            i += 6;
-        }
-        let ch = char::from_u32(code).ok_or(Fallback)?;
-        out.extend_from_slice(ch.encode_utf8(&mut [0; 4]).as_bytes());
-    }
-    Ok(())
-}
-
-fn push_span(column: &mut Strings, span: Option<Span<'_>>) -> Parsed<()> {
-    if let Some(span) = span {
-        unescape(&mut column.data, span)?;
-    }
-    column.end(span.is_some())
 }
 
 /// The payload of a key or value: after `head` when it starts with it (the topic's schema part),
@@ -668,30 +651,25 @@ fn columns(
         out.values.push(value)?;
         // A value that is not an object has no payload members (the reader is given `{}` for it).
         let found = match value {
-            Some(v) if v.first() == Some(&b'{') => payload(v)?,
+            Some(v) if v.first() == Some(&b'{') => payload(v, &mut out)?,
             _ => Payload::default(),
         };
         let ts = found.ts_ms.flatten();
         out.ts_ms.push(ts.unwrap_or(0));
         bit(&mut out.ts_valid, row, ts.is_some());
         out.ts_nulls += usize::from(ts.is_none());
-        push_span(&mut out.before, found.before.flatten())?;
-        push_span(&mut out.after, found.after.flatten())?;
+        out.before.end(found.before == Some(true))?;
+        out.after.end(found.after == Some(true))?;
         let update = found.update.flatten().unwrap_or_default();
-        push_span(&mut out.updated, update.updated.flatten())?;
-        let removed = update.removed.flatten();
-        if let Some(items) = &removed {
-            for &item in items {
-                push_span(&mut out.removed.items, Some(item))?;
-            }
-        }
+        out.updated.end(update.updated == Some(true))?;
+        let removed = update.removed == Some(true);
         let items = out.removed.items.offsets.len() - 1;
         out.removed.offsets.push(i32::try_from(items).map_err(|_| Fallback)?);
-        bit(&mut out.removed.valid, row, removed.is_some());
-        out.removed.nulls += usize::from(removed.is_none());
+        bit(&mut out.removed.valid, row, removed);
+        out.removed.nulls += usize::from(!removed);
         out.truncated.push(update.truncated.flatten())?;
         let source = found.source.flatten();
-        push_span(&mut out.snapshot, source.as_ref().and_then(|s| s.snapshot.flatten()))?;
+        out.snapshot.end(source.as_ref().is_some_and(|s| s.snapshot == Some(true)))?;
         out.source.push(source.map(|s| s.text))?;
     }
     Ok(out)
