@@ -18,6 +18,9 @@ _ORDINAL_MAX = 999_999
 _SECONDS_WIDTH = 13
 _INCREMENT_WIDTH = 10
 _ORDINAL_WIDTH = 6
+#: ``to_str``'s format, built once: a nested width in an f-string is parsed again at every call (a
+#: position is written per record: offsets, landing rows, the Kafka position header).
+_TEXT = f"%0{_SECONDS_WIDTH}d.%0{_INCREMENT_WIDTH}d.%0{_ORDINAL_WIDTH}d"
 _KEYSTRING_TIMESTAMP = 130  # KeyString type byte of a BSON Timestamp at the start of a resume token
 _new = object.__new__
 _set = object.__setattr__
@@ -71,10 +74,7 @@ class Position:
 
     def to_str(self) -> str:
         """Zero-padded text whose string order equals position order (safe in file names and offsets)."""
-        return (
-            f"{self.seconds:0{_SECONDS_WIDTH}d}.{self.increment:0{_INCREMENT_WIDTH}d}"
-            f".{self.ordinal:0{_ORDINAL_WIDTH}d}"
-        )
+        return _TEXT % (self.seconds, self.increment, self.ordinal)
 
     @classmethod
     def parse(cls, text: str) -> Position:
