@@ -55,7 +55,8 @@ CITIES = ["Springfield", "Shelbyville", "Ogdenville", "North Haverbrook"]
 NOW = datetime.datetime(2024, 5, 1, 12, 0, 0, tzinfo=datetime.UTC)
 
 
-def _document(rng: random.Random, doc_id: ObjectId) -> dict[str, Any]:
+def document(rng: random.Random, doc_id: ObjectId) -> dict[str, Any]:
+    """One document of the benchmarks' customer shape (every common BSON type, nested and arrays)."""
     name = rng.choice(FIRST_NAMES)
     return {
         "_id": doc_id,
@@ -90,11 +91,11 @@ def generate(workload: str, count: int, seed: int = 7) -> list[tuple[bytes, list
             "documentKey": {"_id": doc_id},
         }
         if workload in ("inserts", "transactions"):
-            event |= {"operationType": "insert", "fullDocument": _document(rng, doc_id)}
+            event |= {"operationType": "insert", "fullDocument": document(rng, doc_id)}
             if workload == "transactions":
                 event |= {"lsid": lsid, "txnNumber": Int64(i // 50)}  # transactions of 50 inserts
         elif workload == "updates":
-            doc = _document(rng, doc_id)
+            doc = document(rng, doc_id)
             event |= {
                 "operationType": "update",
                 "updateDescription": {

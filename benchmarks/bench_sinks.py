@@ -14,7 +14,9 @@ on: ~3.3 KB each, Debezium's default; sizes per record are also reported with sc
   them, and with parse rate r (as a ratio to the write) it can reach at most r/(1+r) of the baseline.
   The sink parses with the compiled walk (``mongocdc_native.landing_columns``), one pass per payload
   that unescapes the kept texts as it checks them: about 2.8 µs per 3.5 KB record here, against 3.7 µs
-  for Arrow's reader alone.
+  for Arrow's reader alone. A second row writes snapshot reads, converted from raw BSON in chunks as
+  the copier delivers them: reads share every byte around their ``after``, which the walk reads once
+  per chunk (no goal; it shows what a snapshot's landing file costs).
 - Kafka (real local broker): ``KafkaSink`` against a bare ``confluent_kafka.Producer`` with the
   sink's own settings (idempotent, acks=all, linger 5 ms, same queue bound), producing the same
   records (key, value and the position header every record carries) and waiting for every
@@ -34,12 +36,13 @@ Usage: ``python -m benchmarks.bench_sinks`` (``MONGOCDC_BENCH_SMALL=1`` for CI s
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import bson
@@ -47,13 +50,17 @@ import orjson
 import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
+from bson import ObjectId
+from bson.codec_options import CodecOptions
 from confluent_kafka import Producer
 
 from benchmarks import harness
-from benchmarks.bench_event_conversion import generate
+from benchmarks.bench_event_conversion import document, generate
 from mongocdc_core.events.convert import EventConverter
 from mongocdc_core.events.options import EventOptions
+from mongocdc_core.events.raw import RawDocuments
 from mongocdc_core.events.records import Record
+from mongocdc_core.positions import Position
 from mongocdc_core.sinks.jsonl import JsonlSink
 from mongocdc_core.sinks.kafka import POSITION_HEADER, KafkaSink, KafkaSinkSettings
 from mongocdc_core.sinks.parquet import LANDING_SCHEMA, PAYLOAD_SCHEMA, ParquetSink
@@ -145,24 +152,48 @@ def jsonl_rows(recs: list[Record], work: Path, schemas_off: list[Record]) -> lis
     return rows
 
 
-def parquet_rows(recs: list[Record], work: Path) -> list[harness.Row]:
-    reference = work / "parquet-reference.parquet"
+def snapshot_chunks(count: int, schemas: bool) -> list[Sequence[Record]]:
+    """Snapshot reads of the conversion benchmark's documents, converted from raw BSON in chunks of
+    ``BATCH`` as the snapshot copier delivers them (each chunk one :class:`RecordRun`)."""
+    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0", schemas_enable=schemas))
+    rng = random.Random(7)
+    chunks: list[Sequence[Record]] = []
+    for start in range(0, count, BATCH):
+        n = min(BATCH, count - start)
+        raw = RawDocuments(b"".join(bson.encode(document(rng, ObjectId())) for _ in range(n)), CodecOptions(tz_aware=True))
+        chunks.append(converter.convert_reads(raw, ["true"] * n, "bench", "items", Position(1_714_564_800, 1)))
+    return chunks
+
+
+def _parquet_pair(batches: Sequence[Sequence[Record]], work: Path
+                  ) -> tuple[pa.Table, Callable[[], None], Callable[[], None]]:  # fmt: skip
+    """The sink's table of ``batches``, a run of the sink over them, and ParquetWriter writing that table."""
+    fresh = iter(range(1_000_000))
+    name = uuid.uuid4().hex[:6]
+    reference = work / f"parquet-reference-{name}.parquet"
     sink = ParquetSink.to_file(reference)
-    for batch in _batches(recs):
+    for batch in batches:
         sink.write(batch)
     sink.close()
     table = pq.read_table(reference, schema=LANDING_SCHEMA)
-    fresh = iter(range(1_000_000))
 
     def measured() -> None:
-        out = ParquetSink.to_file(work / f"p{next(fresh)}.parquet")
-        for batch in _batches(recs):
+        out = ParquetSink.to_file(work / f"p{next(fresh)}-{name}.parquet")
+        for batch in batches:
             out.write(batch)
         out.close()
 
     def baseline() -> None:
-        with pq.ParquetWriter(work / f"q{next(fresh)}.parquet", LANDING_SCHEMA) as writer:
+        with pq.ParquetWriter(work / f"q{next(fresh)}-{name}.parquet", LANDING_SCHEMA) as writer:
             writer.write_table(table, row_group_size=50_000)
+
+    return table, measured, baseline
+
+
+def parquet_rows(recs: list[Record], reads: list[Sequence[Record]], work: Path) -> list[harness.Row]:
+    table, measured, baseline = _parquet_pair(_batches(recs), work)
+    _, read_measured, read_baseline = _parquet_pair(reads, work)
+    fresh = iter(range(1_000_000))
 
     def user_loop() -> None:
         rows = [_landing_row(r) for r in recs]
@@ -178,10 +209,14 @@ def parquet_rows(recs: list[Record], work: Path) -> list[harness.Row]:
                                                              unexpected_field_behavior="ignore"))  # fmt: skip
 
     rate, base, ratio = _rounds(len(recs), measured, baseline)
+    read_rate, read_base, read_ratio = _rounds(sum(map(len, reads)), read_measured, read_baseline)
     user_rate, _, user_ratio = _rounds(len(recs), measured, user_loop)
     parse_rate, write_rate, parse_ratio = _rounds(len(recs), parse_only, baseline)
     return [
         harness.Row("sinks", "parquet sink", BASELINE, rate, base, "records/s", ratio, 0.8),
+        harness.Row("sinks", "parquet sink, snapshot reads (raw chunks of 2048, as the copier delivers them)",
+                    "pyarrow ParquetWriter on the sink's own table of those reads", read_rate, read_base, "records/s",
+                    read_ratio),
         harness.Row("sinks", "parquet sink vs a bare loop building the same rows (orjson + from_pylist)",
                     "orjson.loads of each record, the landing columns picked in Python, pa.Table.from_pylist, "
                     "ParquetWriter", rate, user_rate, "records/s", user_ratio),
@@ -326,7 +361,7 @@ def run(small: bool) -> list[harness.Row]:
     work = Path(tempfile.mkdtemp(prefix="bench-sinks-"))
     try:
         rows = jsonl_rows(recs, work, schemas_off)
-        rows += parquet_rows(recs, work)
+        rows += parquet_rows(recs, snapshot_chunks(count, schemas=True), work)
         rows += kafka_rows(recs, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)

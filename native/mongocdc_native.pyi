@@ -35,23 +35,38 @@ def document_member(raw: bytes, name: str) -> bytes | None:
 
 _Strings = tuple[bytes, bytes, bytes, int]
 
+#: Landing columns as Arrow buffers: key, value (payload text), ts_ms, before, after, updatedFields,
+#: removedFields, truncatedArrays (raw JSON), source.snapshot, source (raw JSON). A string column is
+#: (i32 offsets, data, validity, null count); ts_ms (i64 values, validity, null count); removedFields
+#: (list offsets, validity, null count, item strings).
+LandingColumns = tuple[
+    _Strings,
+    _Strings,
+    tuple[bytes, bytes, int],
+    _Strings,
+    _Strings,
+    _Strings,
+    tuple[bytes, bytes, int, _Strings],
+    _Strings,
+    _Strings,
+    _Strings,
+]
+
 def landing_columns(
     keys: list[bytes | None], key_head: bytes | None, values: list[bytes | None], value_head: bytes | None
-) -> (
-    tuple[
-        _Strings,
-        _Strings,
-        tuple[bytes, bytes, int],
-        _Strings,
-        _Strings,
-        _Strings,
-        tuple[bytes, bytes, int, _Strings],
-        _Strings,
-        _Strings,
-        _Strings,
-    ]
-    | None
-):
-    """Landing columns of one topic's records as Arrow buffers: key, value (payload text), ts_ms, before,
-    after, updatedFields, removedFields, truncatedArrays (raw JSON), source.snapshot, source (raw JSON).
-    A string column is (i32 offsets, data, validity, null count); None when Arrow's JSON reader must parse."""
+) -> LandingColumns | None:
+    """Landing columns of one topic's records, each cut after its topic's schema part when it starts with
+    it; None when Arrow's JSON reader must parse."""
+
+def run_landing_columns(
+    keys: bytes,
+    key_ends: bytes,
+    values: bytes,
+    value_ends: bytes,
+    lo: int,
+    hi: int,
+    key_head: bytes | None,
+    value_head: bytes | None,
+) -> LandingColumns | None:
+    """``landing_columns`` of records ``lo..hi`` laid end to end (a snapshot chunk's run), each record's end
+    offset given as native-endian u64 bytes."""

@@ -83,6 +83,11 @@ class RecordRun(Sequence[Record]):
         """The value of record ``i`` of the whole run (not counted from a slice's start)."""
         return self._values[self._value_ends[i - 1] if i else 0 : self._value_ends[i]]
 
+    def buffers(self) -> tuple[bytes, bytes, bytes, bytes, int, int]:
+        """Keys and values end to end with their end offsets (native-endian u64 bytes), and the range
+        ``lo..hi`` of them this run covers: for a consumer that reads the records' bytes in bulk."""
+        return self._keys, self._key_ends.tobytes(), self._values, self._value_ends.tobytes(), self._lo, self._hi
+
     def keys(self) -> list[bytes]:
         return [self.key_at(i) for i in range(self._lo, self._hi)]
 

@@ -13,7 +13,7 @@ import os
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pyarrow as pa
@@ -26,6 +26,9 @@ from mongocdc_core.events.records import Record, RecordRun
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.base import KeyScan, SinkError
 from mongocdc_core.sinks.readback import KeyScanBuilder, key_id
+
+if TYPE_CHECKING:
+    from mongocdc_native import LandingColumns
 
 LANDING_SCHEMA = pa.schema(
     [
@@ -183,16 +186,16 @@ class _Columns:
         """Append a batch of this topic's records, one list comprehension per column (a loop calling a
         method per record cost as much as Arrow's whole write)."""
         if isinstance(records, RecordRun):  # a snapshot chunk: one position, collection and op, no Record needed
-            keys: list[bytes | None] = list(records.keys())
-            values: list[bytes | None] = list(records.values())
-            n, position = len(values), records.position
+            n, position = len(records), records.position
             self.collections += [records.collection] * n
             self.ops += [records.op] * n
             self.seconds += [position.seconds] * n
             self.increments += [position.increment] * n
             self.ordinals += [position.ordinal] * n
+            walked = self._run_walked(records, payloads)
+            self.payloads.append(walked or self._parsed(list(records.keys()), list(records.values()), payloads))
         else:
-            keys = [r.key for r in records]
+            keys: list[bytes | None] = [r.key for r in records]
             values = [r.value for r in records]
             self.collections += [r.collection for r in records]
             self.ops += [r.op if r.value is not None else None for r in records]
@@ -200,7 +203,7 @@ class _Columns:
             self.seconds += [p.seconds for p in positions]
             self.increments += [p.increment for p in positions]
             self.ordinals += [p.ordinal for p in positions]
-        self.payloads.append(self._walked(keys, values, payloads) or self._parsed(keys, values, payloads))
+            self.payloads.append(self._walked(keys, values, payloads) or self._parsed(keys, values, payloads))
 
     def table(self) -> pa.Table:
         """The landing rows of every batch added."""
@@ -236,36 +239,18 @@ class _Columns:
             return None
         key_head = payloads.head(self.topic, True, keys)
         value_head = payloads.head(self.topic, False, values)
-        walked = native.landing_columns(keys, key_head, values, value_head)
-        if walked is None:
+        return _walk_columns(len(values), native.landing_columns(keys, key_head, values, value_head))
+
+    def _run_walked(self, run: RecordRun, payloads: _PayloadText) -> dict[str, pa.Array] | None:
+        """``_walked`` of a snapshot chunk, read from the run's buffers (no bytes object per record)."""
+        if native is None or not len(run):
             return None
-        key, value, (ts, ts_valid, ts_nulls), before, after, updated, removed, truncated, snapshot, source = walked
-        rows = len(values)
-        truncated_texts = _strings(rows, truncated)
-        if truncated_texts.null_count != rows:
-            try:
-                truncated_texts = pa.array(
-                    [None if t is None else _truncated_as_read(t) for t in truncated_texts.to_pylist()], pa.string()
-                )
-            except (_NeedsReader, orjson.JSONDecodeError):  # the reader path decides (or reports the error)
-                return None
-        list_offsets, list_valid, list_nulls, items = removed
-        return {
-            "key": _strings(rows, key),
-            "value": _strings(rows, value),
-            "ts_ms": pa.Array.from_buffers(pa.int64(), rows, [_validity(ts_valid, ts_nulls), pa.py_buffer(ts)],
-                                           null_count=ts_nulls),
-            "before": _strings(rows, before),
-            "after": _strings(rows, after),
-            "updated_fields": _strings(rows, updated),
-            "removed_fields": pa.Array.from_buffers(
-                pa.list_(pa.string()), rows, [_validity(list_valid, list_nulls), pa.py_buffer(list_offsets)],
-                null_count=list_nulls, children=[_strings(len(items[0]) // 4 - 1, items)],
-            ),
-            "truncated_arrays": truncated_texts,
-            "snapshot": _strings(rows, snapshot),
-            "source": _strings(rows, source),
-        }  # fmt: skip
+        first = run[0]
+        key_head = payloads.head(self.topic, True, [first.key])
+        value_head = payloads.head(self.topic, False, [first.value])
+        keys, key_ends, values, value_ends, lo, hi = run.buffers()
+        walked = native.run_landing_columns(keys, key_ends, values, value_ends, lo, hi, key_head, value_head)
+        return _walk_columns(len(run), walked)
 
     def _parsed(self, keys: list[bytes | None], values: list[bytes | None], payloads: _PayloadText
                 ) -> dict[str, pa.Array | pa.ChunkedArray]:  # fmt: skip
@@ -290,6 +275,38 @@ class _Columns:
             "snapshot": pc.struct_field(payload.column("source"), "snapshot"),
             "source": pa.array(_sources(values, lines, payload.column("source")), pa.string()),
         }
+
+
+def _walk_columns(rows: int, walked: LandingColumns | None) -> dict[str, pa.Array] | None:
+    """The payload columns over the buffers of the compiled walk (None: it left the batch to the reader)."""
+    if walked is None:
+        return None
+    key, value, (ts, ts_valid, ts_nulls), before, after, updated, removed, truncated, snapshot, source = walked
+    truncated_texts = _strings(rows, truncated)
+    if truncated_texts.null_count != rows:
+        try:
+            truncated_texts = pa.array(
+                [None if t is None else _truncated_as_read(t) for t in truncated_texts.to_pylist()], pa.string()
+            )
+        except (_NeedsReader, orjson.JSONDecodeError):  # the reader path decides (or reports the error)
+            return None
+    list_offsets, list_valid, list_nulls, items = removed
+    return {
+        "key": _strings(rows, key),
+        "value": _strings(rows, value),
+        "ts_ms": pa.Array.from_buffers(pa.int64(), rows, [_validity(ts_valid, ts_nulls), pa.py_buffer(ts)],
+                                       null_count=ts_nulls),
+        "before": _strings(rows, before),
+        "after": _strings(rows, after),
+        "updated_fields": _strings(rows, updated),
+        "removed_fields": pa.Array.from_buffers(
+            pa.list_(pa.string()), rows, [_validity(list_valid, list_nulls), pa.py_buffer(list_offsets)],
+            null_count=list_nulls, children=[_strings(len(items[0]) // 4 - 1, items)],
+        ),
+        "truncated_arrays": truncated_texts,
+        "snapshot": _strings(rows, snapshot),
+        "source": _strings(rows, source),
+    }  # fmt: skip
 
 
 def _sources(values: list[bytes | None], lines: list[bytes], parsed: pa.ChunkedArray) -> list[bytes | None]:

@@ -9,6 +9,7 @@
 //! repeated member, a `source` block not laid out as the connector writes it, a 2 GiB column) makes
 //! the whole batch go to the Arrow reader, so both ways give the same columns.
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
@@ -50,6 +51,13 @@ impl Strings {
         }
         self.offsets.push(i32::try_from(self.data.len()).map_err(|_| Fallback)?);
         Ok(())
+    }
+
+    /// Appends a copy of row `row`'s cell (its bytes and whether it is null).
+    fn repeat(&mut self, row: usize) -> Parsed<()> {
+        let (start, end) = (self.offsets[row] as usize, self.offsets[row + 1] as usize);
+        self.data.extend_from_within(start..end);
+        self.end(is_set(&self.valid, row))
     }
 
     fn push(&mut self, text: Option<&[u8]>) -> Parsed<()> {
@@ -106,6 +114,8 @@ struct Payload<'a> {
     ts_ms: Option<Option<i64>>,
     before: Option<bool>,
     after: Option<bool>,
+    /// Where the `after` string lies in the payload, quotes included.
+    after_span: Option<(usize, usize)>,
     update: Option<Option<Update<'a>>>,
     source: Option<Option<Source<'a>>>,
 }
@@ -501,7 +511,10 @@ fn payload<'a>(text: &'a [u8], out: &mut Columns) -> Parsed<Payload<'a>> {
             once(&mut found.before, present)
         }
         b"after" => {
+            json.blank()?;
+            let start = json.i;
             let present = text_into(json, &mut out.after)?;
+            found.after_span = present.then_some((start, json.i));
             once(&mut found.after, present)
         }
         b"updateDescription" => {
@@ -595,12 +608,77 @@ fn cut<'a>(raw: &'a [u8], head: Option<&[u8]>) -> Parsed<&'a [u8]> {
     Ok(raw)
 }
 
+fn is_set(valid: &[u8], row: usize) -> bool {
+    valid[row / 8] >> (row % 8) & 1 == 1
+}
+
 fn bit(valid: &mut Vec<u8>, row: usize, present: bool) {
     if row.is_multiple_of(8) {
         valid.push(0);
     }
     if present {
         valid[row / 8] |= 1 << (row % 8);
+    }
+}
+
+/// A payload walked in full whose `after` is a string, and its row: the next payloads that differ from
+/// it only in that string (a snapshot chunk's reads: one template around each document) take every
+/// other cell from its row, and only their `after` string is read.
+struct Frame<'a> {
+    payload: &'a [u8],
+    after: (usize, usize),
+    row: usize,
+}
+
+impl Columns {
+    /// Appends the row of `payload` when it is `frame`'s payload with another `after` string (false, and
+    /// nothing appended, when it is not: the caller walks it in full). Every byte around the string
+    /// equals the frame's, which the walk checked, and the string itself is checked as it is read.
+    fn framed(&mut self, payload: &[u8], frame: &Frame<'_>) -> Parsed<bool> {
+        let (start, end) = frame.after;
+        let suffix = &frame.payload[end..];
+        if payload.len() < start + suffix.len()
+            || payload[..start] != frame.payload[..start]
+            || !payload.ends_with(suffix)
+        {
+            return Ok(false);
+        }
+        // The bytes around the string are the frame's, checked as UTF-8 when it was walked.
+        if std::str::from_utf8(&payload[start..payload.len() - suffix.len()]).is_err() {
+            return Ok(false);
+        }
+        let mark = self.after.data.len();
+        let mut json = Json {
+            b: payload,
+            i: start,
+            sources: 0,
+            ops: 0,
+        };
+        if json.string_into(&mut self.after.data).is_err() || json.i != payload.len() - suffix.len() {
+            self.after.data.truncate(mark);
+            return Ok(false);
+        }
+        let row = frame.row;
+        self.ts_ms.push(self.ts_ms[row]);
+        let ts = is_set(&self.ts_valid, row);
+        bit(&mut self.ts_valid, self.ts_ms.len() - 1, ts);
+        self.ts_nulls += usize::from(!ts);
+        self.before.repeat(row)?;
+        self.after.end(true)?;
+        self.updated.repeat(row)?;
+        let (first, last) = (self.removed.offsets[row] as usize, self.removed.offsets[row + 1] as usize);
+        for item in first..last {
+            self.removed.items.repeat(item)?;
+        }
+        let items = self.removed.items.offsets.len() - 1;
+        self.removed.offsets.push(i32::try_from(items).map_err(|_| Fallback)?);
+        let removed = is_set(&self.removed.valid, row);
+        bit(&mut self.removed.valid, self.removed.offsets.len() - 2, removed);
+        self.removed.nulls += usize::from(!removed);
+        self.truncated.repeat(row)?;
+        self.snapshot.repeat(row)?;
+        self.source.repeat(row)?;
+        Ok(true)
     }
 }
 
@@ -640,15 +718,23 @@ fn columns(
         snapshot: Strings::new(rows, rows * 5),
         source: Strings::new(rows, bytes / 3),
     };
+    let mut frame: Option<Frame<'_>> = None;
     for (row, (&key, &value)) in keys.iter().zip(&values).enumerate() {
         if key.is_some_and(|k| std::str::from_utf8(k).is_err()) {
             return Err(Fallback);
         }
         out.keys.push(key)?;
-        if value.is_some_and(|v| std::str::from_utf8(v).is_err()) {
+        let framed = match (value, frame.as_ref()) {
+            (Some(v), Some(f)) => out.framed(v, f)?,
+            _ => false,
+        };
+        if !framed && value.is_some_and(|v| std::str::from_utf8(v).is_err()) {
             return Err(Fallback);
         }
         out.values.push(value)?;
+        if framed {
+            continue;
+        }
         // A value that is not an object has no payload members (the reader is given `{}` for it).
         let found = match value {
             Some(v) if v.first() == Some(&b'{') => payload(v, &mut out)?,
@@ -671,6 +757,9 @@ fn columns(
         let source = found.source.flatten();
         out.snapshot.end(source.as_ref().is_some_and(|s| s.snapshot == Some(true)))?;
         out.source.push(source.map(|s| s.text))?;
+        if let (Some(v), Some(after)) = (value, found.after_span) {
+            frame = Some(Frame { payload: v, after, row });
+        }
     }
     Ok(out)
 }
@@ -696,29 +785,15 @@ fn byte_items<'py>(list: &Bound<'py, PyList>) -> PyResult<Vec<Option<Bound<'py, 
 /// removedFields as (list offsets, validity, null count, item strings). None when a record needs
 /// Arrow's JSON reader. The walk runs without the GIL.
 #[pyfunction]
-#[allow(clippy::type_complexity)]
 pub fn landing_columns<'py>(
     py: Python<'py>,
     keys: &Bound<'py, PyList>,
     key_head: Option<&[u8]>,
     values: &Bound<'py, PyList>,
     value_head: Option<&[u8]>,
-) -> PyResult<
-    Option<(
-        StringsOut<'py>,
-        StringsOut<'py>,
-        (Bound<'py, PyBytes>, Bound<'py, PyBytes>, usize),
-        StringsOut<'py>,
-        StringsOut<'py>,
-        StringsOut<'py>,
-        (Bound<'py, PyBytes>, Bound<'py, PyBytes>, usize, StringsOut<'py>),
-        StringsOut<'py>,
-        StringsOut<'py>,
-        StringsOut<'py>,
-    )>,
-> {
+) -> PyResult<Option<LandingOut<'py>>> {
     if keys.len() != values.len() {
-        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+        return Err(PyValueError::new_err(format!(
             "one key per value: {} keys and {} values",
             keys.len(),
             values.len()
@@ -728,26 +803,84 @@ pub fn landing_columns<'py>(
     let value_items = byte_items(values)?;
     let key_bytes: Vec<Option<&[u8]>> = key_items.iter().map(|k| k.as_ref().map(|k| k.as_bytes())).collect();
     let value_bytes: Vec<Option<&[u8]>> = value_items.iter().map(|v| v.as_ref().map(|v| v.as_bytes())).collect();
-    let Ok(out) = py.allow_threads(|| columns(&key_bytes, key_head, &value_bytes, value_head)) else {
-        return Ok(None);
-    };
-    let ts: Vec<u8> = out.ts_ms.iter().flat_map(|t| t.to_le_bytes()).collect();
-    let list_offsets: Vec<u8> = out.removed.offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
-    Ok(Some((
-        out.keys.into_py(py),
-        out.values.into_py(py),
-        (PyBytes::new(py, &ts), PyBytes::new(py, &out.ts_valid), out.ts_nulls),
-        out.before.into_py(py),
-        out.after.into_py(py),
-        out.updated.into_py(py),
+    let walked = py.allow_threads(|| columns(&key_bytes, key_head, &value_bytes, value_head));
+    Ok(walked.ok().map(|out| out.into_py(py)))
+}
+
+/// Records `lo..hi` of bytes laid end to end, `ends` being each record's end offset (native-endian u64).
+fn run_items<'a>(data: &'a [u8], ends: &[u8], lo: usize, hi: usize) -> PyResult<Vec<Option<&'a [u8]>>> {
+    let ends: Vec<usize> = ends
+        .chunks_exact(8)
+        .map(|end| u64::from_ne_bytes(end.try_into().unwrap_or_default()) as usize)
+        .collect();
+    if hi > ends.len() || lo > hi {
+        return Err(PyValueError::new_err(format!("records {lo}..{hi} of a run of {}", ends.len())));
+    }
+    (lo..hi)
+        .map(|i| {
+            let start = if i == 0 { 0 } else { ends[i - 1] };
+            data.get(start..ends[i])
+                .map(Some)
+                .ok_or_else(|| PyValueError::new_err(format!("record {i} ends past its run's {} bytes", data.len())))
+        })
+        .collect()
+}
+
+/// `landing_columns` of the records `lo..hi` of a run (a snapshot chunk), read from its buffers: keys and
+/// values end to end with their end offsets (native-endian u64), no Python object per record.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn run_landing_columns<'py>(
+    py: Python<'py>,
+    keys: &[u8],
+    key_ends: &[u8],
+    values: &[u8],
+    value_ends: &[u8],
+    lo: usize,
+    hi: usize,
+    key_head: Option<&[u8]>,
+    value_head: Option<&[u8]>,
+) -> PyResult<Option<LandingOut<'py>>> {
+    let key_items = run_items(keys, key_ends, lo, hi)?;
+    let value_items = run_items(values, value_ends, lo, hi)?;
+    let walked = py.allow_threads(|| columns(&key_items, key_head, &value_items, value_head));
+    Ok(walked.ok().map(|out| out.into_py(py)))
+}
+
+/// The columns for Python, in `landing_columns`'s order.
+type LandingOut<'py> = (
+    StringsOut<'py>,
+    StringsOut<'py>,
+    (Bound<'py, PyBytes>, Bound<'py, PyBytes>, usize),
+    StringsOut<'py>,
+    StringsOut<'py>,
+    StringsOut<'py>,
+    (Bound<'py, PyBytes>, Bound<'py, PyBytes>, usize, StringsOut<'py>),
+    StringsOut<'py>,
+    StringsOut<'py>,
+    StringsOut<'py>,
+);
+
+impl Columns {
+    fn into_py(self, py: Python<'_>) -> LandingOut<'_> {
+        let ts: Vec<u8> = self.ts_ms.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let list_offsets: Vec<u8> = self.removed.offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
         (
-            PyBytes::new(py, &list_offsets),
-            PyBytes::new(py, &out.removed.valid),
-            out.removed.nulls,
-            out.removed.items.into_py(py),
-        ),
-        out.truncated.into_py(py),
-        out.snapshot.into_py(py),
-        out.source.into_py(py),
-    )))
+            self.keys.into_py(py),
+            self.values.into_py(py),
+            (PyBytes::new(py, &ts), PyBytes::new(py, &self.ts_valid), self.ts_nulls),
+            self.before.into_py(py),
+            self.after.into_py(py),
+            self.updated.into_py(py),
+            (
+                PyBytes::new(py, &list_offsets),
+                PyBytes::new(py, &self.removed.valid),
+                self.removed.nulls,
+                self.removed.items.into_py(py),
+            ),
+            self.truncated.into_py(py),
+            self.snapshot.into_py(py),
+            self.source.into_py(py),
+        )
+    }
 }

@@ -4,18 +4,22 @@ columns Arrow's JSON reader gives, and takes the records the connector writes.""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
+import bson
 import mongocdc_native
 import orjson
 import pyarrow as pa
 import pytest
+from bson.codec_options import CodecOptions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mongocdc_core.events.convert import EventConverter
 from mongocdc_core.events.options import EventOptions
-from mongocdc_core.events.records import Record
+from mongocdc_core.events.raw import RawDocuments
+from mongocdc_core.events.records import Record, RecordRun
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks import parquet
 from mongocdc_core.sinks.parquet import landing_table
@@ -24,7 +28,7 @@ from tests.events.helpers import POSITION, change, insert, update
 TOPIC = "p.inventory.orders"
 
 
-def _both(records: list[Record], monkeypatch: pytest.MonkeyPatch) -> tuple[pa.Table, pa.Table] | None:
+def _both(records: Sequence[Record], monkeypatch: pytest.MonkeyPatch) -> tuple[pa.Table, pa.Table] | None:
     """The landing table with the compiled walk, and with Arrow's reader alone. None where the reader
     refuses the records, after checking that the same error reaches the sink with the walk."""
     with monkeypatch.context() as patch:
@@ -155,3 +159,69 @@ def test_the_walk_and_the_reader_give_the_same_columns(
     records = [_record(payload, schema, spelling) for payload, spelling in rows]
     both = _both(records, monkeypatch)
     assert both is not None and both[0].to_pylist() == both[1].to_pylist()
+
+
+def _reads(run: bool, schemas: bool) -> Sequence[Record]:
+    """A snapshot chunk of the connector's reads: a :class:`RecordRun` from raw BSON or a list from dicts."""
+    conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", schemas_enable=schemas, now_ns=lambda: 7))
+    docs: list[dict[str, Any]] = [
+        {"_id": 1, "name": 'a "quoted"\\ name\n\t\x01', "emoji": "\U0001f600 é"},
+        {"_id": 2, "n": [1, {"x": None}], "s": "/"},
+        {"_id": "three"},
+        {"_id": 4, "text": "\u2028\u00e9" * 40},
+    ]
+    chunk: Any = docs
+    if run:
+        chunk = RawDocuments(b"".join(bson.encode(doc) for doc in docs), CodecOptions(tz_aware=True))
+    records = conv.convert_reads(chunk, _markers(run), "inventory", "orders", POSITION)
+    assert isinstance(records, RecordRun) == run
+    return records
+
+
+def _markers(run: bool) -> list[str]:
+    """One marker throughout (a run), or a collection's first and last reads around two inner ones."""
+    return ["true"] * 4 if run else ["first", "true", "true", "last"]
+
+
+@pytest.mark.parametrize(("run", "schemas"), [(True, True), (True, False), (False, True), (False, False)])
+def test_a_snapshot_chunk_reads_each_document_once_and_gives_the_readers_columns(
+    run: bool, schemas: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads share every byte around their ``after``: the walk reads the first in full and only the
+    ``after`` of the others, whose columns must still be exactly the reader's (the reads marked first
+    and last differ around their ``after``, so each is walked in full)."""
+    records = _reads(run, schemas)
+    both = _both(records, monkeypatch)
+    assert both is not None and both[0].to_pylist() == both[1].to_pylist()
+    assert [orjson.loads(a)["_id"] for a in both[0].column("after").to_pylist()] == [1, 2, "three", 4]
+    assert both[0].column("snapshot").to_pylist() == _markers(run)
+    part = _both(records[1:3], monkeypatch)  # a run's slice is read from the same buffers, from its own start
+    assert part is not None and part[0].to_pylist() == part[1].to_pylist() == both[0].slice(1, 2).to_pylist()
+
+
+#: Payloads in the connector's member order (``source`` right before ``op``, where the walk takes it),
+#: with every member the walk copies from a framing row.
+_frames = st.fixed_dictionaries({
+    "before": st.none() | _json_text,
+    "updateDescription": st.none() | st.fixed_dictionaries({
+        "updatedFields": st.none() | _json_text,
+        "removedFields": st.none() | st.lists(_text, max_size=3),
+        "truncatedArrays": st.none() | _truncated,
+    }),
+    "source": st.none() | st.fixed_dictionaries({"snapshot": st.none() | _text, "ord": st.integers(0, 9)}),
+    "op": st.sampled_from(["c", "u", "d", "r"]),
+    "ts_ms": st.none() | st.integers(-(2**62), 2**62),
+})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(frame=_frames, afters=st.lists(st.none() | _json_text, min_size=1, max_size=8),
+       spelling=st.tuples(st.booleans(), st.booleans()), schema=st.booleans())  # fmt: skip
+def test_payloads_differing_only_in_after_give_the_readers_columns(
+    frame: dict[str, Any], afters: list[Any], spelling: tuple[bool, bool], schema: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs of payloads equal but for ``after`` (the walk takes the other cells of every payload but the
+    first from the last one it walked in full), ``after`` null in some, in any spelling: the reader's columns."""
+    records = [_record({"before": frame["before"], "after": after, **frame}, schema, spelling) for after in afters]
+    both = _both(records, monkeypatch)
+    assert both is None or both[0].to_pylist() == both[1].to_pylist()
