@@ -225,3 +225,14 @@ def test_payloads_differing_only_in_after_give_the_readers_columns(
     records = [_record({"before": frame["before"], "after": after, **frame}, schema, spelling) for after in afters]
     both = _both(records, monkeypatch)
     assert both is None or both[0].to_pylist() == both[1].to_pylist()
+
+
+def test_a_payload_sharing_the_frame_is_still_checked_as_utf8(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bytes around a framed payload's ``after`` were checked with the frame; its ``after`` is checked
+    on its own: a byte that is not UTF-8 there refuses the batch, as anywhere else."""
+    good = b'{"before":null,"after":"{\\"a\\": 1}","source":{"snapshot":"true"},"op":"r"}'
+    bad = good.replace(b"1}", b"\xff}")
+    assert mongocdc_native.landing_columns([b'{"id":"1"}'] * 2, None, [good, good], None) is not None
+    assert mongocdc_native.landing_columns([b'{"id":"1"}'] * 2, None, [good, bad], None) is None
+    records = [Record(TOPIC, b'{"id":"1"}', value, Position(1, 1), "inventory.orders", "r") for value in (good, bad)]
+    assert _both(records, monkeypatch) is None  # the reader refuses the batch too, and the sink gets its error
