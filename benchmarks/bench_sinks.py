@@ -43,6 +43,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import bson
@@ -299,18 +300,13 @@ def _transactions_in_turn(settings: KafkaSinkSettings, conf: dict[str, object], 
         bare.flush()
         bare.commit_transaction(30)
 
-    def timed(turn: Callable[[list[Record]], None], batch: list[Record]) -> float:
-        start = time.perf_counter()
-        turn(batch)
-        return time.perf_counter() - start
-
     sink_seconds = bare_seconds = 0.0
     for i, batch in enumerate(_batches(recs)):
         if i % 2:
-            bare_seconds += timed(bare_turn, batch)
-        sink_seconds += timed(sink_turn, batch)
+            bare_seconds += _wall(partial(bare_turn, batch))
+        sink_seconds += _wall(partial(sink_turn, batch))
         if not i % 2:
-            bare_seconds += timed(bare_turn, batch)
+            bare_seconds += _wall(partial(bare_turn, batch))
     sink.close()
     bare.flush()
     return sink_seconds, bare_seconds

@@ -89,6 +89,18 @@ struct Lists {
     items: Strings,
 }
 
+impl Lists {
+    /// Ends the current row as a list (`true`) of the items appended since the last row, or a null.
+    fn end(&mut self, present: bool) -> Parsed<()> {
+        let row = self.offsets.len() - 1;
+        let items = self.items.offsets.len() - 1;
+        self.offsets.push(i32::try_from(items).map_err(|_| Fallback)?);
+        bit(&mut self.valid, row, present);
+        self.nulls += usize::from(!present);
+        Ok(())
+    }
+}
+
 /// The columns of one batch, in the order `landing_columns` returns them.
 struct Columns {
     keys: Strings,
@@ -659,10 +671,7 @@ impl Columns {
             return Ok(false);
         }
         let row = frame.row;
-        self.ts_ms.push(self.ts_ms[row]);
-        let ts = is_set(&self.ts_valid, row);
-        bit(&mut self.ts_valid, self.ts_ms.len() - 1, ts);
-        self.ts_nulls += usize::from(!ts);
+        self.push_ts(is_set(&self.ts_valid, row).then_some(self.ts_ms[row]));
         self.before.repeat(row)?;
         self.after.end(true)?;
         self.updated.repeat(row)?;
@@ -670,15 +679,19 @@ impl Columns {
         for item in first..last {
             self.removed.items.repeat(item)?;
         }
-        let items = self.removed.items.offsets.len() - 1;
-        self.removed.offsets.push(i32::try_from(items).map_err(|_| Fallback)?);
-        let removed = is_set(&self.removed.valid, row);
-        bit(&mut self.removed.valid, self.removed.offsets.len() - 2, removed);
-        self.removed.nulls += usize::from(!removed);
+        self.removed.end(is_set(&self.removed.valid, row))?;
         self.truncated.repeat(row)?;
         self.snapshot.repeat(row)?;
         self.source.repeat(row)?;
         Ok(true)
+    }
+
+    /// Ends the current row's `ts_ms` (None: null).
+    fn push_ts(&mut self, ts: Option<i64>) {
+        let row = self.ts_ms.len();
+        self.ts_ms.push(ts.unwrap_or(0));
+        bit(&mut self.ts_valid, row, ts.is_some());
+        self.ts_nulls += usize::from(ts.is_none());
     }
 }
 
@@ -740,19 +753,12 @@ fn columns(
             Some(v) if v.first() == Some(&b'{') => payload(v, &mut out)?,
             _ => Payload::default(),
         };
-        let ts = found.ts_ms.flatten();
-        out.ts_ms.push(ts.unwrap_or(0));
-        bit(&mut out.ts_valid, row, ts.is_some());
-        out.ts_nulls += usize::from(ts.is_none());
+        out.push_ts(found.ts_ms.flatten());
         out.before.end(found.before == Some(true))?;
         out.after.end(found.after == Some(true))?;
         let update = found.update.flatten().unwrap_or_default();
         out.updated.end(update.updated == Some(true))?;
-        let removed = update.removed == Some(true);
-        let items = out.removed.items.offsets.len() - 1;
-        out.removed.offsets.push(i32::try_from(items).map_err(|_| Fallback)?);
-        bit(&mut out.removed.valid, row, removed);
-        out.removed.nulls += usize::from(!removed);
+        out.removed.end(update.removed == Some(true))?;
         out.truncated.push(update.truncated.flatten())?;
         let source = found.source.flatten();
         out.snapshot.end(source.as_ref().is_some_and(|s| s.snapshot == Some(true)))?;
