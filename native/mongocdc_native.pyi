@@ -33,20 +33,27 @@ def change_parts(
 def document_member(raw: bytes, name: str) -> bytes | None:
     """The BSON of the top-level embedded document ``name`` of ``raw`` (the last when repeated), or None."""
 
-_Strings = tuple[bytes, bytes, bytes, int]
+class Buffer:
+    """A column buffer the landing walk wrote, lent through the buffer protocol (``pa.py_buffer`` wraps
+    it without a copy); integers in the machine's byte order, as Arrow reads them."""
+
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __len__(self) -> int: ...
+
+_Strings = tuple[Buffer, Buffer, Buffer, int]
 
 #: Landing columns as Arrow buffers: key, value (payload text), ts_ms, before, after, updatedFields,
 #: removedFields, truncatedArrays (raw JSON), source.snapshot, source (raw JSON). A string column is
 #: (i32 offsets, data, validity, null count); ts_ms (i64 values, validity, null count); removedFields
-#: (list offsets, validity, null count, item strings).
+#: (list offsets, validity, null count, item strings); every buffer a :class:`Buffer`.
 LandingColumns = tuple[
     _Strings,
     _Strings,
-    tuple[bytes, bytes, int],
+    tuple[Buffer, Buffer, int],
     _Strings,
     _Strings,
     _Strings,
-    tuple[bytes, bytes, int, _Strings],
+    tuple[Buffer, Buffer, int, _Strings],
     _Strings,
     _Strings,
     _Strings,

@@ -28,7 +28,7 @@ from mongocdc_core.sinks.base import KeyScan, SinkError
 from mongocdc_core.sinks.readback import KeyScanBuilder, key_id
 
 if TYPE_CHECKING:
-    from mongocdc_native import LandingColumns
+    from mongocdc_native import Buffer, LandingColumns
 
 LANDING_SCHEMA = pa.schema(
     [
@@ -212,7 +212,7 @@ class _Columns:
         increments = pa.array(self.increments, pa.int64())
         ordinals = pa.array(self.ordinals, pa.int64())
         columns = {
-            "topic": pa.array([self.topic] * rows, pa.string()),
+            "topic": pa.repeat(pa.scalar(self.topic, pa.string()), rows),
             "collection": pa.array(self.collections, pa.string()),
             "op": pa.array(self.ops, pa.string()),
             "position": pc.binary_join_element_wise(
@@ -341,11 +341,11 @@ def _truncated_as_read(text: str) -> str:
     return orjson.dumps(out).decode()
 
 
-def _validity(bits: bytes, nulls: int) -> pa.Buffer | None:
+def _validity(bits: Buffer, nulls: int) -> pa.Buffer | None:
     return pa.py_buffer(bits) if nulls else None
 
 
-def _strings(rows: int, column: tuple[bytes, bytes, bytes, int]) -> pa.Array:
+def _strings(rows: int, column: tuple[Buffer, Buffer, Buffer, int]) -> pa.Array:
     """An Arrow string array over the compiled walk's buffers (no copy)."""
     offsets, data, valid, nulls = column
     return pa.Array.from_buffers(pa.string(), rows, [_validity(valid, nulls), pa.py_buffer(offsets), pa.py_buffer(data)],
@@ -356,9 +356,10 @@ def _add_by_topic(pending: dict[str, _Columns], records: Sequence[Record], paylo
     """Append ``records`` to their topics' pending columns, keeping each topic's order."""
     if not records:
         return
-    topic = records.topic if isinstance(records, RecordRun) else records[0].topic
-    if isinstance(records, RecordRun) or all(r.topic == topic for r in records):  # one collection's changes
-        groups: Mapping[str, Sequence[Record]] = {topic: records}
+    if isinstance(records, RecordRun):
+        groups: Mapping[str, Sequence[Record]] = {records.topic: records}
+    elif (topics := [r.topic for r in records]).count(topics[0]) == len(topics):  # one collection's changes
+        groups = {topics[0]: records}
     else:
         split: dict[str, list[Record]] = {}
         for record in records:

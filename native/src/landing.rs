@@ -9,7 +9,11 @@
 //! repeated member, a `source` block not laid out as the connector writes it, a 2 GiB column) makes
 //! the whole batch go to the Arrow reader, so both ways give the same columns.
 
+use std::os::raw::{c_int, c_void};
+use std::sync::{Mutex, PoisonError};
+
 use pyo3::exceptions::PyValueError;
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
@@ -32,7 +36,7 @@ impl Strings {
         offsets.push(0);
         Strings {
             offsets,
-            data: Vec::with_capacity(bytes),
+            data: spare(bytes),
             valid: Vec::with_capacity(rows.div_ceil(8)),
             nulls: 0,
         }
@@ -67,19 +71,106 @@ impl Strings {
         self.end(text.is_some())
     }
 
-    fn into_py<'py>(self, py: Python<'py>) -> StringsOut<'py> {
-        let offsets: Vec<u8> = self.offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
-        (
-            PyBytes::new(py, &offsets),
-            PyBytes::new(py, &self.data),
-            PyBytes::new(py, &self.valid),
+    fn into_py(self, py: Python<'_>) -> PyResult<StringsOut<'_>> {
+        Ok((
+            Buffer::new(py, Words::I32(self.offsets))?,
+            Buffer::new(py, Words::U8(self.data))?,
+            Buffer::new(py, Words::U8(self.valid))?,
             self.nulls,
-        )
+        ))
     }
 }
 
-/// A string column for Python: offsets (i32, little-endian), data, validity bitmap, null count.
-type StringsOut<'py> = (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, usize);
+/// A string column for Python: offsets (i32), data, validity bitmap, null count.
+type StringsOut<'py> = (Bound<'py, Buffer>, Bound<'py, Buffer>, Bound<'py, Buffer>, usize);
+
+/// The memory behind a [`Buffer`]: the walk's vectors as they were built.
+enum Words {
+    U8(Vec<u8>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+}
+
+impl Words {
+    /// Where the vector's elements start, and their size in bytes.
+    fn raw(&self) -> (*const u8, usize) {
+        match self {
+            Words::U8(v) => (v.as_ptr(), v.len()),
+            Words::I32(v) => (v.as_ptr().cast(), std::mem::size_of_val(v.as_slice())),
+            Words::I64(v) => (v.as_ptr().cast(), std::mem::size_of_val(v.as_slice())),
+        }
+    }
+}
+
+/// Data vectors of dropped [`Buffer`]s, kept to be written again (at most [`SPARE_BYTES`] of them). A
+/// batch's columns are megabytes, and fresh memory costs a page fault per 4 KiB as it is first written:
+/// measured, those faults were a seventh of the sink's time, which reused vectors no longer pay.
+static SPARE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+const SPARE_BYTES: usize = 64 << 20;
+
+/// An empty vector for at least `bytes`: the smallest spare one that holds them, or a new one.
+fn spare(bytes: usize) -> Vec<u8> {
+    let mut spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner);
+    let fits = spare
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.capacity() >= bytes)
+        .min_by_key(|(_, v)| v.capacity())
+        .map(|(i, _)| i);
+    match fits {
+        Some(i) => spare.swap_remove(i),
+        None => Vec::with_capacity(bytes),
+    }
+}
+
+/// Keeps `data` for [`spare`] while the vectors kept hold less than [`SPARE_BYTES`].
+fn give_back(mut data: Vec<u8>) {
+    let mut spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner);
+    let kept: usize = spare.iter().map(Vec::capacity).sum();
+    if data.capacity() > 0 && kept + data.capacity() <= SPARE_BYTES {
+        data.clear();
+        spare.push(data);
+    }
+}
+
+/// A column buffer the walk wrote, lent to Python through the buffer protocol instead of copied into a
+/// `bytes` object: Arrow wraps it as it is (`pa.py_buffer`), so a batch's megabytes are neither copied
+/// nor faulted in a second time. Numbers are in the machine's byte order, which is Arrow's.
+#[pyclass(frozen, module = "mongocdc_native")]
+pub struct Buffer(Words);
+
+impl Buffer {
+    fn new(py: Python<'_>, words: Words) -> PyResult<Bound<'_, Buffer>> {
+        Bound::new(py, Buffer(words))
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let Words::U8(data) = &mut self.0 {
+            give_back(std::mem::take(data));
+        }
+    }
+}
+
+#[pymethods]
+impl Buffer {
+    /// A read-only, contiguous view of the bytes (no copy).
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        let (data, len) = slf.get().0.raw();
+        let len = isize::try_from(len).map_err(|_| PyValueError::new_err("buffer larger than isize::MAX"))?;
+        // SAFETY: the view holds a reference to `slf`, whose vector is never changed (the class is
+        // frozen), so `data` stays valid for `len` bytes as long as the view lives.
+        if unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), data.cast_mut().cast::<c_void>(), len, 1, flags) } == -1 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    fn __len__(&self) -> usize {
+        self.0.raw().1
+    }
+}
 
 /// The `removedFields` column: a list of strings per row.
 struct Lists {
@@ -786,10 +877,10 @@ fn byte_items<'py>(list: &Bound<'py, PyList>) -> PyResult<Vec<Option<Bound<'py, 
 /// The landing columns of one topic's records from their key and value bytes (None: a tombstone),
 /// each cut after its topic's schema part `key_head` / `value_head` when it starts with it: key,
 /// value (the payload text), ts_ms, before, after, updatedFields, removedFields, truncatedArrays (its
-/// raw JSON text), source.snapshot and source (its raw JSON text). Strings come as Arrow buffers
-/// (offsets, data, validity, null count); ts_ms as (little-endian i64 values, validity, null count);
-/// removedFields as (list offsets, validity, null count, item strings). None when a record needs
-/// Arrow's JSON reader. The walk runs without the GIL.
+/// raw JSON text), source.snapshot and source (its raw JSON text). Every buffer is a [`Buffer`]:
+/// strings come as (offsets, data, validity, null count); ts_ms as (i64 values, validity, null
+/// count); removedFields as (list offsets, validity, null count, item strings). None when a record
+/// needs Arrow's JSON reader. The walk runs without the GIL.
 #[pyfunction]
 pub fn landing_columns<'py>(
     py: Python<'py>,
@@ -810,7 +901,7 @@ pub fn landing_columns<'py>(
     let key_bytes: Vec<Option<&[u8]>> = key_items.iter().map(|k| k.as_ref().map(|k| k.as_bytes())).collect();
     let value_bytes: Vec<Option<&[u8]>> = value_items.iter().map(|v| v.as_ref().map(|v| v.as_bytes())).collect();
     let walked = py.allow_threads(|| columns(&key_bytes, key_head, &value_bytes, value_head));
-    Ok(walked.ok().map(|out| out.into_py(py)))
+    walked.ok().map(|out| out.into_py(py)).transpose()
 }
 
 /// Records `lo..hi` of bytes laid end to end, `ends` being each record's end offset (native-endian u64).
@@ -850,43 +941,41 @@ pub fn run_landing_columns<'py>(
     let key_items = run_items(keys, key_ends, lo, hi)?;
     let value_items = run_items(values, value_ends, lo, hi)?;
     let walked = py.allow_threads(|| columns(&key_items, key_head, &value_items, value_head));
-    Ok(walked.ok().map(|out| out.into_py(py)))
+    walked.ok().map(|out| out.into_py(py)).transpose()
 }
 
 /// The columns for Python, in `landing_columns`'s order.
 type LandingOut<'py> = (
     StringsOut<'py>,
     StringsOut<'py>,
-    (Bound<'py, PyBytes>, Bound<'py, PyBytes>, usize),
+    (Bound<'py, Buffer>, Bound<'py, Buffer>, usize),
     StringsOut<'py>,
     StringsOut<'py>,
     StringsOut<'py>,
-    (Bound<'py, PyBytes>, Bound<'py, PyBytes>, usize, StringsOut<'py>),
+    (Bound<'py, Buffer>, Bound<'py, Buffer>, usize, StringsOut<'py>),
     StringsOut<'py>,
     StringsOut<'py>,
     StringsOut<'py>,
 );
 
 impl Columns {
-    fn into_py(self, py: Python<'_>) -> LandingOut<'_> {
-        let ts: Vec<u8> = self.ts_ms.iter().flat_map(|t| t.to_le_bytes()).collect();
-        let list_offsets: Vec<u8> = self.removed.offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
-        (
-            self.keys.into_py(py),
-            self.values.into_py(py),
-            (PyBytes::new(py, &ts), PyBytes::new(py, &self.ts_valid), self.ts_nulls),
-            self.before.into_py(py),
-            self.after.into_py(py),
-            self.updated.into_py(py),
+    fn into_py(self, py: Python<'_>) -> PyResult<LandingOut<'_>> {
+        Ok((
+            self.keys.into_py(py)?,
+            self.values.into_py(py)?,
+            (Buffer::new(py, Words::I64(self.ts_ms))?, Buffer::new(py, Words::U8(self.ts_valid))?, self.ts_nulls),
+            self.before.into_py(py)?,
+            self.after.into_py(py)?,
+            self.updated.into_py(py)?,
             (
-                PyBytes::new(py, &list_offsets),
-                PyBytes::new(py, &self.removed.valid),
+                Buffer::new(py, Words::I32(self.removed.offsets))?,
+                Buffer::new(py, Words::U8(self.removed.valid))?,
                 self.removed.nulls,
-                self.removed.items.into_py(py),
+                self.removed.items.into_py(py)?,
             ),
-            self.truncated.into_py(py),
-            self.snapshot.into_py(py),
-            self.source.into_py(py),
-        )
+            self.truncated.into_py(py)?,
+            self.snapshot.into_py(py)?,
+            self.source.into_py(py)?,
+        ))
     }
 }

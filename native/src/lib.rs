@@ -870,5 +870,6 @@ fn mongocdc_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(document_member, module)?)?;
     module.add_function(wrap_pyfunction!(landing::landing_columns, module)?)?;
     module.add_function(wrap_pyfunction!(landing::run_landing_columns, module)?)?;
+    module.add_class::<landing::Buffer>()?;
     Ok(())
 }

@@ -236,3 +236,24 @@ def test_a_payload_sharing_the_frame_is_still_checked_as_utf8(monkeypatch: pytes
     assert mongocdc_native.landing_columns([b'{"id":"1"}'] * 2, None, [good, bad], None) is None
     records = [Record(TOPIC, b'{"id":"1"}', value, Position(1, 1), "inventory.orders", "r") for value in (good, bad)]
     assert _both(records, monkeypatch) is None  # the reader refuses the batch too, and the sink gets its error
+
+
+def test_columns_keep_their_bytes_while_later_batches_reuse_freed_buffers() -> None:
+    """The walk refills the buffers of columns that were freed (no fresh pages per batch): a table still
+    held keeps its own bytes however many batches are walked after it, and equals a copy taken at once."""
+
+    def batch(n: int, tag: str) -> list[Record]:
+        return [
+            Record(TOPIC, b'{"id":"%d"}' % i, b'{"before":null,"after":"{\\"_id\\": %d, \\"t\\": \\"%s\\"}",'
+                   b'"source":{"snapshot":"false"},"op":"c","ts_ms":%d}' % (i, tag.encode() * (i % 50), i),
+                   Position(1, i + 1), "inventory.orders", "c")  # fmt: skip
+            for i in range(n)
+        ]
+
+    held = landing_table(batch(3000, "held"))
+    copy = held.to_pylist()
+    for round_ in range(6):  # each table freed at once: its buffers go back to be written again
+        other = landing_table(batch(3000 + round_, "other-" * (round_ + 1)))
+        assert other.column("after")[7].as_py() == '{"_id": 7, "t": "%s"}' % ("other-" * (round_ + 1) * 7)
+        del other
+    assert held.to_pylist() == copy
