@@ -102,34 +102,55 @@ impl Words {
     }
 }
 
-/// Data vectors of dropped [`Buffer`]s, kept to be written again (at most [`SPARE_BYTES`] of them). A
+/// Large data vectors of dropped [`Buffer`]s, kept to be written again, and the bytes they hold. A
 /// batch's columns are megabytes, and fresh memory costs a page fault per 4 KiB as it is first written:
-/// measured, those faults were a seventh of the sink's time, which reused vectors no longer pay.
-static SPARE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+/// measured, those faults were a seventh of the sink's time, which reused vectors no longer pay. Small
+/// vectors (validity bitmaps, a quiet stream's batches) come from the allocator's own free lists.
+static SPARE: Mutex<Spare> = Mutex::new(Spare { vectors: Vec::new(), bytes: 0 });
+/// At most this many bytes in at most [`SPARE_COUNT`] vectors, each of at least [`SPARE_MIN`] bytes.
 const SPARE_BYTES: usize = 64 << 20;
+const SPARE_COUNT: usize = 32;
+const SPARE_MIN: usize = 64 << 10;
 
-/// An empty vector for at least `bytes`: the smallest spare one that holds them, or a new one.
+struct Spare {
+    vectors: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+/// An empty vector for at least `bytes`: the smallest spare one that holds them, or a new one (always
+/// new below [`SPARE_MIN`], so a column that stays small does not hold a large vector).
 fn spare(bytes: usize) -> Vec<u8> {
+    if bytes < SPARE_MIN {
+        return Vec::with_capacity(bytes);
+    }
     let mut spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner);
     let fits = spare
+        .vectors
         .iter()
         .enumerate()
         .filter(|(_, v)| v.capacity() >= bytes)
         .min_by_key(|(_, v)| v.capacity())
         .map(|(i, _)| i);
     match fits {
-        Some(i) => spare.swap_remove(i),
+        Some(i) => {
+            let data = spare.vectors.swap_remove(i);
+            spare.bytes -= data.capacity();
+            data
+        }
         None => Vec::with_capacity(bytes),
     }
 }
 
-/// Keeps `data` for [`spare`] while the vectors kept hold less than [`SPARE_BYTES`].
+/// Keeps `data` for [`spare`] when it is large and the pool has room for it.
 fn give_back(mut data: Vec<u8>) {
+    if data.capacity() < SPARE_MIN {
+        return;
+    }
     let mut spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner);
-    let kept: usize = spare.iter().map(Vec::capacity).sum();
-    if data.capacity() > 0 && kept + data.capacity() <= SPARE_BYTES {
+    if spare.vectors.len() < SPARE_COUNT && spare.bytes + data.capacity() <= SPARE_BYTES {
         data.clear();
-        spare.push(data);
+        spare.bytes += data.capacity();
+        spare.vectors.push(data);
     }
 }
 
