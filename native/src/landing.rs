@@ -44,15 +44,8 @@ impl Strings {
 
     /// Ends the current row as a value (`true`) or a null, after its bytes were appended to `data`.
     fn end(&mut self, present: bool) -> Parsed<()> {
-        let row = self.offsets.len() - 1;
-        if row.is_multiple_of(8) {
-            self.valid.push(0);
-        }
-        if present {
-            self.valid[row / 8] |= 1 << (row % 8);
-        } else {
-            self.nulls += 1;
-        }
+        bit(&mut self.valid, self.offsets.len() - 1, present);
+        self.nulls += usize::from(!present);
         self.offsets.push(i32::try_from(self.data.len()).map_err(|_| Fallback)?);
         Ok(())
     }
