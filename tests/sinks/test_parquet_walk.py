@@ -3,6 +3,7 @@ columns Arrow's JSON reader gives, and takes the records the connector writes.""
 
 from __future__ import annotations
 
+import ctypes
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -257,3 +258,19 @@ def test_columns_keep_their_bytes_while_later_batches_reuse_freed_buffers() -> N
         assert other.column("after")[7].as_py() == '{"_id": 7, "t": "%s"}' % ("other-" * (round_ + 1) * 7)
         del other
     assert held.to_pylist() == copy
+
+
+def test_the_walks_buffers_are_lent_read_only() -> None:
+    """Arrow wraps the walk's buffers without a copy; they are read-only, so nothing can change a column
+    in place (a writable view is refused with an error, not handed out)."""
+    columns = mongocdc_native.landing_columns(
+        [b'{"id":"1"}'], None, [b'{"before":null,"after":"{\\"a\\": 1}","source":{"snapshot":"false"},"op":"c"}'], None
+    )
+    assert columns is not None
+    after = columns[4][1]
+    view = memoryview(after)
+    assert view.readonly and bytes(view) == b'{"a": 1}' and len(after) == 8
+    with pytest.raises(TypeError):
+        view[0] = 0
+    with pytest.raises(TypeError):
+        (ctypes.c_char * len(after)).from_buffer(after)  # asks for a writable buffer
