@@ -1,11 +1,17 @@
 """The lakehouse tables against plain Delta baselines, in one Spark session, printed as ratios.
 
+Landing files are written by the connector's own converter and Parquet sink (every column as a
+deployment lands it, the payload text and the full ``source`` block included), from documents with
+numbers, a decimal, a date, an array and a sub-document.
+
 1. Full build: ``refresh_changelog`` + ``refresh_current_state`` from about 1M landing records (a
    snapshot of half of them, then updates with full documents, inserts and deletes, laid out as the
    connector writes them: one snapshot file, then slices of disjoint position windows), against a plain
    Delta write of the same landing rows (read the Parquet files, write one Delta table). Goal <= 2x.
    Medians of 3 interleaved rounds, after an untimed round on 10k records, so the baseline (timed
-   first) does not pay the session's warm-up alone.
+   first) does not pay the session's warm-up alone. The floor row times writing the two finished
+   tables again (a Delta read and write of each, the changelog partitioned as it is): the least any
+   full build writes, before it derives, deduplicates, folds or types anything.
 2. Incremental refresh of 10k changes into current_state tables of 100k and of 1M rows, against a
    hand-written Delta MERGE of the same 10k rows (already typed) into a copy of the table. Goal <= 1.5x,
    and the refresh time flat as the table grows. Medians of 3 interleaved rounds, each with its own
@@ -16,102 +22,135 @@
 
 from __future__ import annotations
 
+import datetime
+import math
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
+import bson
+from bson import Decimal128, Timestamp
+from bson.codec_options import CodecOptions
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from benchmarks import harness
+from mongocdc_core.events.convert import EventConverter
+from mongocdc_core.events.options import EventOptions
+from mongocdc_core.events.raw import RawDocuments
+from mongocdc_core.events.records import Record
+from mongocdc_core.positions import Position
+from mongocdc_core.sinks.parquet import ParquetSink
 from mongocdc_core.tables import CollectionTables, refresh_changelog, refresh_current_state
-from mongocdc_core.tables.changelog import LANDING_SPARK_SCHEMA, latest_version
+from mongocdc_core.tables.changelog import LANDING_SPARK_SCHEMA, PARTITION_COLUMN, latest_version
 from mongocdc_core.tables.session import spark_session
 
 NAMESPACE = "bench.items"
 FILES = 8
 ROUNDS = 3
 WARM_UP = 10_000  # landing records of the untimed round before the timed ones
+CHUNK = 2048  # records per batch handed to the Parquet sink (the connector's max.batch.size)
+EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+SNAPSHOT_POSITION = Position(1_700_000_000, 1)
 NAME = "tables"
 BASELINE = "plain Delta in the same Spark session: a Delta write of the same landing rows, a hand-written MERGE of the same changes"
 
 
-def _document(key: Column, version: Column) -> Column:
-    """A realistic document as the connector's strict Extended JSON: numbers, a decimal, a date, an array,
-    a sub-document."""
-    return F.format_string(
-        '{"_id": %d,"name": "item-%d","qty": %d,"price": {"$numberDecimal": "%d.%02d"},'
-        '"when": {"$date": %d},"tags": ["a", "b", "c"],"address": {"city": "Berlin","zip": "%05d"},"ok": true}',
-        key, key, version, key % 1000, version % 100, F.lit(1_700_000_000_000) + key * 1000, key % 100_000,
-    )
+def _document(key: int, version: int) -> dict[str, Any]:
+    """A realistic document: numbers, a decimal, a date, an array, a sub-document."""
+    return {
+        "_id": key, "name": f"item-{key}", "qty": version, "price": Decimal128(f"{key % 1000}.{version % 100:02d}"),
+        "when": EPOCH + datetime.timedelta(seconds=1_700_000_000 + key), "tags": ["a", "b", "c"],
+        "address": {"city": "Berlin", "zip": f"{key % 100_000:05d}"}, "ok": True,
+    }  # fmt: skip
 
 
-def _landing(spark: SparkSession, ids: DataFrame, op: Column, second: Column, increment: Column,
-             version: Column) -> DataFrame:
-    """Landing-zone rows (``LANDING_SCHEMA``) built in Spark: ``ids`` has ``key`` and ``n``."""
-    second = second.cast("bigint")  # milliseconds of it overflow an int (Spark's ANSI mode refuses)
-    position = F.format_string("%013d.%010d.%06d", second, increment, F.lit(0))
-    after = F.when(op != "d", _document(F.col("key"), version))
-    columns = {
-        "topic": F.lit("bench.bench.items"),
-        "collection": F.lit(NAMESPACE),
-        "key": F.format_string('{"id":"%d"}', F.col("key")),
-        "op": op,
-        "position": position,
-        "pos_seconds": second,
-        "pos_increment": increment,
-        "pos_ordinal": F.lit(0),
-        "ts_ms": second * 1000,
-        "after": after,
-        "updated_fields": F.when(op == "u", F.format_string('{"qty": %d}', version)),
-        "snapshot": F.when(op == "r", F.lit("true")).otherwise(F.lit("false")),
-        "source": F.format_string('{"ts_ms": %d,"ord": %d}', second * 1000, increment),
-    }
-    return ids.select(*[
-        (columns[f.name] if f.name in columns else F.lit(None)).cast(f.dataType).alias(f.name)
-        for f in LANDING_SPARK_SCHEMA.fields
-    ])
+def _converter() -> EventConverter:
+    db, coll = NAMESPACE.split(".")
+    return EventConverter(EventOptions(topic_prefix=db, rs="rs0"))
 
 
-def _snapshot(spark: SparkSession, keys: int) -> DataFrame:
-    ids = spark.range(keys).select(F.col("id").alias("key"), F.col("id").alias("n"))
-    return _landing(spark, ids, F.lit("r"), F.lit(1_700_000_000), F.lit(1), F.lit(0))
+def _land(path: Path, records: Iterable[Sequence[Record]]) -> str:
+    """The landing file ``path`` written by the connector's Parquet sink from ``records`` (batches)."""
+    sink = ParquetSink.to_file(path)
+    for batch in records:
+        sink.write(batch)
+    sink.close()
+    return str(path)
 
 
-def _changes(spark: SparkSession, count: int, keys: int, first_second: int, fresh: int = 0) -> DataFrame:
-    """Updates (80%), inserts of new keys (10%, from ``keys + fresh`` on) and deletes (10%), in position
-    order; ``fresh`` also moves the updated and deleted keys, so each round changes other documents."""
-    n = F.col("id")
+def _snapshot(root: Path, keys: int) -> str:
+    """A full snapshot of ``keys`` documents, converted from raw BSON chunks as the copier delivers them,
+    in the one file the snapshot asset writes."""
+    db, coll = NAMESPACE.split(".")
+    converter, options = _converter(), CodecOptions(tz_aware=True)
+    chunks = (
+        converter.convert_reads(
+            RawDocuments(b"".join(bson.encode(_document(k, 0)) for k in range(lo, min(lo + CHUNK, keys))), options),
+            ["true"] * (min(lo + CHUNK, keys) - lo), db, coll, SNAPSHOT_POSITION,
+        )
+        for lo in range(0, keys, CHUNK)
+    )  # fmt: skip
+    return _land(root / "snapshot" / NAMESPACE / "snapshot.parquet", chunks)
+
+
+def _change(n: int, keys: int, first_second: int, fresh: int) -> tuple[dict[str, Any], Position]:
+    """Change ``n`` of a run: an update (80%) with its full document, an insert of a new key (10%, from
+    ``keys + fresh`` on) or a delete (10%); ``fresh`` also moves the updated and deleted keys, so each
+    run changes other documents."""
     kind = n % 10
-    key = F.when(kind == 8, F.lit(keys + fresh) + n).otherwise((n * 7919 + fresh) % keys)
-    ids = spark.range(count).select(key.alias("key"), n.alias("n"))
-    op = F.when(F.col("n") % 10 == 8, "c").when(F.col("n") % 10 == 9, "d").otherwise("u")
-    second = F.lit(first_second) + (F.col("n") / 1000).cast("bigint")
-    return _landing(spark, ids, op, second, F.col("n") % 1000 + 1, F.col("n") + 1)
+    key = keys + fresh + n if kind == 8 else (n * 7919 + fresh) % keys
+    ts = Timestamp(first_second + n // 1000, n % 1000 + 1)
+    db, coll = NAMESPACE.split(".")
+    event: dict[str, Any] = {
+        "_id": {"_data": f"82{ts.time:08X}{ts.inc:08X}2B022C0100296E5A1004"}, "clusterTime": ts,
+        "wallTime": EPOCH + datetime.timedelta(seconds=ts.time), "ns": {"db": db, "coll": coll},
+        "documentKey": {"_id": key},
+    }  # fmt: skip
+    if kind == 8:
+        event |= {"operationType": "insert", "fullDocument": _document(key, n + 1)}
+    elif kind == 9:
+        event |= {"operationType": "delete"}
+    else:
+        event |= {
+            "operationType": "update", "fullDocument": _document(key, n + 1),
+            "updateDescription": {"updatedFields": {"qty": n + 1}, "removedFields": [], "truncatedArrays": []},
+        }  # fmt: skip
+    return event, Position(ts.time, ts.inc)
 
 
-def _write(frame: DataFrame, path: Path, files: int) -> list[str]:
-    frame.repartition(files).write.mode("overwrite").parquet(str(path))
-    return sorted(str(p) for p in path.glob("*.parquet"))
+def _changes(path: Path, numbers: range, keys: int, first_second: int, fresh: int = 0) -> str:
+    """Changes ``numbers`` (see :func:`_change`) in position order, in one slice file."""
+    converter = _converter()
+
+    def batches() -> Iterator[list[Record]]:
+        for lo in range(numbers.start, numbers.stop, CHUNK):
+            batch: list[Record] = []
+            for n in range(lo, min(lo + CHUNK, numbers.stop)):
+                batch += converter.convert_change(*_change(n, keys, first_second, fresh))
+            yield batch
+
+    return _land(path, batches())
 
 
-def _landing_zone(spark: SparkSession, root: Path, records: int) -> list[str]:
-    """``records`` landing records as the connector lays them out: a snapshot of half of them in one
-    file named as the snapshot asset names it, then the changes in slices of disjoint position windows."""
+def _landing_zone(root: Path, records: int) -> list[str]:
+    """``records`` landing records as the connector writes them (its converter and Parquet sink) and lays
+    them out: a snapshot of half of them in one file named as the snapshot asset names it, then the
+    changes in slices of disjoint position windows."""
     keys = records // 2
-    staged = _write(_snapshot(spark, keys), root / "staged", 1)
-    snapshot = root / "snapshot" / NAMESPACE / "snapshot.parquet"
-    snapshot.parent.mkdir(parents=True)
-    Path(staged[0]).rename(snapshot)
+    count = records - keys
+    step = math.ceil(count / (FILES - 1))
     slices = root / "stream_slice" / NAMESPACE
-    changes = _changes(spark, records - keys, keys, 1_700_000_100)
-    changes.repartitionByRange(FILES - 1, "position").sortWithinPartitions("position").write.parquet(str(slices))
-    return [str(snapshot), *sorted(str(p) for p in slices.glob("*.parquet"))]
+    return [_snapshot(root, keys)] + [
+        _changes(slices / f"slice-{i:02d}.parquet", range(lo, min(lo + step, count)), keys, 1_700_000_100)
+        for i, lo in enumerate(range(0, count, step))
+    ]
 
 
 def _timed(action: Callable[[], object]) -> float:
@@ -120,26 +159,31 @@ def _timed(action: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _build(spark: SparkSession, files: list[str], root: Path) -> tuple[float, float, float]:
+def _build(spark: SparkSession, files: list[str], root: Path) -> tuple[float, float, float, float]:
     """Seconds of the plain Delta write of ``files``, of the changelog refresh and of the current_state
-    build from them (tables under ``root``, removed after)."""
+    build from them, and of writing the two finished tables again (tables under ``root``, removed after)."""
     baseline = _timed(lambda: spark.read.schema(LANDING_SPARK_SCHEMA).parquet(*files)
                       .write.format("delta").save(str(root / "plain")))
     tables = CollectionTables.under(str(root / "tables"), NAMESPACE)
     log = _timed(lambda: refresh_changelog(spark, tables, files))
     state = _timed(lambda: refresh_current_state(spark, tables))
+    floor = _timed(lambda: (
+        spark.read.format("delta").load(tables.changelog).write.format("delta").partitionBy(PARTITION_COLUMN)
+        .save(str(root / "changelog-copy")),
+        spark.read.format("delta").load(tables.current_state).write.format("delta").save(str(root / "state-copy")),
+    ))  # fmt: skip
     shutil.rmtree(root, ignore_errors=True)
-    return baseline, log, state
+    return baseline, log, state, floor
 
 
 def full_build(spark: SparkSession, root: Path, records: int) -> list[harness.Row]:
-    """The full build against the plain write, and each table's share of it (no goal): medians of
-    ``ROUNDS`` interleaved rounds over the same landing files, after an untimed round on a few records
+    """The full build against the plain write, each table's share of it and the floor (no goal): medians
+    of ``ROUNDS`` interleaved rounds over the same landing files, after an untimed round on a few records
     (the baseline, timed first, would pay the session's warm-up alone)."""
-    _build(spark, _landing_zone(spark, root / "warm-up", WARM_UP), root / "warm-up" / "out")
-    files = _landing_zone(spark, root / "landing", records)
+    _build(spark, _landing_zone(root / "warm-up", WARM_UP), root / "warm-up" / "out")
+    files = _landing_zone(root / "landing", records)
     rounds = [_build(spark, files, root / f"build-{i}") for i in range(ROUNDS)]
-    baseline, log, state = (statistics.median(r[i] for r in rounds) for i in range(3))
+    baseline, log, state, floor = (statistics.median(r[i] for r in rounds) for i in range(4))
     build = statistics.median(r[1] + r[2] for r in rounds)
     ratio = statistics.median((r[1] + r[2]) / r[0] for r in rounds)
     plain = f"a plain Delta write of the same landing rows (medians of {ROUNDS} rounds)"
@@ -150,6 +194,8 @@ def full_build(spark: SparkSession, root: Path, records: int) -> list[harness.Ro
                     statistics.median(r[1] / r[0] for r in rounds)),
         harness.Row(NAME, "full build: the current_state build alone", plain, state, baseline, "s",
                     statistics.median(r[2] / r[0] for r in rounds)),
+        harness.Row(NAME, "floor: writing the two finished tables again (a Delta copy of each)", plain, floor,
+                    baseline, "s", statistics.median(r[3] / r[0] for r in rounds)),
     ]  # fmt: skip
 
 
@@ -166,7 +212,7 @@ def _hand_merge(spark: SparkSession, location: str, rows: DataFrame) -> None:
 def incremental(spark: SparkSession, root: Path, size: int, changes_count: int) -> tuple[float, list[harness.Row]]:
     home = root / f"inc-{size}"
     tables = CollectionTables.under(str(home / "tables"), NAMESPACE)
-    files = _write(_snapshot(spark, size), home / "snapshot", FILES)
+    files = [_snapshot(home, size)]
     refresh_changelog(spark, tables, files)
     refresh_current_state(spark, tables)
     copy = str(home / "copy")
@@ -174,8 +220,8 @@ def incremental(spark: SparkSession, root: Path, size: int, changes_count: int) 
     logs, states, merges = [], [], []
     for round_ in range(ROUNDS):
         version = latest_version(spark, tables.current_state)
-        files += _write(_changes(spark, changes_count, size, 1_700_001_000 + 100_000 * round_, changes_count * round_),
-                        home / f"changes-{round_}", 1)  # fmt: skip
+        files.append(_changes(home / f"changes-{round_}.parquet", range(changes_count), size,
+                              1_700_001_000 + 100_000 * round_, changes_count * round_))  # fmt: skip
         logs.append(_timed(partial(refresh_changelog, spark, tables, list(files))))
         states.append(_timed(partial(refresh_current_state, spark, tables)))
 
