@@ -123,6 +123,9 @@ def test_members_read_without_a_parser_are_those_a_parser_reads(spark: SparkSess
         '{"ts_ms": 1700000000000,"ord": 1}', '{"ord":1,"ts_ms":-3}', '{"ts_ms":12.5,"ord":1}', '{"ts_ms":"9"}',
         '{"db":"a{b","ts_ms":5}', '{"db":"x\\",\\"ts_ms\\":1","ts_ms":2}', '{"xts_ms":1,"ts_ms":2}',
         '{"nested":{"ts_ms":1},"ts_ms":2}', '{"ts_ms":null}', '{"ord":1}', '{}', "[1]", None,
+        '{"version":"0.1.0","name":"b","ts_ms":17,"ts_us":17000,"ts_ns":17000000,"snapshot":"true","ord":1}',
+        '{"ts_ms":7,"ord":1}', '{"ord":1,"ts_ms":8}', 'x{"ord":1,"ts_ms":9}', '{"ord":1,"ts_ms":3,"n":{"a":1}}',
+        '{"ord":1,"n":{"x":1,"ts_ms":4},"ts_ms":5}', '{"ord":1,"ts_ms":6 }', '{"ord":"{","ts_ms":10}',
     ]
     values = [
         '{"op":"c","transaction":null}', '{"op":"c","transaction":{"id":"t1:2","total_order":1}}',
@@ -140,4 +143,4 @@ def test_members_read_without_a_parser_are_those_a_parser_reads(spark: SparkSess
     ).collect()
     for row in got:
         assert (row["fast_key"], row["fast_ts"], row["fast_txn"]) == (row["key"], row["ts"], row["txn"]), row
-    assert {r["fast_txn"] for r in got} >= {"t1:2", "t2"} and {r["fast_ts"] for r in got} >= {"1700000000000", "2"}
+    assert {r["fast_txn"] for r in got} >= {"t1:2", "t2"} and {r["fast_ts"] for r in got} >= {"1700000000000", "2", "17", "8", "5"}
