@@ -72,8 +72,7 @@ def _document(key: int, version: int) -> dict[str, Any]:
 
 
 def _converter() -> EventConverter:
-    db, coll = NAMESPACE.split(".")
-    return EventConverter(EventOptions(topic_prefix=db, rs="rs0"))
+    return EventConverter(EventOptions(topic_prefix=NAMESPACE.split(".")[0], rs="rs0"))
 
 
 def _land(path: Path, records: Iterable[Sequence[Record]]) -> str:

@@ -296,9 +296,9 @@ def _source_ts_ms(source: Column) -> Column:
     """``source.ts_ms``. In a flat object (one ``{``, the first byte: the connector's ``source``) a
     ``,"ts_ms":`` can only start a member (quotes inside strings are escaped), so a regular expression
     finds it; a nested or unusual block (spaces, ``ts_ms`` first) is parsed. The expression starts
-    with its literal text, which Java searches for by skipping (a leading character class made it try
-    every offset), and the braces are counted by length: measuring ``source`` in characters to test
-    it cost 2 s per million blocks as long as the connector's."""
+    with its literal text, which Java's engine finds with a skip search (a leading character class
+    made it try every offset), and the braces are counted in bytes: testing flatness with a
+    substring measured in characters cost 2 s per million blocks of the connector's size."""
     flat = source.startswith("{") & (
         F.octet_length(F.replace(source, F.lit("{"), F.lit(""))) == F.octet_length(source) - 1
     )
