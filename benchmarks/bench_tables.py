@@ -52,6 +52,7 @@ from mongocdc_core.tables.changelog import LANDING_SPARK_SCHEMA, PARTITION_COLUM
 from mongocdc_core.tables.session import spark_session
 
 NAMESPACE = "bench.items"
+DB, COLL = NAMESPACE.split(".")
 FILES = 8
 ROUNDS = 3
 WARM_UP = 10_000  # landing records of the untimed round before the timed ones
@@ -72,7 +73,12 @@ def _document(key: int, version: int) -> dict[str, Any]:
 
 
 def _converter() -> EventConverter:
-    return EventConverter(EventOptions(topic_prefix=NAMESPACE.split(".")[0], rs="rs0"))
+    return EventConverter(EventOptions(topic_prefix=DB, rs="rs0"))
+
+
+def _chunks(numbers: range) -> Iterator[range]:
+    """``numbers`` in runs of ``CHUNK``, as the connector batches records for its sinks."""
+    return (numbers[i : i + CHUNK] for i in range(0, len(numbers), CHUNK))
 
 
 def _land(path: Path, records: Iterable[Sequence[Record]]) -> str:
@@ -87,14 +93,12 @@ def _land(path: Path, records: Iterable[Sequence[Record]]) -> str:
 def _snapshot(root: Path, keys: int) -> str:
     """A full snapshot of ``keys`` documents, converted from raw BSON chunks as the copier delivers them,
     in the one file the snapshot asset writes."""
-    db, coll = NAMESPACE.split(".")
-    converter, options = _converter(), CodecOptions(tz_aware=True)
+    converter = _converter()
+    options: CodecOptions[dict[str, Any]] = CodecOptions(tz_aware=True)
     chunks = (
-        converter.convert_reads(
-            RawDocuments(b"".join(bson.encode(_document(k, 0)) for k in range(lo, min(lo + CHUNK, keys))), options),
-            ["true"] * (min(lo + CHUNK, keys) - lo), db, coll, SNAPSHOT_POSITION,
-        )
-        for lo in range(0, keys, CHUNK)
+        converter.convert_reads(RawDocuments(b"".join(bson.encode(_document(k, 0)) for k in ids), options),
+                                ["true"] * len(ids), DB, COLL, SNAPSHOT_POSITION)
+        for ids in _chunks(range(keys))
     )  # fmt: skip
     return _land(root / "snapshot" / NAMESPACE / "snapshot.parquet", chunks)
 
@@ -106,10 +110,9 @@ def _change(n: int, keys: int, first_second: int, fresh: int) -> tuple[dict[str,
     kind = n % 10
     key = keys + fresh + n if kind == 8 else (n * 7919 + fresh) % keys
     ts = Timestamp(first_second + n // 1000, n % 1000 + 1)
-    db, coll = NAMESPACE.split(".")
     event: dict[str, Any] = {
         "_id": {"_data": f"82{ts.time:08X}{ts.inc:08X}2B022C0100296E5A1004"}, "clusterTime": ts,
-        "wallTime": EPOCH + datetime.timedelta(seconds=ts.time), "ns": {"db": db, "coll": coll},
+        "wallTime": EPOCH + datetime.timedelta(seconds=ts.time), "ns": {"db": DB, "coll": COLL},
         "documentKey": {"_id": key},
     }  # fmt: skip
     if kind == 8:
@@ -129,9 +132,9 @@ def _changes(path: Path, numbers: range, keys: int, first_second: int, fresh: in
     converter = _converter()
 
     def batches() -> Iterator[list[Record]]:
-        for lo in range(numbers.start, numbers.stop, CHUNK):
+        for ids in _chunks(numbers):
             batch: list[Record] = []
-            for n in range(lo, min(lo + CHUNK, numbers.stop)):
+            for n in ids:
                 batch += converter.convert_change(*_change(n, keys, first_second, fresh))
             yield batch
 
@@ -166,11 +169,13 @@ def _build(spark: SparkSession, files: list[str], root: Path) -> tuple[float, fl
     tables = CollectionTables.under(str(root / "tables"), NAMESPACE)
     log = _timed(lambda: refresh_changelog(spark, tables, files))
     state = _timed(lambda: refresh_current_state(spark, tables))
-    floor = _timed(lambda: (
-        spark.read.format("delta").load(tables.changelog).write.format("delta").partitionBy(PARTITION_COLUMN)
-        .save(str(root / "changelog-copy")),
-        spark.read.format("delta").load(tables.current_state).write.format("delta").save(str(root / "state-copy")),
-    ))  # fmt: skip
+
+    def copies() -> None:
+        changelog = spark.read.format("delta").load(tables.changelog)
+        changelog.write.format("delta").partitionBy(PARTITION_COLUMN).save(str(root / "changelog-copy"))
+        spark.read.format("delta").load(tables.current_state).write.format("delta").save(str(root / "state-copy"))
+
+    floor = _timed(copies)
     shutil.rmtree(root, ignore_errors=True)
     return baseline, log, state, floor
 
