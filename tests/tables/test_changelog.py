@@ -131,6 +131,8 @@ def test_members_read_without_a_parser_are_those_a_parser_reads(spark: SparkSess
         '{"op":"c","transaction":null}', '{"op":"c","transaction":{"id":"t1:2","total_order":1}}',
         '{"op":"c","transaction" : { "id" : "t2"}}', '{"op":"c","after":"{\\"transaction\\": {\\"id\\": 1}}"}',
         '{"op":"c","nested":{"transaction":{"id":"inner"}}}', '{"transaction":{"total_order":1}}', None,
+        '{"op":"c","nested":{"transaction":{"id":"inner"}},"transaction":null}',
+        '{"transaction":{"id":"t3"},"x":{"transaction":null}}', '{"transaction":{"id":"t4"},"x":"\\"transaction\\":null"}',
     ]
     rows = [(k, s, v) for k in keys for s in sources[:2] for v in values[:1]]
     rows += [(keys[0], s, v) for s in sources for v in values]
@@ -143,4 +145,4 @@ def test_members_read_without_a_parser_are_those_a_parser_reads(spark: SparkSess
     ).collect()
     for row in got:
         assert (row["fast_key"], row["fast_ts"], row["fast_txn"]) == (row["key"], row["ts"], row["txn"]), row
-    assert {r["fast_txn"] for r in got} >= {"t1:2", "t2"} and {r["fast_ts"] for r in got} >= {"1700000000000", "2", "17", "8", "5"}
+    assert {r["fast_txn"] for r in got} >= {"t1:2", "t2", "t3", "t4"} and {r["fast_ts"] for r in got} >= {"1700000000000", "2", "17", "8", "5"}
