@@ -79,7 +79,6 @@ _FOLD_SCHEMA = (
 _STATE_COLUMNS = ("__key", "__op", "__position", "__ts_ms", "__source_ts_ms", "after", "deleted", "pending")
 _OBSERVATIONS = itertools.count()
 _TARGET_PARTITION_BYTES = 64 * 1024 * 1024
-_MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 _MIN_PARTITION_BYTES = 8 * 1024 * 1024  # below this per core, one partition less beats an idle core
 _SAMPLE_ROWS = 1000  # documents whose schema decides which questions a new table's first pass asks
 _TABLE_OPTIONS = {
@@ -87,6 +86,7 @@ _TABLE_OPTIONS = {
     "delta.enableChangeDataFeed": "true",
     "delta.enableDeletionVectors": "true",
 }
+_MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"  # Delta's copy of a MERGE source
 
 
 @dataclass(frozen=True)
