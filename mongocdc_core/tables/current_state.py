@@ -382,12 +382,22 @@ def sized_shuffles(spark: SparkSession, nbytes: int) -> Iterator[int]:
     cores = max(1, spark.sparkContext.defaultParallelism)
     sized = min(math.ceil(nbytes / _TARGET_PARTITION_BYTES), 4 * cores)
     partitions = max(1, sized, min(cores, nbytes // _MIN_PARTITION_BYTES))
-    before = spark.conf.get("spark.sql.shuffle.partitions")
-    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
-    try:
+    with _setting(spark, "spark.sql.shuffle.partitions", str(partitions)):
         yield partitions
+
+
+@contextmanager
+def _setting(spark: SparkSession, key: str, value: str) -> Iterator[None]:
+    """The session's ``key`` set to ``value`` for the block, then as the session had it (unset included)."""
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, value)
+    try:
+        yield
     finally:
-        spark.conf.set("spark.sql.shuffle.partitions", str(before))
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
 
 
 def _changes(spark: SparkSession, location: str, since: int, until: int) -> DataFrame | None:
@@ -631,22 +641,6 @@ def _replace(spark: SparkSession, location: str, rows: DataFrame) -> None:
     spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
 
 
-@contextmanager
-def _source_as_is(spark: SparkSession) -> Iterator[None]:
-    """The MERGE reads its source twice (to find the rows it touches, then to write them). Delta copies
-    a source that is not a plain Delta scan first, in case it changes in between; ours is a local
-    checkpoint, which cannot, so the copy is skipped (about half a second of a 10k-change refresh)."""
-    before = spark.conf.get(_MATERIALIZE_SOURCE, None)
-    spark.conf.set(_MATERIALIZE_SOURCE, "none")
-    try:
-        yield
-    finally:
-        if before is None:
-            spark.conf.unset(_MATERIALIZE_SOURCE)
-        else:
-            spark.conf.set(_MATERIALIZE_SOURCE, before)
-
-
 def _apply(spark: SparkSession, location: str, layout: Layout, source: DataFrame, result: StateResult) -> None:
     """One MERGE of the winners: newer events replace (or delete) rows, older ones change nothing."""
     columns = [c for c in source.columns if not c.startswith("__merge_")]
@@ -661,7 +655,10 @@ def _apply(spark: SparkSession, location: str, layout: Layout, source: DataFrame
         )
     else:
         merge = merge.whenMatchedUpdate(condition=newer, set=assignments).whenNotMatchedInsert(values=assignments)
-    with _source_as_is(spark):
+    # The MERGE reads its source twice (to find the rows it touches, then to write them). Delta copies a
+    # source that is not a plain Delta scan first, in case it changes in between; ours is a local
+    # checkpoint, which cannot, so the copy is skipped (about half a second of a 10k-change refresh).
+    with _setting(spark, _MATERIALIZE_SOURCE, "none"):
         metrics = merge.execute().first()  # this MERGE's own figures (the history's latest may be another writer's)
     inserted, updated, deleted = (
         (int(metrics["num_inserted_rows"]), int(metrics["num_updated_rows"]), int(metrics["num_deleted_rows"]))

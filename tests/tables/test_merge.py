@@ -219,6 +219,27 @@ def test_shuffle_partitions_are_sized_from_the_data(spark: SparkSession, tmp_pat
         spark.conf.set("spark.sql.shuffle.partitions", before)
 
 
+def test_the_merge_leaves_the_sessions_settings_as_they_were(spark: SparkSession, tmp_path: Path) -> None:
+    """The MERGE skips Delta's copy of its (checkpointed) source for its own commit only: a user's setting
+    of it, or its absence, is the same after a refresh."""
+    key = "spark.databricks.delta.merge.materializeSource"
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    snap = read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": i, "qty": i} for i in range(5)], Position(100, 1))
+    build(spark, tables, snap)
+    files = [str(snap)]
+    try:
+        for round_, setting in enumerate((None, "auto")):
+            if setting is not None:
+                spark.conf.set(key, setting)
+            files.append(str(_changes(tmp_path, f"s{round_}", [_event("update", 1, Position(200 + round_, 1),
+                                                                       {"_id": 1, "qty": 10 + round_})])))  # fmt: skip
+            refresh_changelog(spark, tables, files)
+            assert refresh_current_state(spark, tables).upserted == 1  # a MERGE ran
+            assert spark.conf.get(key, None) == setting
+    finally:
+        spark.conf.unset(key)
+
+
 def test_every_core_gets_a_shuffle_partition_once_the_data_is_worth_it(spark: SparkSession) -> None:
     """A 60 MB table in one partition left a core idle through a full build's fold and write."""
     cores = spark.sparkContext.defaultParallelism
