@@ -235,6 +235,8 @@ struct Payload<'a> {
     after_span: Option<(usize, usize)>,
     update: Option<Option<Update<'a>>>,
     source: Option<Option<Source<'a>>>,
+    /// Whether the payload is ASCII throughout (else it still needs its UTF-8 checked).
+    ascii: bool,
 }
 
 #[derive(Default)]
@@ -256,22 +258,6 @@ struct Span<'a> {
     escaped: bool,
 }
 
-/// Where [`Json::scan`] writes a string's resolved contents: a column's bytes, or nowhere (`()`) for
-/// strings that are only checked.
-trait Contents {
-    fn append(&mut self, bytes: &[u8]);
-}
-
-impl Contents for Vec<u8> {
-    fn append(&mut self, bytes: &[u8]) {
-        self.extend_from_slice(bytes);
-    }
-}
-
-impl Contents for () {
-    fn append(&mut self, _: &[u8]) {}
-}
-
 /// Sets a member seen once; a repeated member goes to the Arrow reader (which decides which wins).
 fn once<T>(slot: &mut Option<T>, value: T) -> Parsed<()> {
     if slot.is_some() {
@@ -289,6 +275,10 @@ struct Json<'a> {
     /// `,"source":{` … `},"op":`, which is unambiguous only when each occurs once.
     sources: u32,
     ops: u32,
+    /// Every string byte the walk passed over, OR-ed together (a little more: whole words): while its
+    /// high bits are clear, the payload is ASCII (outside strings the grammar allows nothing else), so
+    /// it needs no UTF-8 check of its own.
+    high: u64,
 }
 
 impl<'a> Json<'a> {
@@ -319,24 +309,11 @@ impl<'a> Json<'a> {
 
     /// A string starting at the cursor: its contents as written, checked (escapes, no control characters).
     fn string(&mut self) -> Parsed<Span<'a>> {
-        self.scan(&mut ())
-    }
-
-    /// A string starting at the cursor, checked, its contents appended to `out` with their escapes
-    /// resolved (in the same pass: the texts kept are most of a payload's bytes).
-    fn string_into(&mut self, out: &mut Vec<u8>) -> Parsed<()> {
-        self.scan(out).map(drop)
-    }
-
-    /// The one reading of a string: checks it and writes its resolved contents to `out`.
-    fn scan<O: Contents>(&mut self, out: &mut O) -> Parsed<Span<'a>> {
         self.expect(b'"')?;
         let start = self.i;
         let mut escaped = false;
         loop {
-            let run = self.i;
-            self.i = plain_run(self.b, self.i);
-            out.append(&self.b[run..self.i]);
+            self.i = plain_run(self.b, self.i, &mut self.high);
             match self.b.get(self.i) {
                 Some(b'"') => {
                     self.i += 1;
@@ -349,36 +326,96 @@ impl<'a> Json<'a> {
                 _ => return Err(Fallback),
             }
             escaped = true;
-            let next = *self.b.get(self.i + 1).ok_or(Fallback)?;
-            let simple = ESCAPED[next as usize];
-            if simple != 0 {
-                out.append(&[simple]);
-                self.i += 2;
-                continue;
-            }
-            if next != b'u' {
-                return Err(Fallback);
-            }
-            // A surrogate must come as a high-low pair (both readers refuse a lone one).
-            let mut code = self.code_unit(self.i)?;
-            self.i += 6;
-            if (0xDC00..0xE000).contains(&code) {
-                return Err(Fallback);
-            }
-            if (0xD800..0xDC00).contains(&code) {
-                if self.b.get(self.i) != Some(&b'\\') {
-                    return Err(Fallback);
-                }
-                let low = self.code_unit(self.i)?;
-                if !(0xDC00..0xE000).contains(&low) {
-                    return Err(Fallback);
-                }
-                self.i += 6;
-                code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
-            }
-            let ch = char::from_u32(code).ok_or(Fallback)?;
-            out.append(ch.encode_utf8(&mut [0; 4]).as_bytes());
+            self.i += self.escape(self.i)?.0;
         }
+    }
+
+    /// A string starting at the cursor, checked, its contents appended to `out` with their escapes
+    /// resolved, in the same pass (the texts kept are most of a payload's bytes). Plain contents are
+    /// copied eight bytes at a time as they are searched: an escaped document such as `after` has a run
+    /// per quote, and a copy call per run cost more than the search.
+    fn string_into(&mut self, out: &mut Vec<u8>) -> Parsed<()> {
+        self.expect(b'"')?;
+        let b = self.b;
+        let (start, mut i) = (self.i, self.i);
+        // Resolved contents are never longer than written ones, and a word's store reaches 8 bytes further.
+        out.reserve(b.len() - start + 8);
+        let (dst, mut w) = (out.as_mut_ptr(), out.len());
+        loop {
+            loop {
+                let Some(chunk) = b.get(i..i + 8) else {
+                    while let Some(&c) = b.get(i).filter(|&&c| !SPECIAL[c as usize]) {
+                        self.high |= u64::from(c);
+                        // SAFETY: `w` is within the reserved capacity (see the word's store below).
+                        unsafe { dst.add(w).write(c) };
+                        (i, w) = (i + 1, w + 1);
+                    }
+                    break;
+                };
+                let bytes: [u8; 8] = chunk.try_into().unwrap_or_default();
+                // SAFETY: each step writes at most the bytes it reads (`w - len <= i - start`, `len` being
+                // the length `out` had), so `w + 8 <= len + b.len() - start + 8`: within the capacity
+                // reserved above. Bytes past the run are written over by the next step or left past the
+                // length set at the end.
+                unsafe { dst.add(w).cast::<[u8; 8]>().write_unaligned(bytes) };
+                let word = u64::from_le_bytes(bytes);
+                self.high |= word;
+                let found = special_bytes(word);
+                if found != 0 {
+                    let k = (found.trailing_zeros() / 8) as usize;
+                    (i, w) = (i + k, w + k);
+                    break;
+                }
+                (i, w) = (i + 8, w + 8);
+            }
+            match b.get(i) {
+                Some(b'"') => {
+                    // SAFETY: every byte below `w` was written above, within the capacity.
+                    unsafe { out.set_len(w) };
+                    self.i = i + 1;
+                    return Ok(());
+                }
+                Some(b'\\') => {}
+                _ => return Err(Fallback),
+            }
+            let (read, utf8, len) = self.escape(i)?;
+            // SAFETY: an escape stands for fewer bytes than it is written with (`len < read`).
+            unsafe { std::ptr::copy_nonoverlapping(utf8.as_ptr(), dst.add(w), len) };
+            (i, w) = (i + read, w + len);
+        }
+    }
+
+    /// The escape whose backslash is at `at`: how many bytes it takes, and the UTF-8 it stands for (in
+    /// the first `len` of four bytes). A surrogate must come as a high-low pair (both readers refuse a
+    /// lone one).
+    fn escape(&self, at: usize) -> Parsed<(usize, [u8; 4], usize)> {
+        let next = *self.b.get(at + 1).ok_or(Fallback)?;
+        let simple = ESCAPED[next as usize];
+        if simple != 0 {
+            return Ok((2, [simple, 0, 0, 0], 1));
+        }
+        if next != b'u' {
+            return Err(Fallback);
+        }
+        let mut code = self.code_unit(at)?;
+        let mut read = 6;
+        if (0xDC00..0xE000).contains(&code) {
+            return Err(Fallback);
+        }
+        if (0xD800..0xDC00).contains(&code) {
+            if self.b.get(at + 6) != Some(&b'\\') {
+                return Err(Fallback);
+            }
+            let low = self.code_unit(at + 6)?;
+            if !(0xDC00..0xE000).contains(&low) {
+                return Err(Fallback);
+            }
+            read = 12;
+            code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+        }
+        let mut utf8 = [0; 4];
+        let len = char::from_u32(code).ok_or(Fallback)?.encode_utf8(&mut utf8).len();
+        Ok((read, utf8, len))
     }
 
     /// The code unit of the `\\uXXXX` escape at `at`.
@@ -426,14 +463,17 @@ impl<'a> Json<'a> {
         if whole == 0 || (whole > 1 && self.b[self.i - whole] == b'0') {
             return Err(Fallback);
         }
+        let mut integral = true;
         if self.peek() == Some(b'.') {
             self.i += 1;
+            integral = false;
             if self.digits() == 0 {
                 return Err(Fallback);
             }
         }
         if matches!(self.peek(), Some(b'e' | b'E')) {
             self.i += 1;
+            integral = false;
             if matches!(self.peek(), Some(b'+' | b'-')) {
                 self.i += 1;
             }
@@ -444,7 +484,7 @@ impl<'a> Json<'a> {
         let text = &self.b[start..self.i];
         // Both readers refuse a number beyond a double's range (such as 1e999); an integer of at most 308
         // digits cannot be (one of 309 can: 10^308 is the last power of ten below f64::MAX).
-        if text.len() > 308 || text.iter().any(|&c| matches!(c, b'.' | b'e' | b'E')) {
+        if text.len() > 308 || !integral {
             let value: f64 = std::str::from_utf8(text)
                 .ok()
                 .and_then(|t| t.parse().ok())
@@ -602,8 +642,9 @@ fn source<'a>(json: &mut Json<'a>, out: &mut Columns) -> Parsed<Source<'a>> {
         _ => json.skip(1),
     })?;
     let text = &json.b[start..json.i];
-    let braces = |brace: u8| text.iter().filter(|&&c| c == brace).count();
-    if !json.b[json.i..].starts_with(b",\"op\":") || braces(b'{') != 1 || braces(b'}') != 1 {
+    // One `{` and one `}` in all: the block's own (a brace in a string would confuse the reader path's cut).
+    let braces = text.iter().fold(0u32, |n, &c| n + u32::from(c == b'{' || c == b'}'));
+    if !json.b[json.i..].starts_with(b",\"op\":") || braces != 2 {
         return Err(Fallback);
     }
     Ok(Source { text, snapshot })
@@ -616,6 +657,7 @@ fn payload<'a>(text: &'a [u8], out: &mut Columns) -> Parsed<Payload<'a>> {
         i: 0,
         sources: 0,
         ops: 0,
+        high: 0,
     };
     let mut found = Payload::default();
     json.object(|json, name| match name {
@@ -648,6 +690,7 @@ fn payload<'a>(text: &'a [u8], out: &mut Columns) -> Parsed<Payload<'a>> {
     if json.i != text.len() || (matches!(found.source, Some(Some(_))) && (json.sources, json.ops) != (1, 1)) {
         return Err(Fallback);
     }
+    found.ascii = json.high & HIGH == 0;
     Ok(found)
 }
 
@@ -686,24 +729,30 @@ const HIGH: u64 = 0x8080_8080_8080_8080;
 /// Where the plain run of string contents starting at `at` ends: the first quote, backslash or control
 /// character, or the end. Eight bytes per step (SWAR): of the flags the subtractions set, the lowest
 /// is always a real one, so the first such byte is found exactly.
-fn plain_run(b: &[u8], mut at: usize) -> usize {
+fn plain_run(b: &[u8], mut at: usize, high: &mut u64) -> usize {
     while let Some(chunk) = b.get(at..at + 8) {
         let word = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
-        let quote = word ^ (ONES * u64::from(b'"'));
-        let backslash = word ^ (ONES * u64::from(b'\\'));
-        let found = (quote.wrapping_sub(ONES) & !quote
-            | backslash.wrapping_sub(ONES) & !backslash
-            | word.wrapping_sub(ONES * 0x20) & !word)
-            & HIGH;
+        *high |= word;
+        let found = special_bytes(word);
         if found != 0 {
             return at + (found.trailing_zeros() / 8) as usize;
         }
         at += 8;
     }
-    while b.get(at).is_some_and(|&c| !SPECIAL[c as usize]) {
+    while let Some(&c) = b.get(at).filter(|&&c| !SPECIAL[c as usize]) {
+        *high |= u64::from(c);
         at += 1;
     }
     at
+}
+
+/// The high bit of each byte of `word` (little-endian) that may be a quote, a backslash or a control
+/// character: the lowest one set always is one (the subtractions' borrows only flag bytes above it).
+fn special_bytes(word: u64) -> u64 {
+    let quote = word ^ (ONES * u64::from(b'"'));
+    let backslash = word ^ (ONES * u64::from(b'\\'));
+    (quote.wrapping_sub(ONES) & !quote | backslash.wrapping_sub(ONES) & !backslash | word.wrapping_sub(ONES * 0x20) & !word)
+        & HIGH
 }
 
 fn hex4(raw: &[u8]) -> u32 {
@@ -770,6 +819,7 @@ impl Columns {
             i: start,
             sources: 0,
             ops: 0,
+            high: 0,
         };
         if json.string_into(&mut self.after.data).is_err() || json.i != payload.len() - suffix.len() {
             self.after.data.truncate(mark);
@@ -838,7 +888,7 @@ fn columns(
     };
     let mut frame: Option<Frame<'_>> = None;
     for (row, (&key, &value)) in keys.iter().zip(&values).enumerate() {
-        if key.is_some_and(|k| std::str::from_utf8(k).is_err()) {
+        if key.is_some_and(|k| !k.is_ascii() && std::str::from_utf8(k).is_err()) {
             return Err(Fallback);
         }
         out.keys.push(key)?;
@@ -846,9 +896,6 @@ fn columns(
             (Some(v), Some(f)) => out.framed(v, f)?,
             _ => false,
         };
-        if !framed && value.is_some_and(|v| std::str::from_utf8(v).is_err()) {
-            return Err(Fallback);
-        }
         out.values.push(value)?;
         if framed {
             continue;
@@ -858,6 +905,9 @@ fn columns(
             Some(v) if v.first() == Some(&b'{') => payload(v, &mut out)?,
             _ => Payload::default(),
         };
+        if value.is_some_and(|v| !found.ascii && std::str::from_utf8(v).is_err()) {
+            return Err(Fallback);
+        }
         out.push_ts(found.ts_ms.flatten());
         out.before.end(found.before == Some(true))?;
         out.after.end(found.after == Some(true))?;

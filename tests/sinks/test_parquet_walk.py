@@ -239,6 +239,28 @@ def test_a_payload_sharing_the_frame_is_still_checked_as_utf8(monkeypatch: pytes
     assert _both(records, monkeypatch) is None  # the reader refuses the batch too, and the sink gets its error
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "utf8"),
+    [
+        (b'{"id":"1"}', b'{"after":"\xc3\xa9 caf\xc3\xa9 \xf0\x9f\x98\x80","op":"c"}', True),
+        (b'{"id":"\xc3\xa9"}', b'{"after":"{}","op":"c"}', True),
+        (b'{"id":"1"}', b'{"after":"\xff","source":{"snapshot":"false"},"op":"c"}', False),  # in a kept text
+        (b'{"id":"1"}', b'{"before":null,"after":"{\\"a\\": \\"12345678\xc3\\"}","op":"c"}', False),  # cut short
+        (b'{"id":"1"}', b'{"x":"\xed\xa0\x80","op":"c"}', False),  # a surrogate's bytes, in a skipped text
+        (b'{"id":"\xff"}', b'{"after":"{}","op":"c"}', False),  # in the key
+    ],
+)
+def test_the_walk_takes_utf8_and_refuses_other_bytes(
+    key: bytes, value: bytes, utf8: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Payloads are checked as UTF-8 only where the walk met a byte beyond ASCII: UTF-8 is taken, with the
+    reader's columns; anything else refuses the batch, and the sink gets the reader's error as before."""
+    assert (mongocdc_native.landing_columns([key], None, [value], None) is not None) == utf8
+    both = _both([Record(TOPIC, key, value, Position(1, 1), "inventory.orders", "c")], monkeypatch)
+    if utf8:
+        assert both is not None and both[0].equals(both[1])
+
+
 def test_columns_keep_their_bytes_while_later_batches_reuse_freed_buffers() -> None:
     """The walk refills the buffers of columns that were freed (no fresh pages per batch): a table still
     held keeps its own bytes however many batches are walked after it, and equals a copy taken at once."""
