@@ -18,9 +18,10 @@ on: ~3.3 KB each, Debezium's default; sizes per record are also reported with sc
   checks them: about 1.7 µs per 3.6 KB record here (timed alone), against about 3 µs for Arrow's
   reader alone. A second floor row does less than any sink can: it reads each record's attributes and
   copies its key and value bytes once, nothing parsed, nothing written; with its rate f as a ratio to
-  the write, no sink handed these records can pass f/(1+f) of the baseline. A second row writes snapshot reads, converted from raw BSON in chunks as the copier
-  delivers them: reads share every byte around their ``after``, which the walk reads once per
-  chunk (no goal; it shows what a snapshot's landing file costs).
+  the write, no sink handed these records can pass f/(1+f) of the baseline. Another row writes
+  snapshot reads, converted from raw BSON in chunks as the copier delivers them: reads share every
+  byte around their ``after``, which the walk reads once per chunk (no goal; it shows what a
+  snapshot's landing file costs).
 - Kafka (real local broker): ``KafkaSink`` against a bare ``confluent_kafka.Producer`` with the
   sink's own settings (idempotent, acks=all, linger 5 ms, same queue bound), producing the same
   records (key, value and the position header every record carries) after fetching its topic's

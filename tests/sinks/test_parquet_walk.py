@@ -259,6 +259,8 @@ def test_the_walk_takes_utf8_and_refuses_other_bytes(
     both = _both([Record(TOPIC, key, value, Position(1, 1), "inventory.orders", "c")], monkeypatch)
     if utf8:
         assert both is not None and both[0].equals(both[1])
+    else:
+        assert both is None  # the reader refuses the batch too, and the sink gets its error
 
 
 def test_columns_keep_their_bytes_while_later_batches_reuse_freed_buffers() -> None:
