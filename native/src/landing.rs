@@ -338,8 +338,8 @@ impl<'a> Json<'a> {
         self.expect(b'"')?;
         let b = self.b;
         let (start, mut i) = (self.i, self.i);
-        // Resolved contents are never longer than written ones, and a word's store reaches 8 bytes further.
-        out.reserve(b.len() - start + 8);
+        // Resolved contents are never longer than written ones, so the rest of the text bounds them.
+        out.reserve(b.len() - start);
         let (dst, mut w) = (out.as_mut_ptr(), out.len());
         loop {
             loop {
@@ -354,9 +354,9 @@ impl<'a> Json<'a> {
                 };
                 let bytes: [u8; 8] = chunk.try_into().unwrap_or_default();
                 // SAFETY: each step writes at most the bytes it reads (`w - len <= i - start`, `len` being
-                // the length `out` had), so `w + 8 <= len + b.len() - start + 8`: within the capacity
-                // reserved above. Bytes past the run are written over by the next step or left past the
-                // length set at the end.
+                // the length `out` had), and this word lies within the text (`i + 8 <= b.len()`), so
+                // `w + 8 <= len + b.len() - start`: within the capacity reserved above. Bytes past the
+                // run are written over by the next step or left past the length set at the end.
                 unsafe { dst.add(w).cast::<[u8; 8]>().write_unaligned(bytes) };
                 let word = u64::from_le_bytes(bytes);
                 self.high |= word;
@@ -379,7 +379,8 @@ impl<'a> Json<'a> {
                 _ => return Err(Fallback),
             }
             let (read, utf8, len) = self.escape(i)?;
-            // SAFETY: an escape stands for fewer bytes than it is written with (`len < read`).
+            // SAFETY: an escape stands for fewer bytes than it is written with (`len < read`), and
+            // `escape` read all of it from the text (`i + read <= b.len()`).
             unsafe { std::ptr::copy_nonoverlapping(utf8.as_ptr(), dst.add(w), len) };
             (i, w) = (i + read, w + len);
         }
@@ -809,10 +810,6 @@ impl Columns {
         {
             return Ok(false);
         }
-        // The bytes around the string are the frame's, checked as UTF-8 when it was walked.
-        if std::str::from_utf8(&payload[start..payload.len() - suffix.len()]).is_err() {
-            return Ok(false);
-        }
         let mark = self.after.data.len();
         let mut json = Json {
             b: payload,
@@ -821,7 +818,13 @@ impl Columns {
             ops: 0,
             high: 0,
         };
-        if json.string_into(&mut self.after.data).is_err() || json.i != payload.len() - suffix.len() {
+        // The bytes around the string are the frame's, checked as UTF-8 when it was walked; the string's
+        // own are checked where the walk met a byte beyond ASCII.
+        let middle = &payload[start..payload.len() - suffix.len()];
+        if json.string_into(&mut self.after.data).is_err()
+            || json.i != payload.len() - suffix.len()
+            || (json.high & HIGH != 0 && std::str::from_utf8(middle).is_err())
+        {
             self.after.data.truncate(mark);
             return Ok(false);
         }

@@ -248,6 +248,11 @@ def test_a_payload_sharing_the_frame_is_still_checked_as_utf8(monkeypatch: pytes
         (b'{"id":"1"}', b'{"before":null,"after":"{\\"a\\": \\"12345678\xc3\\"}","op":"c"}', False),  # cut short
         (b'{"id":"1"}', b'{"x":"\xed\xa0\x80","op":"c"}', False),  # a surrogate's bytes, in a skipped text
         (b'{"id":"\xff"}', b'{"after":"{}","op":"c"}', False),  # in the key
+        # within a text's last eight bytes, read one byte at a time: kept, then skipped
+        (b'{"id":"1"}', b'{"op":"c","after":"\xc3\xa9"}', True),
+        (b'{"id":"1"}', b'{"op":"c","after":"\xff"}', False),
+        (b'{"id":"1"}', b'{"op":"c","x":"\xc3\xa9"}', True),
+        (b'{"id":"1"}', b'{"op":"c","x":"\xff"}', False),
     ],
 )
 def test_the_walk_takes_utf8_and_refuses_other_bytes(
