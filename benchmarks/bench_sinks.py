@@ -210,7 +210,8 @@ def _parquet_pair(batches: Sequence[Sequence[Record]], work: Path
 
 
 def parquet_rows(recs: list[Record], reads: list[Sequence[Record]], work: Path) -> list[harness.Row]:
-    table, measured, baseline = _parquet_pair(_batches(recs), work)
+    batches = _batches(recs)
+    table, measured, baseline = _parquet_pair(batches, work)
     _, read_measured, read_baseline = _parquet_pair(reads, work)
     fresh = iter(range(1_000_000))
 
@@ -230,7 +231,7 @@ def parquet_rows(recs: list[Record], reads: list[Sequence[Record]], work: Path) 
     read_rate, read_base, read_ratio = _rounds(sum(map(len, reads)), read_measured, read_baseline)
     _, user_rate, user_ratio = _rounds(len(recs), measured, user_loop)
     parse_rate, write_rate, parse_ratio = _rounds(len(recs), parse_only, baseline)
-    once_rate, once_write_rate, once_ratio = _rounds(len(recs), partial(_read_once, _batches(recs)), baseline)
+    once_rate, once_write_rate, once_ratio = _rounds(len(recs), partial(_read_once, batches), baseline)
     return [
         harness.Row("sinks", "parquet sink", BASELINE, rate, base, "records/s", ratio, 0.8),
         harness.Row("sinks", "parquet sink, snapshot reads (raw chunks of 2048, as the copier delivers them)",

@@ -282,6 +282,11 @@ struct Json<'a> {
 }
 
 impl<'a> Json<'a> {
+    /// Whether every string byte passed over so far is ASCII (see `high`).
+    fn ascii(&self) -> bool {
+        self.high & HIGH == 0
+    }
+
     fn peek(&self) -> Option<u8> {
         self.b.get(self.i).copied()
     }
@@ -691,7 +696,7 @@ fn payload<'a>(text: &'a [u8], out: &mut Columns) -> Parsed<Payload<'a>> {
     if json.i != text.len() || (matches!(found.source, Some(Some(_))) && (json.sources, json.ops) != (1, 1)) {
         return Err(Fallback);
     }
-    found.ascii = json.high & HIGH == 0;
+    found.ascii = json.ascii();
     Ok(found)
 }
 
@@ -728,8 +733,7 @@ const ONES: u64 = 0x0101_0101_0101_0101;
 const HIGH: u64 = 0x8080_8080_8080_8080;
 
 /// Where the plain run of string contents starting at `at` ends: the first quote, backslash or control
-/// character, or the end. Eight bytes per step (SWAR): of the flags the subtractions set, the lowest
-/// is always a real one, so the first such byte is found exactly.
+/// character, or the end; eight bytes per step ([`special_bytes`]), each OR-ed into `high`.
 fn plain_run(b: &[u8], mut at: usize, high: &mut u64) -> usize {
     while let Some(chunk) = b.get(at..at + 8) {
         let word = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
@@ -823,7 +827,7 @@ impl Columns {
         let middle = &payload[start..payload.len() - suffix.len()];
         if json.string_into(&mut self.after.data).is_err()
             || json.i != payload.len() - suffix.len()
-            || (json.high & HIGH != 0 && std::str::from_utf8(middle).is_err())
+            || (!json.ascii() && std::str::from_utf8(middle).is_err())
         {
             self.after.data.truncate(mark);
             return Ok(false);
