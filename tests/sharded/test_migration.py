@@ -245,3 +245,17 @@ def test_a_transaction_a_migration_interrupts_commits_nowhere(sharded: ShardedDe
             session.commit_transaction()
     assert failed.value.code == 251 and failed.value.has_error_label("TransientTransactionError")
     assert spread.notes.count_documents({}) + spread.orders.count_documents({}) == 0  # no participant committed its part
+
+
+def test_a_chunk_of_a_compound_shard_key_moves_with_its_documents(sharded: ShardedDeployment, spread: Database,
+                                                                  direct: dict[str, MongoClient]) -> None:  # fmt: skip
+    first, second = sharded.shards[:2]
+    ns = f"{spread.name}.visits"
+    sharded.client.admin.command("shardCollection", ns, key={"region": 1, "_id": 1})
+    docs = [{"_id": i, "region": region} for i, region in enumerate(["eu", "eu", "us", "us", "ap"])]
+    spread.visits.insert_many(docs)
+    sharded.client.admin.command("split", ns, middle={"region": "eu", "_id": 1})
+    sharded.client.admin.command("moveChunk", ns, find={"region": "us", "_id": 3}, to=second, _waitForDelete=True)
+    assert sorted(d["_id"] for d in direct[first][spread.name].visits.find()) == [0, 4]  # ap, and eu below the split
+    assert sorted(d["_id"] for d in direct[second][spread.name].visits.find()) == [1, 2, 3]
+    assert sorted(spread.visits.find(), key=lambda d: d["_id"]) == docs
