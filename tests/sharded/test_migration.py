@@ -80,7 +80,7 @@ def test_move_chunk_migrates_its_documents(sharded: ShardedDeployment, spread: D
     # writes after the move go to the new owner, reads see them once
     spread.orders.update_one({"_id": 15}, {"$set": {"v": "after"}})
     spread.orders.insert_one({"_id": 16.5})
-    assert direct[second][spread.name].orders.find_one({"_id": 15})["v"] == "after"
+    assert direct[second][spread.name].orders.find_one({"_id": 15}) == {"_id": 15, "v": "after", "nested": {"n": 15}}
     assert spread.orders.count_documents({"_id": {"$gte": 10, "$lt": 20}}) == 11
 
 
@@ -161,6 +161,11 @@ class _Writer:
         except BaseException as exc:
             self.error = exc
 
+    def wait_for_more(self, writes: int) -> None:
+        """Until the writer has written ``writes`` more times (so a move happens amid its writes)."""
+        mark = self.writes
+        wait_for(lambda: self.writes > mark + writes)
+
     def __enter__(self) -> _Writer:
         self._thread.start()
         return self
@@ -174,19 +179,29 @@ class _Writer:
 
 def test_writes_during_migrations_land_once(sharded: ShardedDeployment, spread: Database, direct: dict[str, MongoClient]) -> None:
     first, second = sharded.shards[:2]
-    spread.orders.insert_many([{"_id": 100 + i, "n": 0} for i in range(300)])
+    spread.orders.insert_many([{"_id": i, "n": 0} for i in range(400)])  # 0-99 stay untouched, the writer uses 100-399
+    reads: list[list[Any]] = []
+
+    def read_untouched() -> None:
+        while not writer.stop.is_set():
+            reads.append(sorted(d["_id"] for d in spread.orders.find({"_id": {"$lt": 100}})))
+
     with spread.orders.watch(max_await_time_ms=100) as stream:
         with _Writer(spread) as writer:
-            for to in (second, first, second):
-                wait_for(lambda mark=writer.writes: writer.writes > mark + 20)
+            reader = threading.Thread(target=read_untouched, daemon=True)
+            reader.start()
+            for to in (second, first) * 3:
+                writer.wait_for_more(20)
                 _move(sharded, spread, 100, to)
+        reader.join(60)
         events = drain(stream, writer.writes, attempts=writer.writes + 400)
         assert stream.try_next() is None
     assert len(events) == writer.writes and len({e["_id"]["_data"] for e in events}) == writer.writes
+    assert reads and all(ids == list(range(100)) for ids in reads)  # every read during the moves saw each document once
     through_mongos = sorted(d["_id"] for d in spread.orders.find())
     on_shards = _ids(direct[first], spread) + _ids(direct[second], spread)
     assert sorted(on_shards) == through_mongos  # each document on exactly one shard
-    assert all(100 <= i < 400 for i in _ids(direct[second], spread) if i < 1000)
+    assert [i for i in _ids(direct[first], spread) if i < 1000] == [i for i in through_mongos if i < 1000]
 
 
 def test_capture_across_a_migration_rebuilds_the_source(sharded: ShardedDeployment, spread: Database) -> None:
@@ -200,7 +215,7 @@ def test_capture_across_a_migration_rebuilds_the_source(sharded: ShardedDeployme
         wait_for(streaming.started.is_set)
         with _Writer(spread) as writer:
             for to in (second, first):
-                wait_for(lambda mark=writer.writes: writer.writes > mark + 30)
+                writer.wait_for_more(30)
                 _move(sharded, spread, 100, to)
         end = current_cluster_time(cfg)
         engine.stop()
