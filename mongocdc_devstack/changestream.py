@@ -121,6 +121,7 @@ class StreamSpec:
     full_document: str = "default"
     full_document_before_change: str = "off"
     show_expanded_events: bool = False
+    show_migration_events: bool = False
     all_changes_for_cluster: bool = False
     resume: rt.ResumeTokenData | None = None
     resume_token: Mapping[str, Any] | None = None
@@ -142,7 +143,7 @@ def parse_spec(spec: Any) -> StreamSpec:
     full_document = _enum(spec, "fullDocument", _FULL_DOCUMENT_MODES)
     before_change = _enum(spec, "fullDocumentBeforeChange", _BEFORE_CHANGE_MODES)
     flags = {}
-    for key in ("showExpandedEvents", "allChangesForCluster"):
+    for key in ("showExpandedEvents", "showMigrationEvents", "allChangesForCluster"):
         value = spec.get(key, False)
         if not isinstance(value, bool):
             raise command_error(
@@ -183,6 +184,7 @@ def parse_spec(spec: Any) -> StreamSpec:
         full_document=full_document,
         full_document_before_change=before_change,
         show_expanded_events=flags["showExpandedEvents"],
+        show_migration_events=flags["showMigrationEvents"],
         all_changes_for_cluster=flags["allChangesForCluster"],
         resume=resume,
         resume_token=resume_token,
@@ -441,6 +443,7 @@ class ChangeStreamCursor:
         self._failed: CommandError | None = None
         self._at_end = False
         self._expanded = spec.show_expanded_events
+        self._migrations = spec.show_migration_events
         self._pre_mode = spec.full_document_before_change
         self._post_mode = spec.full_document
         self._needs_images = self._pre_mode != "off" or self._post_mode in ("whenAvailable", "required")
@@ -767,8 +770,8 @@ class ChangeStreamCursor:
         self, entry: Mapping[str, Any], out: list[_Pending]
     ) -> None:
         op = entry["op"]
-        if op == "n" or entry.get("fromMigrate"):
-            return
+        if op == "n" or (entry.get("fromMigrate") and not (self._migrations and op in ("i", "u", "d"))):
+            return  # a migration's writes are not the application's (shown on a shard with showMigrationEvents)
         ts = entry["ts"]
         if op == "c" and "applyOps" in entry["o"]:
             if "lsid" not in entry:

@@ -13,7 +13,9 @@ The layout is built from a JSON document (``--layout`` or the fixture's ``layout
                      "inventory.customers": {"shard": "shard1"}}}
 
 or at run time with mongos's own commands: ``enableSharding``, ``shardCollection``, ``split``,
-``moveChunk`` (of empty chunks: the emulator does not migrate documents).
+``moveChunk`` (the mongos migrates the chunk's documents; here only its owner and version change).
+Each chunk has mongod's version (``lastmod``: the major part grows with each migration, the minor
+with each split), as ``config.chunks`` shows it.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ class Chunk:
     shard: str
     low_doc: dict[str, Any]
     high_doc: dict[str, Any]
+    version: tuple[int, int] = (1, 0)  # (major, minor), config.chunks' lastmod
+    since: Timestamp | None = None  # when it came to its shard (None: from the start)
 
     def holds(self, point: tuple[SortKey, ...]) -> bool:
         return (self.low is None or point >= self.low) and (self.high is None or point < self.high)
@@ -83,6 +87,10 @@ class ShardedCollection:
 
     def shards(self) -> list[str]:
         return list(dict.fromkeys(c.shard for c in self.chunks))
+
+    def version(self) -> tuple[int, int]:
+        """The collection's version: its newest chunk's."""
+        return max(c.version for c in self.chunks)
 
 
 def _bound_doc(key: Mapping[str, Any], value: Any, low: bool) -> dict[str, Any]:
@@ -167,7 +175,7 @@ class Layout:
             high = _bound(key, high_value, f"collection {ns} chunk {i} max")
             if high is not None and low is not None and high <= low:
                 raise ValueError(f"collection {ns}: chunk bounds must ascend ({high_value!r} after {low_value!r})")
-            built.append(Chunk(low, high, shard, _bound_doc(key, low_value, True), _bound_doc(key, high_value, False)))
+            built.append(Chunk(low, high, shard, _bound_doc(key, low_value, True), _bound_doc(key, high_value, False), (1, i)))
             low, low_value = high, high_value
         if not built:
             raise ValueError(f"collection {ns}: at least one chunk")
@@ -229,8 +237,9 @@ class Layout:
             if chunk.low == point:
                 raise command_error(BAD_VALUE, f"cannot split on initial or final chunk's key {dict(middle)}")
             index = sharded.chunks.index(chunk)
-            upper = Chunk(point, chunk.high, chunk.shard, dict(middle), chunk.high_doc)
-            sharded.chunks[index] = Chunk(chunk.low, point, chunk.shard, chunk.low_doc, dict(middle))
+            major, minor = sharded.version()
+            upper = Chunk(point, chunk.high, chunk.shard, dict(middle), chunk.high_doc, (major, minor + 2), chunk.since)
+            sharded.chunks[index] = Chunk(chunk.low, point, chunk.shard, chunk.low_doc, dict(middle), (major, minor + 1), chunk.since)
             sharded.chunks.insert(index + 1, upper)
 
     def chunk_of(self, ns: str, find: Mapping[str, Any]) -> Chunk:
@@ -238,9 +247,19 @@ class Layout:
             sharded = self._sharded(ns)
             return sharded.chunk_for(sharded.point(find))
 
-    def move(self, ns: str, chunk: Chunk, to: str) -> None:
+    def move(self, ns: str, chunk: Chunk, to: str, at: Timestamp) -> None:
+        """Give ``chunk`` to shard ``to`` as of cluster time ``at`` (a migration's commit, in one step
+        for routing): it gets the next major version, and so does a chunk its donor keeps, as mongod's
+        commit bumps the donor's shard version."""
         with self.lock:
+            sharded = self._sharded(ns)
+            donor = chunk.shard
+            major = sharded.version()[0] + 1
             chunk.shard = self._shard(to, "moveChunk 'to'")
+            chunk.version, chunk.since = (major, 0), at
+            kept = next((c for c in sharded.chunks if c.shard == donor), None)
+            if kept is not None:
+                kept.version = (major, 1)
 
     def _sharded(self, ns: str) -> ShardedCollection:
         sharded = self.sharded.get(ns)
@@ -282,8 +301,9 @@ class Layout:
                         for ns, c in sorted(self.sharded.items())]  # fmt: skip
             if collection == "chunks":
                 return [{"_id": ObjectId(), "uuid": Binary.from_uuid(c.uuid), "min": chunk.low_doc, "max": chunk.high_doc,
-                         "shard": chunk.shard, "lastmod": Timestamp(1, i), "onCurrentShardSince": self.topology_time,
-                         "history": []}
-                        for ns, c in sorted(self.sharded.items()) for i, chunk in enumerate(c.chunks)]  # fmt: skip
+                         "shard": chunk.shard, "lastmod": Timestamp(*chunk.version),
+                         "onCurrentShardSince": chunk.since or self.topology_time,
+                         "history": [{"validAfter": chunk.since or self.topology_time, "shard": chunk.shard}]}
+                        for ns, c in sorted(self.sharded.items()) for chunk in c.chunks]  # fmt: skip
             return []
 

@@ -16,9 +16,18 @@ clusterTime to every shard and drops what sorts at or before the token, and an e
 be found again, as mongos requires. Transactions spanning shards commit on every participant at
 one shared clusterTime, as a two-phase commit does.
 
-Limits (documented, refused with an error where a client could notice): chunks move only while
-empty (no document migration), a shard key value cannot be changed by an update, sharded
-collections cannot be renamed, hashed shard keys are not supported.
+``moveChunk`` migrates the chunk's documents as mongod does: the recipient inserts them and the
+donor deletes them, both with ``fromMigrate: true`` (change streams do not report them), and the
+chunk changes owner and version in one step. Commands that route by chunk hold the mongos'
+migration gate shared, a migration holds it alone (mongod's critical section, here the whole
+migration), so every read and write through the mongos sees the chunk wholly before or wholly after
+it. Open transactions that touched the collection on either shard are aborted. The recipient's
+insert and the donor's delete of a document share one cluster time, so a snapshot read at any past
+cluster time (sent to every shard) finds each document exactly once. The donor deletes at once, as
+``_waitForDelete: true`` makes mongod do (by default its range deleter runs later).
+
+Limits (documented, refused with an error where a client could notice): a shard key value cannot
+be changed by an update, sharded collections cannot be renamed, hashed shard keys are not supported.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +68,7 @@ from .errors import (
     CommandError,
     command_error,
 )
-from .layout import Layout
+from .layout import Chunk, Layout
 from .listener import Connection, WireServer
 from .server import (
     RETRYABLE_CODES,
@@ -83,6 +92,51 @@ _FORWARDED = ("lsid", "txnNumber", "writeConcern", "readConcern", "maxTimeMS", "
 # Aggregation stages a shard can run on its own documents before the mongos merges the results.
 _SHARD_LOCAL_STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith",
                                  "$unwind", "$redact"})  # fmt: skip
+# Commands that route by chunk: they run under the migration gate, shared.
+_ROUTED = frozenset({"find", "count", "distinct", "aggregate", "insert", "update", "delete", "findAndModify", "findandmodify",
+                     "commitTransaction"})  # fmt: skip
+
+
+class MigrationGate:
+    """Routed commands hold it shared, a chunk migration alone; a waiting migration lets no new
+    command in, so a writer that never stops cannot starve it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._commands = 0
+        self._migrating = False
+        self._waiting = 0
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._migrating or self._waiting:
+                self._cond.wait()
+            self._commands += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._commands -= 1
+                if not self._commands:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            try:
+                while self._migrating or self._commands:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
+            self._migrating = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._migrating = False
+                self._cond.notify_all()
 
 
 @dataclass
@@ -202,6 +256,39 @@ class ShardedCluster:
             server.shutdown()
             self.links[name].close()
 
+    def migrate(self, ns: str, chunk: Chunk, to: str) -> None:
+        """Move ``chunk``'s documents from its shard to ``to`` and hand the chunk over (the caller
+        holds the migration gate). Both shards are held throughout: transactions on the collection
+        are aborted, the recipient gets the collection if it lacks it, then each document is
+        inserted on the recipient and deleted from the donor at one cluster time, and the chunk
+        moves as of the last of them."""
+        db, coll = ns.split(".", 1)
+        donor_name = chunk.shard
+        donor, recipient = self.shards[donor_name].state, self.shards[to].state
+        for name in (donor_name, to):
+            self.wait_for_primary(name)
+        sharded = self.layout.sharded[ns]
+        with contextlib.ExitStack() as stack:
+            for name in sorted((donor_name, to), key=self.layout.shards.index):
+                stack.enter_context(self.shards[name].oplog.cond)
+            for state in (donor, recipient):
+                state.abort_transactions_on(db, coll)
+            source = donor.catalog.get(db, {}).get(coll)
+            moving = [(key, stored) for key, stored in source.docs.items() if chunk.holds(sharded.point(stored[0]))] if source else []
+            if source is not None:
+                recipient.receive_collection(source)
+            start = max((donor.oplog.clock.current(), recipient.oplog.clock.current(), self.mongos.cluster_time),
+                        key=lambda t: (t.time, t.inc))  # fmt: skip
+            for state in (donor, recipient):
+                state.oplog.clock.advance_to(start)
+            moves = [(recipient.oplog.clock.next(), key, stored) for key, stored in moving]
+            if moves:
+                recipient.migrate_documents(db, coll, moves, incoming=True)
+                donor.migrate_documents(db, coll, moves, incoming=False)
+            commit = moves[-1][0] if moves else start
+            self.layout.move(ns, chunk, to, commit)
+            self.mongos.advance(commit)
+
     def wait_for_primary(self, shard: str) -> None:
         """Block until ``shard`` has a primary (an election after a step-down), as mongos targeting does."""
         topology = self.shards[shard].topology
@@ -313,6 +400,7 @@ class MongosServer(WireServer):
         self._txns: dict[bytes, _RouterTxn] = {}
         self._txn_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self.gate = MigrationGate()
 
     @property
     def address(self) -> str:
@@ -445,7 +533,8 @@ class MongosServer(WireServer):
         ctx = MongosContext(self, conn, db, cmd, name)
         ctx.txn = self._transaction(ctx)
         try:
-            reply = handler(ctx)
+            with self.gate.shared() if name in _ROUTED else contextlib.nullcontext():
+                reply = handler(ctx)
         except CommandError as exc:
             if ctx.txn is not None and name not in ("commitTransaction", "abortTransaction"):
                 self.abort_participants(ctx)
@@ -483,6 +572,16 @@ def _batch_size(ctx: MongosContext) -> Any:
     """``cursor.batchSize`` of a cursor-returning command (None: the default first batch)."""
     opts = ctx.cmd.get("cursor")
     return opts.get("batchSize") if isinstance(opts, Mapping) else None
+
+
+def _read_targets(ctx: MongosContext, ns: str, query: Mapping[str, Any] | None) -> list[str]:
+    """The shards a read visits. A read at a past cluster time (``atClusterTime``) visits every shard:
+    chunks may have moved since, and a migration moves each document at one time on both shards, so
+    the shards' snapshots at that time hold it exactly once (mongod routes by the chunks' history)."""
+    concern = ctx.cmd.get("readConcern")
+    if isinstance(concern, Mapping) and concern.get("atClusterTime") is not None and ctx.layout.is_sharded(ns):
+        return list(ctx.layout.shards)
+    return ctx.layout.target(ns, query)
 
 
 def _plain(doc: Any) -> dict[str, Any]:
@@ -611,15 +710,6 @@ def _namespace(value: Any, what: str) -> tuple[str, str]:
     return db, coll
 
 
-def _holds_documents(ctx: MongosContext, ns: str, shards: Sequence[str], query: Mapping[str, Any]) -> bool:
-    db, coll = ns.split(".", 1)
-    for shard in shards:
-        reply = ctx.server.call(shard, {"count": coll, "query": dict(query), "$db": db})
-        if reply.get("n"):
-            return True
-    return False
-
-
 @mongos_command("shardCollection", admin_only=True)
 def shard_collection(ctx: MongosContext) -> dict[str, Any]:
     ns = ctx.arg
@@ -657,6 +747,7 @@ def split(ctx: MongosContext) -> dict[str, Any]:
 
 @mongos_command("moveChunk", admin_only=True)
 def move_chunk(ctx: MongosContext) -> dict[str, Any]:
+    """Migrate the chunk holding ``find`` (or starting at ``bounds[0]``) to shard ``to``, documents and all."""
     ns = ctx.arg
     _namespace(ns, "moveChunk")
     find, bounds, to = ctx.cmd.get("find"), ctx.cmd.get("bounds"), ctx.cmd.get("to")
@@ -665,24 +756,17 @@ def move_chunk(ctx: MongosContext) -> dict[str, Any]:
     if not isinstance(find, Mapping) or not isinstance(to, str):
         raise command_error(BAD_VALUE, "moveChunk needs 'find' (or 'bounds') and 'to'")
     layout = ctx.layout
-    chunk = layout.chunk_of(ns, find)
-    if chunk.shard == to:
-        return {"millis": 0}
+    layout.chunk_of(ns, find)  # names a collection that is not sharded before anything waits
     if to not in layout.shards:
         raise command_error((70, "ShardNotFound"), f"Shard {to} not found")
-    sharded = layout.sharded[ns]
-    in_chunk: dict[str, Any] = {"$and": [
-        *([{f: {"$gte": v}} for f, v in chunk.low_doc.items()] if chunk.low is not None else []),
-        *([{f: {"$lt": v}} for f, v in chunk.high_doc.items()] if chunk.high is not None else []),
-    ]} if len(sharded.key) == 1 else {}  # fmt: skip
-    if not in_chunk.get("$and"):
-        in_chunk = {}
-    if len(sharded.key) > 1 or _holds_documents(ctx, ns, [chunk.shard], in_chunk):
-        raise command_error(ILLEGAL_OPERATION, "the emulated mongos moves only empty chunks (it does not migrate documents); "
-                                               "move chunks before inserting into them")  # fmt: skip
-    layout.move(ns, chunk, to)
+    started = time.monotonic()
+    with ctx.server.gate.exclusive():
+        chunk = layout.chunk_of(ns, find)
+        if chunk.shard == to:
+            return {"millis": 0}
+        ctx.server.cluster.migrate(ns, chunk, to)
     ctx.server.cluster.save_layout()
-    return {"millis": 0}
+    return {"millis": int((time.monotonic() - started) * 1000)}
 
 
 # -- catalog --------------------------------------------------------------------------------------------
@@ -883,7 +967,7 @@ def find(ctx: MongosContext) -> dict[str, Any]:
         docs: list[Any] = matching.filter_documents(_config_collection(ctx, coll), query)
         docs = matching.sort_documents(docs, sort) if sort else docs
     else:
-        shards = ctx.layout.target(ns, query)
+        shards = _read_targets(ctx, ns, query)
         body = {"find": coll, **{k: cmd[k] for k in _FIND_OPTIONS if k in cmd}}
         if len(shards) == 1:
             body.update({k: cmd[k] for k in ("skip", "limit") if k in cmd})
@@ -944,7 +1028,7 @@ def count(ctx: MongosContext) -> dict[str, Any]:
         total = len(matching.filter_documents(_config_collection(ctx, coll), query))
     else:
         body: dict[str, Any] = {"count": coll, "query": dict(query)}
-        total = sum(int(ctx.forward(s, body).get("n", 0)) for s in ctx.layout.target(f"{ctx.db}.{coll}", query))
+        total = sum(int(ctx.forward(s, body).get("n", 0)) for s in _read_targets(ctx, f"{ctx.db}.{coll}", query))
     skip = int(ctx.cmd.get("skip") or 0)
     limit = abs(int(ctx.cmd.get("limit") or 0))
     total = max(0, total - skip)
@@ -957,7 +1041,7 @@ def distinct(ctx: MongosContext) -> dict[str, Any]:
     query = ctx.cmd.get("query") if isinstance(ctx.cmd.get("query"), Mapping) else {}
     body = {k: v for k, v in ctx.cmd.items() if k in ("distinct", "key", "query", "collation", "hint")}
     seen: dict[Any, Any] = {}
-    for shard in ctx.layout.target(f"{ctx.db}.{coll}", query):
+    for shard in _read_targets(ctx, f"{ctx.db}.{coll}", query):
         for value in ctx.forward(shard, body).get("values", []):
             seen.setdefault(matching.bson_sort_key(value), value)
     return {"values": [seen[k] for k in sorted(seen)]}
@@ -987,7 +1071,7 @@ def aggregate(ctx: MongosContext) -> dict[str, Any]:
         docs = matching.run_pipeline(_config_collection(ctx, coll), pipeline)
         return _cursor_reply(ctx, ns, docs, opts.get("batchSize"))
     leading = pipeline[0].get("$match") if pipeline and isinstance(pipeline[0].get("$match"), Mapping) else None
-    shards = ctx.layout.target(ns, leading)
+    shards = _read_targets(ctx, ns, leading)
     body = {k: v for k, v in ctx.cmd.items() if k in ("aggregate", "allowDiskUse", "hint", "let", "collation")}
     if len(shards) == 1:
         single = ctx.exhaust(shards[0], {**body, "pipeline": pipeline, "cursor": {}})
@@ -1171,6 +1255,14 @@ def commit_transaction(ctx: MongosContext) -> dict[str, Any]:
         candidates = [server.oplog.clock.current() for server in servers]
         candidates += [ctx.server.cluster_time, Timestamp(int(time.time()) + 1, 0)]
         common = max(candidates, key=lambda t: (t.time, t.inc))
+        if not all(server.state.transaction_open(ctx.cmd["lsid"], txn.number) for server in servers):
+            # a participant lost its part (a migration or a write conflict aborted it): the prepare
+            # fails, and no participant commits
+            for shard in participants:
+                with contextlib.suppress(CommandError):
+                    ctx.forward(shard, {"abortTransaction": 1, "$db": "admin"})
+            raise command_error(NO_SUCH_TRANSACTION, f"Transaction with {{ txnNumber: {txn.number} }} has been aborted.",
+                                ("TransientTransactionError",))  # fmt: skip
         for server in servers:
             server.oplog.clock.advance_to(common)
         for shard in participants:
@@ -1219,6 +1311,8 @@ class MergedChangeStream:
         self.server = ctx.server
         self.db = ctx.db
         spec = changestream.parse_spec(pipeline[0]["$changeStream"])
+        if spec.show_migration_events:
+            raise command_error((31123, "Location31123"), "Change streams from mongos may not show migration events.")
         shard_spec = {k: v for k, v in dict(pipeline[0]["$changeStream"]).items()
                       if k not in ("resumeAfter", "startAfter", "startAtOperationTime")}  # fmt: skip
         self._resume_hex: str | None = None

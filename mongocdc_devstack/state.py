@@ -18,7 +18,7 @@ import datetime
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -498,13 +498,15 @@ class ServerState:
         return self.oplog.clock.next()
 
     def _entry(self, ts: Timestamp, op: str, ns: str, o: dict[str, Any], ui: Binary | None = None,
-               o2: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+               o2: dict[str, Any] | None = None, from_migrate: bool = False) -> dict[str, Any]:  # fmt: skip
         entry: dict[str, Any] = {"op": op, "ns": ns}
         if ui is not None:
             entry["ui"] = ui
         entry["o"] = o
         if o2 is not None:
             entry["o2"] = o2
+        if from_migrate:
+            entry["fromMigrate"] = True
         entry.update(ts=ts, t=Int64(self.term), v=Int64(2), wall=now_ms())
         return entry
 
@@ -620,10 +622,7 @@ class ServerState:
             if not self.catalog[db]:
                 del self.catalog[db]
             self._journal({"k": "drop", "db": db, "name": name})
-            entry = self._entry(self._next_ts(), "c", f"{db}.$cmd", {"drop": name}, ui=coll.ui)
-            if from_migrate:
-                entry["fromMigrate"] = True
-            self._append([entry])
+            self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", {"drop": name}, ui=coll.ui, from_migrate=from_migrate)])
             self.flush_journal()
             return len(coll.indexes)
 
@@ -981,6 +980,70 @@ class ServerState:
             for doc in victims:
                 self.delete_stored(coll, id_key(doc["_id"]), txn)
             return victims
+
+    # ---------------------------------------------------------------------------------------
+    # chunk migration (a sharded cluster's shards; the mongos drives both sides)
+    # ---------------------------------------------------------------------------------------
+    def receive_collection(self, like: Collection) -> None:
+        """A migration's recipient gets the donor's collection (same uuid, options and indexes) when it
+        has none yet; its entries carry ``fromMigrate``, so change streams do not report them."""
+        with self.lock:
+            if like.name in self.catalog.get(like.db, {}):
+                return
+            coll = self._create_collection(like.db, like.name, dict(like.options), like.uuid)
+            o: dict[str, Any] = {"create": like.name, **like.options, "idIndex": dict(ID_INDEX)}
+            entries = [self._entry(self._next_ts(), "c", f"{like.db}.$cmd", o, ui=coll.ui, from_migrate=True)]
+            for name, index in like.indexes.items():
+                if name == "_id_":
+                    continue
+                built = Index(dict(index.spec))
+                coll.indexes[name] = built
+                entries.append(self._entry(self._next_ts(), "c", f"{like.db}.$cmd", {"createIndexes": like.name, **built.spec},
+                                           ui=coll.ui, from_migrate=True))  # fmt: skip
+            self._journal_catalog(coll)
+            self._append(entries)
+            self.flush_journal()
+
+    def migrate_documents(self, db: str, name: str, moves: Sequence[tuple[Timestamp, IdKey, StoredDoc]], incoming: bool) -> None:
+        """A migration's writes: the recipient inserts (``incoming``) or the donor deletes each
+        document at the time given, as oplog entries with ``fromMigrate: true`` (mongod's migration
+        and range deleter). The mongos gives both sides the same times, so a snapshot read at any
+        cluster time finds each document on exactly one shard."""
+        with self.batch():
+            coll = self._require(db, name)
+            for ts, key, stored in moves:
+                doc = stored[0]
+                if incoming:
+                    self.history.record(ts, coll, key, None)
+                    coll.put(key, stored)
+                    self._journal({"k": "put", "db": db, "c": name, "d": stored[1]})
+                    self._append([self._entry(ts, "i", coll.ns, doc, ui=coll.ui, o2={"_id": doc["_id"]}, from_migrate=True)])
+                elif coll.remove(key) is not None:
+                    self.history.record(ts, coll, key, doc)
+                    self._journal({"k": "del", "db": db, "c": name, "id": doc["_id"]})
+                    self._append([self._entry(ts, "d", coll.ns, {"_id": doc["_id"]}, ui=coll.ui, from_migrate=True)])
+
+    def abort_transactions_on(self, db: str, name: str) -> int:
+        """End every open transaction that read or wrote ``db.name`` (a migration's critical section
+        aborts them; their commit then fails with NoSuchTransaction, a TransientTransactionError)."""
+        aborted = 0
+        with self.lock:
+            for session in self.sessions.values():
+                txn = session.txn
+                if txn is None or txn.state != "in_progress":
+                    continue
+                if (db, name) in txn.collections or any(m[0] == db and m[1] == name for m in txn.touched):
+                    txn.state = "aborted"
+                    self._release(txn)
+                    aborted += 1
+        return aborted
+
+    def transaction_open(self, lsid: Mapping[str, Any], txn_number: int) -> bool:
+        """Whether the session's transaction ``txn_number`` can still commit (a two-phase commit's prepare)."""
+        with self.lock:
+            session = self.sessions.get(_lsid_key(lsid))
+            txn = session.txn if session is not None else None
+            return txn is not None and txn.txn_number == txn_number and txn.state == "in_progress"
 
     # ---------------------------------------------------------------------------------------
     # reads

@@ -2,13 +2,13 @@
 
 The real cluster's URI names a mongos and carries a user allowed to shard databases (``enableSharding``,
 ``shardCollection``, ``split``, ``moveChunk``) and to step down shard primaries; it needs two shards or
-more. Each test shards its own database with those commands, before inserting (so chunks move empty,
-which the emulator also supports), and drops it afterwards.
+more. Each test shards its own database with those commands and drops it afterwards.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +18,8 @@ import pytest
 from pymongo import MongoClient
 from pymongo.database import Database
 
+from mongocdc_core.positions import Position
+from mongocdc_core.receiver import ProgressListener
 from mongocdc_devstack.fixture import EmulatedShardedCluster
 
 SHARDED_URI_ENV = "MONGOCDC_TEST_MONGODB_SHARDED_URI"
@@ -59,6 +61,28 @@ class ShardedDeployment:
             direct.admin.command("replSetStepDown", seconds, secondaryCatchUpPeriodSecs=0, force=True)
         finally:
             direct.close()
+
+
+def drain(stream: Any, count: int, attempts: int = 400) -> list[dict[str, Any]]:
+    """``count`` events (each try_next waits up to the stream's maxAwaitTimeMS)."""
+    events: list[dict[str, Any]] = []
+    for _ in range(attempts):
+        if len(events) == count:
+            break
+        event = stream.try_next()
+        if event is not None:
+            events.append(event)
+    return events
+
+
+class Streaming(ProgressListener):
+    """Set once the engine streams (its snapshot, if any, is done)."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+
+    def streaming_started(self, position: Position | None) -> None:
+        self.started.set()
 
 
 @pytest.fixture(scope="session")

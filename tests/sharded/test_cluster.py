@@ -5,27 +5,13 @@ Against the emulator or a real cluster (``MONGOCDC_TEST_MONGODB_SHARDED_URI``).
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from bson import Timestamp
 from pymongo import MongoClient
 from pymongo.database import Database
 from pymongo.errors import OperationFailure
 
-from tests.sharded.conftest import ShardedDeployment
-
-
-def _drain(stream: Any, count: int, attempts: int = 400) -> list[dict[str, Any]]:
-    """``count`` events (each try_next waits up to the stream's maxAwaitTimeMS)."""
-    events: list[dict[str, Any]] = []
-    for _ in range(attempts):
-        if len(events) == count:
-            break
-        event = stream.try_next()
-        if event is not None:
-            events.append(event)
-    return events
+from tests.sharded.conftest import ShardedDeployment, drain
 
 
 def _key(ts: Timestamp) -> tuple[int, int]:
@@ -67,15 +53,15 @@ def test_change_streams_merge_shards_in_cluster_time_order(sharded: ShardedDeplo
             spread.orders.insert_one({"_id": i if i % 2 else 1000 + i})  # alternating shards
         spread.notes.insert_one({"_id": "after"})
         spread.orders.update_many({}, {"$set": {"u": 1}})
-        everything = _drain(database, 21)
+        everything = drain(database, 21)
         assert [e["operationType"] for e in everything] == ["insert"] * 11 + ["update"] * 10
         times = [_key(e["clusterTime"]) for e in everything]
         assert times == sorted(times)
         tokens = [e["_id"]["_data"] for e in everything]
         assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)  # resume-token order
         assert [e["documentKey"]["_id"] for e in everything[:10]] == [i if i % 2 else 1000 + i for i in range(10)]
-        assert [e["_id"] for e in _drain(collection, 20)] == [e["_id"] for e in everything if e["ns"]["coll"] == "orders"]
-        cluster_wide = [e for e in _drain(deployment, 21) if e["ns"]["db"] == spread.name]
+        assert [e["_id"] for e in drain(collection, 20)] == [e["_id"] for e in everything if e["ns"]["coll"] == "orders"]
+        cluster_wide = [e for e in drain(deployment, 21) if e["ns"]["db"] == spread.name]
         assert [e["_id"] for e in cluster_wide] == [e["_id"] for e in everything]
 
 
@@ -83,15 +69,15 @@ def test_resume_after_any_event_continues_exactly(sharded: ShardedDeployment, sp
     with spread.watch() as stream:
         for i in range(6):
             spread.orders.insert_one({"_id": 1000 * (i % 2) + i})
-        events = _drain(stream, 6)
+        events = drain(stream, 6)
         start_at = events[0]["clusterTime"]
     for cut in range(6):
         with spread.watch(resume_after=events[cut]["_id"]) as resumed:
-            assert [e["_id"] for e in _drain(resumed, 5 - cut)] == [e["_id"] for e in events[cut + 1 :]]
+            assert [e["_id"] for e in drain(resumed, 5 - cut)] == [e["_id"] for e in events[cut + 1 :]]
     with spread.watch(start_after=events[2]["_id"]) as after:
-        assert [e["_id"] for e in _drain(after, 3)] == [e["_id"] for e in events[3:]]
+        assert [e["_id"] for e in drain(after, 3)] == [e["_id"] for e in events[3:]]
     with spread.watch(start_at_operation_time=start_at) as from_time:
-        assert [e["_id"] for e in _drain(from_time, 6)] == [e["_id"] for e in events]
+        assert [e["_id"] for e in drain(from_time, 6)] == [e["_id"] for e in events]
 
 
 def test_a_transaction_across_shards_commits_at_one_cluster_time(sharded: ShardedDeployment, spread: Database) -> None:
@@ -100,7 +86,7 @@ def test_a_transaction_across_shards_commits_at_one_cluster_time(sharded: Sharde
             spread.orders.insert_one({"_id": 1}, session=session)
             spread.orders.insert_one({"_id": 2000}, session=session)
             spread.notes.insert_one({"_id": "t"}, session=session)
-        events = _drain(stream, 3)
+        events = drain(stream, 3)
     assert {e["documentKey"]["_id"] for e in events} == {1, 2000, "t"}
     assert len({e["clusterTime"] for e in events}) == 1
     assert len({(e["txnNumber"], e["lsid"]["id"]) for e in events}) == 1
@@ -110,7 +96,7 @@ def test_dropping_a_sharded_collection_reports_one_drop(sharded: ShardedDeployme
     spread.orders.insert_many([{"_id": 1}, {"_id": 2000}])
     with spread.orders.watch() as stream:
         spread.orders.drop()
-        events = _drain(stream, 2)
+        events = drain(stream, 2)
     assert [e["operationType"] for e in events] == ["drop", "invalidate"]
 
 
@@ -118,10 +104,10 @@ def test_a_shard_step_down_is_resumed_transparently(sharded: ShardedDeployment, 
     first, second = sharded.shards[:2]
     with spread.orders.watch(max_await_time_ms=100) as stream:
         spread.orders.insert_many([{"_id": 1}, {"_id": 2000}])
-        before = _drain(stream, 2)
+        before = drain(stream, 2)
         sharded.step_down(second)
         spread.orders.insert_many([{"_id": 2}, {"_id": 3000}])  # the mongos waits for shard 1's new primary
-        after = _drain(stream, 2)
+        after = drain(stream, 2)
     assert [e["documentKey"]["_id"] for e in before + after] == [1, 2000, 2, 3000]
 
 

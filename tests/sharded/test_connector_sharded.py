@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ from mongocdc_core.api import current_cluster_time
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import MemoryOffsetStore
 from mongocdc_core.positions import Position
-from mongocdc_core.receiver import ProgressListener
 from mongocdc_core.source.errors import ConnectError, HistoryLostError, PrivilegeError
 from mongocdc_devstack.fixture import EmulatedShardedCluster
 from mongocdc_devstack.tls import make_pki
@@ -38,7 +36,7 @@ from tests.engine.engine_support import (
     wait_for,
 )
 from tests.security.conftest import with_user
-from tests.sharded.conftest import SHARDED_URI_ENV, ShardedDeployment
+from tests.sharded.conftest import SHARDED_URI_ENV, ShardedDeployment, Streaming
 
 
 def _values(sink: MemorySink, namespace: str) -> list[dict[str, Any]]:
@@ -112,18 +110,10 @@ def test_capture_scopes_on_a_sharded_cluster(sharded: ShardedDeployment, spread:
         sharded.client.drop_database(other.name)
 
 
-class _Streaming(ProgressListener):
-    def __init__(self) -> None:
-        self.started = threading.Event()
-
-    def streaming_started(self, position: Position | None) -> None:
-        self.started.set()
-
-
 def test_a_shard_primary_stepping_down_loses_nothing(sharded: ShardedDeployment, spread: Database) -> None:
     cfg = make_config(sharded.uri, spread.name, **{"snapshot.mode": "no_data"})
     sink = MemorySink()
-    streaming = _Streaming()
+    streaming = Streaming()
     engine = Background(Engine(cfg, sink, MemoryOffsetStore(), progress=streaming)).start()
     try:
         wait_for(streaming.started.is_set)
@@ -166,7 +156,7 @@ def test_incremental_snapshot_of_a_sharded_collection(sharded: ShardedDeployment
     signals = f"{spread.name}.signals"
     cfg = engine_config(sharded.uri, spread.name, **{"signal.data.collection": signals, "incremental.snapshot.chunk.size": 7})
     sink = MemorySink()
-    streaming = _Streaming()
+    streaming = Streaming()
     engine = Background(Engine(cfg, sink, MemoryOffsetStore(), progress=streaming)).start()
     try:
         wait_for(streaming.started.is_set)
