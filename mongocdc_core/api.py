@@ -8,7 +8,6 @@ touch the connector's offsets.
 
 from __future__ import annotations
 
-import datetime
 import os
 import time
 import uuid
@@ -25,10 +24,10 @@ from pymongo.database import Database
 from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.events.records import Record
 from mongocdc_core.metrics import ConnectorMetrics
-from mongocdc_core.offsets import Offset
+from mongocdc_core.offsets import Offset, SnapshotState
 from mongocdc_core.pipeline import Bound, CapturePipeline
 from mongocdc_core.positions import Position
-from mongocdc_core.receiver import ProgressListener, SnapshotChunk
+from mongocdc_core.receiver import ProgressListener
 from mongocdc_core.sinks.base import Sink
 from mongocdc_core.source import oplog as _oplog
 from mongocdc_core.source.errors import CdcError, HistoryLostError, SnapshotReadUnavailable
@@ -43,11 +42,9 @@ from mongocdc_core.source.oplog import OplogWindow
 from mongocdc_core.source.ranges import IdRange, plan_ranges
 from mongocdc_core.source.signals import SignalRead, read_signal_inserts
 from mongocdc_core.source.snapshot import (
-    MARK_TRUE,
     captured_collections,
     collection_filter,
     estimate_count,
-    read_at_cluster_time,
     record_start,
 )
 from mongocdc_core.source.stream import StartPoint, watch_target
@@ -206,63 +203,30 @@ def snapshot_collection(
     db, coll = _split(namespace)
     started = time.monotonic()
     counting = _CountingSink(sink)
-    if at_cluster_time is not None:
-        return _snapshot_at(cfg, namespace, counting, at_cluster_time, filter, started)
     with _pipeline(cfg, counting, progress, metrics) as pipeline:
-        pipeline.metrics.snapshot.start([namespace])
-        start = record_start(pipeline.client, pipeline.client[db][coll])
+        if at_cluster_time is not None:  # a snapshot read: the records carry that time's position
+            position, token = Position.from_timestamp(at_cluster_time), None
+        else:
+            start = record_start(pipeline.client, pipeline.client[db][coll])
+            position, token = start.position, start.token
         query = filter if filter is not None else collection_filter(cfg, namespace)
         if id_range is not None and not id_range.whole:
             query = {"$and": [query, id_range.query()]} if query else id_range.query()
-        if progress is not None:
-            progress.snapshot_started({namespace: None})
-        pipeline.copy(
-            [namespace], start.position, threads=1, filters={namespace: query},
-            split_size=0 if id_range is not None else None,
+        state = SnapshotState(
+            collections=[namespace], start_position=position, start_token=token, filters={namespace: query}
+        )
+        pipeline.snapshot(
+            state, threads=1, totals={namespace: None}, at_cluster_time=at_cluster_time,
+            split_size=0 if id_range is not None or at_cluster_time is not None else None,
         )
         dispatcher = pipeline.dispatcher
-        dispatcher.commit()
-        pipeline.metrics.snapshot.finish(aborted=False)
-        if progress is not None:
-            progress.snapshot_finished(True, dispatcher.snapshot_documents)
     return SnapshotResult(
         namespace=namespace,
         documents=dispatcher.snapshot_documents,
         bytes=counting.bytes,
         duration_s=time.monotonic() - started,
-        position=start.position,
-        resume_token=start.token,
-    )
-
-
-def _snapshot_at(
-    cfg: ConnectorConfig,
-    namespace: str,
-    sink: _CountingSink,
-    at: Timestamp,
-    query: dict[str, Any] | None,
-    started: float,
-) -> SnapshotResult:
-    """:func:`snapshot_collection` at a past cluster time: one snapshot read, records at its position."""
-    position = Position.from_timestamp(at)
-    query = query if query is not None else collection_filter(cfg, namespace) or {}
-    with _pipeline(cfg, sink) as pipeline:
-        dispatcher = pipeline.dispatcher
-        batches = read_at_cluster_time(pipeline.client, namespace, at, query, cfg.snapshot_fetch_size or 1024)
-        for docs in batches:
-            if docs:
-                chunk = SnapshotChunk(namespace, docs, [MARK_TRUE] * len(docs), final=False)
-                dispatcher.snapshot_chunk(chunk, position, datetime.datetime.now(datetime.UTC))
-        dispatcher.snapshot_chunk(SnapshotChunk(namespace, [], [], final=True), position,
-                                  datetime.datetime.now(datetime.UTC))
-        dispatcher.commit()
-    return SnapshotResult(
-        namespace=namespace,
-        documents=dispatcher.snapshot_documents,
-        bytes=sink.bytes,
-        duration_s=time.monotonic() - started,
         position=position,
-        resume_token=None,
+        resume_token=token,
     )
 
 

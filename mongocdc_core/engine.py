@@ -26,7 +26,7 @@ from mongocdc_core.notifications import NotificationService
 from mongocdc_core.offsets import Offset, OffsetStore, SnapshotState
 from mongocdc_core.pipeline import Bound, CapturePipeline
 from mongocdc_core.positions import Position, token_timestamp
-from mongocdc_core.receiver import ProgressListener
+from mongocdc_core.receiver import ProgressListener, SnapshotChunk
 from mongocdc_core.sinks.base import KeyReader, Sink
 from mongocdc_core.source.blocking import AdHocSnapshots
 from mongocdc_core.source.connection import is_retriable, one_line, refused
@@ -35,7 +35,6 @@ from mongocdc_core.source.oplog import position_lost
 from mongocdc_core.source.snapshot import (
     Snapshotter,
     captured_collections,
-    estimate_count,
     load_snapshotter,
     record_start,
     snapshot_collections,
@@ -292,45 +291,9 @@ class _Run:
                 start_position=start.position,
                 start_token=start.token,
             )
-        remaining = state.remaining
-        totals = {ns: estimate_count(client, cfg, ns) for ns in remaining}
         snap_metrics = self.engine.metrics.snapshot
-        snap_metrics.start(state.collections)
-        snap_metrics.RemainingTableCount = len(remaining)
         snap_metrics.QueueTotalCapacity = snap_metrics.QueueRemainingCapacity = cfg.max_queue_size
-        dispatcher.snapshot_started(state, totals)
-        if cfg.mongocdc_snapshot_delete_missing_keys:
-            dispatcher.begin_full_copies(self._copied_whole(state))
-        assert state.start_position is not None
-        try:
-            completed = self.pipeline.copy(
-                remaining, state.start_position, threads=cfg.snapshot_max_threads, progress=state
-            )
-        except BaseException:
-            snap_metrics.finish(aborted=True)
-            self.snapshotter.snapshot_aborted()
-            raise
-        snap_metrics.finish(aborted=not completed)
-        dispatcher.snapshot_finished(completed)
-        if completed:
-            self.snapshotter.snapshot_completed()
-        else:
-            self.snapshotter.snapshot_aborted()
-        return completed
-
-    def _copied_whole(self, state: SnapshotState) -> list[str]:
-        """Collections this snapshot copies whole, from their first document (whose missing keys it may delete)."""
-        overrides = self.cfg.snapshot_collection_filter_overrides or {}
-        whole = []
-        for namespace in state.remaining:
-            if namespace in overrides:
-                continue  # a filtered copy does not say which documents exist
-            if namespace in state.parts and namespace not in state.marks:
-                log.info("snapshot of %s resumes a copy begun without mongocdc.snapshot.delete.missing.keys: "
-                         "no deletes for keys it does not read", namespace)
-                continue
-            whole.append(namespace)
-        return whole
+        return self.pipeline.snapshot(state, threads=cfg.snapshot_max_threads, listener=_SnapshotterReport(self.snapshotter))
 
     # -- streaming ------------------------------------------------------------------------------------
 
@@ -366,3 +329,22 @@ class _Run:
             dispatcher.write(notifications.drain())
         dispatcher.finish()
         return outcome.reason
+
+
+class _SnapshotterReport:
+    """Tells the snapshotter how the initial snapshot ended (Debezium's ``snapshotCompleted``/``snapshotAborted``)."""
+
+    def __init__(self, snapshotter: Snapshotter) -> None:
+        self.snapshotter = snapshotter
+
+    def started(self, state: SnapshotState) -> None:
+        """The snapshotter is not told of the start."""
+
+    def on_chunk(self, chunk: SnapshotChunk) -> None:
+        """Nor of each chunk."""
+
+    def finished(self, completed: bool, position: Position | None) -> None:
+        if completed:
+            self.snapshotter.snapshot_completed()
+        else:
+            self.snapshotter.snapshot_aborted()

@@ -44,7 +44,7 @@ from mongocdc_core.source.blocking import BlockingSnapshot
 from mongocdc_core.source.connection import Topology, connect
 from mongocdc_core.source.errors import CdcError, HistoryLostError
 from mongocdc_core.source.oplog import position_lost
-from mongocdc_core.source.snapshot import SnapshotCopier, estimate_count
+from mongocdc_core.source.snapshot import SnapshotCopier, collection_filter, estimate_count
 from mongocdc_core.source.stream import ChangeStreamReader, EventQueue, StartPoint
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,20 @@ class StreamCompanion(Protocol):
 
     def take_blocking(self) -> BlockingSnapshot | None:
         """A blocking snapshot to run now, with streaming paused."""
+
+
+class SnapshotListener(Protocol):
+    """Who hears a snapshot's course besides the dispatcher: a blocking snapshot's notifications
+    (:class:`~mongocdc_core.source.blocking.BlockingSnapshot`), the initial snapshot's snapshotter."""
+
+    def started(self, state: SnapshotState) -> None:
+        """The snapshot is announced and about to copy what ``state`` has left."""
+
+    def on_chunk(self, chunk: SnapshotChunk) -> None:
+        """A chunk was delivered."""
+
+    def finished(self, completed: bool, position: Position | None) -> None:
+        """The copy ended: completed, stopped (resumed by the next run) or failed."""
 
 
 class CapturePipeline:
@@ -199,6 +213,61 @@ class CapturePipeline:
 
     # -- snapshot source ---------------------------------------------------------------------------------
 
+    def snapshot(
+        self,
+        state: SnapshotState,
+        *,
+        threads: int,
+        blocking: bool = False,
+        totals: Mapping[str, int | None] | None = None,
+        split_size: int | None = None,
+        at_cluster_time: Timestamp | None = None,
+        listener: SnapshotListener | None = None,
+    ) -> bool:
+        """Run one snapshot into the dispatcher; False when stopped. The one setup of every snapshot:
+        the initial one, a blocking one (``blocking``: the offset's blocking slot, streaming paused)
+        and each ``api`` call (a state of its own, never stored).
+
+        It announces the snapshot (the offset, progress ``totals`` — by default each collection's
+        estimated count — and Debezium's snapshot metrics), marks the collections copied whole for
+        ``mongocdc.snapshot.delete.missing.keys``, copies what ``state`` has left with its start
+        position (each collection with its query in ``state.filters``, else its filter override),
+        and records the outcome. ``split_size`` and ``at_cluster_time`` are :meth:`copy`'s.
+        """
+        dispatcher, cfg = self.dispatcher, self.cfg
+        position = state.start_position
+        assert position is not None, "a snapshot's position is recorded before it starts"
+        remaining = state.remaining
+        filters = {ns: state.filters[ns] if ns in state.filters else collection_filter(cfg, ns) for ns in remaining}
+        if totals is None:
+            totals = {ns: estimate_count(self.client, cfg, ns, filters[ns]) for ns in remaining}
+        snap_metrics = self.metrics.snapshot
+        snap_metrics.start(state.collections)
+        snap_metrics.RemainingTableCount = len(remaining)
+        if blocking:
+            dispatcher.blocking_started(state, totals)
+        else:
+            dispatcher.snapshot_started(state, totals)
+        if cfg.mongocdc_snapshot_delete_missing_keys:
+            dispatcher.begin_full_copies(_whole_copies(state, filters))
+        if listener is not None:
+            listener.started(state)
+        completed = False
+        try:
+            completed = self.copy(
+                remaining, position, threads=threads, filters=filters, progress=state, split_size=split_size,
+                observe=listener.on_chunk if listener is not None else None, at_cluster_time=at_cluster_time,
+            )
+        finally:
+            snap_metrics.finish(aborted=not completed)
+            if listener is not None:
+                listener.finished(completed, position)
+        if blocking:
+            dispatcher.blocking_finished(completed)
+        else:
+            dispatcher.snapshot_finished(completed)
+        return completed
+
     def copy(
         self,
         namespaces: Sequence[str],
@@ -209,12 +278,15 @@ class CapturePipeline:
         progress: SnapshotState | None = None,
         split_size: int | None = None,
         observe: Callable[[SnapshotChunk], None] | None = None,
+        at_cluster_time: Timestamp | None = None,
     ) -> bool:
         """Run the snapshot copier over ``namespaces`` into the dispatcher; False when stopped.
 
         ``progress`` (the offset's snapshot state) makes the copy resumable range by range;
         ``split_size`` overrides ``mongocdc.snapshot.split.size`` (0: copy as given, unsplit);
-        ``observe`` sees each chunk after the dispatcher took it.
+        ``observe`` sees each chunk after the dispatcher took it; ``at_cluster_time`` reads the
+        collections as they were at that time (a snapshot read, refused once the server no longer
+        holds it).
         """
         dispatcher = self.dispatcher
 
@@ -232,7 +304,7 @@ class CapturePipeline:
         copier = SnapshotCopier(
             self.client, self.cfg, list(namespaces), emit, threads=threads,
             chunk_size=min(self.cfg.max_batch_size, 1024), filters=filters, stop=threading.Event(),
-            progress=progress, split_size=split_size, prepare=prepare,
+            progress=progress, split_size=split_size, prepare=prepare, at_cluster_time=at_cluster_time,
         )
         forward = threading.Thread(target=_forward_stop, args=(self.stop_event, copier.stop), daemon=True)
         forward.start()
@@ -390,25 +462,9 @@ class CapturePipeline:
         ran = False
         while not self.stop_event.is_set() and (snapshot := companion.take_blocking()) is not None:
             ran = True
-            dispatcher = self.dispatcher
-            dispatcher.drain()
+            self.dispatcher.drain()
             state = snapshot.prepare(self.client)
-            assert state.start_position is not None
-            remaining = state.remaining
-            totals = {ns: estimate_count(self.client, self.cfg, ns, state.filters.get(ns)) for ns in remaining}
-            dispatcher.blocking_started(state, totals)
-            if self.cfg.mongocdc_snapshot_delete_missing_keys:  # only whole collections can miss keys
-                dispatcher.begin_full_copies([ns for ns in remaining if not state.filters.get(ns)])
-            snapshot.started(state)
-            completed = False
-            try:
-                completed = self.copy(
-                    remaining, state.start_position, threads=self.cfg.snapshot_max_threads,
-                    filters=state.filters, progress=state, observe=snapshot.on_chunk,
-                )
-            finally:
-                snapshot.finished(completed, state.start_position)
-            dispatcher.blocking_finished(completed)
+            self.snapshot(state, threads=self.cfg.snapshot_max_threads, blocking=True, listener=snapshot)
         return ran
 
     def _check_position(self, reader: ChangeStreamReader) -> None:
@@ -426,6 +482,20 @@ class CapturePipeline:
                 position=ts,
                 oplog_first=first,
             )
+
+
+def _whole_copies(state: SnapshotState, filters: Mapping[str, dict[str, Any] | None]) -> list[str]:
+    """Collections this snapshot copies whole, from their first document (whose missing keys it may delete)."""
+    whole = []
+    for namespace in state.remaining:
+        if filters.get(namespace):
+            continue  # a filtered copy does not say which documents exist
+        if namespace in state.parts and namespace not in state.marks:
+            log.info("snapshot of %s resumes a copy begun without mongocdc.snapshot.delete.missing.keys: "
+                     "no deletes for keys it does not read", namespace)
+            continue
+        whole.append(namespace)
+    return whole
 
 
 def _key_id(change: Mapping[str, Any]) -> Any:

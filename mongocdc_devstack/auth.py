@@ -29,10 +29,17 @@ from typing import Any
 from bson import Binary
 from pymongo.saslprep import saslprep
 
-from .errors import BAD_VALUE, FAILED_TO_PARSE, PROTOCOL_ERROR, TYPE_MISMATCH, CommandError, command_error
+from .errors import (
+    BAD_VALUE,
+    FAILED_TO_PARSE,
+    PROTOCOL_ERROR,
+    TYPE_MISMATCH,
+    UNAUTHORIZED,
+    CommandError,
+    command_error,
+)
 from .state import format_value
 
-UNAUTHORIZED = (13, "Unauthorized")
 AUTHENTICATION_FAILED = (18, "AuthenticationFailed")
 USER_NOT_FOUND = (11, "UserNotFound")
 ROLE_NOT_FOUND = (31, "RoleNotFound")

@@ -36,6 +36,7 @@ class CommandError(Exception):
 # mongod's codes for the errors the emulator reports (src/mongo/base/error_codes.yml).
 BAD_VALUE = (2, "BadValue")
 FAILED_TO_PARSE = (9, "FailedToParse")
+UNAUTHORIZED = (13, "Unauthorized")
 TYPE_MISMATCH = (14, "TypeMismatch")
 PROTOCOL_ERROR = (17, "ProtocolError")
 ILLEGAL_OPERATION = (20, "IllegalOperation")
@@ -58,6 +59,9 @@ PRIMARY_STEPPED_DOWN = (189, "PrimarySteppedDown")
 DUPLICATE_KEY = (11000, "DuplicateKey")
 BSON_OBJECT_TOO_LARGE = (10334, "BSONObjectTooLarge")
 LOCATION_UNKNOWN_OPERATOR = (31325, "Location31325")
+
+#: Codes a driver retries a write on (mongod labels them ``RetryableWriteError``).
+RETRYABLE_CODES = frozenset({6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
 
 #: Names of the codes fail points may be asked to raise (the rest are reported as ``Location<code>``).
 CODE_NAMES = {

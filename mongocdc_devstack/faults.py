@@ -50,7 +50,8 @@ from .commands import Context, command
 from .errors import BAD_VALUE, CODE_NAMES, NOT_WRITABLE_PRIMARY, CommandError, command_error
 
 if TYPE_CHECKING:
-    from .server import Connection, EmulatorServer
+    from .listener import Connection
+    from .mongod import EmulatorServer
 
 EXCEEDED_TIME_LIMIT = (262, "ExceededTimeLimit")
 _HANDSHAKE = frozenset({"hello", "isMaster", "ismaster"})

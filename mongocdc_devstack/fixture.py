@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-from .server import EmulatorServer, ServerConfig
+from .mongod import EmulatorServer, ServerConfig
 from .sharding import ClusterConfig, ShardedCluster
 
 STARTUP_TIMEOUT_SECONDS = 30.0

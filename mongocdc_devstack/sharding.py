@@ -32,12 +32,9 @@ be changed by an update, sharded collections cannot be renamed, hashed shard key
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
-import signal
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -64,20 +61,15 @@ from .errors import (
     FAILED_TO_PARSE,
     ILLEGAL_OPERATION,
     INVALID_NAMESPACE,
+    RETRYABLE_CODES,
     TYPE_MISMATCH,
+    UNAUTHORIZED,
     CommandError,
     command_error,
 )
 from .layout import Chunk, Layout
 from .listener import Connection, WireServer
-from .server import (
-    RETRYABLE_CODES,
-    UNAUTHORIZED,
-    EmulatorServer,
-    ServerConfig,
-    _encode_reply,
-    security_problem,
-)
+from .mongod import EmulatorServer, ServerConfig
 from .state import check_namespace, now_ms
 
 RAW: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
@@ -510,7 +502,7 @@ class MongosServer(WireServer):
         reply.setdefault("$clusterTime", {"clusterTime": now, "signature": {"hash": bson.Binary(b"\x00" * 20), "keyId": Int64(0)}})
         reply.setdefault("operationTime", now)
         try:
-            return _encode_reply(reply)
+            return wire.encode_reply(reply)
         except Exception as exc:
             return [bson.encode(CommandError(1, "InternalError", f"reply could not be encoded: {exc}").to_reply())]
 
@@ -1477,44 +1469,3 @@ def _change_stream(ctx: MongosContext, pipeline: list[dict[str, Any]], opts: Map
     batch = cursor.next_batch(size, 0) if size else []
     cursor_id = 0 if cursor.exhausted else ctx.server.cursors.register(cursor)
     return {"cursor": cursor_document(cursor_id, ns, "firstBatch", batch, cursor.extra_fields())}
-
-
-# -- command line ---------------------------------------------------------------------------------------
-
-
-def run(args: argparse.Namespace) -> int:
-    """``mongocdc emulator --shards N ...``: a mongos on ``--port``, shards on the next ports, until SIGTERM."""
-    problem = security_problem(args)
-    if problem is not None:
-        print(problem, file=sys.stderr)
-        return 2
-    layout: Mapping[str, Any] | None = None
-    if args.layout:
-        try:
-            with open(args.layout, encoding="utf-8") as handle:
-                layout = json_util.loads(handle.read())
-        except (OSError, ValueError) as exc:
-            print(f"--layout {args.layout}: {exc}", file=sys.stderr)
-            return 2
-    shard_ports = [args.port + 1 + i if args.port else 0 for i in range(args.shards)]
-    config = ClusterConfig(args.host, args.port, args.shards, shard_ports, layout, args.oplog_size_mb, args.noop_interval,
-                           args.dbpath, args.auth, args.users_file, args.tls_certificate_key_file)  # fmt: skip
-    try:
-        cluster = ShardedCluster(config)
-    except ValueError as exc:
-        print(f"--layout {args.layout}: {exc}" if args.layout and "users file" not in str(exc) else str(exc), file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"cannot listen on {args.host}: {exc.strerror}", file=sys.stderr)
-        return 1
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    cluster.start()
-    shards = ", ".join(f"{name} on {server.config.address}" for name, server in cluster.shards.items())
-    print(f"mongocdc emulator listening on {config.host}:{cluster.port} (mongos; {shards})", flush=True)
-    while not stop.wait(0.5):
-        pass
-    cluster.shutdown()
-    return 0
-

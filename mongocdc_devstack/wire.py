@@ -14,6 +14,7 @@ from typing import Any
 
 import bson
 from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.raw_bson import RawBSONDocument
 
 OP_REPLY = 1
 OP_QUERY = 2004
@@ -227,3 +228,17 @@ def encode_op_reply(request_id: int, response_to: int, payload: bytes | Sequence
     parts = (payload,) if isinstance(payload, bytes) else payload
     length = HEADER.size + 20 + sum(map(len, parts))
     return b"".join((HEADER.pack(length, request_id, response_to, OP_REPLY), struct.pack("<iqii", 0, 0, 0, 1), *parts))
+
+
+_CURSOR_ELEMENT = b"\x03cursor\x00"
+
+
+def encode_reply(reply: dict[str, Any]) -> list[bytes]:
+    """The reply's BSON as pieces to frame; a leading raw ``cursor`` (a batch) is not copied here."""
+    cursor = reply.get("cursor")
+    if isinstance(cursor, RawBSONDocument) and next(iter(reply)) == "cursor":
+        rest = bson.encode({key: value for key, value in reply.items() if key != "cursor"})
+        raw = bytes(cursor.raw)  # no copy: it already is bytes
+        size = 4 + len(_CURSOR_ELEMENT) + len(raw) + len(rest) - 4
+        return [struct.pack("<i", size), _CURSOR_ELEMENT, raw, rest[4:]]
+    return [bson.encode(reply)]

@@ -7,7 +7,7 @@ ranges in parallel, ``source.snapshot`` markers ``first``/``true``/``last``…),
 streaming exactly where it paused. Filters are the signal's ``additional-conditions`` (else
 ``snapshot.collection.filter.overrides``); reads take the position recorded just before the copy
 started. Nothing here knows the dispatcher: :class:`BlockingSnapshot` is the request plus its
-notifications and metrics.
+notifications.
 
 Resumable: the request and the progress of its ranges are part of the connector's offset
 (``Offset.blocking``, saved in the same document as the stream position, which stays at the
@@ -72,13 +72,12 @@ class BlockingSnapshot:
 
     The capture pipeline runs it with streaming paused: :meth:`prepare` gives the progress to copy
     into (new, or the stored one), and :meth:`started`, :meth:`on_chunk` and :meth:`finished`
-    report it (Debezium's notifications and snapshot metrics).
+    report it (Debezium's notifications; the pipeline keeps the snapshot metrics, as for every snapshot).
     """
 
     def __init__(
         self,
         cfg: ConnectorConfig,
-        metrics: ConnectorMetrics,
         notifier: Notifier,
         signal_id: str,
         namespaces: Sequence[str],
@@ -87,7 +86,6 @@ class BlockingSnapshot:
         resumed: SnapshotState | None = None,
     ) -> None:
         self.cfg = cfg
-        self.metrics = metrics
         self.notifier = notifier
         self.signal_id = signal_id
         self.namespaces = list(namespaces)
@@ -96,9 +94,9 @@ class BlockingSnapshot:
         self._rows: dict[str, int] = {}
 
     @classmethod
-    def resume(cls, cfg: ConnectorConfig, metrics: ConnectorMetrics, notifier: Notifier, state: SnapshotState) -> BlockingSnapshot:
+    def resume(cls, cfg: ConnectorConfig, notifier: Notifier, state: SnapshotState) -> BlockingSnapshot:
         """The unfinished blocking snapshot recorded in the offsets."""
-        return cls(cfg, metrics, notifier, state.signal_id or "", state.collections, {}, resumed=state)
+        return cls(cfg, notifier, state.signal_id or "", state.collections, {}, resumed=state)
 
     def prepare(self, client: MongoClient[Any]) -> SnapshotState:
         """The progress to copy into: the stored one, or a new one starting now (position first)."""
@@ -123,9 +121,6 @@ class BlockingSnapshot:
             "signal %s: blocking snapshot of %s %s; streaming pauses", self.signal_id or "?", ", ".join(remaining),
             "resumes" if resumed else "starts",
         )
-        snap = self.metrics.snapshot
-        snap.start(state.collections)
-        snap.RemainingTableCount = len(remaining)
         self._notify("STARTED", {"data_collections": ",".join(remaining), **({"resumed": "true"} if resumed else {})})
 
     def on_chunk(self, chunk: SnapshotChunk) -> None:
@@ -140,7 +135,6 @@ class BlockingSnapshot:
 
     def finished(self, completed: bool, position: Position | None) -> None:
         """The copy ended: completed, stopped (resumed by the next run) or failed."""
-        self.metrics.snapshot.finish(aborted=not completed)
         self._notify("COMPLETED" if completed else "ABORTED", {})
         log.info("blocking snapshot of %s %s at %s", ", ".join(self.namespaces),
                  "completed" if completed else "stopped (the next run resumes it)", position)
@@ -176,7 +170,7 @@ class AdHocSnapshots:
         self.notifier: Notifier = notifier or LogNotifier(cfg.topic_prefix)
         self._blocking_requests: list[BlockingSnapshot] = []
         if stored_blocking is not None and stored_blocking.running:
-            self._blocking_requests.append(BlockingSnapshot.resume(cfg, metrics, self.notifier, stored_blocking))
+            self._blocking_requests.append(BlockingSnapshot.resume(cfg, self.notifier, stored_blocking))
         self.channels = tuple(cfg.signal_enabled_channels)
         self.incremental: IncrementalSnapshotter | None = None
         if cfg.signal_data_collection or cfg.incremental_snapshot_watermarking_strategy == READ_ONLY:
@@ -281,7 +275,7 @@ class AdHocSnapshots:
 
     def _blocking(self, signal_id: str, namespaces: list[str], filters: dict[str, dict[str, Any]]) -> None:
         """Queue the request: it runs on the pipeline's thread, never from inside a dispatch."""
-        self._blocking_requests.append(BlockingSnapshot(self.cfg, self.metrics, self.notifier, signal_id, namespaces, filters))
+        self._blocking_requests.append(BlockingSnapshot(self.cfg, self.notifier, signal_id, namespaces, filters))
 
     def take_blocking(self) -> BlockingSnapshot | None:
         """The oldest blocking snapshot to run (an unfinished one from the offsets first)."""

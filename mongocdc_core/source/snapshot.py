@@ -478,7 +478,8 @@ class SnapshotCopier:
     with its own cursor and ``snapshot.fetch.size`` (``split_size`` overrides the property; 0 never
     splits, for a caller that already copies one range). With ``progress`` (the offset's
     :class:`SnapshotState`), the plan is recorded there and ranges already done, or the keys of a
-    range already delivered, are skipped: a resumed snapshot copies only what is left.
+    range already delivered, are skipped: a resumed snapshot copies only what is left. With
+    ``at_cluster_time`` every range is read as it was at that time (:func:`read_at_cluster_time`).
 
     Chunks reach ``emit`` one at a time, in the order their markers describe (the order in which
     the workers took them under one lock); it returns False to stop the copy (engine stopping).
@@ -509,6 +510,7 @@ class SnapshotCopier:
         progress: SnapshotState | None = None,
         split_size: int | None = None,
         prepare: PrepareFn | None = None,
+        at_cluster_time: Timestamp | None = None,
     ) -> None:
         self.client = client
         self.cfg = cfg
@@ -521,6 +523,7 @@ class SnapshotCopier:
         self.stop = stop or threading.Event()
         self.split_size = int(cfg.mongocdc_snapshot_split_size if split_size is None else split_size)
         self.progress = progress
+        self.at_cluster_time = at_cluster_time
         self._collections = list(collections)
         self._pending: list[_Unit] = []
         self._parts_left: dict[str, int] = {}
@@ -631,10 +634,14 @@ class SnapshotCopier:
         is the chunk size, so a batch is a chunk)."""
         db, _, coll = unit.namespace.partition(".")
         collection = self.client[db][coll]
-        batches = _Prefetch(
-            lambda: raw_batches(collection, unit.query, self.fetch_size),
-            self.stop, f"mongocdc-snapshot-read-{unit.namespace}-{unit.part}",
-        )
+        at = self.at_cluster_time
+
+        def open_cursor() -> Iterable[RawDocuments]:
+            if at is not None:
+                return read_at_cluster_time(self.client, unit.namespace, at, unit.query, self.fetch_size or self.chunk_size)
+            return raw_batches(collection, unit.query, self.fetch_size)
+
+        batches = _Prefetch(open_cursor, self.stop, f"mongocdc-snapshot-read-{unit.namespace}-{unit.part}")
         size = self.chunk_size
         pending = RawDocuments(b"", collection.codec_options)
         try:

@@ -3,7 +3,7 @@
 A refresh reads only what the changelog gained since the table's recorded changelog version (its
 change data feed) and MERGEs only the keys those events touch:
 
-- per key the winning event is the one with the highest position (DESIGN.md section 3; at one
+- per key the winning event is the one with the highest position (docs/architecture.md section 3; at one
   position a snapshot read sorts before a change). When every new event is later than everything
   the table already reflects (the usual case) the new events alone decide; when older events arrive
   (a slice or snapshot materialised late) the keys' events from the oldest new position on are read

@@ -3,6 +3,9 @@
 Each handler takes a ``Context`` (the server, the connection, the database, the decoded command,
 the session and transaction it runs in) and returns the reply document without ``ok``,
 ``$clusterTime`` and ``operationTime``, which the dispatcher adds. Failures raise ``CommandError``.
+
+This module is the registry only: each handler module (and :mod:`mongocdc_devstack.faults`) imports
+``command`` from here and registers itself when :mod:`mongocdc_devstack.mongod` imports it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from ..errors import BAD_VALUE, CODE_NAMES, TYPE_MISMATCH, CommandError, command
 
 if TYPE_CHECKING:
     from ..cursors import CursorRegistry
-    from ..server import Connection, EmulatorServer
+    from ..listener import Connection
+    from ..mongod import EmulatorServer
     from ..state import Collection, ServerState, Session, Transaction
 
 
@@ -147,11 +151,3 @@ def command(
         return handler
 
     return register
-
-
-def load_all() -> dict[str, CommandSpec]:
-    """Import every handler module (they register themselves) and return the registry."""
-    from .. import faults  # noqa: F401
-    from . import admin, auth, catalog, crud  # noqa: F401
-
-    return COMMANDS

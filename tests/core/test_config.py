@@ -81,7 +81,7 @@ SEED_DEFAULTS: list[tuple[str, str | None, Any]] = [
     ("max.queue.size.in.bytes", "0", 0),
     ("poll.interval.ms", "1000", 1000),
     ("connect.backoff.initial.delay.ms", "1000", 1000),
-    # The seed's default cell says 1000 but its text (and Debezium) say 120 seconds; DESIGN.md section 2.
+    # The seed's default cell says 1000 but its text (and Debezium) say 120 seconds; docs/architecture.md section 2.
     ("connect.backoff.max.delay.ms", "1000", 120000),
     ("connect.max.attempts", "16", 16),
     ("source.struct.version", "v2", "v2"),

@@ -16,10 +16,10 @@ from datetime import UTC, datetime
 
 from bson import Timestamp
 
-from mongocdc_devstack import server as server_module
+from mongocdc_devstack import mongod
 from mongocdc_devstack.fixture import free_port
+from mongocdc_devstack.mongod import EmulatorServer, ServerConfig
 from mongocdc_devstack.oplog import ClusterClock
-from mongocdc_devstack.server import EmulatorServer, ServerConfig
 
 
 class TravelClock(ClusterClock):
@@ -53,12 +53,12 @@ def travelling_replica_set(behind_s: float, noop_interval: float = 0.5) -> Itera
     port = free_port("127.0.0.1")
     clock = TravelClock(behind_s)
     # the server writes its first oplog entry while it is built: it must already have this clock
-    original = server_module.ClusterClock
-    server_module.ClusterClock = lambda: clock  # type: ignore[assignment,misc]
+    original = mongod.ClusterClock
+    mongod.ClusterClock = lambda: clock  # type: ignore[assignment,misc]
     try:
         server = EmulatorServer(ServerConfig("127.0.0.1", port, "rs0", 256.0, noop_interval, None))
     finally:
-        server_module.ClusterClock = original  # type: ignore[misc]
+        mongod.ClusterClock = original  # type: ignore[misc]
     server.start()
     try:
         yield f"mongodb://127.0.0.1:{port}/?replicaSet=rs0", clock

@@ -137,7 +137,7 @@ def test_stream_window_history_lost(fresh_db: Any, mongo_uri: str, emulator: Any
 
 
 def test_snapshot_then_windows_rebuild_the_collection(fresh_db: Any, mongo_uri: str) -> None:
-    """DESIGN's rule: for each key the highest position wins, whatever the materialisation order."""
+    """docs/architecture.md section 3: for each key the highest position wins, whatever the materialisation order."""
     cfg = make_config(mongo_uri, fresh_db.name)
     ns = f"{fresh_db.name}.a"
     fresh_db.a.insert_many([{"_id": i} for i in range(3)])
