@@ -179,7 +179,7 @@ def _snapshot_run(signal: SnapshotSignal, position: Position, namespaces: list[s
     kind: CdcKind = "incremental_snapshot" if signal.snapshot_type == "incremental" else "snapshot"
     op = "mongocdc_incremental_snapshot" if kind == "incremental_snapshot" else "mongocdc_snapshot"
     filters = {ns: text for ns in namespaces if (text := signal.condition_for(ns)) is not None}
-    tags = {TAG_KIND: kind, TAG_SIGNAL: tag_value(signal.signal_id), TAG_SIGNAL_POSITION: position.to_str(),
+    tags = {TAG_KIND: kind, TAG_SIGNAL: signal.signal_id, TAG_SIGNAL_POSITION: position.to_str(),
             TAG_SNAPSHOT_TYPE: signal.snapshot_type, TAG_COLLECTION: tag_value(_names(namespaces, 2))}
     config = {"filters": filters, "signal_id": signal.signal_id}
     plain = [ns for ns in namespaces if not (kind == "snapshot" and ns in cdc.ranged)]
