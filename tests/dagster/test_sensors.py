@@ -258,7 +258,8 @@ def test_schedule_lands_the_latest_closed_window_of_every_collection_in_one_run(
     tick = datetime(2026, 11, 22, 10, 31, tzinfo=UTC)
     with build_schedule_context(instance=instance, scheduled_execution_time=tick) as context:
         (request,) = list(cast(Iterator[RunRequest], schedule(context)))
-    assert request.partition_key == "2026-11-22-10:30" and request.asset_selection is None
+    assert request.partition_key == "2026-11-22-10:30"
+    assert set(request.asset_selection or ()) == {env.key("a", "slices"), env.key("b", "slices")}  # the run's Target
     selection = schedule.target.job_def.selection  # type: ignore[union-attr]
     assert selection.resolve(env.defs.resolve_asset_graph()) == {env.key("a", "slices"), env.key("b", "slices")}
 
