@@ -27,7 +27,7 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from pymongo.database import Database
 
 from mongocdc_core.positions import Position
-from mongocdc_core.source.oplog import OplogWindow
+from mongocdc_core.source.oplog import OplogWindow, OplogWindows
 from mongocdc_dagster.checks import build_gap_check
 from mongocdc_dagster.history import COVERS_FROM, PARTIAL
 from mongocdc_dagster.resources import MongoCdcResource
@@ -209,9 +209,9 @@ class FixedOplog(MongoCdcResource):
     first_s: int
     last_s: int
 
-    def oplog_window(self) -> OplogWindow:
+    def oplog_windows(self) -> OplogWindows:
         first, last = Timestamp(self.first_s, 1), Timestamp(self.last_s, 1)
-        return OplogWindow(first, last, 1000, 10_000, (self.last_s - self.first_s) / 3600)
+        return OplogWindows({"rs0": OplogWindow(first, last, 1000, 10_000, (self.last_s - self.first_s) / 3600)}, {})
 
 
 def _slice(instance: DagsterInstance, env: CdcEnv, coll: str, start: datetime) -> None:
