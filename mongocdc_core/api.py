@@ -38,7 +38,7 @@ from mongocdc_core.source.incremental import (
     IncrementalStateFile,
     StandaloneOutput,
 )
-from mongocdc_core.source.oplog import OplogWindow
+from mongocdc_core.source.oplog import OplogWindow, OplogWindows
 from mongocdc_core.source.ranges import IdRange, plan_ranges
 from mongocdc_core.source.signals import SignalRead, read_signal_inserts
 from mongocdc_core.source.snapshot import (
@@ -56,6 +56,7 @@ __all__ = [
     "IdRange",
     "IncrementalSnapshotResult",
     "OplogWindow",
+    "OplogWindows",
     "SignalRead",
     "SliceResult",
     "SnapshotReadUnavailable",
@@ -65,6 +66,7 @@ __all__ = [
     "incremental_snapshot_collection",
     "list_captured_collections",
     "oplog_window",
+    "oplog_windows",
     "plan_snapshot_ranges",
     "read_signals",
     "snapshot_collection",
@@ -134,13 +136,22 @@ def list_captured_collections(cfg: ConnectorConfig) -> list[str]:
         return captured_collections(pipeline.client, cfg)
 
 
-def oplog_window(cfg: ConnectorConfig) -> OplogWindow:
-    """The oplog's first and last entry times and size; raises where the oplog is not readable."""
+def oplog_windows(cfg: ConnectorConfig) -> OplogWindows:
+    """The oplog window of the replica set, or of each shard of a sharded cluster (read from the shard)."""
     with CapturePipeline(cfg, _NoSink()) as pipeline:
-        window = _oplog.oplog_window(pipeline.client)
-    if window is None:
-        raise CdcError("local.oplog.rs is not readable (connected through mongos, or missing privileges)")
-    return window
+        assert pipeline.topology is not None  # set by connecting
+        return _oplog.oplog_windows(cfg, pipeline.client, pipeline.topology)
+
+
+def oplog_window(cfg: ConnectorConfig) -> OplogWindow:
+    """The window a stream can resume in (on a sharded cluster, the part every shard's oplog holds); raises
+    where an oplog is not readable."""
+    windows = oplog_windows(cfg)
+    common = windows.common
+    if windows.unreadable or common is None:
+        raise CdcError("the oplog window is unknown: " + "; ".join(
+            f"{name}: {why}" for name, why in sorted(windows.unreadable.items())))
+    return common
 
 
 def estimated_counts(cfg: ConnectorConfig, namespaces: Sequence[str]) -> dict[str, int | None]:

@@ -129,42 +129,99 @@ def prepare_dagster_home(path: Path) -> Path:
     return path
 
 
+class _Shutdown:
+    """Stops `dagster dev` on SIGINT or SIGTERM alike, however ``make dev`` was started.
+
+    Its handlers are installed before any child starts, so the children begin with SIGINT at its default
+    even where this process began with it ignored (a non-interactive shell starts background commands so,
+    and `dagster dev` maps SIGTERM to whatever SIGINT does). `dagster dev` runs in a session of its own, so
+    a terminal's Ctrl-C reaches it once, through here: the first signal interrupts it (it stops its
+    webserver, daemon and code servers), a second one kills its whole process group.
+    """
+
+    def __init__(self) -> None:
+        self.requested = 0
+        self.forwarded = 0
+        self.dagster: subprocess.Popen[bytes] | None = None
+        signal.signal(signal.SIGINT, self.handle)
+        signal.signal(signal.SIGTERM, self.handle)
+
+    def handle(self, signum: int, frame: object) -> None:
+        self.requested += 1
+        self.forward()
+
+    def forward(self) -> None:
+        """Pass on the signals received so far that `dagster dev` has not been given yet."""
+        while self.dagster is not None and self.forwarded < self.requested:
+            self.forwarded += 1
+            if self.forwarded == 1:
+                self.dagster.send_signal(signal.SIGINT)
+            else:
+                _signal_group(self.dagster.pid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, signum: int) -> bool:
+    """Send ``signum`` to a process group; False when no process is left in it."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _stop_group(pgid: int, grace_s: float = 15.0) -> None:
+    """End what is left of `dagster dev`'s process group after it exited (code servers, run workers): SIGTERM,
+    then SIGKILL for what is still there after ``grace_s``."""
+    if not _signal_group(pgid, signal.SIGTERM):
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _signal_group(pgid, 0):
+            return
+        time.sleep(0.2)
+    _signal_group(pgid, signal.SIGKILL)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`make dev`: emulator in the background, demo data, then `dagster dev` in the foreground."""
     args = _parse_args(argv)
+    shutdown = _Shutdown()
     home = Path(os.environ.get("MONGOCDC_HOME") or args.home).resolve()
     dagster_home = prepare_dagster_home(
         (args.dagster_home or Path(os.environ.get("DAGSTER_HOME") or home / "dagster")).resolve())
-    # The emulator gets its own session so a Ctrl-C reaches Dagster only; it is stopped after Dagster exits,
-    # letting sensors finish their calls while Dagster shuts down.
+    # The emulator has its own session too; it is stopped after Dagster exits, letting sensors finish their
+    # calls while Dagster shuts down.
     emulator = subprocess.Popen(
         [sys.executable, "-m", "mongocdc_devstack.server", "--port", str(args.port),
          "--replset", REPLICA_SET, "--dbpath", str(home / "mongo")],
         cwd=REPO_ROOT, start_new_session=True,
     )
+    dagster: subprocess.Popen[bytes] | None = None
     try:
         wait_for_port(EMULATOR_HOST, args.port, timeout=60)
         seeded = seed_demo_data(emulator_uri(args.port))
         print(f"emulator on {emulator_uri(args.port)}; seeded {seeded} demo documents; "
               f"home {home}; DAGSTER_HOME {dagster_home}", flush=True)
+        if shutdown.requested:
+            return 0
         env = dict(os.environ, DAGSTER_HOME=str(dagster_home), MONGOCDC_HOME=str(home))
         if "MONGOCDC_CONFIG" not in env:
             env["MONGOCDC_CONFIG"] = str(write_local_config(home / "connector.json", args.port))
         dagster = subprocess.Popen(
             [str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1",
              "-p", str(args.dagster_port), "-w", str(WORKSPACE_YAML)],
-            cwd=REPO_ROOT, env=env,
+            cwd=REPO_ROOT, env=env, start_new_session=True,
         )
-
-        def forward(signum: int, frame: object) -> None:
-            """A terminal's Ctrl-C already reached Dagster (same process group); `kill` of this process did not."""
-            if signum == signal.SIGTERM:
-                dagster.send_signal(signal.SIGINT)
-
-        signal.signal(signal.SIGINT, forward)
-        signal.signal(signal.SIGTERM, forward)
-        return dagster.wait()
+        shutdown.dagster = dagster
+        shutdown.forward()  # a signal that came while it was starting
+        code = dagster.wait()
+        return 0 if shutdown.requested else code  # `dagster dev` ends an interrupt with click's "Aborted!" (1)
     finally:
+        if dagster is not None:
+            if dagster.poll() is None:  # left running by an error here: stopped as a signal stops it
+                dagster.send_signal(signal.SIGINT)
+                dagster.wait()
+            _stop_group(dagster.pid)
         emulator.terminate()
         try:
             emulator.wait(timeout=15)

@@ -111,6 +111,10 @@ class MongoCdcResource(ConfigurableResource):  # type: ignore[misc]
     def oplog_window(self) -> api.OplogWindow:
         return api.oplog_window(self.load_config())
 
+    def oplog_windows(self) -> api.OplogWindows:
+        """The replica set's oplog window, or each shard's."""
+        return api.oplog_windows(self.load_config())
+
 
 class MongoCdcKafkaResource(ConfigurableResource):  # type: ignore[misc]
     """Optional Kafka delivery next to the landing zone (the `kafka:HOST:PORT` sink of `mongocdc run`)."""

@@ -34,7 +34,9 @@ def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
         if window_key is None:
             yield SkipReason("no window has closed since the slice windows start")
             return
-        yield RunRequest(run_key=window_key, partition_key=window_key, tags={TAG_KIND: "slices"})
+        # The selection is named on the request so the run records it (the Runs page's Target column shows a
+        # run of the schedule's implicit asset job by its asset selection, and shows nothing without one).
+        yield RunRequest(run_key=window_key, partition_key=window_key, asset_selection=slices, tags={TAG_KIND: "slices"})
 
     return latest_window
 

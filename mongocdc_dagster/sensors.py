@@ -179,7 +179,7 @@ def _snapshot_run(signal: SnapshotSignal, position: Position, namespaces: list[s
     kind: CdcKind = "incremental_snapshot" if signal.snapshot_type == "incremental" else "snapshot"
     op = "mongocdc_incremental_snapshot" if kind == "incremental_snapshot" else "mongocdc_snapshot"
     filters = {ns: text for ns in namespaces if (text := signal.condition_for(ns)) is not None}
-    tags = {TAG_KIND: kind, TAG_SIGNAL: tag_value(signal.signal_id), TAG_SIGNAL_POSITION: position.to_str(),
+    tags = {TAG_KIND: kind, TAG_SIGNAL: signal.signal_id, TAG_SIGNAL_POSITION: position.to_str(),
             TAG_SNAPSHOT_TYPE: signal.snapshot_type, TAG_COLLECTION: tag_value(_names(namespaces, 2))}
     config = {"filters": filters, "signal_id": signal.signal_id}
     plain = [ns for ns in namespaces if not (kind == "snapshot" and ns in cdc.ranged)]
@@ -309,15 +309,30 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
     its snapshot position when that is newer). When that point is in the oldest WARN_FRACTION of the
     oplog it warns; when it has left the oplog the changes in between are lost, and only then it
     requests a new snapshot of that collection. Collections never snapshotted have nothing to lose.
+    On a sharded cluster every shard's oplog is read (from the shard: mongos has no ``local``), as
+    an operator's monitoring does, and each warning names the shard whose oplog it is about: a
+    stream through mongos needs the history of every shard.
     """
 
     snapshots = list(cdc.keys_of("snapshot"))
 
     @sensor(name="mongocdc_oplog_window", minimum_interval_seconds=interval_s,
             default_status=DefaultSensorStatus.RUNNING, target=AssetSelection.assets(*snapshots) if snapshots else None,
-            description="Oplog window size and per-collection lag; re-snapshots a collection only after a real gap.")
+            description="Oplog window size (each shard's on a sharded cluster) and per-collection lag; re-snapshots "
+                        "a collection only after a real gap.")
     def oplog_window(context: SensorEvaluationContext, mongocdc: MongoCdcResource) -> SensorResult:
-        window = mongocdc.oplog_window()
+        windows = mongocdc.oplog_windows()
+        for name, why in sorted(windows.unreadable.items()):
+            context.log.warning(f"{name}: its oplog window cannot be read ({why}); history lost there is found "
+                                "only when the stream resumes")
+        window = windows.common
+        if window is None:
+            return SensorResult(skip_reason="no oplog window could be read: " + "; ".join(
+                f"{name}: {why}" for name, why in sorted(windows.unreadable.items())))
+        sharded = windows.sharded
+        firsts = {name: datetime.fromtimestamp(w.first.time, UTC) for name, w in windows.windows.items()}
+        margins = {name: timedelta(seconds=max(cdc.windows.seconds, w.hours * 3600 * WARN_FRACTION))
+                   for name, w in windows.windows.items()}
         now = datetime.now(UTC)
         first = datetime.fromtimestamp(window.first.time, UTC)
         last = datetime.fromtimestamp(window.last.time, UTC)
@@ -325,9 +340,8 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
         growth: float | None = None
         if previous is not None and now.timestamp() > previous["at"]:
             growth = (window.size_bytes - previous["size"]) / ((now.timestamp() - previous["at"]) / 3600)
-        margin = timedelta(seconds=max(cdc.windows.seconds, (last - first).total_seconds() * WARN_FRACTION))
-        lost: list[str] = []
-        at_risk: list[str] = []
+        lost: dict[str, list[str]] = {}  # collection -> the replica sets / shards whose oplog no longer has its history
+        at_risk: dict[str, list[str]] = {}
         lags: dict[str, float] = {}
         run_requests: list[RunRequest] = []
         for namespace in cdc.namespaces:
@@ -339,8 +353,8 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
             needed = needed_window_start(history, cdc.windows)
             if needed is None:
                 continue
-            if needed < first:
-                lost.append(namespace)
+            if lost_on := [name for name, start in sorted(firsts.items()) if needed < start]:
+                lost[namespace] = lost_on
                 if namespace in cdc.ranged:
                     context.log.error(f"{namespace}: history lost; plan its ranges again and backfill them")
                     continue
@@ -349,15 +363,21 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
                     asset_selection=[cdc.key(namespace, "snapshot")],
                     tags={TAG_KIND: "snapshot", TAG_COLLECTION: tag_value(namespace), "mongocdc/reason": "history_lost"},
                 ))
-            elif needed - first < margin:
-                at_risk.append(namespace)
-        for namespace in at_risk:
-            context.log.warning(
-                f"{namespace}: its next window to land starts close to the oplog start ({first.isoformat()}); "
-                "land its slices soon or its history will be lost")
-        for namespace in lost:
-            context.log.error(f"{namespace}: changes not landed have left the oplog (it starts at {first.isoformat()}); "
-                              "requesting a new snapshot")
+            elif risky := [name for name, start in sorted(firsts.items()) if needed - start < margins[name]]:
+                at_risk[namespace] = risky
+
+        def of(name: str) -> str:
+            return f" of shard {name}" if sharded else ""
+
+        for namespace, names in at_risk.items():
+            for name in names:
+                context.log.warning(
+                    f"{namespace}: its next window to land starts close to the oplog start{of(name)} "
+                    f"({firsts[name].isoformat()}); land its slices soon or its history will be lost")
+        for namespace, names in lost.items():
+            for name in names:
+                context.log.error(f"{namespace}: changes not landed have left the oplog{of(name)} (it starts at "
+                                  f"{firsts[name].isoformat()}); requesting a new snapshot")
         observe = previous is None or now.timestamp() - previous.get("observed", 0) >= OBSERVE_EVERY_S or lost or at_risk
         events: list[AssetObservation] = []
         if observe:
@@ -369,6 +389,11 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
                 "oplog_max_bytes": window.max_bytes,
                 "oplog_growth_bytes_per_hour": None if growth is None else round(growth, 1),
             }
+            if sharded:
+                common["oplog_shards"] = MetadataValue.json({
+                    name: {"first": firsts[name].isoformat(), "hours": round(w.hours, 4), "size_bytes": w.size_bytes}
+                    for name, w in sorted(windows.windows.items())} | {
+                    name: {"unreadable": why} for name, why in sorted(windows.unreadable.items())})
             for namespace in cdc.namespaces:
                 events.append(AssetObservation(asset_key=cdc.key(namespace, "slices"), metadata={
                     **common, "lag_s": lags.get(namespace), "history_lost": namespace in lost,
@@ -378,9 +403,11 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
                                }).decode()
         if run_requests:
             return SensorResult(run_requests=run_requests, asset_events=events, cursor=cursor)
-        summary = (f"oplog window {window.hours:.2f} h; no collection lost history"
-                   + (f"; at risk: {_names(at_risk)}" if at_risk else "")
-                   + ("" if not lost else f"; lost (ranged, see log): {_names(lost)}"))
+        shards = f" (the part all {len(windows.windows)} shards hold)" if sharded else ""
+        summary = (f"oplog window {window.hours:.2f} h{shards}; no collection lost history"
+                   + (f"; at risk: {_names(list(at_risk))}" if at_risk else "")
+                   + ("" if not lost else f"; lost (ranged, see log): {_names(list(lost))}")
+                   + ("" if not windows.unreadable else f"; unreadable: {_names(sorted(windows.unreadable))}"))
         return SensorResult(skip_reason=summary, asset_events=events, cursor=cursor)
 
     return oplog_window

@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_dagster import local_stack
 
 ENV_CONFIG = "MONGOCDC_CONFIG"
 ENV_HOME = "MONGOCDC_HOME"
@@ -144,6 +143,10 @@ class CdcSettings:
     ) -> CdcSettings:
         """Settings from explicit values; each one left None falls back to its environment variable,
         then to the local stack. Relative paths are taken from ``base_dir`` (the defs.yaml folder)."""
+        # Imported here, not with the package: `python -m mongocdc_dagster.local_stack` must find the module
+        # not yet imported (runpy warns otherwise), and the package's import chain reaches this module.
+        from mongocdc_dagster import local_stack
+
         env = dict(os.environ) if environ is None else dict(environ)
 
         def path(text: str) -> Path:

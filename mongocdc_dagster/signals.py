@@ -64,13 +64,15 @@ class SnapshotSignal:
 
 
 def signal_id_of(doc: Mapping[str, Any]) -> str:
-    """The signal's `_id` as a person reads it: ObjectId hex, a string in quotes, a number as is."""
+    """The signal's `_id` as the user wrote it: a string as is (as the engine names it), ObjectId hex, an
+    integer as is, any other value as Extended JSON. Run tags carry it whole (tag values of runs are free
+    text), so a run is found again by the id the user inserted."""
     value = doc.get("_id")
     if isinstance(value, ObjectId):
         return str(value)
     if isinstance(value, str):
-        return repr(value)
-    if isinstance(value, int):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     return json_util.dumps(value)
 

@@ -28,6 +28,7 @@ from pymongo.errors import (
 from pymongo.server_type import SERVER_TYPE
 
 from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.config.uri import replica_set_uri
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.receiver import ConnectionState
 from mongocdc_core.source.errors import (
@@ -252,13 +253,24 @@ def shard_names(client: MongoClient[Any]) -> tuple[str, ...]:
     change stream through mongos covers every shard) and says so once.
     """
     try:
-        names = tuple(str(doc["_id"]) for doc in client.config.shards.find({}, {"_id": 1}))
+        names = tuple(shard_hosts(client))
     except OperationFailure as exc:
         log.warning("unable to read the shards of the sharded cluster from config.shards (%s); capturing through "
                     "mongos continues", one_line(exc))  # fmt: skip
         return ()
     log.info("capturing a sharded cluster through mongos: shards %s", ", ".join(names) or "none")
     return names
+
+
+def shard_hosts(client: MongoClient[Any]) -> dict[str, str]:
+    """Each shard's ``host`` in ``config.shards`` (``<replica set>/<host:port>,...``), by shard name."""
+    return {str(doc["_id"]): str(doc["host"]) for doc in client.config.shards.find({}, {"_id": 1, "host": 1})}
+
+
+def open_shard_client(cfg: ConnectorConfig, shard_host: str) -> MongoClient[Any]:
+    """A client of one shard's replica set, with the connector's credentials, TLS and driver options."""
+    uri = replica_set_uri(cfg.mongodb_connection_string, shard_host)
+    return open_client(cfg.with_properties({"mongodb.connection.string": uri}))
 
 
 class Backoff:

@@ -15,9 +15,12 @@ from bson import Timestamp
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 
+from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.positions import token_timestamp
+from mongocdc_core.source.connection import Topology, one_line, open_shard_client, shard_hosts
 
-__all__ = ["OplogWindow", "current_cluster_time", "is_history_lost", "oplog_window", "position_lost", "token_timestamp"]
+__all__ = ["OplogWindow", "OplogWindows", "current_cluster_time", "is_history_lost", "oplog_window", "oplog_windows",
+           "position_lost", "token_timestamp"]
 
 CHANGE_STREAM_HISTORY_LOST = 286
 INVALID_RESUME_TOKEN = 260
@@ -58,6 +61,61 @@ def oplog_window(client: MongoClient[Any]) -> OplogWindow | None:
         pass
     hours = max(0, last["ts"].time - first["ts"].time) / 3600
     return OplogWindow(first["ts"], last["ts"], size, max_size, hours)
+
+
+@dataclass(frozen=True)
+class OplogWindows:
+    """The oplog window of every replica set the connector's change streams read, by name: the replica set,
+    or each shard of a sharded cluster (read from the shard directly: mongos has no ``local``)."""
+
+    windows: dict[str, OplogWindow]
+    unreadable: dict[str, str]  # name -> why its oplog could not be read
+    sharded: bool = False  # names are shards
+
+    @property
+    def common(self) -> OplogWindow | None:
+        """The window a stream can resume in: from the latest first entry (a stream through mongos needs the
+        history of every shard); sizes summed. None when no oplog was readable."""
+        if not self.windows:
+            return None
+        found = list(self.windows.values())
+        first = max((w.first for w in found), key=lambda ts: (ts.time, ts.inc))
+        last = max((w.last for w in found), key=lambda ts: (ts.time, ts.inc))
+        caps = [w.max_bytes for w in found]
+        total_cap = None if any(c is None for c in caps) else sum(c for c in caps if c is not None)
+        return OplogWindow(first, last, sum(w.size_bytes for w in found), total_cap,
+                           max(0, last.time - first.time) / 3600)
+
+
+def oplog_windows(cfg: ConnectorConfig, client: MongoClient[Any], topology: Topology) -> OplogWindows:
+    """The replica set's oplog window, or through mongos each shard's (shards from ``config.shards``, each
+    reached with the connector's credentials and TLS options, as Debezium connects to shards)."""
+    if topology.kind != "sharded":
+        window = oplog_window(client)
+        name = topology.source_name
+        if window is None:
+            return OplogWindows({}, {name: "local.oplog.rs is not readable or empty (missing privileges?)"})
+        return OplogWindows({name: window}, {})
+    try:
+        hosts = shard_hosts(client)
+    except OperationFailure as exc:
+        return OplogWindows({}, {"cluster": f"config.shards is not readable: {one_line(exc)}"}, sharded=True)
+    windows: dict[str, OplogWindow] = {}
+    unreadable: dict[str, str] = {}
+    for shard, host in sorted(hosts.items()):
+        shard_client = open_shard_client(cfg, host)
+        try:
+            window = oplog_window(shard_client)
+        except PyMongoError as exc:
+            unreadable[shard] = f"{host}: {one_line(exc)}"
+            continue
+        finally:
+            shard_client.close()
+        if window is None:
+            unreadable[shard] = f"{host}: local.oplog.rs is not readable or empty (missing privileges?)"
+        else:
+            windows[shard] = window
+    return OplogWindows(windows, unreadable, sharded=True)
 
 
 def current_cluster_time(client: MongoClient[Any]) -> Timestamp:

@@ -88,10 +88,17 @@ class TableAssets:
     changelog_keys: dict[AssetKey, str] = field(default_factory=dict)
     current_state_keys: dict[AssetKey, str] = field(default_factory=dict)
     tables: dict[str, CollectionTables] = field(default_factory=dict)
+    #: ``dagster/table_name`` of each table asset, as its definition has it, repeated on its materialisations
+    table_names: dict[AssetKey, str] = field(default_factory=dict)
 
     def key(self, namespace: str, kind: str) -> AssetKey:
         keys = self.changelog_keys if kind == "changelog" else self.current_state_keys
         return next(k for k, ns in keys.items() if ns == namespace)
+
+
+def _table_names(*specs: AssetSpec) -> dict[AssetKey, str]:
+    """The specs' ``dagster/table_name`` (a translator may give none)."""
+    return {spec.key: str(name) for spec in specs if (name := spec.metadata.get("dagster/table_name")) is not None}
 
 
 def work_metadata(work: SparkWork, **rates: int) -> dict[str, float | int | None]:
@@ -121,6 +128,7 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
         out.tables[namespace] = CollectionTables.under(
             settings.tables_root, namespace, changelog_name=translator.get_table_name(log_props),
             current_state_name=translator.get_table_name(state_props))
+        out.table_names.update(_table_names(log_spec, state_spec))
     if not log_specs:
         return out
     upstream = {ns: [cdc.key(ns, kind) for kind in CDC_KINDS] for ns in state.namespaces}
@@ -140,6 +148,7 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
                              f"{refresh.rows_added} rows added, {refresh.row_count} in the table")
             yield MaterializeResult(asset_key=key, metadata={
                 "collection": namespace,
+                **({"dagster/table_name": out.table_names[key]} if key in out.table_names else {}),
                 "dagster/uri": MetadataValue.path(tables.changelog),
                 "dagster/row_count": refresh.row_count,
                 "dagster/column_schema": spark_schema(refresh.schema),
@@ -167,6 +176,7 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
             log_schema = spark.read.format("delta").load(tables.changelog).schema
             yield MaterializeResult(asset_key=key, metadata={
                 "collection": namespace,
+                **({"dagster/table_name": out.table_names[key]} if key in out.table_names else {}),
                 "dagster/uri": MetadataValue.path(tables.current_state),
                 "dagster/row_count": refresh.row_count,
                 "dagster/column_schema": spark_schema(refresh.schema),

@@ -283,7 +283,7 @@ def test_signals_with_objectid_string_and_integer_ids_each_launch_exactly_one_ru
         for signal_id in ids:  # in _id order the string and the integer sort before the ObjectId
             client[stack.db].signals.insert_one({"_id": signal_id, "type": "execute-snapshot", "data": {
                 "data-collections": [f"{stack.db}.customers"], "type": "blocking"}})
-    tags = [str(ids[0]), "_string-signal_", "42"]
+    tags = [str(ids[0]), "string-signal", "42"]
 
     def finished() -> list[Any] | None:
         runs = [r for t in tags for r in stack.runs(**{"mongocdc/signal_id": t})]

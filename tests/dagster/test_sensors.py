@@ -14,6 +14,7 @@ from dagster import (
     DagsterInstance,
     DagsterRunStatus,
     RunRequest,
+    RunsFilter,
     SensorResult,
     SkipReason,
     build_schedule_context,
@@ -26,7 +27,7 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from pymongo.database import Database
 
 from mongocdc_core.positions import Position
-from mongocdc_core.source.oplog import OplogWindow
+from mongocdc_core.source.oplog import OplogWindow, OplogWindows
 from mongocdc_dagster.checks import build_gap_check
 from mongocdc_dagster.history import COVERS_FROM, PARTIAL
 from mongocdc_dagster.resources import MongoCdcResource
@@ -112,7 +113,8 @@ def test_signals_with_objectid_string_and_integer_ids_each_launch_one_run(
     db.signals.insert_one({"_id": oid, "type": "execute-snapshot", "data": {
         "data-collections": [f"{db.name}\\.customers.*"], "type": "blocking",
         "additional-conditions": [{"data-collection": f"{db.name}.customers_eu", "filter": '{"eu": true}'}]}})
-    db.signals.insert_one({"_id": "zz-signal", "type": "execute-snapshot", "data": {"data-collections": [f"{db.name}.orders"]}})
+    text_id = "zz-signal: ad hoc/1 (re-run of Bob's 4.2 load)"  # characters a definition tag could not hold
+    db.signals.insert_one({"_id": text_id, "type": "execute-snapshot", "data": {"data-collections": [f"{db.name}.orders"]}})
     db.signals.insert_one({"_id": 7, "type": "execute-snapshot", "data": {"data-collections": [f"{db.name}.orders"],
                                                                           "type": "blocking"}})
     db.signals.insert_one({"_id": "api-1-open", "type": "snapshot-window-open", "data": {}})  # a watermark, not a request
@@ -121,15 +123,18 @@ def test_signals_with_objectid_string_and_integer_ids_each_launch_one_run(
     requests = result.run_requests or []
     assert len(requests) == 3 and len({r.run_key for r in requests}) == 3
     by_id = {r.tags["mongocdc/signal_id"]: r for r in requests}
-    assert set(by_id) == {str(oid), "_zz-signal_", "7"}
+    assert set(by_id) == {str(oid), text_id, "7"}  # each id as the user wrote it
     blocking = by_id[str(oid)]
     assert sorted(k.to_user_string() for k in blocking.asset_selection or []) == [
         f"{db.name}/customers/snapshot", f"{db.name}/customers_eu/snapshot"]
     assert blocking.run_config["ops"]["mongocdc_snapshot"]["config"] == {
         "filters": {env.ns("customers_eu"): '{"eu": true}'}, "signal_id": str(oid)}
-    incremental = by_id["_zz-signal_"]  # the type defaults to incremental, as in Debezium
+    incremental = by_id[text_id]  # the type defaults to incremental, as in Debezium
     assert incremental.asset_selection == [env.key("orders", "incremental_snapshot")]
     assert incremental.tags[TAG_SNAPSHOT_TYPE] == "incremental"
+    stored = _queued_run(instance, [env.key("orders", "incremental_snapshot")], dict(incremental.tags))
+    assert [r.run_id for r in instance.get_runs(filters=RunsFilter(tags={"mongocdc/signal_id": text_id}))] == [
+        stored.run_id]  # the Runs page's tag filter finds the run by the id as inserted
     assert by_id["7"].asset_selection == [env.key("orders", "snapshot")]
     again = _evaluate(sensor, instance, env.mongocdc, cursor=result.cursor)
     assert "no new signals" in _skip_text(again) and not getattr(again, "run_requests", None)
@@ -204,9 +209,9 @@ class FixedOplog(MongoCdcResource):
     first_s: int
     last_s: int
 
-    def oplog_window(self) -> OplogWindow:
+    def oplog_windows(self) -> OplogWindows:
         first, last = Timestamp(self.first_s, 1), Timestamp(self.last_s, 1)
-        return OplogWindow(first, last, 1000, 10_000, (self.last_s - self.first_s) / 3600)
+        return OplogWindows({"rs0": OplogWindow(first, last, 1000, 10_000, (self.last_s - self.first_s) / 3600)}, {})
 
 
 def _slice(instance: DagsterInstance, env: CdcEnv, coll: str, start: datetime) -> None:
@@ -253,7 +258,8 @@ def test_schedule_lands_the_latest_closed_window_of_every_collection_in_one_run(
     tick = datetime(2026, 11, 22, 10, 31, tzinfo=UTC)
     with build_schedule_context(instance=instance, scheduled_execution_time=tick) as context:
         (request,) = list(cast(Iterator[RunRequest], schedule(context)))
-    assert request.partition_key == "2026-11-22-10:30" and request.asset_selection is None
+    assert request.partition_key == "2026-11-22-10:30"
+    assert set(request.asset_selection or ()) == {env.key("a", "slices"), env.key("b", "slices")}  # the run's Target
     selection = schedule.target.job_def.selection  # type: ignore[union-attr]
     assert selection.resolve(env.defs.resolve_asset_graph()) == {env.key("a", "slices"), env.key("b", "slices")}
 

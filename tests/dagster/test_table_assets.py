@@ -34,6 +34,11 @@ def test_one_launch_builds_a_collections_tables_and_reconciliation_holds_under_w
     log = materialization_metadata(instance, env.key("orders", "changelog"))
     state = materialization_metadata(instance, env.key("orders", "current_state"))
     assert log["dagster/row_count"] == 30 and state["dagster/row_count"] == 30
+    graph = env.defs.resolve_asset_graph()  # materialisations name the table as the definition does
+    for meta, kind, name in ((log, "changelog", f"{db.name}__orders__changelog"),
+                             (state, "current_state", f"{db.name}__orders__current")):
+        key = env.key("orders", kind)
+        assert meta["dagster/table_name"] == graph.get(key).metadata["dagster/table_name"] == name
     assert "(clusterTime " in state["position"]
     for meta, rate, label in ((log, "rows_added_per_s", "changelog"), (state, "keys_merged_per_s", "current_state")):
         assert meta["spark_jobs"] >= 1 and meta["spark_tasks"] >= 1 and meta["duration_s"] > 0 and meta[rate] > 0

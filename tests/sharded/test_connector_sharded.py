@@ -18,7 +18,7 @@ from pymongo import MongoClient
 from pymongo.database import Database
 from pymongo.errors import OperationFailure
 
-from mongocdc_core.api import current_cluster_time
+from mongocdc_core.api import current_cluster_time, oplog_windows
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import MemoryOffsetStore
 from mongocdc_core.positions import Position
@@ -216,7 +216,8 @@ def test_least_privileged_user_through_a_mongos_with_access_control(tmp_path: Pa
     users = tmp_path / "users.json"
     users.write_text(json.dumps({"users": [
         {"user": "boss", "pwd": "boss-pw", "roles": ["root"]},
-        {"user": "cdc", "pwd": "cdc-pw", "roles": ["readAnyDatabase", {"role": "read", "db": "config"}]},
+        {"user": "cdc", "pwd": "cdc-pw", "roles": ["readAnyDatabase", {"role": "read", "db": "config"},
+                                                   {"role": "read", "db": "local"}]},
         {"user": "narrow", "pwd": "narrow-pw", "roles": [{"role": "read", "db": "shop"}]},
     ]}))  # fmt: skip
     layout = {"collections": {"shop.orders": {"key": {"_id": 1}, "chunks": [{"max": 100, "shard": "shard0"}, {"shard": "shard1"}]}}}
@@ -229,9 +230,14 @@ def test_least_privileged_user_through_a_mongos_with_access_control(tmp_path: Pa
         cfg = make_config(cluster.uri, "shop", **{"mongodb.user": "cdc", "mongodb.password": "cdc-pw"})
         sink = MemorySink()
         assert run_engine(cfg, sink, MemoryOffsetStore()).snapshot_documents == 2
+        # each shard's oplog window, read from the shard with the connector's mongodb.user / mongodb.password
+        windows = oplog_windows(cfg)
+        assert sorted(windows.windows) == ["shard0", "shard1"] and not windows.unreadable
         narrow = make_config(cluster.uri, "shop", **{"mongodb.user": "narrow", "mongodb.password": "narrow-pw"})
         with pytest.raises(PrivilegeError, match="allChangesForCluster"):
             run_engine(narrow, MemorySink(), MemoryOffsetStore(), max_events=1)
+        refused = oplog_windows(narrow)  # no read on config.shards: said, not raised
+        assert not refused.windows and list(refused.unreadable) == ["cluster"]
         boss.close()
         anonymous.close()
 
@@ -247,6 +253,8 @@ def test_tls_through_mongos(tmp_path: Path) -> None:
         sink = MemorySink()
         cfg = make_config(uri, "shop", **{"mongodb.ssl.enabled": "true"})
         assert run_engine(cfg, sink, MemoryOffsetStore()).snapshot_documents == 3
+        windows = oplog_windows(cfg)  # the shards reached with the connector's TLS options
+        assert sorted(windows.windows) == ["shard0", "shard1"] and not windows.unreadable
         plaintext = make_config(cluster.uri, "shop", **{"connect.max.attempts": 1, "errors.max.retries": 0,
                                                         "mongodb.server.selection.timeout.ms": 1500})  # fmt: skip
         with pytest.raises(ConnectError):

@@ -1,0 +1,114 @@
+"""`make dev` (``python -m mongocdc_dagster.local_stack``) as a process: it starts cleanly and stops its whole tree.
+
+Linux only (processes are read from /proc), like the rest of the local stack's process handling.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from mongocdc_dagster import local_stack
+from mongocdc_devstack.fixture import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.daemon, pytest.mark.timeout(900),
+              pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")]
+
+#: What the stack is made of, by a piece of each process's command line.
+PARTS = {"emulator": "mongocdc_devstack.server", "dagster dev": " dev -h 127.0.0.1", "webserver": "dagster_webserver",
+         "daemon": "dagster._daemon", "code server": "code-server start"}
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    pgid: int
+    state: str
+    start: int  # clock ticks after boot: with the pid, names one process even if the pid is reused
+    command: str
+
+
+def _processes() -> dict[int, Proc]:
+    found: dict[int, Proc] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # ended while being read
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        found[int(entry)] = Proc(int(entry), int(fields[1]), int(fields[2]), fields[0], int(fields[19]), command)
+    return found
+
+
+def _tree(root: int) -> list[Proc]:
+    """``root`` and every live process descended from it."""
+    processes = _processes()
+    tree = [processes[root]] if root in processes else []
+    for proc in tree:
+        tree += [p for p in processes.values() if p.ppid == proc.pid and p.state != "Z"]
+    return tree
+
+
+def _alive(proc: Proc, now: dict[int, Proc]) -> bool:
+    same = now.get(proc.pid)
+    return same is not None and same.start == proc.start and same.state != "Z"
+
+
+def test_runpy_does_not_warn_when_the_launcher_starts() -> None:
+    """The package does not import the launcher, so ``-m`` runs it without runpy's RuntimeWarning."""
+    result = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "mongocdc_dagster.local_stack",
+                             "--help"], cwd=local_stack.REPO_ROOT, capture_output=True, text=True, check=False)
+    assert result.returncode == 0 and "RuntimeWarning" not in result.stderr, result.stderr
+
+
+def test_sigterm_from_a_non_interactive_shell_stops_the_whole_stack(tmp_path: Path) -> None:
+    """Started as a non-interactive shell starts a background command (own session, SIGINT ignored), SIGTERM
+    stops the emulator, `dagster dev`, its webserver, daemon and code server: none of them is left."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MONGOCDC_HOME", "MONGOCDC_CONFIG", "DAGSTER_HOME")}
+    port, ui_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    log = tmp_path / "make-dev.log"
+    with open(log, "wb") as out:
+        launcher = subprocess.Popen(
+            ["sh", "-c", 'trap "" INT; exec "$0" "$@"', sys.executable, "-m", "mongocdc_dagster.local_stack",
+             "--port", str(port), "--dagster-port", str(ui_port), "--home", str(tmp_path / "home"),
+             "--dagster-home", str(tmp_path / "dagster")],
+            cwd=local_stack.REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    seen: list[Proc] = []
+    try:
+        deadline = time.monotonic() + 600  # a guard for a stack that never comes up, not what is tested
+        while not all(any(part in p.command for p in seen) for part in PARTS.values()):
+            assert launcher.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, f"the stack did not start: {[p.command[:80] for p in seen]}"
+            time.sleep(1.0)
+            seen = _tree(launcher.pid)
+        groups = {p.pgid for p in seen}
+        os.kill(launcher.pid, signal.SIGTERM)
+        try:
+            code = launcher.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            pytest.fail("SIGTERM did not stop `make dev`:\n" + log.read_text(errors="replace")[-3000:])
+        now = _processes()
+        left = [p.command[:100] for p in seen if _alive(p, now)]
+        in_groups = [p.command[:100] for p in now.values() if p.pgid in groups and p.state != "Z"]
+        assert not left and not in_groups, (left, in_groups)
+        assert code == 0
+        text = log.read_text(errors="replace")
+        assert "Dagster services shut down." in text and "RuntimeWarning" not in text
+    finally:
+        for proc in reversed(seen):  # a failed run leaves nothing behind either
+            if _alive(proc, _processes()):
+                os.kill(proc.pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
