@@ -131,7 +131,7 @@ class CapturePipeline:
         self.cfg = cfg
         self.sink = sink
         self.offsets = offsets
-        self.metrics = metrics or ConnectorMetrics(cfg.topic_prefix)
+        self.metrics = metrics or ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
         self.progress = progress
         self.stop_event = stop or threading.Event()
         self._client: MongoClient[Any] | None = None

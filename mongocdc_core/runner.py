@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     listener = RichProgress(console) if not args.no_progress else ReadyLine()
     engine = Engine(cfg, sink, offsets, progress=listener, metrics_file=args.metrics_file)
     port = cfg.mongocdc_metrics_port if args.metrics_port is None else args.metrics_port
-    exporter = PrometheusExporter(engine.metrics, port, tags=cfg.custom_metric_tags) if port else None
+    exporter = PrometheusExporter(engine.metrics, port) if port else None
     try:
         if exporter is not None:
             exporter.start()

@@ -216,10 +216,15 @@ def _millis_since(mono: float | None) -> int:
 
 
 class ConnectorMetrics:
-    """Both metric groups of one connector, plus the periodic JSON file writer."""
+    """Both metric groups of one connector, plus the periodic JSON file writer.
 
-    def __init__(self, server: str) -> None:
+    ``tags`` are ``custom.metric.tags``: every exporter names the metrics with them (appended to the
+    MBean name in the JSON file, as Debezium does; labels in Prometheus).
+    """
+
+    def __init__(self, server: str, tags: Mapping[str, str] | None = None) -> None:
         self.server = server
+        self.tags = dict(tags or {})
         self.snapshot = SnapshotMetrics()
         self.streaming = StreamingMetrics()
         self._file: JsonFileExporter | None = None
@@ -233,8 +238,9 @@ class ConnectorMetrics:
         return {"snapshot": self.snapshot.as_dict(), "streaming": self.streaming.as_dict()}
 
     def mbean_name(self, context: str) -> str:
-        """Debezium's MBean name of one context."""
-        return f"debezium.mongodb:type=connector-metrics,context={context},server={self.server},task=0"
+        """Debezium's MBean name of one context, ``custom.metric.tags`` appended."""
+        tags = "".join(f",{key}={value}" for key, value in self.tags.items())
+        return f"debezium.mongodb:type=connector-metrics,context={context},server={self.server},task=0{tags}"
 
     def write_file(self, path: str | os.PathLike[str]) -> None:
         """Replace ``path`` atomically with the current metrics as JSON."""

@@ -406,7 +406,7 @@ def _snapshot_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str],
         for key, namespace, filter_text, filter_doc in _selected_copies(context, config, mongocdc, cfg, ns_of):
             path = mongocdc.snapshot_path(namespace, snapshot_file_name(filter_text))
             context.log.info(f"blocking snapshot of {namespace} into {path}" + (f" with filter {filter_text}" if filter_doc else ""))
-            metrics = ConnectorMetrics(cfg.topic_prefix)
+            metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
             with landing_sink(path, kafka, cfg) as sink:
                 result = api.snapshot_collection(cfg, namespace, sink, filter=filter_doc, metrics=metrics,
                                                  progress=RunLogProgress(context.log, totals))
@@ -462,7 +462,7 @@ def _incremental_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str],
         for key, namespace, filter_text, filter_doc in _selected_copies(context, config, mongocdc, cfg, ns_of):
             path = mongocdc.incremental_snapshot_path(namespace, snapshot_file_name(filter_text))
             context.log.info(f"incremental snapshot of {namespace} into {path}" + (f" with filter {filter_text}" if filter_doc else ""))
-            metrics = ConnectorMetrics(cfg.topic_prefix)
+            metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
             with landing_sink(path, kafka, cfg) as sink:
                 # No state file: a retried run copies the collection again into a new file, so the landed file
                 # is always one whole snapshot (resuming would land only the chunks after the failure).
@@ -575,7 +575,7 @@ def _ranged_snapshot_asset(spec: AssetSpec, namespace: str, state: DiscoveryStat
         context.log.info(f"snapshot of {namespace}, range {range_key.index + 1} of {range_key.count} "
                          f"({id_range.describe()}) into {path}")
         per_range = None if total is None else max(1, total // range_key.count)
-        metrics = ConnectorMetrics(cfg.topic_prefix)
+        metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
         with landing_sink(path, kafka, cfg) as sink:
             result = api.snapshot_collection(cfg, namespace, sink, filter=filter_doc, id_range=id_range,
                                              metrics=metrics, progress=RunLogProgress(context.log, {namespace: per_range}))
@@ -657,7 +657,7 @@ def _slices_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str], cdc: CdcAs
             for (ns, i), r in todo.items()
         }
         started = time.monotonic()
-        metrics = ConnectorMetrics(cfg.topic_prefix)
+        metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
         readable = [r for r in todo.values() if _key(r.start) < _key(r.end)]
         if readable:
             first = min((r.start for r in readable), key=_key)
