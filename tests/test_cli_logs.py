@@ -101,12 +101,13 @@ def test_json_logs_are_one_object_per_line(tmp_path: Path, mongo_uri: str, fresh
     assert stopped["metrics"]["streaming"]["TotalNumberOfEventsSeen"] >= 0
 
 
-def test_a_bad_log_format_in_the_environment_is_a_usage_error(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [PY, "-m", "mongocdc_core.cli", "run", "--config", "c", "--sink", "jsonl:x", "--offsets", "o"],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "MONGOCDC_LOG_FORMAT": "xml"},
-    )
+@pytest.mark.parametrize("command", [["mongocdc_core.cli", "run", "--config", "c", "--sink", "jsonl:x", "--offsets", "o"],
+                                     ["mongocdc_dagster.local_stack"]], ids=["mongocdc-run", "make-dev"])
+def test_a_bad_log_format_in_the_environment_is_a_usage_error(command: list[str]) -> None:
+    result = subprocess.run([PY, "-m", *command], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "MONGOCDC_LOG_FORMAT": "xml"})
     assert result.returncode == 2 and "MONGOCDC_LOG_FORMAT: expected one of text, json, got 'xml'" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def _snapshot_only(tmp_path: Path, uri: str, db: Database[Any], stderr: int) -> subprocess.Popen[bytes]:
