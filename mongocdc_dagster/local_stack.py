@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"make dev: {exc}", file=sys.stderr)
         return 2
-    configure_logging(fmt)
+    configure_logging(fmt, "WARNING")  # the instance's migrations log at INFO: kept out of the launcher's output
+    log.setLevel(logging.INFO)
     home = Path(os.environ.get("MONGOCDC_HOME") or args.home).resolve()
     dagster_home = prepare_dagster_home(
         (args.dagster_home or Path(os.environ.get("DAGSTER_HOME") or home / "dagster")).resolve())
