@@ -80,7 +80,7 @@ class Engine:
         self.sink = sink
         self.offsets = offsets
         self.progress = progress
-        self.metrics = ConnectorMetrics(cfg.topic_prefix)
+        self.metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
         self.metrics_file = metrics_file or cfg.mongocdc_metrics_file
         self._stop = threading.Event()
         self.flush_interval_s = cfg.offset_flush_interval_ms / 1000

@@ -21,6 +21,7 @@ import orjson
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events.records import Record
+from mongocdc_core.logs import fields
 from mongocdc_core.positions import Position
 from mongocdc_core.quoting import TEXT_LIMIT, bounded
 
@@ -48,6 +49,13 @@ _VALUE_SCHEMA = {
 _KEEP_SENT = 1000
 
 
+def log_notification(connector_name: str, notification: Mapping[str, Any]) -> None:
+    """Debezium's ``log`` channel: one INFO event, the notification as JSON in the message and as
+    structured fields (``notification``) for JSON logs."""
+    log.info("Notification from %s: %s", connector_name or "mongocdc", orjson.dumps(notification).decode(),
+             extra=fields(notification=dict(notification)))
+
+
 class NotificationService:
     """Sends notifications to the channels in ``notification.enabled.channels``."""
 
@@ -71,7 +79,7 @@ class NotificationService:
             "timestamp": int(time.time() * 1000),
         }
         if "log" in self.channels:
-            log.info("Notification from %s: %s", self.connector_name or "mongocdc", orjson.dumps(notification).decode())
+            log_notification(self.connector_name, notification)
         record = self._record(notification) if "sink" in self.channels else None
         with self._lock:
             self.sent.append(notification)

@@ -145,7 +145,7 @@ class CapturePipeline:
         self.cfg = cfg
         self.sink = sink
         self.offsets = offsets
-        self.metrics = metrics or ConnectorMetrics(cfg.topic_prefix)
+        self.metrics = metrics or ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
         self.progress = progress
         self.stop_event = stop or threading.Event()
         self._client: MongoClient[Any] | None = None
@@ -342,7 +342,7 @@ class CapturePipeline:
         queue = EventQueue(cfg.max_queue_size, cfg.max_queue_size_in_bytes, streaming)
         stop_at, inclusive = (window_end, False) if window_end is not None else (bound.stop_at, True)
         reader = ChangeStreamReader(
-            self.client, cfg, start, queue, metrics=streaming, stop_at=stop_at, stop_inclusive=inclusive,
+            self.client, cfg, start, queue, metrics=self.metrics, stop_at=stop_at, stop_inclusive=inclusive,
             target=target, pipeline=pipeline, on_retry=self._on_retry,
         )
         poll_s = cfg.poll_interval_ms / 1000

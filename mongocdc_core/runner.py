@@ -1,7 +1,9 @@
-"""``mongocdc run``: the connector as a command, with rich progress and a graceful SIGTERM/SIGINT.
+"""``mongocdc run``: the connector as a command, with progress and a graceful SIGTERM/SIGINT.
 
 The command only wires things together (config, sink, offset store, engine) and draws progress;
 everything it runs is the public engine API, so the Dagster assets and this command behave alike.
+Everything it says on stderr is a log event (``mongocdc_core.logs``): rich lines and progress bars on a
+terminal, one line (or one JSON object) per event elsewhere.
 Exit codes (documented in the README, "Running the connector"): see ``EXIT_CODES``.
 """
 
@@ -18,7 +20,6 @@ from types import FrameType
 
 from bson import Timestamp
 from rich.console import Console
-from rich.logging import RichHandler
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -35,9 +36,18 @@ from rich.text import Text
 from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.engine import Engine, RunSummary
 from mongocdc_core.failures import EventProcessingError
+from mongocdc_core.logs import (
+    ENV_LOG_FORMAT,
+    LOG_FORMATS,
+    configure_logging,
+    fields,
+    log_format,
+    signal_safe_line,
+)
 from mongocdc_core.metrics.prometheus import PrometheusExporter
 from mongocdc_core.offsets import OffsetError, open_offset_store
 from mongocdc_core.positions import Position
+from mongocdc_core.progress_log import LogProgress
 from mongocdc_core.receiver import ConnectionState, ProgressListener
 from mongocdc_core.sinks.base import SinkError
 from mongocdc_core.sinks.factory import open_sink
@@ -49,6 +59,8 @@ from mongocdc_core.source.errors import (
     HistoryLostError,
     OffsetInvalidError,
 )
+
+log = logging.getLogger("mongocdc")
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -77,14 +89,14 @@ def exit_code(exc: BaseException) -> int:
 
 class ReadyLine(ProgressListener):
     """Prints one ``streaming`` line on stdout when streaming begins, for scripts waiting on it,
-    and the connection state on stderr while MongoDB does not answer."""
+    and logs the connection state while MongoDB does not answer."""
 
     def streaming_started(self, position: Position | None) -> None:
         start = position.to_str() if position else "now"
         print(f"mongocdc: streaming after {start}", flush=True)
 
     def connecting(self, state: ConnectionState) -> None:
-        print(f"mongocdc: {state.line()}", file=sys.stderr, flush=True)
+        log.warning(state.line())
 
 
 class RateColumn(ProgressColumn):
@@ -98,8 +110,17 @@ class RateColumn(ProgressColumn):
 TOTAL = "snapshot (all collections)"
 
 
+class LineProgress(LogProgress, ReadyLine):
+    """Progress where no bar can be drawn (stderr is not a terminal, or JSON logs): counts, rate and
+    ETA as log lines every few seconds, and the ``streaming`` line on stdout."""
+
+    def streaming_started(self, position: Position | None) -> None:
+        ReadyLine.streaming_started(self, position)
+        LogProgress.streaming_started(self, position)
+
+
 class RichProgress(ReadyLine):
-    """Snapshot bars per collection and in total (count, rate, ETA) and a streaming counter, on stderr."""
+    """Snapshot bars per collection and in total (count, rate, ETA) and a streaming counter, on a terminal."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
@@ -126,9 +147,6 @@ class RichProgress(ReadyLine):
 
     def __exit__(self, *exc: object) -> None:
         self.progress.stop()
-
-    def connecting(self, state: ConnectionState) -> None:
-        self.progress.console.log(f"[yellow]{state.line()}[/yellow]", markup=True, highlight=False)
 
     def snapshot_started(self, totals: Mapping[str, int | None]) -> None:
         with self._lock:
@@ -161,7 +179,7 @@ class RichProgress(ReadyLine):
 
     def snapshot_finished(self, completed: bool, documents: int) -> None:
         state = "completed" if completed else "stopped"
-        self.progress.console.log(f"snapshot {state}: {documents} documents")
+        log.info(f"snapshot {state}: {documents} documents")
 
     def streaming_started(self, position: Position | None) -> None:
         super().streaming_started(position)
@@ -228,86 +246,96 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-file", default=None, help="rewrite Debezium metrics as JSON here while running")
     parser.add_argument("--metrics-port", type=_port, default=None,
                         help="serve the metrics in Prometheus format on this port (overrides mongocdc.metrics.port)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress display")
+    parser.add_argument("--no-progress", action="store_true", help="no progress display (bars or progress lines)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="log level (log-channel notifications are INFO)")
+    parser.add_argument("--log-format", default=None, choices=LOG_FORMATS,
+                        help=f"text (default; one line per event unless stderr is a terminal) or json "
+                             f"(one object per line); default from {ENV_LOG_FORMAT}")
     return parser
-
-
-def _configure_logging(console: Console, level: str) -> None:
-    """Logs (notifications of the ``log`` channel among them) through rich, on stderr."""
-    handler = RichHandler(console=console, show_path=False, rich_tracebacks=False, markup=False)
-    logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]", handlers=[handler], force=True)
-    logging.getLogger("pymongo").setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
 
 class _Stopper:
     """Signal handler: the first SIGTERM/SIGINT asks the engine to stop, later ones are noted.
 
     It writes with ``os.write`` only: a handler runs between two bytecodes of the main thread,
-    possibly while that thread holds rich's console lock, so it must not print through rich.
+    possibly while that thread holds rich's console lock or the log handler's, so it must not log.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, handler: logging.Handler) -> None:
         self.engine = engine
+        self.handler = handler
         self.received = 0
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         self.received += 1
         name = signal.Signals(signum).name
         if self.received == 1:
-            message = f"\nmongocdc: {name}: stopping after the current batch\n"
+            message = f"{name}: stopping after the current batch"
         else:
-            message = f"\nmongocdc: {name}: already stopping (flushing the sink, saving the offset)\n"
-        os.write(sys.stderr.fileno(), message.encode())
+            message = f"{name}: already stopping (flushing the sink, saving the offset)"
+        os.write(sys.stderr.fileno(), signal_safe_line(self.handler, log.name, message))
         self.engine.stop()
 
 
-def _report(console: Console, engine: Engine, summary: RunSummary) -> None:
-    console.print(engine.metrics.summary())
+def _report(engine: Engine, summary: RunSummary) -> None:
+    """The closing summary: one event per line of it, the metrics as fields of the last one."""
+    for line in engine.metrics.summary().splitlines():
+        log.info(line)
     if summary.stopped_because == "snapshot_only" and not summary.snapshot_performed:
-        console.print(
-            f"snapshot already complete (snapshot.mode={engine.cfg.snapshot_mode} takes it once and does not "
-            "stream): nothing to do"
-        )
+        log.info(f"snapshot already complete (snapshot.mode={engine.cfg.snapshot_mode} takes it once and does not "
+                 "stream): nothing to do", extra=fields(metrics=engine.metrics.contexts()))
         return
-    console.print(f"stopped: {summary.stopped_because}; {summary.records} records, {summary.events} change events")
+    log.info(f"stopped: {summary.stopped_because}; {summary.records} records, {summary.events} change events",
+             extra=fields(stopped_because=summary.stopped_because, records=summary.records, events=summary.events,
+                          metrics=engine.metrics.contexts()))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        fmt = log_format(args.log_format)
+    except ValueError as exc:
+        print(f"mongocdc: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     console = Console(stderr=True, soft_wrap=True)  # paths and messages stay on one line, unbroken
-    _configure_logging(console, args.log_level)
+    handler = configure_logging(fmt, args.log_level, console)
     try:
         cfg = ConnectorConfig.load(args.config)
     except (ConfigError, OSError) as exc:
-        console.print(f"[red]mongocdc: invalid configuration {args.config}:[/red]\n{exc}")
+        log.error(f"invalid configuration {args.config}:\n{exc}")
         return EXIT_USAGE
     try:
         sink = open_sink(args.sink, cfg)
     except (ValueError, SinkError) as exc:
-        console.print(f"[red]mongocdc: cannot open sink {args.sink}: {exc}[/red]")
+        log.error(f"cannot open sink {args.sink}: {exc}")
         return EXIT_USAGE
     try:
         offsets = open_offset_store(args.offsets, cfg, sink)
     except (ValueError, OffsetError) as exc:
         sink.close()
-        console.print(f"[red]mongocdc: cannot open offsets {args.offsets}: {exc}[/red]")
+        log.error(f"cannot open offsets {args.offsets}: {exc}")
         return EXIT_USAGE
-    listener = RichProgress(console) if not args.no_progress else ReadyLine()
+    listener: ReadyLine
+    if args.no_progress:
+        listener = ReadyLine()
+    elif fmt == "text" and console.is_terminal:
+        listener = RichProgress(console)
+    else:
+        listener = LineProgress(logging.getLogger("mongocdc.progress"))
     engine = Engine(cfg, sink, offsets, progress=listener, metrics_file=args.metrics_file)
     port = cfg.mongocdc_metrics_port if args.metrics_port is None else args.metrics_port
-    exporter = PrometheusExporter(engine.metrics, port, tags=cfg.custom_metric_tags) if port else None
+    exporter = PrometheusExporter(engine.metrics, port) if port else None
     try:
         if exporter is not None:
             exporter.start()
-            console.print(f"mongocdc: metrics on http://0.0.0.0:{exporter.port}/metrics")
+            log.info(f"metrics on http://0.0.0.0:{exporter.port}/metrics")
     except OSError as exc:
         sink.close()
         offsets.close()
-        console.print(f"[red]mongocdc: --metrics-port / mongocdc.metrics.port: {exc.strerror or exc}[/red]")
+        log.error(f"--metrics-port / mongocdc.metrics.port: {exc.strerror or exc}")
         return EXIT_USAGE
-    stopper = _Stopper(engine)
+    stopper = _Stopper(engine, handler)
     signal.signal(signal.SIGTERM, stopper)
     signal.signal(signal.SIGINT, stopper)
     bounds = {"max_events": args.max_events, "until_idle": args.until_idle, "stop_at": args.stop_at}
@@ -318,14 +346,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             summary = engine.run(**bounds)
     except (CdcError, SinkError, OffsetError, EventProcessingError) as exc:
-        console.print(f"mongocdc: {exc}", style="red", markup=False, highlight=False)
+        log.error(str(exc))
         return exit_code(exc)
     finally:
         if exporter is not None:
             exporter.stop()
         sink.close()
         offsets.close()
-    _report(console, engine, summary)
+    _report(engine, summary)
     return EXIT_OK
 
 

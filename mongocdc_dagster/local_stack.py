@@ -10,6 +10,7 @@ config for the emulator it started, and keeps a ``DAGSTER_HOME`` that is already
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import signal
@@ -22,6 +23,8 @@ from typing import Any
 
 import orjson
 
+from mongocdc_core.logs import configure_logging, log_format
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EMULATOR_HOST = "127.0.0.1"
 EMULATOR_PORT = 27117
@@ -33,6 +36,8 @@ DAGSTER_YAML = REPO_ROOT / "dagster.yaml"
 WORKSPACE_YAML = REPO_ROOT / "workspace.yaml"
 DEMO_DATABASE = "inventory"
 DEMO_SIGNAL_COLLECTION = "debezium_signal"
+
+log = logging.getLogger("mongocdc.dev")
 
 
 def emulator_uri(port: int = EMULATOR_PORT) -> str:
@@ -185,6 +190,15 @@ def _stop_group(pgid: int, grace_s: float = 15.0) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`make dev`: emulator in the background, demo data, then `dagster dev` in the foreground."""
     args = _parse_args(argv)
+    # MONGOCDC_LOG_FORMAT=json: this launcher's lines and Dagster's services log one JSON object per line
+    # (the variable also reaches every process Dagster starts).
+    try:
+        fmt = log_format()
+    except ValueError as exc:
+        print(f"make dev: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(fmt, "WARNING")  # the instance's migrations log at INFO: kept out of the launcher's output
+    log.setLevel(logging.INFO)
     shutdown = _Shutdown()
     home = Path(os.environ.get("MONGOCDC_HOME") or args.home).resolve()
     dagster_home = prepare_dagster_home(
@@ -200,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wait_for_port(EMULATOR_HOST, args.port, timeout=60)
         seeded = seed_demo_data(emulator_uri(args.port))
-        print(f"emulator on {emulator_uri(args.port)}; seeded {seeded} demo documents; "
-              f"home {home}; DAGSTER_HOME {dagster_home}", flush=True)
+        log.info(f"emulator on {emulator_uri(args.port)}; seeded {seeded} demo documents; "
+                 f"home {home}; DAGSTER_HOME {dagster_home}")
         if shutdown.requested:
             return 0
         env = dict(os.environ, DAGSTER_HOME=str(dagster_home), MONGOCDC_HOME=str(home))
@@ -209,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             env["MONGOCDC_CONFIG"] = str(write_local_config(home / "connector.json", args.port))
         dagster = subprocess.Popen(
             [str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1",
-             "-p", str(args.dagster_port), "-w", str(WORKSPACE_YAML)],
+             "-p", str(args.dagster_port), "-w", str(WORKSPACE_YAML), *(["--log-format", "json"] if fmt == "json" else [])],
             cwd=REPO_ROOT, env=env, start_new_session=True,
         )
         shutdown.dagster = dagster

@@ -142,7 +142,7 @@ def test_unreachable_mongodb_shows_the_connection_state_and_exits_3(tmp_path: Pa
         "--no-progress",
     )
     assert result.returncode == 3, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.startswith("mongocdc: connecting to")]
+    lines = [line for line in result.stderr.splitlines() if "mongocdc: connecting to" in line]
     assert len(lines) == 2, result.stderr
     for attempt, line in enumerate(lines, 1):
         assert f"127.0.0.1:{port} failed (" in line and f"reconnection attempt {attempt} of 2 in " in line

@@ -216,12 +216,20 @@ def _millis_since(mono: float | None) -> int:
 
 
 class ConnectorMetrics:
-    """Both metric groups of one connector, plus the periodic JSON file writer."""
+    """Both metric groups of one connector, plus the periodic JSON file writer.
 
-    def __init__(self, server: str) -> None:
+    ``tags`` are ``custom.metric.tags``: every exporter names the metrics with them (appended to the
+    MBean name in the JSON file, as Debezium does; labels in Prometheus).
+    """
+
+    def __init__(self, server: str, tags: Mapping[str, str] | None = None) -> None:
         self.server = server
+        self.tags = dict(tags or {})
         self.snapshot = SnapshotMetrics()
         self.streaming = StreamingMetrics()
+        self._connection_lock = threading.Lock()
+        self._reachable = False  # MongoDB answered since the last loss (nothing is lost before a first answer)
+        self._election_ids: dict[str, Any] = {}  # the highest electionId seen per replica set
         self._file: JsonFileExporter | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -233,8 +241,36 @@ class ConnectorMetrics:
         return {"snapshot": self.snapshot.as_dict(), "streaming": self.streaming.as_dict()}
 
     def mbean_name(self, context: str) -> str:
-        """Debezium's MBean name of one context."""
-        return f"debezium.mongodb:type=connector-metrics,context={context},server={self.server},task=0"
+        """Debezium's MBean name of one context, ``custom.metric.tags`` appended."""
+        tags = "".join(f",{key}={value}" for key, value in self.tags.items())
+        return f"debezium.mongodb:type=connector-metrics,context={context},server={self.server},task=0{tags}"
+
+    def connection_restored(self) -> None:
+        """MongoDB answers the connector again: a connection was made, a change stream opened, documents were read."""
+        with self._connection_lock:
+            self._reachable = True
+
+    def connection_lost(self) -> None:
+        """The connector lost MongoDB: ``NumberOfDisconnects`` counts the first report of each loss (the
+        driver's or the change stream's, whichever comes first), in the snapshot context while a snapshot
+        runs and in the streaming context otherwise; reports until ``connection_restored`` are the same loss."""
+        with self._connection_lock:
+            if not self._reachable:
+                return
+            self._reachable = False
+            context = self.snapshot if self.snapshot.SnapshotRunning else self.streaming
+            context.NumberOfDisconnects += 1
+
+    def primary_seen(self, replica_set: str, election_id: Any) -> None:
+        """A primary of ``replica_set`` reported ``election_id`` (mongod's: the term, rising with every
+        election): ``NumberOfPrimaryElections`` counts each one higher than any seen before in this run,
+        whichever client or member reported it."""
+        with self._connection_lock:
+            seen = self._election_ids.get(replica_set)
+            if seen is not None and election_id > seen:
+                self.streaming.NumberOfPrimaryElections += 1
+            if seen is None or election_id > seen:
+                self._election_ids[replica_set] = election_id
 
     def write_file(self, path: str | os.PathLike[str]) -> None:
         """Replace ``path`` atomically with the current metrics as JSON."""
@@ -273,9 +309,10 @@ class ConnectorMetrics:
             f"{stream['NumberOfEventsFiltered']} filtered, {stream['NumberOfCommittedTransactions']} transactions, "
             f"{stream['NumberOfHeartbeats']} heartbeats"
         )
+        disconnects = snap["NumberOfDisconnects"] + stream["NumberOfDisconnects"]
         lines.append(
-            f"connection: {stream['NumberOfDisconnects']} disconnects, "
-            f"{stream['NumberOfPrimaryElections']} primary elections"
+            f"connection: {disconnects} disconnects (snapshot {snap['NumberOfDisconnects']}, streaming "
+            f"{stream['NumberOfDisconnects']}), {stream['NumberOfPrimaryElections']} primary elections"
         )
         if stream["LastEvent"]:
             lines.append(f"last position: {stream['LastEvent']}")

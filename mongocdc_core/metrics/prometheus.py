@@ -26,13 +26,12 @@ METRIC_PREFIX = "debezium_metrics_"
 class _ConnectorCollector(Collector):
     """Turns the metric model into Prometheus families at scrape time."""
 
-    def __init__(self, metrics: ConnectorMetrics, tags: Mapping[str, str]) -> None:
+    def __init__(self, metrics: ConnectorMetrics) -> None:
         self.metrics = metrics
-        self.tags = dict(tags)
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, GaugeMetricFamily] = {}
-        base = {"plugin": "mongodb", "server": self.metrics.server, "task": "0", **self.tags}
+        base = {"plugin": "mongodb", "server": self.metrics.server, "task": "0", **self.metrics.tags}
         for context, attributes in self.metrics.contexts().items():
             labels = {**base, "context": context}
             for attribute, value in attributes.items():
@@ -60,10 +59,9 @@ class PrometheusExporter:
     uses 0 for "no exporter", so only code that wants an ephemeral port passes 0 here.
     """
 
-    def __init__(self, metrics: ConnectorMetrics, port: int, *, addr: str = "0.0.0.0",
-                 tags: Mapping[str, str] | None = None) -> None:
+    def __init__(self, metrics: ConnectorMetrics, port: int, *, addr: str = "0.0.0.0") -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_ConnectorCollector(metrics, tags or {}))
+        self.registry.register(_ConnectorCollector(metrics))
         self._requested = (addr, port)
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None

@@ -131,32 +131,25 @@ class Topology:
 
 
 class _DisconnectListener(monitoring.ConnectionPoolListener):
-    """Counts disconnects: each time the driver lost the server and cleared its connection pool.
+    """Reports a loss: the driver lost a server and cleared its connection pool (network errors,
+    shutdown errors), whether the failing operation was the engine's or the driver's own monitoring.
 
-    That happens on network errors, "not primary" and shutdown errors, whether the failing
-    operation was the engine's or the driver's own monitoring; the change stream reader adds the
-    retriable errors that reached it without such a loss (see ``ChangeStreamReader``).
+    ``ConnectorMetrics.connection_lost`` counts each loss once, whoever reports it first.
     """
 
     def __init__(self, metrics: ConnectorMetrics | None) -> None:
         self.metrics = metrics
-        self._lock = threading.Lock()
 
     def pool_cleared(self, event: monitoring.PoolClearedEvent) -> None:
-        if self.metrics is None:
-            return
-        with self._lock:
-            if self.metrics.snapshot.SnapshotRunning:
-                self.metrics.snapshot.NumberOfDisconnects += 1
-            else:
-                self.metrics.streaming.NumberOfDisconnects += 1
+        if self.metrics is not None:
+            self.metrics.connection_lost()
 
     # Events that say nothing about disconnects.
     def pool_created(self, event: monitoring.PoolCreatedEvent) -> None:
         """Not counted."""
 
     def pool_ready(self, event: monitoring.PoolReadyEvent) -> None:
-        """Not counted."""
+        """Not counted (the heartbeat that made the pool ready reports the server back)."""
 
     def pool_closed(self, event: monitoring.PoolClosedEvent) -> None:
         """Not counted."""
@@ -183,37 +176,62 @@ class _DisconnectListener(monitoring.ConnectionPoolListener):
         """Not counted."""
 
 
-class _ElectionListener(monitoring.ServerHeartbeatListener):
-    """Counts primary elections: a primary reporting an electionId other than the one seen before.
+_SERVING = (SERVER_TYPE.RSPrimary, SERVER_TYPE.Mongos)
 
-    Read from the monitors' heartbeat replies, which the driver hands over in the monitor's own
-    thread. A server-description listener would say the same, but only through the driver's event
-    thread, which ``MongoClient.close`` waits for (half a second at the end of every run).
+
+class _PrimaryListener(monitoring.ServerHeartbeatListener):
+    """Follows the servers the connector reads from (the primary, or the mongos routers) in the monitors'
+    heartbeats: the last of them failing or stepping down is a loss, and a primary's ``electionId`` goes to
+    ``ConnectorMetrics.primary_seen`` (which counts elections). A heartbeat ends a loss only with a new
+    ``topologyVersion`` (a restarted server, a primary elected again): a reply still in flight when a
+    server goes down carries the old one. Otherwise the connector's own next read ends it.
+
+    Heartbeat replies arrive in the monitor's own thread. A server-description listener would say the
+    same, but only through the driver's event thread, which ``MongoClient.close`` waits for (half a
+    second at the end of every run).
     """
 
     def __init__(self, metrics: ConnectorMetrics | None) -> None:
         self.metrics = metrics
-        self._election_ids: dict[Any, Any] = {}
+        self._serving: set[Any] = set()
+        self._versions: dict[Any, Any] = {}  # the last topologyVersion each server replied with
         self._lock = threading.Lock()
 
     def started(self, event: monitoring.ServerHeartbeatStartedEvent) -> None:
         """Nothing to count before the reply."""
 
     def failed(self, event: monitoring.ServerHeartbeatFailedEvent) -> None:
-        """Nothing to count: a lost server is counted as a disconnect by the pool."""
+        self._not_serving(event.connection_id)
 
     def succeeded(self, event: monitoring.ServerHeartbeatSucceededEvent) -> None:
         if self.metrics is None:
             return
         reply = event.reply
-        election = reply.election_id
-        if reply.server_type != SERVER_TYPE.RSPrimary or election is None:
+        if reply.server_type not in _SERVING:
+            with self._lock:
+                self._versions[event.connection_id] = reply.topology_version
+            self._not_serving(event.connection_id)
             return
         with self._lock:
-            previous = self._election_ids.get(event.connection_id)
-            if previous is not None and previous != election:
-                self.metrics.streaming.NumberOfPrimaryElections += 1
-            self._election_ids[event.connection_id] = election
+            self._serving.add(event.connection_id)
+            previous = self._versions.get(event.connection_id)
+            self._versions[event.connection_id] = reply.topology_version
+        if previous is not None and reply.topology_version != previous:
+            self.metrics.connection_restored()
+        if reply.server_type == SERVER_TYPE.RSPrimary and reply.election_id is not None:
+            self.metrics.primary_seen(reply.replica_set_name or "", reply.election_id)
+
+    def _not_serving(self, address: Any) -> None:
+        """``address`` no longer serves reads (unreachable, or a primary that stepped down)."""
+        if self.metrics is None:
+            return
+        with self._lock:
+            if address not in self._serving:
+                return
+            self._serving.discard(address)
+            lost = not self._serving
+        if lost:
+            self.metrics.connection_lost()
 
 
 def open_client(cfg: ConnectorConfig, metrics: ConnectorMetrics | None = None, **overrides: Any) -> MongoClient[Any]:
@@ -225,7 +243,7 @@ def open_client(cfg: ConnectorConfig, metrics: ConnectorMetrics | None = None, *
     kwargs["datetime_conversion"] = DatetimeConversion.DATETIME_AUTO
     kwargs.update(overrides)
     listeners = list(kwargs.pop("event_listeners", []))
-    listeners += [_ElectionListener(metrics), _DisconnectListener(metrics)]
+    listeners += [_PrimaryListener(metrics), _DisconnectListener(metrics)]
     return MongoClient(cfg.mongodb_connection_string, event_listeners=listeners, **kwargs)
 
 
@@ -405,4 +423,5 @@ def connect(
         raise
     if metrics is not None:
         metrics.streaming.Connected = True
+        metrics.connection_restored()
     return client, topology

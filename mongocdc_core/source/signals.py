@@ -31,6 +31,7 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
 from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.notifications import log_notification
 from mongocdc_core.positions import Position, token_timestamp
 from mongocdc_core.quoting import QUOTE_LIMIT, TEXT_LIMIT, bounded, quote
 from mongocdc_core.source.errors import CdcError, HistoryLostError
@@ -470,7 +471,7 @@ class LogNotifier:
         }
         with self.lock:
             self.sent.append(notification)
-        log.info("Notification from %s: %s", self.connector_name or "mongocdc", orjson.dumps(notification).decode())
+        log_notification(self.connector_name, notification)
 
 
 # -- processing ------------------------------------------------------------------------------------------

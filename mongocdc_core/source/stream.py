@@ -27,7 +27,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events.raw import RawChange
-from mongocdc_core.metrics import StreamingMetrics
+from mongocdc_core.metrics import ConnectorMetrics, StreamingMetrics
 from mongocdc_core.receiver import ConnectionState
 from mongocdc_core.source.connection import Backoff, code_name, hosts_of, is_retriable, one_line, refused
 from mongocdc_core.source.errors import (
@@ -282,7 +282,7 @@ class ChangeStreamReader(threading.Thread):
         start: StartPoint,
         queue: EventQueue,
         *,
-        metrics: StreamingMetrics | None = None,
+        metrics: ConnectorMetrics | None = None,
         stop_at: Timestamp | None = None,
         stop_inclusive: bool = False,
         target: Any = None,
@@ -423,9 +423,13 @@ class ChangeStreamReader(threading.Thread):
                     if stream is None:
                         stream = self._open()
                         if self.metrics is not None:
-                            self.metrics.Connected = True
+                            self.metrics.streaming.Connected = True
+                            self.metrics.connection_restored()
                     doc = stream.try_next()
                     failures = 0
+                    if doc is None and self.metrics is not None:
+                        # The server answered a getMore (a document may come from the driver's buffer).
+                        self.metrics.connection_restored()
                 except PyMongoError as exc:
                     if stream is not None:
                         stream.close()
@@ -433,11 +437,11 @@ class ChangeStreamReader(threading.Thread):
                     self._fragments = []
                     self._changes, self._changes_bytes = [], 0  # read again after the reopen
                     if self.metrics is not None:
-                        self.metrics.Connected = False
+                        self.metrics.streaming.Connected = False
                     if not (is_retriable(exc) or self._still_in_window(exc)):
                         raise self._fatal(exc) from exc
                     if self.metrics is not None:
-                        self.metrics.NumberOfDisconnects += 1
+                        self.metrics.connection_lost()
                     if self.cfg.errors_max_retries == 0:
                         raise CdcError(
                             f"the change stream failed with a retriable error and errors.max.retries=0 "

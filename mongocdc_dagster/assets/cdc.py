@@ -50,6 +50,7 @@ from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events.records import Record
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.positions import Position
+from mongocdc_core.progress_log import LogProgress
 from mongocdc_core.sinks.base import Sink
 from mongocdc_core.sinks.parquet import ParquetSink
 from mongocdc_core.sinks.tee import TeeSink
@@ -59,7 +60,6 @@ from mongocdc_dagster.history import COVERS_FROM, PARTIAL, snapshot_position
 from mongocdc_dagster.landing import EnvelopeReport, Expectation, count_rows_at, live_keys, validate_file
 from mongocdc_dagster.metadata import metrics_metadata, position_metadata, position_time
 from mongocdc_dagster.partitions import SliceWindows, ranges_partitions
-from mongocdc_dagster.progress import RunLogProgress
 from mongocdc_dagster.resources import PLAN_FILE, RANGES_PREFIX, MongoCdcKafkaResource, MongoCdcResource
 from mongocdc_dagster.routing import RouteTarget, WindowRouter
 from mongocdc_dagster.settings import CdcSettings
@@ -406,10 +406,10 @@ def _snapshot_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str],
         for key, namespace, filter_text, filter_doc in _selected_copies(context, config, mongocdc, cfg, ns_of):
             path = mongocdc.snapshot_path(namespace, snapshot_file_name(filter_text))
             context.log.info(f"blocking snapshot of {namespace} into {path}" + (f" with filter {filter_text}" if filter_doc else ""))
-            metrics = ConnectorMetrics(cfg.topic_prefix)
+            metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
             with landing_sink(path, kafka, cfg) as sink:
                 result = api.snapshot_collection(cfg, namespace, sink, filter=filter_doc, metrics=metrics,
-                                                 progress=RunLogProgress(context.log, totals))
+                                                 progress=LogProgress(context.log, totals))
             removed = [] if filter_doc else remove_superseded(mongocdc, namespace, path)
             yield MaterializeResult(
                 asset_key=key,
@@ -462,12 +462,12 @@ def _incremental_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str],
         for key, namespace, filter_text, filter_doc in _selected_copies(context, config, mongocdc, cfg, ns_of):
             path = mongocdc.incremental_snapshot_path(namespace, snapshot_file_name(filter_text))
             context.log.info(f"incremental snapshot of {namespace} into {path}" + (f" with filter {filter_text}" if filter_doc else ""))
-            metrics = ConnectorMetrics(cfg.topic_prefix)
+            metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
             with landing_sink(path, kafka, cfg) as sink:
                 # No state file: a retried run copies the collection again into a new file, so the landed file
                 # is always one whole snapshot (resuming would land only the chunks after the failure).
                 result = api.incremental_snapshot_collection(cfg, namespace, sink, filter=filter_doc, metrics=metrics,
-                                                             progress=RunLogProgress(context.log, totals))
+                                                             progress=LogProgress(context.log, totals))
             end = result.end_position or Position.from_timestamp(api.current_cluster_time(cfg))
             yield MaterializeResult(
                 asset_key=key,
@@ -575,10 +575,10 @@ def _ranged_snapshot_asset(spec: AssetSpec, namespace: str, state: DiscoveryStat
         context.log.info(f"snapshot of {namespace}, range {range_key.index + 1} of {range_key.count} "
                          f"({id_range.describe()}) into {path}")
         per_range = None if total is None else max(1, total // range_key.count)
-        metrics = ConnectorMetrics(cfg.topic_prefix)
+        metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
         with landing_sink(path, kafka, cfg) as sink:
             result = api.snapshot_collection(cfg, namespace, sink, filter=filter_doc, id_range=id_range,
-                                             metrics=metrics, progress=RunLogProgress(context.log, {namespace: per_range}))
+                                             metrics=metrics, progress=LogProgress(context.log, {namespace: per_range}))
         folder = path.parent
         (folder / f"{path.stem}.done.json").write_bytes(orjson.dumps(
             {"index": range_key.index, "position": result.position.to_str(), "documents": result.documents}))
@@ -657,7 +657,7 @@ def _slices_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str], cdc: CdcAs
             for (ns, i), r in todo.items()
         }
         started = time.monotonic()
-        metrics = ConnectorMetrics(cfg.topic_prefix)
+        metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
         readable = [r for r in todo.values() if _key(r.start) < _key(r.end)]
         if readable:
             first = min((r.start for r in readable), key=_key)
@@ -671,7 +671,7 @@ def _slices_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str], cdc: CdcAs
             try:
                 api.stream_window(cfg, streamed[0] if len(streamed) == 1 else None, first, last, sink,
                                   only=None if len(streamed) == 1 else streamed, metrics=metrics,
-                                  progress=RunLogProgress(context.log))
+                                  progress=LogProgress(context.log))
                 sink.close()
             except api.HistoryLostError as exc:
                 router.abort()

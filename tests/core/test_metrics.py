@@ -25,8 +25,8 @@ from mongocdc_core.positions import Position
 BASE = {"mongodb.connection.string": "mongodb://h/?replicaSet=rs0", "topic.prefix": "shop"}
 
 
-def _busy_metrics() -> ConnectorMetrics:
-    metrics = ConnectorMetrics("shop")
+def _busy_metrics(tags: dict[str, str] | None = None) -> ConnectorMetrics:
+    metrics = ConnectorMetrics("shop", tags)
     metrics.snapshot.start(["inv.orders", "inv.customers"])
     metrics.snapshot.rows("inv.orders", 7, "r1")
     metrics.snapshot.rows("inv.customers", 3, "r2")
@@ -58,8 +58,8 @@ def _labels(context: str, **extra: str) -> tuple[tuple[str, str], ...]:
 
 def test_prometheus_exporter_serves_debezium_names_and_labels_over_http() -> None:
     cfg = ConnectorConfig({**BASE, "custom.metric.tags": "env=prod, team=data"})
-    metrics = _busy_metrics()
-    with PrometheusExporter(metrics, 0, addr="127.0.0.1", tags=cfg.custom_metric_tags) as exporter:
+    metrics = _busy_metrics(cfg.custom_metric_tags)
+    with PrometheusExporter(metrics, 0, addr="127.0.0.1") as exporter:
         samples = _scrape(exporter.port)
         tags = {"env": "prod", "team": "data"}
         assert samples[("debezium_metrics_TotalNumberOfEventsSeen", _labels("streaming", **tags))] == 4
@@ -88,13 +88,19 @@ def test_exporter_names_a_port_it_cannot_use() -> None:
 
 
 def test_json_file_exporter_writes_the_same_values(tmp_path: Path) -> None:
-    metrics = _busy_metrics()
+    cfg = ConnectorConfig({**BASE, "custom.metric.tags": "env=prod, team=data"})
+    metrics = _busy_metrics(cfg.custom_metric_tags)
     path = tmp_path / "m" / "metrics.json"
     metrics.start_file_writer(path, interval_s=60)
     metrics.streaming.seen({"c": 1}, Position(7, 1), 3_000, None)
     metrics.stop_file_writer(path)
     data = orjson.loads(path.read_bytes())
-    streaming = data["debezium.mongodb:type=connector-metrics,context=streaming,server=shop,task=0"]
+    # The tags are appended to the MBean name, as Debezium does and as the Prometheus labels carry them.
+    assert sorted(data) == [
+        "debezium.mongodb:type=connector-metrics,context=snapshot,server=shop,task=0,env=prod,team=data",
+        "debezium.mongodb:type=connector-metrics,context=streaming,server=shop,task=0,env=prod,team=data",
+    ]
+    streaming = data["debezium.mongodb:type=connector-metrics,context=streaming,server=shop,task=0,env=prod,team=data"]
     assert streaming["TotalNumberOfEventsSeen"] == 5 and streaming["TotalNumberOfCreateEventsSeen"] == 3
     assert list(path.parent.iterdir()) == [path]  # no temporary file left behind
 
@@ -137,7 +143,7 @@ def test_mongocdc_run_serves_metrics_while_it_streams(tmp_path: Path, mongo_uri:
         f"mongocdc.metrics.port={port}\ncustom.metric.tags=env=test\n"
     )
     args = ["run", "--config", str(config), "--sink", f"jsonl:{tmp_path / 'out'}",
-            "--offsets", str(tmp_path / "offsets.json"), "--no-progress"]
+            "--offsets", str(tmp_path / "offsets.json"), "--no-progress", "--metrics-file", str(tmp_path / "m.json")]
     proc = subprocess.Popen([sys.executable, "-m", "mongocdc_core.cli", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -159,3 +165,7 @@ def test_mongocdc_run_serves_metrics_while_it_streams(tmp_path: Path, mongo_uri:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
+    # The JSON file names the metrics with the same tags as the endpoint, and holds the same counts.
+    written = orjson.loads((tmp_path / "m.json").read_bytes())
+    streamed = written["debezium.mongodb:type=connector-metrics,context=streaming,server=scrape,task=0,env=test"]
+    assert streamed["TotalNumberOfEventsSeen"] == 3

@@ -1,4 +1,7 @@
-"""Engine progress -> the Dagster run log: "N of M documents, r/s, ETA", a line every few seconds."""
+"""Engine progress as log lines: "N of M documents, r/s, ETA", a line every few seconds.
+
+Where no progress bar can be drawn: a Dagster run's log, and ``mongocdc run`` when stderr is not a terminal.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +25,8 @@ def progress_line(namespace: str, copied: int, total: int | None, elapsed_s: flo
     return f"snapshot of {namespace}: {copied} documents, {rate:,.0f}/s"
 
 
-class RunLogProgress(ProgressListener):
-    """Writes snapshot and streaming progress to a run's log (called from engine threads).
+class LogProgress(ProgressListener):
+    """Writes snapshot and streaming progress to a log (called from engine threads).
 
     ``totals`` are the collections' estimated sizes (the engine may not know them for a single
     collection's snapshot); ``every_s`` throttles the lines.
@@ -65,6 +68,9 @@ class RunLogProgress(ProgressListener):
         elapsed = self._elapsed(namespace)
         self.log.info(f"snapshot of {namespace} copied {copied} documents in {duration(elapsed)} "
                       f"({copied / elapsed if elapsed > 0 else 0:,.0f}/s)")
+
+    def snapshot_finished(self, completed: bool, documents: int) -> None:
+        self.log.info(f"snapshot {'completed' if completed else 'stopped'}: {documents} documents")
 
     def streaming_started(self, position: Position | None) -> None:
         self.log.info(f"streaming from {position if position is not None else 'now'}")

@@ -1,0 +1,105 @@
+"""``NumberOfDisconnects`` and ``NumberOfPrimaryElections`` count the same events the same way whatever
+the fault: a step-down and a restart of the replica set (short, or long enough for the connector to
+restart with a new client) are each one loss of the primary and one election.
+
+Each test has a replica set of its own (with a data directory, so a restart keeps the data and, as
+mongod, elects its member again with a new term).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from pymongo import MongoClient
+from pymongo.errors import PyMongoError
+
+from mongocdc_core.engine import Engine
+from mongocdc_core.offsets import MemoryOffsetStore
+from mongocdc_core.receiver import ConnectionState, ProgressListener
+from mongocdc_devstack.fixture import EmulatedReplicaSet
+from tests.engine.engine_support import Background, MemorySink, make_config, wait_for
+
+pytestmark = pytest.mark.fault
+
+
+@pytest.fixture
+def replica_set(tmp_path: Path) -> Iterator[EmulatedReplicaSet]:
+    emulator = EmulatedReplicaSet(noop_interval=0.5, dbpath=str(tmp_path / "db")).start()
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
+
+
+class Attempts(ProgressListener):
+    """The failed reconnection attempts the engine reported."""
+
+    def __init__(self) -> None:
+        self.states: list[ConnectionState] = []
+
+    def connecting(self, state: ConnectionState) -> None:
+        self.states.append(state)
+
+
+def step_down(emulator: EmulatedReplicaSet, attempts: Attempts) -> None:
+    with MongoClient(emulator.uri, serverSelectionTimeoutMS=10_000) as client:
+        try:
+            client.admin.command("replSetStepDown", 1, force=True, secondaryCatchUpPeriodSecs=0)
+        except PyMongoError:  # the stepping-down primary may close the connection, as mongod does
+            pass
+
+
+def restart(emulator: EmulatedReplicaSet, attempts: Attempts) -> None:
+    emulator.stop()
+    emulator.start()
+
+
+def long_restart(emulator: EmulatedReplicaSet, attempts: Attempts) -> None:
+    """Down long enough for the reader to use up its reconnection attempts and the engine to restart the
+    connector (a new client) before the replica set is back."""
+    emulator.stop()
+    wait_for(lambda: len(attempts.states) >= 4, timeout=60)
+    emulator.start()
+
+
+@pytest.mark.parametrize(("fault", "losses"), [(step_down, 1), (step_down, 2), (restart, 1), (restart, 2), (long_restart, 1)],
+                         ids=["step-down", "step-down-twice", "restart", "restart-twice", "long-restart"])
+def test_each_loss_of_the_primary_is_one_disconnect_and_one_election(
+        replica_set: EmulatedReplicaSet, fault: Callable[[EmulatedReplicaSet, Attempts], None], losses: int) -> None:
+    writer: MongoClient[Any] = MongoClient(replica_set.uri, serverSelectionTimeoutMS=30_000, retryWrites=True)
+    db = writer["metrics"]
+    db.warmup.insert_one({})  # a fresh emulator's oplog must not be empty
+    cfg = make_config(replica_set.uri, db.name, **{
+        "snapshot.mode": "no_data", "mongodb.server.selection.timeout.ms": 300, "connect.max.attempts": 2,
+        "retriable.restart.connector.wait.ms": 100,
+    })
+    offsets = MemoryOffsetStore()
+    sink = MemorySink()
+    attempts = Attempts()
+    engine = Engine(cfg, sink, offsets, progress=attempts)
+    bg = Background(engine).start()
+    try:
+        wait_for(lambda: offsets.load() is not None)
+        db.a.insert_one({"_id": "before"})
+        for loss in range(losses):
+            fault(replica_set, attempts)
+            db.a.insert_one({"_id": loss})  # written to the new primary: delivered once the stream resumed there
+
+            def delivered(marker: int = loss) -> bool:
+                bg.check()
+                return any(orjson.loads(v["after"])["_id"] == marker for v in sink.values() if v["op"] == "c")
+
+            wait_for(delivered, timeout=60)
+    finally:
+        engine.stop()
+        bg.wait()
+        writer.close()
+    streaming, snapshot = engine.metrics.streaming, engine.metrics.snapshot
+    assert (streaming.NumberOfDisconnects, snapshot.NumberOfDisconnects) == (losses, 0)
+    assert streaming.NumberOfPrimaryElections == losses
+    assert (f"connection: {losses} disconnects (snapshot 0, streaming {losses}), {losses} primary elections"
+            in engine.metrics.summary())
