@@ -21,21 +21,28 @@ DEBEZIUM_STAMP := $(DEBEZIUM)/target/.complete
 PYMONGO_VERSION := $(shell sed -n 's/.*"pymongo==\([^"]*\)".*/\1/p' pyproject.toml)
 CONFORMANCE_STAMP := .local/conformance/pymongo-$(PYMONGO_VERSION)/.complete
 
-.PHONY: setup test test-fast reliability lint demo dev bench conformance clean
+.PHONY: wheels setup test test-fast reliability lint demo dev bench conformance clean
 
 setup: $(STAMP) $(NATIVE_STAMP) $(KAFKA_STAMP) $(SPARK_JARS_STAMP) $(DRIVERS_JAR) $(DRIVERS_NODE_STAMP) $(DEBEZIUM_STAMP) $(CONFORMANCE_STAMP)
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+
+# mongocdc_native: the compiled conversion (PyO3, built by maturin with cargo), a dependency of mongocdc,
+# so it is installed first; rebuilt when its sources change.
+$(NATIVE_STAMP): $(VENV)/bin/python native/Cargo.toml native/Cargo.lock native/pyproject.toml $(wildcard native/src/*.rs) native/mongocdc_native.pyi
+	$(PY) -m pip install --quiet ./native
+	touch $@
+
+$(STAMP): pyproject.toml $(NATIVE_STAMP)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# mongocdc_native: snapshot reads from raw BSON to record bytes, in Rust (PyO3, built by maturin).
-# Without it the engine converts in Python (the same bytes, about three times slower).
-$(NATIVE_STAMP): $(STAMP) native/Cargo.toml native/Cargo.lock native/pyproject.toml $(wildcard native/src/*.rs) native/mongocdc_native.pyi
-	$(PY) -m pip install --quiet ./native
-	touch $@
+# The wheels a user installs (`pip install --find-links dist 'mongocdc[all]'`): mongocdc and mongocdc-native.
+wheels: $(VENV)/bin/python
+	rm -rf dist
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist . ./native
 
 # Kafka broker jars from Maven Central; re-fetched only when the pom changes.
 $(KAFKA_STAMP): $(KAFKA_POM)

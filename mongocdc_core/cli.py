@@ -14,12 +14,15 @@ from importlib import metadata
 
 CORE_COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("mongocdc_core.runner", "capture changes: snapshot, then stream, into a sink"),
+    "tables": ("mongocdc_core.tables.command", "the Delta tables without Dagster (jars)"),
 }
 DEV_SUMMARIES = {
     "emulator": "run the emulated MongoDB replica set or sharded cluster (development stand-in)",
     "kafka": "run a local single-node Kafka broker (development)",
     "check": "run the Dagster asset checks of selected collections (exit 1 on a blocking failure)",
 }
+#: The extra (``pip install 'mongocdc[<extra>]'``) a command needs beyond the core.
+EXTRAS = {"emulator": "devstack", "kafka": "devstack", "check": "dagster", "tables": "spark"}
 
 
 def _commands() -> dict[str, tuple[str, str]]:
@@ -55,13 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args else 2
     name, rest = args[0], args[1:]
     if name not in commands:
-        hint = " (a development command: install mongocdc[dev])" if name in DEV_SUMMARIES else ""
+        hint = f" (install 'mongocdc[{EXTRAS[name]}]')" if name in EXTRAS else ""
         print(f"mongocdc: unknown command {name!r}{hint}\n\n{_usage(commands)}", file=sys.stderr)
         return 2
     try:
         module = importlib.import_module(commands[name][0])
     except ImportError as exc:
-        print(f"mongocdc {name}: cannot load {commands[name][0]} ({exc}); install mongocdc[dev]", file=sys.stderr)
+        extra = EXTRAS.get(name, "all")
+        print(f"mongocdc {name}: cannot load {commands[name][0]} ({exc}); install 'mongocdc[{extra}]'", file=sys.stderr)
         return 2
     result: int = module.main(rest)
     return result

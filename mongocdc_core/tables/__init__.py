@@ -29,7 +29,8 @@ from mongocdc_core.tables.collection import (
 )
 from mongocdc_core.tables.convert import quote
 from mongocdc_core.tables.current_state import read_current_state
-from mongocdc_core.tables.session import SparkSetupError, spark_conf, spark_session
+from mongocdc_core.tables.jars import SparkSetupError
+from mongocdc_core.tables.session import spark_conf, spark_session
 
 __all__ = [
     "ChangelogRefresh",

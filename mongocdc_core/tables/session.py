@@ -1,47 +1,21 @@
-"""Spark session configuration for the tables: Delta Lake and Kafka jars from `make setup`, no Ivy.
+"""Spark session configuration for the tables: Delta Lake and the Kafka source, found as :mod:`.jars` says.
 
-`make setup` copies the jars declared in ``mongocdc_core/tables/pom.xml`` into ``<repo>/.jars/spark``
-(or wherever ``MONGOCDC_SPARK_JARS`` points). They are handed to Spark through ``spark.jars``;
-``spark.jars.packages`` is never used, so nothing is downloaded when a session starts.
+A checkout's ``make setup`` copies the jars into ``.jars/spark``; a pip-installed mongocdc takes them from
+``MONGOCDC_SPARK_JARS``, the user cache ``mongocdc tables jars`` fills, or Spark's package mechanism.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
+from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
-ENV_JARS = "MONGOCDC_SPARK_JARS"
+from mongocdc_core.tables.jars import packages_failure, spark_jars_conf
+
 ENV_MASTER = "MONGOCDC_SPARK_MASTER"
 DEFAULT_MASTER = "local[2]"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-#: Jars without which the tables cannot work (prefixes of the file names Maven writes).
-REQUIRED_JARS = ("delta-spark_", "delta-storage-", "spark-sql-kafka-0-10_", "kafka-clients-")
-
-
-class SparkSetupError(RuntimeError):
-    """The Delta Lake / Kafka jars are missing: `make setup` has not been run."""
-
-
-def jars_dir() -> Path:
-    """Directory holding the table jars (``MONGOCDC_SPARK_JARS`` or ``<repo>/.jars/spark``)."""
-    return Path(os.environ.get(ENV_JARS) or REPO_ROOT / ".jars" / "spark")
-
-
-def table_jars() -> list[str]:
-    """Absolute paths of the table jars, checked for the ones the tables cannot do without."""
-    folder = jars_dir()
-    jars = sorted(str(p) for p in folder.glob("*.jar")) if folder.is_dir() else []
-    names = [Path(j).name for j in jars]
-    missing = [prefix for prefix in REQUIRED_JARS if not any(n.startswith(prefix) for n in names)]
-    if missing:
-        raise SparkSetupError(
-            f"Spark table jars missing in {folder} ({', '.join(p + '*.jar' for p in missing)}); run `make setup` "
-            f"(mvn -f mongocdc_core/tables/pom.xml dependency:copy-dependencies -DoutputDirectory={folder})"
-        )
-    return jars
 
 
 def spark_conf(*, local_tuning: bool = True) -> dict[str, str]:
@@ -52,8 +26,7 @@ def spark_conf(*, local_tuning: bool = True) -> dict[str, str]:
     or CI runner wants; cluster deployments pass ``False``. Executors need no mongocdc: the tables
     run Spark SQL, and their one Python function is shipped with the job (it needs pyarrow only).
     """
-    conf = {
-        "spark.jars": ",".join(table_jars()),
+    conf = spark_jars_conf() | {
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.session.timeZone": "UTC",
@@ -83,8 +56,14 @@ def spark_session(master: str | None = None, app_name: str = "mongocdc-tables") 
     """A (shared) SparkSession for the tables; master from the argument, ``MONGOCDC_SPARK_MASTER`` or local[2]."""
     chosen = master or os.environ.get(ENV_MASTER) or DEFAULT_MASTER
     builder = SparkSession.builder.master(chosen).appName(app_name)
-    for key, value in spark_conf(local_tuning=chosen.startswith("local")).items():
+    conf = spark_conf(local_tuning=chosen.startswith("local"))
+    for key, value in conf.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    try:
+        session = builder.getOrCreate()
+    except PySparkRuntimeError as exc:  # the JVM did not start: with spark.jars.packages, Ivy could not resolve
+        if "spark.jars.packages" in conf:
+            raise packages_failure(exc) from exc
+        raise
     session.sparkContext.setLogLevel("ERROR")
     return session
