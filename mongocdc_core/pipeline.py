@@ -34,7 +34,7 @@ from pymongo.errors import PyMongoError
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.dispatcher import Dispatcher
 from mongocdc_core.events import EventConverter, EventOptions
-from mongocdc_core.events.raw import RawChange, change_namespace, plain
+from mongocdc_core.events.raw import RawChange, change_namespace, plain, say_if_python_path
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.offsets import Offset, OffsetStore, SnapshotState
 from mongocdc_core.positions import Position, token_timestamp
@@ -199,6 +199,7 @@ class CapturePipeline:
             rs = self.topology.set_name if self.topology is not None else None
             source = self.topology.source_name if self.topology is not None else ""
             converter = EventConverter(EventOptions.from_config(self.cfg, rs=source))
+            say_if_python_path()
             self._dispatcher = Dispatcher(
                 self.cfg, converter, self.sink, self.offsets, self.metrics, offset,
                 progress=self.progress, flush_interval_s=flush_interval_s, replica_set=rs,

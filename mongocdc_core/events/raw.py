@@ -22,20 +22,28 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 
-def _native() -> ModuleType | None:
+def _native() -> tuple[ModuleType | None, str]:
     try:
         import mongocdc_native
-    except ImportError as exc:  # not installed for this platform: the Python path converts, and says so once
+    except ImportError as exc:  # not installed for this platform: the Python path converts
+        return None, str(exc)
+    return mongocdc_native, ""
+
+
+#: The compiled conversion, or None when it is not installed (and why not).
+native, _native_missing = _native()
+_said = False
+
+
+def say_if_python_path() -> None:
+    """One warning line per process, when a run starts, if the compiled conversion is missing."""
+    global _said
+    if native is None and not _said:
+        _said = True
         logging.getLogger("mongocdc").warning(
             "mongocdc_native (the compiled conversion) is not available (%s): converting in Python, "
             "the same bytes about 3x slower per document; install the mongocdc-native wheel for this platform "
-            "or build it where Rust is present (pip install mongocdc-native)", exc)
-        return None
-    return mongocdc_native
-
-
-#: The compiled conversion, or None when it was not built.
-native = _native()
+            "or build it where Rust is present (pip install mongocdc-native)", _native_missing)
 
 #: How a change event's BSON starts after its length: its resume token, ``_id``, a document.
 _EVENT_START = b"\x03_id\x00"
