@@ -86,7 +86,8 @@ def _translation_scope(props: MongoCdcAssetProps) -> Mapping[str, Any]:
 
 
 class StoredDefsStateWarning(UserWarning):
-    """The definitions were built from the stored defs state because MongoDB could not be listed."""
+    """MongoDB could not be listed at load: the definitions were built from the stored defs state (or, with
+    none stored yet, have no collections)."""
 
 
 class _ComponentTranslator(MongoCdcTranslator):
@@ -208,11 +209,12 @@ class MongoCdcComponent(StateBackedComponent, Resolvable):
             state = DiscoveryState.from_json(state_path.read_text())
             if error is not None:
                 state = replace(state, error=error, from_store=True)
-                warnings.warn(state.stored_note, StoredDefsStateWarning, stacklevel=2)
         elif error is not None:
             state = DiscoveryState((), datetime.now(UTC), None, error)
         else:
             state = discover(settings.load_config())
+        if state.error is not None:
+            warnings.warn(state.stored_note, StoredDefsStateWarning, stacklevel=2)
         return build_definitions(settings, state, _ComponentTranslator(self), self.store_state)
 
     def store_state(self, instance: DagsterInstance) -> None:

@@ -53,7 +53,11 @@ class DiscoveryState:
 
     @property
     def stored_note(self) -> str:
-        """What a load from the stored state says (a warning at load, and the discovery sensor)."""
+        """What a load while MongoDB could not be listed says (a warning at load, and the discovery sensor)."""
+        if not self.from_store:
+            return (f"MongoDB could not be listed when the code location loaded ({self.error}) and no collections "
+                    "are stored as defs state yet, so the definitions have none; reload the code location once "
+                    "MongoDB answers")
         return (f"MongoDB could not be listed when the code location loaded ({self.error}); its definitions were "
                 f"built from the {len(self.collections)} collection(s) stored as defs state at "
                 f"{self.discovered_at.isoformat(timespec='seconds')}; reload the code location once MongoDB answers")

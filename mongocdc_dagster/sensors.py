@@ -86,7 +86,7 @@ def build_discovery_sensor(interval_s: int, state: DiscoveryState, cdc: CdcAsset
             now = set(mongocdc.captured_collections())
         except CdcError as exc:
             unknown = f"MongoDB did not answer, so the captured collections are unknown this tick: {exc}"
-            return SkipReason(f"{unknown}; {state.stored_note}" if state.from_store else unknown)
+            return SkipReason(f"{unknown}; {state.stored_note}" if state.error else unknown)
         added, removed = sorted(now - loaded), sorted(loaded - now)
         stored = set(orjson.loads(context.cursor)) if context.cursor else loaded
         requests: list[AddDynamicPartitionsRequest | DeleteDynamicPartitionsRequest] = []
@@ -101,11 +101,8 @@ def build_discovery_sensor(interval_s: int, state: DiscoveryState, cdc: CdcAsset
             requests.append(AddDynamicPartitionsRequest(name, keys))
             planned.append(f"{namespace} into {len(keys)} _id range(s)")
         words: list[str] = []
-        if state.from_store:
+        if state.error:
             words.append(state.stored_note)
-        elif state.error:
-            words.append(f"the definitions were loaded while MongoDB could not be listed ({state.error}); "
-                         "reload the code location to build the collections' assets")
         if added:
             words.append(f"{len(added)} captured collection(s) have no assets yet: {_names(added)}; reload the code "
                          "location to add them (snapshot signals for them are held until then)")

@@ -86,8 +86,12 @@ def test_a_load_while_mongodb_is_unreachable_builds_the_stored_collections_and_s
     db.customers.insert_one({"_id": 1})
     project = _project(tmp_path / "p", {"cdc": "  connector_config: connector.json\n  home: home\n"})
     config = project / "proj" / "defs" / "cdc" / "connector.json"
-    write_config(config, mongo_uri, db.name)
+    write_config(config, UNREACHABLE, db.name)
     env = _env(tmp_path, PYTHONPATH=os.pathsep.join([str(project), os.environ.get("PYTHONPATH", "")]))
+    first = _run([str(BIN / "dg"), "list", "defs", "--json"], project, env)  # MongoDB down, nothing stored yet
+    assert json.loads(first.stdout)["assets"] == []
+    assert "no collections are stored as defs state yet, so the definitions have none" in first.stderr
+    write_config(config, mongo_uri, db.name)
     listed = _run([str(BIN / "dg"), "list", "defs", "--json"], project, env)
     up = json.loads(listed.stdout)
     assert "MongoDB could not be listed" not in listed.stderr
