@@ -178,6 +178,12 @@ class MongoCdcComponent(StateBackedComponent, Resolvable):
         """Discovers and stores the collections when the code location initialises (falling back to the last
         stored ones when MongoDB cannot be listed); a reconstruction (run worker) builds from the version the
         code location pinned. Replaces the base class's flow, which drops the last good state on an outage."""
+        names = [c.name for c in context.component_tree.get_all_components(of_type=MongoCdcComponent)]
+        if names.count(self.name) > 1:
+            raise SettingsError(
+                f"{names.count(self.name)} MongoCdcComponents are " + (f"named {self.name!r}" if self.name else "unnamed")
+                + ": give each connector of the project its own `name` (it names the connector's resources, sensors, "
+                "schedules, jobs, pools and defs state)")
         config = self.defs_state_config
         if config.management_type == DefsStateManagementType.LEGACY_CODE_SERVER_SNAPSHOTS:
             raise SettingsError(

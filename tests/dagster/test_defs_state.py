@@ -176,3 +176,17 @@ def test_two_connectors_load_in_one_project_each_with_its_own_names(
     for kind in ("snapshot", "slices", "current_state"):
         assert {f"{db.name}/orders/{kind}", f"cdc2/{db.name}/orders/{kind}"} <= {
             k.to_user_string() for k in repository.assets_defs_by_key}
+
+
+def test_two_connectors_with_the_same_name_are_refused_with_what_to_do(
+        tmp_path: Path, mongo_uri: str, db: Database[Any]) -> None:
+    project = _project(tmp_path / "p", {folder: "  connector_config: connector.json\n  home: home\n"
+                                        for folder in ("cdc", "other")})
+    for folder in ("cdc", "other"):
+        write_config(project / "proj" / "defs" / folder / "connector.json", mongo_uri, db.name)
+    env = _env(tmp_path, PYTHONPATH=os.pathsep.join([str(project), os.environ.get("PYTHONPATH", "")]))
+    checked = subprocess.run([str(BIN / "dg"), "check", "defs"], cwd=project, env=env, capture_output=True, text=True,
+                             timeout=300, check=False)
+    assert checked.returncode != 0
+    assert "2 MongoCdcComponents are unnamed: give each connector of the project its own `name`" in (
+        checked.stdout + checked.stderr)
