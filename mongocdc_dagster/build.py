@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from dagster import (
     AssetSelection,
     AutomationConditionSensorDefinition,
+    DagsterInstance,
     DefaultSensorStatus,
     Definitions,
     EnvVar,
@@ -24,36 +26,36 @@ from mongocdc_dagster.sensors import build_sensors
 from mongocdc_dagster.settings import ENV_PASSWORD, CdcSettings
 from mongocdc_dagster.translator import MongoCdcTranslator
 
-AUTOMATION_SENSOR = "mongocdc_table_automation"
 
-
-def build_definitions(settings: CdcSettings, state: DiscoveryState,
-                      translator: MongoCdcTranslator | None = None) -> Definitions:
-    """One asset per collection and kind, their checks, sensors, schedules, jobs and resources."""
+def build_definitions(settings: CdcSettings, state: DiscoveryState, translator: MongoCdcTranslator | None = None,
+                      store: Callable[[DagsterInstance], None] | None = None) -> Definitions:
+    """One asset per collection and kind, their checks, sensors, schedules, jobs and resources, named after the
+    connector (``settings.names``); ``store`` keeps what MongoDB captures now as the component's defs state."""
     translator = translator or MongoCdcTranslator()
+    names = settings.names
     cfg = settings.load_config()
     cdc = build_cdc_assets(settings, cfg, state, translator)
     assets = list(cdc.definitions)
     checks = [c for c in (build_gap_check(cdc),) if c is not None]
-    sensors = list(build_sensors(settings.sensor_interval_seconds, state, cdc, dict(settings.ranged)))
+    sensors = list(build_sensors(settings.sensor_interval_seconds, state, cdc, dict(settings.ranged), store))
     schedules = [build_latest_window_schedule(cdc), build_continuity_schedule(cdc)] if cdc.slices else []
-    jobs = [build_plan_job(dict(settings.ranged))] if settings.ranged else []
+    jobs = [build_plan_job(dict(settings.ranged), names)] if settings.ranged else []
     resources: dict[str, object] = {
-        "mongocdc": MongoCdcResource.from_settings(
+        names.mongocdc: MongoCdcResource.from_settings(
             settings, EnvVar(ENV_PASSWORD) if os.environ.get(ENV_PASSWORD) else None),
-        "kafka": MongoCdcKafkaResource(bootstrap_servers=settings.kafka_bootstrap),
+        names.kafka: MongoCdcKafkaResource(bootstrap_servers=settings.kafka_bootstrap),
     }
     if settings.tables:
         tables = build_table_assets(settings, cfg, state, translator, cdc)
         assets += tables.definitions
         checks += [c for c in (build_reconciliation_check(tables),) if c is not None]
-        resources["pyspark"] = build_pyspark_resource(settings)
+        resources[names.pyspark] = build_pyspark_resource(settings)
         if tables.tables:
-            maintenance_job, maintenance_schedule = build_maintenance(tables.tables)
+            maintenance_job, maintenance_schedule = build_maintenance(tables.tables, names)
             jobs.append(maintenance_job)
             schedules.append(maintenance_schedule)
             sensors.append(AutomationConditionSensorDefinition(
-                AUTOMATION_SENSOR, target=AssetSelection.assets(*tables.changelog_keys, *tables.current_state_keys),
+                names.of("table_automation"), target=AssetSelection.assets(*tables.changelog_keys, *tables.current_state_keys),
                 default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=settings.sensor_interval_seconds,
                 description="Refreshes changelog and current_state when slices or snapshots land."))
     return Definitions(

@@ -30,10 +30,11 @@ from pyspark.sql import SparkSession
 
 from mongocdc_core.tables.collection import reconcile_at_position
 from mongocdc_dagster.assets.cdc import CdcAssets
-from mongocdc_dagster.assets.tables import POOL_TABLES, TableAssets
+from mongocdc_dagster.assets.tables import TableAssets
 from mongocdc_dagster.history import collection_history, missing_windows
 from mongocdc_dagster.metadata import position_time
-from mongocdc_dagster.resources import MongoCdcResource
+from mongocdc_dagster.pools import Pools
+from mongocdc_dagster.resources import MongoCdcResource, resource_of
 
 RECONCILE_CHECK = "matches_source"
 GAP_CHECK = "no_gap_since_snapshot"
@@ -50,11 +51,14 @@ def build_reconciliation_check(tables: TableAssets) -> AssetChecksDefinition | N
     if not specs:
         return None
 
-    @multi_asset_check(name="mongocdc_reconciliation", specs=specs, can_subset=True, pool=POOL_TABLES,
+    names = tables.names
+
+    @multi_asset_check(name=names.of("reconciliation"), specs=specs, can_subset=True, pool=Pools.of(names).tables,
+                       required_resource_keys={names.mongocdc, names.pyspark},
                        description="Reconciles each selected current_state with MongoDB at the table's position.")
-    def reconciliation(
-        context: AssetCheckExecutionContext, mongocdc: MongoCdcResource, pyspark: PySparkResource
-    ) -> Iterator[AssetCheckResult]:
+    def reconciliation(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
+        mongocdc = resource_of(context, names.mongocdc, MongoCdcResource)
+        pyspark = resource_of(context, names.pyspark, PySparkResource)
         spark: SparkSession = pyspark.spark_session
         cfg = mongocdc.load_config()
         for check_key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.to_user_string()):
@@ -93,7 +97,7 @@ def build_gap_check(cdc: CdcAssets) -> AssetChecksDefinition | None:
     if not specs:
         return None
 
-    @multi_asset_check(name="mongocdc_continuity", specs=specs, can_subset=True,
+    @multi_asset_check(name=cdc.names.of("continuity"), specs=specs, can_subset=True,
                        description="Finds windows missing between each collection's snapshot and now.")
     def continuity(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
         now = datetime.now(UTC)

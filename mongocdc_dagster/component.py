@@ -12,30 +12,45 @@
       translation:                          # optional: any asset attribute, templated per output
         group_name: "cdc_{{ props.database }}"
 
-Collections are discovered from MongoDB with the connector's filters and kept as defs state
-(``LEGACY_CODE_SERVER_SNAPSHOTS`` by default: discovered when the code server starts or reloads, handed
-to run workers without asking MongoDB again). Attributes left out fall back to ``MONGOCDC_*``
-environment variables, then to the local stack of ``make dev``. ``dg scaffold defs
-mongocdc_dagster.MongoCdcComponent <path>`` writes a defs.yaml to start from.
+Collections are discovered from MongoDB each time the code location loads and kept as Dagster defs state
+(``VERSIONED_STATE_STORAGE`` by default: on the Dagster instance, ``$DAGSTER_HOME/defs_state`` or
+the ``base_path`` its ``defs_state_storage`` names; ``LOCAL_FILESYSTEM``: the project's
+``.local_defs_state``). Run workers build from the stored version their code location loaded; a load
+(code server, ``dg``, ``dagster asset materialize``) while MongoDB cannot be reached builds the last
+stored collections and warns. Attributes left out fall back to ``MONGOCDC_*`` environment variables, then to the local stack
+of ``make dev``. Several connectors in one project each need a ``name`` (see ``naming.py``). ``dg
+scaffold defs mongocdc_dagster.MongoCdcComponent <path>`` writes a defs.yaml to start from.
 
 No ``from __future__ import annotations``: the component's attributes are resolved from its annotations.
 """
 
-import os
+import asyncio
+import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
-from dagster import AssetSpec, ComponentLoadContext, Definitions, Resolvable, StateBackedComponent
+from dagster import (
+    AssetSpec,
+    ComponentLoadContext,
+    DagsterInstance,
+    Definitions,
+    Resolvable,
+    StateBackedComponent,
+)
+from dagster._core.definitions.definitions_load_context import DefinitionsLoadContext, DefinitionsLoadType
+from dagster._core.storage.defs_state.base import DefsStateStorage, set_defs_state_storage
 from dagster.components import DefsStateConfig, DefsStateConfigArgs, ResolvedDefsStateConfig
 from dagster.components.scaffold.scaffold import Scaffolder, ScaffoldRequest, scaffold_with
 from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
+from dagster_shared.serdes.objects.models.defs_state_info import DefsStateManagementType
 from pydantic import BaseModel
 
 from mongocdc_dagster.build import build_definitions
-from mongocdc_dagster.discovery import DiscoveryState, discover
-from mongocdc_dagster.settings import ENV_CONFIG, CdcSettings
+from mongocdc_dagster.discovery import DiscoveryError, DiscoveryState, discover, discover_or_raise
+from mongocdc_dagster.settings import CdcSettings, SettingsError
 from mongocdc_dagster.translator import MongoCdcAssetProps, MongoCdcTranslator
 
 SCAFFOLD_ATTRIBUTES: dict[str, Any] = {
@@ -68,6 +83,11 @@ class MongoCdcScaffolder(Scaffolder[BaseModel]):
 def _translation_scope(props: MongoCdcAssetProps) -> Mapping[str, Any]:
     return {"props": props, "kind": props.kind, "namespace": props.namespace, "database": props.database,
             "collection": props.collection}
+
+
+class StoredDefsStateWarning(UserWarning):
+    """MongoDB could not be listed at load: the definitions were built from the stored defs state (or, with
+    none stored yet, have no collections)."""
 
 
 class _ComponentTranslator(MongoCdcTranslator):
@@ -113,12 +133,24 @@ class MongoCdcComponent(StateBackedComponent, Resolvable):
     """Spark master of the pyspark resource (local[2], spark://host:7077, ...)."""
     ranged_snapshots: dict[str, int] | None = None
     """'<db>.<collection>' -> documents per _id range: its snapshot is one partition per range."""
+    name: str | None = None
+    """Names this connector's resources, sensors, schedules, jobs and pools (mongocdc_<name>_...) and its defs
+    state; needed when a project has several connectors. Unset: the names mongocdc has always used."""
     translation: Annotated[
         TranslationFn[MongoCdcAssetProps],
         TranslationFnResolver[MongoCdcAssetProps](template_vars_for_translation_fn=_translation_scope),
     ] | None = None
     """Asset attributes per output, templated with props, kind, namespace, database, collection."""
-    defs_state: ResolvedDefsStateConfig = field(default_factory=DefsStateConfigArgs.legacy_code_server_snapshots)
+    defs_state: ResolvedDefsStateConfig = field(default_factory=DefsStateConfigArgs.versioned_state_storage)
+
+    @classmethod
+    def load(cls, attributes: BaseModel | None, context: ComponentLoadContext) -> Self:
+        component = super().load(attributes, context)
+        # relative paths are relative to the defs.yaml, also for `dg utils refresh-defs-state`, which
+        # refreshes the state of loaded components without building their definitions
+        object.__setattr__(component, "_base_dir", context.path)
+        object.__setattr__(component, "_project_root", context.project_root)
+        return component
 
     def settings(self, base_dir: Path | None = None) -> CdcSettings:
         return CdcSettings.resolve(
@@ -126,20 +158,13 @@ class MongoCdcComponent(StateBackedComponent, Resolvable):
             slice_granularity=self.slice_granularity, slice_start=self.slice_start,
             sensor_interval_seconds=self.sensor_interval_seconds, kafka_bootstrap=self.kafka_bootstrap,
             tables=self.tables, spark_master=self.spark_master, ranged_snapshots=self.ranged_snapshots,
-            base_dir=base_dir or getattr(self, "_base_dir", None),
+            name=self.name, base_dir=base_dir or getattr(self, "_base_dir", None),
         )
 
     @property
     def defs_state_config(self) -> DefsStateConfig:
-        # the attributes as written (not resolved paths): the key must be the same in every process
-        name = self.connector_config or ("inline properties" if self.connector_properties else
-                                         os.environ.get(ENV_CONFIG, "local stack"))
-        return DefsStateConfig.from_args(self.defs_state, default_key=f"MongoCdcComponent[{name}]")
-
-    def build_defs(self, context: ComponentLoadContext) -> Definitions:
-        # relative paths are relative to the defs.yaml, also for the discovery that runs before building
-        object.__setattr__(self, "_base_dir", context.path)
-        return super().build_defs(context)
+        # the same key in every process, whatever the working directory: the connector's name
+        return DefsStateConfig.from_args(self.defs_state, default_key=f"MongoCdcComponent[{self.name or 'mongocdc'}]")
 
     def get_asset_spec(self, props: MongoCdcAssetProps) -> AssetSpec:
         """The one override point: the default translator's spec with ``translation`` applied."""
@@ -147,10 +172,59 @@ class MongoCdcComponent(StateBackedComponent, Resolvable):
         return self.translation(base, props) if self.translation is not None else base
 
     def write_state_to_path(self, state_path: Path) -> None:
-        state_path.write_text(discover(self.settings().load_config()).to_json())
+        state_path.write_text(discover_or_raise(self.settings().load_config()).to_json())
 
-    def build_defs_from_state(self, context: ComponentLoadContext, state_path: Path | None) -> Definitions:
+    def build_defs(self, context: ComponentLoadContext) -> Definitions:
+        """Discovers and stores the collections when the code location initialises (falling back to the last
+        stored ones when MongoDB cannot be listed); a reconstruction (run worker) builds from the version the
+        code location pinned. Replaces the base class's flow, which drops the last good state on an outage."""
+        names = [c.name for c in context.component_tree.get_all_components(of_type=MongoCdcComponent)]
+        if names.count(self.name) > 1:
+            raise SettingsError(
+                f"{names.count(self.name)} MongoCdcComponents are " + (f"named {self.name!r}" if self.name else "unnamed")
+                + ": give each connector of the project its own `name` (it names the connector's resources, sensors, "
+                "schedules, jobs, pools and defs state)")
+        config = self.defs_state_config
+        if config.management_type == DefsStateManagementType.LEGACY_CODE_SERVER_SNAPSHOTS:
+            raise SettingsError(
+                "defs_state: LEGACY_CODE_SERVER_SNAPSHOTS keeps the collections only in the code server's memory, so "
+                "command-line launches cannot rebuild them and an outage at load loses them; use "
+                "VERSIONED_STATE_STORAGE (the default) or LOCAL_FILESYSTEM")
         settings = self.settings(context.path)
-        state = DiscoveryState.from_json(state_path.read_text()) if state_path is not None else discover(
-            settings.load_config())
-        return build_definitions(settings, state, _ComponentTranslator(self))
+        storage = DefsStateStorage.get()
+        load_context = DefinitionsLoadContext.get()
+        error: str | None = None
+        if load_context.load_type == DefinitionsLoadType.INITIALIZATION:
+            if storage is None and config.management_type == DefsStateManagementType.VERSIONED_STATE_STORAGE:
+                # no instance to store on (a bare load_from_defs_folder): what MongoDB says now, kept in memory
+                return build_definitions(settings, discover(settings.load_config()), _ComponentTranslator(self))
+            try:
+                version = asyncio.run(self.refresh_state(context.project_root))
+                load_context.add_defs_state_info(config.key, version)
+            except DiscoveryError as exc:
+                error = str(exc)
+        with load_context.state_path(config, storage, context.project_root) as state_path:
+            return self.build_defs_from_state(context, state_path, error)
+
+    def build_defs_from_state(self, context: ComponentLoadContext, state_path: Path | None,
+                              error: str | None = None) -> Definitions:
+        """The definitions of the stored collections; ``error``: MongoDB could not be listed at this load, so the
+        stored state stands in for it (and a warning says so). Nothing stored: discover now, or no collections."""
+        settings = self.settings(context.path)
+        if state_path is not None:
+            state = DiscoveryState.from_json(state_path.read_text())
+            if error is not None:
+                state = replace(state, error=error, from_store=True)
+        elif error is not None:
+            state = DiscoveryState((), datetime.now(UTC), None, error)
+        else:
+            state = discover(settings.load_config())
+        if state.error is not None:
+            warnings.warn(state.stored_note, StoredDefsStateWarning, stacklevel=2)
+        return build_definitions(settings, state, _ComponentTranslator(self), self.store_state)
+
+    def store_state(self, instance: DagsterInstance) -> None:
+        """Discover now and store it as this component's defs state (the discovery sensor, when the captured
+        collections changed); raises :class:`DiscoveryError` when MongoDB cannot be listed."""
+        with set_defs_state_storage(instance.defs_state_storage):
+            asyncio.run(self.refresh_state(getattr(self, "_project_root", Path.cwd())))

@@ -1,9 +1,10 @@
 """Which collections the connector captures, found in MongoDB when definitions load, kept as state.
 
-The component stores this (as Dagster defs state) when a code server starts or reloads, so loading
-the definitions in a run worker never reaches MongoDB; a reload discovers again. When MongoDB cannot
-be reached the state says so, and the definitions load with no collections (the discovery sensor
-keeps reporting the error) rather than taking the whole code location down.
+The component stores this as Dagster defs state each time a code location loads, so a run worker
+builds the same definitions from the stored version without reaching MongoDB, and a load while
+MongoDB cannot be reached builds the last discovered collections (``from_store``, with the ``error``
+that forced it). With no stored state either, the definitions load with no collections rather than
+taking the whole code location down; the discovery sensor reports either case.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ STATE_VERSION = 1
 DISCOVERY_TIMEOUT_MS = 5000
 
 
+class DiscoveryError(Exception):
+    """MongoDB could not be listed, so there is no state to store (the last stored one stays)."""
+
+
 @dataclass(frozen=True)
 class CollectionInfo:
     """One captured collection and its estimated size (for progress totals and range plans)."""
@@ -39,10 +44,23 @@ class DiscoveryState:
     discovered_at: datetime
     oplog_first: datetime | None = None
     error: str | None = None
+    #: Built from the stored defs state because MongoDB could not be listed (``error`` says why); not stored.
+    from_store: bool = False
     namespaces: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "namespaces", tuple(c.namespace for c in self.collections))
+
+    @property
+    def stored_note(self) -> str:
+        """What a load while MongoDB could not be listed says (a warning at load, and the discovery sensor)."""
+        if not self.from_store:
+            return (f"MongoDB could not be listed when the code location loaded ({self.error}) and no collections "
+                    "are stored as defs state yet, so the definitions have none; reload the code location once "
+                    "MongoDB answers")
+        return (f"MongoDB could not be listed when the code location loaded ({self.error}); its definitions were "
+                f"built from the {len(self.collections)} collection(s) stored as defs state at "
+                f"{self.discovered_at.isoformat(timespec='seconds')}; reload the code location once MongoDB answers")
 
     def to_json(self) -> str:
         return orjson.dumps({
@@ -90,3 +108,12 @@ def discover(cfg: ConnectorConfig) -> DiscoveryState:
     except (CdcError, ConfigError, PyMongoError) as exc:
         return DiscoveryState((), now, None, f"{type(exc).__name__}: {exc}")
     return DiscoveryState(tuple(CollectionInfo(ns, counts.get(ns)) for ns in namespaces), now, first)
+
+
+def discover_or_raise(cfg: ConnectorConfig) -> DiscoveryState:
+    """What :func:`discover` finds, to be stored; raises :class:`DiscoveryError` instead of returning an
+    error state, so an unreachable MongoDB never overwrites the last stored collections."""
+    state = discover(cfg)
+    if state.error is not None:
+        raise DiscoveryError(state.error)
+    return state

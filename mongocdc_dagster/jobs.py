@@ -20,9 +20,10 @@ from pydantic import Field
 
 from mongocdc_core.tables.collection import CollectionTables, maintain
 from mongocdc_dagster.assets.cdc import write_plan
-from mongocdc_dagster.assets.tables import POOL_TABLES
+from mongocdc_dagster.naming import ConnectorNames
 from mongocdc_dagster.partitions import ranges_partitions_name
-from mongocdc_dagster.resources import MongoCdcResource
+from mongocdc_dagster.pools import Pools
+from mongocdc_dagster.resources import MongoCdcResource, resource_of
 
 
 class PlanConfig(Config):  # type: ignore[misc]
@@ -33,44 +34,48 @@ class MaintenanceConfig(Config):  # type: ignore[misc]
     retention_hours: int = Field(default=168, description="VACUUM keeps files needed by this many hours of history")
 
 
-def build_plan_job(ranged: Mapping[str, int]) -> JobDefinition:
+def build_plan_job(ranged: Mapping[str, int], names: ConnectorNames) -> JobDefinition:
     """Plans a ranged collection's ``_id`` ranges again (its partitions become the new plan's ranges)."""
 
-    @op(name="mongocdc_plan_ranges")
-    def plan_ranges(context: OpExecutionContext, config: PlanConfig, mongocdc: MongoCdcResource) -> None:
+    @op(name=names.of("plan_ranges"), required_resource_keys={names.mongocdc})
+    def plan_ranges(context: OpExecutionContext, config: PlanConfig) -> None:
+        mongocdc = resource_of(context, names.mongocdc, MongoCdcResource)
         namespace = config.collection
         if namespace not in ranged:
             raise Failure(f"{namespace!r} is not snapshotted in ranges (ranged_snapshots: {', '.join(ranged) or 'none'})",
                           allow_retries=False)
         keys = write_plan(mongocdc, namespace, ranged[namespace])
-        name = ranges_partitions_name(namespace)
+        name = ranges_partitions_name(namespace, names)
         for old in context.instance.get_dynamic_partitions(name):
             context.instance.delete_dynamic_partition(name, old)
         context.instance.add_dynamic_partitions(name, keys)
         context.log.info(f"{namespace}: planned {len(keys)} _id range(s); backfill all partitions of its snapshot")
 
-    @job(name="mongocdc_plan_snapshot_ranges", description="Plans a ranged collection's _id ranges again.")
+    @job(name=names.of("plan_snapshot_ranges"), description="Plans a ranged collection's _id ranges again.")
     def plan_job() -> None:
         plan_ranges()
 
     return plan_job
 
 
-def build_maintenance(tables: Mapping[str, CollectionTables]) -> tuple[JobDefinition, ScheduleDefinition]:
+def build_maintenance(tables: Mapping[str, CollectionTables],
+                      names: ConnectorNames) -> tuple[JobDefinition, ScheduleDefinition]:
     """OPTIMIZE and VACUUM of every collection's tables, weekly (the schedule starts stopped)."""
 
-    @op(name="mongocdc_maintain_tables", pool=POOL_TABLES)  # Spark table work, one at a time like the refreshes
-    def maintenance(context: OpExecutionContext, config: MaintenanceConfig, pyspark: PySparkResource) -> None:
+    # Spark table work, one at a time like the refreshes
+    @op(name=names.of("maintain_tables"), pool=Pools.of(names).tables, required_resource_keys={names.pyspark})
+    def maintenance(context: OpExecutionContext, config: MaintenanceConfig) -> None:
+        pyspark = resource_of(context, names.pyspark, PySparkResource)
         for namespace, collection_tables in sorted(tables.items()):
             figures = maintain(pyspark.spark_session, collection_tables, retention_hours=config.retention_hours,
                                progress=context.log.info)
             context.log.info(f"{namespace}: {figures}")
 
-    @job(name="mongocdc_table_maintenance", description="OPTIMIZE and VACUUM of every collection's Delta tables.")
+    @job(name=names.of("table_maintenance"), description="OPTIMIZE and VACUUM of every collection's Delta tables.")
     def maintenance_job() -> None:
         maintenance()
 
     return maintenance_job, ScheduleDefinition(
-        name="mongocdc_weekly_table_maintenance", job=maintenance_job, cron_schedule="0 3 * * 0",
+        name=names.of("weekly_table_maintenance"), job=maintenance_job, cron_schedule="0 3 * * 0",
         execution_timezone="UTC", default_status=DefaultScheduleStatus.STOPPED,
         description="Compacts and vacuums the tables on Sunday nights.")

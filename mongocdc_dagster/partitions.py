@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from dagster import DynamicPartitionsDefinition, TimeWindow, TimeWindowPartitionsDefinition
 
 from mongocdc_dagster.discovery import DiscoveryState
+from mongocdc_dagster.naming import DEFAULT_NAMES, ConnectorNames
 from mongocdc_dagster.settings import MAX_DEFAULT_WINDOWS, CdcSettings
 from mongocdc_dagster.translator import name_part
 
@@ -68,10 +69,10 @@ class SliceWindows:
         return list(self.definition.get_partition_keys_in_time_window(TimeWindow(max(start, self.start), end)))
 
 
-def ranges_partitions_name(namespace: str) -> str:
-    return f"mongocdc_ranges__{name_part(namespace)}"
+def ranges_partitions_name(namespace: str, names: ConnectorNames = DEFAULT_NAMES) -> str:
+    return names.of(f"ranges__{name_part(namespace)}")
 
 
-def ranges_partitions(namespace: str) -> DynamicPartitionsDefinition:
+def ranges_partitions(namespace: str, names: ConnectorNames = DEFAULT_NAMES) -> DynamicPartitionsDefinition:
     """The ``_id`` ranges of one collection's current snapshot plan (keys ``<plan>-<i>-of-<n>``)."""
-    return DynamicPartitionsDefinition(name=ranges_partitions_name(namespace))
+    return DynamicPartitionsDefinition(name=ranges_partitions_name(namespace, names))

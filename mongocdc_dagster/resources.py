@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from dagster import ConfigurableResource
 from dagster_pyspark import PySparkResource
@@ -25,6 +25,7 @@ from mongocdc_dagster.settings import CdcSettings
 SNAPSHOT_FILE = "snapshot"
 RANGES_PREFIX = "ranges-"
 PLAN_FILE = "plan.json"
+R = TypeVar("R")
 
 
 class MongoCdcResource(ConfigurableResource):  # type: ignore[misc]
@@ -147,3 +148,19 @@ def build_pyspark_resource(settings: CdcSettings) -> PySparkResource:
             "spark.sql.warehouse.dir": str(settings.home / "spark-warehouse"),
         }
     )
+
+
+class HasResources(Protocol):
+    """A Dagster context (asset, op, check, sensor) with the resources its definition requires."""
+
+    @property
+    def resources(self) -> object: ...
+
+
+def resource_of(context: HasResources, key: str, kind: type[R]) -> R:
+    """The resource a definition requires under ``key``: keys carry the connector's name (see
+    :mod:`mongocdc_dagster.naming`), so definitions ask by key rather than by parameter name."""
+    resource = getattr(context.resources, key)
+    if not isinstance(resource, kind):
+        raise TypeError(f"the resource {key!r} is a {type(resource).__name__}, not a {kind.__name__}")
+    return resource

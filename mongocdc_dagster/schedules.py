@@ -26,7 +26,7 @@ def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
     change stream for all of them)."""
     slices = list(cdc.keys_of("slices"))
 
-    @schedule(name="mongocdc_latest_window", cron_schedule=cdc.windows.cron, execution_timezone="UTC",
+    @schedule(name=cdc.names.of("latest_window"), cron_schedule=cdc.windows.cron, execution_timezone="UTC",
               target=AssetSelection.assets(*slices), default_status=DefaultScheduleStatus.RUNNING,
               description="Lands the latest closed window of every collection's slices.")
     def latest_window(context: ScheduleEvaluationContext) -> Iterator[RunRequest | SkipReason]:
@@ -44,10 +44,10 @@ def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
 def build_continuity_schedule(cdc: CdcAssets) -> ScheduleDefinition:
     """The no-gap checks of every collection, once per window, in runs of their own (never inside a slice run)."""
     job = define_asset_job(
-        "mongocdc_continuity_checks",
+        cdc.names.of("continuity_checks"),
         selection=AssetSelection.checks(*[AssetCheckKey(key, GAP_CHECK) for key in cdc.keys_of("slices")]),
         description="Checks that every closed window since each collection's snapshot is landed.",
     )
-    return ScheduleDefinition(name="mongocdc_continuity", job=job, cron_schedule=cdc.windows.cron,
+    return ScheduleDefinition(name=cdc.names.of("continuity"), job=job, cron_schedule=cdc.windows.cron,
                               execution_timezone="UTC", default_status=DefaultScheduleStatus.RUNNING,
                               description="Runs the cross-window continuity checks once per window.")

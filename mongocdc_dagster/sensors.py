@@ -1,13 +1,15 @@
 """Sensors: collection discovery, the signaling collection, and the oplog window.
 
 Each is built by a factory from the assets it serves, like the sensors Dagster integration libraries
-ship, so a second connector gets its own set with its own keys.
+ship, so a second connector gets its own set with its own keys. A sensor reads its connector's resources
+from ``context.resources`` by key (``resource_of``); ``**_direct`` takes the same resources that a direct
+call (``sensor(build_sensor_context(resources=...))``, as in a unit test) also hands over as keywords.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,6 +20,7 @@ from dagster import (
     AddDynamicPartitionsRequest,
     AssetObservation,
     AssetSelection,
+    DagsterInstance,
     DagsterRunStatus,
     DefaultSensorStatus,
     DeleteDynamicPartitionsRequest,
@@ -35,11 +38,11 @@ from mongocdc_core import api
 from mongocdc_core.positions import Position
 from mongocdc_core.source.errors import CdcError, HistoryLostError
 from mongocdc_dagster.assets.cdc import CdcAssets, write_plan
-from mongocdc_dagster.discovery import DiscoveryState
+from mongocdc_dagster.discovery import DiscoveryError, DiscoveryState
 from mongocdc_dagster.history import collection_history, needed_window_start
 from mongocdc_dagster.metadata import position_time
 from mongocdc_dagster.partitions import ranges_partitions_name
-from mongocdc_dagster.resources import MongoCdcResource
+from mongocdc_dagster.resources import MongoCdcResource, resource_of
 from mongocdc_dagster.signals import EXECUTE, SignalError, SnapshotSignal, parse_signal, signal_id_of
 from mongocdc_dagster.translator import CdcKind, tag_value
 
@@ -63,28 +66,35 @@ def _names(items: Sequence[str], limit: int = 8) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def build_discovery_sensor(interval_s: int, state: DiscoveryState, cdc: CdcAssets,
-                           ranged: dict[str, int]) -> SensorDefinition:
-    """Compares what MongoDB captures now with the collections the definitions were built for, and plans
-    the ``_id`` ranges of ranged collections that have none yet."""
+def build_discovery_sensor(interval_s: int, state: DiscoveryState, cdc: CdcAssets, ranged: dict[str, int],
+                           store: Callable[[DagsterInstance], None] | None = None) -> SensorDefinition:
+    """Compares what MongoDB captures now with the collections the definitions were built for, keeps the
+    stored defs state current (``store``: when the captured collections differ from the stored ones, so a
+    load while MongoDB is unreachable builds the latest), and plans the ``_id`` ranges of ranged collections
+    that have none yet. The cursor holds the collections last stored."""
     loaded = set(state.namespaces)
+    names = cdc.names
 
-    @sensor(name="mongocdc_collection_discovery", minimum_interval_seconds=interval_s,
-            default_status=DefaultSensorStatus.RUNNING,
+    @sensor(name=names.of("collection_discovery"), minimum_interval_seconds=interval_s,
+            default_status=DefaultSensorStatus.RUNNING, required_resource_keys={names.mongocdc},
             description="Tells when captured collections differ from the loaded definitions (reload to pick "
-                        "them up) and plans the _id ranges of collections snapshotted in ranges.")
-    def discovery(context: SensorEvaluationContext, mongocdc: MongoCdcResource) -> SensorResult | SkipReason:
+                        "them up), keeps the stored defs state current, and plans the _id ranges of collections "
+                        "snapshotted in ranges.")
+    def discovery(context: SensorEvaluationContext, **_direct: object) -> SensorResult | SkipReason:
+        mongocdc = resource_of(context, names.mongocdc, MongoCdcResource)
         try:
             now = set(mongocdc.captured_collections())
         except CdcError as exc:
-            return SkipReason(f"MongoDB did not answer, so the captured collections are unknown this tick: {exc}")
+            unknown = f"MongoDB did not answer, so the captured collections are unknown this tick: {exc}"
+            return SkipReason(f"{unknown}; {state.stored_note}" if state.error else unknown)
         added, removed = sorted(now - loaded), sorted(loaded - now)
+        stored = set(orjson.loads(context.cursor)) if context.cursor else loaded
         requests: list[AddDynamicPartitionsRequest | DeleteDynamicPartitionsRequest] = []
         planned: list[str] = []
         for namespace, split_size in sorted(ranged.items()):
             if namespace not in loaded or namespace not in now:
                 continue
-            name = ranges_partitions_name(namespace)
+            name = ranges_partitions_name(namespace, names)
             if context.instance.get_dynamic_partitions(name):
                 continue
             keys = write_plan(mongocdc, namespace, split_size)
@@ -92,14 +102,21 @@ def build_discovery_sensor(interval_s: int, state: DiscoveryState, cdc: CdcAsset
             planned.append(f"{namespace} into {len(keys)} _id range(s)")
         words: list[str] = []
         if state.error:
-            words.append(f"the definitions were loaded while MongoDB could not be listed ({state.error}); "
-                         "reload the code location to build the collections' assets")
+            words.append(state.stored_note)
         if added:
             words.append(f"{len(added)} captured collection(s) have no assets yet: {_names(added)}; reload the code "
                          "location to add them (snapshot signals for them are held until then)")
         if removed:
             words.append(f"{len(removed)} collection(s) with assets are no longer captured: {_names(removed)}; "
                          "reload the code location to remove them (their landed files stay)")
+        if store is not None and now != stored:
+            try:
+                store(context.instance)
+                stored = now
+                words.append(f"stored the {len(now)} captured collection(s) as the defs state a load builds when "
+                             "MongoDB cannot be reached")
+            except DiscoveryError as exc:
+                words.append(f"the defs state could not be stored: {exc}")
         if planned:
             words.append(f"planned the snapshot ranges of {', '.join(planned)}")
         for line in words:
@@ -108,8 +125,8 @@ def build_discovery_sensor(interval_s: int, state: DiscoveryState, cdc: CdcAsset
             words.append(f"no change: MongoDB captures the same {len(now)} collection(s) the definitions were built "
                          f"for ({_names(sorted(now))})" if now else
                          "no change: the connector's filters capture no collection yet")
-        text = "; ".join(words)
-        return SensorResult(dynamic_partitions_requests=requests, skip_reason=text) if requests else SkipReason(text)
+        return SensorResult(dynamic_partitions_requests=requests, skip_reason="; ".join(words),
+                            cursor=orjson.dumps(sorted(stored)).decode())
 
     return discovery
 
@@ -177,7 +194,7 @@ def _snapshot_run(signal: SnapshotSignal, position: Position, namespaces: list[s
                   context: SensorEvaluationContext) -> list[RunRequest]:
     """One run for the signal (per range of a collection snapshotted in ranges, which fan out)."""
     kind: CdcKind = "incremental_snapshot" if signal.snapshot_type == "incremental" else "snapshot"
-    op = "mongocdc_incremental_snapshot" if kind == "incremental_snapshot" else "mongocdc_snapshot"
+    op = cdc.names.of(kind)  # the op of the snapshot multi-asset of that kind
     filters = {ns: text for ns in namespaces if (text := signal.condition_for(ns)) is not None}
     tags = {TAG_KIND: kind, TAG_SIGNAL: signal.signal_id, TAG_SIGNAL_POSITION: position.to_str(),
             TAG_SNAPSHOT_TYPE: signal.snapshot_type, TAG_COLLECTION: tag_value(_names(namespaces, 2))}
@@ -194,7 +211,7 @@ def _snapshot_run(signal: SnapshotSignal, position: Position, namespaces: list[s
             continue
         definition = cdc.ranged[ns]
         name = definition.op.name
-        for key in context.instance.get_dynamic_partitions(ranges_partitions_name(ns)):
+        for key in context.instance.get_dynamic_partitions(ranges_partitions_name(ns, cdc.names)):
             requests.append(RunRequest(
                 run_key=f"signal:{position.to_str()}:{key}", asset_selection=[cdc.key(ns, "snapshot")], partition_key=key,
                 run_config={"ops": {name: {"config": config}}}, tags={**tags, TAG_COLLECTION: tag_value(ns)},
@@ -215,10 +232,11 @@ def build_signal_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefinition:
 
     snapshots = [*cdc.keys_of("snapshot"), *cdc.keys_of("incremental_snapshot")]
 
-    @sensor(name="mongocdc_signals", minimum_interval_seconds=interval_s, default_status=DefaultSensorStatus.RUNNING,
-            target=AssetSelection.assets(*snapshots) if snapshots else None,
+    @sensor(name=cdc.names.of("signals"), minimum_interval_seconds=interval_s, default_status=DefaultSensorStatus.RUNNING,
+            target=AssetSelection.assets(*snapshots) if snapshots else None, required_resource_keys={cdc.names.mongocdc},
             description="Reads Debezium snapshot signals from signal.data.collection, in insert order.")
-    def signals(context: SensorEvaluationContext, mongocdc: MongoCdcResource) -> SensorResult | SkipReason:
+    def signals(context: SensorEvaluationContext, **_direct: object) -> SensorResult | SkipReason:
+        mongocdc = resource_of(context, cdc.names.mongocdc, MongoCdcResource)
         cfg = mongocdc.load_config()
         if not cfg.signal_data_collection:
             return SkipReason("signal.data.collection is not set in the connector config")
@@ -316,11 +334,13 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
 
     snapshots = list(cdc.keys_of("snapshot"))
 
-    @sensor(name="mongocdc_oplog_window", minimum_interval_seconds=interval_s,
+    @sensor(name=cdc.names.of("oplog_window"), minimum_interval_seconds=interval_s,
             default_status=DefaultSensorStatus.RUNNING, target=AssetSelection.assets(*snapshots) if snapshots else None,
+            required_resource_keys={cdc.names.mongocdc},
             description="Oplog window size (each shard's on a sharded cluster) and per-collection lag; re-snapshots "
                         "a collection only after a real gap.")
-    def oplog_window(context: SensorEvaluationContext, mongocdc: MongoCdcResource) -> SensorResult:
+    def oplog_window(context: SensorEvaluationContext, **_direct: object) -> SensorResult:
+        mongocdc = resource_of(context, cdc.names.mongocdc, MongoCdcResource)
         windows = mongocdc.oplog_windows()
         for name, why in sorted(windows.unreadable.items()):
             context.log.warning(f"{name}: its oplog window cannot be read ({why}); history lost there is found "
@@ -413,10 +433,10 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
     return oplog_window
 
 
-def build_sensors(interval_s: int, state: DiscoveryState, cdc: CdcAssets,
-                  ranged: dict[str, int]) -> list[SensorDefinition]:
+def build_sensors(interval_s: int, state: DiscoveryState, cdc: CdcAssets, ranged: dict[str, int],
+                  store: Callable[[DagsterInstance], None] | None = None) -> list[SensorDefinition]:
     return [
-        build_discovery_sensor(interval_s, state, cdc, ranged),
+        build_discovery_sensor(interval_s, state, cdc, ranged, store),
         build_signal_sensor(interval_s, cdc),
         build_oplog_window_sensor(interval_s, cdc),
     ]

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from mongocdc_core.config import ConnectorConfig
+from mongocdc_dagster.naming import CONNECTOR_NAME, ConnectorNames
 
 ENV_CONFIG = "MONGOCDC_CONFIG"
 ENV_HOME = "MONGOCDC_HOME"
@@ -85,7 +86,8 @@ class CdcSettings:
     ``config_path`` or ``properties`` names the connector (Debezium properties, as `mongocdc run`
     takes them); ``start`` None lets the windows start where the oplog starts (see
     :data:`MAX_DEFAULT_WINDOWS`). ``ranged`` maps a collection to the documents per range its
-    snapshot is split into, each range a partition of its own.
+    snapshot is split into, each range a partition of its own. ``name`` names the connector's definitions
+    when a project has several (None: the default connector, see :mod:`mongocdc_dagster.naming`).
     """
 
     home: Path
@@ -98,8 +100,12 @@ class CdcSettings:
     tables: bool = True
     spark_master: str = DEFAULT_SPARK_MASTER
     ranged: Mapping[str, int] = field(default_factory=dict)
+    name: str | None = None
 
     def __post_init__(self) -> None:
+        if self.name is not None and not CONNECTOR_NAME.match(self.name):
+            raise SettingsError(f"name={self.name!r} must be lower-case letters, digits and underscores, starting "
+                                "with a letter (it becomes part of the connector's resource, job and pool names)")
         if (self.config_path is None) == (self.properties is None):
             raise SettingsError("name the connector with exactly one of connector_config (a file) or "
                                 "connector_properties (inline Debezium properties)")
@@ -107,6 +113,11 @@ class CdcSettings:
             if "." not in namespace or size < 1:
                 raise SettingsError(f"ranged_snapshots: {namespace!r}: {size} must map '<db>.<collection>' to a "
                                     "positive number of documents per range")
+
+    @property
+    def names(self) -> ConnectorNames:
+        """What this connector's resources, sensors, schedules, jobs, ops and pools are called."""
+        return ConnectorNames(self.name)
 
     @property
     def landing_dir(self) -> Path:
@@ -138,6 +149,7 @@ class CdcSettings:
         tables: bool | None = None,
         spark_master: str | None = None,
         ranged_snapshots: Mapping[str, int] | None = None,
+        name: str | None = None,
         environ: Mapping[str, str] | None = None,
         base_dir: Path | None = None,
     ) -> CdcSettings:
@@ -184,6 +196,7 @@ class CdcSettings:
             tables=tables if tables is not None else tables_text in ("true", "1"),
             spark_master=spark_master or env.get(ENV_SPARK_MASTER) or DEFAULT_SPARK_MASTER,
             ranged=dict(ranged_snapshots or {}),
+            name=name,
         )
 
     @classmethod

@@ -59,19 +59,22 @@ from mongocdc_dagster.discovery import DiscoveryState
 from mongocdc_dagster.history import COVERS_FROM, PARTIAL, snapshot_position
 from mongocdc_dagster.landing import EnvelopeReport, Expectation, count_rows_at, live_keys, validate_file
 from mongocdc_dagster.metadata import metrics_metadata, position_metadata, position_time
+from mongocdc_dagster.naming import DEFAULT_NAMES, ConnectorNames
 from mongocdc_dagster.partitions import SliceWindows, ranges_partitions
-from mongocdc_dagster.resources import PLAN_FILE, RANGES_PREFIX, MongoCdcKafkaResource, MongoCdcResource
+from mongocdc_dagster.pools import Pools
+from mongocdc_dagster.resources import (
+    PLAN_FILE,
+    RANGES_PREFIX,
+    MongoCdcKafkaResource,
+    MongoCdcResource,
+    resource_of,
+)
 from mongocdc_dagster.routing import RouteTarget, WindowRouter
 from mongocdc_dagster.settings import CdcSettings
 from mongocdc_dagster.translator import CDC_KINDS, CdcKind, MongoCdcAssetProps, MongoCdcTranslator, name_part
 
 ENVELOPE_CHECK = "landing_envelopes"
 COUNT_CHECK = "source_count"
-#: Pools (instance concurrency limits, `dagster instance concurrency set <pool> <n>`): they apply to every run,
-#: launched from the UI, by a backfill, a schedule or a sensor.
-POOL_SNAPSHOTS = "mongocdc_snapshots"
-POOL_SNAPSHOT_RANGES = "mongocdc_snapshot_ranges"
-POOL_SLICES = "mongocdc_slices"
 
 
 class SnapshotConfig(Config):  # type: ignore[misc]
@@ -301,6 +304,11 @@ class CdcAssets:
     snapshot: AssetsDefinition | None = None
     incremental_snapshot: AssetsDefinition | None = None
     slices: AssetsDefinition | None = None
+    names: ConnectorNames = DEFAULT_NAMES
+
+    @property
+    def pools(self) -> Pools:
+        return Pools.of(self.names)
 
     def key(self, namespace: str, kind: CdcKind) -> AssetKey:
         return self.keys[(namespace, kind)]
@@ -355,7 +363,8 @@ def build_cdc_assets(
 ) -> CdcAssets:
     """One asset per discovered collection and CDC kind; keys, groups, tags and metadata from ``translator``."""
     windows = SliceWindows.build(settings, state)
-    out = CdcAssets(windows)
+    names = settings.names
+    out = CdcAssets(windows, names=names)
     specs: dict[CdcKind, list[AssetSpec]] = {kind: [] for kind in CDC_KINDS}
     ns_of: dict[AssetKey, str] = {}
     for namespace in state.namespaces:
@@ -364,14 +373,14 @@ def build_cdc_assets(
             out.keys[(namespace, kind)] = spec.key
             ns_of[spec.key] = namespace
             if kind == "snapshot" and namespace in settings.ranged:
-                out.ranged[namespace] = _ranged_snapshot_asset(spec, namespace, state)
+                out.ranged[namespace] = _ranged_snapshot_asset(spec, namespace, state, names)
                 continue
             specs[kind].append(spec)
     totals = {c.namespace: c.estimated_documents for c in state.collections}
     if specs["snapshot"]:
-        out.snapshot = _snapshot_asset(specs["snapshot"], ns_of, totals)
+        out.snapshot = _snapshot_asset(specs["snapshot"], ns_of, totals, names)
     if specs["incremental_snapshot"]:
-        out.incremental_snapshot = _incremental_asset(specs["incremental_snapshot"], ns_of, totals)
+        out.incremental_snapshot = _incremental_asset(specs["incremental_snapshot"], ns_of, totals, names)
     if specs["slices"]:
         out.slices = _slices_asset(specs["slices"], ns_of, out, windows)
     out.definitions = [d for d in (out.snapshot, out.incremental_snapshot, out.slices) if d is not None]
@@ -384,7 +393,7 @@ def _collection_meta(key: AssetKey, namespace: str) -> dict[str, Any]:
 
 
 def _snapshot_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str],
-                    totals: Mapping[str, int | None]) -> AssetsDefinition:
+                    totals: Mapping[str, int | None], names: ConnectorNames) -> AssetsDefinition:
     check_specs = [
         spec
         for s in specs
@@ -395,12 +404,12 @@ def _snapshot_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str],
         )
     ]
 
-    @multi_asset(name="mongocdc_snapshot", specs=specs, check_specs=check_specs, can_subset=True,
-                 pool=POOL_SNAPSHOTS, description="Blocking snapshots of the selected collections, one after another.")
-    def snapshot_asset(
-        context: AssetExecutionContext, config: SnapshotConfig, mongocdc: MongoCdcResource,
-        kafka: MongoCdcKafkaResource,
-    ) -> Iterator[MaterializeResult | AssetCheckResult]:
+    @multi_asset(name=names.of("snapshot"), specs=specs, check_specs=check_specs, can_subset=True,
+                 pool=Pools.of(names).snapshots, required_resource_keys={names.mongocdc, names.kafka},
+                 description="Blocking snapshots of the selected collections, one after another.")
+    def snapshot_asset(context: AssetExecutionContext, config: SnapshotConfig) -> Iterator[MaterializeResult | AssetCheckResult]:
+        mongocdc = resource_of(context, names.mongocdc, MongoCdcResource)
+        kafka = resource_of(context, names.kafka, MongoCdcKafkaResource)
         cfg = mongocdc.load_config()
         checks = _selected_checks(context)
         for key, namespace, filter_text, filter_doc in _selected_copies(context, config, mongocdc, cfg, ns_of):
@@ -440,7 +449,7 @@ def _snapshot_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str],
 
 
 def _incremental_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str],
-                       totals: Mapping[str, int | None]) -> AssetsDefinition:
+                       totals: Mapping[str, int | None], names: ConnectorNames) -> AssetsDefinition:
     check_specs = [
         spec
         for s in specs
@@ -451,12 +460,14 @@ def _incremental_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str],
         )
     ]
 
-    @multi_asset(name="mongocdc_incremental_snapshot", specs=specs, check_specs=check_specs, can_subset=True,
-                 pool=POOL_SNAPSHOTS, description="Incremental snapshots of the selected collections.")
+    @multi_asset(name=names.of("incremental_snapshot"), specs=specs, check_specs=check_specs, can_subset=True,
+                 pool=Pools.of(names).snapshots, required_resource_keys={names.mongocdc, names.kafka},
+                 description="Incremental snapshots of the selected collections.")
     def incremental_snapshot_asset(
-        context: AssetExecutionContext, config: SnapshotConfig, mongocdc: MongoCdcResource,
-        kafka: MongoCdcKafkaResource,
+        context: AssetExecutionContext, config: SnapshotConfig,
     ) -> Iterator[MaterializeResult | AssetCheckResult]:
+        mongocdc = resource_of(context, names.mongocdc, MongoCdcResource)
+        kafka = resource_of(context, names.kafka, MongoCdcKafkaResource)
         cfg = mongocdc.load_config()
         checks = _selected_checks(context)
         for key, namespace, filter_text, filter_doc in _selected_copies(context, config, mongocdc, cfg, ns_of):
@@ -548,23 +559,24 @@ def _range_done_files(folder: Path) -> dict[int, Position]:
     return done
 
 
-def _ranged_snapshot_asset(spec: AssetSpec, namespace: str, state: DiscoveryState) -> AssetsDefinition:
-    partitions = ranges_partitions(namespace)
+def _ranged_snapshot_asset(spec: AssetSpec, namespace: str, state: DiscoveryState,
+                           names: ConnectorNames) -> AssetsDefinition:
+    partitions = ranges_partitions(namespace, names)
     total = next((c.estimated_documents for c in state.collections if c.namespace == namespace), None)
     key = spec.key
 
     @multi_asset(
-        name=f"mongocdc_snapshot_ranges__{name_part(namespace)}",
+        name=names.of(f"snapshot_ranges__{name_part(namespace)}"),
         specs=[spec.replace_attributes(partitions_def=partitions)],
         check_specs=[AssetCheckSpec(ENVELOPE_CHECK, asset=key, description="every record is a valid read event")],
-        pool=POOL_SNAPSHOT_RANGES,
+        pool=Pools.of(names).snapshot_ranges,
+        required_resource_keys={names.mongocdc, names.kafka},
         backfill_policy=BackfillPolicy.multi_run(1),
         description=f"Blocking snapshot of {namespace}, one `_id` range per partition (backfill all ranges).",
     )
-    def ranged_snapshot(
-        context: AssetExecutionContext, config: SnapshotConfig, mongocdc: MongoCdcResource,
-        kafka: MongoCdcKafkaResource,
-    ) -> Iterator[MaterializeResult | AssetCheckResult]:
+    def ranged_snapshot(context: AssetExecutionContext, config: SnapshotConfig) -> Iterator[MaterializeResult | AssetCheckResult]:
+        mongocdc = resource_of(context, names.mongocdc, MongoCdcResource)
+        kafka = resource_of(context, names.kafka, MongoCdcKafkaResource)
         cfg = mongocdc.load_config()
         _require_captured(mongocdc, cfg, [namespace])
         range_key = RangeKey.parse(context.partition_key)
@@ -627,17 +639,18 @@ def _slices_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str], cdc: CdcAs
                    for s in specs]
 
     @multi_asset(
-        name="mongocdc_slices",
+        name=cdc.names.of("slices"),
         specs=partitioned,
         check_specs=check_specs,
         can_subset=True,
-        pool=POOL_SLICES,
+        pool=cdc.pools.slices,
+        required_resource_keys={cdc.names.mongocdc, cdc.names.kafka},
         backfill_policy=BackfillPolicy.single_run(),
         description="Stream slices of the selected collections and windows, read from one change stream.",
     )
-    def slices_asset(
-        context: AssetExecutionContext, mongocdc: MongoCdcResource, kafka: MongoCdcKafkaResource,
-    ) -> Iterator[MaterializeResult | AssetMaterialization | AssetCheckResult]:
+    def slices_asset(context: AssetExecutionContext) -> Iterator[MaterializeResult | AssetMaterialization | AssetCheckResult]:
+        mongocdc = resource_of(context, cdc.names.mongocdc, MongoCdcResource)
+        kafka = resource_of(context, cdc.names.kafka, MongoCdcKafkaResource)
         cfg = mongocdc.load_config()
         selected = sorted(context.selected_asset_keys, key=lambda k: ns_of[k])
         namespaces = [ns_of[k] for k in selected]

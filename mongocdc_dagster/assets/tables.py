@@ -36,11 +36,11 @@ from mongocdc_core.tables.progress import SparkWork
 from mongocdc_dagster.assets.cdc import CdcAssets, collection_props
 from mongocdc_dagster.discovery import DiscoveryState
 from mongocdc_dagster.metadata import position_metadata, spark_schema
-from mongocdc_dagster.resources import MongoCdcResource
+from mongocdc_dagster.naming import DEFAULT_NAMES, ConnectorNames
+from mongocdc_dagster.resources import MongoCdcResource, resource_of
 from mongocdc_dagster.settings import CdcSettings
 from mongocdc_dagster.translator import CDC_KINDS, MongoCdcTranslator
 
-POOL_TABLES = "mongocdc_tables"
 #: Table columns made from landing columns of another name (the rest map to the landing column of their own
 #: name, when one exists). Only columns that exist on both sides are ever named in the lineage.
 _FROM_LANDING: dict[str, tuple[str, ...]] = {
@@ -90,6 +90,7 @@ class TableAssets:
     tables: dict[str, CollectionTables] = field(default_factory=dict)
     #: ``dagster/table_name`` of each table asset, as its definition has it, repeated on its materialisations
     table_names: dict[AssetKey, str] = field(default_factory=dict)
+    names: ConnectorNames = DEFAULT_NAMES
 
     def key(self, namespace: str, kind: str) -> AssetKey:
         keys = self.changelog_keys if kind == "changelog" else self.current_state_keys
@@ -113,7 +114,7 @@ def work_metadata(work: SparkWork, **rates: int) -> dict[str, float | int | None
 
 def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, translator: MongoCdcTranslator,
                        cdc: CdcAssets) -> TableAssets:
-    out = TableAssets()
+    out = TableAssets(names=cdc.names)
     log_specs: list[AssetSpec] = []
     state_specs: list[AssetSpec] = []
     for namespace in state.namespaces:
@@ -133,11 +134,14 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
         return out
     upstream = {ns: [cdc.key(ns, kind) for kind in CDC_KINDS] for ns in state.namespaces}
 
-    @multi_asset(name="mongocdc_changelog", specs=log_specs, can_subset=True, pool=POOL_TABLES,
+    names = cdc.names
+
+    @multi_asset(name=names.of("changelog"), specs=log_specs, can_subset=True, pool=cdc.pools.tables,
+                 required_resource_keys={names.mongocdc, names.pyspark},
                  description="Refreshes the selected collections' changelog tables from their landing files.")
-    def changelog_asset(
-        context: AssetExecutionContext, mongocdc: MongoCdcResource, pyspark: PySparkResource
-    ) -> Iterator[MaterializeResult]:
+    def changelog_asset(context: AssetExecutionContext) -> Iterator[MaterializeResult]:
+        mongocdc = resource_of(context, names.mongocdc, MongoCdcResource)
+        pyspark = resource_of(context, names.pyspark, PySparkResource)
         spark: SparkSession = pyspark.spark_session
         for key in sorted(context.selected_asset_keys, key=lambda k: out.changelog_keys[k]):
             namespace = out.changelog_keys[key]
@@ -161,11 +165,11 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
                 **position_metadata("position", refresh.position),
             })
 
-    @multi_asset(name="mongocdc_current_state", specs=state_specs, can_subset=True, pool=POOL_TABLES,
+    @multi_asset(name=names.of("current_state"), specs=state_specs, can_subset=True, pool=cdc.pools.tables,
+                 required_resource_keys={names.pyspark},
                  description="Merges what each selected collection's changelog gained into its current_state table.")
-    def current_state_asset(
-        context: AssetExecutionContext, pyspark: PySparkResource
-    ) -> Iterator[MaterializeResult]:
+    def current_state_asset(context: AssetExecutionContext) -> Iterator[MaterializeResult]:
+        pyspark = resource_of(context, names.pyspark, PySparkResource)
         spark: SparkSession = pyspark.spark_session
         for key in sorted(context.selected_asset_keys, key=lambda k: out.current_state_keys[k]):
             namespace = out.current_state_keys[key]
