@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             unverified = verdict is not None and verdict.value == "unverified"
             status = ("PASS" if evaluation.passed else "UNVERIFIED" if unverified else "WARN" if warn else "FAIL")
             text = evaluation.description or ""
-            if not evaluation.passed and key in blocking:
+            if not evaluation.passed and key in blocking and not warn:  # a warning blocks nothing
                 if unverified:
                     unverified_blocking += 1
                 else:

@@ -5,7 +5,8 @@
   fails on a corrupted row; one result per collection. It says how many keys it compared, and is no
   pass below ``min_coverage`` of them (run config). Having no automation condition of its own, it rides
   along in every run that refreshes its current_state, right after the refresh: at a position the server
-  still holds, so it compares every key even on a hot collection.
+  still holds, so it compares every key even on a hot collection. Before anything of the collection
+  landed there is no table to compare: a warning (not a pass, not blocking) says to snapshot it.
 - ``no_gap_since_snapshot`` on each collection's slices (not blocking, on its own schedule): every closed
   window since the collection's snapshot is landed. Cross-window, so it reads the instance, not a run.
 
@@ -33,10 +34,11 @@ from dagster_pyspark import PySparkResource
 from pydantic import Field
 from pyspark.sql import SparkSession
 
+from mongocdc_core.tables.changelog import table_exists
 from mongocdc_core.tables.collection import reconcile_at_position
 from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE
 from mongocdc_dagster.assets.cdc import CdcAssets
-from mongocdc_dagster.assets.tables import POOL_TABLES, TableAssets
+from mongocdc_dagster.assets.tables import POOL_TABLES, TableAssets, landed_anything
 from mongocdc_dagster.history import collection_history, missing_windows
 from mongocdc_dagster.metadata import position_time
 from mongocdc_dagster.resources import MongoCdcResource
@@ -76,6 +78,15 @@ def build_reconciliation_check(tables: TableAssets) -> AssetChecksDefinition | N
         cfg = mongocdc.load_config()
         for check_key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.to_user_string()):
             namespace = tables.current_state_keys[check_key.asset_key]
+            if (not table_exists(spark, tables.tables[namespace].current_state)
+                    and not landed_anything(mongocdc.landing_files(namespace))):
+                yield AssetCheckResult(
+                    asset_key=check_key.asset_key, check_name=RECONCILE_CHECK, passed=False,
+                    severity=AssetCheckSeverity.WARN,
+                    description=f"{namespace}: no table to compare yet, nothing of it has landed; snapshot the "
+                                "collection to build its tables",
+                    metadata={"collection": namespace, "verdict": "not_built", "keys_compared": 0})
+                continue
             result = reconcile_at_position(spark, tables.tables[namespace], cfg, progress=context.log.info,
                                            min_coverage=config.min_coverage)
             where = position_time(result.position) or "no position (empty table)"

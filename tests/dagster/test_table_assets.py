@@ -11,7 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster import AssetCheckKey, AssetKey, AssetSelection, DagsterInstance, Definitions, define_asset_job
+from dagster import (
+    AssetCheckKey,
+    AssetCheckSeverity,
+    AssetKey,
+    AssetSelection,
+    DagsterInstance,
+    DagsterRunStatus,
+    Definitions,
+    define_asset_job,
+    evaluate_automation_conditions,
+)
 from delta.tables import DeltaTable
 from pymongo import MongoClient
 from pymongo.database import Database
@@ -122,6 +132,18 @@ def test_a_hot_collection_reconciled_in_its_refreshs_run_compares_every_key(
     assert "200 of 200 keys compared (100%); matches" in (check.description or "")
 
 
+def _cli(env: CdcEnv, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``mongocdc check -m <these definitions> args``: its exit code and what it printed."""
+    module = types.ModuleType("mongocdc_test_definitions")
+    module.defs = env.defs  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    try:
+        code = check_cli.main(["-m", f"{module.__name__}:defs", *args])
+    finally:
+        del sys.modules[module.__name__]
+    return code, capsys.readouterr().out
+
+
 @pytest.mark.fault
 def test_a_check_that_compared_no_key_is_not_a_pass_in_dagster_nor_on_the_command_line(
         tmp_path: Path, instance: DagsterInstance, capsys: pytest.CaptureFixture[str]) -> None:
@@ -144,19 +166,55 @@ def test_a_check_that_compared_no_key_is_not_a_pass_in_dagster_nor_on_the_comman
         assert (meta["keys_compared"], meta["keys_excluded"], meta["coverage"]) == (0, 40, 0.0), meta
         assert "0 of 40 keys compared (0%), below the 90% required: NOT VERIFIED" in (check.description or "")
 
-        module = types.ModuleType("mongocdc_test_unverified")
-        module.defs = env.defs  # type: ignore[attr-defined]
-        sys.modules[module.__name__] = module
-        try:
-            code = check_cli.main(["-m", f"{module.__name__}:defs", "--collection", "hist.orders",
-                                   "--check", "matches_source"])
-            unverified = capsys.readouterr().out
-            lenient = check_cli.main(["-m", f"{module.__name__}:defs", "--collection", "hist.orders",
-                                      "--check", "matches_source", "--min-coverage", "0"])
-            passing = capsys.readouterr().out
-        finally:
-            del sys.modules[module.__name__]
+        code, unverified = _cli(env, capsys, "--collection", "hist.orders", "--check", "matches_source")
+        lenient, passing = _cli(env, capsys, "--collection", "hist.orders", "--check", "matches_source",
+                                "--min-coverage", "0")
         assert code == check_cli.EXIT_UNVERIFIED, unverified
         assert "UNVERIFIED hist/orders/current_state  matches_source  blocking" in unverified
         assert "1 check(s), 0 blocking failure(s), 1 not verified" in unverified
         assert lenient == 0 and "PASS  hist/orders/current_state" in passing, passing
+
+
+def test_the_table_automation_refreshes_what_landed_once_and_queues_none_behind_a_running_refresh(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A fresh deployment builds no table before something landed; a landing requests one refresh of
+    that collection's tables only, and while it is queued or running a further landing requests none
+    (the next refresh takes it, once)."""
+    db.orders.insert_many([{"_id": i, "qty": i} for i in range(5)])
+    db.quiet.insert_many([{"_id": i} for i in range(3)])  # never snapshotted: nothing of it lands
+    env = make_env(tmp_path, mongo_uri, db, ["orders", "quiet"])
+    tables = [env.key(c, k) for c in ("orders", "quiet") for k in ("changelog", "current_state")]
+    first = evaluate_automation_conditions(defs=env.defs, instance=instance)
+    assert first.total_requested == 0  # nothing landed: no empty tables
+
+    env.materialize(instance, [env.key("orders", "snapshot")])
+    landed = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=first.cursor)
+    orders = [env.key("orders", "changelog"), env.key("orders", "current_state")]
+    assert {k for k in tables if landed.get_num_requested(k)} == set(orders)
+
+    job = Definitions.merge(env.defs, Definitions(jobs=[define_asset_job("refresh", AssetSelection.assets(*orders))]))
+    running = instance.create_run_for_job(job.resolve_job_def("refresh"), status=DagsterRunStatus.STARTED)
+    tick = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=landed.cursor)
+    assert tick.total_requested == 0
+    env.materialize(instance, [env.key("orders", "snapshot")])  # lands again while the refresh runs
+    behind = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=tick.cursor)
+    assert behind.total_requested == 0, "a second refresh was queued behind the running one"
+    instance.report_run_canceled(running)
+    after = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=behind.cursor)
+    assert {k for k in tables if after.get_num_requested(k)} == set(orders)  # the landing is refreshed once
+
+    # a refresh that selects a collection with nothing landed (its empty slices landed, say) builds no table
+    # for it, and its check warns instead of failing on an empty table against a collection never copied
+    result = _refresh_with_checks(env, instance, ["orders", "quiet"], ("changelog", "current_state"))
+    assert result.success
+    assert not any(Path(env.settings.tables_root).glob(f"{db.name}__quiet__*"))
+    for kind in ("changelog", "current_state"):
+        assert materialization_metadata(instance, env.key("quiet", kind))["built"] is False
+    checks = {e.asset_key.path[1]: e for e in result.get_asset_check_evaluations()}
+    assert checks["orders"].passed
+    quiet = checks["quiet"]
+    assert not quiet.passed and quiet.severity == AssetCheckSeverity.WARN and "nothing of it has landed" in (
+        quiet.description or "")
+    code, said = _cli(env, capsys, "--collection", env.ns("quiet"), "--check", "matches_source")
+    assert code == 0 and f"WARN  {db.name}/quiet/current_state  matches_source  blocking" in said, said
