@@ -3,10 +3,12 @@
 No webserver, no daemon: it loads the code location (``mongocdc_dagster.definitions`` by default, or
 ``-m module[:attribute]``), runs the standalone asset checks of the selected collections in this process
 against the deployment's Dagster instance (``DAGSTER_HOME``, so the results show in the UI too), prints
-one line per check and exits 1 when a blocking check failed (2 on a usage error)::
+one line per check and exits 1 when a blocking check failed, 3 when none failed but one could not
+verify enough (``matches_source`` compared fewer than ``--min-coverage`` of the keys: the table's
+position left the server's snapshot history and too many keys changed since), 2 on a usage error::
 
     mongocdc check --collection inventory.orders --collection 'inventory.cust*'
-    PASS  inventory/orders/current_state  matches_source  blocking  inventory.orders at ...: ...
+    PASS  inventory/orders/current_state  matches_source  blocking  inventory.orders at ...: ...; 30 of 30 keys compared (100%); matches
     FAIL  inventory/customers/current_state  matches_source  blocking  ...: DIFFERS at 1 key(s): ...
 """
 
@@ -30,7 +32,12 @@ from dagster import (
 from dagster._core.definitions.definitions_load_context import DefinitionsLoadContext, DefinitionsLoadType
 from dagster.components.definitions import LazyDefinitions
 
+from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE
+from mongocdc_dagster.checks import RECONCILE_CHECK
+
 DEFAULT_TARGET = "mongocdc_dagster.definitions:defs"
+#: Exit codes: a blocking check failed; a usage error; a blocking check could not verify enough.
+EXIT_FAILED, EXIT_USAGE, EXIT_UNVERIFIED = 1, 2, 3
 
 
 def load_definitions(target: str) -> Definitions:
@@ -58,7 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-c", "--collection", action="append", default=[],
                         help="collection ('db.coll', shell wildcards allowed); repeat; default: all")
     parser.add_argument("--check", action="append", default=[], help="only checks of this name; repeat")
+    parser.add_argument("--min-coverage", type=float, default=DEFAULT_MIN_COVERAGE, metavar="SHARE",
+                        help=f"{RECONCILE_CHECK}: the share of keys it must compare to pass "
+                             f"(default {DEFAULT_MIN_COVERAGE})")
     args = parser.parse_args(argv)
+    if not 0.0 <= args.min_coverage <= 1.0:
+        parser.error(f"--min-coverage must be a share between 0 and 1, got {args.min_coverage}")
     defs = load_definitions(args.module)
     graph = defs.get_repository_def().asset_graph
     check_keys = sorted(graph.asset_check_keys, key=lambda k: (k.asset_key.to_user_string(), k.name))
@@ -76,14 +88,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not selected:
         print(f"mongocdc check: no standalone asset check matches collections {args.collection or 'all'}"
               f" and checks {args.check or 'all'}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     job = define_asset_job("mongocdc_ci_checks", selection=AssetSelection.checks(*selected))
     resolved = Definitions.merge(defs, Definitions(jobs=[job])).resolve_job_def("mongocdc_ci_checks")
+    # the config goes to the op of the reconciliation check when it is selected (a job rejects config of ops it lacks)
+    run_config = {"ops": {graph.assets_def_for_key(k).node_def.name: {"config": {"min_coverage": args.min_coverage}}
+                          for k in selected if k.name == RECONCILE_CHECK}}
     with DagsterInstance.get() as instance:
-        result = resolved.execute_in_process(instance=instance, raise_on_error=False)
+        result = resolved.execute_in_process(instance=instance, raise_on_error=False, run_config=run_config)
     evaluations = {(e.asset_key, e.check_name): e for e in result.get_asset_check_evaluations()}
     blocking = {k for k in selected if graph.get_check_spec(k).blocking}
-    failed_blocking = 0
+    failed_blocking = unverified_blocking = 0
     for key in selected:
         evaluation = evaluations.get((key.asset_key, key.name))
         kind = "blocking" if key in blocking else "non-blocking"
@@ -92,12 +107,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed_blocking += key in blocking
         else:
             warn = evaluation.severity == AssetCheckSeverity.WARN
-            status = "PASS" if evaluation.passed else ("WARN" if warn else "FAIL")
+            verdict = evaluation.metadata.get("verdict")
+            unverified = verdict is not None and verdict.value == "unverified"
+            status = ("PASS" if evaluation.passed else "UNVERIFIED" if unverified else "WARN" if warn else "FAIL")
             text = evaluation.description or ""
-            failed_blocking += (not evaluation.passed) and key in blocking
+            if not evaluation.passed and key in blocking and not warn:  # a warning blocks nothing
+                if unverified:
+                    unverified_blocking += 1
+                else:
+                    failed_blocking += 1
         print(f"{status:<5} {key.asset_key.to_user_string()}  {key.name}  {kind}  {text}", flush=True)
-    print(f"{len(selected)} check(s), {failed_blocking} blocking failure(s)", flush=True)
-    return 1 if failed_blocking else 0
+    print(f"{len(selected)} check(s), {failed_blocking} blocking failure(s), {unverified_blocking} not verified",
+          flush=True)
+    return EXIT_FAILED if failed_blocking else EXIT_UNVERIFIED if unverified_blocking else 0
 
 
 if __name__ == "__main__":

@@ -2,7 +2,11 @@
 
 - ``matches_source`` on each ``current_state`` (blocking): the table equals the MongoDB collection as it
   was at the table's position (``reconcile_at_position``), so it holds while writes continue and still
-  fails on a corrupted row; one result per collection.
+  fails on a corrupted row; one result per collection. It says how many keys it compared, and is no
+  pass below ``min_coverage`` of them (run config). Having no automation condition of its own, it rides
+  along in every run that refreshes its current_state, right after the refresh: at a position the server
+  still holds, so it compares every key even on a hot collection. Before anything of the collection
+  landed there is no table to compare: a warning (not a pass, not blocking) says to snapshot it.
 - ``no_gap_since_snapshot`` on each collection's slices (not blocking, on its own schedule): every closed
   window since the collection's snapshot is landed. Cross-window, so it reads the instance, not a run.
 
@@ -22,15 +26,19 @@ from dagster import (
     AssetChecksDefinition,
     AssetCheckSeverity,
     AssetCheckSpec,
+    Config,
     MetadataValue,
     multi_asset_check,
 )
 from dagster_pyspark import PySparkResource
+from pydantic import Field
 from pyspark.sql import SparkSession
 
+from mongocdc_core.tables.changelog import table_exists
 from mongocdc_core.tables.collection import reconcile_at_position
+from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE
 from mongocdc_dagster.assets.cdc import CdcAssets
-from mongocdc_dagster.assets.tables import TableAssets
+from mongocdc_dagster.assets.tables import TableAssets, landed_anything
 from mongocdc_dagster.history import collection_history, missing_windows
 from mongocdc_dagster.metadata import position_time
 from mongocdc_dagster.pools import Pools
@@ -40,12 +48,22 @@ RECONCILE_CHECK = "matches_source"
 GAP_CHECK = "no_gap_since_snapshot"
 
 
+class ReconcileConfig(Config):
+    """Run config of ``matches_source``."""
+
+    min_coverage: float = Field(
+        default=DEFAULT_MIN_COVERAGE, ge=0.0, le=1.0,
+        description="the share of keys that must be compared for a pass (keys changed since the table's "
+                    "position are left out when the server no longer holds it)")
+
+
 def build_reconciliation_check(tables: TableAssets) -> AssetChecksDefinition | None:
     """``matches_source`` for every collection's current_state."""
     specs = [
         AssetCheckSpec(RECONCILE_CHECK, asset=key, blocking=True,
                        description="current_state equals the collection as it was at the table's position "
-                                   "(keys changed since then are left out and counted)")
+                                   "(keys changed since then are left out and counted; no pass below "
+                                   "min_coverage of the keys compared)")
         for key in tables.current_state_keys
     ]
     if not specs:
@@ -56,31 +74,43 @@ def build_reconciliation_check(tables: TableAssets) -> AssetChecksDefinition | N
     @multi_asset_check(name=names.of("reconciliation"), specs=specs, can_subset=True, pool=Pools.of(names).tables,
                        required_resource_keys={names.mongocdc, names.pyspark},
                        description="Reconciles each selected current_state with MongoDB at the table's position.")
-    def reconciliation(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
+    def reconciliation(context: AssetCheckExecutionContext, config: ReconcileConfig) -> Iterator[AssetCheckResult]:
         mongocdc = resource_of(context, names.mongocdc, MongoCdcResource)
         pyspark = resource_of(context, names.pyspark, PySparkResource)
         spark: SparkSession = pyspark.spark_session
         cfg = mongocdc.load_config()
         for check_key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.to_user_string()):
             namespace = tables.current_state_keys[check_key.asset_key]
-            result = reconcile_at_position(spark, tables.tables[namespace], cfg, progress=context.log.info)
+            if (not table_exists(spark, tables.tables[namespace].current_state)
+                    and not landed_anything(mongocdc.landing_files(namespace))):
+                yield AssetCheckResult(
+                    asset_key=check_key.asset_key, check_name=RECONCILE_CHECK, passed=False,
+                    severity=AssetCheckSeverity.WARN,
+                    description=f"{namespace}: no table to compare yet, nothing of it has landed; snapshot the "
+                                "collection to build its tables",
+                    metadata={"collection": namespace, "verdict": "not_built", "keys_compared": 0})
+                continue
+            result = reconcile_at_position(spark, tables.tables[namespace], cfg, progress=context.log.info,
+                                           min_coverage=config.min_coverage)
             where = position_time(result.position) or "no position (empty table)"
-            verdict = ("matches" if result.matches else
-                       f"DIFFERS at {len(result.mismatching_keys)} key(s): {', '.join(result.mismatching_keys[:5])}")
             yield AssetCheckResult(
                 asset_key=check_key.asset_key,
                 check_name=RECONCILE_CHECK,
-                passed=result.matches,
+                passed=result.passed,
                 severity=AssetCheckSeverity.ERROR,
                 description=(f"{namespace} at {where}: table {result.table_rows} rows, source {result.source_rows} "
-                             f"({result.method}); {verdict}"),
+                             f"({result.method}); {result.summary()}"),
                 metadata={
                     "collection": namespace,
                     "position": where,
                     "method": result.method,
+                    "verdict": result.verdict,
                     "table_rows": result.table_rows,
                     "source_rows": result.source_rows,
+                    "keys_compared": result.keys_compared,
                     "keys_excluded": result.keys_excluded,
+                    "coverage": round(result.coverage, 4),
+                    "min_coverage": result.min_coverage,
                     "mismatching_keys": MetadataValue.json(list(result.mismatching_keys)),
                 },
             )

@@ -103,15 +103,16 @@ def _tables(console: Console, cfg: ConnectorConfig, landing: Path, root: Path) -
     finally:
         spark.stop()
     for item in results:
-        state = "[green]matches[/green]" if item.matches else "[red]DIFFERS[/red]"
+        colour = "green" if item.passed else "red"
         console.print(
             f"reconciliation {item.namespace} at {item.position} ({item.method}): table {item.table_rows} rows, "
-            f"source {item.source_rows}: {state}"
+            f"source {item.source_rows}: [{colour}]{item.summary()}[/{colour}]"
         )
-    if all(item.matches for item in results):
+    if all(item.passed for item in results):
         console.print("[bold green]each current_state equals its collection at the table's position[/bold green]")
         return []
-    return [f"current_state of {r.namespace} differs at {key}" for r in results for key in r.mismatching_keys[:10]]
+    return [f"current_state of {r.namespace} differs at {key}" for r in results for key in r.mismatching_keys[:10]] + [
+        f"current_state of {r.namespace}: {r.summary()}" for r in results if r.matches and not r.verified]
 
 
 def main(argv: list[str] | None = None) -> int:

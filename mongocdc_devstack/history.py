@@ -10,7 +10,6 @@ than the window answer SnapshotTooOld (239), as mongod does.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -74,7 +73,7 @@ class History:
                 f"clusterTime: {{ ts: Timestamp({at.time}, {at.inc}) }}; current clusterTime: "
                 f"{{ ts: Timestamp({current.time}, {current.inc}) }}",
             )
-        self._prune(int(time.time()))
+        self._prune(current.time)  # the window trails the cluster's time, as mongod's oldest timestamp does
         if ts_key(at) < self._oldest:
             oldest = Timestamp(*self._oldest)
             raise command_error(

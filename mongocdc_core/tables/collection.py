@@ -124,13 +124,48 @@ class StateRefresh:
 @dataclass(frozen=True)
 class Reconciliation:
     namespace: str
-    matches: bool
+    matches: bool  # no difference found among the keys compared
     position: str | None  # the table position the comparison was made at
     method: str  # "snapshot read at <cluster time>" or "keys changed since <pos> left out (…)"
     table_rows: int
     source_rows: int
     keys_excluded: int  # keys changed after the position, left out of the comparison
     mismatching_keys: list[str]  # first few, as a user would read them
+    keys_compared: int  # keys of either side compared (the rest were left out)
+    min_coverage: float = _reconcile.DEFAULT_MIN_COVERAGE
+
+    @property
+    def coverage(self) -> float:
+        """The share of keys compared (1.0 when neither side has a key: nothing was left out)."""
+        total = self.keys_compared + self.keys_excluded
+        return self.keys_compared / total if total else 1.0
+
+    @property
+    def verified(self) -> bool:
+        """Enough keys were compared for the result to say something."""
+        return self.coverage >= self.min_coverage
+
+    @property
+    def passed(self) -> bool:
+        """Equal to the source, having compared at least ``min_coverage`` of the keys."""
+        return self.matches and self.verified
+
+    @property
+    def verdict(self) -> str:
+        """``matches``, ``differs`` or ``unverified`` (no difference found, too few keys compared)."""
+        return "differs" if not self.matches else "matches" if self.verified else "unverified"
+
+    def summary(self) -> str:
+        """How much was verified and the outcome, in one line."""
+        total = self.keys_compared + self.keys_excluded
+        covered = f"{self.keys_compared} of {total} keys compared ({self.coverage:.0%})"
+        if not self.matches:
+            return f"{covered}; DIFFERS at {len(self.mismatching_keys)} key(s): {', '.join(self.mismatching_keys[:5])}"
+        if not self.verified:
+            return (f"{covered}, below the {self.min_coverage:.0%} required: NOT VERIFIED (no difference found, "
+                    "but the table's position left the server's snapshot history and too many keys changed since; "
+                    "reconcile right after a refresh)")
+        return f"{covered}; matches"
 
 
 def refresh_changelog(
@@ -186,11 +221,14 @@ def refresh_current_state(
 
 
 def reconcile_at_position(
-    spark: SparkSession, tables: CollectionTables, cfg: ConnectorConfig, *, progress: Report | None = None
+    spark: SparkSession, tables: CollectionTables, cfg: ConnectorConfig, *, progress: Report | None = None,
+    min_coverage: float = _reconcile.DEFAULT_MIN_COVERAGE,
 ) -> Reconciliation:
     """Compare current_state with the MongoDB collection as it was at the table's position (passes
-    under continuous writes, fails on a corrupted row); see :mod:`mongocdc_core.tables.reconcile`.
-    ``progress`` as for :func:`refresh_changelog`."""
+    under continuous writes, fails on a corrupted row, is not verified below ``min_coverage`` of the keys
+    compared); see :mod:`mongocdc_core.tables.reconcile`. ``progress`` as for :func:`refresh_changelog`."""
+    if not 0.0 <= min_coverage <= 1.0:
+        raise ValueError(f"min_coverage must be a share between 0 and 1, got {min_coverage!r}")
     with reporting(spark, f"reconciliation of {tables.namespace}", progress):
         found = _reconcile.compare(spark, tables.namespace, tables.changelog, tables.current_state, cfg)
     return Reconciliation(
@@ -202,6 +240,8 @@ def reconcile_at_position(
         source_rows=found.source_rows,
         keys_excluded=found.keys_excluded,
         mismatching_keys=found.mismatching_keys,
+        keys_compared=found.keys_compared,
+        min_coverage=min_coverage,
     )
 
 

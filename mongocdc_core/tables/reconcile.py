@@ -10,6 +10,10 @@
 2. **The metadata columns** (``__position``, ``__op``, ``__source_ts_ms``, ``__deleted``) against the
    winning event of each key in the changelog version the table reflects.
 
+Every comparison says how much it verified: the keys compared of all keys of both sides (the keys left
+out are not verified). A comparison that verified less than ``min_coverage`` of them is no pass, even
+with no difference found: where every key changed since the table's position, it compared nothing.
+
 MongoDB is read only through :mod:`mongocdc_core.api`.
 """
 
@@ -49,6 +53,9 @@ from mongocdc_core.tables.current_state import (
 )
 
 MAX_REPORTED_KEYS = 20
+#: The share of keys a reconciliation must compare to pass. A check run with the refresh that produced
+#: the table reads at its position (coverage 1); below this, too many keys changed since to say anything.
+DEFAULT_MIN_COVERAGE = 0.9
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,7 @@ class Comparison:
     table_rows: int
     source_rows: int
     keys_excluded: int
+    keys_compared: int
     mismatching_keys: list[str]
 
 
@@ -169,6 +177,7 @@ def compare(spark: SparkSession, namespace: str, changelog: str, state: str, cfg
         leave_out = spark.createDataFrame([(k,) for k in excluded], T.StructType([T.StructField("__key", T.StringType())]))
         keys_excluded = leave_out.join(joined, "__key", "left_semi").count()
         joined = joined.join(leave_out, "__key", "left_anti")
+    keys_compared = joined.count()
     data_mismatch = joined.where(~F.col("t").eqNullSafe(F.col("s"))).select("__key")
 
     log = spark.read.format("delta").option("versionAsOf", int(props[VERSION_PROPERTY])).load(changelog)
@@ -190,5 +199,6 @@ def compare(spark: SparkSession, namespace: str, changelog: str, state: str, cfg
         table_rows=live.count(),
         source_rows=len(rows.records),
         keys_excluded=keys_excluded,
+        keys_compared=keys_compared,
         mismatching_keys=[r["id"] for r in found.collect()],
     )

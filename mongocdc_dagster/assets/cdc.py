@@ -245,20 +245,27 @@ def _key(ts: Timestamp) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class WindowRead:
-    """How one window of one collection is read: from ``start`` (the window start, or the snapshot
-    position when the start left the oplog), or not at all (``gap``: a real loss of history)."""
+    """How one window of one collection is read: from ``start`` (the window start, the snapshot position
+    when the start left the oplog, or the oplog's start before the collection's capture began), or not at
+    all (``gap``: a real loss of history)."""
 
     window_key: str
     window: TimeWindow
     start: Timestamp
     from_snapshot: Position | None = None
     gap: str | None = None
+    before_capture: bool = False
 
     @property
     def end(self) -> Timestamp:
         return _ts(self.window.end)
 
     def read_from(self) -> str:
+        if self.before_capture:
+            oplog = position_time(Position.from_timestamp(self.start))
+            return (f"the oplog's start {oplog}: the window's start left the oplog before the collection's capture "
+                    "began (no snapshot, no slice before this window), so nothing was lost; its first snapshot "
+                    "covers what came before")
         if self.from_snapshot is None:
             return "window start"
         if _key(self.from_snapshot.timestamp) >= _key(self.end):
@@ -269,13 +276,18 @@ class WindowRead:
 
 
 def plan_window_read(window_key: str, window: TimeWindow, oplog_first: Timestamp,
-                     snapshot: Position | None) -> WindowRead:
+                     snapshot: Position | None, *, landed_before: bool) -> WindowRead:
     """A window reads from its start while the oplog holds it. When the start has left the oplog, the
     collection's snapshot covers the window if its position is inside or after the window (and the oplog
-    still holds the snapshot position): it reads from there. Anything else is a real gap."""
+    still holds the snapshot position): it reads from there. Before the collection's capture began (no
+    snapshot, no slice landed before the window: a fresh deployment) nothing can have been lost: it reads
+    from the oplog's start. Anything else is a real gap."""
     start = _ts(window.start)
     if _key(start) >= _key(oplog_first):
         return WindowRead(window_key, window, start)
+    if snapshot is None and not landed_before:
+        first = min(oplog_first, _ts(window.end), key=_key)
+        return WindowRead(window_key, window, first, before_capture=True)
     if snapshot is not None and _key(snapshot.timestamp) >= _key(start):
         if _key(snapshot.timestamp) >= _key(_ts(window.end)):
             return WindowRead(window_key, window, _ts(window.end), from_snapshot=snapshot)
@@ -654,14 +666,20 @@ def _slices_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str], cdc: CdcAs
         cfg = mongocdc.load_config()
         selected = sorted(context.selected_asset_keys, key=lambda k: ns_of[k])
         namespaces = [ns_of[k] for k in selected]
+        ns_key = {ns_of[k]: k for k in selected}
         _require_captured(mongocdc, cfg, namespaces)
         window_keys = sorted(context.partition_keys, key=lambda k: windows.window(k).start)
         oplog_first = mongocdc.oplog_window().first
         reads: dict[tuple[str, int], WindowRead] = {}
         for namespace in namespaces:
             snap = snapshot_position(context.instance, cdc.snapshot_keys(namespace))
+            # the collection's capture began with its first landed slice (when it has no snapshot)
+            landed = [] if snap is not None else [
+                windows.window(k).start for k in context.instance.get_materialized_partitions(ns_key[namespace])]
             for index, window_key in enumerate(window_keys):
-                reads[(namespace, index)] = plan_window_read(window_key, windows.window(window_key), oplog_first, snap)
+                window = windows.window(window_key)
+                reads[(namespace, index)] = plan_window_read(
+                    window_key, window, oplog_first, snap, landed_before=any(t < window.start for t in landed))
         gaps = {k: r for k, r in reads.items() if r.gap is not None}
         todo = {k: r for k, r in reads.items() if r.gap is None}
         starts = [Position.from_timestamp(_ts(windows.window(k).start)) for k in window_keys]

@@ -3,8 +3,13 @@
 ``changelog`` reads the collection's landing files (snapshots, range files, incremental snapshots,
 slices) that are new or were re-written since it last ran; ``current_state`` merges what the changelog
 gained. Both are subsettable multi-assets over every collection, refreshed automatically when what
-they read lands (the translator's ``automation_condition``). Whether ``current_state`` equals the
-source is checked at the table's position by ``checks.py`` (blocking), so it holds while writes go on.
+they read lands (the translator's ``automation_condition``). A collection's tables are built once
+something has landed for it (a landing file holding a row): before that a refresh records that nothing
+is built (``built: false``) and writes no table, so no empty table fixes column types, and no check
+compares an empty table with a collection never copied. (It still materialises: leaving one collection's
+output out of a multi-asset would skip the next step for every collection of the run.) Whether
+``current_state`` equals the source is checked at the table's position by ``checks.py`` (blocking), in
+the refresh's run, so it holds while writes go on.
 
 The table functions are the tables package's per-collection API (``mongocdc_core.tables.collection``).
 
@@ -15,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow.parquet as pq
 from dagster import (
     AssetExecutionContext,
     AssetKey,
@@ -31,6 +37,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from mongocdc_core.sinks.parquet import LANDING_SCHEMA
+from mongocdc_core.tables.changelog import table_exists
 from mongocdc_core.tables.collection import CollectionTables, refresh_changelog, refresh_current_state
 from mongocdc_core.tables.progress import SparkWork
 from mongocdc_dagster.assets.cdc import CdcAssets, collection_props
@@ -112,6 +119,18 @@ def work_metadata(work: SparkWork, **rates: int) -> dict[str, float | int | None
     return out
 
 
+def landed_anything(files: Sequence[str]) -> bool:
+    """Whether any of a collection's landing files holds a row (read from the Parquet footers only)."""
+    return any(pq.read_metadata(f).num_rows > 0 for f in files)
+
+
+def not_built(namespace: str, why: str) -> dict[str, Any]:
+    """The metadata of a refresh that built nothing for a collection with nothing landed yet."""
+    return {"collection": namespace, "built": False, "dagster/row_count": 0,
+            "not_built": f"nothing of {namespace} has landed yet ({why}): its tables are built once a snapshot "
+                         "or a change lands; snapshot the collection to copy what it holds"}
+
+
 def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, translator: MongoCdcTranslator,
                        cdc: CdcAssets) -> TableAssets:
     out = TableAssets(names=cdc.names)
@@ -147,6 +166,12 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
             namespace = out.changelog_keys[key]
             tables = out.tables[namespace]
             files = mongocdc.landing_files(namespace)
+            if not table_exists(spark, tables.changelog) and not landed_anything(files):
+                context.log.info(f"{namespace}: nothing landed yet ({len(files)} empty landing file(s)); no table built")
+                yield MaterializeResult(asset_key=key, metadata={
+                    **not_built(namespace, f"{len(files)} landing file(s), none holding a row"),
+                    "landing_files": len(files)})
+                continue
             refresh = refresh_changelog(spark, tables, files, progress=context.log.info)
             context.log.info(f"{namespace}: {refresh.files_read} new or re-written landing file(s) of {len(files)}, "
                              f"{refresh.rows_added} rows added, {refresh.row_count} in the table")
@@ -174,6 +199,10 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
         for key in sorted(context.selected_asset_keys, key=lambda k: out.current_state_keys[k]):
             namespace = out.current_state_keys[key]
             tables = out.tables[namespace]
+            if not table_exists(spark, tables.changelog):
+                context.log.info(f"{namespace}: no changelog yet (nothing landed); no table built")
+                yield MaterializeResult(asset_key=key, metadata=not_built(namespace, "no changelog"))
+                continue
             refresh = refresh_current_state(spark, tables, progress=context.log.info)
             for change in refresh.schema_changes:
                 context.log.warning(f"{namespace}: {change}")

@@ -10,12 +10,12 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow.parquet as pq
 import pytest
 from bson import Timestamp
-from dagster import DagsterInstance, TimeWindow
+from dagster import DagsterInstance, RunRequest, TimeWindow, build_schedule_context
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from pymongo import MongoClient
 from pymongo.database import Database
@@ -23,6 +23,7 @@ from pymongo.database import Database
 from mongocdc_core.positions import Position
 from mongocdc_dagster.assets.cdc import plan_window_read
 from mongocdc_dagster.partitions import floor_to
+from mongocdc_dagster.schedules import build_latest_window_schedule
 from tests.dagster.cdc_helpers import (
     CdcEnv,
     checks_of,
@@ -45,20 +46,20 @@ def _ts(when: datetime, inc: int = 0) -> Timestamp:
 
 
 def test_a_window_reads_from_its_start_while_the_oplog_holds_it() -> None:
-    read = plan_window_read("k", _window(5), _ts(T0), None)
+    read = plan_window_read("k", _window(5), _ts(T0), None, landed_before=True)
     assert read.gap is None and read.start == _ts(T0 + timedelta(minutes=5)) and read.read_from() == "window start"
 
 
 def test_a_window_whose_start_left_the_oplog_reads_from_a_snapshot_inside_it() -> None:
     snapshot = Position(int((T0 + timedelta(minutes=5, seconds=20)).timestamp()), 3)
-    read = plan_window_read("k", _window(5), _ts(T0 + timedelta(minutes=5, seconds=10)), snapshot)
+    read = plan_window_read("k", _window(5), _ts(T0 + timedelta(minutes=5, seconds=10)), snapshot, landed_before=False)
     assert read.gap is None and read.start == snapshot.timestamp and read.from_snapshot == snapshot
     assert "the snapshot position" in read.read_from() and "left the oplog" in read.read_from()
 
 
 def test_a_window_before_the_snapshot_is_covered_and_empty() -> None:
     snapshot = Position(int((T0 + timedelta(minutes=9)).timestamp()), 1)
-    read = plan_window_read("k", _window(5), _ts(T0 + timedelta(minutes=8)), snapshot)
+    read = plan_window_read("k", _window(5), _ts(T0 + timedelta(minutes=8)), snapshot, landed_before=False)
     assert read.gap is None and read.start == read.end and "covers the window" in read.read_from()
 
 
@@ -69,8 +70,19 @@ def test_a_window_before_the_snapshot_is_covered_and_empty() -> None:
 ])
 def test_a_real_gap_says_why(snapshot_minute: float | None, why: str) -> None:
     snapshot = None if snapshot_minute is None else Position(int((T0 + timedelta(minutes=snapshot_minute)).timestamp()), 1)
-    read = plan_window_read("k", _window(5), _ts(T0 + timedelta(minutes=5, seconds=30)), snapshot)
+    read = plan_window_read("k", _window(5), _ts(T0 + timedelta(minutes=5, seconds=30)), snapshot, landed_before=True)
     assert read.gap is not None and "history lost" in read.gap and why in read.gap
+
+
+def test_before_a_collections_capture_began_a_window_reads_from_the_oplogs_start() -> None:
+    """No snapshot and no slice landed before the window (a fresh deployment): nothing was captured, so
+    nothing can have been lost; the window reads what the oplog holds of it."""
+    oplog_first = _ts(T0 + timedelta(minutes=5, seconds=30))
+    read = plan_window_read("k", _window(5), oplog_first, None, landed_before=False)
+    assert read.gap is None and read.before_capture and read.start == oplog_first
+    assert "before the collection's capture began" in read.read_from()
+    wholly_before = plan_window_read("k", _window(2), oplog_first, None, landed_before=False)
+    assert wholly_before.gap is None and wholly_before.start == wholly_before.end  # nothing to read
 
 
 # -- with an emulator whose clock runs in the past ------------------------------------------------------------
@@ -159,6 +171,10 @@ def test_windows_whose_start_left_the_oplog_read_from_the_snapshot_and_real_gaps
     clock.jump_to(first + timedelta(minutes=1, seconds=20))
     assert env.materialize(instance, [env.key("orders", "snapshot")]).success
     snapshot = Position.parse(materialization_metadata(instance, env.key("orders", "snapshot"))["position_raw"])
+    # customers' capture begins with window 0's slice (it has no snapshot)
+    db.create_collection("customers")
+    _wait_for_cluster_time(client, first + timedelta(minutes=1))
+    assert env.materialize(instance, [env.key("customers", "slices")], partition_key=first.strftime("%Y-%m-%d-%H:%M")).success
     clock.jump_to(first + timedelta(minutes=1, seconds=40))
     db.orders.insert_one({"_id": "after the snapshot"})  # window 1, after the snapshot: kept
     db.customers.insert_one({"_id": "no snapshot"})
@@ -182,9 +198,44 @@ def test_windows_whose_start_left_the_oplog_read_from_the_snapshot_and_real_gaps
     assert Position.parse(meta["read_start_raw"]) == Position.from_timestamp(snapshot.timestamp)
     table = pq.read_table(Path(meta["dagster/uri"]))
     assert table["key"].to_pylist() == ['{"id":"\\"after the snapshot\\""}']
-    # customers has no snapshot: its window 1 lost history, a clear failure and no file
+    # customers has no snapshot and its capture began before: its window 1 lost history, a clear failure
     failed = env.materialize(instance, [env.key("customers", "slices")], partition_key=keys[1], raise_on_error=False)
     assert not failed.success
     error = str([e for e in failed.all_events if e.is_step_failure][0].step_failure_data.error)
     assert "history lost" in error and "has no snapshot" in error
     assert not env.mongocdc.slice_path(env.ns("customers"), first + timedelta(minutes=1)).exists()
+
+
+@pytest.mark.fault
+def test_a_fresh_deployments_first_schedule_tick_before_any_snapshot_lands_its_window(
+        tmp_path: Path, travel: tuple[MongoClient[Any], TravelClock, str], instance: DagsterInstance) -> None:
+    """The oplog starts inside the first window (the server started then, as with a fresh ``make dev``) and
+    no collection was snapshotted: nothing was captured before, so nothing was lost; the tick's run lands
+    what the oplog holds of the window."""
+    client, clock, uri = travel
+    first = floor_to(clock.now(), 60) + timedelta(minutes=1)
+    env = _env(tmp_path, uri, client, first)
+    db = client["travel"]
+    clock.jump_to(first + timedelta(seconds=20))
+    db.other.insert_one({"_id": "the oplog starts here"})
+    start = client.local["oplog.rs"].find_one({"o._id": "the oplog starts here"})
+    assert start is not None
+    client.admin.command("mongocdcTruncateOplog", before=start["ts"])
+    clock.jump_to(first + timedelta(seconds=30))
+    db.orders.insert_one({"_id": "first"})
+    db.create_collection("customers")  # a quiet collection
+    clock.jump_to(first + timedelta(minutes=1, seconds=5))
+    db.other.insert_one({"_id": "tick"})
+    _wait_for_cluster_time(client, first + timedelta(minutes=1))
+    schedule = build_latest_window_schedule(env.cdc)
+    with build_schedule_context(instance=instance, scheduled_execution_time=first + timedelta(minutes=1)) as context:
+        (request,) = list(cast(Iterator[RunRequest], schedule(context)))
+    assert request.partition_key == first.strftime("%Y-%m-%d-%H:%M")
+    slices = [env.key("orders", "slices"), env.key("customers", "slices")]
+    result = env.materialize(instance, slices, partition_key=request.partition_key, tags=request.tags)
+    assert result.success
+    orders = partition_metadata(instance, slices[0], request.partition_key)
+    assert "before the collection's capture began" in orders["read_from"] and orders["dagster/row_count"] == 1
+    assert Position.parse(orders["read_start_raw"]).timestamp == start["ts"]
+    customers = partition_metadata(instance, slices[1], request.partition_key)
+    assert customers["dagster/row_count"] == 0

@@ -3,16 +3,34 @@ reconciliation at the table's position: passing while writes continue, failing o
 
 from __future__ import annotations
 
+import sys
+import threading
+import types
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetCheckKey, AssetKey, AssetSelection, DagsterInstance, Definitions, define_asset_job
+import pytest
+from dagster import (
+    AssetCheckKey,
+    AssetCheckSeverity,
+    AssetKey,
+    AssetSelection,
+    DagsterInstance,
+    DagsterRunStatus,
+    Definitions,
+    define_asset_job,
+    evaluate_automation_conditions,
+)
 from delta.tables import DeltaTable
+from pymongo import MongoClient
 from pymongo.database import Database
 from pyspark.sql import functions as F
 
 from mongocdc_core.tables import spark_session
+from mongocdc_dagster import check_cli
 from tests.dagster.cdc_helpers import CdcEnv, checks_of, make_env, materialization_metadata
+from tests.dagster.time_travel import travelling_replica_set
 
 
 def _reconcile(env: CdcEnv, instance: DagsterInstance, colls: list[str]) -> dict[str, Any]:
@@ -74,3 +92,134 @@ def test_one_launch_builds_a_collections_tables_and_reconciliation_holds_under_w
     (bad,) = _reconcile(env, instance, ["orders"]).values()
     assert not bad.passed and "DIFFERS" in (bad.description or "") and "7" in (bad.description or "")
     assert bad.asset_key == AssetKey([db.name, "orders", "current_state"])
+
+
+def _refresh_with_checks(env: CdcEnv, instance: DagsterInstance, colls: list[str],
+                         kinds: tuple[str, ...] = ("snapshot", "changelog", "current_state")) -> Any:
+    """One run refreshing the collections' tables, their checks riding along (as the table automation's
+    runs and a UI launch have them): the reconciliation runs right after the refresh."""
+    keys = [env.key(c, k) for c in colls for k in kinds]
+    job = define_asset_job("refresh", AssetSelection.assets(*keys))
+    defs = Definitions.merge(env.defs, Definitions(jobs=[job]))
+    return defs.resolve_job_def("refresh").execute_in_process(instance=instance)
+
+
+def test_a_hot_collection_reconciled_in_its_refreshs_run_compares_every_key(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    db.orders.insert_many([{"_id": i, "qty": i} for i in range(200)])
+    env = make_env(tmp_path, mongo_uri, db, ["orders"])
+    graph = env.defs.resolve_asset_graph()
+    check_key = AssetCheckKey(env.key("orders", "current_state"), "matches_source")
+    # no condition of its own: the automation's refresh runs take it along, after the refresh
+    assert graph.get(check_key).automation_condition is None
+    env.materialize(instance, [env.key("orders", "snapshot")])
+    stop = threading.Event()
+    written = [0]
+
+    def writer() -> None:  # changes every key, again and again, while the tables refresh and reconcile
+        while not stop.is_set():
+            db.orders.update_one({"_id": written[0] % 200}, {"$inc": {"qty": 1}})
+            written[0] += 1
+
+    thread = threading.Thread(target=writer, name="writer")
+    thread.start()
+    try:
+        result = _refresh_with_checks(env, instance, ["orders"], ("changelog", "current_state"))
+    finally:
+        stop.set()
+        thread.join()
+    assert written[0] >= 200, "the writer did not change every key during the run"
+    (check,) = [e for e in result.get_asset_check_evaluations() if e.check_name == "matches_source"]
+    meta = {k: v.value for k, v in check.metadata.items()}
+    assert check.passed, check.description
+    assert meta["method"].startswith("snapshot read at"), meta  # at a position the server still holds
+    assert meta["keys_compared"] == 200 and meta["keys_excluded"] == 0 and meta["coverage"] == 1.0, meta
+    assert "200 of 200 keys compared (100%); matches" in (check.description or "")
+
+
+def _cli(env: CdcEnv, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``mongocdc check -m <these definitions> args``: its exit code and what it printed."""
+    module = types.ModuleType("mongocdc_test_definitions")
+    module.defs = env.defs  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    try:
+        code = check_cli.main(["-m", f"{module.__name__}:defs", *args])
+    finally:
+        del sys.modules[module.__name__]
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.fault
+def test_a_check_that_compared_no_key_is_not_a_pass_in_dagster_nor_on_the_command_line(
+        tmp_path: Path, instance: DagsterInstance, capsys: pytest.CaptureFixture[str]) -> None:
+    """The table's position left the snapshot history (the emulator's clock jumps past its 300 s) and every
+    key changed since: the check compared nothing, so it is not a PASS; ``mongocdc check`` says so."""
+    with travelling_replica_set(behind_s=3600) as (uri, clock), MongoClient(uri) as client:
+        db = client["hist"]
+        db.create_collection("signals")
+        db.orders.insert_many([{"_id": i, "qty": i} for i in range(40)])
+        env = make_env(tmp_path, uri, db, ["orders"])
+        assert _refresh_with_checks(env, instance, ["orders"]).success
+        db.orders.update_many({}, {"$inc": {"qty": 1}})
+        now = db.command("ping")["operationTime"]
+        clock.jump_to(datetime.fromtimestamp(now.time + 400, UTC))
+        db.other.insert_one({"_id": 1})  # the cluster time moves on
+
+        (check,) = _reconcile(env, instance, ["orders"]).values()
+        meta = {k: v.value for k, v in check.metadata.items()}
+        assert not check.passed and meta["verdict"] == "unverified", check.description
+        assert (meta["keys_compared"], meta["keys_excluded"], meta["coverage"]) == (0, 40, 0.0), meta
+        assert "0 of 40 keys compared (0%), below the 90% required: NOT VERIFIED" in (check.description or "")
+
+        code, unverified = _cli(env, capsys, "--collection", "hist.orders", "--check", "matches_source")
+        lenient, passing = _cli(env, capsys, "--collection", "hist.orders", "--check", "matches_source",
+                                "--min-coverage", "0")
+        assert code == check_cli.EXIT_UNVERIFIED, unverified
+        assert "UNVERIFIED hist/orders/current_state  matches_source  blocking" in unverified
+        assert "1 check(s), 0 blocking failure(s), 1 not verified" in unverified
+        assert lenient == 0 and "PASS  hist/orders/current_state" in passing, passing
+
+
+def test_the_table_automation_refreshes_what_landed_once_and_queues_none_behind_a_running_refresh(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A fresh deployment builds no table before something landed; a landing requests one refresh of
+    that collection's tables only, and while it is queued or running a further landing requests none
+    (the next refresh takes it, once)."""
+    db.orders.insert_many([{"_id": i, "qty": i} for i in range(5)])
+    db.quiet.insert_many([{"_id": i} for i in range(3)])  # never snapshotted: nothing of it lands
+    env = make_env(tmp_path, mongo_uri, db, ["orders", "quiet"])
+    tables = [env.key(c, k) for c in ("orders", "quiet") for k in ("changelog", "current_state")]
+    first = evaluate_automation_conditions(defs=env.defs, instance=instance)
+    assert first.total_requested == 0  # nothing landed: no empty tables
+
+    env.materialize(instance, [env.key("orders", "snapshot")])
+    landed = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=first.cursor)
+    orders = [env.key("orders", "changelog"), env.key("orders", "current_state")]
+    assert {k for k in tables if landed.get_num_requested(k)} == set(orders)
+
+    job = Definitions.merge(env.defs, Definitions(jobs=[define_asset_job("refresh", AssetSelection.assets(*orders))]))
+    running = instance.create_run_for_job(job.resolve_job_def("refresh"), status=DagsterRunStatus.STARTED)
+    tick = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=landed.cursor)
+    assert tick.total_requested == 0
+    env.materialize(instance, [env.key("orders", "snapshot")])  # lands again while the refresh runs
+    behind = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=tick.cursor)
+    assert behind.total_requested == 0, "a second refresh was queued behind the running one"
+    instance.report_run_canceled(running)
+    after = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=behind.cursor)
+    assert {k for k in tables if after.get_num_requested(k)} == set(orders)  # the landing is refreshed once
+
+    # a refresh that selects a collection with nothing landed (its empty slices landed, say) builds no table
+    # for it, and its check warns instead of failing on an empty table against a collection never copied
+    result = _refresh_with_checks(env, instance, ["orders", "quiet"], ("changelog", "current_state"))
+    assert result.success
+    assert not any(Path(env.settings.tables_root).glob(f"{db.name}__quiet__*"))
+    for kind in ("changelog", "current_state"):
+        assert materialization_metadata(instance, env.key("quiet", kind))["built"] is False
+    checks = {e.asset_key.path[1]: e for e in result.get_asset_check_evaluations()}
+    assert checks["orders"].passed
+    quiet = checks["quiet"]
+    assert not quiet.passed and quiet.severity == AssetCheckSeverity.WARN and "nothing of it has landed" in (
+        quiet.description or "")
+    code, said = _cli(env, capsys, "--collection", env.ns("quiet"), "--check", "matches_source")
+    assert code == 0 and f"WARN  {db.name}/quiet/current_state  matches_source  blocking" in said, said

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from mongocdc_core import api
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.sinks.parquet import ParquetSink
 from mongocdc_core.tables import CollectionTables, reconcile_at_position
+from tests.dagster.time_travel import travelling_replica_set
 
 from .support import build
 
@@ -111,3 +113,44 @@ def test_reconciliation_at_the_tables_position(
     corrupted = reconcile_at_position(spark, tables, cfg, progress=said.append)
     assert said[-1].startswith(f"reconciliation of {tables.namespace}: done in ") and " Spark job(s), " in said[-1]
     assert not corrupted.matches and set(corrupted.mismatching_keys) == {"4", "5", "6"}, corrupted
+
+
+@pytest.mark.fault
+def test_a_reconciliation_that_compared_too_few_keys_is_no_pass(spark: SparkSession, tmp_path: Path) -> None:
+    """The table's position left the server's snapshot history (300 s, as mongod's default) and every key
+    changed since: the fallback leaves every key out, so it compared nothing and must not pass. The same
+    table reconciled while the server still held its position compares every key. The emulator's clock
+    runs behind and jumps past the history window (no waiting)."""
+    with travelling_replica_set(behind_s=3600) as (uri, clock):
+        client: MongoClient = MongoClient(uri)
+        db = client["hist"]
+        namespace = "hist.orders"
+        cfg = ConnectorConfig.from_dict({
+            "mongodb.connection.string": uri, "topic.prefix": "dbz", "collection.include.list": namespace,
+        })
+        db.orders.insert_many([{"_id": i, "qty": i} for i in range(30)])
+        snap_path = tmp_path / "landing" / "snapshot" / namespace / "snapshot.parquet"
+        sink = ParquetSink.to_file(snap_path)
+        api.snapshot_collection(cfg, namespace, sink)
+        sink.close()
+        tables = CollectionTables.under(str(tmp_path / "tables"), namespace)
+        build(spark, tables, snap_path)
+
+        db.orders.update_many({}, {"$inc": {"qty": 1}})  # every key changes after the table's position
+        held = reconcile_at_position(spark, tables, cfg)  # the server still holds the position
+        assert held.method.startswith("snapshot read at") and held.passed, held
+        assert (held.keys_compared, held.keys_excluded, held.coverage) == (30, 0, 1.0), held
+
+        now = api.current_cluster_time(cfg)
+        clock.jump_to(datetime.fromtimestamp(now.time + 400, UTC))  # past the 300 s history window
+        db.other.insert_one({"_id": 1})  # the cluster time moves on
+        lost = reconcile_at_position(spark, tables, cfg)
+        assert lost.method.startswith("keys changed since"), lost
+        assert (lost.keys_compared, lost.keys_excluded, lost.coverage) == (0, 30, 0.0), lost
+        assert lost.matches and not lost.verified and not lost.passed and lost.verdict == "unverified", lost
+        assert "0 of 30 keys compared (0%), below the 90% required: NOT VERIFIED" in lost.summary()
+        # the required share is the caller's: with none required, finding no difference is enough
+        assert reconcile_at_position(spark, tables, cfg, min_coverage=0.0).passed
+        with pytest.raises(ValueError, match="min_coverage must be a share between 0 and 1, got 1.5"):
+            reconcile_at_position(spark, tables, cfg, min_coverage=1.5)
+        client.close()
