@@ -2,14 +2,16 @@
 
 - ``refresh``: each collection's changelog, then its current_state, from the landing zone (every
   collection found there, or those named);
-- ``check``: each current_state against MongoDB at the table's position, one PASS/FAIL line per
-  collection, exit 1 when one fails (as ``mongocdc check`` does for the Dagster asset checks);
+- ``check``: each current_state against MongoDB at the table's position, one PASS / FAIL / UNVERIFIED
+  line per collection with how many keys it compared (as ``mongocdc check`` does for the Dagster asset
+  checks): exit 1 when one differs, 3 when one compared fewer than ``--min-coverage`` of its keys;
 - ``maintain``: OPTIMIZE and VACUUM of both tables;
 - ``jars``: fetch the Delta Lake and Kafka jars Spark needs (see :mod:`.jars`) into the user cache the
   tables look in, or into a directory to carry to a machine without network access.
 
 Progress is logged as lines (Spark's tasks done, rate and ETA every 10 s); a summary line per collection
-and one for the run end it. Exit codes: 0 done, 1 a refresh or check failed, 2 a usage error.
+and one for the run end it. Exit codes: 0 done, 1 a refresh or check failed, 2 a usage error, 3 a check
+that could not verify enough.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -42,11 +45,12 @@ from mongocdc_core.tables.collection import (
     refresh_current_state,
 )
 from mongocdc_core.tables.jars import ENV_JARS, Artifact, SparkSetupError, download, user_cache
-from mongocdc_core.tables.session import spark_session
+from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE
+from mongocdc_core.tables.session import ENV_SPARK_LOG, spark_session
 
 log = logging.getLogger("mongocdc.tables")
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNVERIFIED = 0, 1, 2, 3
 
 
 def _jars(args: argparse.Namespace) -> int:
@@ -73,11 +77,12 @@ def _selected(namespaces: Sequence[str], patterns: Sequence[str]) -> list[str]:
 
 
 def _each(what: str, namespaces: list[str], action: Callable[[str], str]) -> int:
-    """Run ``action`` per collection with a line before and after each; 1 when any failed."""
+    """Run ``action`` per collection with a line before and after each; 1 when any failed, 3 when none
+    failed but one could not be verified."""
     if not namespaces:
         log.error(f"{what}: no collection selected")
         return EXIT_FAILED
-    failed, started = 0, time.monotonic()
+    failed, unverified, started = 0, 0, time.monotonic()
     for n, namespace in enumerate(namespaces, 1):
         log.info(f"{what} {n} of {len(namespaces)}: {namespace}")
         began = time.monotonic()
@@ -87,15 +92,18 @@ def _each(what: str, namespaces: list[str], action: Callable[[str], str]) -> int
             failed += 1
             log.error(f"FAIL  {namespace}: {exc}", extra=fields(collection=namespace, ok=False))
             continue
-        ok = not outcome.startswith("FAIL")
-        failed += not ok
-        line = outcome if outcome.startswith(("PASS", "FAIL")) else f"done  {namespace}: {outcome}"
+        ok = not outcome.startswith(("FAIL", "UNVERIFIED"))
+        failed += outcome.startswith("FAIL")
+        unverified += outcome.startswith("UNVERIFIED")
+        line = outcome if outcome.startswith(("PASS", "FAIL", "UNVERIFIED")) else f"done  {namespace}: {outcome}"
         (log.info if ok else log.error)(f"{line} ({time.monotonic() - began:.1f} s)",
                                         extra=fields(collection=namespace, ok=ok))
     elapsed = time.monotonic() - started
-    log.info(f"{what}: {len(namespaces) - failed} of {len(namespaces)} collections done, {failed} failed, "
-             f"{elapsed:.1f} s", extra=fields(collections=len(namespaces), failed=failed, seconds=round(elapsed, 1)))
-    return EXIT_FAILED if failed else EXIT_OK
+    log.info(f"{what}: {len(namespaces) - failed - unverified} of {len(namespaces)} collections done, {failed} "
+             f"failed, {unverified} unverified, {elapsed:.1f} s",
+             extra=fields(collections=len(namespaces), failed=failed, unverified=unverified,
+                          seconds=round(elapsed, 1)))
+    return EXIT_FAILED if failed else EXIT_UNVERIFIED if unverified else EXIT_OK
 
 
 def _refresh(args: argparse.Namespace) -> int:
@@ -140,13 +148,10 @@ def _check(args: argparse.Namespace) -> int:
     namespaces = _selected(list(tables), args.collection)
 
     def check(namespace: str) -> str:
-        found = reconcile_at_position(spark, tables[namespace], cfg, progress=log.info)
-        verdict = "PASS" if found.matches else "FAIL"
-        detail = (f"table {found.table_rows} rows, source {found.source_rows}; {found.method}; "
-                  f"{found.keys_excluded} keys left out")
-        if found.mismatching_keys:
-            detail += f"; DIFFERS at {len(found.mismatching_keys)} key(s): {', '.join(found.mismatching_keys)}"
-        return f"{verdict}  {namespace} at {found.position}: {detail}"
+        found = reconcile_at_position(spark, tables[namespace], cfg, progress=log.info, min_coverage=args.min_coverage)
+        verdict = {"matches": "PASS", "differs": "FAIL", "unverified": "UNVERIFIED"}[found.verdict]
+        return (f"{verdict}  {namespace} at {found.position}: table {found.table_rows} rows, source "
+                f"{found.source_rows}; {found.method}; {found.summary()}")
 
     return _each("check", namespaces, check)
 
@@ -163,8 +168,18 @@ def _maintain(args: argparse.Namespace) -> int:
 
 
 def _spark(args: argparse.Namespace) -> SparkSession:
-    log.info(f"starting Spark ({args.master or 'MONGOCDC_SPARK_MASTER or local[2]'})")
+    """The session, Spark's own log lines in ``MONGOCDC_SPARK_LOG`` (default ``<tables>/_spark.log``)."""
+    spark_log = os.environ.setdefault(ENV_SPARK_LOG, str(Path(args.tables) / "_spark.log"))
+    Path(spark_log).parent.mkdir(parents=True, exist_ok=True)
+    log.info(f"starting Spark ({args.master or 'MONGOCDC_SPARK_MASTER or local[2]'}); its own log: {spark_log}")
     return spark_session(args.master)
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a share between 0 and 1, got {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -187,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="compare each current_state with MongoDB (exit 1 on a difference)")
     check.add_argument("--config", required=True, help="the connector config (to read MongoDB)")
     check.add_argument("--tables", type=Path, required=True, help="where the tables live")
+    check.add_argument("--min-coverage", type=_share, default=DEFAULT_MIN_COVERAGE, metavar="SHARE",
+                       help=f"no PASS below this share of keys compared (default {DEFAULT_MIN_COVERAGE})")
     collections(check)
     maintain = commands.add_parser("maintain", help="OPTIMIZE and VACUUM both tables of each collection")
     maintain.add_argument("--tables", type=Path, required=True, help="where the tables live")
@@ -208,9 +225,10 @@ def main(argv: list[str]) -> int:
         print(f"mongocdc tables: {exc}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(fmt, "INFO")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection lines are not the command's events
     run = {"refresh": _refresh, "check": _check, "maintain": _maintain, "jars": _jars}[args.command]
     try:
         return run(args)
-    except SparkSetupError as exc:
+    except (SparkSetupError, TableInputError) as exc:
         log.error(f"mongocdc tables {args.command}: {exc}")
         return EXIT_FAILED
