@@ -11,6 +11,7 @@ every current_state with its collection at the table's position.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import threading
@@ -89,8 +90,12 @@ def _tables(console: Console, cfg: ConnectorConfig, landing: Path, root: Path) -
         refresh_current_state,
         spark_session,
     )
+    from mongocdc_core.tables.session import ENV_SPARK_LOG
 
     console.rule("tables (PySpark + Delta Lake, one changelog and one current_state per collection)")
+    # Spark's start-up warnings and its own log lines go to a file, not between the demo's lines
+    spark_log = os.environ.setdefault(ENV_SPARK_LOG, str(root.parent / "spark.log"))
+    console.print(f"Spark's own log: {spark_log}")
     spark = spark_session()
     try:
         tables = [CollectionTables.under(str(root), f"{inventory.DATABASE}.{name}") for name in inventory.COLLECTIONS]

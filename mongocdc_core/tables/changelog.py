@@ -200,6 +200,32 @@ def landing_files(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     return list(dict.fromkeys(files))
 
 
+def landing_by_collection(paths: Sequence[str | os.PathLike[str]]) -> dict[str, list[str]]:
+    """The landing files of ``paths`` (as :func:`landing_files` finds them) per collection they hold rows of.
+
+    Read from each file's footer (the ``collection`` column's statistics) where one collection fills the
+    file, as every file the sinks write does; otherwise from the column itself. Local files only.
+    """
+    import pyarrow.parquet as pq
+
+    found: dict[str, list[str]] = {}
+    for path in landing_files(paths):
+        meta = pq.ParquetFile(path).metadata
+        names: set[str] = set()
+        index = meta.schema.names.index("collection") if "collection" in meta.schema.names else -1
+        if index < 0:
+            raise TableInputError(f"{path} is not a landing file (it has no 'collection' column)")
+        for group in range(meta.num_row_groups):
+            stats = meta.row_group(group).column(index).statistics
+            if stats is None or not stats.has_min_max or stats.min != stats.max or stats.null_count:
+                names = {v for v in pq.read_table(path, columns=["collection"])["collection"].to_pylist() if v}
+                break
+            names.add(stats.min if isinstance(stats.min, str) else bytes(stats.min).decode())
+        for name in names:
+            found.setdefault(name, []).append(path)
+    return found
+
+
 def file_version(spark: SparkSession, path: str) -> str:
     """Size and modification time of a file (a re-written file gets a new version)."""
     if "://" not in path:

@@ -1,43 +1,234 @@
-"""``mongocdc tables``: the tables' own command, for users without Dagster.
+"""``mongocdc tables``: the Delta tables without Dagster (a cron job, Airflow, a notebook's terminal).
 
-``mongocdc tables jars`` fetches the Delta Lake and Kafka jars Spark needs (see :mod:`.jars`), into the
-user cache the tables look in, or into a directory to carry to a machine without network access.
+- ``refresh``: each collection's changelog, then its current_state, from the landing zone (every
+  collection found there, or those named);
+- ``check``: each current_state against MongoDB at the table's position, one PASS / FAIL / UNVERIFIED
+  line per collection with how many keys it compared (as ``mongocdc check`` does for the Dagster asset
+  checks): exit 1 when one differs, 3 when one compared fewer than ``--min-coverage`` of its keys;
+- ``maintain``: OPTIMIZE and VACUUM of both tables;
+- ``jars``: fetch the Delta Lake and Kafka jars Spark needs (see :mod:`.jars`) into the user cache the
+  tables look in, or into a directory to carry to a machine without network access.
+
+Progress is logged as lines (Spark's tasks done, rate and ETA every 10 s); a summary line per collection
+and one for the run end it. Exit codes: 0 done, 1 a refresh or check failed, 2 a usage error, 3 a check
+that could not verify enough.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import logging
+import os
 import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pyspark.sql import SparkSession
+
+from mongocdc_core.config import ConfigError, ConnectorConfig
+from mongocdc_core.logs import ENV_LOG_FORMAT, LOG_FORMATS, configure_logging, fields, log_format
+from mongocdc_core.tables.changelog import (
+    COLLECTION_PROPERTY,
+    TableInputError,
+    landing_by_collection,
+    table_exists,
+    table_properties,
+)
+from mongocdc_core.tables.collection import (
+    CollectionTables,
+    TableOptions,
+    maintain,
+    reconcile_at_position,
+    refresh_changelog,
+    refresh_current_state,
+)
 from mongocdc_core.tables.jars import ENV_JARS, Artifact, SparkSetupError, download, user_cache
+from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE
+from mongocdc_core.tables.session import ENV_SPARK_LOG, spark_session
+
+log = logging.getLogger("mongocdc.tables")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNVERIFIED = 0, 1, 2, 3
 
 
-def _jars(folder: Path | None, repository: str | None) -> int:
-    target = folder if folder is not None else user_cache()
+def _jars(args: argparse.Namespace) -> int:
+    target = args.dir if args.dir is not None else user_cache()
 
     def report(done: int, total: int, artifact: Artifact) -> None:
-        print(f"[{done}/{total}] {artifact.coordinate}", flush=True)
+        log.info(f"[{done}/{total}] {artifact.coordinate}")
 
     try:
-        paths = download(target, repository, report)
+        paths = download(target, args.repository, report)
     except SparkSetupError as exc:
-        print(f"mongocdc tables jars: {exc}", file=sys.stderr)
-        return 1
+        log.error(f"mongocdc tables jars: {exc}")
+        return EXIT_FAILED
     size = sum(p.stat().st_size for p in paths)
-    print(f"{len(paths)} jars ({size / 1e6:.1f} MB) in {target}")
-    if folder is not None:
-        print(f"point the tables at them with {ENV_JARS}={target}")
-    return 0
+    log.info(f"{len(paths)} jars ({size / 1e6:.1f} MB) in {target}")
+    if args.dir is not None:
+        log.info(f"point the tables at them with {ENV_JARS}={target}")
+    return EXIT_OK
 
 
-def main(argv: list[str]) -> int:
+def _selected(namespaces: Sequence[str], patterns: Sequence[str]) -> list[str]:
+    """The namespaces matching any pattern (all of them without one), in order."""
+    return [ns for ns in sorted(namespaces) if not patterns or any(fnmatch.fnmatchcase(ns, p) for p in patterns)]
+
+
+def _each(what: str, namespaces: list[str], action: Callable[[str], str]) -> int:
+    """Run ``action`` per collection with a line before and after each; 1 when any failed, 3 when none
+    failed but one could not be verified."""
+    if not namespaces:
+        log.error(f"{what}: no collection selected")
+        return EXIT_FAILED
+    failed, unverified, started = 0, 0, time.monotonic()
+    for n, namespace in enumerate(namespaces, 1):
+        log.info(f"{what} {n} of {len(namespaces)}: {namespace}")
+        began = time.monotonic()
+        try:
+            outcome = action(namespace)
+        except (TableInputError, SparkSetupError, ValueError) as exc:
+            failed += 1
+            log.error(f"FAIL  {namespace}: {exc}", extra=fields(collection=namespace, ok=False))
+            continue
+        ok = not outcome.startswith(("FAIL", "UNVERIFIED"))
+        failed += outcome.startswith("FAIL")
+        unverified += outcome.startswith("UNVERIFIED")
+        line = outcome if outcome.startswith(("PASS", "FAIL", "UNVERIFIED")) else f"done  {namespace}: {outcome}"
+        (log.info if ok else log.error)(f"{line} ({time.monotonic() - began:.1f} s)",
+                                        extra=fields(collection=namespace, ok=ok))
+    elapsed = time.monotonic() - started
+    log.info(f"{what}: {len(namespaces) - failed - unverified} of {len(namespaces)} collections done, {failed} "
+             f"failed, {unverified} unverified, {elapsed:.1f} s",
+             extra=fields(collections=len(namespaces), failed=failed, unverified=unverified,
+                          seconds=round(elapsed, 1)))
+    return EXIT_FAILED if failed else EXIT_UNVERIFIED if unverified else EXIT_OK
+
+
+def _refresh(args: argparse.Namespace) -> int:
+    found = landing_by_collection([args.landing])
+    namespaces = _selected(list(found), args.collection)
+    log.info(f"landing zone {args.landing}: {sum(len(f) for f in found.values())} files of {len(found)} "
+             f"collections; refreshing {len(namespaces)}")
+    spark = _spark(args)
+    options = TableOptions(delete_handling=args.delete_handling)
+
+    def refresh(namespace: str) -> str:
+        tables = CollectionTables.under(str(args.tables), namespace)
+        log_refresh = refresh_changelog(spark, tables, found[namespace], progress=log.info)
+        state = refresh_current_state(spark, tables, options, progress=log.info)
+        return (f"changelog +{log_refresh.rows_added} rows from {log_refresh.files_read} new files "
+                f"({log_refresh.row_count} in all); current_state {state.keys_merged} keys merged, "
+                f"{state.row_count} rows, position {state.position}")
+
+    return _each("refresh", namespaces, refresh)
+
+
+def _tables_under(spark: SparkSession, root: Path) -> dict[str, CollectionTables]:
+    """namespace -> its CollectionTables, for every changelog under ``root`` (named by its own property)."""
+    found: dict[str, CollectionTables] = {}
+    for folder in sorted(root.glob("*__changelog")) if root.is_dir() else []:
+        if not table_exists(spark, str(folder)):
+            continue
+        namespace = table_properties(spark, str(folder)).get(COLLECTION_PROPERTY)
+        if namespace:
+            found[namespace] = CollectionTables.under(str(root), namespace)
+    return found
+
+
+def _check(args: argparse.Namespace) -> int:
+    try:
+        cfg = ConnectorConfig.load(args.config)
+    except (ConfigError, OSError) as exc:
+        log.error(f"invalid configuration {args.config}: {exc}")
+        return EXIT_USAGE
+    spark = _spark(args)
+    tables = _tables_under(spark, args.tables)
+    namespaces = _selected(list(tables), args.collection)
+
+    def check(namespace: str) -> str:
+        found = reconcile_at_position(spark, tables[namespace], cfg, progress=log.info, min_coverage=args.min_coverage)
+        verdict = {"matches": "PASS", "differs": "FAIL", "unverified": "UNVERIFIED"}[found.verdict]
+        return (f"{verdict}  {namespace} at {found.position}: table {found.table_rows} rows, source "
+                f"{found.source_rows}; {found.method}; {found.summary()}")
+
+    return _each("check", namespaces, check)
+
+
+def _maintain(args: argparse.Namespace) -> int:
+    spark = _spark(args)
+    tables = _tables_under(spark, args.tables)
+
+    def tidy(namespace: str) -> str:
+        figures = maintain(spark, tables[namespace], retention_hours=args.retention_hours, progress=log.info)
+        return ", ".join(f"{k} {v}" for k, v in figures.items()) or "no table yet"
+
+    return _each("maintain", _selected(list(tables), args.collection), tidy)
+
+
+def _spark(args: argparse.Namespace) -> SparkSession:
+    """The session, Spark's own log lines in ``MONGOCDC_SPARK_LOG`` (default ``<tables>/_spark.log``)."""
+    spark_log = os.environ.setdefault(ENV_SPARK_LOG, str(Path(args.tables) / "_spark.log"))
+    Path(spark_log).parent.mkdir(parents=True, exist_ok=True)
+    log.info(f"starting Spark ({args.master or 'MONGOCDC_SPARK_MASTER or local[2]'}); its own log: {spark_log}")
+    return spark_session(args.master)
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a share between 0 and 1, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mongocdc tables", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--log-format", default=None, choices=LOG_FORMATS,
+                        help=f"text (one line per event off a terminal) or json; default from {ENV_LOG_FORMAT}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="<command>")
+
+    def collections(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--collection", action="append", default=[], metavar="PATTERN",
+                         help="'<db>.<collection>' or a glob ('inventory.*'); repeatable; default: all")
+        sub.add_argument("--master", default=None, help="Spark master (default MONGOCDC_SPARK_MASTER or local[2])")
+
+    refresh = commands.add_parser("refresh", help="refresh changelog and current_state from the landing zone")
+    refresh.add_argument("--landing", type=Path, required=True, help="the landing zone (Parquet files)")
+    refresh.add_argument("--tables", type=Path, required=True, help="where the tables live")
+    refresh.add_argument("--delete-handling", default="drop", choices=["drop", "rewrite"],
+                         help="current_state drops deleted documents, or keeps them with __deleted = true")
+    collections(refresh)
+    check = commands.add_parser("check", help="compare each current_state with MongoDB (exit 1 on a difference)")
+    check.add_argument("--config", required=True, help="the connector config (to read MongoDB)")
+    check.add_argument("--tables", type=Path, required=True, help="where the tables live")
+    check.add_argument("--min-coverage", type=_share, default=DEFAULT_MIN_COVERAGE, metavar="SHARE",
+                       help=f"no PASS below this share of keys compared (default {DEFAULT_MIN_COVERAGE})")
+    collections(check)
+    maintain = commands.add_parser("maintain", help="OPTIMIZE and VACUUM both tables of each collection")
+    maintain.add_argument("--tables", type=Path, required=True, help="where the tables live")
+    maintain.add_argument("--retention-hours", type=int, default=168, help="VACUUM's retention (default 168)")
+    collections(maintain)
     jars = commands.add_parser("jars", help="download the Delta Lake and Kafka jars Spark needs (Maven Central)")
     jars.add_argument("--dir", type=Path, default=None,
                       help=f"put them here (default: {user_cache()}, where the tables look without {ENV_JARS})")
     jars.add_argument("--repository", default=None,
                       help="a Maven repository to fetch from (default: MONGOCDC_MAVEN_REPOSITORY or Maven Central)")
-    args = parser.parse_args(argv)
-    return _jars(args.dir, args.repository)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        fmt = log_format(args.log_format)
+    except ValueError as exc:
+        print(f"mongocdc tables: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(fmt, "INFO")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection lines are not the command's events
+    run = {"refresh": _refresh, "check": _check, "maintain": _maintain, "jars": _jars}[args.command]
+    try:
+        return run(args)
+    except (SparkSetupError, TableInputError) as exc:
+        log.error(f"mongocdc tables {args.command}: {exc}")
+        return EXIT_FAILED

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
@@ -16,6 +19,9 @@ from mongocdc_core.tables.jars import packages_failure, spark_jars_conf
 
 ENV_MASTER = "MONGOCDC_SPARK_MASTER"
 DEFAULT_MASTER = "local[2]"
+#: A file for Spark's own log lines from WARN on (see log4j2.properties beside this file; unset: none kept).
+ENV_SPARK_LOG = "MONGOCDC_SPARK_LOG"
+LOG4J2 = Path(__file__).with_name("log4j2.properties")
 
 
 def spark_conf(*, local_tuning: bool = True) -> dict[str, str]:
@@ -26,7 +32,11 @@ def spark_conf(*, local_tuning: bool = True) -> dict[str, str]:
     or CI runner wants; cluster deployments pass ``False``. Executors need no mongocdc: the tables
     run Spark SQL, and their one Python function is shipped with the job (it needs pyarrow only).
     """
+    log_file = os.environ.get(ENV_SPARK_LOG)
     conf = spark_jars_conf() | {
+        # the driver logs through mongocdc's log4j2 profile: errors on stderr, the rest in MONGOCDC_SPARK_LOG
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J2.as_uri()}"
+        + (f" -Dmongocdc.spark.log={Path(log_file).resolve()}" if log_file else ""),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.session.timeZone": "UTC",
@@ -52,6 +62,23 @@ def spark_conf(*, local_tuning: bool = True) -> dict[str, str]:
     return conf
 
 
+@contextmanager
+def _jvm_output_to(path: str | None) -> Iterator[None]:
+    """While a session starts, standard error is the Spark log file, so the JVM it launches keeps that file
+    for what it prints itself (the JVM's own warnings come before any log4j profile applies)."""
+    if not path:
+        yield
+        return
+    with open(path, "ab") as log_file:
+        saved = os.dup(2)
+        os.dup2(log_file.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def spark_session(master: str | None = None, app_name: str = "mongocdc-tables") -> SparkSession:
     """A (shared) SparkSession for the tables; master from the argument, ``MONGOCDC_SPARK_MASTER`` or local[2]."""
     chosen = master or os.environ.get(ENV_MASTER) or DEFAULT_MASTER
@@ -60,7 +87,8 @@ def spark_session(master: str | None = None, app_name: str = "mongocdc-tables") 
     for key, value in conf.items():
         builder = builder.config(key, value)
     try:
-        session = builder.getOrCreate()
+        with _jvm_output_to(os.environ.get(ENV_SPARK_LOG)):
+            session = builder.getOrCreate()
     except PySparkRuntimeError as exc:  # the JVM did not start: with spark.jars.packages, Ivy could not resolve
         if "spark.jars.packages" in conf:
             raise packages_failure(exc) from exc
