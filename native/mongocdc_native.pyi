@@ -30,6 +30,12 @@ def change_parts(
     """(key ``id`` string, ``before``, ``after``, ``updateDescription``, ``wallTime`` ms) of a change
     event's record without field transforms; None when the Python path converts it."""
 
+def debezium3_change_parts(
+    raw: bytes, op: str, pre_image: bool, update_full: bool, printable: bytes
+) -> tuple[bytes, bytes, bytes, bytes, int | None] | None:
+    """:func:`change_parts` in ``mongocdc.event.format=debezium_3x`` (the Java driver's texts);
+    ``printable`` is ``javajson.printable_bitmap()``."""
+
 def document_member(raw: bytes, name: str) -> bytes | None:
     """The BSON of the top-level embedded document ``name`` of ``raw`` (the last when repeated), or None."""
 

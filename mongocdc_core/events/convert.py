@@ -215,8 +215,14 @@ class EventConverter:
         ``skipped.operations`` yield no records.
         """
         if type(change) is RawChange:
-            if change.header is not None and (written := self._raw_change(change, position)) is not None:
-                return written
+            if change.header is not None:
+                written = (
+                    self._raw_change(change, position)
+                    if self._debezium3 is None
+                    else self._debezium3.convert_raw(change, position)
+                )
+                if written is not None:
+                    return written
             change = change.document()
         if self._debezium3 is not None:
             return self._debezium3.convert_change(change, position)
@@ -338,11 +344,11 @@ class EventConverter:
 
     def _raw_change(self, change: RawChange, position: Position) -> list[Record] | None:
         """:meth:`convert_change` of a raw event with a header, its documents written from the BSON
-        by the compiled module; None when the Python path converts it (another event format, field
+        by the compiled module; None when the Python path converts it (the oplog format, field
         transforms, or a type or shape the module leaves to Python, which also reports malformed
-        events with their own message)."""
+        events with their own message). ``debezium_3x`` has its own: :meth:`Debezium3Events.convert_raw`."""
         header = change.header
-        if header is None or self._debezium3 is not None or self._legacy or raw.native is None:
+        if header is None or self._legacy or raw.native is None:
             return None
         op_type, db, coll, txn_number = header[1], header[2], header[3], header[6]
         op = DATA_OPERATIONS.get(op_type)

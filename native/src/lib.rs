@@ -8,8 +8,10 @@
 //! style, as a JSON string literal). Only the common types are written here; a document holding
 //! anything else (regular expressions, timestamps, code, legacy UUIDs, special decimals, non-finite
 //! doubles, duplicate names, DBRefs, ...) is reported back as `None` and converted by the Python
-//! path, so the two always agree.
+//! path, so the two always agree. Change events are written the same way, in the default format
+//! (`DefaultFormat`) or in Debezium 3.x's (`java`), each a `PartsFormat` of the same event parts.
 
+mod java;
 mod landing;
 
 use base64::Engine as _;
@@ -107,6 +109,121 @@ fn json_string<const NESTED: bool>(out: &mut Vec<u8>, text: &[u8]) -> Written {
     Ok(())
 }
 
+/// A finite double's shortest round-trip decimal digits: value = (-)d.ddd × 10^exponent.
+struct Shortest {
+    negative: bool,
+    all: [u8; 32], // ryu writes at most 17 significant digits
+    start: usize,
+    end: usize,
+    exponent: i32,
+}
+
+impl Shortest {
+    /// Unsupported for NaN and the infinities (each writer spells those its own way).
+    fn of(value: f64) -> Result<Self, Unsupported> {
+        if !value.is_finite() {
+            return Err(Unsupported);
+        }
+        let mut buffer = ryu::Buffer::new();
+        let shortest = buffer.format_finite(value).as_bytes();
+        let (negative, text) = match shortest.split_first() {
+            Some((b'-', rest)) => (true, rest),
+            _ => (false, shortest),
+        };
+        let (mantissa, exponent) = match text.iter().position(|&b| b == b'e') {
+            Some(e) => {
+                let exp = std::str::from_utf8(&text[e + 1..]).ok().and_then(|s| s.parse::<i32>().ok());
+                (&text[..e], exp.ok_or(Unsupported)?)
+            }
+            None => (text, 0),
+        };
+        let dot = mantissa.iter().position(|&b| b == b'.').unwrap_or(mantissa.len()) as i32;
+        let mut all = [0u8; 32];
+        let mut count = 0;
+        for &b in mantissa.iter().filter(|&&b| b != b'.') {
+            *all.get_mut(count).ok_or(Unsupported)? = b;
+            count += 1;
+        }
+        let leading = all[..count].iter().take_while(|&&b| b == b'0').count();
+        let end = all[..count].iter().rposition(|&b| b != b'0').map_or(leading, |i| i + 1);
+        // value = 0.<all> * 10^(dot + exponent) = d.ddd * 10^e
+        Ok(Shortest { negative, all, start: leading, end: end.max(leading), exponent: dot + exponent - 1 - leading as i32 })
+    }
+
+    /// The significant digits (none for zero).
+    fn digits(&self) -> &[u8] {
+        &self.all[self.start..self.end]
+    }
+
+    /// The digits without an exponent, with at least one digit either side of the point
+    /// (`100.0`, `0.00125`): how orjson and Java's `Double.toString` both write mid-range values.
+    fn positional(&self, out: &mut Vec<u8>) {
+        let (digits, e) = (self.digits(), self.exponent);
+        if e >= 0 {
+            let whole = (e + 1) as usize;
+            if digits.len() <= whole {
+                out.extend_from_slice(digits);
+                out.extend(std::iter::repeat_n(b'0', whole - digits.len()));
+                out.extend_from_slice(b".0");
+            } else {
+                out.extend_from_slice(&digits[..whole]);
+                out.push(b'.');
+                out.extend_from_slice(&digits[whole..]);
+            }
+        } else {
+            out.extend_from_slice(b"0.");
+            out.extend(std::iter::repeat_n(b'0', (-e - 1) as usize));
+            out.extend_from_slice(digits);
+        }
+    }
+}
+
+/// A Decimal128's text as Python's `decimal.Decimal` prints the value (`str(Decimal128)`, as
+/// `ejson.decimal128_text` computes it); infinities, NaN and non-canonical encodings go to Python.
+fn decimal128_text(out: &mut Vec<u8>, bid: &[u8]) -> Written {
+    let n = u128::from_le_bytes(bid.try_into().map_err(|_| Unsupported)?);
+    let high = (n >> 64) as u64;
+    if high & DECIMAL_SPECIAL == DECIMAL_SPECIAL || high & DECIMAL_LARGE_FORM == DECIMAL_LARGE_FORM {
+        return Err(Unsupported);
+    }
+    let coefficient = n & ((1u128 << 113) - 1);
+    if coefficient > DECIMAL_MAX_COEFFICIENT {
+        return Err(Unsupported);
+    }
+    let exponent = ((high & 0x7FFF_8000_0000_0000) >> 49) as i64 - 6176;
+    if high >> 63 == 1 {
+        out.push(b'-');
+    }
+    let digits = coefficient.to_string();
+    let digits = digits.as_bytes();
+    let count = digits.len() as i64;
+    let adjusted = exponent + count - 1;
+    if exponent <= 0 && adjusted >= -6 {
+        if exponent == 0 {
+            out.extend_from_slice(digits);
+        } else if count > -exponent {
+            let point = (count + exponent) as usize;
+            out.extend_from_slice(&digits[..point]);
+            out.push(b'.');
+            out.extend_from_slice(&digits[point..]);
+        } else {
+            out.extend_from_slice(b"0.");
+            out.extend(std::iter::repeat_n(b'0', (-exponent - count) as usize));
+            out.extend_from_slice(digits);
+        }
+    } else {
+        out.push(digits[0]);
+        if count > 1 {
+            out.push(b'.');
+            out.extend_from_slice(&digits[1..]);
+        }
+        out.push(b'E');
+        out.push(if adjusted < 0 { b'-' } else { b'+' });
+        out.extend_from_slice(itoa::Buffer::new().format(adjusted.unsigned_abs()).as_bytes());
+    }
+    Ok(())
+}
+
 /// Writes Extended JSON text already escaped as the contents of a JSON string literal.
 struct Writer {
     out: Vec<u8>,
@@ -125,58 +242,17 @@ impl Writer {
     /// A finite double as orjson writes it: the shortest round-trip digits, positional from 1e-5
     /// up to below 1e16 (with `.0` when integral), otherwise `d.ddde+NN` / `d.ddde-N`.
     fn double(&mut self, value: f64) -> Written {
-        if !value.is_finite() {
-            return Err(Unsupported);
-        }
-        let mut buffer = ryu::Buffer::new();
-        let shortest = buffer.format_finite(value).as_bytes();
-        let (negative, text) = match shortest.split_first() {
-            Some((b'-', rest)) => (true, rest),
-            _ => (false, shortest),
-        };
-        let (mantissa, exponent) = match text.iter().position(|&b| b == b'e') {
-            Some(e) => {
-                let exp = std::str::from_utf8(&text[e + 1..]).ok().and_then(|s| s.parse::<i32>().ok());
-                (&text[..e], exp.ok_or(Unsupported)?)
-            }
-            None => (text, 0),
-        };
-        let dot = mantissa.iter().position(|&b| b == b'.').unwrap_or(mantissa.len()) as i32;
-        let mut all = [0u8; 32]; // ryu writes at most 17 significant digits
-        let mut count = 0;
-        for &b in mantissa.iter().filter(|&&b| b != b'.') {
-            *all.get_mut(count).ok_or(Unsupported)? = b;
-            count += 1;
-        }
-        let leading = all[..count].iter().take_while(|&&b| b == b'0').count();
-        let end = all[..count].iter().rposition(|&b| b != b'0').map_or(leading, |i| i + 1);
-        let digits = &all[leading..end.max(leading)];
-        if negative {
+        let shortest = Shortest::of(value)?;
+        let (digits, e) = (shortest.digits(), shortest.exponent);
+        if shortest.negative {
             self.out.push(b'-');
         }
         if digits.is_empty() {
             self.out.extend_from_slice(b"0.0");
             return Ok(());
         }
-        // value = 0.<all> * 10^(dot + exponent) = d.ddd * 10^e
-        let e = dot + exponent - 1 - leading as i32;
         if (-5..16).contains(&e) {
-            if e >= 0 {
-                let whole = (e + 1) as usize;
-                if digits.len() <= whole {
-                    self.out.extend_from_slice(digits);
-                    self.out.extend(std::iter::repeat_n(b'0', whole - digits.len()));
-                    self.out.extend_from_slice(b".0");
-                } else {
-                    self.out.extend_from_slice(&digits[..whole]);
-                    self.out.push(b'.');
-                    self.out.extend_from_slice(&digits[whole..]);
-                }
-            } else {
-                self.out.extend_from_slice(b"0.");
-                self.out.extend(std::iter::repeat_n(b'0', (-e - 1) as usize));
-                self.out.extend_from_slice(digits);
-            }
+            shortest.positional(&mut self.out);
         } else {
             self.out.push(digits[0]);
             if digits.len() > 1 {
@@ -208,50 +284,10 @@ impl Writer {
         Ok(())
     }
 
-    /// `{"$numberDecimal": <text>}`, the text as Python's `decimal.Decimal` prints the value (as
-    /// `ejson.decimal128_text` does); infinities, NaN and non-canonical encodings go to Python.
+    /// `{"$numberDecimal": <text>}` (see `decimal128_text`).
     fn decimal128(&mut self, bid: &[u8]) -> Written {
-        let n = u128::from_le_bytes(bid.try_into().map_err(|_| Unsupported)?);
-        let high = (n >> 64) as u64;
-        if high & DECIMAL_SPECIAL == DECIMAL_SPECIAL || high & DECIMAL_LARGE_FORM == DECIMAL_LARGE_FORM {
-            return Err(Unsupported);
-        }
-        let coefficient = n & ((1u128 << 113) - 1);
-        if coefficient > DECIMAL_MAX_COEFFICIENT {
-            return Err(Unsupported);
-        }
-        let exponent = ((high & 0x7FFF_8000_0000_0000) >> 49) as i64 - 6176;
         self.out.extend_from_slice(b"{\\\"$numberDecimal\\\": \\\"");
-        if high >> 63 == 1 {
-            self.out.push(b'-');
-        }
-        let digits = coefficient.to_string();
-        let digits = digits.as_bytes();
-        let count = digits.len() as i64;
-        let adjusted = exponent + count - 1;
-        if exponent <= 0 && adjusted >= -6 {
-            if exponent == 0 {
-                self.out.extend_from_slice(digits);
-            } else if count > -exponent {
-                let point = (count + exponent) as usize;
-                self.out.extend_from_slice(&digits[..point]);
-                self.out.push(b'.');
-                self.out.extend_from_slice(&digits[point..]);
-            } else {
-                self.out.extend_from_slice(b"0.");
-                self.out.extend(std::iter::repeat_n(b'0', (-exponent - count) as usize));
-                self.out.extend_from_slice(digits);
-            }
-        } else {
-            self.out.push(digits[0]);
-            if count > 1 {
-                self.out.push(b'.');
-                self.out.extend_from_slice(&digits[1..]);
-            }
-            self.out.push(b'E');
-            self.out.push(if adjusted < 0 { b'-' } else { b'+' });
-            self.out.extend_from_slice(itoa::Buffer::new().format(adjusted.unsigned_abs()).as_bytes());
-        }
+        decimal128_text(&mut self.out, bid)?;
         self.out.extend_from_slice(b"\\\"}");
         Ok(())
     }
@@ -452,7 +488,7 @@ fn element_end(kind: u8, data: &[u8], at: usize, end: usize) -> Option<usize> {
         0x01 | 0x09 | 0x11 | 0x12 => at + 8,
         0x07 => at + 12,
         0x08 => at + 1,
-        0x0a => at,
+        0x0a | 0x7f | 0xff => at,
         0x10 => at + 4,
         0x13 => at + 16,
         0x02 => at + 4 + declared(1)?,
@@ -761,25 +797,68 @@ fn update_description(out: &mut Writer, desc: &[u8]) -> Written {
     Ok(())
 }
 
-/// A document member as the JSON string of its Extended JSON text, or `null` when absent or null.
-fn document_or_null(out: &mut Writer, member: Option<(u8, &[u8])>) -> Written {
-    match member {
-        None | Some((0x0a, _)) => out.out.extend_from_slice(b"null"),
-        Some((0x03, document)) => {
-            out.out.push(b'"');
-            out.document(document, false, 0)?;
-            out.out.push(b'"');
-        }
-        Some(_) => return Err(Unsupported),
-    }
-    Ok(())
-}
-
 /// The parts of one change event's record: the key's `id` string, then `before`, `after` and
 /// `updateDescription` as their JSON, and `wallTime` in milliseconds.
 type ChangeParts = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>, Option<i64>);
 
-fn change_parts_of(raw: &[u8], op: &str, pre_image: bool, update_full: bool) -> Result<ChangeParts, Unsupported> {
+/// How one record format writes the parts of a change event taken from its BSON (the rest of the
+/// record, the same BSON fields in every format, is the Python converter's template).
+trait PartsFormat {
+    /// The key's `id` as a JSON string, from the event's `documentKey` (its names not repeated).
+    fn key_id(&self, document_key: &[u8]) -> Result<Vec<u8>, Unsupported>;
+    /// A document as the JSON string of its text (`before`, `after`) into `out`.
+    fn document(&self, out: &mut Vec<u8>, document: &[u8]) -> Written;
+    /// An update's `updateDescription` as JSON.
+    fn update_description(&self, desc: &[u8]) -> Result<Vec<u8>, Unsupported>;
+
+    /// `document` of a member, or `null` when absent or null.
+    fn document_or_null(&self, member: Option<(u8, &[u8])>) -> Result<Vec<u8>, Unsupported> {
+        match member {
+            None | Some((0x0a, _)) => Ok(b"null".to_vec()),
+            Some((0x03, document)) => {
+                let mut out = Vec::with_capacity(document.len() * 2);
+                self.document(&mut out, document)?;
+                Ok(out)
+            }
+            Some(_) => Err(Unsupported),
+        }
+    }
+}
+
+/// mongocdc's default format (`mongocdc_core.events.envelope`): strict Extended JSON as orjson
+/// spells it.
+struct DefaultFormat;
+
+impl PartsFormat for DefaultFormat {
+    fn key_id(&self, document_key: &[u8]) -> Result<Vec<u8>, Unsupported> {
+        let mut key_id = Writer { out: Vec::with_capacity(40) };
+        key_id.key_id(document_key)?;
+        Ok(key_id.out)
+    }
+
+    fn document(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
+        let mut writer = Writer { out: std::mem::take(out) };
+        writer.out.push(b'"');
+        let written = writer.document(document, false, 0);
+        writer.out.push(b'"');
+        *out = writer.out;
+        written
+    }
+
+    fn update_description(&self, desc: &[u8]) -> Result<Vec<u8>, Unsupported> {
+        let mut update = Writer { out: Vec::new() };
+        update_description(&mut update, desc)?;
+        Ok(update.out)
+    }
+}
+
+fn change_parts_of<F: PartsFormat>(
+    format: &F,
+    raw: &[u8],
+    op: &str,
+    pre_image: bool,
+    update_full: bool,
+) -> Result<ChangeParts, Unsupported> {
     let (mut key, mut full, mut desc, mut before, mut wall) = (None, None, None, None, None);
     for (name, kind, value) in members(raw).ok_or(Unsupported)? {
         match name {
@@ -791,48 +870,48 @@ fn change_parts_of(raw: &[u8], op: &str, pre_image: bool, update_full: bool) -> 
             _ => {}
         }
     }
-    let mut key_id = Writer { out: Vec::with_capacity(40) };
-    match key {
+    let key_id = match key {
         Some((0x03, document)) => {
             let names = members(document).ok_or(Unsupported)?;
             if repeats(&mut names.iter().map(|(n, _, _)| *n).collect::<Vec<_>>()) {
                 return Err(Unsupported); // decoded as a dict, the last `_id` would win
             }
-            key_id.key_id(document)?
+            format.key_id(document)?
         }
         _ => return Err(Unsupported),
-    }
-    let mut before_json = Writer { out: Vec::new() };
-    document_or_null(&mut before_json, if pre_image { before } else { None })?;
-    let mut after = Writer { out: Vec::with_capacity(full.map_or(8, |(_, v)| v.len() * 2)) };
-    let mut update = Writer { out: Vec::new() };
-    match op {
+    };
+    let before_json = format.document_or_null(if pre_image { before } else { None })?;
+    let (after, update) = match op {
         "update" => {
-            match desc {
-                Some((0x03, description)) => update_description(&mut update, description)?,
+            let update = match desc {
+                Some((0x03, description)) => format.update_description(description)?,
                 _ => return Err(Unsupported), // Python names the missing updateDescription
-            }
-            document_or_null(&mut after, if update_full { full } else { None })?;
+            };
+            (format.document_or_null(if update_full { full } else { None })?, update)
         }
         "insert" | "replace" => {
             if !matches!(full, Some((0x03, _))) {
                 return Err(Unsupported); // Python names the missing fullDocument
             }
-            document_or_null(&mut after, full)?;
-            update.out.extend_from_slice(b"null");
+            (format.document_or_null(full)?, b"null".to_vec())
         }
-        "delete" => {
-            after.out.extend_from_slice(b"null");
-            update.out.extend_from_slice(b"null");
-        }
+        "delete" => (b"null".to_vec(), b"null".to_vec()),
         _ => return Err(Unsupported),
-    }
+    };
     let wall_ms = match wall {
         None | Some((0x0a, _)) => None,
         Some((0x09, value)) => Some(le_i64(value, 0).ok_or(Unsupported)?),
         Some(_) => return Err(Unsupported),
     };
-    Ok((key_id.out, before_json.out, after.out, update.out, wall_ms))
+    Ok((key_id, before_json, after, update, wall_ms))
+}
+
+/// Python's view of `ChangeParts`.
+type PyChangeParts<'py> = (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<i64>);
+
+fn py_parts(py: Python<'_>, parts: Result<ChangeParts, Unsupported>) -> Option<PyChangeParts<'_>> {
+    let (key, before, after, update, wall) = parts.ok()?;
+    Some((PyBytes::new(py, &key), PyBytes::new(py, &before), PyBytes::new(py, &after), PyBytes::new(py, &update), wall))
 }
 
 /// The parts of the record of an ordinary change event of operation `op` (insert, update,
@@ -841,16 +920,24 @@ fn change_parts_of(raw: &[u8], op: &str, pre_image: bool, update_full: bool) -> 
 /// None when the event needs the Python path (a type or shape not written here, or an error the
 /// Python path reports with its own message).
 #[pyfunction]
-#[allow(clippy::type_complexity)]
-fn change_parts<'py>(
+fn change_parts<'py>(py: Python<'py>, raw: &[u8], op: &str, pre_image: bool, update_full: bool) -> Option<PyChangeParts<'py>> {
+    py_parts(py, change_parts_of(&DefaultFormat, raw, op, pre_image, update_full))
+}
+
+/// `change_parts` in `mongocdc.event.format=debezium_3x` (`mongocdc_core.events.debezium3`
+/// without field transforms): the texts as the Java driver writes them. `printable` is the bitmap
+/// of the BMP code points the driver writes as they are (`javajson.printable_bitmap`).
+#[pyfunction]
+fn debezium3_change_parts<'py>(
     py: Python<'py>,
     raw: &[u8],
     op: &str,
     pre_image: bool,
     update_full: bool,
-) -> Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<i64>)> {
-    let (key, before, after, update, wall) = change_parts_of(raw, op, pre_image, update_full).ok()?;
-    Some((PyBytes::new(py, &key), PyBytes::new(py, &before), PyBytes::new(py, &after), PyBytes::new(py, &update), wall))
+    printable: &[u8],
+) -> PyResult<Option<PyChangeParts<'py>>> {
+    let format = java::Debezium3::new(printable).map_err(PyValueError::new_err)?;
+    Ok(py_parts(py, change_parts_of(&format, raw, op, pre_image, update_full)))
 }
 
 /// The BSON of the top-level embedded document `name` of `raw` (the last, when repeated), or None.
@@ -867,6 +954,7 @@ fn mongocdc_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(cursor_batch, module)?)?;
     module.add_function(wrap_pyfunction!(change_header, module)?)?;
     module.add_function(wrap_pyfunction!(change_parts, module)?)?;
+    module.add_function(wrap_pyfunction!(debezium3_change_parts, module)?)?;
     module.add_function(wrap_pyfunction!(document_member, module)?)?;
     module.add_function(wrap_pyfunction!(landing::landing_columns, module)?)?;
     module.add_function(wrap_pyfunction!(landing::run_landing_columns, module)?)?;
