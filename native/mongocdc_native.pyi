@@ -12,9 +12,11 @@ def convert_reads(
     key_tail: bytes,
     value_head: bytes,
     value_tail: bytes,
+    printable: bytes | None = None,
 ) -> tuple[bytes, bytes, bytes, bytes, list[int]]:
     """The reads ``lo..hi`` as one run: keys end to end, their end offsets (native-endian u64), values
-    end to end, their end offsets, and the indexes (from ``lo``) left to the Python path (empty)."""
+    end to end, their end offsets, and the indexes (from ``lo``) left to the Python path (empty).
+    With ``printable`` (``javajson.printable_bitmap()``) the key ids and ``after`` are Debezium 3.x's."""
 
 def cursor_batch(reply: bytes) -> tuple[int, bytes, list[int], tuple[int, int] | None]:
     """Cursor id of a raw ``find``/``getMore`` reply, its batch's documents end to end, their bounds,

@@ -26,7 +26,7 @@ writes, as observed by running the real connector beside mongocdc (tests/compat)
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,9 +37,9 @@ from bson.timestamp import Timestamp
 from mongocdc_core.events import javajson, raw
 from mongocdc_core.events.changes import DATA_OPERATIONS, data_change, short
 from mongocdc_core.events.dates import datetime_millis, datetime_ns
-from mongocdc_core.events.envelope import NULL, key_template
+from mongocdc_core.events.envelope import AFTER_SLOT, NULL, key_template
 from mongocdc_core.events.options import EventOptions
-from mongocdc_core.events.raw import RawChange
+from mongocdc_core.events.raw import RawChange, RawDocuments
 from mongocdc_core.events.records import Record
 from mongocdc_core.events.schema import Serializer, _field, _json_field, _plain, _schema, adjust_schema_name
 from mongocdc_core.events.transforms import CollectionFields, FieldTransforms
@@ -371,9 +371,10 @@ def _constant(value: str) -> bytes:
 
 def _change_template(schema_prefix: bytes, options: EventOptions, db: str, coll: str) -> bytes:
     """A change event's value, as :meth:`Debezium3Events.convert_change` serialises its payload, with
-    slots in this order: ``before``, ``after``, ``updateDescription`` (JSON bytes), ``source.ts_ms``,
-    ``ts_us``, ``ts_ns``, ``ord`` (ints), ``lsid``, ``txnNumber``, ``wallTime``, ``op`` (JSON bytes),
-    ``ts_ms`` (int), ``transaction`` (JSON bytes). ``schema_prefix`` is empty without schemas."""
+    slots in this order: ``before``, ``after``, ``updateDescription`` (JSON bytes), ``source.ts_ms``
+    (int), ``snapshot`` (JSON bytes), ``ts_us``, ``ts_ns``, ``ord`` (ints), ``lsid``, ``txnNumber``,
+    ``wallTime``, ``op`` (JSON bytes), ``ts_ms`` (int), ``transaction`` (JSON bytes).
+    ``schema_prefix`` is empty without schemas. Snapshot reads use it too."""
     return (
         schema_prefix.replace(b"%", b"%%")
         + b'{"before":%b,"after":%b,"updateDescription":%b,"source":{"version":'
@@ -382,7 +383,7 @@ def _change_template(schema_prefix: bytes, options: EventOptions, db: str, coll:
         + _constant(CONNECTOR)
         + b',"name":'
         + _constant(options.topic_prefix)
-        + b',"ts_ms":%d,"snapshot":"false","db":'
+        + b',"ts_ms":%d,"snapshot":%b,"db":'
         + _constant(db)
         + b',"sequence":null,"ts_us":%d,"ts_ns":%d,"collection":'
         + _constant(coll)
@@ -391,7 +392,8 @@ def _change_template(schema_prefix: bytes, options: EventOptions, db: str, coll:
     )
 
 
-_OP_JSON = {op: orjson.dumps(op) for op in ("c", "u", "d")}
+_OP_JSON = {op: orjson.dumps(op) for op in ("c", "u", "d", "r")}
+_NOT_SNAPSHOT = orjson.dumps("false")
 #: Milliseconds whose nanoseconds (``source.ts_ns``) fit a signed 64-bit number.
 _NS_MS_LIMIT = 2**63 // 1_000_000
 
@@ -545,7 +547,7 @@ class Debezium3Events:
             txn_id = f"{lsid_text}:{txn_number}" if lsid_text is not None and txn_number is not None else None
             records, block = self._transactions.observe(txn_id, ctx.namespace, position, ts_ms)
         value = ctx.change_template % (
-            before, after, update_desc, ts_ms, ts_ms * 1000, ts_ms * 1_000_000, position.increment,
+            before, after, update_desc, ts_ms, _NOT_SNAPSHOT, ts_ms * 1000, ts_ms * 1_000_000, position.increment,
             NULL if lsid_text is None else orjson.dumps(lsid_text),
             NULL if txn_number is None else b"%d" % txn_number,
             NULL if wall_ms is None else b"%d" % wall_ms,
@@ -564,6 +566,48 @@ class Debezium3Events:
             text = lsid_json(change.decode(lsid_bson))
             self._last_lsid = (lsid_bson, text)
         return text
+
+    def convert_reads(
+        self,
+        documents: Sequence[Mapping[str, Any]],
+        markers: Sequence[str],
+        db: str,
+        coll: str,
+        position: Position,
+        ts: datetime.datetime | None = None,
+    ) -> Sequence[Record]:
+        """:meth:`convert_read` of each document of a snapshot chunk; a raw batch is written from its
+        BSON by the compiled module (:func:`raw.read_records`), with one processing time."""
+        ctx = self._collection(db, coll)
+        if isinstance(documents, RawDocuments) and ctx.fields is None and raw.native is not None and documents:
+            around = self._read_templates(ctx, markers, position, ts)
+            return raw.read_records(documents, markers, around, ctx.key_template, ctx.topic, ctx.namespace, position,
+                                    javajson.printable_bitmap(), self._left_read)  # fmt: skip
+        return [self.convert_read(doc, db, coll, position, marker, ts) for doc, marker in zip(documents, markers, strict=True)]
+
+    def _read_templates(
+        self, ctx: _Collection, markers: Sequence[str], position: Position, ts: datetime.datetime | None
+    ) -> dict[str, tuple[bytes, bytes]]:
+        """The value template's bytes before and after ``after``, per marker (as :meth:`convert_read`)."""
+        now_ms = self.options.now_ns() // 1_000_000
+        around: dict[str, tuple[bytes, bytes]] = {}
+        for marker in set(markers):
+            if marker == _INCREMENTAL:
+                ts_ns, snapshot, ord_ = position.seconds * 1_000_000_000, _INCREMENTAL, position.increment
+            else:
+                ts_ns = datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
+                snapshot, ord_ = (_LAST if marker == _LAST else "true"), -1
+            whole = ctx.change_template % (
+                NULL, AFTER_SLOT, NULL, ts_ns // 1_000_000, orjson.dumps(snapshot), ts_ns // 1_000, ts_ns, ord_,
+                NULL, NULL, NULL, _OP_JSON["r"], now_ms, NULL,
+            )  # fmt: skip
+            head, _, tail = whole.partition(AFTER_SLOT)
+            around[marker] = (head, tail)
+        return around
+
+    @staticmethod
+    def _left_read(doc: Mapping[str, Any]) -> tuple[bytes, bytes]:
+        return orjson.dumps(key_id(doc["_id"])), orjson.dumps(document_json(doc, None))
 
     def convert_read(
         self,

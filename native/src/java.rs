@@ -56,14 +56,14 @@ impl<'a> Debezium3<'a> {
 }
 
 impl PartsFormat for Debezium3<'_> {
-    fn key_id(&self, document_key: &[u8]) -> Result<Vec<u8>, Unsupported> {
-        let (_, kind, value) =
-            members(document_key).ok_or(Unsupported)?.into_iter().find(|(name, _, _)| *name == b"_id").ok_or(Unsupported)?;
-        let mut key = self.writer(RELAXED_INDENTED, Vec::with_capacity(48));
+    fn key_id(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
+        let (kind, value) = id_member(document).ok_or(Unsupported)?;
+        let mut key = self.writer(RELAXED_INDENTED, std::mem::take(out));
         key.out.push(b'"');
-        key.value(kind, value, 0)?;
+        let written = key.value(kind, value, 0);
         key.out.push(b'"');
-        Ok(key.out)
+        *out = key.out;
+        written
     }
 
     fn document(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
@@ -141,6 +141,27 @@ impl PartsFormat for Debezium3<'_> {
         out.out.push(b'}');
         Ok(out.out)
     }
+}
+
+/// The type and value bytes of a document's first `_id` (a repeated one fails the document's own walk).
+fn id_member(document: &[u8]) -> Option<(u8, &[u8])> {
+    if document.len() < 5 {
+        return None;
+    }
+    let end = document.len() - 1;
+    let mut at = 4;
+    while at < end {
+        let kind = document[at];
+        let name_end = at + 1 + document[at + 1..end].iter().position(|&b| b == 0)?;
+        let found = &document[at + 1..name_end] == b"_id";
+        at = name_end + 1;
+        let next = element_end(kind, document, at, end)?;
+        if found {
+            return Some((kind, &document[at..next]));
+        }
+        at = next;
+    }
+    None
 }
 
 /// Writes BSON values in one setting, as the contents of a JSON string literal.

@@ -500,16 +500,20 @@ fn element_end(kind: u8, data: &[u8], at: usize, end: usize) -> Option<usize> {
 }
 
 /// One read: the key and value bytes (templates around the key's id and the document's string).
-fn read_record(document: &[u8], templates: &[&[u8]; 4], key: &mut Writer, value: &mut Writer) -> Written {
+fn read_record<F: PartsFormat>(
+    format: &F,
+    document: &[u8],
+    templates: &[&[u8]; 4],
+    key: &mut Vec<u8>,
+    value: &mut Vec<u8>,
+) -> Written {
     let [key_head, key_tail, value_head, value_tail] = *templates;
-    key.out.extend_from_slice(key_head);
-    key.key_id(document)?;
-    key.out.extend_from_slice(key_tail);
-    value.out.extend_from_slice(value_head);
-    value.out.push(b'"');
-    value.document(document, false, 0)?;
-    value.out.push(b'"');
-    value.out.extend_from_slice(value_tail);
+    key.extend_from_slice(key_head);
+    format.key_id(key, document)?;
+    key.extend_from_slice(key_tail);
+    value.extend_from_slice(value_head);
+    format.document(value, document)?;
+    value.extend_from_slice(value_tail);
     Ok(())
 }
 
@@ -602,8 +606,10 @@ fn ends_bytes(ends: &[u64]) -> Vec<u8> {
 /// the end offset of each, the same for their values (each key and value the templates around the
 /// document's key id and `after` string), and the indexes (counted from `lo`) of the documents the
 /// Python path converts, whose key and value are left empty. No Python object per document, and
-/// the conversion runs without the GIL, so the copier's threads convert at the same time.
+/// the conversion runs without the GIL, so the copier's threads convert at the same time. With
+/// `printable` (see `debezium3_change_parts`), the key id and `after` are Debezium 3.x's texts.
 #[pyfunction]
+#[pyo3(signature = (data, bounds, lo, hi, key_head, key_tail, value_head, value_tail, printable=None))]
 #[allow(clippy::too_many_arguments)]
 #[allow(clippy::type_complexity)]
 fn convert_reads<'py>(
@@ -616,6 +622,7 @@ fn convert_reads<'py>(
     key_tail: &[u8],
     value_head: &[u8],
     value_tail: &[u8],
+    printable: Option<&[u8]>,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Vec<usize>)> {
     if lo > hi || hi >= bounds.len() || bounds[hi] > data.len() || bounds[lo..=hi].windows(2).any(|w| w[0] > w[1]) {
         return Err(PyValueError::new_err(format!(
@@ -625,25 +632,35 @@ fn convert_reads<'py>(
         )));
     }
     let templates = [key_head, key_tail, value_head, value_tail];
-    let (keys, key_ends, values, value_ends, left) = py.allow_threads(|| {
-        let mut key = Writer { out: Vec::with_capacity((hi - lo) * (key_head.len() + key_tail.len() + 48)) };
-        let mut value = Writer { out: Vec::with_capacity(bounds[hi] - bounds[lo] + (hi - lo) * (value_head.len() + value_tail.len() + 64)) };
-        let mut key_ends: Vec<u64> = Vec::with_capacity(hi - lo);
-        let mut value_ends: Vec<u64> = Vec::with_capacity(hi - lo);
-        let mut left: Vec<usize> = Vec::new();
-        for i in lo..hi {
-            let (key_mark, value_mark) = (key.out.len(), value.out.len());
-            if read_record(&data[bounds[i]..bounds[i + 1]], &templates, &mut key, &mut value).is_err() {
-                key.out.truncate(key_mark);
-                value.out.truncate(value_mark);
-                left.push(i - lo);
-            }
-            key_ends.push(key.out.len() as u64);
-            value_ends.push(value.out.len() as u64);
-        }
-        (key.out, ends_bytes(&key_ends), value.out, ends_bytes(&value_ends), left)
+    let debezium3 = printable.map(java::Debezium3::new).transpose().map_err(PyValueError::new_err)?;
+    let (keys, key_ends, values, value_ends, left) = py.allow_threads(|| match &debezium3 {
+        None => reads_run(&DefaultFormat, data, &bounds, lo, hi, &templates),
+        Some(format) => reads_run(format, data, &bounds, lo, hi, &templates),
     });
     Ok((PyBytes::new(py, &keys), PyBytes::new(py, &key_ends), PyBytes::new(py, &values), PyBytes::new(py, &value_ends), left))
+}
+
+/// The keys, key ends, values, value ends and left reads of `convert_reads`, in one format.
+type Run = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>, Vec<usize>);
+
+fn reads_run<F: PartsFormat>(format: &F, data: &[u8], bounds: &[usize], lo: usize, hi: usize, templates: &[&[u8]; 4]) -> Run {
+    let [key_head, key_tail, value_head, value_tail] = *templates;
+    let mut key = Vec::with_capacity((hi - lo) * (key_head.len() + key_tail.len() + 48));
+    let mut value = Vec::with_capacity(bounds[hi] - bounds[lo] + (hi - lo) * (value_head.len() + value_tail.len() + 64));
+    let mut key_ends: Vec<u64> = Vec::with_capacity(hi - lo);
+    let mut value_ends: Vec<u64> = Vec::with_capacity(hi - lo);
+    let mut left: Vec<usize> = Vec::new();
+    for i in lo..hi {
+        let (key_mark, value_mark) = (key.len(), value.len());
+        if read_record(format, &data[bounds[i]..bounds[i + 1]], templates, &mut key, &mut value).is_err() {
+            key.truncate(key_mark);
+            value.truncate(value_mark);
+            left.push(i - lo);
+        }
+        key_ends.push(key.len() as u64);
+        value_ends.push(value.len() as u64);
+    }
+    (key, ends_bytes(&key_ends), value, ends_bytes(&value_ends), left)
 }
 
 /// One member of a document: its name, BSON type and value bytes.
@@ -804,8 +821,9 @@ type ChangeParts = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>, Option<i64>);
 /// How one record format writes the parts of a change event taken from its BSON (the rest of the
 /// record, the same BSON fields in every format, is the Python converter's template).
 trait PartsFormat {
-    /// The key's `id` as a JSON string, from the event's `documentKey` (its names not repeated).
-    fn key_id(&self, document_key: &[u8]) -> Result<Vec<u8>, Unsupported>;
+    /// The key's `id` as a JSON string into `out`, from the `_id` of a document (an event's
+    /// `documentKey` or a read document).
+    fn key_id(&self, out: &mut Vec<u8>, document: &[u8]) -> Written;
     /// A document as the JSON string of its text (`before`, `after`) into `out`.
     fn document(&self, out: &mut Vec<u8>, document: &[u8]) -> Written;
     /// An update's `updateDescription` as JSON.
@@ -830,10 +848,11 @@ trait PartsFormat {
 struct DefaultFormat;
 
 impl PartsFormat for DefaultFormat {
-    fn key_id(&self, document_key: &[u8]) -> Result<Vec<u8>, Unsupported> {
-        let mut key_id = Writer { out: Vec::with_capacity(40) };
-        key_id.key_id(document_key)?;
-        Ok(key_id.out)
+    fn key_id(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
+        let mut writer = Writer { out: std::mem::take(out) };
+        let written = writer.key_id(document);
+        *out = writer.out;
+        written
     }
 
     fn document(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
@@ -876,7 +895,9 @@ fn change_parts_of<F: PartsFormat>(
             if repeats(&mut names.iter().map(|(n, _, _)| *n).collect::<Vec<_>>()) {
                 return Err(Unsupported); // decoded as a dict, the last `_id` would win
             }
-            format.key_id(document)?
+            let mut key_id = Vec::with_capacity(48);
+            format.key_id(&mut key_id, document)?;
+            key_id
         }
         _ => return Err(Unsupported),
     };
