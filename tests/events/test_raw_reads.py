@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import math
 import random
 import struct
 from typing import Any
@@ -145,6 +146,24 @@ def test_random_doubles_are_spelled_as_orjson_spells_them() -> None:
     docs = [{"_id": i, "v": v} for i, v in enumerate(values) if v == v and abs(v) != float("inf")]
     from_raw, from_dicts = _both_ways(docs, schemas_enable=False)
     assert from_raw == from_dicts
+
+
+def test_random_doubles_are_spelled_as_java_spells_them() -> None:
+    """Debezium 3.x: ``Double.toString`` (positional from 1e-3 to below 1e7), at and around its bounds
+    and over every exponent, in ``after`` (strict) and in the key (relaxed)."""
+    rng = random.Random(11)
+    values = [struct.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))[0] for _ in range(20_000)]
+    for bound in (1e-3, 1e7, 1e-5, 1e16):
+        values += [bound, -bound, math.nextafter(bound, 0.0), math.nextafter(bound, math.inf)]
+    values += [rng.uniform(1e6, 1e8) for _ in range(200)] + [rng.uniform(1e-4, 1e-2) for _ in range(200)]
+    values += [0.0, -0.0, 1.0, 100.0, 5e-324, 1.7976931348623157e308, float("nan"), float("inf"), float("-inf")]
+    docs = [{"_id": v, "v": v} for v in values]
+    raw = _raw(docs)
+    assert not _left(raw, "debezium_3x")
+    conv = converter(schemas_enable=False, event_format="debezium_3x")
+    markers = ["true"] * len(docs)
+    from_raw = conv.convert_reads(raw, markers, "inventory", "customers", POSITION, TS)
+    assert from_raw == conv.convert_reads(raw.decoded(), markers, "inventory", "customers", POSITION, TS)
 
 
 def test_documents_the_compiled_path_leaves_to_python() -> None:
