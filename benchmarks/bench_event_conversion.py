@@ -6,7 +6,7 @@ returns them: inserts, updates (``updateDescription`` plus the looked-up ``fullD
 deletes (with their tombstones) and transactions (inserts carrying ``lsid``/``txnNumber``, with
 ``provide.transaction.metadata`` so BEGIN/END records are written too). Each is converted in the
 default format and in ``mongocdc.event.format=debezium_3x``, with the Kafka Connect schema part on
-and off.
+and off, and (schema part on) with field rules (:data:`FIELD_RULES`).
 
 Baseline (same process, same batches): ``bson.decode_all`` of each batch plus
 ``orjson.dumps(event, default=bson.json_util.default)`` of every decoded event, i.e. a bare loop
@@ -144,6 +144,12 @@ def baseline_handle(doc: dict[str, Any], position: Position) -> bytes:
 
 #: The formats measured: mongocdc's default and the released Debezium 3.x bytes.
 FORMATS = ("change_streams", "debezium_3x")
+#: Field rules of the rows that have them: an exclusion inside a nested document, two renames (one
+#: inside the documents of an array).
+FIELD_RULES: dict[str, tuple[str, ...]] = {
+    "field_exclude_list": ("inventory.customers.address.zip",),
+    "field_renames": ("inventory.customers.email:mail", "inventory.customers.orders.qty:quantity"),
+}
 
 
 def run(small: bool) -> list[harness.Row]:
@@ -151,11 +157,13 @@ def run(small: bool) -> list[harness.Row]:
     rows = []
     for workload in WORKLOADS:
         batches = generate(workload, count)
-        variants = [(event_format, schemas) for event_format in FORMATS for schemas in (True, False)]
+        # (format, schemas, field rules): each format with the schema part on and off, and with rules
+        variants = [(f, schemas, rules) for f in FORMATS for schemas, rules in ((True, False), (False, False), (True, True))]
         converters = [
             EventConverter(EventOptions(topic_prefix="bench", rs="rs0", schemas_enable=schemas, event_format=event_format,
-                                        provide_transaction_metadata=workload == "transactions"))
-            for event_format, schemas in variants
+                                        provide_transaction_metadata=workload == "transactions",
+                                        **(FIELD_RULES if rules else {})))
+            for event_format, schemas, rules in variants
         ]  # fmt: skip
         # Rounds interleave the baseline and every conversion, so a change in the machine's load
         # weighs on all alike; the figures are the medians of the per-round values.
@@ -164,12 +172,13 @@ def run(small: bool) -> list[harness.Row]:
             base = _cpu_rate(batches, baseline_handle)
             rounds.append((base, [_cpu_rate(batches, conv.convert_change, STREAM_OPTIONS) for conv in converters]))
         base = statistics.median(r[0] for r in rounds)
-        for index, (event_format, schemas) in enumerate(variants):
+        for index, (event_format, schemas, rules) in enumerate(variants):
             rate = statistics.median(r[1][index] for r in rounds)
             ratio = statistics.median(r[1][index] / r[0] for r in rounds)
             label = "" if event_format == "change_streams" else f"{event_format}, "
+            extra = ", field rules" if rules else ""
             rows.append(harness.Row(
-                "conversion", f"{label}{workload}, schemas {'on' if schemas else 'off'}", BASELINE,
+                "conversion", f"{label}{workload}, schemas {'on' if schemas else 'off'}{extra}", BASELINE,
                 rate, base, "events/s", ratio, 0.9,
             ))  # fmt: skip
     return rows

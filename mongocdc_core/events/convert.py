@@ -101,6 +101,8 @@ class _Collection:
     key_template: bytes
     value_template: bytes
     fields: CollectionFields | None
+    #: ``fields`` as the compiled module applies them (None: no rules, or only the Python path's).
+    native_rules: raw.FieldRules | None
 
 
 class EventConverter:
@@ -182,7 +184,8 @@ class EventConverter:
                 db=db,
                 collection=coll,
             ),
-            fields=self._transforms.for_collection(db, coll),
+            fields=(fields := self._transforms.for_collection(db, coll)),
+            native_rules=raw.field_rules(fields),
         )
         self._collections[(db, coll)] = ctx
         return ctx
@@ -355,9 +358,10 @@ class EventConverter:
         if op in self._skipped:
             return []
         ctx = self._collections.get((db, coll)) or self._collection(db, coll)
-        if ctx.fields is not None:
+        rules = ctx.native_rules
+        if ctx.fields is not None and (rules is None or op_type == "update"):
             return None
-        parts = raw.native.change_parts(change.raw, op_type, self._pre_image, self._update_full)
+        parts = raw.native.change_parts(change.raw, op_type, self._pre_image, self._update_full, rules)
         if parts is None:
             return None
         key_id, before, after, update_desc, wall_ms = parts
@@ -444,7 +448,7 @@ class EventConverter:
         ts_ns = datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
         if isinstance(documents, RawDocuments):
             ctx = self._collection(db, coll)
-            if plain and ctx.fields is None and raw.native is not None and documents:
+            if plain and (ctx.fields is None or ctx.native_rules is not None) and raw.native is not None and documents:
                 return self._raw_reads(ctx, documents, markers, position, ts_ns)
             documents = documents.decoded()
         if not plain or not all(type(doc) is dict and "_id" in doc for doc in documents):
@@ -492,12 +496,13 @@ class EventConverter:
     ) -> Sequence[Record]:
         """:meth:`_reads` of a raw batch, written by the compiled module (:func:`raw.read_records`)."""
         around = self._read_templates(ctx, markers, position, ts_ns)
-        return raw.read_records(documents, markers, around, ctx.key_template, ctx.topic, ctx.namespace, position,
-                                None, self._left_read)  # fmt: skip
+        fields = ctx.fields
 
-    @staticmethod
-    def _left_read(doc: Mapping[str, Any]) -> tuple[bytes, bytes]:
-        return key_id_json(doc["_id"]), ejson.dumps_string(doc)
+        def left_read(doc: Mapping[str, Any]) -> tuple[bytes, bytes]:
+            return key_id_json(doc["_id"]), ejson.dumps_string(fields.document(doc) if fields is not None else doc)
+
+        return raw.read_records(documents, markers, around, ctx.key_template, ctx.topic, ctx.namespace, position,
+                                None, ctx.native_rules, left_read)  # fmt: skip
 
     def heartbeat_record(self, position: Position, ts_ms: int) -> Record:
         """A heartbeat on ``<topic.heartbeat.prefix><delimiter><topic.prefix>``.

@@ -363,6 +363,8 @@ class _Collection:
     key_template: bytes
     #: A change event's value with slots (see :func:`_change_template`).
     change_template: bytes
+    #: ``fields`` as the compiled module applies them (None: no rules, or only the Python path's).
+    native_rules: raw.FieldRules | None
 
 
 def _constant(value: str) -> bytes:
@@ -433,7 +435,8 @@ class Debezium3Events:
                 topic=topic,
                 key_prefix=key_prefix,
                 value_prefix=value_prefix,
-                fields=self._transforms.for_collection(db, coll),
+                fields=(fields := self._transforms.for_collection(db, coll)),
+                native_rules=raw.field_rules(fields),
                 key_template=key_template(key_prefix if schemas else b""),
                 change_template=_change_template(value_prefix if schemas else b"", self.options, db, coll),
             )
@@ -529,10 +532,11 @@ class Debezium3Events:
         if op is None or op in o.skipped_operations:
             return []
         ctx = self._collections.get((db, coll)) or self._collection(db, coll)
-        if ctx.fields is not None:
+        rules = ctx.native_rules
+        if ctx.fields is not None and (rules is None or op_type == "update"):
             return None
         parts = raw.native.debezium3_change_parts(
-            change.raw, op_type, o.pre_image, o.update_full, javajson.printable_bitmap()
+            change.raw, op_type, o.pre_image, o.update_full, javajson.printable_bitmap(), rules
         )
         if parts is None:
             return None
@@ -579,10 +583,16 @@ class Debezium3Events:
         """:meth:`convert_read` of each document of a snapshot chunk; a raw batch is written from its
         BSON by the compiled module (:func:`raw.read_records`), with one processing time."""
         ctx = self._collection(db, coll)
-        if isinstance(documents, RawDocuments) and ctx.fields is None and raw.native is not None and documents:
+        compiled = ctx.fields is None or ctx.native_rules is not None
+        if isinstance(documents, RawDocuments) and compiled and raw.native is not None and documents:
             around = self._read_templates(ctx, markers, position, ts)
+            fields = ctx.fields
+
+            def left_read(doc: Mapping[str, Any]) -> tuple[bytes, bytes]:
+                return orjson.dumps(key_id(doc["_id"])), orjson.dumps(document_json(doc, fields))
+
             return raw.read_records(documents, markers, around, ctx.key_template, ctx.topic, ctx.namespace, position,
-                                    javajson.printable_bitmap(), self._left_read)  # fmt: skip
+                                    javajson.printable_bitmap(), ctx.native_rules, left_read)  # fmt: skip
         return [self.convert_read(doc, db, coll, position, marker, ts) for doc, marker in zip(documents, markers, strict=True)]
 
     def _read_templates(
@@ -604,10 +614,6 @@ class Debezium3Events:
             head, _, tail = whole.partition(AFTER_SLOT)
             around[marker] = (head, tail)
         return around
-
-    @staticmethod
-    def _left_read(doc: Mapping[str, Any]) -> tuple[bytes, bytes]:
-        return orjson.dumps(key_id(doc["_id"])), orjson.dumps(document_json(doc, None))
 
     def convert_read(
         self,

@@ -24,6 +24,7 @@ from bson.timestamp import Timestamp
 from mongocdc_core.events.changes import short
 from mongocdc_core.events.envelope import AFTER_SLOT
 from mongocdc_core.events.records import Record, RecordRun
+from mongocdc_core.events.transforms import CollectionFields
 from mongocdc_core.positions import Position
 
 
@@ -112,13 +113,28 @@ class RawDocuments(Sequence[dict[str, Any]]):
         return self.data[self.bounds[self.lo] : self.bounds[self.hi]]
 
 
+#: ``mongocdc_native.FieldRules``: a handle the converters pass back to the module as it is (typed
+#: opaquely, so that type checks do not depend on which build of the module is installed).
+FieldRules = object
+
+
+def field_rules(fields: CollectionFields | None) -> FieldRules | None:
+    """A collection's field rules as the compiled module applies them (None: no rules, no module, or
+    rules only the Python path applies: see ``CollectionFields.compiled_rules``)."""
+    if fields is None or native is None:
+        return None
+    rules = fields.compiled_rules()
+    return None if rules is None else native.FieldRules(rules, fields.renamed_last)
+
+
 def read_records(
     documents: RawDocuments, markers: Sequence[str], around: Mapping[str, tuple[bytes, bytes]], key_template: bytes,
-    topic: str, namespace: str, position: Position, printable: bytes | None,
+    topic: str, namespace: str, position: Position, printable: bytes | None, rules: FieldRules | None,
     left_read: Callable[[Mapping[str, Any]], tuple[bytes, bytes]],
 ) -> Sequence[Record]:
     """The ``r`` records of a raw batch, written from the BSON by the compiled module in one
-    format (the default one, or Debezium 3.x's with ``printable``, see ``debezium3_change_parts``).
+    format (the default one, or Debezium 3.x's with ``printable``, see ``debezium3_change_parts``),
+    with the collection's field ``rules`` (:func:`field_rules`).
 
     Each value is the template bytes ``around`` its ``after`` (a pair per marker), each key the
     ``key_template`` around its id. Every record is written with the pair of the chunk's inner
@@ -132,7 +148,7 @@ def read_records(
     head, tail = around[common]
     key_head, _, key_tail = (key_template % AFTER_SLOT).partition(AFTER_SLOT)
     keys, key_ends, values, value_ends, left = native.convert_reads(
-        documents.data, documents.bounds, documents.lo, documents.hi, key_head, key_tail, head, tail, printable
+        documents.data, documents.bounds, documents.lo, documents.hi, key_head, key_tail, head, tail, printable, rules
     )
     run = RecordRun(topic, keys, key_ends, values, value_ends, position, namespace, "r")
     if not left and markers.count(common) == len(markers):

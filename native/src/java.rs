@@ -8,6 +8,7 @@
 
 use base64::Engine as _;
 
+use crate::rules::{DocumentWriter, FieldRules};
 use crate::{
     decimal128_text, element_end, json_string, le_i32, le_i64, members, optional_members, repeats, PartsFormat, Shortest,
     Unsupported, Written, BASE64, HEX, MAX_DEPTH,
@@ -38,16 +39,19 @@ const RELAXED: Settings = Settings { relaxed: true, sep: b", " };
 
 /// The Debezium 3.x format of the parts; `printable` is a bit per BMP code point (bit `c & 7` of
 /// byte `c >> 3`), set where the driver writes the character as it is.
+/// With `rules`, the collection's field rules apply to whole documents (an update is the Python
+/// path's then).
 pub(crate) struct Debezium3<'a> {
     printable: &'a [u8],
+    rules: Option<&'a FieldRules>,
 }
 
 impl<'a> Debezium3<'a> {
-    pub(crate) fn new(printable: &'a [u8]) -> Result<Self, String> {
+    pub(crate) fn new(printable: &'a [u8], rules: Option<&'a FieldRules>) -> Result<Self, String> {
         if printable.len() != PRINTABLE_BYTES {
             return Err(format!("the printable bitmap holds {} bytes, not {PRINTABLE_BYTES}", printable.len()));
         }
-        Ok(Debezium3 { printable })
+        Ok(Debezium3 { printable, rules })
     }
 
     fn writer(&self, settings: Settings, out: Vec<u8>) -> JavaWriter<'a> {
@@ -69,7 +73,10 @@ impl PartsFormat for Debezium3<'_> {
     fn document(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
         let mut writer = self.writer(STRICT_INDENTED, std::mem::take(out));
         writer.out.push(b'"');
-        let written = writer.document(document, false, 0);
+        let written = match self.rules {
+            None => writer.document(document, false, 0),
+            Some(rules) => rules.document(&mut writer, document),
+        };
         writer.out.push(b'"');
         *out = writer.out;
         written
@@ -78,6 +85,9 @@ impl PartsFormat for Debezium3<'_> {
     /// `debezium3.update_description`: `updatedFields` always (`"{}"` when absent or empty), the
     /// lists null when empty.
     fn update_description(&self, desc: &[u8]) -> Result<Vec<u8>, Unsupported> {
+        if self.rules.is_some() {
+            return Err(Unsupported); // rules on dotted update paths: the Python path's
+        }
         let (mut updated, mut removed, mut truncated) = (None, None, None);
         for (name, kind, value) in members(desc).ok_or(Unsupported)? {
             match (name, kind) {
@@ -162,6 +172,26 @@ fn id_member(document: &[u8]) -> Option<(u8, &[u8])> {
         at = next;
     }
     None
+}
+
+impl DocumentWriter for JavaWriter<'_> {
+    fn out(&mut self) -> &mut Vec<u8> {
+        &mut self.out
+    }
+
+    fn separator(&self, _array: bool) -> &'static [u8] {
+        self.settings.sep
+    }
+
+    fn name(&mut self, name: &[u8]) -> Written {
+        self.string(name)?;
+        self.out.extend_from_slice(b": ");
+        Ok(())
+    }
+
+    fn value(&mut self, kind: u8, value: &[u8], depth: u32) -> Written {
+        JavaWriter::value(self, kind, value, depth)
+    }
 }
 
 /// Writes BSON values in one setting, as the contents of a JSON string literal.

@@ -13,6 +13,7 @@
 
 mod java;
 mod landing;
+mod rules;
 
 use base64::Engine as _;
 use pyo3::exceptions::PyValueError;
@@ -471,6 +472,30 @@ impl Writer {
     }
 }
 
+impl rules::DocumentWriter for Writer {
+    fn out(&mut self) -> &mut Vec<u8> {
+        &mut self.out
+    }
+
+    fn separator(&self, array: bool) -> &'static [u8] {
+        if array {
+            b", "
+        } else {
+            b","
+        }
+    }
+
+    fn name(&mut self, name: &[u8]) -> Written {
+        self.string(name)?;
+        self.out.extend_from_slice(b": ");
+        Ok(())
+    }
+
+    fn value(&mut self, kind: u8, value: &[u8], depth: u32) -> Written {
+        Writer::value(self, kind, value, 0, value.len(), depth).map(|_| ())
+    }
+}
+
 /// Whether a document repeats a member name (`names` is reordered).
 fn repeats(names: &mut [&[u8]]) -> bool {
     if names.len() <= LINEAR_NAMES {
@@ -609,7 +634,7 @@ fn ends_bytes(ends: &[u64]) -> Vec<u8> {
 /// the conversion runs without the GIL, so the copier's threads convert at the same time. With
 /// `printable` (see `debezium3_change_parts`), the key id and `after` are Debezium 3.x's texts.
 #[pyfunction]
-#[pyo3(signature = (data, bounds, lo, hi, key_head, key_tail, value_head, value_tail, printable=None))]
+#[pyo3(signature = (data, bounds, lo, hi, key_head, key_tail, value_head, value_tail, printable=None, rules=None))]
 #[allow(clippy::too_many_arguments)]
 #[allow(clippy::type_complexity)]
 fn convert_reads<'py>(
@@ -623,6 +648,7 @@ fn convert_reads<'py>(
     value_head: &[u8],
     value_tail: &[u8],
     printable: Option<&[u8]>,
+    rules: Option<Bound<'py, rules::FieldRules>>,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Vec<usize>)> {
     if lo > hi || hi >= bounds.len() || bounds[hi] > data.len() || bounds[lo..=hi].windows(2).any(|w| w[0] > w[1]) {
         return Err(PyValueError::new_err(format!(
@@ -632,9 +658,10 @@ fn convert_reads<'py>(
         )));
     }
     let templates = [key_head, key_tail, value_head, value_tail];
-    let debezium3 = printable.map(java::Debezium3::new).transpose().map_err(PyValueError::new_err)?;
+    let rules = rules.as_ref().map(|r| r.get());
+    let debezium3 = printable.map(|p| java::Debezium3::new(p, rules)).transpose().map_err(PyValueError::new_err)?;
     let (keys, key_ends, values, value_ends, left) = py.allow_threads(|| match &debezium3 {
-        None => reads_run(&DefaultFormat, data, &bounds, lo, hi, &templates),
+        None => reads_run(&DefaultFormat { rules }, data, &bounds, lo, hi, &templates),
         Some(format) => reads_run(format, data, &bounds, lo, hi, &templates),
     });
     Ok((PyBytes::new(py, &keys), PyBytes::new(py, &key_ends), PyBytes::new(py, &values), PyBytes::new(py, &value_ends), left))
@@ -844,10 +871,12 @@ trait PartsFormat {
 }
 
 /// mongocdc's default format (`mongocdc_core.events.envelope`): strict Extended JSON as orjson
-/// spells it.
-struct DefaultFormat;
+/// spells it; with field rules, applied to whole documents (an update is the Python path's then).
+struct DefaultFormat<'a> {
+    rules: Option<&'a rules::FieldRules>,
+}
 
-impl PartsFormat for DefaultFormat {
+impl PartsFormat for DefaultFormat<'_> {
     fn key_id(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
         let mut writer = Writer { out: std::mem::take(out) };
         let written = writer.key_id(document);
@@ -858,13 +887,19 @@ impl PartsFormat for DefaultFormat {
     fn document(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
         let mut writer = Writer { out: std::mem::take(out) };
         writer.out.push(b'"');
-        let written = writer.document(document, false, 0);
+        let written = match self.rules {
+            None => writer.document(document, false, 0),
+            Some(rules) => rules.document(&mut writer, document),
+        };
         writer.out.push(b'"');
         *out = writer.out;
         written
     }
 
     fn update_description(&self, desc: &[u8]) -> Result<Vec<u8>, Unsupported> {
+        if self.rules.is_some() {
+            return Err(Unsupported); // rules on dotted update paths: the Python path's
+        }
         let mut update = Writer { out: Vec::new() };
         update_description(&mut update, desc)?;
         Ok(update.out)
@@ -940,15 +975,27 @@ fn py_parts(py: Python<'_>, parts: Result<ChangeParts, Unsupported>) -> Option<P
 /// transforms: (key `id` string, `before`, `after`, `updateDescription`, `wallTime` ms or None).
 /// None when the event needs the Python path (a type or shape not written here, or an error the
 /// Python path reports with its own message).
+/// With `rules`, the collection's field rules apply to `before` and `after` (an update is left to
+/// the Python path).
 #[pyfunction]
-fn change_parts<'py>(py: Python<'py>, raw: &[u8], op: &str, pre_image: bool, update_full: bool) -> Option<PyChangeParts<'py>> {
-    py_parts(py, change_parts_of(&DefaultFormat, raw, op, pre_image, update_full))
+#[pyo3(signature = (raw, op, pre_image, update_full, rules=None))]
+fn change_parts<'py>(
+    py: Python<'py>,
+    raw: &[u8],
+    op: &str,
+    pre_image: bool,
+    update_full: bool,
+    rules: Option<Bound<'py, rules::FieldRules>>,
+) -> Option<PyChangeParts<'py>> {
+    let format = DefaultFormat { rules: rules.as_ref().map(|r| r.get()) };
+    py_parts(py, change_parts_of(&format, raw, op, pre_image, update_full))
 }
 
 /// `change_parts` in `mongocdc.event.format=debezium_3x` (`mongocdc_core.events.debezium3`
 /// without field transforms): the texts as the Java driver writes them. `printable` is the bitmap
 /// of the BMP code points the driver writes as they are (`javajson.printable_bitmap`).
 #[pyfunction]
+#[pyo3(signature = (raw, op, pre_image, update_full, printable, rules=None))]
 fn debezium3_change_parts<'py>(
     py: Python<'py>,
     raw: &[u8],
@@ -956,8 +1003,9 @@ fn debezium3_change_parts<'py>(
     pre_image: bool,
     update_full: bool,
     printable: &[u8],
+    rules: Option<Bound<'py, rules::FieldRules>>,
 ) -> PyResult<Option<PyChangeParts<'py>>> {
-    let format = java::Debezium3::new(printable).map_err(PyValueError::new_err)?;
+    let format = java::Debezium3::new(printable, rules.as_ref().map(|r| r.get())).map_err(PyValueError::new_err)?;
     Ok(py_parts(py, change_parts_of(&format, raw, op, pre_image, update_full)))
 }
 
@@ -980,5 +1028,6 @@ fn mongocdc_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(landing::landing_columns, module)?)?;
     module.add_function(wrap_pyfunction!(landing::run_landing_columns, module)?)?;
     module.add_class::<landing::Buffer>()?;
+    module.add_class::<rules::FieldRules>()?;
     Ok(())
 }
