@@ -359,7 +359,7 @@ class EventConverter:
             return []
         ctx = self._collections.get((db, coll)) or self._collection(db, coll)
         rules = ctx.native_rules
-        if ctx.fields is not None and (rules is None or op_type == "update"):
+        if ctx.fields is not None and rules is None:
             return None
         parts = raw.native.change_parts(change.raw, op_type, self._pre_image, self._update_full, rules)
         if parts is None:

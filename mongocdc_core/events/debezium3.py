@@ -533,7 +533,7 @@ class Debezium3Events:
             return []
         ctx = self._collections.get((db, coll)) or self._collection(db, coll)
         rules = ctx.native_rules
-        if ctx.fields is not None and (rules is None or op_type == "update"):
+        if ctx.fields is not None and rules is None:
             return None
         parts = raw.native.debezium3_change_parts(
             change.raw, op_type, o.pre_image, o.update_full, javajson.printable_bitmap(), rules

@@ -10,8 +10,8 @@ use base64::Engine as _;
 
 use crate::rules::{DocumentWriter, FieldRules};
 use crate::{
-    decimal128_text, element_end, json_string, le_i32, le_i64, members, optional_members, repeats, PartsFormat, Shortest,
-    Unsupported, Written, BASE64, HEX, MAX_DEPTH,
+    decimal128_text, element_end, le_i32, le_i64, members, optional_members, removed_fields, repeats, truncated_arrays,
+    PartsFormat, Shortest, Unsupported, Written, BASE64, HEX, MAX_DEPTH,
 };
 
 /// A JSON string's delimiter inside the enclosing literal.
@@ -85,9 +85,6 @@ impl PartsFormat for Debezium3<'_> {
     /// `debezium3.update_description`: `updatedFields` always (`"{}"` when absent or empty), the
     /// lists null when empty.
     fn update_description(&self, desc: &[u8]) -> Result<Vec<u8>, Unsupported> {
-        if self.rules.is_some() {
-            return Err(Unsupported); // rules on dotted update paths: the Python path's
-        }
         let (mut updated, mut removed, mut truncated) = (None, None, None);
         for (name, kind, value) in members(desc).ok_or(Unsupported)? {
             match (name, kind) {
@@ -103,51 +100,17 @@ impl PartsFormat for Debezium3<'_> {
         }
         let mut out = self.writer(RELAXED, Vec::with_capacity(desc.len() * 2));
         out.out.extend_from_slice(b"{\"removedFields\":");
-        let removed = optional_members(removed)?;
-        if removed.is_empty() {
-            out.out.extend_from_slice(b"null");
-        } else {
-            for (i, (_, kind, value)) in removed.iter().enumerate() {
-                out.out.push(if i == 0 { b'[' } else { b',' });
-                if *kind != 0x02 || value.len() < 5 {
-                    return Err(Unsupported);
-                }
-                json_string::<false>(&mut out.out, &value[4..value.len() - 1])?;
-            }
-            out.out.push(b']');
-        }
+        removed_fields(&mut out.out, optional_members(removed)?, self.rules)?;
         out.out.extend_from_slice(b",\"updatedFields\":\"");
-        match updated {
-            Some(fields) => out.document(fields, false, 0)?,
-            None => out.out.extend_from_slice(b"{}"),
+        match (updated, self.rules) {
+            (Some(fields), None) => out.document(fields, false, 0)?,
+            (Some(fields), Some(rules)) => {
+                rules.updated_fields(&mut out, fields)?;
+            }
+            (None, _) => out.out.extend_from_slice(b"{}"),
         }
         out.out.extend_from_slice(b"\",\"truncatedArrays\":");
-        let truncated = optional_members(truncated)?;
-        if truncated.is_empty() {
-            out.out.extend_from_slice(b"null");
-        } else {
-            for (i, (_, kind, entry)) in truncated.iter().enumerate() {
-                out.out.extend_from_slice(if i == 0 { b"[{\"field\":" } else { b",{\"field\":" });
-                let parts = if *kind == 0x03 { members(entry).ok_or(Unsupported)? } else { return Err(Unsupported) };
-                if repeats(&mut parts.iter().map(|(n, _, _)| *n).collect::<Vec<_>>()) {
-                    return Err(Unsupported); // decoded as a dict, the last value would win
-                }
-                let field = parts.iter().find(|(n, _, _)| *n == b"field").ok_or(Unsupported)?;
-                let size = parts.iter().find(|(n, _, _)| *n == b"newSize").ok_or(Unsupported)?;
-                if field.1 != 0x02 || field.2.len() < 5 {
-                    return Err(Unsupported);
-                }
-                json_string::<false>(&mut out.out, &field.2[4..field.2.len() - 1])?;
-                out.out.extend_from_slice(b",\"size\":");
-                match size.1 {
-                    0x10 => out.integer(le_i32(size.2, 0).ok_or(Unsupported)? as i64),
-                    0x12 => out.integer(le_i64(size.2, 0).ok_or(Unsupported)?),
-                    _ => return Err(Unsupported),
-                }
-                out.out.push(b'}');
-            }
-            out.out.push(b']');
-        }
+        truncated_arrays(&mut out.out, optional_members(truncated)?, self.rules)?;
         out.out.push(b'}');
         Ok(out.out)
     }

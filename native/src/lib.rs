@@ -774,8 +774,8 @@ fn optional_members(value: Option<&[u8]>) -> Result<Vec<Member<'_>>, Unsupported
     value.map_or(Ok(Vec::new()), |v| members(v).ok_or(Unsupported))
 }
 
-/// `updateDescription` as `envelope.update_description` writes it (no field transforms).
-fn update_description(out: &mut Writer, desc: &[u8]) -> Written {
+/// `updateDescription` as `envelope.update_description` writes it, with the collection's field rules.
+fn update_description(out: &mut Writer, desc: &[u8], rules: Option<&rules::FieldRules>) -> Written {
     let (mut updated, mut removed, mut truncated) = (None, None, None);
     for (name, kind, value) in members(desc).ok_or(Unsupported)? {
         match (name, kind) {
@@ -788,56 +788,89 @@ fn update_description(out: &mut Writer, desc: &[u8]) -> Written {
         }
     }
     out.out.extend_from_slice(b"{\"removedFields\":");
-    let removed = optional_members(removed)?;
-    if removed.is_empty() {
-        out.out.extend_from_slice(b"null");
-    } else {
-        for (i, (_, kind, value)) in removed.iter().enumerate() {
-            out.out.push(if i == 0 { b'[' } else { b',' });
-            if *kind != 0x02 || value.len() < 5 {
-                return Err(Unsupported);
-            }
-            json_string::<false>(&mut out.out, &value[4..value.len() - 1])?;
-        }
-        out.out.push(b']');
-    }
+    removed_fields(&mut out.out, optional_members(removed)?, rules)?;
     out.out.extend_from_slice(b",\"updatedFields\":");
-    match updated {
-        Some(fields) if fields.len() > 5 => {
+    match (updated, rules) {
+        (Some(fields), None) if fields.len() > 5 => {
             out.out.push(b'"');
             out.document(fields, false, 0)?;
             out.out.push(b'"');
         }
+        (Some(fields), Some(rules)) => {
+            let mark = out.out.len();
+            out.out.push(b'"');
+            if rules.updated_fields(out, fields)? == 0 {
+                out.out.truncate(mark);
+                out.out.extend_from_slice(b"null");
+            } else {
+                out.out.push(b'"');
+            }
+        }
         _ => out.out.extend_from_slice(b"null"),
     }
     out.out.extend_from_slice(b",\"truncatedArrays\":");
-    let truncated = optional_members(truncated)?;
-    if truncated.is_empty() {
-        out.out.extend_from_slice(b"null");
-    } else {
-        for (i, (_, kind, entry)) in truncated.iter().enumerate() {
-            out.out.extend_from_slice(if i == 0 { b"[{\"field\":" } else { b",{\"field\":" });
-            let parts = if *kind == 0x03 { members(entry).ok_or(Unsupported)? } else { return Err(Unsupported) };
-            if repeats(&mut parts.iter().map(|(n, _, _)| *n).collect::<Vec<_>>()) {
-                return Err(Unsupported); // decoded as a dict, the last value would win
-            }
-            let field = parts.iter().find(|(n, _, _)| *n == b"field").ok_or(Unsupported)?;
-            let size = parts.iter().find(|(n, _, _)| *n == b"newSize").ok_or(Unsupported)?;
-            if field.1 != 0x02 || field.2.len() < 5 {
-                return Err(Unsupported);
-            }
-            json_string::<false>(&mut out.out, &field.2[4..field.2.len() - 1])?;
-            out.out.extend_from_slice(b",\"size\":");
-            match size.1 {
-                0x10 => out.integer(le_i32(size.2, 0).ok_or(Unsupported)? as i64),
-                0x12 => out.integer(le_i64(size.2, 0).ok_or(Unsupported)?),
-                _ => return Err(Unsupported),
-            }
-            out.out.push(b'}');
-        }
-        out.out.push(b']');
-    }
+    truncated_arrays(&mut out.out, optional_members(truncated)?, rules)?;
     out.out.push(b'}');
+    Ok(())
+}
+
+/// `removedFields` as a JSON list of its paths under the rules, or `null` when none is left.
+fn removed_fields(out: &mut Vec<u8>, removed: Vec<Member<'_>>, rules: Option<&rules::FieldRules>) -> Written {
+    let mut count = 0;
+    for (_, kind, value) in removed {
+        if kind != 0x02 || value.len() < 5 {
+            return Err(Unsupported);
+        }
+        let text = &value[4..value.len() - 1];
+        let mapped = match rules {
+            None => None,
+            Some(rules) => match rules.field_path(text)? {
+                None => continue,
+                Some(path) => Some(path),
+            },
+        };
+        out.push(if count == 0 { b'[' } else { b',' });
+        count += 1;
+        json_string::<false>(out, mapped.as_deref().unwrap_or(text))?;
+    }
+    out.extend_from_slice(if count == 0 { b"null" } else { b"]" });
+    Ok(())
+}
+
+/// `truncatedArrays` as `[{"field": …, "size": …}]` (paths under the rules), or `null` when none is left.
+fn truncated_arrays(out: &mut Vec<u8>, truncated: Vec<Member<'_>>, rules: Option<&rules::FieldRules>) -> Written {
+    let mut count = 0;
+    for (_, kind, entry) in truncated {
+        let parts = if kind == 0x03 { members(entry).ok_or(Unsupported)? } else { return Err(Unsupported) };
+        if repeats(&mut parts.iter().map(|(n, _, _)| *n).collect::<Vec<_>>()) {
+            return Err(Unsupported); // decoded as a dict, the last value would win
+        }
+        let field = parts.iter().find(|(n, _, _)| *n == b"field").ok_or(Unsupported)?;
+        let size = parts.iter().find(|(n, _, _)| *n == b"newSize").ok_or(Unsupported)?;
+        if field.1 != 0x02 || field.2.len() < 5 {
+            return Err(Unsupported);
+        }
+        let size = match size.1 {
+            0x10 => le_i32(size.2, 0).ok_or(Unsupported)? as i64,
+            0x12 => le_i64(size.2, 0).ok_or(Unsupported)?,
+            _ => return Err(Unsupported),
+        };
+        let text = &field.2[4..field.2.len() - 1];
+        let mapped = match rules {
+            None => None,
+            Some(rules) => match rules.field_path(text)? {
+                None => continue,
+                Some(path) => Some(path),
+            },
+        };
+        out.extend_from_slice(if count == 0 { b"[{\"field\":" } else { b",{\"field\":" });
+        count += 1;
+        json_string::<false>(out, mapped.as_deref().unwrap_or(text))?;
+        out.extend_from_slice(b",\"size\":");
+        out.extend_from_slice(itoa::Buffer::new().format(size).as_bytes());
+        out.push(b'}');
+    }
+    out.extend_from_slice(if count == 0 { b"null" } else { b"]" });
     Ok(())
 }
 
@@ -897,11 +930,8 @@ impl PartsFormat for DefaultFormat<'_> {
     }
 
     fn update_description(&self, desc: &[u8]) -> Result<Vec<u8>, Unsupported> {
-        if self.rules.is_some() {
-            return Err(Unsupported); // rules on dotted update paths: the Python path's
-        }
         let mut update = Writer { out: Vec::new() };
-        update_description(&mut update, desc)?;
+        update_description(&mut update, desc, self.rules)?;
         Ok(update.out)
     }
 }

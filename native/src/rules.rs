@@ -174,3 +174,95 @@ fn walk<W: DocumentWriter>(writer: &mut W, data: &[u8], array: bool, depth: u32,
 }
 
 static EMPTY: Node = Node { names: Vec::new() };
+
+/// A dotted update path (`updatedFields`, `removedFields`, `truncatedArrays`) under the rules, as
+/// `CollectionFields._path` maps it: None when excluded, else the new path, the rules inside its
+/// value and the index of the rule that renamed it. Numeric segments are array indexes (skipped
+/// when matching); a segment of non-ASCII characters and ASCII digits only is left to Python
+/// (`str.isdigit` counts other digits too).
+type UpdatePath<'a> = Option<(Vec<u8>, &'a Node, Option<usize>)>;
+
+/// An `updatedFields` member under the rules: its new path, type, value and the rules inside it.
+type Updated<'a> = (Vec<u8>, u8, &'a [u8], &'a Node);
+
+impl FieldRules {
+    fn path(&self, dotted: &[u8]) -> Result<UpdatePath<'_>, Unsupported> {
+        let mut node = Some(&self.root);
+        let mut renamed_by = None;
+        let mut out: Vec<u8> = Vec::with_capacity(dotted.len() + 8);
+        for (i, segment) in dotted.split(|&b| b == b'.').enumerate() {
+            if i > 0 {
+                out.push(b'.');
+            }
+            let digits_only = segment.iter().all(|&b| b.is_ascii_digit() || b >= 0x80);
+            if !segment.is_empty() && digits_only {
+                if !segment.is_ascii() {
+                    return Err(Unsupported);
+                }
+                out.extend_from_slice(segment);
+                continue;
+            }
+            let rule = node.and_then(|n| n.rule(segment));
+            match rule {
+                None => {
+                    node = None;
+                    out.extend_from_slice(segment);
+                }
+                Some(rule) if rule.exclude => return Ok(None),
+                Some(rule) => {
+                    match &rule.rename {
+                        Some((new_name, index)) => {
+                            out.extend_from_slice(new_name);
+                            renamed_by = Some(*index);
+                        }
+                        None => out.extend_from_slice(segment),
+                    }
+                    node = Some(&rule.inside);
+                }
+            }
+        }
+        Ok(Some((out, node.unwrap_or(&EMPTY), renamed_by)))
+    }
+
+    /// A `removedFields` or `truncatedArrays` path under the rules (None: excluded).
+    pub(crate) fn field_path(&self, dotted: &[u8]) -> Result<Option<Vec<u8>>, Unsupported> {
+        Ok(self.path(dotted)?.map(|(path, _, _)| path))
+    }
+
+    /// `updatedFields` (`fields`: the BSON document) under the rules, as
+    /// `CollectionFields.updated_fields` makes it, written as a document into `writer`; returns how
+    /// many members it kept.
+    pub(crate) fn updated_fields<W: DocumentWriter>(&self, writer: &mut W, fields: &[u8]) -> Result<usize, Unsupported> {
+        let members = crate::members(fields).ok_or(Unsupported)?;
+        let mut names: Vec<&[u8]> = members.iter().map(|(name, _, _)| *name).collect();
+        if repeats(&mut names) || (names.contains(&&b"$ref"[..]) && names.contains(&&b"$id"[..])) {
+            return Err(Unsupported); // decoded as a dict (the last value wins) or a DBRef
+        }
+        let mut kept: Vec<Updated<'_>> = Vec::with_capacity(members.len());
+        let mut moved: Vec<(usize, Updated<'_>)> = Vec::new();
+        for (name, kind, value) in members {
+            let Some((path, inside, renamed_by)) = self.path(name)? else { continue };
+            match renamed_by {
+                Some(index) if self.renamed_last => moved.push((index, (path, kind, value, inside))),
+                _ => kept.push((path, kind, value, inside)),
+            }
+        }
+        moved.sort_by_key(|entry| entry.0);
+        kept.extend(moved.into_iter().map(|(_, entry)| entry));
+        let mut written: Vec<&[u8]> = kept.iter().map(|(path, _, _, _)| path.as_slice()).collect();
+        if repeats(&mut written) {
+            return Err(Unsupported); // two paths made one: merged by a dict
+        }
+        let separator = writer.separator(false);
+        writer.out().push(b'{');
+        for (i, (path, kind, value, inside)) in kept.iter().enumerate() {
+            if i > 0 {
+                writer.out().extend_from_slice(separator);
+            }
+            writer.name(path)?;
+            member(writer, *kind, value, 0, inside, self.renamed_last)?;
+        }
+        writer.out().push(b'}');
+        Ok(kept.len())
+    }
+}

@@ -1,10 +1,10 @@
 """Field exclusions and renames on the compiled path: the same bytes as the Python path's.
 
-The compiled module applies ``field.exclude.list`` and ``field.renames`` while it writes a whole
-document (``before``, ``after``, a snapshot read), in both formats it writes, when the rules'
-result does not depend on the order they apply in (``CollectionFields.compiled_rules``); updates
-with rules, and rule sets of another kind, stay on the Python path. Each test converts the same
-events or reads both ways.
+The compiled module applies ``field.exclude.list`` and ``field.renames`` while it writes a
+document (``before``, ``after``, a snapshot read) or an update's dotted paths (``updatedFields``,
+``removedFields``, ``truncatedArrays``), in both formats it writes, when the rules' result does not
+depend on the order they apply in (``CollectionFields.compiled_rules``); rule sets of another kind
+stay on the Python path. Each test converts the same events or reads both ways.
 """
 
 from __future__ import annotations
@@ -46,14 +46,26 @@ def _compiled(exclude: list[str], rename: list[str], event_format: str) -> Any:
     return raw.field_rules(transforms.for_collection("inventory", "customers"))
 
 
-@settings(max_examples=300, deadline=None, phases=[Phase.generate])
-@given(st.sampled_from(["insert", "replace", "delete"]), top_documents, top_documents, excludes, renames,
-       st.sampled_from(FORMATS), st.booleans())  # fmt: skip
+#: Dotted update paths: names and array indexes.
+update_paths = st.lists(st.sampled_from([*NAMES, "0", "12"]), min_size=1, max_size=3).map(".".join)
+descriptions = st.fixed_dictionaries({
+    "updatedFields": st.dictionaries(update_paths, documents, max_size=4),
+    "removedFields": st.lists(update_paths, max_size=3),
+    "truncatedArrays": st.lists(st.fixed_dictionaries({"field": update_paths, "newSize": st.integers(0, 9)}), max_size=2),
+})  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None, phases=[Phase.generate])
+@given(st.sampled_from(["insert", "update", "replace", "delete"]), top_documents, top_documents, descriptions,
+       excludes, renames, st.sampled_from(FORMATS), st.booleans())  # fmt: skip
 def test_events_with_field_rules_are_the_python_paths_bytes(
-    op: str, full: dict[str, Any], before: dict[str, Any], exclude: list[str], rename: list[str], event_format: str,
-    schemas: bool,
+    op: str, full: dict[str, Any], before: dict[str, Any], desc: dict[str, Any], exclude: list[str], rename: list[str],
+    event_format: str, schemas: bool,
 ) -> None:  # fmt: skip
-    event = _event(op, 1, full if op != "delete" else None, fullDocumentBeforeChange={"_id": 1, **before})
+    extra: dict[str, Any] = {"fullDocumentBeforeChange": {"_id": 1, **before}}
+    if op == "update":
+        extra["updateDescription"] = desc
+    event = _event(op, 1, full if op != "delete" else None, **extra)
     rules = _compiled(exclude, rename, event_format)
     if rules is not None:
         raw_event = bson.encode(event)
