@@ -12,9 +12,12 @@ def convert_reads(
     key_tail: bytes,
     value_head: bytes,
     value_tail: bytes,
+    printable: bytes | None = None,
+    rules: FieldRules | None = None,
 ) -> tuple[bytes, bytes, bytes, bytes, list[int]]:
     """The reads ``lo..hi`` as one run: keys end to end, their end offsets (native-endian u64), values
-    end to end, their end offsets, and the indexes (from ``lo``) left to the Python path (empty)."""
+    end to end, their end offsets, and the indexes (from ``lo``) left to the Python path (empty).
+    With ``printable`` (``javajson.printable_bitmap()``) the key ids and ``after`` are Debezium 3.x's."""
 
 def cursor_batch(reply: bytes) -> tuple[int, bytes, list[int], tuple[int, int] | None]:
     """Cursor id of a raw ``find``/``getMore`` reply, its batch's documents end to end, their bounds,
@@ -25,13 +28,25 @@ def change_header(raw: bytes) -> tuple[str, str, str, str, int, int, int | None,
     BSON) of an ordinary change event; None for a split fragment or any other shape."""
 
 def change_parts(
-    raw: bytes, op: str, pre_image: bool, update_full: bool
+    raw: bytes, op: str, pre_image: bool, update_full: bool, rules: FieldRules | None = None
 ) -> tuple[bytes, bytes, bytes, bytes, int | None] | None:
     """(key ``id`` string, ``before``, ``after``, ``updateDescription``, ``wallTime`` ms) of a change
-    event's record without field transforms; None when the Python path converts it."""
+    event's record, ``rules`` applied to its documents; None when the Python path converts it (always
+    an update with rules)."""
+
+def debezium3_change_parts(
+    raw: bytes, op: str, pre_image: bool, update_full: bool, printable: bytes, rules: FieldRules | None = None
+) -> tuple[bytes, bytes, bytes, bytes, int | None] | None:
+    """:func:`change_parts` in ``mongocdc.event.format=debezium_3x`` (the Java driver's texts);
+    ``printable`` is ``javajson.printable_bitmap()``."""
 
 def document_member(raw: bytes, name: str) -> bytes | None:
     """The BSON of the top-level embedded document ``name`` of ``raw`` (the last when repeated), or None."""
+
+class FieldRules:
+    """One collection's field exclusions and renames (``CollectionFields.compiled_rules``)."""
+
+    def __init__(self, rules: list[tuple[list[str], str | None]], renamed_last: bool) -> None: ...
 
 class Buffer:
     """A column buffer the landing walk wrote, lent through the buffer protocol (``pa.py_buffer`` wraps

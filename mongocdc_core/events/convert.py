@@ -11,7 +11,6 @@ import datetime
 from binascii import hexlify
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any
 
 import orjson
@@ -25,6 +24,7 @@ from mongocdc_core.events.changes import DATA_OPERATIONS, short
 from mongocdc_core.events.dates import datetime_ns, since_epoch
 from mongocdc_core.events.debezium3 import Debezium3Events
 from mongocdc_core.events.envelope import (
+    AFTER_SLOT,
     NULL,
     document_string,
     key_template,
@@ -36,7 +36,7 @@ from mongocdc_core.events.envelope import (
 )
 from mongocdc_core.events.options import EventOptions
 from mongocdc_core.events.raw import RawChange, RawDocuments
-from mongocdc_core.events.records import Record, RecordRun
+from mongocdc_core.events.records import Record
 from mongocdc_core.events.schema import (
     Serializer,
     adjust_schema_name,
@@ -58,8 +58,6 @@ _MILLISECOND = datetime.timedelta(milliseconds=1)
 _OID_KEY_JSON = b'"{\\"$oid\\" : \\"%b\\"}"'
 _OP_JSON = {op: orjson.dumps(op) for op in ("c", "u", "d", "r")}
 _SNAPSHOT_JSON = {marker: orjson.dumps(marker) for marker in (*READ_SNAPSHOT_MARKERS, "false")}
-#: Stands for a read's ``after`` in its collection's value template: JSON text never holds a NUL byte.
-_AFTER_SLOT = b"\x00"
 
 
 def _wall_time_json(value: Any) -> bytes:
@@ -103,6 +101,8 @@ class _Collection:
     key_template: bytes
     value_template: bytes
     fields: CollectionFields | None
+    #: ``fields`` as the compiled module applies them (None: no rules, or only the Python path's).
+    native_rules: raw.FieldRules | None
 
 
 class EventConverter:
@@ -184,7 +184,8 @@ class EventConverter:
                 db=db,
                 collection=coll,
             ),
-            fields=self._transforms.for_collection(db, coll),
+            fields=(fields := self._transforms.for_collection(db, coll)),
+            native_rules=raw.field_rules(fields),
         )
         self._collections[(db, coll)] = ctx
         return ctx
@@ -215,8 +216,14 @@ class EventConverter:
         ``skipped.operations`` yield no records.
         """
         if type(change) is RawChange:
-            if change.header is not None and (written := self._raw_change(change, position)) is not None:
-                return written
+            if change.header is not None:
+                written = (
+                    self._raw_change(change, position)
+                    if self._debezium3 is None
+                    else self._debezium3.convert_raw(change, position)
+                )
+                if written is not None:
+                    return written
             change = change.document()
         if self._debezium3 is not None:
             return self._debezium3.convert_change(change, position)
@@ -338,11 +345,11 @@ class EventConverter:
 
     def _raw_change(self, change: RawChange, position: Position) -> list[Record] | None:
         """:meth:`convert_change` of a raw event with a header, its documents written from the BSON
-        by the compiled module; None when the Python path converts it (another event format, field
+        by the compiled module; None when the Python path converts it (the oplog format, field
         transforms, or a type or shape the module leaves to Python, which also reports malformed
-        events with their own message)."""
+        events with their own message). ``debezium_3x`` has its own: :meth:`Debezium3Events.convert_raw`."""
         header = change.header
-        if header is None or self._debezium3 is not None or self._legacy or raw.native is None:
+        if header is None or self._legacy or raw.native is None:
             return None
         op_type, db, coll, txn_number = header[1], header[2], header[3], header[6]
         op = DATA_OPERATIONS.get(op_type)
@@ -351,9 +358,15 @@ class EventConverter:
         if op in self._skipped:
             return []
         ctx = self._collections.get((db, coll)) or self._collection(db, coll)
-        if ctx.fields is not None:
+        rules = ctx.native_rules
+        if ctx.fields is not None and rules is None:
             return None
-        parts = raw.native.change_parts(change.raw, op_type, self._pre_image, self._update_full)
+        # without rules the call leaves them out: an explicit None costs the event 2% (measured)
+        parts = (
+            raw.native.change_parts(change.raw, op_type, self._pre_image, self._update_full)
+            if rules is None
+            else raw.native.change_parts(change.raw, op_type, self._pre_image, self._update_full, rules)
+        )
         if parts is None:
             return None
         key_id, before, after, update_desc, wall_ms = parts
@@ -434,11 +447,13 @@ class EventConverter:
         """
         if len(documents) != len(markers):
             raise ValueError(f"{len(documents)} snapshot documents of {db}.{coll} with {len(markers)} markers")
-        plain = self._debezium3 is None and not self._legacy and READ_SNAPSHOT_MARKERS.issuperset(markers)
+        if self._debezium3 is not None:
+            return self._debezium3.convert_reads(documents, markers, db, coll, position, ts)
+        plain = not self._legacy and READ_SNAPSHOT_MARKERS.issuperset(markers)
         ts_ns = datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
         if isinstance(documents, RawDocuments):
             ctx = self._collection(db, coll)
-            if plain and ctx.fields is None and raw.native is not None and documents:
+            if plain and (ctx.fields is None or ctx.native_rules is not None) and raw.native is not None and documents:
                 return self._raw_reads(ctx, documents, markers, position, ts_ns)
             documents = documents.decoded()
         if not plain or not all(type(doc) is dict and "_id" in doc for doc in documents):
@@ -454,10 +469,10 @@ class EventConverter:
         around: dict[str, tuple[bytes, bytes]] = {}
         for marker in set(markers):
             whole = ctx.value_template % (
-                NULL, _AFTER_SLOT, NULL, source_times, _SNAPSHOT_JSON[marker], position.increment, NULL, NULL, NULL,
+                NULL, AFTER_SLOT, NULL, source_times, _SNAPSHOT_JSON[marker], position.increment, NULL, NULL, NULL,
                 _OP_JSON["r"], now_ns // 1_000_000, now_ns // 1_000, now_ns, NULL,
             )  # fmt: skip
-            head, _, tail = whole.partition(_AFTER_SLOT)
+            head, _, tail = whole.partition(AFTER_SLOT)
             around[marker] = (head, tail)
         return around
 
@@ -484,40 +499,15 @@ class EventConverter:
     def _raw_reads(
         self, ctx: _Collection, documents: RawDocuments, markers: Sequence[str], position: Position, ts_ns: int
     ) -> Sequence[Record]:
-        """:meth:`_reads` of a raw batch: the compiled module writes every record from the BSON with the
-        templates of the chunk's inner marker, into one :class:`RecordRun` (no object per read). Only
-        a chunk with a read of another marker (a collection's first or last) or a read the module
-        leaves to Python (a type it does not write) becomes a list: those reads get their own
-        template around the same ``after``, or are decoded and converted here."""
-        assert raw.native is not None
+        """:meth:`_reads` of a raw batch, written by the compiled module (:func:`raw.read_records`)."""
         around = self._read_templates(ctx, markers, position, ts_ns)
-        common = markers[len(markers) // 2]  # the copier marks only a chunk's first and last reads
-        head, tail = around[common]
-        key_head, _, key_tail = (ctx.key_template % _AFTER_SLOT).partition(_AFTER_SLOT)
-        keys, key_ends, values, value_ends, left = raw.native.convert_reads(
-            documents.data, documents.bounds, documents.lo, documents.hi, key_head, key_tail, head, tail
-        )
-        run = RecordRun(ctx.topic, keys, key_ends, values, value_ends, position, ctx.namespace, "r")
-        if not left and markers.count(common) == len(markers):
-            return run
-        key_list: list[bytes] = run.keys()
-        value_list: list[bytes | None] = list(run.values())
-        for i in left:
-            value_list[i] = None
-        for i, marker in enumerate(markers):
-            value = value_list[i]
-            if marker != common and value is not None:
-                other_head, other_tail = around[marker]
-                value_list[i] = other_head + value[len(head) : len(value) - len(tail)] + other_tail
-        for i in left:
-            doc = documents[i]
-            if "_id" not in doc:
-                raise ValueError(f"snapshot document of {ctx.namespace} has no '_id': {short(doc)}")
-            other_head, other_tail = around[markers[i]]
-            key_list[i] = ctx.key_template % key_id_json(doc["_id"])
-            value_list[i] = other_head + ejson.dumps_string(doc) + other_tail
-        # map over the lists (not a comprehension): a third less time per record, most of it GIL-held
-        return list(map(Record, repeat(ctx.topic), key_list, value_list, repeat(position), repeat(ctx.namespace), repeat("r")))
+        fields = ctx.fields
+
+        def left_read(doc: Mapping[str, Any]) -> tuple[bytes, bytes]:
+            return key_id_json(doc["_id"]), ejson.dumps_string(fields.document(doc) if fields is not None else doc)
+
+        return raw.read_records(documents, markers, around, ctx.key_template, ctx.topic, ctx.namespace, position,
+                                None, ctx.native_rules, left_read)  # fmt: skip
 
     def heartbeat_record(self, position: Position, ts_ms: int) -> Record:
         """A heartbeat on ``<topic.heartbeat.prefix><delimiter><topic.prefix>``.

@@ -26,17 +26,20 @@ writes, as observed by running the real connector beside mongocdc (tests/compat)
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from bson.datetime_ms import DatetimeMS
 from bson.timestamp import Timestamp
 
-from mongocdc_core.events import javajson
-from mongocdc_core.events.changes import data_change, short
+from mongocdc_core.events import javajson, raw
+from mongocdc_core.events.changes import DATA_OPERATIONS, data_change, short
 from mongocdc_core.events.dates import datetime_millis, datetime_ns
+from mongocdc_core.events.envelope import AFTER_SLOT, NULL, key_template
 from mongocdc_core.events.options import EventOptions
+from mongocdc_core.events.raw import RawChange, RawDocuments
 from mongocdc_core.events.records import Record
 from mongocdc_core.events.schema import Serializer, _field, _json_field, _plain, _schema, adjust_schema_name
 from mongocdc_core.events.transforms import CollectionFields, FieldTransforms
@@ -356,6 +359,45 @@ class _Collection:
     key_prefix: bytes
     value_prefix: bytes
     fields: CollectionFields | None
+    #: The key with one slot, the ``id`` as a JSON string (``envelope.key_template``).
+    key_template: bytes
+    #: A change event's value with slots (see :func:`_change_template`).
+    change_template: bytes
+    #: ``fields`` as the compiled module applies them (None: no rules, or only the Python path's).
+    native_rules: raw.FieldRules | None
+
+
+def _constant(value: str) -> bytes:
+    return orjson.dumps(value).replace(b"%", b"%%")
+
+
+def _change_template(schema_prefix: bytes, options: EventOptions, db: str, coll: str) -> bytes:
+    """A change event's value, as :meth:`Debezium3Events.convert_change` serialises its payload, with
+    slots in this order: ``before``, ``after``, ``updateDescription`` (JSON bytes), ``source.ts_ms``
+    (int), ``snapshot`` (JSON bytes), ``ts_us``, ``ts_ns``, ``ord`` (ints), ``lsid``, ``txnNumber``,
+    ``wallTime``, ``op`` (JSON bytes), ``ts_ms`` (int), ``transaction`` (JSON bytes).
+    ``schema_prefix`` is empty without schemas. Snapshot reads use it too."""
+    return (
+        schema_prefix.replace(b"%", b"%%")
+        + b'{"before":%b,"after":%b,"updateDescription":%b,"source":{"version":'
+        + _constant(options.connector_version)
+        + b',"connector":'
+        + _constant(CONNECTOR)
+        + b',"name":'
+        + _constant(options.topic_prefix)
+        + b',"ts_ms":%d,"snapshot":%b,"db":'
+        + _constant(db)
+        + b',"sequence":null,"ts_us":%d,"ts_ns":%d,"collection":'
+        + _constant(coll)
+        + b',"ord":%d,"lsid":%b,"txnNumber":%b,"wallTime":%b},"op":%b,"ts_ms":%d,"transaction":%b}'
+        + (b"}" if schema_prefix else b"")
+    )
+
+
+_OP_JSON = {op: orjson.dumps(op) for op in ("c", "u", "d", "r")}
+_NOT_SNAPSHOT = orjson.dumps("false")
+#: Milliseconds whose nanoseconds (``source.ts_ns``) fit a signed 64-bit number.
+_NS_MS_LIMIT = 2**63 // 1_000_000
 
 
 class Debezium3Events:
@@ -376,20 +418,27 @@ class Debezium3Events:
         )
         self._heartbeat_key_prefix = Serializer.schema_prefix(heartbeat_key_schema())
         self._heartbeat_value_prefix = Serializer.schema_prefix(heartbeat_value_schema())
+        self._last_lsid: tuple[bytes | None, str] = (None, "")  # a raw lsid's BSON and its text
 
     def _collection(self, db: str, coll: str) -> _Collection:
         ctx = self._collections.get((db, coll))
         if ctx is None:
             topic = self._topics.data_change_topic(db, coll)
             base = adjust_schema_name(topic, self.options.schema_name_adjustment_mode)
+            key_prefix = Serializer.schema_prefix(key_schema(f"{base}.Key"))
+            value_prefix = Serializer.schema_prefix(envelope_schema(f"{base}.Envelope"))
+            schemas = self.options.schemas_enable
             ctx = self._collections[(db, coll)] = _Collection(
                 db=db,
                 coll=coll,
                 namespace=f"{db}.{coll}",
                 topic=topic,
-                key_prefix=Serializer.schema_prefix(key_schema(f"{base}.Key")),
-                value_prefix=Serializer.schema_prefix(envelope_schema(f"{base}.Envelope")),
-                fields=self._transforms.for_collection(db, coll),
+                key_prefix=key_prefix,
+                value_prefix=value_prefix,
+                fields=(fields := self._transforms.for_collection(db, coll)),
+                native_rules=raw.field_rules(fields),
+                key_template=key_template(key_prefix if schemas else b""),
+                change_template=_change_template(value_prefix if schemas else b"", self.options, db, coll),
             )
         return ctx
 
@@ -468,6 +517,103 @@ class Debezium3Events:
         if parsed.op == "d" and o.tombstones_on_delete:
             records.append(Record(ctx.topic, key, None, position, ctx.namespace, None))
         return records
+
+    def convert_raw(self, change: RawChange, position: Position) -> list[Record] | None:
+        """:meth:`convert_change` of a raw event with a header, its parts written from the BSON by
+        the compiled module into the collection's template; None when the Python path converts it
+        (field transforms, or a type or shape the module leaves to Python, which also reports
+        malformed events with their own message)."""
+        header = change.header
+        if header is None or raw.native is None:
+            return None
+        op_type, db, coll, seconds, txn_number, lsid_bson = header[1], header[2], header[3], header[4], header[6], header[7]
+        op = DATA_OPERATIONS.get(op_type)
+        o = self.options
+        if op is None or op in o.skipped_operations:
+            return []
+        ctx = self._collections.get((db, coll)) or self._collection(db, coll)
+        rules = ctx.native_rules
+        if ctx.fields is not None and rules is None:
+            return None
+        parts = raw.native.debezium3_change_parts(
+            change.raw, op_type, o.pre_image, o.update_full, javajson.printable_bitmap(), rules
+        )
+        if parts is None:
+            return None
+        key_id, before, after, update_desc, wall_ms = parts
+        ts_ms = wall_ms if wall_ms is not None else seconds * 1000
+        if not -_NS_MS_LIMIT <= ts_ms < _NS_MS_LIMIT:
+            return None  # source.ts_ns past 64 bits: the Python path's serializer refuses it
+        lsid_text = self._lsid_text(change, lsid_bson) if lsid_bson is not None else None
+        records: list[Record] = []
+        block = None
+        if self._transactions is not None:
+            txn_id = f"{lsid_text}:{txn_number}" if lsid_text is not None and txn_number is not None else None
+            records, block = self._transactions.observe(txn_id, ctx.namespace, position, ts_ms)
+        value = ctx.change_template % (
+            before, after, update_desc, ts_ms, _NOT_SNAPSHOT, ts_ms * 1000, ts_ms * 1_000_000, position.increment,
+            NULL if lsid_text is None else orjson.dumps(lsid_text),
+            NULL if txn_number is None else b"%d" % txn_number,
+            NULL if wall_ms is None else b"%d" % wall_ms,
+            _OP_JSON[op], o.now_ns() // 1_000_000, NULL if block is None else orjson.dumps(block),
+        )  # fmt: skip
+        key = ctx.key_template % key_id
+        records.append(Record(ctx.topic, key, value, position, ctx.namespace, op))
+        if op == "d" and o.tombstones_on_delete:
+            records.append(Record(ctx.topic, key, None, position, ctx.namespace, None))
+        return records
+
+    def _lsid_text(self, change: RawChange, lsid_bson: bytes) -> str:
+        """:func:`lsid_json` of a raw event's ``lsid`` (cached: a transaction's events share one session)."""
+        last_bson, text = self._last_lsid
+        if lsid_bson != last_bson:
+            text = lsid_json(change.decode(lsid_bson))
+            self._last_lsid = (lsid_bson, text)
+        return text
+
+    def convert_reads(
+        self,
+        documents: Sequence[Mapping[str, Any]],
+        markers: Sequence[str],
+        db: str,
+        coll: str,
+        position: Position,
+        ts: datetime.datetime | None = None,
+    ) -> Sequence[Record]:
+        """:meth:`convert_read` of each document of a snapshot chunk; a raw batch is written from its
+        BSON by the compiled module (:func:`raw.read_records`), with one processing time."""
+        ctx = self._collection(db, coll)
+        compiled = ctx.fields is None or ctx.native_rules is not None
+        if isinstance(documents, RawDocuments) and compiled and raw.native is not None and documents:
+            around = self._read_templates(ctx, markers, position, ts)
+            fields = ctx.fields
+
+            def left_read(doc: Mapping[str, Any]) -> tuple[bytes, bytes]:
+                return orjson.dumps(key_id(doc["_id"])), orjson.dumps(document_json(doc, fields))
+
+            return raw.read_records(documents, markers, around, ctx.key_template, ctx.topic, ctx.namespace, position,
+                                    javajson.printable_bitmap(), ctx.native_rules, left_read)  # fmt: skip
+        return [self.convert_read(doc, db, coll, position, marker, ts) for doc, marker in zip(documents, markers, strict=True)]
+
+    def _read_templates(
+        self, ctx: _Collection, markers: Sequence[str], position: Position, ts: datetime.datetime | None
+    ) -> dict[str, tuple[bytes, bytes]]:
+        """The value template's bytes before and after ``after``, per marker (as :meth:`convert_read`)."""
+        now_ms = self.options.now_ns() // 1_000_000
+        around: dict[str, tuple[bytes, bytes]] = {}
+        for marker in set(markers):
+            if marker == _INCREMENTAL:
+                ts_ns, snapshot, ord_ = position.seconds * 1_000_000_000, _INCREMENTAL, position.increment
+            else:
+                ts_ns = datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
+                snapshot, ord_ = (_LAST if marker == _LAST else "true"), -1
+            whole = ctx.change_template % (
+                NULL, AFTER_SLOT, NULL, ts_ns // 1_000_000, orjson.dumps(snapshot), ts_ns // 1_000, ts_ns, ord_,
+                NULL, NULL, NULL, _OP_JSON["r"], now_ms, NULL,
+            )  # fmt: skip
+            head, _, tail = whole.partition(AFTER_SLOT)
+            around[marker] = (head, tail)
+        return around
 
     def convert_read(
         self,

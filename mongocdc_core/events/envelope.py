@@ -22,6 +22,8 @@ from mongocdc_core.events.transforms import CollectionFields
 
 CONNECTOR = "mongodb"
 NULL = b"null"
+#: Stands for a read's ``after`` in a value template filled once per chunk: JSON text never holds a NUL byte.
+AFTER_SLOT = b"\x00"
 
 
 def _constant(value: str) -> bytes:

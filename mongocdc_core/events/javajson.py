@@ -102,6 +102,22 @@ def _escape_char(ch: str) -> str:
     return f"\\u{code:04x}"
 
 
+_printable_bitmap: bytes | None = None
+
+
+def printable_bitmap() -> bytes:
+    """A bit per BMP code point (bit ``c & 7`` of byte ``c >> 3``), set where :func:`java_string`
+    writes the character as it is: the compiled module's table, from the same Unicode database."""
+    global _printable_bitmap
+    if _printable_bitmap is None:
+        bits = bytearray(0x10000 // 8)
+        for code in range(0x10000):
+            if unicodedata.category(chr(code)) in _PRINTABLE_CATEGORIES:
+                bits[code >> 3] |= 1 << (code & 7)
+        _printable_bitmap = bytes(bits)
+    return _printable_bitmap
+
+
 _names: dict[str, str] = {}
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import ItemsView, Iterator, Mapping, Sequence
+from collections.abc import Callable, ItemsView, Iterator, Mapping, Sequence
+from itertools import repeat
 from types import ModuleType
 from typing import Any, overload
 
@@ -20,6 +21,12 @@ import bson
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
+
+from mongocdc_core.events.changes import short
+from mongocdc_core.events.envelope import AFTER_SLOT
+from mongocdc_core.events.records import Record, RecordRun
+from mongocdc_core.events.transforms import CollectionFields
+from mongocdc_core.positions import Position
 
 
 def _native() -> tuple[ModuleType | None, str]:
@@ -117,6 +124,67 @@ class RawDocuments(Sequence[dict[str, Any]]):
         if self.lo == 0 and self.hi == len(self.bounds) - 1:
             return self.data
         return self.data[self.bounds[self.lo] : self.bounds[self.hi]]
+
+
+#: ``mongocdc_native.FieldRules``: a handle the converters pass back to the module as it is (typed
+#: opaquely, so that type checks do not depend on which build of the module is installed).
+FieldRules = object
+
+
+def field_rules(fields: CollectionFields | None) -> FieldRules | None:
+    """A collection's field rules as the compiled module applies them (None: no rules, no module, or
+    rules only the Python path applies: see ``CollectionFields.compiled_rules``)."""
+    if fields is None or native is None:
+        return None
+    rules = fields.compiled_rules()
+    return None if rules is None else native.FieldRules(rules, fields.renamed_last)
+
+
+def read_records(
+    documents: RawDocuments, markers: Sequence[str], around: Mapping[str, tuple[bytes, bytes]], key_template: bytes,
+    topic: str, namespace: str, position: Position, printable: bytes | None, rules: FieldRules | None,
+    left_read: Callable[[Mapping[str, Any]], tuple[bytes, bytes]],
+) -> Sequence[Record]:
+    """The ``r`` records of a raw batch, written from the BSON by the compiled module in one
+    format (the default one, or Debezium 3.x's with ``printable``, see ``debezium3_change_parts``),
+    with the collection's field ``rules`` (:func:`field_rules`).
+
+    Each value is the template bytes ``around`` its ``after`` (a pair per marker), each key the
+    ``key_template`` around its id. Every record is written with the pair of the chunk's inner
+    marker into one :class:`RecordRun` (no object per read). Only a chunk with a read of another
+    marker (a collection's first or last) or a read the module leaves to Python (a type it does
+    not write) becomes a list: those reads get their own pair around the same ``after``, or are
+    decoded and written by ``left_read`` (key id and ``after`` as JSON strings).
+    """
+    assert native is not None
+    common = markers[len(markers) // 2]  # the copier marks only a chunk's first and last reads
+    head, tail = around[common]
+    key_head, _, key_tail = (key_template % AFTER_SLOT).partition(AFTER_SLOT)
+    keys, key_ends, values, value_ends, left = native.convert_reads(
+        documents.data, documents.bounds, documents.lo, documents.hi, key_head, key_tail, head, tail, printable, rules
+    )
+    run = RecordRun(topic, keys, key_ends, values, value_ends, position, namespace, "r")
+    if not left and markers.count(common) == len(markers):
+        return run
+    key_list: list[bytes] = run.keys()
+    value_list: list[bytes | None] = list(run.values())
+    for i in left:
+        value_list[i] = None
+    for i, marker in enumerate(markers):
+        value = value_list[i]
+        if marker != common and value is not None:
+            other_head, other_tail = around[marker]
+            value_list[i] = other_head + value[len(head) : len(value) - len(tail)] + other_tail
+    for i in left:
+        doc = documents[i]
+        if "_id" not in doc:
+            raise ValueError(f"snapshot document of {namespace} has no '_id': {short(doc)}")
+        other_head, other_tail = around[markers[i]]
+        key_id, after = left_read(doc)
+        key_list[i] = key_template % key_id
+        value_list[i] = other_head + after + other_tail
+    # map over the lists (not a comprehension): a third less time per record, most of it GIL-held
+    return list(map(Record, repeat(topic), key_list, value_list, repeat(position), repeat(namespace), repeat("r")))
 
 
 #: A raw event's header: (token ``_data``, operationType, db, coll, clusterTime time, inc, txnNumber, lsid BSON).

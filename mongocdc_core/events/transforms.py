@@ -143,6 +143,10 @@ class CollectionFields:
         self._name_mode = name_mode
         self._renamed_last = renamed_last
 
+    @property
+    def renamed_last(self) -> bool:
+        return self._renamed_last
+
     def document(self, doc: Mapping[str, Any]) -> Mapping[str, Any]:
         """A full document (before/after/read) with the rules applied."""
         for path, new_name in self._ops:
@@ -150,6 +154,27 @@ class CollectionFields:
         if self._name_mode != "none":
             doc = _adjust_names(doc, self._name_mode)
         return doc
+
+    def compiled_rules(self) -> list[tuple[list[str], str | None]] | None:
+        """The rules as the compiled module applies them while it writes a whole document (see
+        ``native/src/rules.rs``), or None where their result depends on the order they apply in:
+        a field name adjustment, a rule on or inside a name another rule renames to, a rename
+        inside a renamed field, a path renamed twice or two paths renamed to one."""
+        if self._name_mode != "none":
+            return None
+        renames = [(path, new_name) for path, new_name in self._ops if new_name is not None]
+        targets = {path[:-1] + (new_name,) for path, new_name in renames}
+        if len(targets) < len(renames) or len({path for path, _ in renames}) < len(renames):
+            return None
+        for path, new_name in self._ops:
+            if any(path[: len(target)] == target for target in targets):
+                return None
+            if new_name is not None and any(
+                other_name is not None and len(other) > len(path) and other[: len(path)] == path
+                for other, other_name in self._ops
+            ):
+                return None
+        return [(list(path), new_name) for path, new_name in self._ops]
 
     def _path(self, dotted: str) -> tuple[str | None, Callable[[Any], Any] | None, int]:
         """Rewrite one dotted update path; returns (new path or None if excluded, value rewriter,

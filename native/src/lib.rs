@@ -8,9 +8,12 @@
 //! style, as a JSON string literal). Only the common types are written here; a document holding
 //! anything else (regular expressions, timestamps, code, legacy UUIDs, special decimals, non-finite
 //! doubles, duplicate names, DBRefs, ...) is reported back as `None` and converted by the Python
-//! path, so the two always agree.
+//! path, so the two always agree. Change events are written the same way, in the default format
+//! (`DefaultFormat`) or in Debezium 3.x's (`java`), each a `PartsFormat` of the same event parts.
 
+mod java;
 mod landing;
+mod rules;
 
 use base64::Engine as _;
 use pyo3::exceptions::PyValueError;
@@ -107,6 +110,121 @@ fn json_string<const NESTED: bool>(out: &mut Vec<u8>, text: &[u8]) -> Written {
     Ok(())
 }
 
+/// A finite double's shortest round-trip decimal digits: value = (-)d.ddd × 10^exponent.
+struct Shortest {
+    negative: bool,
+    all: [u8; 32], // ryu writes at most 17 significant digits
+    start: usize,
+    end: usize,
+    exponent: i32,
+}
+
+impl Shortest {
+    /// Unsupported for NaN and the infinities (each writer spells those its own way).
+    fn of(value: f64) -> Result<Self, Unsupported> {
+        if !value.is_finite() {
+            return Err(Unsupported);
+        }
+        let mut buffer = ryu::Buffer::new();
+        let shortest = buffer.format_finite(value).as_bytes();
+        let (negative, text) = match shortest.split_first() {
+            Some((b'-', rest)) => (true, rest),
+            _ => (false, shortest),
+        };
+        let (mantissa, exponent) = match text.iter().position(|&b| b == b'e') {
+            Some(e) => {
+                let exp = std::str::from_utf8(&text[e + 1..]).ok().and_then(|s| s.parse::<i32>().ok());
+                (&text[..e], exp.ok_or(Unsupported)?)
+            }
+            None => (text, 0),
+        };
+        let dot = mantissa.iter().position(|&b| b == b'.').unwrap_or(mantissa.len()) as i32;
+        let mut all = [0u8; 32];
+        let mut count = 0;
+        for &b in mantissa.iter().filter(|&&b| b != b'.') {
+            *all.get_mut(count).ok_or(Unsupported)? = b;
+            count += 1;
+        }
+        let leading = all[..count].iter().take_while(|&&b| b == b'0').count();
+        let end = all[..count].iter().rposition(|&b| b != b'0').map_or(leading, |i| i + 1);
+        // value = 0.<all> * 10^(dot + exponent) = d.ddd * 10^e
+        Ok(Shortest { negative, all, start: leading, end: end.max(leading), exponent: dot + exponent - 1 - leading as i32 })
+    }
+
+    /// The significant digits (none for zero).
+    fn digits(&self) -> &[u8] {
+        &self.all[self.start..self.end]
+    }
+
+    /// The digits without an exponent, with at least one digit either side of the point
+    /// (`100.0`, `0.00125`): how orjson and Java's `Double.toString` both write mid-range values.
+    fn positional(&self, out: &mut Vec<u8>) {
+        let (digits, e) = (self.digits(), self.exponent);
+        if e >= 0 {
+            let whole = (e + 1) as usize;
+            if digits.len() <= whole {
+                out.extend_from_slice(digits);
+                out.extend(std::iter::repeat_n(b'0', whole - digits.len()));
+                out.extend_from_slice(b".0");
+            } else {
+                out.extend_from_slice(&digits[..whole]);
+                out.push(b'.');
+                out.extend_from_slice(&digits[whole..]);
+            }
+        } else {
+            out.extend_from_slice(b"0.");
+            out.extend(std::iter::repeat_n(b'0', (-e - 1) as usize));
+            out.extend_from_slice(digits);
+        }
+    }
+}
+
+/// A Decimal128's text as Python's `decimal.Decimal` prints the value (`str(Decimal128)`, as
+/// `ejson.decimal128_text` computes it); infinities, NaN and non-canonical encodings go to Python.
+fn decimal128_text(out: &mut Vec<u8>, bid: &[u8]) -> Written {
+    let n = u128::from_le_bytes(bid.try_into().map_err(|_| Unsupported)?);
+    let high = (n >> 64) as u64;
+    if high & DECIMAL_SPECIAL == DECIMAL_SPECIAL || high & DECIMAL_LARGE_FORM == DECIMAL_LARGE_FORM {
+        return Err(Unsupported);
+    }
+    let coefficient = n & ((1u128 << 113) - 1);
+    if coefficient > DECIMAL_MAX_COEFFICIENT {
+        return Err(Unsupported);
+    }
+    let exponent = ((high & 0x7FFF_8000_0000_0000) >> 49) as i64 - 6176;
+    if high >> 63 == 1 {
+        out.push(b'-');
+    }
+    let digits = coefficient.to_string();
+    let digits = digits.as_bytes();
+    let count = digits.len() as i64;
+    let adjusted = exponent + count - 1;
+    if exponent <= 0 && adjusted >= -6 {
+        if exponent == 0 {
+            out.extend_from_slice(digits);
+        } else if count > -exponent {
+            let point = (count + exponent) as usize;
+            out.extend_from_slice(&digits[..point]);
+            out.push(b'.');
+            out.extend_from_slice(&digits[point..]);
+        } else {
+            out.extend_from_slice(b"0.");
+            out.extend(std::iter::repeat_n(b'0', (-exponent - count) as usize));
+            out.extend_from_slice(digits);
+        }
+    } else {
+        out.push(digits[0]);
+        if count > 1 {
+            out.push(b'.');
+            out.extend_from_slice(&digits[1..]);
+        }
+        out.push(b'E');
+        out.push(if adjusted < 0 { b'-' } else { b'+' });
+        out.extend_from_slice(itoa::Buffer::new().format(adjusted.unsigned_abs()).as_bytes());
+    }
+    Ok(())
+}
+
 /// Writes Extended JSON text already escaped as the contents of a JSON string literal.
 struct Writer {
     out: Vec<u8>,
@@ -125,58 +243,17 @@ impl Writer {
     /// A finite double as orjson writes it: the shortest round-trip digits, positional from 1e-5
     /// up to below 1e16 (with `.0` when integral), otherwise `d.ddde+NN` / `d.ddde-N`.
     fn double(&mut self, value: f64) -> Written {
-        if !value.is_finite() {
-            return Err(Unsupported);
-        }
-        let mut buffer = ryu::Buffer::new();
-        let shortest = buffer.format_finite(value).as_bytes();
-        let (negative, text) = match shortest.split_first() {
-            Some((b'-', rest)) => (true, rest),
-            _ => (false, shortest),
-        };
-        let (mantissa, exponent) = match text.iter().position(|&b| b == b'e') {
-            Some(e) => {
-                let exp = std::str::from_utf8(&text[e + 1..]).ok().and_then(|s| s.parse::<i32>().ok());
-                (&text[..e], exp.ok_or(Unsupported)?)
-            }
-            None => (text, 0),
-        };
-        let dot = mantissa.iter().position(|&b| b == b'.').unwrap_or(mantissa.len()) as i32;
-        let mut all = [0u8; 32]; // ryu writes at most 17 significant digits
-        let mut count = 0;
-        for &b in mantissa.iter().filter(|&&b| b != b'.') {
-            *all.get_mut(count).ok_or(Unsupported)? = b;
-            count += 1;
-        }
-        let leading = all[..count].iter().take_while(|&&b| b == b'0').count();
-        let end = all[..count].iter().rposition(|&b| b != b'0').map_or(leading, |i| i + 1);
-        let digits = &all[leading..end.max(leading)];
-        if negative {
+        let shortest = Shortest::of(value)?;
+        let (digits, e) = (shortest.digits(), shortest.exponent);
+        if shortest.negative {
             self.out.push(b'-');
         }
         if digits.is_empty() {
             self.out.extend_from_slice(b"0.0");
             return Ok(());
         }
-        // value = 0.<all> * 10^(dot + exponent) = d.ddd * 10^e
-        let e = dot + exponent - 1 - leading as i32;
         if (-5..16).contains(&e) {
-            if e >= 0 {
-                let whole = (e + 1) as usize;
-                if digits.len() <= whole {
-                    self.out.extend_from_slice(digits);
-                    self.out.extend(std::iter::repeat_n(b'0', whole - digits.len()));
-                    self.out.extend_from_slice(b".0");
-                } else {
-                    self.out.extend_from_slice(&digits[..whole]);
-                    self.out.push(b'.');
-                    self.out.extend_from_slice(&digits[whole..]);
-                }
-            } else {
-                self.out.extend_from_slice(b"0.");
-                self.out.extend(std::iter::repeat_n(b'0', (-e - 1) as usize));
-                self.out.extend_from_slice(digits);
-            }
+            shortest.positional(&mut self.out);
         } else {
             self.out.push(digits[0]);
             if digits.len() > 1 {
@@ -208,50 +285,10 @@ impl Writer {
         Ok(())
     }
 
-    /// `{"$numberDecimal": <text>}`, the text as Python's `decimal.Decimal` prints the value (as
-    /// `ejson.decimal128_text` does); infinities, NaN and non-canonical encodings go to Python.
+    /// `{"$numberDecimal": <text>}` (see `decimal128_text`).
     fn decimal128(&mut self, bid: &[u8]) -> Written {
-        let n = u128::from_le_bytes(bid.try_into().map_err(|_| Unsupported)?);
-        let high = (n >> 64) as u64;
-        if high & DECIMAL_SPECIAL == DECIMAL_SPECIAL || high & DECIMAL_LARGE_FORM == DECIMAL_LARGE_FORM {
-            return Err(Unsupported);
-        }
-        let coefficient = n & ((1u128 << 113) - 1);
-        if coefficient > DECIMAL_MAX_COEFFICIENT {
-            return Err(Unsupported);
-        }
-        let exponent = ((high & 0x7FFF_8000_0000_0000) >> 49) as i64 - 6176;
         self.out.extend_from_slice(b"{\\\"$numberDecimal\\\": \\\"");
-        if high >> 63 == 1 {
-            self.out.push(b'-');
-        }
-        let digits = coefficient.to_string();
-        let digits = digits.as_bytes();
-        let count = digits.len() as i64;
-        let adjusted = exponent + count - 1;
-        if exponent <= 0 && adjusted >= -6 {
-            if exponent == 0 {
-                self.out.extend_from_slice(digits);
-            } else if count > -exponent {
-                let point = (count + exponent) as usize;
-                self.out.extend_from_slice(&digits[..point]);
-                self.out.push(b'.');
-                self.out.extend_from_slice(&digits[point..]);
-            } else {
-                self.out.extend_from_slice(b"0.");
-                self.out.extend(std::iter::repeat_n(b'0', (-exponent - count) as usize));
-                self.out.extend_from_slice(digits);
-            }
-        } else {
-            self.out.push(digits[0]);
-            if count > 1 {
-                self.out.push(b'.');
-                self.out.extend_from_slice(&digits[1..]);
-            }
-            self.out.push(b'E');
-            self.out.push(if adjusted < 0 { b'-' } else { b'+' });
-            self.out.extend_from_slice(itoa::Buffer::new().format(adjusted.unsigned_abs()).as_bytes());
-        }
+        decimal128_text(&mut self.out, bid)?;
         self.out.extend_from_slice(b"\\\"}");
         Ok(())
     }
@@ -435,6 +472,30 @@ impl Writer {
     }
 }
 
+impl rules::DocumentWriter for Writer {
+    fn out(&mut self) -> &mut Vec<u8> {
+        &mut self.out
+    }
+
+    fn separator(&self, array: bool) -> &'static [u8] {
+        if array {
+            b", "
+        } else {
+            b","
+        }
+    }
+
+    fn name(&mut self, name: &[u8]) -> Written {
+        self.string(name)?;
+        self.out.extend_from_slice(b": ");
+        Ok(())
+    }
+
+    fn value(&mut self, kind: u8, value: &[u8], depth: u32) -> Written {
+        Writer::value(self, kind, value, 0, value.len(), depth).map(|_| ())
+    }
+}
+
 /// Whether a document repeats a member name (`names` is reordered).
 fn repeats(names: &mut [&[u8]]) -> bool {
     if names.len() <= LINEAR_NAMES {
@@ -452,7 +513,7 @@ fn element_end(kind: u8, data: &[u8], at: usize, end: usize) -> Option<usize> {
         0x01 | 0x09 | 0x11 | 0x12 => at + 8,
         0x07 => at + 12,
         0x08 => at + 1,
-        0x0a => at,
+        0x0a | 0x7f | 0xff => at,
         0x10 => at + 4,
         0x13 => at + 16,
         0x02 => at + 4 + declared(1)?,
@@ -464,16 +525,20 @@ fn element_end(kind: u8, data: &[u8], at: usize, end: usize) -> Option<usize> {
 }
 
 /// One read: the key and value bytes (templates around the key's id and the document's string).
-fn read_record(document: &[u8], templates: &[&[u8]; 4], key: &mut Writer, value: &mut Writer) -> Written {
+fn read_record<F: PartsFormat>(
+    format: &F,
+    document: &[u8],
+    templates: &[&[u8]; 4],
+    key: &mut Vec<u8>,
+    value: &mut Vec<u8>,
+) -> Written {
     let [key_head, key_tail, value_head, value_tail] = *templates;
-    key.out.extend_from_slice(key_head);
-    key.key_id(document)?;
-    key.out.extend_from_slice(key_tail);
-    value.out.extend_from_slice(value_head);
-    value.out.push(b'"');
-    value.document(document, false, 0)?;
-    value.out.push(b'"');
-    value.out.extend_from_slice(value_tail);
+    key.extend_from_slice(key_head);
+    format.key_id(key, document)?;
+    key.extend_from_slice(key_tail);
+    value.extend_from_slice(value_head);
+    format.document(value, document)?;
+    value.extend_from_slice(value_tail);
     Ok(())
 }
 
@@ -566,8 +631,10 @@ fn ends_bytes(ends: &[u64]) -> Vec<u8> {
 /// the end offset of each, the same for their values (each key and value the templates around the
 /// document's key id and `after` string), and the indexes (counted from `lo`) of the documents the
 /// Python path converts, whose key and value are left empty. No Python object per document, and
-/// the conversion runs without the GIL, so the copier's threads convert at the same time.
+/// the conversion runs without the GIL, so the copier's threads convert at the same time. With
+/// `printable` (see `debezium3_change_parts`), the key id and `after` are Debezium 3.x's texts.
 #[pyfunction]
+#[pyo3(signature = (data, bounds, lo, hi, key_head, key_tail, value_head, value_tail, printable=None, rules=None))]
 #[allow(clippy::too_many_arguments)]
 #[allow(clippy::type_complexity)]
 fn convert_reads<'py>(
@@ -580,6 +647,8 @@ fn convert_reads<'py>(
     key_tail: &[u8],
     value_head: &[u8],
     value_tail: &[u8],
+    printable: Option<&[u8]>,
+    rules: Option<Bound<'py, rules::FieldRules>>,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Vec<usize>)> {
     if lo > hi || hi >= bounds.len() || bounds[hi] > data.len() || bounds[lo..=hi].windows(2).any(|w| w[0] > w[1]) {
         return Err(PyValueError::new_err(format!(
@@ -589,25 +658,36 @@ fn convert_reads<'py>(
         )));
     }
     let templates = [key_head, key_tail, value_head, value_tail];
-    let (keys, key_ends, values, value_ends, left) = py.allow_threads(|| {
-        let mut key = Writer { out: Vec::with_capacity((hi - lo) * (key_head.len() + key_tail.len() + 48)) };
-        let mut value = Writer { out: Vec::with_capacity(bounds[hi] - bounds[lo] + (hi - lo) * (value_head.len() + value_tail.len() + 64)) };
-        let mut key_ends: Vec<u64> = Vec::with_capacity(hi - lo);
-        let mut value_ends: Vec<u64> = Vec::with_capacity(hi - lo);
-        let mut left: Vec<usize> = Vec::new();
-        for i in lo..hi {
-            let (key_mark, value_mark) = (key.out.len(), value.out.len());
-            if read_record(&data[bounds[i]..bounds[i + 1]], &templates, &mut key, &mut value).is_err() {
-                key.out.truncate(key_mark);
-                value.out.truncate(value_mark);
-                left.push(i - lo);
-            }
-            key_ends.push(key.out.len() as u64);
-            value_ends.push(value.out.len() as u64);
-        }
-        (key.out, ends_bytes(&key_ends), value.out, ends_bytes(&value_ends), left)
+    let rules = rules.as_ref().map(|r| r.get());
+    let debezium3 = printable.map(|p| java::Debezium3::new(p, rules)).transpose().map_err(PyValueError::new_err)?;
+    let (keys, key_ends, values, value_ends, left) = py.allow_threads(|| match &debezium3 {
+        None => reads_run(&DefaultFormat { rules }, data, &bounds, lo, hi, &templates),
+        Some(format) => reads_run(format, data, &bounds, lo, hi, &templates),
     });
     Ok((PyBytes::new(py, &keys), PyBytes::new(py, &key_ends), PyBytes::new(py, &values), PyBytes::new(py, &value_ends), left))
+}
+
+/// The keys, key ends, values, value ends and left reads of `convert_reads`, in one format.
+type Run = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>, Vec<usize>);
+
+fn reads_run<F: PartsFormat>(format: &F, data: &[u8], bounds: &[usize], lo: usize, hi: usize, templates: &[&[u8]; 4]) -> Run {
+    let [key_head, key_tail, value_head, value_tail] = *templates;
+    let mut key = Vec::with_capacity((hi - lo) * (key_head.len() + key_tail.len() + 48));
+    let mut value = Vec::with_capacity(bounds[hi] - bounds[lo] + (hi - lo) * (value_head.len() + value_tail.len() + 64));
+    let mut key_ends: Vec<u64> = Vec::with_capacity(hi - lo);
+    let mut value_ends: Vec<u64> = Vec::with_capacity(hi - lo);
+    let mut left: Vec<usize> = Vec::new();
+    for i in lo..hi {
+        let (key_mark, value_mark) = (key.len(), value.len());
+        if read_record(format, &data[bounds[i]..bounds[i + 1]], templates, &mut key, &mut value).is_err() {
+            key.truncate(key_mark);
+            value.truncate(value_mark);
+            left.push(i - lo);
+        }
+        key_ends.push(key.len() as u64);
+        value_ends.push(value.len() as u64);
+    }
+    (key, ends_bytes(&key_ends), value, ends_bytes(&value_ends), left)
 }
 
 /// One member of a document: its name, BSON type and value bytes.
@@ -694,8 +774,8 @@ fn optional_members(value: Option<&[u8]>) -> Result<Vec<Member<'_>>, Unsupported
     value.map_or(Ok(Vec::new()), |v| members(v).ok_or(Unsupported))
 }
 
-/// `updateDescription` as `envelope.update_description` writes it (no field transforms).
-fn update_description(out: &mut Writer, desc: &[u8]) -> Written {
+/// `updateDescription` as `envelope.update_description` writes it, with the collection's field rules.
+fn update_description(out: &mut Writer, desc: &[u8], rules: Option<&rules::FieldRules>) -> Written {
     let (mut updated, mut removed, mut truncated) = (None, None, None);
     for (name, kind, value) in members(desc).ok_or(Unsupported)? {
         match (name, kind) {
@@ -708,70 +788,89 @@ fn update_description(out: &mut Writer, desc: &[u8]) -> Written {
         }
     }
     out.out.extend_from_slice(b"{\"removedFields\":");
-    let removed = optional_members(removed)?;
-    if removed.is_empty() {
-        out.out.extend_from_slice(b"null");
-    } else {
-        for (i, (_, kind, value)) in removed.iter().enumerate() {
-            out.out.push(if i == 0 { b'[' } else { b',' });
-            if *kind != 0x02 || value.len() < 5 {
-                return Err(Unsupported);
-            }
-            json_string::<false>(&mut out.out, &value[4..value.len() - 1])?;
-        }
-        out.out.push(b']');
-    }
+    removed_fields(&mut out.out, optional_members(removed)?, rules)?;
     out.out.extend_from_slice(b",\"updatedFields\":");
-    match updated {
-        Some(fields) if fields.len() > 5 => {
+    match (updated, rules) {
+        (Some(fields), None) if fields.len() > 5 => {
             out.out.push(b'"');
             out.document(fields, false, 0)?;
             out.out.push(b'"');
         }
+        (Some(fields), Some(rules)) => {
+            let mark = out.out.len();
+            out.out.push(b'"');
+            if rules.updated_fields(out, fields)? == 0 {
+                out.out.truncate(mark);
+                out.out.extend_from_slice(b"null");
+            } else {
+                out.out.push(b'"');
+            }
+        }
         _ => out.out.extend_from_slice(b"null"),
     }
     out.out.extend_from_slice(b",\"truncatedArrays\":");
-    let truncated = optional_members(truncated)?;
-    if truncated.is_empty() {
-        out.out.extend_from_slice(b"null");
-    } else {
-        for (i, (_, kind, entry)) in truncated.iter().enumerate() {
-            out.out.extend_from_slice(if i == 0 { b"[{\"field\":" } else { b",{\"field\":" });
-            let parts = if *kind == 0x03 { members(entry).ok_or(Unsupported)? } else { return Err(Unsupported) };
-            if repeats(&mut parts.iter().map(|(n, _, _)| *n).collect::<Vec<_>>()) {
-                return Err(Unsupported); // decoded as a dict, the last value would win
-            }
-            let field = parts.iter().find(|(n, _, _)| *n == b"field").ok_or(Unsupported)?;
-            let size = parts.iter().find(|(n, _, _)| *n == b"newSize").ok_or(Unsupported)?;
-            if field.1 != 0x02 || field.2.len() < 5 {
-                return Err(Unsupported);
-            }
-            json_string::<false>(&mut out.out, &field.2[4..field.2.len() - 1])?;
-            out.out.extend_from_slice(b",\"size\":");
-            match size.1 {
-                0x10 => out.integer(le_i32(size.2, 0).ok_or(Unsupported)? as i64),
-                0x12 => out.integer(le_i64(size.2, 0).ok_or(Unsupported)?),
-                _ => return Err(Unsupported),
-            }
-            out.out.push(b'}');
-        }
-        out.out.push(b']');
-    }
+    truncated_arrays(&mut out.out, optional_members(truncated)?, rules)?;
     out.out.push(b'}');
     Ok(())
 }
 
-/// A document member as the JSON string of its Extended JSON text, or `null` when absent or null.
-fn document_or_null(out: &mut Writer, member: Option<(u8, &[u8])>) -> Written {
-    match member {
-        None | Some((0x0a, _)) => out.out.extend_from_slice(b"null"),
-        Some((0x03, document)) => {
-            out.out.push(b'"');
-            out.document(document, false, 0)?;
-            out.out.push(b'"');
+/// `removedFields` as a JSON list of its paths under the rules, or `null` when none is left.
+fn removed_fields(out: &mut Vec<u8>, removed: Vec<Member<'_>>, rules: Option<&rules::FieldRules>) -> Written {
+    let mut count = 0;
+    for (_, kind, value) in removed {
+        if kind != 0x02 || value.len() < 5 {
+            return Err(Unsupported);
         }
-        Some(_) => return Err(Unsupported),
+        let text = &value[4..value.len() - 1];
+        let mapped = match rules {
+            None => None,
+            Some(rules) => match rules.field_path(text)? {
+                None => continue,
+                Some(path) => Some(path),
+            },
+        };
+        out.push(if count == 0 { b'[' } else { b',' });
+        count += 1;
+        json_string::<false>(out, mapped.as_deref().unwrap_or(text))?;
     }
+    out.extend_from_slice(if count == 0 { b"null" } else { b"]" });
+    Ok(())
+}
+
+/// `truncatedArrays` as `[{"field": …, "size": …}]` (paths under the rules), or `null` when none is left.
+fn truncated_arrays(out: &mut Vec<u8>, truncated: Vec<Member<'_>>, rules: Option<&rules::FieldRules>) -> Written {
+    let mut count = 0;
+    for (_, kind, entry) in truncated {
+        let parts = if kind == 0x03 { members(entry).ok_or(Unsupported)? } else { return Err(Unsupported) };
+        if repeats(&mut parts.iter().map(|(n, _, _)| *n).collect::<Vec<_>>()) {
+            return Err(Unsupported); // decoded as a dict, the last value would win
+        }
+        let field = parts.iter().find(|(n, _, _)| *n == b"field").ok_or(Unsupported)?;
+        let size = parts.iter().find(|(n, _, _)| *n == b"newSize").ok_or(Unsupported)?;
+        if field.1 != 0x02 || field.2.len() < 5 {
+            return Err(Unsupported);
+        }
+        let size = match size.1 {
+            0x10 => le_i32(size.2, 0).ok_or(Unsupported)? as i64,
+            0x12 => le_i64(size.2, 0).ok_or(Unsupported)?,
+            _ => return Err(Unsupported),
+        };
+        let text = &field.2[4..field.2.len() - 1];
+        let mapped = match rules {
+            None => None,
+            Some(rules) => match rules.field_path(text)? {
+                None => continue,
+                Some(path) => Some(path),
+            },
+        };
+        out.extend_from_slice(if count == 0 { b"[{\"field\":" } else { b",{\"field\":" });
+        count += 1;
+        json_string::<false>(out, mapped.as_deref().unwrap_or(text))?;
+        out.extend_from_slice(b",\"size\":");
+        out.extend_from_slice(itoa::Buffer::new().format(size).as_bytes());
+        out.push(b'}');
+    }
+    out.extend_from_slice(if count == 0 { b"null" } else { b"]" });
     Ok(())
 }
 
@@ -779,7 +878,71 @@ fn document_or_null(out: &mut Writer, member: Option<(u8, &[u8])>) -> Written {
 /// `updateDescription` as their JSON, and `wallTime` in milliseconds.
 type ChangeParts = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>, Option<i64>);
 
-fn change_parts_of(raw: &[u8], op: &str, pre_image: bool, update_full: bool) -> Result<ChangeParts, Unsupported> {
+/// How one record format writes the parts of a change event taken from its BSON (the rest of the
+/// record, the same BSON fields in every format, is the Python converter's template).
+trait PartsFormat {
+    /// The key's `id` as a JSON string into `out`, from the `_id` of a document (an event's
+    /// `documentKey` or a read document).
+    fn key_id(&self, out: &mut Vec<u8>, document: &[u8]) -> Written;
+    /// A document as the JSON string of its text (`before`, `after`) into `out`.
+    fn document(&self, out: &mut Vec<u8>, document: &[u8]) -> Written;
+    /// An update's `updateDescription` as JSON.
+    fn update_description(&self, desc: &[u8]) -> Result<Vec<u8>, Unsupported>;
+
+    /// `document` of a member, or `null` when absent or null.
+    fn document_or_null(&self, member: Option<(u8, &[u8])>) -> Result<Vec<u8>, Unsupported> {
+        match member {
+            None | Some((0x0a, _)) => Ok(b"null".to_vec()),
+            Some((0x03, document)) => {
+                let mut out = Vec::with_capacity(document.len() * 2);
+                self.document(&mut out, document)?;
+                Ok(out)
+            }
+            Some(_) => Err(Unsupported),
+        }
+    }
+}
+
+/// mongocdc's default format (`mongocdc_core.events.envelope`): strict Extended JSON as orjson
+/// spells it; with field rules, applied to whole documents (an update is the Python path's then).
+struct DefaultFormat<'a> {
+    rules: Option<&'a rules::FieldRules>,
+}
+
+impl PartsFormat for DefaultFormat<'_> {
+    fn key_id(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
+        let mut writer = Writer { out: std::mem::take(out) };
+        let written = writer.key_id(document);
+        *out = writer.out;
+        written
+    }
+
+    fn document(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
+        let mut writer = Writer { out: std::mem::take(out) };
+        writer.out.push(b'"');
+        let written = match self.rules {
+            None => writer.document(document, false, 0),
+            Some(rules) => rules.document(&mut writer, document),
+        };
+        writer.out.push(b'"');
+        *out = writer.out;
+        written
+    }
+
+    fn update_description(&self, desc: &[u8]) -> Result<Vec<u8>, Unsupported> {
+        let mut update = Writer { out: Vec::new() };
+        update_description(&mut update, desc, self.rules)?;
+        Ok(update.out)
+    }
+}
+
+fn change_parts_of<F: PartsFormat>(
+    format: &F,
+    raw: &[u8],
+    op: &str,
+    pre_image: bool,
+    update_full: bool,
+) -> Result<ChangeParts, Unsupported> {
     let (mut key, mut full, mut desc, mut before, mut wall) = (None, None, None, None, None);
     for (name, kind, value) in members(raw).ok_or(Unsupported)? {
         match name {
@@ -791,48 +954,50 @@ fn change_parts_of(raw: &[u8], op: &str, pre_image: bool, update_full: bool) -> 
             _ => {}
         }
     }
-    let mut key_id = Writer { out: Vec::with_capacity(40) };
-    match key {
+    let key_id = match key {
         Some((0x03, document)) => {
             let names = members(document).ok_or(Unsupported)?;
             if repeats(&mut names.iter().map(|(n, _, _)| *n).collect::<Vec<_>>()) {
                 return Err(Unsupported); // decoded as a dict, the last `_id` would win
             }
-            key_id.key_id(document)?
+            let mut key_id = Vec::with_capacity(48);
+            format.key_id(&mut key_id, document)?;
+            key_id
         }
         _ => return Err(Unsupported),
-    }
-    let mut before_json = Writer { out: Vec::new() };
-    document_or_null(&mut before_json, if pre_image { before } else { None })?;
-    let mut after = Writer { out: Vec::with_capacity(full.map_or(8, |(_, v)| v.len() * 2)) };
-    let mut update = Writer { out: Vec::new() };
-    match op {
+    };
+    let before_json = format.document_or_null(if pre_image { before } else { None })?;
+    let (after, update) = match op {
         "update" => {
-            match desc {
-                Some((0x03, description)) => update_description(&mut update, description)?,
+            let update = match desc {
+                Some((0x03, description)) => format.update_description(description)?,
                 _ => return Err(Unsupported), // Python names the missing updateDescription
-            }
-            document_or_null(&mut after, if update_full { full } else { None })?;
+            };
+            (format.document_or_null(if update_full { full } else { None })?, update)
         }
         "insert" | "replace" => {
             if !matches!(full, Some((0x03, _))) {
                 return Err(Unsupported); // Python names the missing fullDocument
             }
-            document_or_null(&mut after, full)?;
-            update.out.extend_from_slice(b"null");
+            (format.document_or_null(full)?, b"null".to_vec())
         }
-        "delete" => {
-            after.out.extend_from_slice(b"null");
-            update.out.extend_from_slice(b"null");
-        }
+        "delete" => (b"null".to_vec(), b"null".to_vec()),
         _ => return Err(Unsupported),
-    }
+    };
     let wall_ms = match wall {
         None | Some((0x0a, _)) => None,
         Some((0x09, value)) => Some(le_i64(value, 0).ok_or(Unsupported)?),
         Some(_) => return Err(Unsupported),
     };
-    Ok((key_id.out, before_json.out, after.out, update.out, wall_ms))
+    Ok((key_id, before_json, after, update, wall_ms))
+}
+
+/// Python's view of `ChangeParts`.
+type PyChangeParts<'py> = (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<i64>);
+
+fn py_parts(py: Python<'_>, parts: Result<ChangeParts, Unsupported>) -> Option<PyChangeParts<'_>> {
+    let (key, before, after, update, wall) = parts.ok()?;
+    Some((PyBytes::new(py, &key), PyBytes::new(py, &before), PyBytes::new(py, &after), PyBytes::new(py, &update), wall))
 }
 
 /// The parts of the record of an ordinary change event of operation `op` (insert, update,
@@ -840,17 +1005,38 @@ fn change_parts_of(raw: &[u8], op: &str, pre_image: bool, update_full: bool) -> 
 /// transforms: (key `id` string, `before`, `after`, `updateDescription`, `wallTime` ms or None).
 /// None when the event needs the Python path (a type or shape not written here, or an error the
 /// Python path reports with its own message).
+/// With `rules`, the collection's field rules apply to `before` and `after` (an update is left to
+/// the Python path).
 #[pyfunction]
-#[allow(clippy::type_complexity)]
+#[pyo3(signature = (raw, op, pre_image, update_full, rules=None))]
 fn change_parts<'py>(
     py: Python<'py>,
     raw: &[u8],
     op: &str,
     pre_image: bool,
     update_full: bool,
-) -> Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<i64>)> {
-    let (key, before, after, update, wall) = change_parts_of(raw, op, pre_image, update_full).ok()?;
-    Some((PyBytes::new(py, &key), PyBytes::new(py, &before), PyBytes::new(py, &after), PyBytes::new(py, &update), wall))
+    rules: Option<Bound<'py, rules::FieldRules>>,
+) -> Option<PyChangeParts<'py>> {
+    let format = DefaultFormat { rules: rules.as_ref().map(|r| r.get()) };
+    py_parts(py, change_parts_of(&format, raw, op, pre_image, update_full))
+}
+
+/// `change_parts` in `mongocdc.event.format=debezium_3x` (`mongocdc_core.events.debezium3`
+/// without field transforms): the texts as the Java driver writes them. `printable` is the bitmap
+/// of the BMP code points the driver writes as they are (`javajson.printable_bitmap`).
+#[pyfunction]
+#[pyo3(signature = (raw, op, pre_image, update_full, printable, rules=None))]
+fn debezium3_change_parts<'py>(
+    py: Python<'py>,
+    raw: &[u8],
+    op: &str,
+    pre_image: bool,
+    update_full: bool,
+    printable: &[u8],
+    rules: Option<Bound<'py, rules::FieldRules>>,
+) -> PyResult<Option<PyChangeParts<'py>>> {
+    let format = java::Debezium3::new(printable, rules.as_ref().map(|r| r.get())).map_err(PyValueError::new_err)?;
+    Ok(py_parts(py, change_parts_of(&format, raw, op, pre_image, update_full)))
 }
 
 /// The BSON of the top-level embedded document `name` of `raw` (the last, when repeated), or None.
@@ -867,9 +1053,11 @@ fn mongocdc_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(cursor_batch, module)?)?;
     module.add_function(wrap_pyfunction!(change_header, module)?)?;
     module.add_function(wrap_pyfunction!(change_parts, module)?)?;
+    module.add_function(wrap_pyfunction!(debezium3_change_parts, module)?)?;
     module.add_function(wrap_pyfunction!(document_member, module)?)?;
     module.add_function(wrap_pyfunction!(landing::landing_columns, module)?)?;
     module.add_function(wrap_pyfunction!(landing::run_landing_columns, module)?)?;
     module.add_class::<landing::Buffer>()?;
+    module.add_class::<rules::FieldRules>()?;
     Ok(())
 }

@@ -2,9 +2,9 @@
 
 The change stream reader receives each event as a :class:`RawChange`. An ordinary event (a
 data event, in a transaction or not, with a plain resume token, not split) keeps its BSON: its
-header is read by the compiled module and its record written from the BSON; every other event,
-and every use other than the conversion, sees it decoded as pymongo decodes it. Each test converts
-the same events both ways.
+header is read by the compiled module and its record written from the BSON, in the default format
+and in ``debezium_3x``; every other event, and every use other than the conversion, sees it decoded
+as pymongo decodes it. Each test converts the same events both ways.
 """
 
 from __future__ import annotations
@@ -17,23 +17,30 @@ import bson
 import mongocdc_native
 import pytest
 from bson.binary import Binary
+from bson.code import Code
 from bson.codec_options import CodecOptions
 from bson.datetime_ms import DatetimeMS
+from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
+from bson.regex import Regex
 from bson.timestamp import Timestamp
-from hypothesis import Phase, given, settings
+from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
 
+from mongocdc_core.events import javajson
+from mongocdc_core.events.dates import datetime_millis
 from mongocdc_core.events.raw import RawChange, change_namespace, plain
 from mongocdc_core.events.records import Record
 from mongocdc_core.positions import Position
 
 from .helpers import CLUSTER_TIME, LSID, POSITION, WALL_TIME, converter
-from .strategies import documents, id_values
+from .strategies import documents, id_values, scalars
 from .test_raw_reads import ENGINE_OPTIONS, STANDARD_UUIDS, _members, awkward_text, plain_documents, plain_ids
 
 RAW_OPTIONS: CodecOptions[RawChange] = ENGINE_OPTIONS.with_options(document_class=RawChange)
+#: The formats the compiled path writes.
+FORMATS = ["change_streams", "debezium_3x"]
 CAPTURE_MODES = ["change_streams", "change_streams_update_full", "change_streams_with_pre_image",
                  "change_streams_update_full_with_pre_image"]  # fmt: skip
 
@@ -47,6 +54,13 @@ def _event(op: str, key: Any, full: dict[str, Any] | None, **extra: Any) -> dict
         event["fullDocument"] = {"_id": key, **{k: v for k, v in full.items() if k != "_id"}}
     event.update(extra)
     return event
+
+
+def _compiled_parts(raw: bytes, op: str, event_format: str, pre_image: bool = False, update_full: bool = True) -> Any:
+    """What the compiled module makes of an event in ``event_format`` (None: the Python path's)."""
+    if event_format == "debezium_3x":
+        return mongocdc_native.debezium3_change_parts(raw, op, pre_image, update_full, javajson.printable_bitmap())
+    return mongocdc_native.change_parts(raw, op, pre_image, update_full)
 
 
 def _raw(event: dict[str, Any], options: CodecOptions[dict[str, Any]] = ENGINE_OPTIONS) -> RawChange:
@@ -73,11 +87,14 @@ descriptions = st.fixed_dictionaries({
 @given(
     st.sampled_from(["insert", "update", "replace", "delete"]), plain_ids, plain_documents, plain_documents,
     descriptions, wall_times, st.sampled_from(CAPTURE_MODES), st.booleans(), st.booleans(), st.booleans(),
+    st.sampled_from(FORMATS),
 )  # fmt: skip
 def test_ordinary_events_are_written_by_the_compiled_path_byte_for_byte(
     op: str, key: Any, full: dict[str, Any], before: dict[str, Any], desc: dict[str, Any], wall: Any,
-    capture_mode: str, schemas: bool, tombstones: bool, transactions: bool,
+    capture_mode: str, schemas: bool, tombstones: bool, transactions: bool, event_format: str,
 ) -> None:  # fmt: skip
+    # Debezium 3.x takes source.ts_ns from wallTime: past 64-bit nanoseconds, both paths refuse it
+    assume(event_format != "debezium_3x" or wall is None or abs(datetime_millis(wall)) < 2**63 // 1_000_000)
     extra: dict[str, Any] = {"wallTime": wall} if wall is not None else {}
     if op == "update":
         extra["updateDescription"] = desc
@@ -88,21 +105,68 @@ def test_ordinary_events_are_written_by_the_compiled_path_byte_for_byte(
         event.pop("wallTime")
     raw = _raw(event)
     assert raw.header == ("8263" + "0" * 30, op, "inventory", "customers", CLUSTER_TIME.time, CLUSTER_TIME.inc, None, None)
-    assert mongocdc_native.change_parts(raw.raw, op, "pre_image" in capture_mode, "update_full" in capture_mode)
-    from_raw, from_dicts = _both_ways(event, schemas_enable=schemas, capture_mode=capture_mode,
+    assert _compiled_parts(raw.raw, op, event_format, "pre_image" in capture_mode, "update_full" in capture_mode)
+    from_raw, from_dicts = _both_ways(event, schemas_enable=schemas, capture_mode=capture_mode, event_format=event_format,
                                       tombstones_on_delete=tombstones, provide_transaction_metadata=transactions)  # fmt: skip
     assert from_raw == from_dicts and from_raw
 
 
 @settings(max_examples=200, deadline=None, phases=[Phase.generate])
-@given(st.sampled_from(["insert", "update", "replace", "delete"]), id_values, documents, st.booleans(), st.booleans())
-def test_any_documents_equal_the_python_path(op: str, key: Any, full: dict[str, Any], schemas: bool, uuids: bool) -> None:
+@given(st.sampled_from(["insert", "update", "replace", "delete"]), id_values, documents, st.booleans(), st.booleans(),
+       st.sampled_from(FORMATS))  # fmt: skip
+def test_any_documents_equal_the_python_path(
+    op: str, key: Any, full: dict[str, Any], schemas: bool, uuids: bool, event_format: str
+) -> None:
     """The whole type zoo: what the compiled path does not write goes to Python, with the same bytes."""
     extra: dict[str, Any] = {"updateDescription": {"updatedFields": full, "removedFields": [], "truncatedArrays": []}}
     event = _event(op, key, full, **(extra if op == "update" else {}))
     from_raw, from_dicts = _both_ways(event, STANDARD_UUIDS if uuids else ENGINE_OPTIONS, schemas_enable=schemas,
-                                      capture_mode="change_streams_update_full_with_pre_image")  # fmt: skip
+                                      capture_mode="change_streams_update_full_with_pre_image", event_format=event_format)  # fmt: skip
     assert from_raw == from_dicts
+
+
+#: The scalars the compiled Debezium 3.x writer writes itself (the others go to the Python path).
+java_scalars = scalars.filter(
+    lambda v: not isinstance(v, (Regex, Code)) and not (isinstance(v, Binary) and v.subtype in (2, 3))
+    and not (isinstance(v, Decimal128) and not v.to_decimal().is_finite())
+)
+java_documents = st.dictionaries(
+    st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=6).filter(
+        lambda s: not s.startswith("$")),
+    st.recursive(java_scalars, lambda children: st.lists(children, max_size=3) | st.dictionaries(
+        st.text(alphabet="abc", min_size=1, max_size=2), children, max_size=3), max_leaves=12),
+    max_size=6,
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, phases=[Phase.generate])
+@given(st.sampled_from(["insert", "update", "replace", "delete"]), java_scalars, java_documents, java_documents,
+       st.booleans(), st.booleans())  # fmt: skip
+def test_every_type_the_debezium3_writer_takes_is_its_own_and_the_python_paths_bytes(
+    op: str, key: Any, full: dict[str, Any], updated: dict[str, Any], schemas: bool, uuids: bool
+) -> None:
+    """Debezium 3.x texts of every BSON type the compiled writer takes (non-finite doubles, dates of
+    any year, timestamps, min/max keys, binaries, decimals, any text), written by it, not by Python."""
+    options = STANDARD_UUIDS if uuids else ENGINE_OPTIONS
+    extra: dict[str, Any] = {"updateDescription": {"updatedFields": updated, "removedFields": ["a"], "truncatedArrays": []},
+                             "fullDocumentBeforeChange": {"_id": key, **updated}}  # fmt: skip
+    event = _event(op, key, full if op != "delete" else None, **(extra if op != "insert" else {}))
+    assert _compiled_parts(_raw(event, options).raw, op, "debezium_3x", pre_image=True) is not None
+    from_raw, from_dicts = _both_ways(event, options, schemas_enable=schemas, event_format="debezium_3x",
+                                      capture_mode="change_streams_update_full_with_pre_image")  # fmt: skip
+    assert from_raw == from_dicts and from_raw
+
+
+def test_every_character_is_escaped_as_the_java_driver_escapes_it() -> None:
+    """Every BMP code point and some beyond (each written as two escaped UTF-16 units), in a value,
+    a field name, a key and an updated field: the compiled bitmap and the Python categories agree."""
+    codes = [c for c in range(0x10000) if not 0xD800 <= c <= 0xDFFF] + [0x10000, 0x1D11E, 0x1F600, 0x10FFFF]
+    texts = ["".join(map(chr, codes[i : i + 997])) for i in range(0, len(codes), 997)]
+    for text in texts:
+        event = _event("update", text[:40], {text[40:80]: text}, updateDescription={"updatedFields": {text[80:120]: text}})
+        assert _compiled_parts(bson.encode(event), "update", "debezium_3x") is not None
+        from_raw, from_dicts = _both_ways(event, event_format="debezium_3x", capture_mode="change_streams_update_full")
+        assert from_raw == from_dicts
 
 
 def test_splits_and_other_tokens_are_decoded_as_pymongo_decodes_them() -> None:
@@ -138,9 +202,10 @@ def test_an_ordinary_event_reads_as_its_decoded_event() -> None:
     assert copy.deepcopy(raw) == bson.decode(raw.raw, ENGINE_OPTIONS)  # pymongo deep-copies resume tokens
 
 
+@pytest.mark.parametrize("event_format", FORMATS)
 @pytest.mark.parametrize("uuids", [False, True])
 @pytest.mark.parametrize("metadata", [False, True])
-def test_transactions_are_written_by_the_compiled_path_as_the_python_path(metadata: bool, uuids: bool) -> None:
+def test_transactions_are_written_by_the_compiled_path_as_the_python_path(metadata: bool, uuids: bool, event_format: str) -> None:
     """A transaction's events (lsid, txnNumber), then an ordinary event that ends it (with transaction
     metadata: BEGIN, the events with their ``transaction`` blocks, END), then a second transaction."""
     options = STANDARD_UUIDS if uuids else ENGINE_OPTIONS
@@ -154,8 +219,9 @@ def test_transactions_are_written_by_the_compiled_path_as_the_python_path(metada
     ]  # fmt: skip
     positions = [POSITION, Position.from_timestamp(CLUSTER_TIME, 1), Position.from_timestamp(events[2]["clusterTime"]),
                  Position.from_timestamp(events[3]["clusterTime"])]  # fmt: skip
-    conv, reference = converter(provide_transaction_metadata=metadata), converter(provide_transaction_metadata=metadata)
+    conv, reference = (converter(provide_transaction_metadata=metadata, event_format=event_format) for _ in range(2))
     raws = [_raw(event, options) for event in events]
+    assert all(_compiled_parts(raw.raw, raw.header[1], event_format) for raw in raws if raw.header)
     assert raws[0].header is not None and raws[0].header[6:] == (3, bson.encode(LSID, codec_options=options))
     ours = [r for raw, p in zip(raws, positions, strict=True) for r in conv.convert_change(raw, p)] + conv.flush()
     theirs = [r for raw, p in zip(raws, positions, strict=True) for r in reference.convert_change(raw.document(), p)]
@@ -164,24 +230,25 @@ def test_transactions_are_written_by_the_compiled_path_as_the_python_path(metada
     assert b'"txnNumber":3' in (ours[1 if metadata else 0].value or b"")
 
 
-@pytest.mark.parametrize("event_format", ["debezium_3x", "oplog_1x"])
-def test_other_formats_and_field_rules_decode_the_raw_event(event_format: str) -> None:
+@pytest.mark.parametrize("event_format", FORMATS)
+def test_the_oplog_format_and_field_rules_decode_the_raw_event(event_format: str) -> None:
     event = _event("insert", 1, {"a": 1, "b": "x"})
-    assert _both_ways(event, event_format=event_format)[0] == _both_ways(event, event_format=event_format)[1]
-    renamed, reference = _both_ways(event, field_renames=("inventory.customers.a:z",))
+    assert _both_ways(event, event_format="oplog_1x")[0] == _both_ways(event, event_format="oplog_1x")[1]
+    renamed, reference = _both_ways(event, field_renames=("inventory.customers.a:z",), event_format=event_format)
     assert renamed == reference and b'\\"z\\": 1' in (renamed[0].value or b"")
 
 
-def test_malformed_events_fail_with_the_python_paths_message() -> None:
+@pytest.mark.parametrize("event_format", FORMATS)
+def test_malformed_events_fail_with_the_python_paths_message(event_format: str) -> None:
     """What the compiled path cannot write (here: events missing their documents) is reported by the
     Python path, in its words."""
     no_desc = _event("update", 1, None)
     no_full = _event("insert", 1, None)
     no_key = {k: v for k, v in _event("delete", 1, None).items() if k != "documentKey"}
     for event, message in ((no_desc, "no 'updateDescription'"), (no_full, "no 'fullDocument'"), (no_key, "no 'documentKey._id'")):
-        assert mongocdc_native.change_parts(bson.encode(event), event["operationType"], False, True) is None
+        assert _compiled_parts(bson.encode(event), event["operationType"], event_format) is None
         with pytest.raises(ValueError, match=message):
-            converter().convert_change(_raw(event), POSITION)
+            converter(event_format=event_format).convert_change(_raw(event), POSITION)
 
 
 def test_a_date_outside_pythons_range_is_the_same_millisecond_count() -> None:
@@ -192,7 +259,8 @@ def test_a_date_outside_pythons_range_is_the_same_millisecond_count() -> None:
     assert _both_ways(_event("delete", 1, None, wallTime=datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)))[0]
 
 
-def test_repeated_names_read_as_the_decoded_event() -> None:
+@pytest.mark.parametrize("event_format", FORMATS)
+def test_repeated_names_read_as_the_decoded_event(event_format: str) -> None:
     """A repeated name keeps its last value once decoded (a dict): the compiled path leaves such a
     documentKey or truncatedArrays entry to Python, and takes the last ns.db/ns.coll."""
     twice = RawBSONDocument(_members([("_id", 1), ("_id", 2)]))
@@ -208,7 +276,8 @@ def test_repeated_names_read_as_the_decoded_event() -> None:
         patched = bson.encode(event)
         raw = RawChange(patched, RAW_OPTIONS)
         assert raw.header is not None and raw.header[2:4] == ("inventory", "customers")
-        assert converter().convert_change(raw, POSITION) == converter().convert_change(raw.document(), POSITION)
+        conv, reference = converter(event_format=event_format), converter(event_format=event_format)
+        assert conv.convert_change(raw, POSITION) == reference.convert_change(raw.document(), POSITION)
         assert raw.key_id() == raw.document()["documentKey"]["_id"]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import math
 import random
 import struct
 from typing import Any
@@ -21,10 +22,12 @@ from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.datetime_ms import DatetimeMS
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
+from bson.min_key import MinKey
 from bson.timestamp import Timestamp
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+from mongocdc_core.events import javajson
 from mongocdc_core.events.raw import RawDocuments
 from mongocdc_core.events.records import Record, RecordRun
 
@@ -81,33 +84,58 @@ def _both_ways(docs: list[dict[str, Any]], options: CodecOptions[dict[str, Any]]
     return from_raw, from_dicts
 
 
+#: The formats the compiled path writes.
+FORMATS = ["change_streams", "debezium_3x"]
+
+
+def _left(raw: RawDocuments, event_format: str) -> list[int]:
+    """The reads the compiled module leaves to the Python path in ``event_format``."""
+    printable = javajson.printable_bitmap() if event_format == "debezium_3x" else None
+    return mongocdc_native.convert_reads(raw.data, raw.bounds, 0, len(raw), b"", b"", b"", b"", printable)[4]
+
+
 @settings(max_examples=300, deadline=None, phases=[Phase.generate])
-@given(st.lists(st.tuples(plain_ids, plain_documents), min_size=1, max_size=6), st.booleans())
+@given(st.lists(st.tuples(plain_ids, plain_documents), min_size=1, max_size=6), st.booleans(), st.sampled_from(FORMATS))
 def test_plain_documents_are_written_by_the_compiled_path_byte_for_byte(
-    items: list[tuple[Any, dict[str, Any]]], schemas: bool
+    items: list[tuple[Any, dict[str, Any]]], schemas: bool, event_format: str
 ) -> None:
     docs = [{"_id": i, **{k: v for k, v in body.items() if k != "_id"}} for i, body in items]
-    from_raw, from_dicts = _both_ways(docs, schemas_enable=schemas)
+    from_raw, from_dicts = _both_ways(docs, schemas_enable=schemas, event_format=event_format)
     assert from_raw == from_dicts
-    raw = _raw(docs)
-    left = mongocdc_native.convert_reads(raw.data, raw.bounds, 0, len(raw), b"", b"", b"", b"")[4]
-    assert not left, "the compiled path left a document of its own types to Python"
+    assert not _left(_raw(docs), event_format), "the compiled path left a document of its own types to Python"
 
 
 @settings(max_examples=200, deadline=None, phases=[Phase.generate])
-@given(st.lists(st.tuples(id_values, documents), min_size=1, max_size=5), st.booleans(), st.booleans())
-def test_any_documents_equal_the_python_path(items: list[tuple[Any, dict[str, Any]]], schemas: bool, uuids: bool) -> None:
+@given(st.lists(st.tuples(id_values, documents), min_size=1, max_size=5), st.booleans(), st.booleans(),
+       st.sampled_from(FORMATS))  # fmt: skip
+def test_any_documents_equal_the_python_path(
+    items: list[tuple[Any, dict[str, Any]]], schemas: bool, uuids: bool, event_format: str
+) -> None:
     """The whole type zoo: what the compiled path does not write goes to Python, with the same bytes."""
     docs = [{"_id": i, **body} for i, body in items]
-    from_raw, from_dicts = _both_ways(docs, STANDARD_UUIDS if uuids else ENGINE_OPTIONS, schemas_enable=schemas)
+    from_raw, from_dicts = _both_ways(docs, STANDARD_UUIDS if uuids else ENGINE_OPTIONS, schemas_enable=schemas,
+                                      event_format=event_format)  # fmt: skip
     assert from_raw == from_dicts
 
 
-@pytest.mark.parametrize("event_format", ["debezium_3x", "oplog_1x"])
-def test_other_formats_and_field_rules_decode_the_raw_batch(event_format: str) -> None:
+@pytest.mark.parametrize("markers", [["true", "true", "last"], ["incremental"] * 3, ["first", "incremental", "x"]])
+def test_debezium3_reads_of_every_marker_are_the_python_paths(markers: list[str]) -> None:
+    """Debezium 3.x reads: ``ord`` -1 and the read time, ``true`` or ``last``; incremental ones the
+    position's time and increment (any other marker is ``true``, as the Python path writes it)."""
+    docs = [{"_id": i, "a": float("inf"), "t": Timestamp(5, i), "k": MinKey()} for i in range(3)]
+    raw = _raw(docs)
+    assert not _left(raw, "debezium_3x")
+    conv = converter(event_format="debezium_3x")
+    from_raw = conv.convert_reads(raw, markers, "inventory", "customers", POSITION, TS)
+    assert from_raw == conv.convert_reads(raw.decoded(), markers, "inventory", "customers", POSITION, TS)
+    assert b'"snapshot":"incremental"' in (from_raw[1].value or b"") or markers[1] != "incremental"
+
+
+@pytest.mark.parametrize("event_format", FORMATS)
+def test_the_oplog_format_and_field_rules_decode_the_raw_batch(event_format: str) -> None:
     docs = [{"_id": i, "a": i, "b": "x"} for i in range(5)]
-    assert _both_ways(docs, event_format=event_format)[0] == _both_ways(docs, event_format=event_format)[1]
-    renamed, plain = _both_ways(docs, field_renames=("inventory.customers.a:z",))
+    assert _both_ways(docs, event_format="oplog_1x")[0] == _both_ways(docs, event_format="oplog_1x")[1]
+    renamed, plain = _both_ways(docs, field_renames=("inventory.customers.a:z",), event_format=event_format)
     assert renamed == plain and b'\\"z\\": 0' in (renamed[0].value or b"")
 
 
@@ -118,6 +146,24 @@ def test_random_doubles_are_spelled_as_orjson_spells_them() -> None:
     docs = [{"_id": i, "v": v} for i, v in enumerate(values) if v == v and abs(v) != float("inf")]
     from_raw, from_dicts = _both_ways(docs, schemas_enable=False)
     assert from_raw == from_dicts
+
+
+def test_random_doubles_are_spelled_as_java_spells_them() -> None:
+    """Debezium 3.x: ``Double.toString`` (positional from 1e-3 to below 1e7), at and around its bounds
+    and over every exponent, in ``after`` (strict) and in the key (relaxed)."""
+    rng = random.Random(11)
+    values = [struct.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))[0] for _ in range(20_000)]
+    for bound in (1e-3, 1e7, 1e-5, 1e16):
+        values += [bound, -bound, math.nextafter(bound, 0.0), math.nextafter(bound, math.inf)]
+    values += [rng.uniform(1e6, 1e8) for _ in range(200)] + [rng.uniform(1e-4, 1e-2) for _ in range(200)]
+    values += [0.0, -0.0, 1.0, 100.0, 5e-324, 1.7976931348623157e308, float("nan"), float("inf"), float("-inf")]
+    docs = [{"_id": v, "v": v} for v in values]
+    raw = _raw(docs)
+    assert not _left(raw, "debezium_3x")
+    conv = converter(schemas_enable=False, event_format="debezium_3x")
+    markers = ["true"] * len(docs)
+    from_raw = conv.convert_reads(raw, markers, "inventory", "customers", POSITION, TS)
+    assert from_raw == conv.convert_reads(raw.decoded(), markers, "inventory", "customers", POSITION, TS)
 
 
 def test_documents_the_compiled_path_leaves_to_python() -> None:
