@@ -105,7 +105,7 @@ class _FakeAdmin:
 
 class _FakeShards:
     def find(self, *args: Any) -> list[dict[str, Any]]:
-        return [{"_id": "shard0"}, {"_id": "shard1"}]
+        return [{"_id": "shard0", "host": "shard0/h:2"}, {"_id": "shard1", "host": "shard1/h:3"}]
 
 
 class _FakeConfig:
