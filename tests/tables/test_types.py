@@ -186,3 +186,25 @@ def test_decimal_scale_and_digits_follow_the_written_number(spark: SparkSession)
     for row in rows.collect():
         text = json.loads(row["d"]).get("$numberDecimal")
         assert (row["p0"], row["p1"], row["p2"]) == _decimal_parts_by_rule(text), text
+
+
+def test_negative_zero_keeps_its_sign_in_the_column_and_in_doc(spark: SparkSession, tmp_path: Path) -> None:
+    """MongoDB keeps -0.0 apart from 0.0; Spark parses ``-0.0`` as a decimal zero unless told otherwise."""
+    docs = [{"_id": 1, "z": -0.0, "n": {"z": -0.0}, "a": [-0.0, 1.5], "s": "-0.0, in a string", "p": 0.0},
+            {"_id": 2, "z": 2.5, "n": {"z": 1.0}, "a": [], "s": "x", "p": -0.05}]
+    tables = CollectionTables.under(str(tmp_path / "tables"), "shop.zeros")
+    state = build(spark, tables, read_file(tmp_path / "z.parquet", "shop", "zeros", docs, Position(1, 1)))
+    assert state.schema["z"].dataType == T.DoubleType()
+    row = state.where("_id = 1").first()
+    assert row is not None
+    signs = [math.copysign(1.0, v) for v in (row["z"], row["n"]["z"], row["a"][0], row["p"])]
+    assert signs == [-1.0, -1.0, -1.0, 1.0] and row["s"] == "-0.0, in a string"
+    doc = spark.sql(
+        f"SELECT to_json(__doc) AS d, __doc:z::double AS z FROM delta.`{tables.current_state}` WHERE _id = 1"
+    ).first()
+    assert doc is not None and math.copysign(1.0, doc["z"]) == -1.0
+    assert json.loads(doc["d"]) == {"_id": 1, "a": [-0.0, 1.5], "n": {"z": -0.0}, "p": 0.0,
+                                    "s": "-0.0, in a string", "z": -0.0}
+    assert '"z":-0.0' in doc["d"] and '"p":0,' in doc["d"]  # json.loads equates the zeros: the text tells them apart
+    other = state.where("_id = 2").first()
+    assert other is not None and other["p"] == -0.05 and other["a"] == []
