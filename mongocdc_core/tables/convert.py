@@ -162,11 +162,15 @@ def convert(kind: Kind, value: Column, *, strict: bool = True) -> Column:
     Strict (refreshes): a value that does not fit fails the query. Not strict (reconciliation,
     comparing a source document with the table's types): it becomes NULL, so the row differs.
     """
-    if kind.tag == "struct":
+    if kind.tag == "struct" and not kind.nested:  # no typed field yet: the document as it is
+        built: Column = value
+    elif kind.tag == "struct":
         members = [
             convert(f.kind, child(value, f.name), strict=strict).alias(f.column) for f in kind.fields if f.kind.typed
         ]
-        built: Column = F.struct(*members)
+        built = F.struct(*members)
+    elif kind.tag == "array" and not kind.nested:  # no element seen yet: array<variant>
+        built = _get(value, "$", "array<variant>", strict)
     elif kind.tag == "array":
         assert kind.element is not None
         element = kind.element
@@ -227,7 +231,7 @@ def _by_path(kind: Kind, base: Column, path: str, strict: bool) -> Column:
     if kind.tag == "date":
         return _date(base, path)
     value = F.variant_get(base, path, "variant")
-    if kind.tag != "struct":
+    if kind.tag != "struct" or not kind.nested:
         return convert(kind, value, strict=strict)
     members = []
     for f in kind.fields:
