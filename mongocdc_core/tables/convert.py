@@ -39,7 +39,9 @@ def normalize(text: Column) -> Column:
     The wrapper patterns only match outside strings: inside a JSON string every ``"`` is escaped. A
     plain search decides first whether a pattern can match at all (a document with only decimals or
     dates needs no regex); it is ``contains``, which skips ahead to the rare ``$``, not ``instr``, which
-    compares the whole needle at every byte (2.5 µs of a document's 7 to parse).
+    compares the whole needle at every byte (2.5 µs of a document's 7 to parse). Each search reads the
+    original text, which no step changes in a way it looks for: a search of a step's result would run
+    that step twice (as the test, then as the value), for every document.
 
     Spark parses a number without an exponent as a decimal where it fits, and a decimal has no
     negative zero: ``-0.0`` would become ``0``. With an exponent it is a double, sign kept, as MongoDB
@@ -49,9 +51,9 @@ def normalize(text: Column) -> Column:
         text.contains('$numberLong"') | text.contains('$numberInt"'), F.regexp_replace(text, _INTEGER_WRAPPER, "$1")
     ).otherwise(text)
     doubles = F.when(
-        integers.contains('$numberDouble"'), F.regexp_replace(integers, _DOUBLE_WRAPPER, "$1")
+        text.contains('$numberDouble"'), F.regexp_replace(integers, _DOUBLE_WRAPPER, "$1")
     ).otherwise(integers)
-    return F.when(doubles.contains("-0.0"), F.regexp_replace(doubles, _NEGATIVE_ZERO, "$1-0.0E0")).otherwise(doubles)
+    return F.when(text.contains("-0.0"), F.regexp_replace(doubles, _NEGATIVE_ZERO, "$1-0.0E0")).otherwise(doubles)
 
 
 def document(text: Column) -> Column:
