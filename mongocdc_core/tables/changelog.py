@@ -482,8 +482,10 @@ class ChangelogResult:
 
 
 def _manifest(spark: SparkSession, location: str) -> DataFrame | None:
+    """The manifest table (None before the first landing file is read). Its own log decides: Delta
+    takes a directory inside the changelog for part of the changelog, so ``table_exists`` is true there."""
     path = f"{location.rstrip('/')}/{MANIFEST_DIR}"
-    return spark.read.format("delta").load(path) if table_exists(spark, path) else None
+    return spark.read.format("delta").load(path) if look(spark, path).version >= 0 else None
 
 
 def _snapshot_positions(spark: SparkSession, namespace: str, files: list[str], landing: DataFrame) -> dict[str, str]:

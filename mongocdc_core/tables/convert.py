@@ -23,24 +23,37 @@ from mongocdc_core.tables.kinds import Answers, Kind, Path, Questions
 
 _INTEGER_WRAPPER = r'\{\s*"\$number(?:Long|Int)"\s*:\s*"(-?\d+)"\s*\}'
 _DOUBLE_WRAPPER = r'\{\s*"\$numberDouble"\s*:\s*"(-?\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)"\s*\}'
+#: A negative zero written ``-0.0`` outside strings, and the text before it: \G continues where the last
+#: match ended (so the text before always starts outside a string) and every repetition is possessive,
+#: which Java's engine runs as a loop (a backtracking one recurses per step, and long documents overflow
+#: its stack).
+_NEGATIVE_ZERO = r'\G((?:[^"\-]++|-(?!0\.0+(?![0-9eE]))|"[^"\\]*+(?:\\.[^"\\]*+)*+")*+)-0\.0+(?![0-9eE])'
 _DECIMAL_TEXT = r"^[+-]?(\d*)(?:\.(\d*))?(?:[eE]([+-]?\d+))?$"
 _UUID = r"^(.{8})(.{4})(.{4})(.{4})(.{12})$"
 
 
 def normalize(text: Column) -> Column:
-    """Extended JSON with Int64/Int32 wrappers as plain integers and finite doubles as plain numbers.
+    """Extended JSON with Int64/Int32 wrappers as plain integers and finite doubles as plain numbers,
+    negative zero as ``-0.0E0``.
 
-    The patterns only match outside strings: inside a JSON string every ``"`` is escaped. A plain
-    search decides first whether a pattern can match at all (a document with only decimals or dates
-    needs no regex); it is ``contains``, which skips ahead to the rare ``$``, not ``instr``, which
-    compares the whole needle at every byte (2.5 µs of a document's 7 to parse).
+    The wrapper patterns only match outside strings: inside a JSON string every ``"`` is escaped. A
+    plain search decides first whether a pattern can match at all (a document with only decimals or
+    dates needs no regex); it is ``contains``, which skips ahead to the rare ``$``, not ``instr``, which
+    compares the whole needle at every byte (2.5 µs of a document's 7 to parse). Each search reads the
+    original text, which no step changes in a way it looks for: a search of a step's result would run
+    that step twice (as the test, then as the value), for every document.
+
+    Spark parses a number without an exponent as a decimal where it fits, and a decimal has no
+    negative zero: ``-0.0`` would become ``0``. With an exponent it is a double, sign kept, as MongoDB
+    keeps it.
     """
     integers = F.when(
         text.contains('$numberLong"') | text.contains('$numberInt"'), F.regexp_replace(text, _INTEGER_WRAPPER, "$1")
     ).otherwise(text)
-    return F.when(
-        integers.contains('$numberDouble"'), F.regexp_replace(integers, _DOUBLE_WRAPPER, "$1")
+    doubles = F.when(
+        text.contains('$numberDouble"'), F.regexp_replace(integers, _DOUBLE_WRAPPER, "$1")
     ).otherwise(integers)
+    return F.when(text.contains("-0.0"), F.regexp_replace(doubles, _NEGATIVE_ZERO, "$1-0.0E0")).otherwise(doubles)
 
 
 def document(text: Column) -> Column:
@@ -151,11 +164,15 @@ def convert(kind: Kind, value: Column, *, strict: bool = True) -> Column:
     Strict (refreshes): a value that does not fit fails the query. Not strict (reconciliation,
     comparing a source document with the table's types): it becomes NULL, so the row differs.
     """
-    if kind.tag == "struct":
+    if kind.tag == "struct" and not kind.nested:  # no typed field yet: the document as it is
+        built: Column = value
+    elif kind.tag == "struct":
         members = [
             convert(f.kind, child(value, f.name), strict=strict).alias(f.column) for f in kind.fields if f.kind.typed
         ]
-        built: Column = F.struct(*members)
+        built = F.struct(*members)
+    elif kind.tag == "array" and not kind.nested:  # no element seen yet: array<variant>
+        built = _get(value, "$", "array<variant>", strict)
     elif kind.tag == "array":
         assert kind.element is not None
         element = kind.element
@@ -216,7 +233,7 @@ def _by_path(kind: Kind, base: Column, path: str, strict: bool) -> Column:
     if kind.tag == "date":
         return _date(base, path)
     value = F.variant_get(base, path, "variant")
-    if kind.tag != "struct":
+    if kind.tag != "struct" or not kind.nested:
         return convert(kind, value, strict=strict)
     members = []
     for f in kind.fields:

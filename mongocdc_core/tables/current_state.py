@@ -354,21 +354,29 @@ def _ddl(dtype: T.DataType) -> str:
 
 
 def _added(old: Kind, new: Kind, prefix: str) -> list[tuple[str, T.DataType]]:
-    """(column path, type) of every column ``new`` adds to ``old`` (types unchanged)."""
+    """(column path, type) of every column the fields of document kind ``new`` add to ``old``'s (a
+    changed type is :func:`kinds.needs_rewrite`'s affair)."""
     out: list[tuple[str, T.DataType]] = []
-    if old.tag == "struct" and new.tag == "struct":
-        for f in new.fields:
-            if not f.kind.typed:
-                continue
-            before = old.field(f.name)
-            path = f"{prefix}{convert.quote(f.column)}"
-            if before is None or not before.kind.typed:
-                out.append((path, f.kind.spark_type()))
-            else:
-                out += _added(before.kind, f.kind, path + ".")
-    elif old.tag == "array" and new.tag == "array" and old.element and new.element:
-        out += _added(old.element, new.element, prefix + "element.")
+    for f in new.fields:
+        if not f.kind.typed:
+            continue
+        before = old.field(f.name)
+        path = f"{prefix}{convert.quote(f.column)}"
+        if before is None or not before.kind.typed:
+            out.append((path, f.kind.spark_type()))
+        else:
+            out += _added_within(before.kind, f.kind, path + ".")
     return out
+
+
+def _added_within(old: Kind, new: Kind, prefix: str) -> list[tuple[str, T.DataType]]:
+    """:func:`_added` inside one struct column, or its array's elements (``prefix``: the column's path)."""
+    if not (old.nested and new.nested and old.tag == new.tag):
+        return []
+    if old.tag == "struct":
+        return _added(old, new, prefix)
+    assert old.element is not None and new.element is not None
+    return _added_within(old.element, new.element, prefix + "element.")
 
 
 # --------------------------------------------------------------------------- refresh
@@ -550,15 +558,18 @@ def _merge(
         result.upserted = int(counts["keys"]) - int(counts["deleted"])
         result.row_count = result.upserted if layout.delete_handling == "drop" else int(counts["keys"])
         return result, shape
-    result.schema_changes = kinds.changes(
-        kinds.struct([("_id", old.id_kind)]), kinds.struct([("_id", shape.id_kind)])
+    old_id, new_id = kinds.struct([("_id", old.id_kind)]), kinds.struct([("_id", shape.id_kind)])
+    # A table built before any key was seen has a string _id standing for no type: the first keys decide it.
+    id_typed = not old.id_kind.typed and old.id_type() != shape.id_type()
+    result.schema_changes = (
+        [f"field _id: string -> {shape.id_kind.describe()}"] if id_typed else kinds.changes(old_id, new_id)
     ) + kinds.changes(old.doc, shape.doc)
     added = _added(old.doc, shape.doc, "")
     # an attempt that stopped before recording its shape may have added some of them already, maybe typed
     # from fewer events: those of the same type are skipped, a different one means the table is rewritten
     present = dict(_paths(spark.read.format("delta").load(location).schema, "")) if added else {}
     retyped = any(path in present and _ddl(present[path]) != _ddl(dtype) for path, dtype in added)
-    if retyped or kinds.needs_rewrite(old.doc, shape.doc) or kinds.needs_rewrite(old.id_kind, shape.id_kind):
+    if retyped or id_typed or kinds.needs_rewrite(old_id, new_id) or kinds.needs_rewrite(old.doc, shape.doc):
         _rewrite(spark, namespace, location, layout, shape)
         result.recount = True  # rare (a type changed); the table is counted rather than its commits
     else:

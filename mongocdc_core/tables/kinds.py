@@ -99,23 +99,28 @@ class Kind:
 
     @property
     def typed(self) -> bool:
-        """Whether values of this kind can be a column (null-only fields and empty arrays cannot yet)."""
-        if self.tag == "null":
-            return False
-        if self.tag == "array":
-            return self.element is not None and self.element.typed
+        """Whether values of this kind can be a column: all but a field only ever null (no type yet)."""
+        return self.tag != "null"
+
+    @property
+    def nested(self) -> bool:
+        """Whether the column is a struct or an array of a known type, compared part by part. A document
+        with no typed field yet (``{}``, only nulls) is a ``VARIANT`` column (Delta has no empty
+        struct), an array with no element yet an ``array<variant>``, until their first typed value."""
         if self.tag == "struct":
             return any(f.kind.typed for f in self.fields)
-        return True
+        return self.tag == "array" and self.element is not None and self.element.typed
 
     def spark_type(self) -> T.DataType:
         if self.tag == "decimal":
             return T.DecimalType(MAX_DECIMAL_DIGITS, self.scale)
+        if self.tag == "struct" and not self.nested:
+            return T.VariantType()
         if self.tag == "struct":
             return T.StructType([T.StructField(f.column, f.kind.spark_type()) for f in self.fields if f.kind.typed])
         if self.tag == "array":
-            assert self.element is not None
-            return T.ArrayType(self.element.spark_type())
+            element = self.element
+            return T.ArrayType(element.spark_type() if element is not None and element.typed else T.VariantType())
         return _ATOMIC[self.tag]
 
     def describe(self) -> str:
@@ -447,34 +452,43 @@ def name_columns(kind: Kind, old: Kind | None = None, *, top: bool = False) -> K
 def changes(old: Kind, new: Kind, prefix: str = "") -> list[str]:
     """Readable differences between two document kinds: added columns and changed types."""
     out: list[str] = []
-    if old.tag == "struct" and new.tag == "struct":
-        for f in new.fields:
-            if not f.kind.typed:
-                continue
-            before = old.field(f.name)
-            name = f"{prefix}{f.column}"
-            if before is None or not before.kind.typed:
-                out.append(f"added column {name} ({f.kind.describe()})")
-            else:
-                out += changes(before.kind, f.kind, name + ".")
-        return out
-    if old.tag == "array" and new.tag == "array" and old.element and new.element:
-        return changes(old.element, new.element, prefix[:-1] + "[]." if prefix else "[].")
-    if old.spark_type() != new.spark_type() or old.tag != new.tag:
-        out.append(f"field {prefix[:-1] if prefix.endswith('.') else prefix}: {old.describe()} -> {new.describe()}")
+    for f in new.fields:
+        if not f.kind.typed:
+            continue
+        before = old.field(f.name)
+        name = f"{prefix}{f.column}"
+        if before is None or not before.kind.typed:
+            out.append(f"added column {name} ({f.kind.describe()})")
+        else:
+            out += _changed(before.kind, f.kind, name)
     return out
 
 
+def _changed(old: Kind, new: Kind, name: str) -> list[str]:
+    """:func:`changes` of one typed column (``name``: its path)."""
+    if old.nested and new.nested and old.tag == new.tag == "struct":
+        return changes(old, new, name + ".")
+    if old.nested and new.nested and old.tag == new.tag == "array":
+        assert old.element is not None and new.element is not None
+        return _changed(old.element, new.element, name + "[]")
+    if old.spark_type() != new.spark_type() or old.tag != new.tag:
+        return [f"field {name}: {old.describe()} -> {new.describe()}"]
+    return []
+
+
 def needs_rewrite(old: Kind, new: Kind) -> bool:
-    """Whether existing values must be converted (a type changed), as opposed to columns only added."""
+    """Whether existing values of two document kinds' fields must be converted (a type changed), as
+    opposed to columns only added."""
+    return any(_retyped(f.kind, nf.kind) for f in old.fields if (nf := new.field(f.name)) is not None)
+
+
+def _retyped(old: Kind, new: Kind) -> bool:
+    """:func:`needs_rewrite` of one column."""
     if not old.typed:
         return False
-    if old.tag == "struct" and new.tag == "struct":
-        return any(
-            needs_rewrite(f.kind, nf.kind)
-            for f in old.fields
-            if (nf := new.field(f.name)) is not None
-        )
-    if old.tag == "array" and new.tag == "array" and old.element and new.element:
-        return needs_rewrite(old.element, new.element)
+    if old.nested and new.nested and old.tag == new.tag == "struct":
+        return needs_rewrite(old, new)
+    if old.nested and new.nested and old.tag == new.tag == "array":
+        assert old.element is not None and new.element is not None
+        return _retyped(old.element, new.element)
     return old.spark_type() != new.spark_type() or old.tag != new.tag

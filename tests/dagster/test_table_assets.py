@@ -223,3 +223,25 @@ def test_the_table_automation_refreshes_what_landed_once_and_queues_none_behind_
         quiet.description or "")
     code, said = _cli(env, capsys, "--collection", env.ns("quiet"), "--check", "matches_source")
     assert code == 0 and f"WARN  {db.name}/quiet/current_state  matches_source  blocking" in said, said
+
+
+def test_tables_built_before_the_first_snapshot_reconcile_once_it_lands(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    """Issue 37, defect 1: the table automation built a collection's tables before anything had landed;
+    then its first snapshot lands (integer keys) and the tables refresh: the blocking reconciliation
+    passes, every key compared, and ``_id`` is typed by the keys."""
+    env = make_env(tmp_path, mongo_uri, db, ["customers"])
+    tables = [env.key("customers", k) for k in ("changelog", "current_state")]
+    assert env.materialize(instance, tables).success
+    assert materialization_metadata(instance, env.key("customers", "current_state"))["dagster/row_count"] == 0
+
+    db.customers.insert_many([{"_id": i, "name": f"c{i}"} for i in range(4)])
+    assert env.materialize(instance, [env.key("customers", "snapshot")]).success
+    assert env.materialize(instance, tables).success
+    (check,) = _reconcile(env, instance, ["customers"]).values()
+    meta = {k: v.value for k, v in check.metadata.items()}
+    assert check.passed, check.description
+    assert meta["table_rows"] == meta["source_rows"] == 4 and meta["keys_excluded"] == 0, meta
+    state = materialization_metadata(instance, env.key("customers", "current_state"))
+    assert {c.name: c.type for c in state["dagster/column_schema"].columns}["_id"] == "bigint"
+    assert state["schema_changes"] == ["field _id: string -> bigint", "added column name (string)"]

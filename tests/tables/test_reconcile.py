@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,11 +13,19 @@ from bson.timestamp import Timestamp
 from pymongo import MongoClient
 from pymongo.database import Database
 from pyspark.sql import SparkSession
+from pyspark.sql import types as T
 
 from mongocdc_core import api
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.sinks.parquet import ParquetSink
-from mongocdc_core.tables import CollectionTables, reconcile_at_position
+from mongocdc_core.tables import (
+    CollectionTables,
+    reconcile_at_position,
+    refresh_changelog,
+    refresh_current_state,
+)
+from mongocdc_core.tables.changelog import table_properties
+from mongocdc_core.tables.current_state import KINDS_PROPERTY
 from tests.dagster.time_travel import travelling_replica_set
 
 from .support import build
@@ -154,3 +163,33 @@ def test_a_reconciliation_that_compared_too_few_keys_is_no_pass(spark: SparkSess
         with pytest.raises(ValueError, match="min_coverage must be a share between 0 and 1, got 1.5"):
             reconcile_at_position(spark, tables, cfg, min_coverage=1.5)
         client.close()
+
+
+def test_a_table_built_before_any_data_takes_its_types_from_the_first_data(
+    spark: SparkSession, tmp_path: Path, mongo_uri: str, fresh_db: Database,
+) -> None:
+    """Tables built empty (automation before a collection's first snapshot), then fed its documents:
+    the first keys decide ``_id``'s type, as ``mongocdc.kinds`` records it, and every key reconciles."""
+    namespace = f"{fresh_db.name}.customers"
+    cfg = ConnectorConfig.from_dict({
+        "mongodb.connection.string": mongo_uri, "topic.prefix": "dbz", "collection.include.list": namespace,
+    })
+    tables = CollectionTables.under(str(tmp_path / "tables"), namespace)
+    empty = build(spark, tables)
+    assert empty.count() == 0 and empty.schema["_id"].dataType == T.StringType()  # no type known yet
+
+    fresh_db.customers.insert_many([{"_id": 1000 + i, "name": f"c{i}", "meta": {}} for i in range(4)])
+    snap_path = tmp_path / "landing" / "snapshot" / namespace / "snapshot.parquet"
+    sink = ParquetSink.to_file(snap_path)
+    api.snapshot_collection(cfg, namespace, sink)
+    sink.close()
+    refresh_changelog(spark, tables, [str(snap_path)])
+    refreshed = refresh_current_state(spark, tables)
+    assert refreshed.schema["_id"].dataType == T.LongType() and "field _id: string -> bigint" in refreshed.schema_changes
+    kinds = json.loads(table_properties(spark, tables.current_state)[KINDS_PROPERTY])
+    assert kinds["id"] == {"t": "int"}
+
+    result = reconcile_at_position(spark, tables, cfg)
+    assert result.matches, result
+    assert result.method.startswith("snapshot read at") and result.keys_excluded == 0, result
+    assert result.table_rows == result.source_rows == 4, result

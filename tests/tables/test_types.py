@@ -19,7 +19,13 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from mongocdc_core.positions import Position
-from mongocdc_core.tables import CollectionTables, convert
+from mongocdc_core.tables import (
+    CollectionTables,
+    convert,
+    read_current_state,
+    refresh_changelog,
+    refresh_current_state,
+)
 
 from .support import build, read_file
 
@@ -186,3 +192,55 @@ def test_decimal_scale_and_digits_follow_the_written_number(spark: SparkSession)
     for row in rows.collect():
         text = json.loads(row["d"]).get("$numberDecimal")
         assert (row["p0"], row["p1"], row["p2"]) == _decimal_parts_by_rule(text), text
+
+
+def test_negative_zero_keeps_its_sign_in_the_column_and_in_doc(spark: SparkSession, tmp_path: Path) -> None:
+    """MongoDB keeps -0.0 apart from 0.0; Spark parses ``-0.0`` as a decimal zero unless told otherwise."""
+    docs = [{"_id": 1, "z": -0.0, "n": {"z": -0.0}, "a": [-0.0, 1.5], "s": "-0.0, in a string", "p": 0.0},
+            {"_id": 2, "z": 2.5, "n": {"z": 1.0}, "a": [], "s": "x", "p": -0.05}]
+    tables = CollectionTables.under(str(tmp_path / "tables"), "shop.zeros")
+    state = build(spark, tables, read_file(tmp_path / "z.parquet", "shop", "zeros", docs, Position(1, 1)))
+    assert state.schema["z"].dataType == T.DoubleType()
+    row = state.where("_id = 1").first()
+    assert row is not None
+    signs = [math.copysign(1.0, v) for v in (row["z"], row["n"]["z"], row["a"][0], row["p"])]
+    assert signs == [-1.0, -1.0, -1.0, 1.0] and row["s"] == "-0.0, in a string"
+    doc = spark.sql(
+        f"SELECT to_json(__doc) AS d, __doc:z::double AS z FROM delta.`{tables.current_state}` WHERE _id = 1"
+    ).first()
+    assert doc is not None and math.copysign(1.0, doc["z"]) == -1.0
+    assert json.loads(doc["d"]) == {"_id": 1, "a": [-0.0, 1.5], "n": {"z": -0.0}, "p": 0.0,
+                                    "s": "-0.0, in a string", "z": -0.0}
+    assert '"z":-0.0' in doc["d"] and '"p":0,' in doc["d"]  # json.loads equates the zeros: the text tells them apart
+    other = state.where("_id = 2").first()
+    assert other is not None and other["p"] == -0.05 and other["a"] == []
+
+
+def test_empty_documents_and_arrays_get_a_column(spark: SparkSession, tmp_path: Path) -> None:
+    """Only a field that was only ever null has no column: ``{}`` is a document (a VARIANT column until
+    it has a typed field: Delta has no empty struct), ``[]`` an array (``array<variant>``)."""
+    docs = [{"_id": 1, "meta": {}, "tags": [], "holes": {"a": None}}, {"_id": 2, "meta": {}, "tags": []}]
+    tables = CollectionTables.under(str(tmp_path / "tables"), "shop.empty")
+    state = build(spark, tables, read_file(tmp_path / "e1.parquet", "shop", "empty", docs, Position(1, 1)))
+    types = {f.name: f.dataType for f in state.schema.fields}
+    assert (types["meta"], types["tags"], types["holes"]) == (
+        T.VariantType(), T.ArrayType(T.VariantType()), T.VariantType()
+    )
+    shown = {r["_id"]: r for r in state.select("_id", F.to_json("meta").alias("meta"), "tags",
+                                               F.to_json("holes").alias("holes")).collect()}
+    assert (shown[1]["meta"], shown[1]["tags"], shown[1]["holes"]) == ("{}", [], '{"a":null}')
+    assert (shown[2]["meta"], shown[2]["tags"], shown[2]["holes"]) == ("{}", [], None)
+
+    # their first typed values give them their types; the rows already there are converted again
+    later = [{"_id": 3, "meta": {"k": 7}, "tags": ["x"], "holes": {"a": "full"}}]
+    refresh_changelog(spark, tables, [str(read_file(tmp_path / "e2.parquet", "shop", "empty", later, Position(2, 1)))])
+    refreshed = refresh_current_state(spark, tables)
+    assert sorted(refreshed.schema_changes) == [
+        "field holes: VARIANT -> struct<a:string>", "field meta: VARIANT -> struct<k:bigint>",
+        "field tags: array<VARIANT> -> array<string>",
+    ]
+    state = read_current_state(spark, tables.current_state)
+    assert state.schema["meta"].dataType.simpleString() == "struct<k:bigint>"
+    rows = {r["_id"]: r for r in state.collect()}
+    assert (rows[1]["meta"]["k"], rows[1]["tags"], rows[1]["holes"]["a"]) == (None, [], None)
+    assert (rows[3]["meta"]["k"], rows[3]["tags"], rows[3]["holes"]["a"]) == (7, ["x"], "full")
