@@ -227,13 +227,14 @@ def test_the_table_automation_refreshes_what_landed_once_and_queues_none_behind_
 
 def test_tables_built_before_the_first_snapshot_reconcile_once_it_lands(
         tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
-    """Issue 37, defect 1: the table automation built a collection's tables before anything had landed;
-    then its first snapshot lands (integer keys) and the tables refresh: the blocking reconciliation
-    passes, every key compared, and ``_id`` is typed by the keys."""
+    """Issue 37, defect 1: the table automation refreshed a collection's tables before anything had landed
+    (no table is written then, so none fixes a type; a table built empty decides none either, see
+    tests/tables/test_reconcile.py); then its first snapshot lands (integer keys) and the tables refresh:
+    the blocking reconciliation passes, every key compared, and ``_id`` is typed by the keys."""
     env = make_env(tmp_path, mongo_uri, db, ["customers"])
     tables = [env.key("customers", k) for k in ("changelog", "current_state")]
     assert env.materialize(instance, tables).success
-    assert materialization_metadata(instance, env.key("customers", "current_state"))["dagster/row_count"] == 0
+    assert materialization_metadata(instance, env.key("customers", "current_state"))["built"] is False
 
     db.customers.insert_many([{"_id": i, "name": f"c{i}"} for i in range(4)])
     assert env.materialize(instance, [env.key("customers", "snapshot")]).success
@@ -244,4 +245,4 @@ def test_tables_built_before_the_first_snapshot_reconcile_once_it_lands(
     assert meta["table_rows"] == meta["source_rows"] == 4 and meta["keys_excluded"] == 0, meta
     state = materialization_metadata(instance, env.key("customers", "current_state"))
     assert {c.name: c.type for c in state["dagster/column_schema"].columns}["_id"] == "bigint"
-    assert state["schema_changes"] == ["field _id: string -> bigint", "added column name (string)"]
+    assert state["dagster/row_count"] == 4

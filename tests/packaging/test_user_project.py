@@ -149,7 +149,10 @@ def test_a_users_project_takes_one_collection_end_to_end(user: dict[str, Path]) 
         last = datetime.fromtimestamp(after.time, UTC).replace(second=0)
         while _cluster_time(client).time < (last + timedelta(minutes=1)).timestamp() + 1:
             time.sleep(1)
-        first = last - timedelta(minutes=3)
+        # windows start at the one holding the oplog's first entry (a fresh emulator's: its start)
+        oplog_first = client.local["oplog.rs"].find_one({}, sort=[("$natural", 1)])
+        assert oplog_first is not None
+        first = max(last - timedelta(minutes=3), datetime.fromtimestamp(oplog_first["ts"].time, UTC).replace(second=0))
         span = f"{first:%Y-%m-%d-%H:%M}...{last:%Y-%m-%d-%H:%M}"
         _run([str(bin_ / "dg"), "launch", "--assets", "inventory/customers/slices", "--partition-range", span],
              project, env)
