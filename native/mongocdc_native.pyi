@@ -31,8 +31,8 @@ def change_parts(
     raw: bytes, op: str, pre_image: bool, update_full: bool, rules: FieldRules | None = None
 ) -> tuple[bytes, bytes, bytes, bytes, int | None] | None:
     """(key ``id`` string, ``before``, ``after``, ``updateDescription``, ``wallTime`` ms) of a change
-    event's record, ``rules`` applied to its documents; None when the Python path converts it (always
-    an update with rules)."""
+    event's record, ``rules`` applied to its documents and to an update's paths; None when the Python path
+    converts it."""
 
 def debezium3_change_parts(
     raw: bytes, op: str, pre_image: bool, update_full: bool, printable: bytes, rules: FieldRules | None = None

@@ -38,7 +38,8 @@ def replica_set_uri(uri: str, shard_host: str) -> str:
     ``config.shards`` (``<replica set>/<host:port>,...``), as Debezium builds it to connect to a shard.
 
     The credentials, database and options are kept, the hosts replaced, ``replicaSet`` set to the shard's
-    (``directConnection`` and ``loadBalanced`` dropped: they describe the connection to mongos). A
+    (``directConnection``, ``loadBalanced`` and the SRV-only options dropped: they describe the connection to
+    mongos). A
     ``mongodb+srv`` string becomes ``mongodb`` with ``tls=true``, which SRV implied.
     """
     scheme, _, rest = uri.partition("://")
@@ -50,7 +51,7 @@ def replica_set_uri(uri: str, shard_host: str) -> str:
         path, _, query = tail.partition("?")
     userinfo = authority.rpartition("@")[0]
     set_name, _, members = shard_host.rpartition("/")
-    dropped = {"replicaset", "directconnection", "loadbalanced"}
+    dropped = {"replicaset", "directconnection", "loadbalanced", "srvservicename", "srvmaxhosts"}
     options = [part for part in query.split("&") if part and part.split("=", 1)[0].lower() not in dropped]
     if scheme == "mongodb+srv" and not any(p.split("=", 1)[0].lower() in ("tls", "ssl") for p in options):
         options.append("tls=true")

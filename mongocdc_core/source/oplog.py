@@ -98,12 +98,16 @@ def oplog_windows(cfg: ConnectorConfig, client: MongoClient[Any], topology: Topo
         return OplogWindows({name: window}, {})
     try:
         hosts = shard_hosts(client)
-    except OperationFailure as exc:
+    except PyMongoError as exc:
         return OplogWindows({}, {"cluster": f"config.shards is not readable: {one_line(exc)}"}, sharded=True)
     windows: dict[str, OplogWindow] = {}
     unreadable: dict[str, str] = {}
     for shard, host in sorted(hosts.items()):
-        shard_client = open_shard_client(cfg, host)
+        try:
+            shard_client = open_shard_client(cfg, host)
+        except PyMongoError as exc:  # e.g. an option pymongo refuses on a plain mongodb:// string
+            unreadable[shard] = f"{host}: {one_line(exc)}"
+            continue
         try:
             window = oplog_window(shard_client)
         except PyMongoError as exc:

@@ -29,6 +29,7 @@ from pyspark.sql import SparkSession
 
 from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.logs import ENV_LOG_FORMAT, LOG_FORMATS, configure_logging, fields, log_format
+from mongocdc_core.source.errors import CdcError
 from mongocdc_core.tables.changelog import (
     COLLECTION_PROPERTY,
     TableInputError,
@@ -88,7 +89,7 @@ def _each(what: str, namespaces: list[str], action: Callable[[str], str]) -> int
         began = time.monotonic()
         try:
             outcome = action(namespace)
-        except (TableInputError, SparkSetupError, ValueError) as exc:
+        except (TableInputError, SparkSetupError, ValueError, CdcError) as exc:  # one collection's failure
             failed += 1
             log.error(f"FAIL  {namespace}: {exc}", extra=fields(collection=namespace, ok=False))
             continue

@@ -152,10 +152,15 @@ def download(folder: Path, repository: str | None = None,
 
 def _fetch(artifact: Artifact, repository: str, folder: Path) -> None:
     url = artifact.url(repository)
-    part = Path(tempfile.mkstemp(dir=folder, prefix=artifact.file_name, suffix=".part")[1])
+    handle, name = tempfile.mkstemp(dir=folder, prefix=artifact.file_name, suffix=".part")
+    os.close(handle)
+    part = Path(name)
     try:
         with urllib.request.urlopen(url + ".sha1", timeout=60) as reply:
-            expected = reply.read().decode("ascii", "replace").split()[0].strip().lower()
+            words = reply.read().decode("ascii", "replace").split()
+        if not words:
+            raise SparkSetupError(f"{url}.sha1 is empty: the repository gives no checksum to check the jar against")
+        expected = words[0].strip().lower()
         digest = hashlib.sha1()
         with urllib.request.urlopen(url, timeout=60) as reply, part.open("wb") as out:
             while chunk := reply.read(1 << 20):

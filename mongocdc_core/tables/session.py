@@ -15,7 +15,7 @@ from pathlib import Path
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
-from mongocdc_core.tables.jars import packages_failure, spark_jars_conf
+from mongocdc_core.tables.jars import SparkSetupError, packages_failure, spark_jars_conf
 
 ENV_MASTER = "MONGOCDC_SPARK_MASTER"
 DEFAULT_MASTER = "local[2]"
@@ -89,9 +89,13 @@ def spark_session(master: str | None = None, app_name: str = "mongocdc-tables") 
     try:
         with _jvm_output_to(os.environ.get(ENV_SPARK_LOG)):
             session = builder.getOrCreate()
-    except PySparkRuntimeError as exc:  # the JVM did not start: with spark.jars.packages, Ivy could not resolve
-        if "spark.jars.packages" in conf:
+    except PySparkRuntimeError as exc:  # the JVM did not start (with spark.jars.packages: often Ivy's resolve)
+        log_file = os.environ.get(ENV_SPARK_LOG)
+        resolving = "spark.jars.packages" in conf and (
+            not log_file or "unresolved dependency" in Path(log_file).read_text(errors="replace")
+            or "could not resolve" in Path(log_file).read_text(errors="replace").lower())
+        if resolving:
             raise packages_failure(exc) from exc
-        raise
+        raise SparkSetupError(f"Spark did not start ({exc})" + (f"; its output is in {log_file}" if log_file else "")) from exc
     session.sparkContext.setLogLevel("ERROR")
     return session

@@ -1005,8 +1005,8 @@ fn py_parts(py: Python<'_>, parts: Result<ChangeParts, Unsupported>) -> Option<P
 /// transforms: (key `id` string, `before`, `after`, `updateDescription`, `wallTime` ms or None).
 /// None when the event needs the Python path (a type or shape not written here, or an error the
 /// Python path reports with its own message).
-/// With `rules`, the collection's field rules apply to `before` and `after` (an update is left to
-/// the Python path).
+/// With `rules`, the collection's field rules apply to `before` and `after`, and to the paths of an
+/// update's `updateDescription` (array indexes kept).
 #[pyfunction]
 #[pyo3(signature = (raw, op, pre_image, update_full, rules=None))]
 fn change_parts<'py>(

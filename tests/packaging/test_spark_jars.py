@@ -32,7 +32,7 @@ def test_jars_command_fetches_what_maven_fetches(tmp_path: Path) -> None:
     run = subprocess.run([str(BIN / "mongocdc"), "tables", "jars", "--dir", str(target)],
                          capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr
-    assert "[11/11]" in run.stdout and f"MONGOCDC_SPARK_JARS={target}" in run.stdout
+    assert "[11/11]" in run.stderr and f"MONGOCDC_SPARK_JARS={target}" in run.stderr  # the command's log lines
     assert jars.missing(target) == [] and not list(target.glob("*.part"))
     if jars.CHECKOUT_JARS.is_dir():
         for jar in target.glob("*.jar"):
@@ -46,7 +46,7 @@ def test_a_download_that_fails_keeps_nothing_and_says_so(tmp_path: Path) -> None
     run = subprocess.run([str(BIN / "mongocdc"), "tables", "jars", "--dir", str(tmp_path),
                           "--repository", "http://127.0.0.1:9"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 1
-    assert run.stderr.startswith("mongocdc tables jars: could not download io.delta:delta-spark_4.2_2.13:4.4.0")
+    assert " mongocdc tables jars: could not download io.delta:delta-spark_4.2_2.13:4.4.0" in run.stderr
     assert "Traceback" not in run.stderr and list(tmp_path.iterdir()) == []
 
 

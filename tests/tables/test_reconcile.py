@@ -107,10 +107,11 @@ def test_reconciliation_at_the_tables_position(
         result = reconcile_at_position(spark, tables, cfg)
     finally:
         writer.finish()
-    assert result.matches, result
+    assert result.matches and result.keys_compared > 0, result  # it compared something, and found it equal
     assert result.table_rows == 21
     if read == "snapshot_read":
         assert result.method.startswith("snapshot read at") and result.keys_excluded == 0, result
+        assert result.passed and result.coverage == 1.0, result
     else:  # _id 3 and 500 changed after the position, and the writer's keys, when they existed then
         assert result.method.startswith("keys changed since") and result.keys_excluded >= 2, result
 
