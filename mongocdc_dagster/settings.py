@@ -106,6 +106,9 @@ class CdcSettings:
         if self.name is not None and not CONNECTOR_NAME.match(self.name):
             raise SettingsError(f"name={self.name!r} must be lower-case letters, digits and underscores, starting "
                                 "with a letter (it becomes part of the connector's resource, job and pool names)")
+        if self.name == "mongocdc":
+            raise SettingsError("name='mongocdc' is what the project's default connector (a component without `name`) "
+                                "is called; give this connector another name")
         if (self.config_path is None) == (self.properties is None):
             raise SettingsError("name the connector with exactly one of connector_config (a file) or "
                                 "connector_properties (inline Debezium properties)")
@@ -184,7 +187,9 @@ class CdcSettings:
         if tables is None and tables_text not in ("true", "false", "1", "0"):
             raise SettingsError(f"{ENV_TABLES}={tables_text!r} must be true or false")
         return cls(
-            home=path(home) if home else Path(env.get(ENV_HOME) or local_stack.DEFAULT_HOME).resolve(),
+            # a named connector without a home of its own lands and builds under <home>/<name>: two connectors
+            # never write the same landing files or tables
+            home=path(home) if home else Path(env.get(ENV_HOME) or local_stack.DEFAULT_HOME).resolve() / (name or ""),
             granularity=Granularity.parse(slice_granularity or env.get(ENV_GRANULARITY, DEFAULT_GRANULARITY),
                                           "slice_granularity" if slice_granularity else ENV_GRANULARITY),
             config_path=config_path,

@@ -137,3 +137,17 @@ def test_make_dev_keeps_an_existing_dagster_home_and_points_the_connector_at_its
     config = CdcSettings.resolve(connector_config=str(local_stack.write_local_config(tmp_path / "c.json", 27555)),
                                  environ={}).load_config()
     assert config.mongodb_connection_string == local_stack.emulator_uri(27555)
+
+
+def test_a_named_connector_without_a_home_of_its_own_writes_under_its_name(tmp_path: Path) -> None:
+    """Two connectors of one project never share landing files or tables; ``mongocdc`` is the default's."""
+    env = {"MONGOCDC_HOME": str(tmp_path / "home")}
+    props = {"mongodb.connection.string": "mongodb://h:1/?replicaSet=rs0", "topic.prefix": "p"}
+    default = CdcSettings.resolve(connector_properties=props, environ=env)
+    named = CdcSettings.resolve(connector_properties=props, environ=env, name="cdc2")
+    assert default.home == (tmp_path / "home").resolve() and named.home == (tmp_path / "home" / "cdc2").resolve()
+    assert named.landing_dir != default.landing_dir and named.tables_root != default.tables_root
+    explicit = CdcSettings.resolve(connector_properties=props, environ=env, name="cdc2", home=str(tmp_path / "own"))
+    assert explicit.home == (tmp_path / "own").resolve()
+    with pytest.raises(SettingsError, match="name='mongocdc' is what the project's default connector"):
+        CdcSettings.resolve(connector_properties=props, environ=env, name="mongocdc")
