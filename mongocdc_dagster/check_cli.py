@@ -32,7 +32,7 @@ from dagster import (
 from dagster._core.definitions.definitions_load_context import DefinitionsLoadContext, DefinitionsLoadType
 from dagster.components.definitions import LazyDefinitions
 
-from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE
+from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE, coverage_share
 from mongocdc_dagster.checks import RECONCILE_CHECK
 
 DEFAULT_TARGET = "mongocdc_dagster.definitions:defs"
@@ -69,8 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"{RECONCILE_CHECK}: the share of keys it must compare to pass "
                              f"(default {DEFAULT_MIN_COVERAGE})")
     args = parser.parse_args(argv)
-    if not 0.0 <= args.min_coverage <= 1.0:
-        parser.error(f"--min-coverage must be a share between 0 and 1, got {args.min_coverage}")
+    try:
+        coverage_share(args.min_coverage, "--min-coverage")
+    except ValueError as exc:
+        parser.error(str(exc))
     defs = load_definitions(args.module)
     graph = defs.get_repository_def().asset_graph
     check_keys = sorted(graph.asset_check_keys, key=lambda k: (k.asset_key.to_user_string(), k.name))

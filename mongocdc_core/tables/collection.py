@@ -227,8 +227,7 @@ def reconcile_at_position(
     """Compare current_state with the MongoDB collection as it was at the table's position (passes
     under continuous writes, fails on a corrupted row, is not verified below ``min_coverage`` of the keys
     compared); see :mod:`mongocdc_core.tables.reconcile`. ``progress`` as for :func:`refresh_changelog`."""
-    if not 0.0 <= min_coverage <= 1.0:
-        raise ValueError(f"min_coverage must be a share between 0 and 1, got {min_coverage!r}")
+    _reconcile.coverage_share(min_coverage)
     with reporting(spark, f"reconciliation of {tables.namespace}", progress):
         found = _reconcile.compare(spark, tables.namespace, tables.changelog, tables.current_state, cfg)
     return Reconciliation(

@@ -46,8 +46,8 @@ from mongocdc_core.tables.collection import (
     refresh_current_state,
 )
 from mongocdc_core.tables.jars import ENV_JARS, Artifact, SparkSetupError, download, user_cache
-from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE
-from mongocdc_core.tables.session import ENV_SPARK_LOG, spark_session
+from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE, coverage_share
+from mongocdc_core.tables.session import DEFAULT_MASTER, ENV_MASTER, ENV_SPARK_LOG, spark_session
 
 log = logging.getLogger("mongocdc.tables")
 
@@ -172,15 +172,16 @@ def _spark(args: argparse.Namespace) -> SparkSession:
     """The session, Spark's own log lines in ``MONGOCDC_SPARK_LOG`` (default ``<tables>/_spark.log``)."""
     spark_log = os.environ.setdefault(ENV_SPARK_LOG, str(Path(args.tables) / "_spark.log"))
     Path(spark_log).parent.mkdir(parents=True, exist_ok=True)
-    log.info(f"starting Spark ({args.master or 'MONGOCDC_SPARK_MASTER or local[2]'}); its own log: {spark_log}")
+    master = args.master or f"{ENV_MASTER} or {DEFAULT_MASTER}"
+    log.info(f"starting Spark ({master}); its own log: {spark_log}")
     return spark_session(args.master)
 
 
 def _share(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"a share between 0 and 1, got {text}")
-    return value
+    try:
+        return coverage_share(float(text), "--min-coverage")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -192,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     def collections(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--collection", action="append", default=[], metavar="PATTERN",
                          help="'<db>.<collection>' or a glob ('inventory.*'); repeatable; default: all")
-        sub.add_argument("--master", default=None, help="Spark master (default MONGOCDC_SPARK_MASTER or local[2])")
+        sub.add_argument("--master", default=None, help=f"Spark master (default {ENV_MASTER} or {DEFAULT_MASTER})")
 
     refresh = commands.add_parser("refresh", help="refresh changelog and current_state from the landing zone")
     refresh.add_argument("--landing", type=Path, required=True, help="the landing zone (Parquet files)")

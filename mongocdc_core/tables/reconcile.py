@@ -58,6 +58,13 @@ MAX_REPORTED_KEYS = 20
 DEFAULT_MIN_COVERAGE = 0.9
 
 
+def coverage_share(value: float, name: str = "min_coverage") -> float:
+    """``value`` when it is a share between 0 and 1 (a required coverage); a ValueError naming it otherwise."""
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a share between 0 and 1, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Comparison:
     """What :func:`compare` found (``collection.Reconciliation`` is built from it)."""
