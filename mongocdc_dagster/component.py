@@ -50,6 +50,7 @@ from pydantic import BaseModel
 
 from mongocdc_dagster.build import build_definitions
 from mongocdc_dagster.discovery import DiscoveryError, DiscoveryState, discover, discover_or_raise
+from mongocdc_dagster.resources import MongoCdcResource
 from mongocdc_dagster.settings import CdcSettings, SettingsError
 from mongocdc_dagster.translator import MongoCdcAssetProps, MongoCdcTranslator
 
@@ -172,7 +173,7 @@ class MongoCdcComponent(StateBackedComponent, Resolvable):
         return self.translation(base, props) if self.translation is not None else base
 
     def write_state_to_path(self, state_path: Path) -> None:
-        state_path.write_text(discover_or_raise(self.settings().load_config()).to_json())
+        state_path.write_text(discover_or_raise(MongoCdcResource.for_load(self.settings())).to_json())
 
     def build_defs(self, context: ComponentLoadContext) -> Definitions:
         """Discovers and stores the collections when the code location initialises (falling back to the last
@@ -197,7 +198,7 @@ class MongoCdcComponent(StateBackedComponent, Resolvable):
         if load_context.load_type == DefinitionsLoadType.INITIALIZATION:
             if storage is None and config.management_type == DefsStateManagementType.VERSIONED_STATE_STORAGE:
                 # no instance to store on (a bare load_from_defs_folder): what MongoDB says now, kept in memory
-                return build_definitions(settings, discover(settings.load_config()), _ComponentTranslator(self))
+                return build_definitions(settings, discover(MongoCdcResource.for_load(settings)), _ComponentTranslator(self))
             try:
                 version = asyncio.run(self.refresh_state(context.project_root))
                 load_context.add_defs_state_info(config.key, version)
@@ -218,7 +219,7 @@ class MongoCdcComponent(StateBackedComponent, Resolvable):
         elif error is not None:
             state = DiscoveryState((), datetime.now(UTC), None, error)
         else:
-            state = discover(settings.load_config())
+            state = discover(MongoCdcResource.for_load(settings))
         if state.error is not None:
             warnings.warn(state.stored_note, StoredDefsStateWarning, stacklevel=2)
         return build_definitions(settings, state, _ComponentTranslator(self), self.store_state)

@@ -16,9 +16,9 @@ from datetime import UTC, datetime
 import orjson
 from pymongo.errors import PyMongoError
 
-from mongocdc_core import api
-from mongocdc_core.config import ConfigError, ConnectorConfig
+from mongocdc_core.config import ConfigError
 from mongocdc_core.source.errors import CdcError
+from mongocdc_dagster.resources import MongoCdcResource
 
 STATE_VERSION = 1
 DISCOVERY_TIMEOUT_MS = 5000
@@ -91,17 +91,18 @@ class DiscoveryState:
         return cls(tuple(CollectionInfo(ns) for ns in sorted(namespaces)), datetime.now(UTC), oplog_first)
 
 
-def discover(cfg: ConnectorConfig) -> DiscoveryState:
+def discover(mongocdc: MongoCdcResource) -> DiscoveryState:
     """The captured collections (the connector's include/exclude filters, without the signaling
     collection) with their estimated sizes, and the oplog's first entry; an error is kept, not raised."""
     now = datetime.now(UTC)
     # a definitions load must not wait out the connector's reconnection schedule (minutes)
-    cfg = cfg.with_properties({"connect.max.attempts": "1", "mongodb.server.selection.timeout.ms": str(DISCOVERY_TIMEOUT_MS)})
+    cfg = mongocdc.load_config().with_properties(
+        {"connect.max.attempts": "1", "mongodb.server.selection.timeout.ms": str(DISCOVERY_TIMEOUT_MS)})
     try:
-        namespaces = api.list_captured_collections(cfg)
-        counts = api.estimated_counts(cfg, namespaces)
+        namespaces = mongocdc.captured_collections(cfg)
+        counts = mongocdc.estimated_counts(namespaces, cfg)
         try:
-            window = api.oplog_window(cfg)
+            window = mongocdc.oplog_window(cfg)
             first: datetime | None = datetime.fromtimestamp(window.first.time, UTC)
         except CdcError:
             first = None  # mongos or missing privileges: windows then start at the configured default
@@ -110,10 +111,10 @@ def discover(cfg: ConnectorConfig) -> DiscoveryState:
     return DiscoveryState(tuple(CollectionInfo(ns, counts.get(ns)) for ns in namespaces), now, first)
 
 
-def discover_or_raise(cfg: ConnectorConfig) -> DiscoveryState:
+def discover_or_raise(mongocdc: MongoCdcResource) -> DiscoveryState:
     """What :func:`discover` finds, to be stored; raises :class:`DiscoveryError` instead of returning an
     error state, so an unreachable MongoDB never overwrites the last stored collections."""
-    state = discover(cfg)
+    state = discover(mongocdc)
     if state.error is not None:
         raise DiscoveryError(state.error)
     return state

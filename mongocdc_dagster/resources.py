@@ -7,10 +7,13 @@ also owns the landing zone's layout (one file per partition, see ``contracts`` i
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from bson import Timestamp
 from dagster import ConfigurableResource
 from dagster_pyspark import PySparkResource
 from pydantic import Field
@@ -18,9 +21,12 @@ from pymongo import MongoClient
 
 from mongocdc_core import api
 from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.metrics import ConnectorMetrics
+from mongocdc_core.receiver import ProgressListener
 from mongocdc_core.sinks.base import Sink
 from mongocdc_core.source.connection import open_client
-from mongocdc_dagster.settings import CdcSettings
+from mongocdc_core.source.ranges import IdRange
+from mongocdc_dagster.settings import ENV_PASSWORD, CdcSettings
 
 SNAPSHOT_FILE = "snapshot"
 RANGES_PREFIX = "ranges-"
@@ -48,6 +54,12 @@ class MongoCdcResource(ConfigurableResource):  # type: ignore[misc]
             home=str(settings.home),
             mongodb_password=password,
         )
+
+    @classmethod
+    def for_load(cls, settings: CdcSettings) -> MongoCdcResource:
+        """The resource a definitions load discovers with, outside any run: the password secret is read from
+        ``MONGOCDC_MONGODB_PASSWORD`` now (a run's resource reads it through ``EnvVar``)."""
+        return cls.from_settings(settings, os.environ.get(ENV_PASSWORD) or None)
 
     def load_config(self) -> ConnectorConfig:
         """The validated connector config, with the secret applied."""
@@ -109,12 +121,52 @@ class MongoCdcResource(ConfigurableResource):  # type: ignore[misc]
         """Captured ``db.collection`` names (the signaling collection is not data)."""
         return api.list_captured_collections(cfg or self.load_config())
 
-    def oplog_window(self) -> api.OplogWindow:
-        return api.oplog_window(self.load_config())
+    def oplog_window(self, cfg: ConnectorConfig | None = None) -> api.OplogWindow:
+        return api.oplog_window(cfg or self.load_config())
 
     def oplog_windows(self) -> api.OplogWindows:
         """The replica set's oplog window, or each shard's."""
         return api.oplog_windows(self.load_config())
+
+    def estimated_counts(self, namespaces: Sequence[str], cfg: ConnectorConfig | None = None) -> dict[str, int | None]:
+        return api.estimated_counts(cfg or self.load_config(), namespaces)
+
+    def cluster_time(self, cfg: ConnectorConfig | None = None) -> Timestamp:
+        """The deployment's current clusterTime."""
+        return api.current_cluster_time(cfg or self.load_config())
+
+    def read_signals(self, cfg: ConnectorConfig, *, resume_after: dict[str, Any] | None = None,
+                     start_at: Timestamp | None = None, limit: int = 100) -> api.SignalRead:
+        """Signals inserted after a resume token (or from ``start_at``, else from now), in insert order."""
+        return api.read_signals(cfg, resume_after=resume_after, start_at=start_at, limit=limit)
+
+    def plan_ranges(self, namespace: str, split_size: int) -> list[IdRange]:
+        """The collection's ``_id`` ranges of about ``split_size`` documents."""
+        return api.plan_snapshot_ranges(self.load_config(), namespace, split_size)
+
+    # -- capture -----------------------------------------------------------------------------------------
+
+    def snapshot(self, cfg: ConnectorConfig, namespace: str, sink: Sink, *, filter: dict[str, Any] | None,  # noqa: A002
+                 id_range: IdRange | None = None, metrics: ConnectorMetrics, progress: ProgressListener,
+                 ) -> api.SnapshotResult:
+        """A blocking snapshot of one collection (or one ``_id`` range of it) into ``sink``."""
+        return api.snapshot_collection(cfg, namespace, sink, filter=filter, id_range=id_range, metrics=metrics,
+                                       progress=progress)
+
+    def incremental_snapshot(self, cfg: ConnectorConfig, namespace: str, sink: Sink, *,
+                             filter: dict[str, Any] | None, metrics: ConnectorMetrics,  # noqa: A002
+                             progress: ProgressListener) -> api.IncrementalSnapshotResult:
+        """An incremental snapshot of one collection, with the changes streamed while it ran, into ``sink``."""
+        return api.incremental_snapshot_collection(cfg, namespace, sink, filter=filter, metrics=metrics,
+                                                   progress=progress)
+
+    def stream_window(self, cfg: ConnectorConfig, namespaces: Sequence[str], start: Timestamp, end: Timestamp,
+                      sink: Sink, *, metrics: ConnectorMetrics | None = None,
+                      progress: ProgressListener | None = None) -> api.SliceResult:
+        """The change events of ``namespaces`` in clusterTime window ``[start, end)``, from one change stream."""
+        single = namespaces[0] if len(namespaces) == 1 else None
+        return api.stream_window(cfg, single, start, end, sink, only=None if single else namespaces,
+                                 metrics=metrics, progress=progress)
 
 
 class MongoCdcKafkaResource(ConfigurableResource):  # type: ignore[misc]

@@ -34,9 +34,9 @@ from dagster import (
     sensor,
 )
 
-from mongocdc_core import api
 from mongocdc_core.positions import Position
 from mongocdc_core.source.errors import CdcError, HistoryLostError
+from mongocdc_core.source.signals import SignalRead
 from mongocdc_dagster.assets.cdc import CdcAssets, write_plan
 from mongocdc_dagster.discovery import DiscoveryError, DiscoveryState
 from mongocdc_dagster.history import collection_history, needed_window_start
@@ -150,7 +150,7 @@ class _Pending:
         return cls(json_util.loads(data["doc"]), Position.parse(data["position"]), data.get("held_since"))
 
 
-def _after(read: api.SignalRead, fallback: Timestamp | None = None) -> Timestamp:
+def _after(read: SignalRead, fallback: Timestamp | None = None) -> Timestamp:
     """The cluster time a read without a resume token continues from: past what it read completely."""
     if read.complete or fallback is None:
         return Timestamp(read.until.time, read.until.inc + 1)
@@ -244,7 +244,7 @@ def build_signal_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefinition:
             return SkipReason(f"the source signal channel is not enabled ({', '.join(cfg.signal_enabled_channels)})")
         previous = orjson.loads(context.cursor) if context.cursor else None
         if not isinstance(previous, dict) or "at" not in previous:  # first tick, or a cursor of an older version
-            read = api.read_signals(cfg, limit=0)
+            read = mongocdc.read_signals(cfg, limit=0)
             return SensorResult(skip_reason="started: signals inserted from now on are acted on",
                                 cursor=_signal_cursor(read.resume_token, _after(read), []))
         token = json_util.loads(previous["token"]) if previous.get("token") else None
@@ -252,12 +252,12 @@ def build_signal_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefinition:
         held = [_Pending.from_json(h) for h in previous.get("held", [])]
         notes: list[str] = []
         try:
-            read = api.read_signals(cfg, resume_after=token, start_at=None if token else at, limit=SIGNAL_BATCH)
+            read = mongocdc.read_signals(cfg, resume_after=token, start_at=None if token else at, limit=SIGNAL_BATCH)
         except HistoryLostError as exc:
             message = (f"signals inserted while the sensor was not reading left the oplog and are lost ({exc}); "
                        "following the signaling collection from now")
             context.log.error(message)
-            read = api.read_signals(cfg, limit=0)
+            read = mongocdc.read_signals(cfg, limit=0)
             return SensorResult(skip_reason=message, cursor=_signal_cursor(read.resume_token, _after(read), held))
         pending = held + [_Pending(i.document, i.position) for i in read.inserts]
         captured: list[str] | None = None

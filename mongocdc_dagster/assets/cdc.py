@@ -16,7 +16,7 @@ definition time and cannot resolve them from strings.
 import hashlib
 import shutil
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -45,7 +45,6 @@ from dagster import (
 )
 from pydantic import Field
 
-from mongocdc_core import api
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events.records import Record
 from mongocdc_core.metrics import ConnectorMetrics
@@ -54,6 +53,7 @@ from mongocdc_core.progress_log import LogProgress
 from mongocdc_core.sinks.base import Sink
 from mongocdc_core.sinks.parquet import ParquetSink
 from mongocdc_core.sinks.tee import TeeSink
+from mongocdc_core.source.errors import HistoryLostError
 from mongocdc_core.source.ranges import IdRange
 from mongocdc_dagster.discovery import DiscoveryState
 from mongocdc_dagster.history import COVERS_FROM, PARTIAL, snapshot_position
@@ -193,9 +193,9 @@ def source_count_result(
         return AssetCheckResult(asset_key=key, check_name=COUNT_CHECK, passed=True, metadata=metadata,
                                 description=f"{in_file} documents, as in the source")
     counter = _CountingSink()
-    now_ts = api.current_cluster_time(cfg)
+    now_ts = mongocdc.cluster_time(cfg)
     # the window is half-open: end one increment past now so a write at exactly `now` is counted
-    api.stream_window(cfg, namespace, position.timestamp, Timestamp(now_ts.time, now_ts.inc + 1), counter)
+    mongocdc.stream_window(cfg, [namespace], position.timestamp, Timestamp(now_ts.time, now_ts.inc + 1), counter)
     inserts, deletes = counter.counts.get("c", 0), counter.counts.get("d", 0)
     expected = now - inserts + deletes
     metadata.update({"inserts_since": inserts, "deletes_since": deletes, "expected_at_position": expected})
@@ -390,9 +390,10 @@ def build_cdc_assets(
             specs[kind].append(spec)
     totals = {c.namespace: c.estimated_documents for c in state.collections}
     if specs["snapshot"]:
-        out.snapshot = _snapshot_asset(specs["snapshot"], ns_of, totals, names)
+        out.snapshot = _copy_asset(_COPY_KINDS["snapshot"], specs["snapshot"], ns_of, totals, names)
     if specs["incremental_snapshot"]:
-        out.incremental_snapshot = _incremental_asset(specs["incremental_snapshot"], ns_of, totals, names)
+        out.incremental_snapshot = _copy_asset(_COPY_KINDS["incremental_snapshot"], specs["incremental_snapshot"], ns_of,
+                                               totals, names)
     if specs["slices"]:
         out.slices = _slices_asset(specs["slices"], ns_of, out, windows)
     out.definitions = [d for d in (out.snapshot, out.incremental_snapshot, out.slices) if d is not None]
@@ -404,119 +405,137 @@ def _collection_meta(key: AssetKey, namespace: str) -> dict[str, Any]:
     return {"collection": namespace}
 
 
-def _snapshot_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str],
-                    totals: Mapping[str, int | None], names: ConnectorNames) -> AssetsDefinition:
+@dataclass(frozen=True)
+class _Landed:
+    """What one snapshot copy landed, in the terms its asset reports: the kind's own metadata, what its
+    records must look like, and the documents its source-count check compares (read only when selected)."""
+
+    metadata: dict[str, Any]
+    expectation: Expectation
+    position: Position
+    documents_in_file: Callable[[], int]
+
+
+@dataclass(frozen=True)
+class _CopyKind:
+    """How a snapshot kind copies a collection into its landing file; the asset around it is shared."""
+
+    kind: CdcKind
+    label: str
+    description: str
+    envelope: str
+    count: str
+    path: Callable[[MongoCdcResource, str, str], Path]
+    land: Callable[[MongoCdcResource, MongoCdcKafkaResource, ConnectorConfig, str, Path, dict[str, Any] | None,
+                    ConnectorMetrics, LogProgress], _Landed]
+
+
+def _land_snapshot(mongocdc: MongoCdcResource, kafka: MongoCdcKafkaResource, cfg: ConnectorConfig, namespace: str,
+                   path: Path, filter_doc: dict[str, Any] | None, metrics: ConnectorMetrics,
+                   progress: LogProgress) -> _Landed:
+    with landing_sink(path, kafka, cfg) as sink:
+        result = mongocdc.snapshot(cfg, namespace, sink, filter=filter_doc, metrics=metrics, progress=progress)
+    removed = [] if filter_doc else remove_superseded(mongocdc, namespace, path)
+    return _Landed(
+        metadata={
+            "dagster/row_count": result.documents,
+            "bytes": result.bytes,
+            "duration_s": round(result.duration_s, 3),
+            "documents_per_s": round(result.documents / result.duration_s) if result.duration_s > 0 else None,
+            **position_metadata("position", result.position),
+            COVERS_FROM: result.position.to_str(),
+            "resume_token": _token_json(result.resume_token),
+            "superseded_snapshots_removed": MetadataValue.json(removed),
+            **metrics_metadata(metrics, ("snapshot",)),
+        },
+        expectation=Expectation(namespace, snapshot=True, exact=result.position),
+        position=result.position,
+        documents_in_file=lambda: count_rows_at(path, result.position),
+    )
+
+
+def _land_incremental(mongocdc: MongoCdcResource, kafka: MongoCdcKafkaResource, cfg: ConnectorConfig, namespace: str,
+                      path: Path, filter_doc: dict[str, Any] | None, metrics: ConnectorMetrics,
+                      progress: LogProgress) -> _Landed:
+    with landing_sink(path, kafka, cfg) as sink:
+        # No state file: a retried run copies the collection again into a new file, so the landed file
+        # is always one whole snapshot (resuming would land only the chunks after the failure).
+        result = mongocdc.incremental_snapshot(cfg, namespace, sink, filter=filter_doc, metrics=metrics,
+                                               progress=progress)
+    end = result.end_position or Position.from_timestamp(mongocdc.cluster_time(cfg))
+    return _Landed(
+        metadata={
+            "dagster/row_count": result.documents,
+            "streamed_events": result.events,
+            "duration_s": round(result.duration_s, 3),
+            **position_metadata("first_position", result.first_position),
+            **position_metadata("last_position", result.last_position),
+            **position_metadata("position", end),
+            # the file holds every change up to its end: later changes come from the slices
+            COVERS_FROM: end.to_str(),
+            **metrics_metadata(metrics, ("snapshot", "streaming")),
+        },
+        expectation=Expectation(namespace, snapshot=True, incremental=True),
+        position=end,
+        documents_in_file=lambda: live_keys(path),
+    )
+
+
+_COPY_KINDS: dict[CdcKind, _CopyKind] = {
+    "snapshot": _CopyKind(
+        "snapshot", "blocking snapshot", "Blocking snapshots of the selected collections, one after another.",
+        "every record is a valid read event", "snapshot reads equal the source count at the snapshot position",
+        MongoCdcResource.snapshot_path, _land_snapshot),
+    "incremental_snapshot": _CopyKind(
+        "incremental_snapshot", "incremental snapshot", "Incremental snapshots of the selected collections.",
+        "every record is a valid read or streamed change",
+        "the keys alive at the snapshot's end equal the source count there",
+        MongoCdcResource.incremental_snapshot_path, _land_incremental),
+}
+
+
+def _copy_asset(copy: _CopyKind, specs: list[AssetSpec], ns_of: dict[AssetKey, str],
+                totals: Mapping[str, int | None], names: ConnectorNames) -> AssetsDefinition:
+    """One snapshot kind over every discovered collection: each selected collection copied in turn into
+    its single landing file, with its materialisation and checks."""
     check_specs = [
         spec
         for s in specs
-        for spec in (
-            AssetCheckSpec(ENVELOPE_CHECK, asset=s.key, description="every record is a valid read event"),
-            AssetCheckSpec(COUNT_CHECK, asset=s.key,
-                           description="snapshot reads equal the source count at the snapshot position"),
-        )
+        for spec in (AssetCheckSpec(ENVELOPE_CHECK, asset=s.key, description=copy.envelope),
+                     AssetCheckSpec(COUNT_CHECK, asset=s.key, description=copy.count))
     ]
 
-    @multi_asset(name=names.of("snapshot"), specs=specs, check_specs=check_specs, can_subset=True,
+    @multi_asset(name=names.of(copy.kind), specs=specs, check_specs=check_specs, can_subset=True,
                  pool=Pools.of(names).snapshots, required_resource_keys={names.mongocdc, names.kafka},
-                 description="Blocking snapshots of the selected collections, one after another.")
-    def snapshot_asset(context: AssetExecutionContext, config: SnapshotConfig) -> Iterator[MaterializeResult | AssetCheckResult]:
+                 description=copy.description)
+    def copy_asset(context: AssetExecutionContext, config: SnapshotConfig) -> Iterator[MaterializeResult | AssetCheckResult]:
         mongocdc = resource_of(context, names.mongocdc, MongoCdcResource)
         kafka = resource_of(context, names.kafka, MongoCdcKafkaResource)
         cfg = mongocdc.load_config()
         checks = _selected_checks(context)
         for key, namespace, filter_text, filter_doc in _selected_copies(context, config, mongocdc, cfg, ns_of):
-            path = mongocdc.snapshot_path(namespace, snapshot_file_name(filter_text))
-            context.log.info(f"blocking snapshot of {namespace} into {path}" + (f" with filter {filter_text}" if filter_doc else ""))
+            path = copy.path(mongocdc, namespace, snapshot_file_name(filter_text))
+            context.log.info(f"{copy.label} of {namespace} into {path}" + (f" with filter {filter_text}" if filter_doc else ""))
             metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
-            with landing_sink(path, kafka, cfg) as sink:
-                result = api.snapshot_collection(cfg, namespace, sink, filter=filter_doc, metrics=metrics,
-                                                 progress=LogProgress(context.log, totals))
-            removed = [] if filter_doc else remove_superseded(mongocdc, namespace, path)
+            landed = copy.land(mongocdc, kafka, cfg, namespace, path, filter_doc, metrics, LogProgress(context.log, totals))
             yield MaterializeResult(
                 asset_key=key,
                 metadata={
                     **_collection_meta(key, namespace),
-                    "dagster/row_count": result.documents,
                     "dagster/uri": MetadataValue.path(str(path)),
-                    "bytes": result.bytes,
-                    "duration_s": round(result.duration_s, 3),
-                    "documents_per_s": round(result.documents / result.duration_s) if result.duration_s > 0 else None,
-                    **position_metadata("position", result.position),
-                    COVERS_FROM: result.position.to_str(),
-                    PARTIAL: filter_doc is not None,
-                    "resume_token": _token_json(result.resume_token),
-                    "filter": filter_text,
-                    "signal_id": config.signal_id,
-                    "superseded_snapshots_removed": MetadataValue.json(removed),
-                    **metrics_metadata(metrics, ("snapshot",)),
-                },
-            )
-            if AssetCheckKey(key, ENVELOPE_CHECK) in checks:
-                yield envelope_result(key, validate_file(path, Expectation(namespace, snapshot=True, exact=result.position)))
-            if AssetCheckKey(key, COUNT_CHECK) in checks:
-                yield source_count_result(key, mongocdc, cfg, namespace, count_rows_at(path, result.position),
-                                          result.position, filter_doc)
-
-    return snapshot_asset
-
-
-def _incremental_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str],
-                       totals: Mapping[str, int | None], names: ConnectorNames) -> AssetsDefinition:
-    check_specs = [
-        spec
-        for s in specs
-        for spec in (
-            AssetCheckSpec(ENVELOPE_CHECK, asset=s.key, description="every record is a valid read or streamed change"),
-            AssetCheckSpec(COUNT_CHECK, asset=s.key,
-                           description="the keys alive at the snapshot's end equal the source count there"),
-        )
-    ]
-
-    @multi_asset(name=names.of("incremental_snapshot"), specs=specs, check_specs=check_specs, can_subset=True,
-                 pool=Pools.of(names).snapshots, required_resource_keys={names.mongocdc, names.kafka},
-                 description="Incremental snapshots of the selected collections.")
-    def incremental_snapshot_asset(
-        context: AssetExecutionContext, config: SnapshotConfig,
-    ) -> Iterator[MaterializeResult | AssetCheckResult]:
-        mongocdc = resource_of(context, names.mongocdc, MongoCdcResource)
-        kafka = resource_of(context, names.kafka, MongoCdcKafkaResource)
-        cfg = mongocdc.load_config()
-        checks = _selected_checks(context)
-        for key, namespace, filter_text, filter_doc in _selected_copies(context, config, mongocdc, cfg, ns_of):
-            path = mongocdc.incremental_snapshot_path(namespace, snapshot_file_name(filter_text))
-            context.log.info(f"incremental snapshot of {namespace} into {path}" + (f" with filter {filter_text}" if filter_doc else ""))
-            metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
-            with landing_sink(path, kafka, cfg) as sink:
-                # No state file: a retried run copies the collection again into a new file, so the landed file
-                # is always one whole snapshot (resuming would land only the chunks after the failure).
-                result = api.incremental_snapshot_collection(cfg, namespace, sink, filter=filter_doc, metrics=metrics,
-                                                             progress=LogProgress(context.log, totals))
-            end = result.end_position or Position.from_timestamp(api.current_cluster_time(cfg))
-            yield MaterializeResult(
-                asset_key=key,
-                metadata={
-                    **_collection_meta(key, namespace),
-                    "dagster/row_count": result.documents,
-                    "dagster/uri": MetadataValue.path(str(path)),
-                    "streamed_events": result.events,
-                    "duration_s": round(result.duration_s, 3),
-                    **position_metadata("first_position", result.first_position),
-                    **position_metadata("last_position", result.last_position),
-                    **position_metadata("position", end),
-                    # the file holds every change up to its end: later changes come from the slices
-                    COVERS_FROM: end.to_str(),
                     PARTIAL: filter_doc is not None,
                     "filter": filter_text,
                     "signal_id": config.signal_id,
-                    **metrics_metadata(metrics, ("snapshot", "streaming")),
+                    **landed.metadata,
                 },
             )
             if AssetCheckKey(key, ENVELOPE_CHECK) in checks:
-                yield envelope_result(key, validate_file(path, Expectation(namespace, snapshot=True, incremental=True)))
+                yield envelope_result(key, validate_file(path, landed.expectation))
             if AssetCheckKey(key, COUNT_CHECK) in checks:
-                yield source_count_result(key, mongocdc, cfg, namespace, live_keys(path), end, filter_doc)
+                yield source_count_result(key, mongocdc, cfg, namespace, landed.documents_in_file(), landed.position,
+                                          filter_doc)
 
-    return incremental_snapshot_asset
+    return copy_asset
 
 
 # -- ranges -----------------------------------------------------------------------------------------------
@@ -540,9 +559,8 @@ class RangeKey:
 
 
 def write_plan(mongocdc: MongoCdcResource, namespace: str, split_size: int) -> list[str]:
-    """Plan the collection's ``_id`` ranges (``api.plan_snapshot_ranges``) into ``ranges-<plan>/plan.json``;
-    returns the plan's partition keys."""
-    ranges = api.plan_snapshot_ranges(mongocdc.load_config(), namespace, split_size)
+    """Plan the collection's ``_id`` ranges into ``ranges-<plan>/plan.json``; returns the plan's partition keys."""
+    ranges = mongocdc.plan_ranges(namespace, split_size)
     body = [r.to_json() for r in ranges]
     plan = hashlib.sha1(orjson.dumps([namespace, body, time.time_ns()])).hexdigest()[:8]
     folder = mongocdc.ranges_dir(namespace, plan)
@@ -601,8 +619,8 @@ def _ranged_snapshot_asset(spec: AssetSpec, namespace: str, state: DiscoveryStat
         per_range = None if total is None else max(1, total // range_key.count)
         metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
         with landing_sink(path, kafka, cfg) as sink:
-            result = api.snapshot_collection(cfg, namespace, sink, filter=filter_doc, id_range=id_range,
-                                             metrics=metrics, progress=LogProgress(context.log, {namespace: per_range}))
+            result = mongocdc.snapshot(cfg, namespace, sink, filter=filter_doc, id_range=id_range,
+                                       metrics=metrics, progress=LogProgress(context.log, {namespace: per_range}))
         folder = path.parent
         (folder / f"{path.stem}.done.json").write_bytes(orjson.dumps(
             {"index": range_key.index, "position": result.position.to_str(), "documents": result.documents}))
@@ -700,11 +718,10 @@ def _slices_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str], cdc: CdcAs
             router = WindowRouter(starts, targets)
             sink: Sink = TeeSink([router, kafka.open_sink(cfg)]) if kafka.enabled else router
             try:
-                api.stream_window(cfg, streamed[0] if len(streamed) == 1 else None, first, last, sink,
-                                  only=None if len(streamed) == 1 else streamed, metrics=metrics,
-                                  progress=LogProgress(context.log))
+                mongocdc.stream_window(cfg, streamed, first, last, sink, metrics=metrics,
+                                       progress=LogProgress(context.log))
                 sink.close()
-            except api.HistoryLostError as exc:
+            except HistoryLostError as exc:
                 router.abort()
                 raise Failure(description=f"history lost while reading {', '.join(streamed)}: {exc}",
                               metadata={"remedy": "snapshot the collection again"}, allow_retries=False) from exc

@@ -24,6 +24,7 @@ from mongocdc_core.tables import spark_session
 from mongocdc_dagster import local_stack
 from mongocdc_dagster.build import build_definitions
 from mongocdc_dagster.discovery import discover
+from mongocdc_dagster.resources import MongoCdcResource
 from mongocdc_dagster.settings import CdcSettings
 from mongocdc_devstack.fixture import EmulatedReplicaSet
 
@@ -53,7 +54,7 @@ def main() -> int:
         env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "MONGOCDC_CONFIG": str(config),
                "MONGOCDC_HOME": str(home / "cdc")}
         settings = CdcSettings.from_env(env)
-        state = discover(settings.load_config())
+        state = discover(MongoCdcResource.for_load(settings))
         if state.error or not state.namespaces:
             print(f"ci_gate: the demo data has no collections ({state.error})", file=sys.stderr)
             return 2

@@ -55,7 +55,7 @@ def test_definitions_load_when_mongodb_is_down_and_say_why(tmp_path: Path) -> No
     config = tmp_path / "c.properties"
     config.write_text("mongodb.connection.string=mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=500\n"
                       "topic.prefix=p\n")
-    state = discover(CdcSettings.resolve(connector_config=str(config), environ={}).load_config())
+    state = discover(MongoCdcResource.for_load(CdcSettings.resolve(connector_config=str(config), environ={})))
     assert state.namespaces == () and state.error is not None and "127.0.0.1:9" in state.error
     assert DiscoveryState.from_json(state.to_json()) == state
 

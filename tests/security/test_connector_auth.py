@@ -220,3 +220,23 @@ def test_no_secret_anywhere(auth_deployment: AuthDeployment, db: Database, tmp_p
     assert f"{db.name}.items" in everything and "srv." in everything  # the haystack is the real output
     for form in _secret_forms(SECRET):
         assert form not in everything, f"the password ({form!r}) leaked"
+
+
+def test_the_dagster_component_discovers_with_the_password_secret_from_the_environment(
+        auth_deployment: AuthDeployment, db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A code location whose connector config names the user but keeps the password in
+    ``MONGOCDC_MONGODB_PASSWORD`` (as the README tells) discovers the collections when it loads, as its runs
+    connect: the load used the config without the secret, failed to authenticate and fell back."""
+    from mongocdc_dagster.component import MongoCdcComponent
+    from mongocdc_dagster.discovery import DiscoveryState
+
+    user, password = auth_deployment.create_user([{"role": "read", "db": db.name}, {"role": "read", "db": "local"}])
+    config_file = tmp_path / "connector.json"
+    config_file.write_text(json.dumps({"name": "c", "config": {
+        "mongodb.connection.string": without_user(auth_deployment.admin_uri), "topic.prefix": "srv",
+        "mongodb.user": user, "collection.include.list": f"{db.name}\\..*",
+        "capture.scope": "database", "capture.target": db.name}}))
+    monkeypatch.setenv("MONGOCDC_MONGODB_PASSWORD", password)
+    component = MongoCdcComponent(connector_config=str(config_file), home=str(tmp_path / "home"))
+    component.write_state_to_path(tmp_path / "state")
+    assert DiscoveryState.from_json((tmp_path / "state").read_text()).namespaces == (f"{db.name}.items",)
