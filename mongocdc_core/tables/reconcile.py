@@ -4,9 +4,11 @@
    at the table's position. The source side is read through the engine (``api.snapshot_collection``),
    so field transforms apply as they did to the events, and converted by the same Spark expressions
    with the table's own column types, then compared row by row on the exact key. Preferably the read
-   is a snapshot read at that cluster time; where the server no longer holds it (or cannot), the
-   collection is read now and the keys the change stream shows changed since the position are left
-   out of the comparison, and counted. Either way the check holds while writes continue.
+   is a snapshot read at that cluster time (the tick before it where the table's newest rows are a
+   blocking snapshot's reads: that position is where the snapshot's change stream starts, and a write
+   may take it); where the server no longer holds it (or cannot), the collection is read now and the
+   keys the change stream shows changed since are left out of the comparison, and counted. Either way
+   the check holds while writes continue.
 2. **The metadata columns** (``__position``, ``__op``, ``__source_ts_ms``, ``__deleted``) against the
    winning event of each key in the changelog version the table reflects.
 
@@ -103,22 +105,44 @@ def _layout(props: dict[str, str]) -> Layout:
     return Layout(data["delete_handling"], tuple(data["add_fields"]))
 
 
-def _source(cfg: ConnectorConfig, namespace: str, position: str | None) -> tuple[_Rows, set[str], str]:
+def _reflected_time(log: DataFrame, position: str) -> tuple[Timestamp, str]:
+    """The cluster time whose state a table at ``position`` holds, and how to say it.
+
+    After a change event at ``position`` it is that event's clusterTime: every event up to it was
+    applied. When only a blocking snapshot's reads are at ``position`` it is the tick before: a
+    snapshot's position is where its change stream starts, mongod's latest operation time plus one
+    tick, so the next write takes that very time; its reads hold the state before it, and a write at
+    that time comes from the stream (sorted after the reads). Incremental snapshot reads take the
+    position of their close watermark, an event that came after the state they hold."""
+    at = Position.parse(position).timestamp
+    event = log.where(
+        (F.col("__position") == position)
+        & ((F.col("__op") != "r") | F.coalesce(F.col("snapshot") == "incremental", F.lit(False)))
+    )
+    if event.limit(1).count():
+        return at, f"{at.time}.{at.inc}"
+    before = Timestamp(at.time, at.inc - 1) if at.inc else Timestamp(at.time - 1, 0xFFFFFFFF)
+    return before, f"{before.time}.{before.inc} (the tick before the snapshot's position {at.time}.{at.inc}, where its stream starts)"
+
+
+def _source(cfg: ConnectorConfig, namespace: str, position: str | None, log: DataFrame) -> tuple[_Rows, set[str], str]:
     """The collection at ``position``: its read rows, the keys to leave out, and how it was read."""
     rows = _Rows()
     if position is None:
         api.snapshot_collection(cfg, namespace, rows, filter={})
         return rows, set(), "read now (the table has no position yet)"
-    at = Position.parse(position).timestamp
+    at, said = _reflected_time(log, position)
     try:
         api.snapshot_collection(cfg, namespace, rows, filter={}, at_cluster_time=at)
-        return rows, set(), f"snapshot read at {at.time}.{at.inc}"
+        return rows, set(), f"snapshot read at {said}"
     except api.SnapshotReadUnavailable as exc:
         reason = str(exc)
     rows = _Rows()
     api.snapshot_collection(cfg, namespace, rows, filter={})
     now = api.current_cluster_time(cfg)
-    start, end = Timestamp(at.time, at.inc + 1), Timestamp(now.time, now.inc + 1)
+    # changed since: every event after the time the table holds (the snapshot's own position included)
+    start = Timestamp(at.time, at.inc + 1) if at.inc < 0xFFFFFFFF else Timestamp(at.time + 1, 0)
+    end = Timestamp(now.time, now.inc + 1)
     changed = _Rows()
     if (start.time, start.inc) < (end.time, end.inc):
         api.stream_window(cfg, namespace, start, end, changed)
@@ -168,7 +192,8 @@ def compare(spark: SparkSession, namespace: str, changelog: str, state: str, cfg
         live = table.where(~F.col("__deleted"))
     else:
         live = table
-    rows, excluded, method = _source(cfg, namespace, position)
+    log = spark.read.format("delta").option("versionAsOf", int(props[VERSION_PROPERTY])).load(changelog)
+    rows, excluded, method = _source(cfg, namespace, position, log)
 
     landing = spark.createDataFrame(landing_table(rows.records))
     events = changelog_rows(landing, F.lit("reconciliation"), namespace)
@@ -187,7 +212,6 @@ def compare(spark: SparkSession, namespace: str, changelog: str, state: str, cfg
     keys_compared = joined.count()
     data_mismatch = joined.where(~F.col("t").eqNullSafe(F.col("s"))).select("__key")
 
-    log = spark.read.format("delta").option("versionAsOf", int(props[VERSION_PROPERTY])).load(changelog)
     expected = _state_winners(log, props.get(SNAPSHOT_PROPERTY), layout.delete_handling == "rewrite")
     meta = ["__position", *[c for c in layout.metadata_columns if c != "__collection"]]
     meta_left = table.select("__key", F.to_json(F.struct(*meta)).alias("t"))

@@ -93,14 +93,7 @@ def test_reconciliation_at_the_tables_position(
     fresh_db.orders.update_one({"_id": 3}, {"$set": {"qty": 333}})  # after the table's position
     fresh_db.orders.insert_one({"_id": 500})
     if read == "stream_fallback":  # as a server answers once the position left its history window
-        snapshot_collection = api.snapshot_collection
-
-        def too_old(*args: Any, at_cluster_time: Timestamp | None = None, **kwargs: Any) -> api.SnapshotResult:
-            if at_cluster_time is not None:
-                raise api.SnapshotReadUnavailable(f"SnapshotTooOld: {at_cluster_time} is before the history window")
-            return snapshot_collection(*args, **kwargs)
-
-        monkeypatch.setattr(api, "snapshot_collection", too_old)
+        monkeypatch.setattr(api, "snapshot_collection", _history_lost(api.snapshot_collection))
     writer = Writer(mongo_uri, fresh_db.name)
     writer.start()
     try:
@@ -123,6 +116,58 @@ def test_reconciliation_at_the_tables_position(
     corrupted = reconcile_at_position(spark, tables, cfg, progress=said.append)
     assert said[-1].startswith(f"reconciliation of {tables.namespace}: done in ") and " Spark job(s), " in said[-1]
     assert not corrupted.matches and set(corrupted.mismatching_keys) == {"4", "5", "6"}, corrupted
+
+
+@pytest.mark.parametrize("read", ["snapshot_read", "stream_fallback"])
+def test_a_write_at_the_snapshots_own_position_is_not_in_the_table_built_from_it(
+    spark: SparkSession, tmp_path: Path, mongo_client: MongoClient, mongo_uri: str, fresh_db: Database, read: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A blocking snapshot's position is where its change stream starts: mongod's latest operation time
+    plus one tick, the very time the next write takes when it comes in the same second. The snapshot's
+    reads hold the state before that write, so a table built from them alone matches the source just
+    before its position, and the write is one that changed since (seen in CI as "DIFFERS at 1 key(s): 0",
+    a writer's first update right after the snapshot). The snapshot is taken again until the write has
+    taken its position (decided by the write's operationTime, not by timing)."""
+    namespace = f"{fresh_db.name}.orders"
+    cfg = ConnectorConfig.from_dict({
+        "mongodb.connection.string": mongo_uri, "topic.prefix": "dbz", "collection.include.list": namespace,
+    })
+    fresh_db.orders.insert_many([{"_id": i, "qty": i} for i in range(20)])
+    snap_path = tmp_path / "landing" / "snapshot" / namespace / "snapshot.parquet"
+    for _attempt in range(50):  # a no-op or a new second may come between the snapshot and the write
+        sink = ParquetSink.to_file(snap_path)
+        snap = api.snapshot_collection(cfg, namespace, sink)
+        sink.close()
+        with mongo_client.start_session() as session:
+            mongo_client[fresh_db.name].orders.update_one({"_id": 0}, {"$inc": {"qty": 1}}, session=session)
+            written_at = session.operation_time
+        if written_at == snap.position.timestamp:
+            break
+    else:
+        pytest.fail("no write took the snapshot's position in 50 attempts")
+    tables = CollectionTables.under(str(tmp_path / "tables"), namespace)
+    build(spark, tables, snap_path)
+    assert table_properties(spark, tables.current_state)["mongocdc.position"] == snap.position.to_str()
+    if read == "stream_fallback":
+        monkeypatch.setattr(api, "snapshot_collection", _history_lost(api.snapshot_collection))
+    result = reconcile_at_position(spark, tables, cfg)
+    assert result.matches and result.passed, result
+    if read == "snapshot_read":  # the state just before the write, every key compared
+        assert result.method.startswith("snapshot read at ") and "the tick before" in result.method, result
+        assert (result.keys_compared, result.keys_excluded) == (20, 0), result
+    else:  # read now: the write at the snapshot's position is a change since, left out
+        assert result.method.startswith("keys changed since"), result
+        assert (result.keys_compared, result.keys_excluded) == (19, 1), result
+
+
+def _history_lost(snapshot_collection: Any) -> Any:
+    """``api.snapshot_collection`` as a server answers once a position left its history window."""
+    def too_old(*args: Any, at_cluster_time: Timestamp | None = None, **kwargs: Any) -> api.SnapshotResult:
+        if at_cluster_time is not None:
+            raise api.SnapshotReadUnavailable(f"SnapshotTooOld: {at_cluster_time} is before the history window")
+        return snapshot_collection(*args, **kwargs)
+    return too_old
 
 
 @pytest.mark.fault
