@@ -75,10 +75,15 @@ LandingColumns = tuple[
 ]
 
 def landing_columns(
-    keys: list[bytes | None], key_head: bytes | None, values: list[bytes | None], value_head: bytes | None
+    keys: list[bytes | None],
+    key_head: bytes | None,
+    values: list[bytes | None],
+    value_head: bytes | None,
+    framed: bool = False,
 ) -> LandingColumns | None:
     """Landing columns of one topic's records, each cut after its topic's schema part when it starts with
-    it; None when Arrow's JSON reader must parse."""
+    it; None when Arrow's JSON reader must parse. ``framed``: the caller vouches that every key and value
+    starts with its head (the converter wrote them so), which is then not compared."""
 
 def run_landing_columns(
     keys: bytes,
@@ -89,6 +94,7 @@ def run_landing_columns(
     hi: int,
     key_head: bytes | None,
     value_head: bytes | None,
+    framed: bool = False,
 ) -> LandingColumns | None:
     """``landing_columns`` of records ``lo..hi`` laid end to end (a snapshot chunk's run), each record's end
     offset given as native-endian u64 bytes."""

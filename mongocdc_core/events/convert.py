@@ -103,6 +103,8 @@ class _Collection:
     fields: CollectionFields | None
     #: ``fields`` as the compiled module applies them (None: no rules, or only the Python path's).
     native_rules: raw.FieldRules | None
+    #: The schema parts every change record's key and value start with (None without schemas): ``Record.heads``.
+    heads: tuple[bytes, bytes] | None
 
 
 class EventConverter:
@@ -186,6 +188,7 @@ class EventConverter:
             ),
             fields=(fields := self._transforms.for_collection(db, coll)),
             native_rules=raw.field_rules(fields),
+            heads=(key_prefix, value_prefix) if o.schemas_enable else None,
         )
         self._collections[(db, coll)] = ctx
         return ctx
@@ -326,9 +329,9 @@ class EventConverter:
         self, records: list[Record], ctx: _Collection, op: str, key: bytes, value: bytes, position: Position
     ) -> list[Record]:
         """``records`` (transaction boundaries) then the event's record and, after a delete, its tombstone."""
-        records.append(Record(ctx.topic, key, value, position, ctx.namespace, op))
+        records.append(Record(ctx.topic, key, value, position, ctx.namespace, op, ctx.heads))
         if op == "d" and self._tombstones:
-            records.append(Record(ctx.topic, key, None, position, ctx.namespace, None))
+            records.append(Record(ctx.topic, key, None, position, ctx.namespace, None, ctx.heads))
         return records
 
     def session_of(self, change: RawChange) -> Any:
@@ -507,7 +510,7 @@ class EventConverter:
             return key_id_json(doc["_id"]), ejson.dumps_string(fields.document(doc) if fields is not None else doc)
 
         return raw.read_records(documents, markers, around, ctx.key_template, ctx.topic, ctx.namespace, position,
-                                None, ctx.native_rules, left_read)  # fmt: skip
+                                None, ctx.native_rules, left_read, ctx.heads)  # fmt: skip
 
     def heartbeat_record(self, position: Position, ts_ms: int) -> Record:
         """A heartbeat on ``<topic.heartbeat.prefix><delimiter><topic.prefix>``.

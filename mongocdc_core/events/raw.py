@@ -143,7 +143,7 @@ def field_rules(fields: CollectionFields | None) -> FieldRules | None:
 def read_records(
     documents: RawDocuments, markers: Sequence[str], around: Mapping[str, tuple[bytes, bytes]], key_template: bytes,
     topic: str, namespace: str, position: Position, printable: bytes | None, rules: FieldRules | None,
-    left_read: Callable[[Mapping[str, Any]], tuple[bytes, bytes]],
+    left_read: Callable[[Mapping[str, Any]], tuple[bytes, bytes]], heads: tuple[bytes, bytes] | None = None,
 ) -> Sequence[Record]:
     """The ``r`` records of a raw batch, written from the BSON by the compiled module in one
     format (the default one, or Debezium 3.x's with ``printable``, see ``debezium3_change_parts``),
@@ -154,7 +154,8 @@ def read_records(
     marker into one :class:`RecordRun` (no object per read). Only a chunk with a read of another
     marker (a collection's first or last) or a read the module leaves to Python (a type it does
     not write) becomes a list: those reads get their own pair around the same ``after``, or are
-    decoded and written by ``left_read`` (key id and ``after`` as JSON strings).
+    decoded and written by ``left_read`` (key id and ``after`` as JSON strings). ``heads``: the schema
+    parts the templates start with (:attr:`Record.heads`), given to the run.
     """
     assert native is not None
     common = markers[len(markers) // 2]  # the copier marks only a chunk's first and last reads
@@ -163,7 +164,7 @@ def read_records(
     keys, key_ends, values, value_ends, left = native.convert_reads(
         documents.data, documents.bounds, documents.lo, documents.hi, key_head, key_tail, head, tail, printable, rules
     )
-    run = RecordRun(topic, keys, key_ends, values, value_ends, position, namespace, "r")
+    run = RecordRun(topic, keys, key_ends, values, value_ends, position, namespace, "r", heads=heads)
     if not left and markers.count(common) == len(markers):
         return run
     key_list: list[bytes] = run.keys()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import overload
 
 from mongocdc_core.positions import Position
@@ -18,7 +18,10 @@ class Record:
 
     ``value`` None is a tombstone. ``collection`` is ``"<db>.<coll>"`` for data records and None for
     heartbeat/transaction records; ``op`` is ``c``/``u``/``d``/``r`` for data events (None for
-    tombstones and metadata records).
+    tombstones and metadata records). ``heads``, when given, are the schema parts the converter wrote
+    the key and the value after (one tuple per collection, shared by its records): a sink that takes
+    records apart (the Parquet landing) cuts their payloads there without comparing those bytes again.
+    They say how the bytes were written, not what the record is: equality leaves them out.
     """
 
     topic: str
@@ -27,6 +30,7 @@ class Record:
     position: Position
     collection: str | None
     op: str | None
+    heads: tuple[bytes, bytes] | None = field(default=None, compare=False, repr=False)
 
 
 class RecordRun(Sequence[Record]):
@@ -36,16 +40,19 @@ class RecordRun(Sequence[Record]):
     a consumer takes one (each access makes a :class:`Record`). The copier's threads convert chunks
     at the same time only where no GIL is held, so a per-read object there would serialise them;
     a sink that only counts, or writes in bulk, never pays for the objects at all.
-    ``key_ends``/``value_ends`` are each record's end offset (native-endian u64 bytes).
+    ``key_ends``/``value_ends`` are each record's end offset (native-endian u64 bytes). ``heads``: as
+    :attr:`Record.heads`, for every record of the run.
     """
 
-    __slots__ = ("topic", "position", "collection", "op", "_keys", "_values", "_key_ends", "_value_ends", "_lo", "_hi")
+    __slots__ = ("topic", "position", "collection", "op", "heads", "_keys", "_values", "_key_ends", "_value_ends",
+                 "_lo", "_hi")  # fmt: skip
 
     def __init__(
         self, topic: str, keys: bytes, key_ends: bytes | memoryview, values: bytes, value_ends: bytes | memoryview,
         position: Position, collection: str, op: str, lo: int = 0, hi: int | None = None,
+        heads: tuple[bytes, bytes] | None = None,
     ) -> None:  # fmt: skip
-        self.topic, self.position, self.collection, self.op = topic, position, collection, op
+        self.topic, self.position, self.collection, self.op, self.heads = topic, position, collection, op, heads
         self._keys, self._values = keys, values
         self._key_ends = key_ends if isinstance(key_ends, memoryview) else memoryview(key_ends).cast("Q")
         self._value_ends = value_ends if isinstance(value_ends, memoryview) else memoryview(value_ends).cast("Q")
@@ -68,12 +75,12 @@ class RecordRun(Sequence[Record]):
             if step != 1:
                 return [self[i] for i in range(start, stop, step)]
             return RecordRun(self.topic, self._keys, self._key_ends, self._values, self._value_ends, self.position,
-                             self.collection, self.op, self._lo + start, self._lo + max(start, stop))  # fmt: skip
+                             self.collection, self.op, self._lo + start, self._lo + max(start, stop), self.heads)  # fmt: skip
         n = len(self)
         if not -n <= index < n:
             raise IndexError(f"record {index} of a run of {n}")
         i = self._lo + (index if index >= 0 else n + index)
-        return Record(self.topic, self.key_at(i), self.value_at(i), self.position, self.collection, self.op)
+        return Record(self.topic, self.key_at(i), self.value_at(i), self.position, self.collection, self.op, self.heads)
 
     def key_at(self, i: int) -> bytes:
         """The key of record ``i`` of the whole run (not counted from a slice's start)."""
@@ -95,9 +102,9 @@ class RecordRun(Sequence[Record]):
         return [self.value_at(i) for i in range(self._lo, self._hi)]
 
     def __iter__(self) -> Iterator[Record]:
-        topic, position, collection, op = self.topic, self.position, self.collection, self.op
+        topic, position, collection, op, heads = self.topic, self.position, self.collection, self.op, self.heads
         for key, value in zip(self.keys(), self.values(), strict=True):
-            yield Record(topic, key, value, position, collection, op)
+            yield Record(topic, key, value, position, collection, op, heads)
 
     def __eq__(self, other: object) -> bool:
         """Equal to any sequence of the same records (a list of them, another run)."""

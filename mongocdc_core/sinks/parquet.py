@@ -53,6 +53,15 @@ LANDING_SCHEMA = pa.schema(
 )
 _COLUMNS = LANDING_SCHEMA.names
 _ROW_GROUP_ROWS = 50_000
+#: How the landing files are written: dictionary pages and min/max statistics only for the columns whose
+#: values repeat or are filtered on (positions, op, topic); a document's text has neither use, and trying
+#: a dictionary for it and keeping its statistics cost about a tenth of the write (Arrow's defaults do both
+#: for every column). The rows are the same either way.
+WRITE_OPTIONS: dict[str, list[str]] = {
+    "use_dictionary": ["topic", "collection", "op", "snapshot", "source"],
+    "write_statistics": ["topic", "collection", "op", "position", "pos_seconds", "pos_increment", "pos_ordinal",
+                         "ts_ms", "snapshot"],
+}  # fmt: skip
 
 
 #: The payload fields the landing columns come from, as Arrow's JSON reader parses them.
@@ -203,7 +212,11 @@ class _Columns:
             self.seconds += [p.seconds for p in positions]
             self.increments += [p.increment for p in positions]
             self.ordinals += [p.ordinal for p in positions]
-            self.payloads.append(self._walked(keys, values, payloads) or self._parsed(keys, values, payloads))
+            heads = records[0].heads
+            if heads is not None and [r.heads for r in records].count(heads) != len(records):
+                heads = None  # not every record written after the same schema parts: each is compared
+            walked = self._walked(keys, values, payloads, heads)
+            self.payloads.append(walked or self._parsed(keys, values, payloads))
 
     def table(self) -> pa.Table:
         """The landing rows of every batch added."""
@@ -231,15 +244,18 @@ class _Columns:
             columns[name] = pa.chunked_array(chunks, LANDING_SCHEMA.field(name).type)
         return pa.Table.from_pydict(columns, schema=LANDING_SCHEMA)
 
-    def _walked(self, keys: list[bytes | None], values: list[bytes | None], payloads: _PayloadText
-                ) -> dict[str, pa.Array] | None:  # fmt: skip
+    def _walked(self, keys: list[bytes | None], values: list[bytes | None], payloads: _PayloadText,
+                heads: tuple[bytes, bytes] | None = None) -> dict[str, pa.Array] | None:  # fmt: skip
         """The payload columns of a batch from ``mongocdc_native.landing_columns``; None when it is not
-        built or leaves the batch to Arrow's reader."""
+        built or leaves the batch to Arrow's reader. ``heads``: the schema parts the converter wrote every
+        record of the batch after (``Record.heads``); when they are the topic's, the walk cuts there
+        without comparing them (most of a record's bytes)."""
         if native is None:
             return None
         key_head = payloads.head(self.topic, True, keys)
         value_head = payloads.head(self.topic, False, values)
-        return _walk_columns(len(values), native.landing_columns(keys, key_head, values, value_head))
+        framed = heads is not None and heads == (key_head, value_head)
+        return _walk_columns(len(values), native.landing_columns(keys, key_head, values, value_head, framed))
 
     def _run_walked(self, run: RecordRun, payloads: _PayloadText) -> dict[str, pa.Array] | None:
         """``_walked`` of a snapshot chunk, read from the run's buffers (no bytes object per record)."""
@@ -249,7 +265,8 @@ class _Columns:
         key_head = payloads.head(self.topic, True, [first.key])
         value_head = payloads.head(self.topic, False, [first.value])
         keys, key_ends, values, value_ends, lo, hi = run.buffers()
-        walked = native.run_landing_columns(keys, key_ends, values, value_ends, lo, hi, key_head, value_head)
+        framed = run.heads is not None and run.heads == (key_head, value_head)  # see _walked
+        walked = native.run_landing_columns(keys, key_ends, values, value_ends, lo, hi, key_head, value_head, framed)
         return _walk_columns(len(run), walked)
 
     def _parsed(self, keys: list[bytes | None], values: list[bytes | None], payloads: _PayloadText
@@ -482,7 +499,7 @@ class ParquetSink:
             return
         assert self._tmp is not None
         if self._writer is None:
-            self._writer = pq.ParquetWriter(self._tmp, LANDING_SCHEMA)
+            self._writer = pq.ParquetWriter(self._tmp, LANDING_SCHEMA, **WRITE_OPTIONS)
         tables = [c.table() for c in pending]
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         self._writer.write_table(table, row_group_size=_ROW_GROUP_ROWS)
@@ -498,7 +515,7 @@ class ParquetSink:
             folder.mkdir(parents=True, exist_ok=True)
             name = f"part-{columns.first_position()}-{uuid.uuid4().hex[:8]}.parquet"
             tmp = folder / f".{name}.tmp"
-            pq.write_table(columns.table(), tmp)
+            pq.write_table(columns.table(), tmp, **WRITE_OPTIONS)
             with open(tmp, "rb") as handle:
                 os.fsync(handle.fileno())
             os.replace(tmp, folder / name)
@@ -538,7 +555,7 @@ class ParquetSink:
             return
         assert self._tmp is not None
         if self._writer is None:  # no records: the partition's output is an empty file, not a stale one
-            pq.write_table(LANDING_SCHEMA.empty_table(), self._tmp)
+            pq.write_table(LANDING_SCHEMA.empty_table(), self._tmp, **WRITE_OPTIONS)
         else:
             self._writer.close()
         with open(self._tmp, "rb") as handle:

@@ -766,10 +766,12 @@ fn hex4(raw: &[u8]) -> u32 {
 }
 
 /// The payload of a key or value: after `head` when it starts with it (the topic's schema part),
-/// as it is when it has no schema part; a schema part of another shape goes to the reader.
-fn cut<'a>(raw: &'a [u8], head: Option<&[u8]>) -> Parsed<&'a [u8]> {
+/// as it is when it has no schema part; a schema part of another shape goes to the reader. `framed`:
+/// the converter wrote every record of the batch after `head` (see `landing_columns`), so its bytes
+/// are not compared again.
+fn cut<'a>(raw: &'a [u8], head: Option<&[u8]>, framed: bool) -> Parsed<&'a [u8]> {
     if let Some(head) = head {
-        if raw.len() > head.len() && raw.starts_with(head) && raw.ends_with(b"}") {
+        if raw.len() > head.len() && (framed || raw.starts_with(head)) && raw.ends_with(b"}") {
             return Ok(&raw[head.len()..raw.len() - 1]);
         }
     }
@@ -862,15 +864,16 @@ fn columns(
     key_head: Option<&[u8]>,
     values: &[Option<&[u8]>],
     value_head: Option<&[u8]>,
+    framed: bool,
 ) -> Parsed<Columns> {
     let rows = values.len();
     let keys: Vec<Option<&[u8]>> = keys
         .iter()
-        .map(|k| k.map(|k| cut(k, key_head)).transpose())
+        .map(|k| k.map(|k| cut(k, key_head, framed)).transpose())
         .collect::<Parsed<_>>()?;
     let values: Vec<Option<&[u8]>> = values
         .iter()
-        .map(|v| v.map(|v| cut(v, value_head)).transpose())
+        .map(|v| v.map(|v| cut(v, value_head, framed)).transpose())
         .collect::<Parsed<_>>()?;
     let bytes: usize = values.iter().flatten().map(|v| v.len()).sum();
     let key_bytes: usize = keys.iter().flatten().map(|k| k.len()).sum();
@@ -951,14 +954,18 @@ fn byte_items<'py>(list: &Bound<'py, PyList>) -> PyResult<Vec<Option<Bound<'py, 
 /// raw JSON text), source.snapshot and source (its raw JSON text). Every buffer is a [`Buffer`]:
 /// strings come as (offsets, data, validity, null count); ts_ms as (i64 values, validity, null
 /// count); removedFields as (list offsets, validity, null count, item strings). None when a record
-/// needs Arrow's JSON reader. The walk runs without the GIL.
+/// needs Arrow's JSON reader. With `framed`, the caller vouches that every key and value starts with
+/// its head (the converter wrote them after the topic's schema part), which is then not compared: it
+/// is most of a record's bytes. The walk runs without the GIL.
 #[pyfunction]
+#[pyo3(signature = (keys, key_head, values, value_head, framed=false))]
 pub fn landing_columns<'py>(
     py: Python<'py>,
     keys: &Bound<'py, PyList>,
     key_head: Option<&[u8]>,
     values: &Bound<'py, PyList>,
     value_head: Option<&[u8]>,
+    framed: bool,
 ) -> PyResult<Option<LandingOut<'py>>> {
     if keys.len() != values.len() {
         return Err(PyValueError::new_err(format!(
@@ -971,7 +978,7 @@ pub fn landing_columns<'py>(
     let value_items = byte_items(values)?;
     let key_bytes: Vec<Option<&[u8]>> = key_items.iter().map(|k| k.as_ref().map(|k| k.as_bytes())).collect();
     let value_bytes: Vec<Option<&[u8]>> = value_items.iter().map(|v| v.as_ref().map(|v| v.as_bytes())).collect();
-    let walked = py.allow_threads(|| columns(&key_bytes, key_head, &value_bytes, value_head));
+    let walked = py.allow_threads(|| columns(&key_bytes, key_head, &value_bytes, value_head, framed));
     walked.ok().map(|out| out.into_py(py)).transpose()
 }
 
@@ -997,6 +1004,7 @@ fn run_items<'a>(data: &'a [u8], ends: &[u8], lo: usize, hi: usize) -> PyResult<
 /// `landing_columns` of the records `lo..hi` of a run (a snapshot chunk), read from its buffers: keys and
 /// values end to end with their end offsets (native-endian u64), no Python object per record.
 #[pyfunction]
+#[pyo3(signature = (keys, key_ends, values, value_ends, lo, hi, key_head, value_head, framed=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn run_landing_columns<'py>(
     py: Python<'py>,
@@ -1008,10 +1016,11 @@ pub fn run_landing_columns<'py>(
     hi: usize,
     key_head: Option<&[u8]>,
     value_head: Option<&[u8]>,
+    framed: bool,
 ) -> PyResult<Option<LandingOut<'py>>> {
     let key_items = run_items(keys, key_ends, lo, hi)?;
     let value_items = run_items(values, value_ends, lo, hi)?;
-    let walked = py.allow_threads(|| columns(&key_items, key_head, &value_items, value_head));
+    let walked = py.allow_threads(|| columns(&key_items, key_head, &value_items, value_head, framed));
     walked.ok().map(|out| out.into_py(py)).transpose()
 }
 

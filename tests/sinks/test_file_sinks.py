@@ -121,6 +121,29 @@ def test_parquet_rolling_files_carry_landing_columns(tmp_path: Path) -> None:
     assert rows[3]["value"] is None and rows[2]["snapshot"] == "false"
 
 
+@pytest.mark.parametrize("layout", ["rolling", "single"])
+def test_parquet_footers_keep_the_statistics_the_tables_read_and_no_text_dictionaries(layout: str, tmp_path: Path) -> None:
+    """Landing files keep min/max statistics for the columns read from footers (``position``, ``op`` and
+    ``snapshot`` tell which files may repeat an event, ``collection`` which collection a file holds), and
+    neither statistics nor a dictionary for a document's text, which only cost the write time."""
+    sink = ParquetSink(tmp_path) if layout == "rolling" else ParquetSink.to_file(tmp_path / "one.parquet")
+    sink.write(_records())
+    sink.close()
+    path = next((tmp_path / TOPIC).glob("part-*.parquet")) if layout == "rolling" else tmp_path / "one.parquet"
+    meta = pq.read_metadata(path)
+    group = meta.row_group(0)
+    chunks = {meta.schema.column(i).name: group.column(i) for i in range(meta.num_columns)}
+    for name in ("collection", "position", "op", "snapshot", "pos_seconds", "pos_increment", "pos_ordinal"):
+        stats = chunks[name].statistics
+        assert stats is not None and stats.has_min_max, name
+    assert chunks["position"].statistics.min == Position(1700000000, 3).to_str()
+    for name in ("key", "before", "after", "updated_fields", "source", "value"):
+        assert chunks[name].statistics is None or not chunks[name].statistics.has_min_max, name
+        # ``source`` keeps its dictionary: a snapshot chunk's reads share one source block
+        assert name == "source" or not any("DICTIONARY" in encoding for encoding in chunks[name].encodings), name
+    assert pq.read_table(path).to_pylist()[0]["after"] == '{"_id": 1, "a": 1}'
+
+
 def test_parquet_single_file_is_replaced_atomically(tmp_path: Path) -> None:
     target = tmp_path / "part" / "window.parquet"
     first = ParquetSink.to_file(target)

@@ -303,3 +303,88 @@ def test_the_walks_buffers_are_lent_read_only() -> None:
         view[0] = 0
     with pytest.raises(TypeError):
         (ctypes.c_char * len(after)).from_buffer(after)  # asks for a writable buffer
+
+
+class _FramedSpy:
+    """``mongocdc_native`` as the sink sees it, noting the ``framed`` of each ``landing_columns`` call."""
+
+    def __init__(self) -> None:
+        self.framed: list[bool] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(mongocdc_native, name)
+
+    def landing_columns(self, keys: Any, key_head: Any, values: Any, value_head: Any, framed: bool = False) -> Any:
+        self.framed.append(framed)
+        return mongocdc_native.landing_columns(keys, key_head, values, value_head, framed)
+
+    def run_landing_columns(self, keys: bytes, key_ends: bytes, values: bytes, value_ends: bytes, lo: int, hi: int,
+                            key_head: bytes | None, value_head: bytes | None, framed: bool = False) -> Any:  # fmt: skip
+        self.framed.append(framed)
+        return mongocdc_native.run_landing_columns(keys, key_ends, values, value_ends, lo, hi, key_head, value_head, framed)
+
+
+def _change_records(**options: Any) -> list[Record]:
+    conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7, **options))
+    doc = {"_id": 1, "name": 'a "quoted"\\ name\n\t\x01', "emoji": "\U0001f600 é", "n": [1, {"x": None}]}
+    shrunk = {"updatedFields": {"n": [1]}, "removedFields": ["old"], "truncatedArrays": [{"field": "n", "newSize": 1}]}
+    events = [insert(doc), update(), update(updateDescription=shrunk), change("delete"), insert({"_id": "two"})]
+    return [r for ev in events for r in conv.convert_change(ev, POSITION)]
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"capture_mode": "change_streams_update_full_with_pre_image"}, {"provide_transaction_metadata": True},
+    {"field_exclude_list": ("inventory.orders.emoji",)}, {"event_format": "oplog_1x"},
+])  # fmt: skip
+def test_change_records_are_cut_at_the_heads_the_converter_wrote_them_after(
+    options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Change records carry the schema parts their key and value were written after (``Record.heads``):
+    the walk cuts there without comparing them, and lands exactly the rows it lands comparing them (and
+    the reader's). A batch where one record carries no heads is compared throughout."""
+    records = _change_records(**options)
+    assert all(r.heads is records[0].heads is not None for r in records if r.topic == TOPIC)
+    spy = _FramedSpy()
+    monkeypatch.setattr(parquet, "native", spy)
+    framed = landing_table(records)
+    assert spy.framed and all(spy.framed)
+    unframed = [Record(r.topic, r.key, r.value, r.position, r.collection, r.op) for r in records]
+    assert unframed == records  # the heads say how a record was written, not what it is
+    spy.framed.clear()
+    compared = landing_table(unframed)
+    assert spy.framed and not any(spy.framed)
+    assert framed.to_pylist() == compared.to_pylist()
+    mixed = [*records[:2], unframed[2], *records[3:]]
+    spy.framed.clear()
+    assert landing_table(mixed).to_pylist() == compared.to_pylist() and not any(spy.framed)
+    monkeypatch.setattr(parquet, "native", None)
+    assert landing_table(records).to_pylist() == compared.to_pylist()  # Arrow's reader
+
+
+def test_schemaless_change_records_carry_no_heads() -> None:
+    """Without the schema part there is nothing to cut: the records carry no heads (and land as before)."""
+    records = _change_records(schemas_enable=False)
+    assert all(r.heads is None for r in records)
+    assert landing_table(records).num_rows == len(records)
+
+
+@pytest.mark.parametrize("rules", [False, True])
+def test_a_snapshot_run_is_cut_at_the_heads_its_reads_were_written_after(rules: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot chunk's run carries the schema parts its reads were written after: walked without comparing
+    them, it lands the rows it lands comparing them, and so do its slices and the records taken from it."""
+    conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7,
+                                       **({"field_exclude_list": ("inventory.orders.emoji",)} if rules else {})))  # fmt: skip
+    docs = [{"_id": 1, "name": 'a "quoted"\\ name', "emoji": "\U0001f600 é"}, {"_id": "two", "n": [1.5, None]}, {"_id": 3}]
+    raw = RawDocuments(b"".join(bson.encode(doc) for doc in docs), CodecOptions(tz_aware=True))
+    run = conv.convert_reads(raw, ["true"] * 3, "inventory", "orders", POSITION)
+    assert isinstance(run, RecordRun) and run.heads is not None
+    spy = _FramedSpy()
+    monkeypatch.setattr(parquet, "native", spy)
+    framed = landing_table(run)
+    sliced = landing_table(run[1:])
+    assert spy.framed == [True, True]
+    bare = RecordRun(run.topic, *run.buffers()[:4], run.position, run.collection, run.op, *run.buffers()[4:])
+    compared = landing_table(bare)
+    assert spy.framed[2:] == [False]
+    assert framed.to_pylist() == compared.to_pylist() and sliced.to_pylist() == compared.slice(1).to_pylist()
+    assert landing_table(list(run)).to_pylist() == compared.to_pylist() and spy.framed[3:] == [True]
