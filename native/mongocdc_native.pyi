@@ -43,6 +43,35 @@ def debezium3_change_parts(
 def document_member(raw: bytes, name: str) -> bytes | None:
     """The BSON of the top-level embedded document ``name`` of ``raw`` (the last when repeated), or None."""
 
+class ChangeWriter:
+    """One collection's change records in one format, written whole from an event's BSON: the value
+    template's ``pieces`` around its ``slots`` (one letter each, see ``raw.change_writer``), the key
+    template's head and tail; with ``printable`` (``javajson.printable_bitmap()``) Debezium 3.x's parts."""
+
+    def __init__(
+        self,
+        pieces: list[bytes],
+        slots: str,
+        key_head: bytes,
+        key_tail: bytes,
+        pre_image: bool,
+        update_full: bool,
+        printable: bytes | None = None,
+        rules: FieldRules | None = None,
+    ) -> None: ...
+    def write(
+        self,
+        raw: bytes,
+        op: str,
+        seconds: int,
+        increment: int,
+        txn_number: int | None,
+        lsid: bytes | None,
+        now_ns: int,
+        block: bytes | None,
+    ) -> tuple[bytes, bytes, int | None] | None:
+        """(key, value, ``wallTime`` ms) of an ordinary change event; None when the Python path writes it."""
+
 class FieldRules:
     """One collection's field exclusions and renames (``CollectionFields.compiled_rules``)."""
 

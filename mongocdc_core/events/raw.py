@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 from collections.abc import Callable, ItemsView, Iterator, Mapping, Sequence
 from itertools import repeat
 from types import ModuleType
@@ -138,6 +139,40 @@ def field_rules(fields: CollectionFields | None) -> FieldRules | None:
         return None
     rules = fields.compiled_rules()
     return None if rules is None else native.FieldRules(rules, fields.renamed_last)
+
+
+#: ``mongocdc_native.ChangeWriter``: one collection's change records in one format (typed opaquely, as FieldRules).
+ChangeWriter = Any
+#: Template slots written with ``%d`` (the others with ``%b``); see ``ChangeWriter`` for the letters.
+_INT_SLOTS = frozenset("iEFGMUN")
+_SLOT_MARK = b"\x00slot\x00"  # a NUL byte: never in JSON text
+_INT_SLOT_MARK = 918_273_645_918_273_645
+_SLOT_SPLIT = re.compile(re.escape(_SLOT_MARK) + b"|" + str(_INT_SLOT_MARK).encode())
+#: What the writer puts in the ``transaction`` slot (``k``) when the block is known only after the
+#: event's parts: a NUL byte, never in JSON text, so the one occurrence is that slot.
+BLOCK_MARK = b"\x00block\x00"
+
+
+def change_writer(
+    value_template: bytes, slots: Sequence[str | bytes], key_template: bytes, pre_image: bool, update_full: bool,
+    printable: bytes | None, rules: FieldRules | None,
+) -> ChangeWriter | None:
+    """The compiled writer of a collection's change records (None without the compiled module).
+
+    ``value_template`` is the format's value template; ``slots`` names what fills each of its slots
+    in order: a letter of ``mongocdc_native.ChangeWriter``, or the bytes of a constant.
+    """
+    if native is None:
+        return None
+    filled = value_template % tuple(
+        slot if isinstance(slot, bytes) else _INT_SLOT_MARK if slot in _INT_SLOTS else _SLOT_MARK for slot in slots
+    )
+    letters = "".join(slot for slot in slots if isinstance(slot, str))
+    pieces = _SLOT_SPLIT.split(filled)
+    if len(pieces) != len(letters) + 1:
+        raise ValueError(f"value template of {len(pieces) - 1} slots for {letters!r}")
+    key_head, _, key_tail = (key_template % AFTER_SLOT).partition(AFTER_SLOT)
+    return native.ChangeWriter(pieces, letters, key_head, key_tail, pre_image, update_full, printable, rules)
 
 
 def read_records(

@@ -231,6 +231,26 @@ def test_transactions_are_written_by_the_compiled_path_as_the_python_path(metada
 
 
 @pytest.mark.parametrize("event_format", FORMATS)
+def test_a_transactions_event_left_to_python_is_counted_once(event_format: str) -> None:
+    """The compiled writer writes an event before its transaction block is observed, so an event it
+    leaves to Python (a regular expression) is observed once, by the Python path: the blocks'
+    orders and the END's counts are the Python path's."""
+    events = [
+        _event("insert", 1, {"a": "x"}, lsid=LSID, txnNumber=Int64(3)),
+        _event("insert", 2, {"r": Regex("^a", "i")}, lsid=LSID, txnNumber=Int64(3)),
+        _event("insert", 3, {"b": 1}, lsid=LSID, txnNumber=Int64(3)),
+    ]  # fmt: skip
+    positions = [Position.from_timestamp(CLUSTER_TIME, i) for i in range(3)]
+    conv, reference = (converter(provide_transaction_metadata=True, event_format=event_format) for _ in range(2))
+    raws = [_raw(event) for event in events]
+    assert _compiled_parts(raws[1].raw, "insert", event_format) is None  # the writer leaves it to Python
+    ours = [r for raw, p in zip(raws, positions, strict=True) for r in conv.convert_change(raw, p)] + conv.flush()
+    theirs = [r for raw, p in zip(raws, positions, strict=True) for r in reference.convert_change(raw.document(), p)]
+    assert ours == theirs + reference.flush()
+    assert b'"event_count":3' in (ours[-1].value or b"") and b'"total_order":3' in (ours[-2].value or b"")
+
+
+@pytest.mark.parametrize("event_format", FORMATS)
 def test_the_oplog_format_and_field_rules_decode_the_raw_event(event_format: str) -> None:
     event = _event("insert", 1, {"a": 1, "b": "x"})
     assert _both_ways(event, event_format="oplog_1x")[0] == _both_ways(event, event_format="oplog_1x")[1]
