@@ -23,9 +23,20 @@ def cursor_batch(reply: bytes) -> tuple[int, bytes, list[int], tuple[int, int] |
     """Cursor id of a raw ``find``/``getMore`` reply, its batch's documents end to end, their bounds,
     and the cursor's ``atClusterTime`` as (time, inc)."""
 
-def change_header(raw: bytes) -> tuple[str, str, str, str, int, int, int | None, bytes | None] | None:
-    """(resume token ``_data``, operationType, ns.db, ns.coll, clusterTime time, inc, txnNumber, lsid
-    BSON) of an ordinary change event; None for a split fragment or any other shape."""
+class ChangeHeader:
+    """What the stream reader and the dispatcher need of an ordinary change event."""
+
+    token: str
+    op_type: str
+    db: str
+    coll: str
+    seconds: int
+    increment: int
+    txn_number: int | None
+    lsid: bytes | None
+
+def change_header(raw: bytes) -> ChangeHeader | None:
+    """The header of an ordinary change event; None for a split fragment or any other shape."""
 
 def change_parts(
     raw: bytes, op: str, pre_image: bool, update_full: bool, rules: FieldRules | None = None
@@ -62,15 +73,14 @@ class ChangeWriter:
     def write(
         self,
         raw: bytes,
-        op: str,
-        seconds: int,
+        header: ChangeHeader,
         increment: int,
-        txn_number: int | None,
         lsid: bytes | None,
         now_ns: int,
         block: bytes | None,
     ) -> tuple[bytes, bytes, int | None] | None:
-        """(key, value, ``wallTime`` ms) of an ordinary change event; None when the Python path writes it."""
+        """(key, value, ``wallTime`` ms) of an ordinary change event at a position of ``increment``;
+        None when the Python path writes it."""
 
 class FieldRules:
     """One collection's field exclusions and renames (``CollectionFields.compiled_rules``)."""

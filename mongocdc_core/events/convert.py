@@ -352,7 +352,7 @@ class EventConverter:
     def session_of(self, change: RawChange) -> Any:
         """The decoded ``lsid`` of a raw event with a header, or None outside a transaction (cached:
         a transaction's events share one session)."""
-        lsid_bson = change.header[7] if change.header is not None else None
+        lsid_bson = change.header.lsid if change.header is not None else None
         if lsid_bson is None:
             return None
         last_bson, last = self._last_session
@@ -371,19 +371,19 @@ class EventConverter:
         Transaction BEGIN/END records are observed only once the writer has written the event (a
         fallback to the Python path must not count it twice): the writer leaves
         :data:`raw.BLOCK_MARK` where the block goes."""
-        _, op_type, db, coll, seconds, increment, txn_number, lsid_bson = header
-        op = DATA_OPERATIONS.get(op_type)
+        op = DATA_OPERATIONS.get(header.op_type)
         if op is None or op in self._skipped:
             return []
+        db, coll = header.db, header.coll
         ctx = self._collections.get((db, coll)) or self._collection(db, coll)
         writer = ctx.writer
         if writer is None:
             return None
-        lsid = None if lsid_bson is None else self.session_of(change)
+        lsid = None if header.lsid is None else self.session_of(change)
         tracker = self._tracker
         written = writer.write(
-            change.raw, op_type, seconds, increment, txn_number, None if lsid is None else self._lsid_json(lsid),
-            self._now_ns(), None if tracker is None else raw.BLOCK_MARK,
+            change.raw, header, position.increment, None if lsid is None else self._lsid_json(lsid), self._now_ns(),
+            None if tracker is None else raw.BLOCK_MARK,
         )  # fmt: skip
         if written is None:
             return None
@@ -391,8 +391,8 @@ class EventConverter:
         if tracker is None:
             records: list[Record] = []
         else:
-            records, block = tracker.observe(self.transaction_id(lsid, txn_number), ctx.data_collection, position,
-                                             seconds * 1000)  # fmt: skip
+            records, block = tracker.observe(self.transaction_id(lsid, header.txn_number), ctx.data_collection, position,
+                                             header.seconds * 1000)  # fmt: skip
             head, _, tail = value.rpartition(raw.BLOCK_MARK)
             value = head + (NULL if block is None else orjson.dumps(block)) + tail
         records.append(Record(ctx.topic, key, value, position, ctx.namespace, op))

@@ -541,18 +541,19 @@ class Debezium3Events:
         malformed events with their own message). The transaction block, which needs the event's
         time (its ``wallTime``), is put where the writer left :data:`raw.BLOCK_MARK`, as in
         ``EventConverter._raw_change``."""
-        _, op_type, db, coll, seconds, increment, txn_number, lsid_bson = header
-        op = DATA_OPERATIONS.get(op_type)
+        op = DATA_OPERATIONS.get(header.op_type)
         if op is None or op in self._skipped:
             return []
+        db, coll = header.db, header.coll
         ctx = self._collections.get((db, coll)) or self._collection(db, coll)
         writer = ctx.writer
         if writer is None:
             return None
+        lsid_bson = header.lsid
         lsid_text, lsid_string = (None, None) if lsid_bson is None else self._lsid(change, lsid_bson)
         transactions = self._transactions
         written = writer.write(
-            change.raw, op_type, seconds, increment, txn_number, lsid_string, self._now_ns(),
+            change.raw, header, position.increment, lsid_string, self._now_ns(),
             None if transactions is None else raw.BLOCK_MARK,
         )  # fmt: skip
         if written is None:
@@ -561,8 +562,9 @@ class Debezium3Events:
         if transactions is None:
             records: list[Record] = []
         else:
+            txn_number = header.txn_number
             txn_id = f"{lsid_text}:{txn_number}" if lsid_text is not None and txn_number is not None else None
-            ts_ms = wall_ms if wall_ms is not None else seconds * 1000
+            ts_ms = wall_ms if wall_ms is not None else header.seconds * 1000
             records, block = transactions.observe(txn_id, ctx.namespace, position, ts_ms)
             head, _, tail = value.rpartition(raw.BLOCK_MARK)
             value = head + (NULL if block is None else orjson.dumps(block)) + tail

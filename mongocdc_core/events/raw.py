@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, ItemsView, Iterator, Mapping, Sequence
 from itertools import repeat
 from types import ModuleType
-from typing import Any, overload
+from typing import Any, Protocol, overload
 
 import bson
 from bson.codec_options import CodecOptions
@@ -222,8 +222,31 @@ def read_records(
     return list(map(Record, repeat(topic), key_list, value_list, repeat(position), repeat(namespace), repeat("r")))
 
 
-#: A raw event's header: (token ``_data``, operationType, db, coll, clusterTime time, inc, txnNumber, lsid BSON).
-Header = tuple[str, str, str, str, int, int, int | None, bytes | None]
+class Header(Protocol):
+    """What the reader and the dispatcher need of an ordinary raw event, read by the compiled module
+    (``mongocdc_native.ChangeHeader``): its fields by name."""
+
+    @property
+    def token(self) -> str:
+        """The resume token's ``_data``."""
+    @property
+    def op_type(self) -> str: ...
+    @property
+    def db(self) -> str: ...
+    @property
+    def coll(self) -> str: ...
+    @property
+    def seconds(self) -> int:
+        """clusterTime's time."""
+    @property
+    def increment(self) -> int:
+        """clusterTime's increment."""
+    @property
+    def txn_number(self) -> int | None:
+        """A transaction's ``txnNumber`` (None outside one)."""
+    @property
+    def lsid(self) -> bytes | None:
+        """A transaction's ``lsid`` as its BSON (None outside one)."""
 
 #: The last raw codec options seen and their plain (dict) counterpart: a stream keeps one.
 _plain_options: tuple[CodecOptions[Any] | None, CodecOptions[dict[str, Any]] | None] = (None, None)
@@ -241,10 +264,10 @@ def _plain(options: CodecOptions[Any]) -> CodecOptions[dict[str, Any]]:
 class RawChange(RawBSONDocument):
     """A change event as the server sent it: the change stream's document class.
 
-    pymongo makes one per event of a batch without decoding it. ``header`` is what the reader and
-    the dispatcher need, read by the compiled module: (resume token ``_data``, operationType,
-    ns.db, ns.coll, clusterTime time, inc, txnNumber, lsid as BSON), the last two None outside a
-    transaction; it is None for an event of another shape (a split fragment, a token with
+    pymongo makes one per event of a batch without decoding it. ``header`` (:class:`Header`) is what
+    the reader and the dispatcher need, read by the compiled module: the resume token's ``_data``,
+    operationType, ns.db, ns.coll, clusterTime, txnNumber and lsid as BSON, the last two None
+    outside a transaction; it is None for an event of another shape (a split fragment, a token with
     ``_typeBits``, no ``ns.coll`` or ``clusterTime`` as after a dropDatabase or an invalidate, or
     no compiled module), which the reader decodes at once (``document()``, as pymongo would have
     decoded it). Server replies decoded with this class (the batches pymongo reads, error
@@ -285,7 +308,7 @@ class RawChange(RawBSONDocument):
     @property
     def cluster_time(self) -> Timestamp | None:
         if self.header is not None:
-            return Timestamp(self.header[4], self.header[5])
+            return Timestamp(self.header.seconds, self.header.increment)
         value = self.document().get("clusterTime")
         return value if isinstance(value, Timestamp) else None
 
@@ -297,7 +320,7 @@ class RawChange(RawBSONDocument):
         if self.header is None:
             return super().__getitem__(key)
         if key == "_id":
-            return {"_data": self.header[0]}
+            return {"_data": self.header.token}
         return self.document()[key]
 
     def __iter__(self) -> Iterator[str]:
@@ -337,6 +360,6 @@ def plain(change: Mapping[str, Any]) -> Mapping[str, Any]:
 def change_namespace(change: Mapping[str, Any]) -> tuple[Any, Any]:
     """``(ns.db, ns.coll)`` of a change event (None where absent), without decoding an ordinary raw one."""
     if type(change) is RawChange and change.header is not None:
-        return change.header[2], change.header[3]
+        return change.header.db, change.header.coll
     ns = change.get("ns")
     return (ns.get("db"), ns.get("coll")) if isinstance(ns, Mapping) else (None, None)

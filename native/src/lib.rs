@@ -18,7 +18,7 @@ mod rules;
 use base64::Engine as _;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyString};
 
 /// The document needs the Python path (a type or form not written here).
 struct Unsupported;
@@ -761,12 +761,53 @@ fn header_of(raw: &[u8]) -> Option<Header<'_>> {
     Some((token?, op?, db, coll, seconds, increment, txn, lsid))
 }
 
-/// The header of an ordinary change event (see `Header`), or None for any other: a split
+/// What the stream reader and the dispatcher need of an ordinary change event, by name (see `Header`).
+#[pyclass(frozen, get_all, module = "mongocdc_native")]
+struct ChangeHeader {
+    /// The resume token's `_data`.
+    token: Py<PyString>,
+    op_type: Py<PyString>,
+    db: Py<PyString>,
+    coll: Py<PyString>,
+    /// clusterTime's seconds and increment.
+    seconds: u32,
+    increment: u32,
+    /// A transaction's `txnNumber` and `lsid` (its BSON); None outside one.
+    txn_number: Option<i64>,
+    lsid: Option<Py<PyBytes>>,
+}
+
+#[pymethods]
+impl ChangeHeader {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "ChangeHeader(token={:?}, op_type={:?}, db={:?}, coll={:?}, seconds={}, increment={}, txn_number={:?}, lsid={})",
+            self.token.bind(py).to_string(), self.op_type.bind(py).to_string(), self.db.bind(py).to_string(),
+            self.coll.bind(py).to_string(), self.seconds, self.increment, self.txn_number,
+            if self.lsid.is_some() { "<bson>" } else { "None" },
+        )
+    }
+}
+
+/// The header of an ordinary change event (a `ChangeHeader`), or None for any other: a split
 /// fragment, a token with `_typeBits`, no `ns.coll` or no `clusterTime`. Those are decoded and
 /// handled by Python.
 #[pyfunction]
-fn change_header(raw: &[u8]) -> Option<Header<'_>> {
-    header_of(raw)
+fn change_header(py: Python<'_>, raw: &[u8]) -> PyResult<Option<Py<ChangeHeader>>> {
+    let Some((token, op_type, db, coll, seconds, increment, txn_number, lsid)) = header_of(raw) else {
+        return Ok(None);
+    };
+    let header = ChangeHeader {
+        token: PyString::new(py, token).unbind(),
+        op_type: PyString::new(py, op_type).unbind(),
+        db: PyString::new(py, db).unbind(),
+        coll: PyString::new(py, coll).unbind(),
+        seconds,
+        increment,
+        txn_number,
+        lsid: lsid.map(|bson| PyBytes::new(py, bson).unbind()),
+    };
+    Ok(Some(Py::new(py, header)?))
 }
 
 /// The members of an optional array or document (none when absent).
@@ -1163,31 +1204,34 @@ impl ChangeWriter {
         Ok(ChangeWriter { pieces, slots: slots.as_bytes().to_vec(), key_head, key_tail, printable, rules, pre_image, update_full })
     }
 
-    /// (key, value, `wallTime` ms or None) of an ordinary change event of operation `op` (insert,
-    /// update, replace, delete) at clusterTime `seconds` and `increment`; None when the Python path
-    /// writes it (as `change_parts`).
-    #[pyo3(signature = (raw, op, seconds, increment, txn_number, lsid, now_ns, block))]
-    #[allow(clippy::too_many_arguments)]
+    /// (key, value, `wallTime` ms or None) of an ordinary change event (its `ChangeHeader`: operation
+    /// insert, update, replace or delete, clusterTime, txnNumber) at a position of `increment` (`ord`);
+    /// None when the Python path writes it.
+    #[pyo3(signature = (raw, header, increment, lsid, now_ns, block))]
     fn write<'py>(
         &self,
         py: Python<'py>,
         raw: &[u8],
-        op: &str,
-        seconds: i64,
+        header: &Bound<'py, ChangeHeader>,
         increment: i64,
-        txn_number: Option<i64>,
         lsid: Option<&[u8]>,
         now_ns: i64,
         block: Option<&[u8]>,
-    ) -> Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<i64>)> {
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<i64>)>> {
+        let header = header.get();
+        let op = header.op_type.bind(py).to_str()?;
+        let (seconds, txn_number) = (i64::from(header.seconds), header.txn_number);
         let event = Event { op, seconds, increment, txn_number, lsid, now_ns, block };
         let rules = self.rules.as_ref().map(|r| r.get());
         let written = match &self.printable {
             None => self.write_with(&DefaultFormat { rules }, raw, &event),
-            Some(printable) => self.write_with(&java::Debezium3::new(printable, rules).ok()?, raw, &event),
+            Some(printable) => {
+                let format = java::Debezium3::new(printable, rules).map_err(PyValueError::new_err)?;
+                self.write_with(&format, raw, &event)
+            }
         };
-        let (key, value, wall_ms) = written.ok()?;
-        Some((PyBytes::new(py, &key), PyBytes::new(py, &value), wall_ms))
+        let Ok((key, value, wall_ms)) = written else { return Ok(None) };
+        Ok(Some((PyBytes::new(py, &key), PyBytes::new(py, &value), wall_ms)))
     }
 }
 
@@ -1212,5 +1256,6 @@ fn mongocdc_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<landing::Buffer>()?;
     module.add_class::<rules::FieldRules>()?;
     module.add_class::<ChangeWriter>()?;
+    module.add_class::<ChangeHeader>()?;
     Ok(())
 }
