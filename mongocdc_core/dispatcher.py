@@ -398,7 +398,7 @@ class Dispatcher:
         """
         raw_header = doc.header if type(doc) is RawChange else None
         if raw_header is not None:
-            db, coll, seconds, increment = raw_header[2:6]
+            db, coll, seconds, increment = raw_header.db, raw_header.coll, raw_header.seconds, raw_header.increment
         else:
             doc = plain(doc)
             db, coll = change_namespace(doc)
@@ -435,7 +435,7 @@ class Dispatcher:
             return False
         if raw_header is not None:
             assert isinstance(doc, RawChange)
-            txn_number, lsid = raw_header[6], self.converter.session_of(doc)
+            txn_number, lsid = raw_header.txn_number, self.converter.session_of(doc)
         else:
             txn_number, lsid = doc.get("txnNumber"), doc.get("lsid")
         self._count(op, position, seconds, lsid, txn_number, token)
@@ -446,7 +446,7 @@ class Dispatcher:
         try:
             doc = plain(change)
         except Exception:  # noqa: BLE001 - an event that does not decode (invalid UTF-8): what its header says
-            doc = {} if header is None else {"operationType": header[1], "ns": {"db": header[2], "coll": header[3]}}
+            doc = {} if header is None else {"operationType": header.op_type, "ns": {"db": header.db, "coll": header.coll}}
         ns = doc.get("ns")
         namespace = f"{ns.get('db')}.{ns.get('coll')}" if isinstance(ns, Mapping) else None
         document_key = doc.get("documentKey")

@@ -23,9 +23,20 @@ def cursor_batch(reply: bytes) -> tuple[int, bytes, list[int], tuple[int, int] |
     """Cursor id of a raw ``find``/``getMore`` reply, its batch's documents end to end, their bounds,
     and the cursor's ``atClusterTime`` as (time, inc)."""
 
-def change_header(raw: bytes) -> tuple[str, str, str, str, int, int, int | None, bytes | None] | None:
-    """(resume token ``_data``, operationType, ns.db, ns.coll, clusterTime time, inc, txnNumber, lsid
-    BSON) of an ordinary change event; None for a split fragment or any other shape."""
+class ChangeHeader:
+    """What the stream reader and the dispatcher need of an ordinary change event."""
+
+    token: str
+    op_type: str
+    db: str
+    coll: str
+    seconds: int
+    increment: int
+    txn_number: int | None
+    lsid: bytes | None
+
+def change_header(raw: bytes) -> ChangeHeader | None:
+    """The header of an ordinary change event; None for a split fragment or any other shape."""
 
 def change_parts(
     raw: bytes, op: str, pre_image: bool, update_full: bool, rules: FieldRules | None = None
@@ -42,6 +53,34 @@ def debezium3_change_parts(
 
 def document_member(raw: bytes, name: str) -> bytes | None:
     """The BSON of the top-level embedded document ``name`` of ``raw`` (the last when repeated), or None."""
+
+class ChangeWriter:
+    """One collection's change records in one format, written whole from an event's BSON: the value
+    template's ``pieces`` around its ``slots`` (one letter each, see ``raw.change_writer``), the key
+    template's head and tail; with ``printable`` (``javajson.printable_bitmap()``) Debezium 3.x's parts."""
+
+    def __init__(
+        self,
+        pieces: list[bytes],
+        slots: str,
+        key_head: bytes,
+        key_tail: bytes,
+        pre_image: bool,
+        update_full: bool,
+        printable: bytes | None = None,
+        rules: FieldRules | None = None,
+    ) -> None: ...
+    def write(
+        self,
+        raw: bytes,
+        header: ChangeHeader,
+        increment: int,
+        lsid: bytes | None,
+        now_ns: int,
+        block: bytes | None,
+    ) -> tuple[bytes, bytes, int | None] | None:
+        """(key, value, ``wallTime`` ms) of an ordinary change event at a position of ``increment``;
+        None when the Python path writes it."""
 
 class FieldRules:
     """One collection's field exclusions and renames (``CollectionFields.compiled_rules``)."""

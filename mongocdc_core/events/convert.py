@@ -58,6 +58,7 @@ _MILLISECOND = datetime.timedelta(milliseconds=1)
 _OID_KEY_JSON = b'"{\\"$oid\\" : \\"%b\\"}"'
 _OP_JSON = {op: orjson.dumps(op) for op in ("c", "u", "d", "r")}
 _SNAPSHOT_JSON = {marker: orjson.dumps(marker) for marker in (*READ_SNAPSHOT_MARKERS, "false")}
+_NOT_SNAPSHOT = _SNAPSHOT_JSON["false"]
 
 
 def _wall_time_json(value: Any) -> bytes:
@@ -105,6 +106,13 @@ class _Collection:
     native_rules: raw.FieldRules | None
     #: The schema parts every change record's key and value start with (None without schemas): ``Record.heads``.
     heads: tuple[bytes, bytes] | None
+    #: The compiled writer of its change records (None: no compiled module, the oplog format, or
+    #: field rules only the Python path applies).
+    writer: raw.ChangeWriter | None
+
+
+#: What fills the default value template's slots (``envelope.value_template``) in the compiled writer.
+_WRITER_SLOTS = ("b", "a", "u", "t", _NOT_SNAPSHOT, "i", "l", "x", "w", "o", "M", "U", "N", "k")
 
 
 class EventConverter:
@@ -128,6 +136,12 @@ class EventConverter:
         self._heartbeat_prefix = Serializer.schema_prefix(heartbeat_value_schema())
         # mongocdc.event.format=debezium_3x: the released Debezium 3.x bytes, written by their own module.
         self._debezium3 = Debezium3Events(options) if options.event_format == "debezium_3x" else None
+        # The writer of an ordinary raw event (one with a header) straight from its BSON, chosen once:
+        # None where the compiled module is missing or the format has no compiled writer (oplog_1x).
+        self._write_raw: Callable[[RawChange, raw.Header, Position], list[Record] | None] | None = (
+            None if self._legacy or raw.native is None
+            else self._raw_change if self._debezium3 is None else self._debezium3.convert_raw
+        )  # fmt: skip
         self._last_lsid: Any = None
         self._last_lsid_json = NULL
         self._last_session: tuple[bytes | None, Any] = (None, None)  # a raw lsid's BSON and its decoded form
@@ -169,6 +183,18 @@ class EventConverter:
         value_schema = (envelope_schema_1x if self._legacy else envelope_schema)(f"{schema_base}.Envelope")
         key_prefix = Serializer.schema_prefix(key_schema(f"{schema_base}.Key"))
         value_prefix = Serializer.schema_prefix(value_schema)
+        fields = self._transforms.for_collection(db, coll)
+        native_rules = raw.field_rules(fields)
+        key_template_ = key_template(key_prefix if o.schemas_enable else b"")
+        value_template_ = value_template(
+            schema_prefix=value_prefix if o.schemas_enable else b"",
+            version=o.connector_version,
+            name=o.topic_prefix,
+            rs=o.rs,
+            db=db,
+            collection=coll,
+        )
+        compiled = not self._legacy and (fields is None or native_rules is not None)
         ctx = _Collection(
             db=db,
             coll=coll,
@@ -177,18 +203,13 @@ class EventConverter:
             data_collection=f"{o.rs}.{db}.{coll}" if o.rs else f"{db}.{coll}",
             key_prefix=key_prefix,
             value_prefix=value_prefix,
-            key_template=key_template(key_prefix if o.schemas_enable else b""),
-            value_template=value_template(
-                schema_prefix=value_prefix if o.schemas_enable else b"",
-                version=o.connector_version,
-                name=o.topic_prefix,
-                rs=o.rs,
-                db=db,
-                collection=coll,
-            ),
-            fields=(fields := self._transforms.for_collection(db, coll)),
-            native_rules=raw.field_rules(fields),
+            key_template=key_template_,
+            value_template=value_template_,
+            fields=fields,
+            native_rules=native_rules,
             heads=(key_prefix, value_prefix) if o.schemas_enable else None,
+            writer=raw.change_writer(value_template_, _WRITER_SLOTS, key_template_, self._pre_image, self._update_full,
+                                     None, native_rules) if compiled else None,  # fmt: skip
         )
         self._collections[(db, coll)] = ctx
         return ctx
@@ -219,12 +240,9 @@ class EventConverter:
         ``skipped.operations`` yield no records.
         """
         if type(change) is RawChange:
-            if change.header is not None:
-                written = (
-                    self._raw_change(change, position)
-                    if self._debezium3 is None
-                    else self._debezium3.convert_raw(change, position)
-                )
+            header = change.header
+            if header is not None and self._write_raw is not None:
+                written = self._write_raw(change, header, position)
                 if written is not None:
                     return written
             change = change.document()
@@ -337,7 +355,7 @@ class EventConverter:
     def session_of(self, change: RawChange) -> Any:
         """The decoded ``lsid`` of a raw event with a header, or None outside a transaction (cached:
         a transaction's events share one session)."""
-        lsid_bson = change.header[7] if change.header is not None else None
+        lsid_bson = change.header.lsid if change.header is not None else None
         if lsid_bson is None:
             return None
         last_bson, last = self._last_session
@@ -346,40 +364,41 @@ class EventConverter:
             self._last_session = (lsid_bson, last)
         return last
 
-    def _raw_change(self, change: RawChange, position: Position) -> list[Record] | None:
-        """:meth:`convert_change` of a raw event with a header, its documents written from the BSON
-        by the compiled module; None when the Python path converts it (the oplog format, field
-        transforms, or a type or shape the module leaves to Python, which also reports malformed
-        events with their own message). ``debezium_3x`` has its own: :meth:`Debezium3Events.convert_raw`."""
-        header = change.header
-        if header is None or self._legacy or raw.native is None:
-            return None
-        op_type, db, coll, txn_number = header[1], header[2], header[3], header[6]
-        op = DATA_OPERATIONS.get(op_type)
-        if op is None:
+    def _raw_change(self, change: RawChange, header: raw.Header, position: Position) -> list[Record] | None:
+        """:meth:`convert_change` of a raw event with a header, its key and value written whole from
+        the BSON by the collection's compiled writer; None when the Python path converts it (field
+        rules only it applies, or a type or shape the writer leaves to Python, which also reports
+        malformed events with their own message). ``debezium_3x`` has its own:
+        :meth:`Debezium3Events.convert_raw`.
+
+        Transaction BEGIN/END records are observed only once the writer has written the event (a
+        fallback to the Python path must not count it twice): the writer leaves
+        :data:`raw.BLOCK_MARK` where the block goes."""
+        op = DATA_OPERATIONS.get(header.op_type)
+        if op is None or op in self._skipped:
             return []
-        if op in self._skipped:
-            return []
+        db, coll = header.db, header.coll
         ctx = self._collections.get((db, coll)) or self._collection(db, coll)
-        rules = ctx.native_rules
-        if ctx.fields is not None and rules is None:
+        writer = ctx.writer
+        if writer is None:
             return None
-        # without rules the call leaves them out: an explicit None costs the event 2% (measured)
-        parts = (
-            raw.native.change_parts(change.raw, op_type, self._pre_image, self._update_full)
-            if rules is None
-            else raw.native.change_parts(change.raw, op_type, self._pre_image, self._update_full, rules)
-        )
-        if parts is None:
+        lsid = None if header.lsid is None else self.session_of(change)
+        tracker = self._tracker
+        written = writer.write(
+            change.raw, header, position.increment, None if lsid is None else self._lsid_json(lsid), self._now_ns(),
+            None if tracker is None else raw.BLOCK_MARK,
+        )  # fmt: skip
+        if written is None:
             return None
-        key_id, before, after, update_desc, wall_ms = parts
-        seconds = header[4]
-        lsid = self.session_of(change)
-        records, block = self._transaction(ctx, lsid, txn_number, position, seconds)
-        now_ns = self._now_ns()
-        value = self._change_value(ctx, op, before, after, update_desc, seconds, position, lsid, txn_number,
-                                   NULL if wall_ms is None else b"%d" % wall_ms, block, now_ns)  # fmt: skip
-        return self._change_records(records, ctx, op, ctx.key_template % key_id, value, position)
+        key, value, _ = written
+        if tracker is None:
+            records: list[Record] = []
+        else:
+            records, block = tracker.observe(self.transaction_id(lsid, header.txn_number), ctx.data_collection, position,
+                                             header.seconds * 1000)  # fmt: skip
+            head, _, tail = value.rpartition(raw.BLOCK_MARK)
+            value = head + (NULL if block is None else orjson.dumps(block)) + tail
+        return self._change_records(records, ctx, op, key, value, position)
 
     def convert_read(
         self,

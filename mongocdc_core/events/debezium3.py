@@ -365,6 +365,8 @@ class _Collection:
     change_template: bytes
     #: ``fields`` as the compiled module applies them (None: no rules, or only the Python path's).
     native_rules: raw.FieldRules | None
+    #: The compiled writer of its change records (None: no compiled module, or rules only the Python path applies).
+    writer: raw.ChangeWriter | None
 
 
 def _constant(value: str) -> bytes:
@@ -396,8 +398,8 @@ def _change_template(schema_prefix: bytes, options: EventOptions, db: str, coll:
 
 _OP_JSON = {op: orjson.dumps(op) for op in ("c", "u", "d", "r")}
 _NOT_SNAPSHOT = orjson.dumps("false")
-#: Milliseconds whose nanoseconds (``source.ts_ns``) fit a signed 64-bit number.
-_NS_MS_LIMIT = 2**63 // 1_000_000
+#: What fills the change template's slots (:func:`_change_template`) in the compiled writer.
+_WRITER_SLOTS = ("b", "a", "u", "E", _NOT_SNAPSHOT, "F", "G", "i", "l", "x", "w", "o", "M", "k")
 
 
 class Debezium3Events:
@@ -418,7 +420,14 @@ class Debezium3Events:
         )
         self._heartbeat_key_prefix = Serializer.schema_prefix(heartbeat_key_schema())
         self._heartbeat_value_prefix = Serializer.schema_prefix(heartbeat_value_schema())
-        self._last_lsid: tuple[bytes | None, str] = (None, "")  # a raw lsid's BSON and its text
+        self._last_lsid: tuple[bytes | None, str, bytes] = (None, "", b"")  # a raw lsid's BSON, text, JSON string
+        # what convert_raw reads per event, read once (options' properties compute theirs per call)
+        self._pre_image = options.pre_image
+        self._update_full = options.update_full
+        self._skipped = options.skipped_operations
+        self._tombstones = options.tombstones_on_delete
+        self._now_ns = options.now_ns
+        self._printable = javajson.printable_bitmap() if raw.native is not None else b""
 
     def _collection(self, db: str, coll: str) -> _Collection:
         ctx = self._collections.get((db, coll))
@@ -428,6 +437,10 @@ class Debezium3Events:
             key_prefix = Serializer.schema_prefix(key_schema(f"{base}.Key"))
             value_prefix = Serializer.schema_prefix(envelope_schema(f"{base}.Envelope"))
             schemas = self.options.schemas_enable
+            fields = self._transforms.for_collection(db, coll)
+            native_rules = raw.field_rules(fields)
+            key_template_ = key_template(key_prefix if schemas else b"")
+            change_template = _change_template(value_prefix if schemas else b"", self.options, db, coll)
             ctx = self._collections[(db, coll)] = _Collection(
                 db=db,
                 coll=coll,
@@ -435,10 +448,13 @@ class Debezium3Events:
                 topic=topic,
                 key_prefix=key_prefix,
                 value_prefix=value_prefix,
-                fields=(fields := self._transforms.for_collection(db, coll)),
-                native_rules=raw.field_rules(fields),
-                key_template=key_template(key_prefix if schemas else b""),
-                change_template=_change_template(value_prefix if schemas else b"", self.options, db, coll),
+                fields=fields,
+                native_rules=native_rules,
+                key_template=key_template_,
+                change_template=change_template,
+                writer=raw.change_writer(change_template, _WRITER_SLOTS, key_template_, self._pre_image,
+                                         self._update_full, self._printable, native_rules)
+                if fields is None or native_rules is not None else None,  # fmt: skip
             )
         return ctx
 
@@ -518,58 +534,54 @@ class Debezium3Events:
             records.append(Record(ctx.topic, key, None, position, ctx.namespace, None))
         return records
 
-    def convert_raw(self, change: RawChange, position: Position) -> list[Record] | None:
-        """:meth:`convert_change` of a raw event with a header, its parts written from the BSON by
-        the compiled module into the collection's template; None when the Python path converts it
-        (field transforms, or a type or shape the module leaves to Python, which also reports
-        malformed events with their own message)."""
-        header = change.header
-        if header is None or raw.native is None:
-            return None
-        op_type, db, coll, seconds, txn_number, lsid_bson = header[1], header[2], header[3], header[4], header[6], header[7]
-        op = DATA_OPERATIONS.get(op_type)
-        o = self.options
-        if op is None or op in o.skipped_operations:
+    def convert_raw(self, change: RawChange, header: raw.Header, position: Position) -> list[Record] | None:
+        """:meth:`convert_change` of a raw event with a header, its key and value written whole from
+        the BSON by the collection's compiled writer; None when the Python path converts it (field
+        rules only it applies, or a type or shape the writer leaves to Python, which also reports
+        malformed events with their own message). The transaction block, which needs the event's
+        time (its ``wallTime``), is put where the writer left :data:`raw.BLOCK_MARK`, as in
+        ``EventConverter._raw_change``."""
+        op = DATA_OPERATIONS.get(header.op_type)
+        if op is None or op in self._skipped:
             return []
+        db, coll = header.db, header.coll
         ctx = self._collections.get((db, coll)) or self._collection(db, coll)
-        rules = ctx.native_rules
-        if ctx.fields is not None and rules is None:
+        writer = ctx.writer
+        if writer is None:
             return None
-        parts = raw.native.debezium3_change_parts(
-            change.raw, op_type, o.pre_image, o.update_full, javajson.printable_bitmap(), rules
-        )
-        if parts is None:
-            return None
-        key_id, before, after, update_desc, wall_ms = parts
-        ts_ms = wall_ms if wall_ms is not None else seconds * 1000
-        if not -_NS_MS_LIMIT <= ts_ms < _NS_MS_LIMIT:
-            return None  # source.ts_ns past 64 bits: the Python path's serializer refuses it
-        lsid_text = self._lsid_text(change, lsid_bson) if lsid_bson is not None else None
-        records: list[Record] = []
-        block = None
-        if self._transactions is not None:
-            txn_id = f"{lsid_text}:{txn_number}" if lsid_text is not None and txn_number is not None else None
-            records, block = self._transactions.observe(txn_id, ctx.namespace, position, ts_ms)
-        value = ctx.change_template % (
-            before, after, update_desc, ts_ms, _NOT_SNAPSHOT, ts_ms * 1000, ts_ms * 1_000_000, position.increment,
-            NULL if lsid_text is None else orjson.dumps(lsid_text),
-            NULL if txn_number is None else b"%d" % txn_number,
-            NULL if wall_ms is None else b"%d" % wall_ms,
-            _OP_JSON[op], o.now_ns() // 1_000_000, NULL if block is None else orjson.dumps(block),
+        lsid_bson = header.lsid
+        lsid_text, lsid_string = (None, None) if lsid_bson is None else self._lsid(change, lsid_bson)
+        transactions = self._transactions
+        written = writer.write(
+            change.raw, header, position.increment, lsid_string, self._now_ns(),
+            None if transactions is None else raw.BLOCK_MARK,
         )  # fmt: skip
-        key = ctx.key_template % key_id
+        if written is None:
+            return None
+        key, value, wall_ms = written
+        if transactions is None:
+            records: list[Record] = []
+        else:
+            txn_number = header.txn_number
+            txn_id = f"{lsid_text}:{txn_number}" if lsid_text is not None and txn_number is not None else None
+            ts_ms = wall_ms if wall_ms is not None else header.seconds * 1000
+            records, block = transactions.observe(txn_id, ctx.namespace, position, ts_ms)
+            head, _, tail = value.rpartition(raw.BLOCK_MARK)
+            value = head + (NULL if block is None else orjson.dumps(block)) + tail
         records.append(Record(ctx.topic, key, value, position, ctx.namespace, op))
-        if op == "d" and o.tombstones_on_delete:
+        if op == "d" and self._tombstones:
             records.append(Record(ctx.topic, key, None, position, ctx.namespace, None))
         return records
 
-    def _lsid_text(self, change: RawChange, lsid_bson: bytes) -> str:
-        """:func:`lsid_json` of a raw event's ``lsid`` (cached: a transaction's events share one session)."""
-        last_bson, text = self._last_lsid
+    def _lsid(self, change: RawChange, lsid_bson: bytes) -> tuple[str, bytes]:
+        """:func:`lsid_json` of a raw event's ``lsid``, and that text as a JSON string (cached: a
+        transaction's events share one session)."""
+        last_bson, text, json = self._last_lsid
         if lsid_bson != last_bson:
             text = lsid_json(change.decode(lsid_bson))
-            self._last_lsid = (lsid_bson, text)
-        return text
+            json = orjson.dumps(text)
+            self._last_lsid = (lsid_bson, text, json)
+        return text, json
 
     def convert_reads(
         self,

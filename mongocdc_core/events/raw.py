@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 from collections.abc import Callable, ItemsView, Iterator, Mapping, Sequence
 from itertools import repeat
 from types import ModuleType
-from typing import Any, overload
+from typing import Any, Protocol, overload
 
 import bson
 from bson.codec_options import CodecOptions
@@ -140,6 +141,40 @@ def field_rules(fields: CollectionFields | None) -> FieldRules | None:
     return None if rules is None else native.FieldRules(rules, fields.renamed_last)
 
 
+#: ``mongocdc_native.ChangeWriter``: one collection's change records in one format (typed opaquely, as FieldRules).
+ChangeWriter = Any
+#: Template slots written with ``%d`` (the others with ``%b``); see ``ChangeWriter`` for the letters.
+_INT_SLOTS = frozenset("iEFGMUN")
+_SLOT_MARK = b"\x00slot\x00"  # a NUL byte: never in JSON text
+_INT_SLOT_MARK = 918_273_645_918_273_645
+_SLOT_SPLIT = re.compile(re.escape(_SLOT_MARK) + b"|" + str(_INT_SLOT_MARK).encode())
+#: What the writer puts in the ``transaction`` slot (``k``) when the block is known only after the
+#: event's parts: a NUL byte, never in JSON text, so the one occurrence is that slot.
+BLOCK_MARK = b"\x00block\x00"
+
+
+def change_writer(
+    value_template: bytes, slots: Sequence[str | bytes], key_template: bytes, pre_image: bool, update_full: bool,
+    printable: bytes | None, rules: FieldRules | None,
+) -> ChangeWriter | None:
+    """The compiled writer of a collection's change records (None without the compiled module).
+
+    ``value_template`` is the format's value template; ``slots`` names what fills each of its slots
+    in order: a letter of ``mongocdc_native.ChangeWriter``, or the bytes of a constant.
+    """
+    if native is None:
+        return None
+    filled = value_template % tuple(
+        slot if isinstance(slot, bytes) else _INT_SLOT_MARK if slot in _INT_SLOTS else _SLOT_MARK for slot in slots
+    )
+    letters = "".join(slot for slot in slots if isinstance(slot, str))
+    pieces = _SLOT_SPLIT.split(filled)
+    if len(pieces) != len(letters) + 1:
+        raise ValueError(f"value template of {len(pieces) - 1} slots for {letters!r}")
+    key_head, _, key_tail = (key_template % AFTER_SLOT).partition(AFTER_SLOT)
+    return native.ChangeWriter(pieces, letters, key_head, key_tail, pre_image, update_full, printable, rules)
+
+
 def read_records(
     documents: RawDocuments, markers: Sequence[str], around: Mapping[str, tuple[bytes, bytes]], key_template: bytes,
     topic: str, namespace: str, position: Position, printable: bytes | None, rules: FieldRules | None,
@@ -188,8 +223,31 @@ def read_records(
     return list(map(Record, repeat(topic), key_list, value_list, repeat(position), repeat(namespace), repeat("r")))
 
 
-#: A raw event's header: (token ``_data``, operationType, db, coll, clusterTime time, inc, txnNumber, lsid BSON).
-Header = tuple[str, str, str, str, int, int, int | None, bytes | None]
+class Header(Protocol):
+    """What the reader and the dispatcher need of an ordinary raw event, read by the compiled module
+    (``mongocdc_native.ChangeHeader``): its fields by name."""
+
+    @property
+    def token(self) -> str:
+        """The resume token's ``_data``."""
+    @property
+    def op_type(self) -> str: ...
+    @property
+    def db(self) -> str: ...
+    @property
+    def coll(self) -> str: ...
+    @property
+    def seconds(self) -> int:
+        """clusterTime's time."""
+    @property
+    def increment(self) -> int:
+        """clusterTime's increment."""
+    @property
+    def txn_number(self) -> int | None:
+        """A transaction's ``txnNumber`` (None outside one)."""
+    @property
+    def lsid(self) -> bytes | None:
+        """A transaction's ``lsid`` as its BSON (None outside one)."""
 
 #: The last raw codec options seen and their plain (dict) counterpart: a stream keeps one.
 _plain_options: tuple[CodecOptions[Any] | None, CodecOptions[dict[str, Any]] | None] = (None, None)
@@ -207,10 +265,10 @@ def _plain(options: CodecOptions[Any]) -> CodecOptions[dict[str, Any]]:
 class RawChange(RawBSONDocument):
     """A change event as the server sent it: the change stream's document class.
 
-    pymongo makes one per event of a batch without decoding it. ``header`` is what the reader and
-    the dispatcher need, read by the compiled module: (resume token ``_data``, operationType,
-    ns.db, ns.coll, clusterTime time, inc, txnNumber, lsid as BSON), the last two None outside a
-    transaction; it is None for an event of another shape (a split fragment, a token with
+    pymongo makes one per event of a batch without decoding it. ``header`` (:class:`Header`) is what
+    the reader and the dispatcher need, read by the compiled module: the resume token's ``_data``,
+    operationType, ns.db, ns.coll, clusterTime, txnNumber and lsid as BSON, the last two None
+    outside a transaction; it is None for an event of another shape (a split fragment, a token with
     ``_typeBits``, no ``ns.coll`` or ``clusterTime`` as after a dropDatabase or an invalidate, or
     no compiled module), which the reader decodes at once (``document()``, as pymongo would have
     decoded it). Server replies decoded with this class (the batches pymongo reads, error
@@ -251,7 +309,7 @@ class RawChange(RawBSONDocument):
     @property
     def cluster_time(self) -> Timestamp | None:
         if self.header is not None:
-            return Timestamp(self.header[4], self.header[5])
+            return Timestamp(self.header.seconds, self.header.increment)
         value = self.document().get("clusterTime")
         return value if isinstance(value, Timestamp) else None
 
@@ -263,7 +321,7 @@ class RawChange(RawBSONDocument):
         if self.header is None:
             return super().__getitem__(key)
         if key == "_id":
-            return {"_data": self.header[0]}
+            return {"_data": self.header.token}
         return self.document()[key]
 
     def __iter__(self) -> Iterator[str]:
@@ -303,6 +361,6 @@ def plain(change: Mapping[str, Any]) -> Mapping[str, Any]:
 def change_namespace(change: Mapping[str, Any]) -> tuple[Any, Any]:
     """``(ns.db, ns.coll)`` of a change event (None where absent), without decoding an ordinary raw one."""
     if type(change) is RawChange and change.header is not None:
-        return change.header[2], change.header[3]
+        return change.header.db, change.header.coll
     ns = change.get("ns")
     return (ns.get("db"), ns.get("coll")) if isinstance(ns, Mapping) else (None, None)

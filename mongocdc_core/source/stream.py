@@ -540,8 +540,8 @@ class ChangeStreamReader(threading.Thread):
         at: tuple[int, int] | None
         if header is not None:
             assert isinstance(doc, RawChange)
-            token, at, size = {"_data": header[0]}, (header[4], header[5]), len(doc.raw)
-            ct = Timestamp(header[4], header[5]) if header[6] is not None else None  # a transaction's event
+            token, at, size = {"_data": header.token}, (header.seconds, header.increment), len(doc.raw)
+            ct = Timestamp(header.seconds, header.increment) if header.txn_number is not None else None  # a transaction's event
         else:
             change = doc.document() if type(doc) is RawChange else doc
             split = change.get("splitEvent")

@@ -18,7 +18,7 @@ mod rules;
 use base64::Engine as _;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyString};
 
 /// The document needs the Python path (a type or form not written here).
 struct Unsupported;
@@ -761,12 +761,53 @@ fn header_of(raw: &[u8]) -> Option<Header<'_>> {
     Some((token?, op?, db, coll, seconds, increment, txn, lsid))
 }
 
-/// The header of an ordinary change event (see `Header`), or None for any other: a split
+/// What the stream reader and the dispatcher need of an ordinary change event, by name (see `Header`).
+#[pyclass(frozen, get_all, module = "mongocdc_native")]
+struct ChangeHeader {
+    /// The resume token's `_data`.
+    token: Py<PyString>,
+    op_type: Py<PyString>,
+    db: Py<PyString>,
+    coll: Py<PyString>,
+    /// clusterTime's seconds and increment.
+    seconds: u32,
+    increment: u32,
+    /// A transaction's `txnNumber` and `lsid` (its BSON); None outside one.
+    txn_number: Option<i64>,
+    lsid: Option<Py<PyBytes>>,
+}
+
+#[pymethods]
+impl ChangeHeader {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "ChangeHeader(token={:?}, op_type={:?}, db={:?}, coll={:?}, seconds={}, increment={}, txn_number={:?}, lsid={})",
+            self.token.bind(py).to_string(), self.op_type.bind(py).to_string(), self.db.bind(py).to_string(),
+            self.coll.bind(py).to_string(), self.seconds, self.increment, self.txn_number,
+            if self.lsid.is_some() { "<bson>" } else { "None" },
+        )
+    }
+}
+
+/// The header of an ordinary change event (a `ChangeHeader`), or None for any other: a split
 /// fragment, a token with `_typeBits`, no `ns.coll` or no `clusterTime`. Those are decoded and
 /// handled by Python.
 #[pyfunction]
-fn change_header(raw: &[u8]) -> Option<Header<'_>> {
-    header_of(raw)
+fn change_header(py: Python<'_>, raw: &[u8]) -> PyResult<Option<Py<ChangeHeader>>> {
+    let Some((token, op_type, db, coll, seconds, increment, txn_number, lsid)) = header_of(raw) else {
+        return Ok(None);
+    };
+    let header = ChangeHeader {
+        token: PyString::new(py, token).unbind(),
+        op_type: PyString::new(py, op_type).unbind(),
+        db: PyString::new(py, db).unbind(),
+        coll: PyString::new(py, coll).unbind(),
+        seconds,
+        increment,
+        txn_number,
+        lsid: lsid.map(|bson| PyBytes::new(py, bson).unbind()),
+    };
+    Ok(Some(Py::new(py, header)?))
 }
 
 /// The members of an optional array or document (none when absent).
@@ -1039,6 +1080,161 @@ fn debezium3_change_parts<'py>(
     Ok(py_parts(py, change_parts_of(&format, raw, op, pre_image, update_full)))
 }
 
+/// One collection's change records in one format, whole: the key and the value written from an
+/// event's BSON into the format's value template, so that Python makes no bytes of its own per event.
+///
+/// The template is given as its `pieces` around the slots, `slots` naming what each slot holds:
+/// `b`, `a`, `u` (`before`, `after`, `updateDescription`), `w` (`wallTime` ms or null), `o` (`op`),
+/// `i` (`source.ord`: the position's increment), `l` (`lsid`, given as JSON or null), `x`
+/// (`txnNumber` or null), `k` (`transaction` block, given as JSON or null), `t` (the default format's
+/// `source.ts_ms,"ts_us":…,"ts_ns":…` of the clusterTime's seconds), `E`, `F`, `G` (Debezium 3.x's
+/// `source.ts_ms`, `ts_us`, `ts_ns` of the wallTime, else of the clusterTime), `M`, `U`, `N` (the
+/// processing time in ms, us, ns). With `printable` the parts are Debezium 3.x's (`java`).
+#[pyclass(frozen, module = "mongocdc_native")]
+struct ChangeWriter {
+    pieces: Vec<Vec<u8>>,
+    slots: Vec<u8>,
+    key_head: Vec<u8>,
+    key_tail: Vec<u8>,
+    printable: Option<Vec<u8>>,
+    rules: Option<Py<rules::FieldRules>>,
+    pre_image: bool,
+    update_full: bool,
+}
+
+/// Milliseconds whose nanoseconds fit a signed 64-bit number (Python's serializer refuses others).
+const NS_MS_LIMIT: i64 = i64::MAX / 1_000_000;
+
+fn push_int(out: &mut Vec<u8>, value: i64) {
+    out.extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
+}
+
+fn push_int_or_null(out: &mut Vec<u8>, value: Option<i64>) {
+    match value {
+        Some(value) => push_int(out, value),
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
+/// The event of a change record: what the template's slots take besides the parts.
+struct Event<'a> {
+    op: &'a str,
+    seconds: i64,
+    increment: i64,
+    txn_number: Option<i64>,
+    lsid: Option<&'a [u8]>,
+    now_ns: i64,
+    block: Option<&'a [u8]>,
+}
+
+impl ChangeWriter {
+    fn write_with<F: PartsFormat>(&self, format: &F, raw: &[u8], event: &Event<'_>) -> Result<(Vec<u8>, Vec<u8>, Option<i64>), Unsupported> {
+        let (key_id, before, after, update, wall_ms) = change_parts_of(format, raw, event.op, self.pre_image, self.update_full)?;
+        let op_json: &[u8] = match event.op {
+            "insert" => b"\"c\"",
+            "update" | "replace" => b"\"u\"",
+            "delete" => b"\"d\"",
+            _ => return Err(Unsupported),
+        };
+        let ts_ms = wall_ms.unwrap_or(event.seconds * 1000);
+        let size = self.pieces.iter().map(Vec::len).sum::<usize>() + before.len() + after.len() + update.len() + 160;
+        let mut out = Vec::with_capacity(size);
+        for (piece, slot) in self.pieces.iter().zip(self.slots.iter()) {
+            out.extend_from_slice(piece);
+            match slot {
+                b'b' => out.extend_from_slice(&before),
+                b'a' => out.extend_from_slice(&after),
+                b'u' => out.extend_from_slice(&update),
+                b'w' => push_int_or_null(&mut out, wall_ms),
+                b'o' => out.extend_from_slice(op_json),
+                b'i' => push_int(&mut out, event.increment),
+                b'l' => out.extend_from_slice(event.lsid.unwrap_or(b"null")),
+                b'x' => push_int_or_null(&mut out, event.txn_number),
+                b'k' => out.extend_from_slice(event.block.unwrap_or(b"null")),
+                b't' => {
+                    let ns = event.seconds * 1_000_000_000;
+                    push_int(&mut out, ns / 1_000_000);
+                    out.extend_from_slice(b",\"ts_us\":");
+                    push_int(&mut out, ns / 1_000);
+                    out.extend_from_slice(b",\"ts_ns\":");
+                    push_int(&mut out, ns);
+                }
+                b'E' | b'F' | b'G' => {
+                    if !(-NS_MS_LIMIT..NS_MS_LIMIT).contains(&ts_ms) {
+                        return Err(Unsupported); // source.ts_ns past 64 bits: the Python path refuses it
+                    }
+                    push_int(&mut out, ts_ms * [1, 1_000, 1_000_000][usize::from(slot - b'E')]);
+                }
+                b'M' => push_int(&mut out, event.now_ns.div_euclid(1_000_000)),
+                b'U' => push_int(&mut out, event.now_ns.div_euclid(1_000)),
+                b'N' => push_int(&mut out, event.now_ns),
+                _ => return Err(Unsupported),
+            }
+        }
+        out.extend_from_slice(self.pieces.last().map_or(&[][..], Vec::as_slice));
+        let mut key = Vec::with_capacity(self.key_head.len() + key_id.len() + self.key_tail.len());
+        key.extend_from_slice(&self.key_head);
+        key.extend_from_slice(&key_id);
+        key.extend_from_slice(&self.key_tail);
+        Ok((key, out, wall_ms))
+    }
+}
+
+#[pymethods]
+impl ChangeWriter {
+    #[new]
+    #[pyo3(signature = (pieces, slots, key_head, key_tail, pre_image, update_full, printable=None, rules=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        pieces: Vec<Vec<u8>>,
+        slots: &str,
+        key_head: Vec<u8>,
+        key_tail: Vec<u8>,
+        pre_image: bool,
+        update_full: bool,
+        printable: Option<Vec<u8>>,
+        rules: Option<Py<rules::FieldRules>>,
+    ) -> PyResult<Self> {
+        if pieces.len() != slots.len() + 1 {
+            return Err(PyValueError::new_err(format!("{} template pieces for {} slots", pieces.len(), slots.len())));
+        }
+        if let Some(bitmap) = &printable {
+            java::Debezium3::new(bitmap, None).map_err(PyValueError::new_err)?;
+        }
+        Ok(ChangeWriter { pieces, slots: slots.as_bytes().to_vec(), key_head, key_tail, printable, rules, pre_image, update_full })
+    }
+
+    /// (key, value, `wallTime` ms or None) of an ordinary change event (its `ChangeHeader`: operation
+    /// insert, update, replace or delete, clusterTime, txnNumber) at a position of `increment` (`ord`);
+    /// None when the Python path writes it.
+    #[pyo3(signature = (raw, header, increment, lsid, now_ns, block))]
+    fn write<'py>(
+        &self,
+        py: Python<'py>,
+        raw: &[u8],
+        header: &Bound<'py, ChangeHeader>,
+        increment: i64,
+        lsid: Option<&[u8]>,
+        now_ns: i64,
+        block: Option<&[u8]>,
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<i64>)>> {
+        let header = header.get();
+        let op = header.op_type.bind(py).to_str()?;
+        let (seconds, txn_number) = (i64::from(header.seconds), header.txn_number);
+        let event = Event { op, seconds, increment, txn_number, lsid, now_ns, block };
+        let rules = self.rules.as_ref().map(|r| r.get());
+        let written = match &self.printable {
+            None => self.write_with(&DefaultFormat { rules }, raw, &event),
+            Some(printable) => {
+                let format = java::Debezium3::new(printable, rules).map_err(PyValueError::new_err)?;
+                self.write_with(&format, raw, &event)
+            }
+        };
+        let Ok((key, value, wall_ms)) = written else { return Ok(None) };
+        Ok(Some((PyBytes::new(py, &key), PyBytes::new(py, &value), wall_ms)))
+    }
+}
+
 /// The BSON of the top-level embedded document `name` of `raw` (the last, when repeated), or None.
 #[pyfunction]
 fn document_member<'py>(py: Python<'py>, raw: &[u8], name: &str) -> Option<Bound<'py, PyBytes>> {
@@ -1059,5 +1255,7 @@ fn mongocdc_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(landing::run_landing_columns, module)?)?;
     module.add_class::<landing::Buffer>()?;
     module.add_class::<rules::FieldRules>()?;
+    module.add_class::<ChangeWriter>()?;
+    module.add_class::<ChangeHeader>()?;
     Ok(())
 }

@@ -104,7 +104,10 @@ def test_ordinary_events_are_written_by_the_compiled_path_byte_for_byte(
     if wall is None:
         event.pop("wallTime")
     raw = _raw(event)
-    assert raw.header == ("8263" + "0" * 30, op, "inventory", "customers", CLUSTER_TIME.time, CLUSTER_TIME.inc, None, None)
+    header = raw.header
+    assert header is not None
+    assert (header.token, header.op_type, header.db, header.coll, header.seconds, header.increment, header.txn_number,
+            header.lsid) == ("8263" + "0" * 30, op, "inventory", "customers", CLUSTER_TIME.time, CLUSTER_TIME.inc, None, None)
     assert _compiled_parts(raw.raw, op, event_format, "pre_image" in capture_mode, "update_full" in capture_mode)
     from_raw, from_dicts = _both_ways(event, schemas_enable=schemas, capture_mode=capture_mode, event_format=event_format,
                                       tombstones_on_delete=tombstones, provide_transaction_metadata=transactions)  # fmt: skip
@@ -191,7 +194,7 @@ def test_splits_and_other_tokens_are_decoded_as_pymongo_decodes_them() -> None:
     conv, reference = converter(provide_transaction_metadata=True), converter(provide_transaction_metadata=True)
     assert conv.convert_change(_raw(half), POSITION) == reference.convert_change(half, POSITION)
     drop = _raw(cases[4])
-    assert drop.header is not None and drop.header[1] == "drop" and converter().convert_change(drop, POSITION) == []
+    assert drop.header is not None and drop.header.op_type == "drop" and converter().convert_change(drop, POSITION) == []
 
 
 def test_an_ordinary_event_reads_as_its_decoded_event() -> None:
@@ -221,13 +224,34 @@ def test_transactions_are_written_by_the_compiled_path_as_the_python_path(metada
                  Position.from_timestamp(events[3]["clusterTime"])]  # fmt: skip
     conv, reference = (converter(provide_transaction_metadata=metadata, event_format=event_format) for _ in range(2))
     raws = [_raw(event, options) for event in events]
-    assert all(_compiled_parts(raw.raw, raw.header[1], event_format) for raw in raws if raw.header)
-    assert raws[0].header is not None and raws[0].header[6:] == (3, bson.encode(LSID, codec_options=options))
+    assert all(_compiled_parts(raw.raw, raw.header.op_type, event_format) for raw in raws if raw.header)
+    header = raws[0].header
+    assert header is not None and (header.txn_number, header.lsid) == (3, bson.encode(LSID, codec_options=options))
     ours = [r for raw, p in zip(raws, positions, strict=True) for r in conv.convert_change(raw, p)] + conv.flush()
     theirs = [r for raw, p in zip(raws, positions, strict=True) for r in reference.convert_change(raw.document(), p)]
     assert ours == theirs + reference.flush()
     assert [r.topic for r in ours].count("fulfillment.transaction") == (4 if metadata else 0)
     assert b'"txnNumber":3' in (ours[1 if metadata else 0].value or b"")
+
+
+@pytest.mark.parametrize("event_format", FORMATS)
+def test_a_transactions_event_left_to_python_is_counted_once(event_format: str) -> None:
+    """The compiled writer writes an event before its transaction block is observed, so an event it
+    leaves to Python (a regular expression) is observed once, by the Python path: the blocks'
+    orders and the END's counts are the Python path's."""
+    events = [
+        _event("insert", 1, {"a": "x"}, lsid=LSID, txnNumber=Int64(3)),
+        _event("insert", 2, {"r": Regex("^a", "i")}, lsid=LSID, txnNumber=Int64(3)),
+        _event("insert", 3, {"b": 1}, lsid=LSID, txnNumber=Int64(3)),
+    ]  # fmt: skip
+    positions = [Position.from_timestamp(CLUSTER_TIME, i) for i in range(3)]
+    conv, reference = (converter(provide_transaction_metadata=True, event_format=event_format) for _ in range(2))
+    raws = [_raw(event) for event in events]
+    assert _compiled_parts(raws[1].raw, "insert", event_format) is None  # the writer leaves it to Python
+    ours = [r for raw, p in zip(raws, positions, strict=True) for r in conv.convert_change(raw, p)] + conv.flush()
+    theirs = [r for raw, p in zip(raws, positions, strict=True) for r in reference.convert_change(raw.document(), p)]
+    assert ours == theirs + reference.flush()
+    assert b'"event_count":3' in (ours[-1].value or b"") and b'"total_order":3' in (ours[-2].value or b"")
 
 
 @pytest.mark.parametrize("event_format", FORMATS)
@@ -275,7 +299,7 @@ def test_repeated_names_read_as_the_decoded_event(event_format: str) -> None:
     for event in cases:
         patched = bson.encode(event)
         raw = RawChange(patched, RAW_OPTIONS)
-        assert raw.header is not None and raw.header[2:4] == ("inventory", "customers")
+        assert raw.header is not None and (raw.header.db, raw.header.coll) == ("inventory", "customers")
         conv, reference = converter(event_format=event_format), converter(event_format=event_format)
         assert conv.convert_change(raw, POSITION) == reference.convert_change(raw.document(), POSITION)
         assert raw.key_id() == raw.document()["documentKey"]["_id"]
