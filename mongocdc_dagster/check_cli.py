@@ -32,8 +32,10 @@ from dagster import (
 from dagster._core.definitions.definitions_load_context import DefinitionsLoadContext, DefinitionsLoadType
 from dagster.components.definitions import LazyDefinitions
 
+from mongocdc_core.logs import log_format
 from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE, coverage_share
 from mongocdc_dagster.checks import RECONCILE_CHECK
+from mongocdc_dagster.logs import RUN_CONFIG
 
 DEFAULT_TARGET = "mongocdc_dagster.definitions:defs"
 #: Exit codes: a blocking check failed; a usage error; a blocking check could not verify enough.
@@ -71,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         coverage_share(args.min_coverage, "--min-coverage")
+        log_format()  # the run's console lines follow MONGOCDC_LOG_FORMAT (mongocdc_dagster.logs)
     except ValueError as exc:
         parser.error(str(exc))
     defs = load_definitions(args.module)
@@ -94,7 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     job = define_asset_job("mongocdc_ci_checks", selection=AssetSelection.checks(*selected))
     resolved = Definitions.merge(defs, Definitions(jobs=[job])).resolve_job_def("mongocdc_ci_checks")
     # the config goes to the op of the reconciliation check when it is selected (a job rejects config of ops it lacks)
-    run_config = {"ops": {graph.assets_def_for_key(k).node_def.name: {"config": {"min_coverage": args.min_coverage}}
+    # (and the run's console lines are mongocdc's: RUN_CONFIG)
+    run_config = {**RUN_CONFIG,
+                  "ops": {graph.assets_def_for_key(k).node_def.name: {"config": {"min_coverage": args.min_coverage}}
                           for k in selected if k.name == RECONCILE_CHECK}}
     with DagsterInstance.get() as instance:
         result = resolved.execute_in_process(instance=instance, raise_on_error=False, run_config=run_config)
