@@ -15,7 +15,6 @@ position left the server's snapshot history and too many keys changed since), 2 
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import importlib
 import sys
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from dagster import (
 from dagster._core.definitions.definitions_load_context import DefinitionsLoadContext, DefinitionsLoadType
 from dagster.components.definitions import LazyDefinitions
 
+from mongocdc_core.config.filters import matches_any
 from mongocdc_core.logs import log_format
 from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE, coverage_share
 from mongocdc_dagster.checks import RECONCILE_CHECK
@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     selected: list[AssetCheckKey] = []
     for key in check_keys:
         namespace = collections.get(key.asset_key)
-        if args.collection and (namespace is None or not any(fnmatch.fnmatch(namespace, p) for p in args.collection)):
+        if args.collection and (namespace is None or not matches_any(namespace, args.collection)):
             continue
         if args.check and key.name not in args.check:
             continue
