@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import tempfile
 import time
 import urllib.parse
@@ -31,7 +30,7 @@ from pyspark.sql import SparkSession
 
 from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.config.filters import matches_any
-from mongocdc_core.logs import ENV_LOG_FORMAT, LOG_FORMATS, configure_logging, fields, log_format
+from mongocdc_core.logs import add_log_format_option, command_logging, fields
 from mongocdc_core.source.errors import CdcError
 from mongocdc_core.tables.changelog import (
     COLLECTION_PROPERTY,
@@ -246,8 +245,7 @@ TABLES_HELP = "where the tables live: a directory, or a URI Spark writes to (fil
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mongocdc tables", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--log-format", default=None, choices=LOG_FORMATS,
-                        help=f"text (one line per event off a terminal) or json; default from {ENV_LOG_FORMAT}")
+    add_log_format_option(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="<command>")
 
     def collections(sub: argparse.ArgumentParser) -> None:
@@ -282,12 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        fmt = log_format(args.log_format)
-    except ValueError as exc:
-        print(f"mongocdc tables: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    configure_logging(fmt, "INFO")
+    command_logging("mongocdc tables", args.log_format, "INFO")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection lines are not the command's events
     run = {"refresh": _refresh, "check": _check, "maintain": _maintain, "jars": _jars}[args.command]
     try:
