@@ -15,9 +15,11 @@ Structured fields ride on a record as ``extra={"fields": {...}}`` (see ``fields`
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any, Literal, cast
 
@@ -96,6 +98,25 @@ def configure_logging(fmt: LogFormat, level: str = "INFO", console: Console | No
     logging.basicConfig(level=level, handlers=[handler], force=True)
     logging.getLogger("pymongo").setLevel(max(logging.WARNING, logging.getLevelName(level)))
     return handler
+
+
+def add_log_format_option(parser: argparse.ArgumentParser) -> None:
+    """``--log-format``, as every mongocdc command takes it."""
+    parser.add_argument("--log-format", default=None, choices=LOG_FORMATS,
+                        help=f"text (default; one line per event unless stderr is a terminal) or json "
+                             f"(one object per line); default from {ENV_LOG_FORMAT}")
+
+
+def command_logging(prog: str, requested: str | None, level: str,
+                    console: Console | None = None) -> tuple[LogFormat, logging.Handler]:
+    """A command's logging (``configure_logging``) in the format asked for (``log_format``); a bad one
+    ends the command as a usage error (exit 2) naming it, as argparse ends a bad argument."""
+    try:
+        fmt = log_format(requested)
+    except ValueError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return fmt, configure_logging(fmt, level, console)
 
 
 def signal_safe_line(handler: logging.Handler, logger: str, message: str) -> bytes:

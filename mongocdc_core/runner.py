@@ -36,14 +36,7 @@ from rich.text import Text
 from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.engine import Engine, RunSummary
 from mongocdc_core.failures import EventProcessingError
-from mongocdc_core.logs import (
-    ENV_LOG_FORMAT,
-    LOG_FORMATS,
-    configure_logging,
-    fields,
-    log_format,
-    signal_safe_line,
-)
+from mongocdc_core.logs import add_log_format_option, command_logging, fields, signal_safe_line
 from mongocdc_core.metrics.prometheus import PrometheusExporter
 from mongocdc_core.offsets import OffsetError, open_offset_store
 from mongocdc_core.positions import Position
@@ -249,9 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-progress", action="store_true", help="no progress display (bars or progress lines)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="log level (log-channel notifications are INFO)")
-    parser.add_argument("--log-format", default=None, choices=LOG_FORMATS,
-                        help=f"text (default; one line per event unless stderr is a terminal) or json "
-                             f"(one object per line); default from {ENV_LOG_FORMAT}")
+    add_log_format_option(parser)
     return parser
 
 
@@ -293,13 +284,8 @@ def _report(engine: Engine, summary: RunSummary) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        fmt = log_format(args.log_format)
-    except ValueError as exc:
-        print(f"mongocdc: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     console = Console(stderr=True, soft_wrap=True)  # paths and messages stay on one line, unbroken
-    handler = configure_logging(fmt, args.log_level, console)
+    fmt, handler = command_logging("mongocdc", args.log_format, args.log_level, console)
     try:
         cfg = ConnectorConfig.load(args.config)
     except (ConfigError, OSError) as exc:

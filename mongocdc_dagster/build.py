@@ -20,6 +20,7 @@ from mongocdc_dagster.assets.tables import build_table_assets
 from mongocdc_dagster.checks import build_gap_check, build_reconciliation_check
 from mongocdc_dagster.discovery import DiscoveryState
 from mongocdc_dagster.jobs import build_maintenance, build_plan_job
+from mongocdc_dagster.logs import LOGGERS
 from mongocdc_dagster.resources import MongoCdcKafkaResource, MongoCdcResource, build_pyspark_resource
 from mongocdc_dagster.schedules import build_continuity_schedule, build_latest_window_schedule
 from mongocdc_dagster.sensors import build_sensors
@@ -65,6 +66,7 @@ def build_definitions(settings: CdcSettings, state: DiscoveryState, translator: 
         schedules=schedules,
         jobs=jobs,
         resources=resources,
+        loggers=LOGGERS,  # a run's console lines in mongocdc's format when its config names them (logs.RUN_CONFIG)
         # a run's steps share one process: a step subprocess would only add start-up time (and a JVM per step)
         executor=in_process_executor,
     )

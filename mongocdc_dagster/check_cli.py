@@ -15,7 +15,6 @@ position left the server's snapshot history and too many keys changed since), 2 
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import importlib
 import sys
 from collections.abc import Sequence
@@ -32,8 +31,11 @@ from dagster import (
 from dagster._core.definitions.definitions_load_context import DefinitionsLoadContext, DefinitionsLoadType
 from dagster.components.definitions import LazyDefinitions
 
+from mongocdc_core.config.filters import matches_any
+from mongocdc_core.logs import log_format
 from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE, coverage_share
 from mongocdc_dagster.checks import RECONCILE_CHECK
+from mongocdc_dagster.logs import RUN_CONFIG
 
 DEFAULT_TARGET = "mongocdc_dagster.definitions:defs"
 #: Exit codes: a blocking check failed; a usage error; a blocking check could not verify enough.
@@ -71,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         coverage_share(args.min_coverage, "--min-coverage")
+        log_format()  # the run's console lines follow MONGOCDC_LOG_FORMAT (mongocdc_dagster.logs)
     except ValueError as exc:
         parser.error(str(exc))
     defs = load_definitions(args.module)
@@ -80,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     selected: list[AssetCheckKey] = []
     for key in check_keys:
         namespace = collections.get(key.asset_key)
-        if args.collection and (namespace is None or not any(fnmatch.fnmatch(namespace, p) for p in args.collection)):
+        if args.collection and (namespace is None or not matches_any(namespace, args.collection)):
             continue
         if args.check and key.name not in args.check:
             continue
@@ -94,7 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     job = define_asset_job("mongocdc_ci_checks", selection=AssetSelection.checks(*selected))
     resolved = Definitions.merge(defs, Definitions(jobs=[job])).resolve_job_def("mongocdc_ci_checks")
     # the config goes to the op of the reconciliation check when it is selected (a job rejects config of ops it lacks)
-    run_config = {"ops": {graph.assets_def_for_key(k).node_def.name: {"config": {"min_coverage": args.min_coverage}}
+    # (and the run's console lines are mongocdc's: RUN_CONFIG)
+    run_config = {**RUN_CONFIG,
+                  "ops": {graph.assets_def_for_key(k).node_def.name: {"config": {"min_coverage": args.min_coverage}}
                           for k in selected if k.name == RECONCILE_CHECK}}
     with DagsterInstance.get() as instance:
         result = resolved.execute_in_process(instance=instance, raise_on_error=False, run_config=run_config)

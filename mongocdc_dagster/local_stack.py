@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from mongocdc_core.logs import configure_logging, log_format
+from mongocdc_core.logs import command_logging
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EMULATOR_HOST = "127.0.0.1"
@@ -190,14 +190,10 @@ def _stop_group(pgid: int, grace_s: float = 15.0) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`make dev`: emulator in the background, demo data, then `dagster dev` in the foreground."""
     args = _parse_args(argv)
-    # MONGOCDC_LOG_FORMAT=json: this launcher's lines and Dagster's services log one JSON object per line
-    # (the variable also reaches every process Dagster starts).
-    try:
-        fmt = log_format()
-    except ValueError as exc:
-        print(f"make dev: {exc}", file=sys.stderr)
-        return 2
-    configure_logging(fmt, "WARNING")  # the instance's migrations log at INFO: kept out of the launcher's output
+    # MONGOCDC_LOG_FORMAT=json: this launcher's lines and Dagster's services log one JSON object per line (the
+    # variable also reaches the runs: see mongocdc_dagster.logs). From WARNING on: the instance's migrations
+    # log at INFO, kept out of the launcher's output.
+    fmt, _ = command_logging("make dev", None, "WARNING")
     log.setLevel(logging.INFO)
     shutdown = _Shutdown()
     home = Path(os.environ.get("MONGOCDC_HOME") or args.home).resolve()

@@ -102,7 +102,10 @@ def test_json_logs_are_one_object_per_line(tmp_path: Path, mongo_uri: str, fresh
 
 
 @pytest.mark.parametrize("command", [["mongocdc_core.cli", "run", "--config", "c", "--sink", "jsonl:x", "--offsets", "o"],
-                                     ["mongocdc_dagster.local_stack"]], ids=["mongocdc-run", "make-dev"])
+                                     ["mongocdc_core.cli", "tables", "maintain", "--tables", "t"],
+                                     ["mongocdc_dagster.check_cli"],
+                                     ["mongocdc_dagster.local_stack"]],
+                         ids=["mongocdc-run", "mongocdc-tables", "mongocdc-check", "make-dev"])
 def test_a_bad_log_format_in_the_environment_is_a_usage_error(command: list[str]) -> None:
     result = subprocess.run([PY, "-m", *command], capture_output=True, text=True, timeout=60,
                             env={**os.environ, "MONGOCDC_LOG_FORMAT": "xml"})

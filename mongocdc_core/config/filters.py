@@ -6,8 +6,9 @@ question ("would this collection be captured?") before the config exists.
 
 from __future__ import annotations
 
+import fnmatch
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from mongocdc_core.config.specs import BUILT_IN_DATABASES
@@ -104,3 +105,9 @@ class CollectionFilters:
         if self.lists.get("collection.exclude.list"):
             return not self._matches("collection.exclude.list", namespace)
         return True
+
+
+def matches_any(namespace: str, patterns: Sequence[str]) -> bool:
+    """Whether ``'<db>.<collection>'`` is chosen by the commands' ``--collection`` patterns (shell wildcards,
+    case-sensitive on every platform, as MongoDB's names are); no pattern chooses every collection."""
+    return not patterns or any(fnmatch.fnmatchcase(namespace, pattern) for pattern in patterns)

@@ -17,18 +17,20 @@ that could not verify enough.
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import logging
 import os
-import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+import urllib.parse
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from mongocdc_core.config import ConfigError, ConnectorConfig
-from mongocdc_core.logs import ENV_LOG_FORMAT, LOG_FORMATS, configure_logging, fields, log_format
+from mongocdc_core.config.filters import matches_any
+from mongocdc_core.logs import add_log_format_option, command_logging, fields
 from mongocdc_core.source.errors import CdcError
 from mongocdc_core.tables.changelog import (
     COLLECTION_PROPERTY,
@@ -72,9 +74,31 @@ def _jars(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _selected(namespaces: Sequence[str], patterns: Sequence[str]) -> list[str]:
-    """The namespaces matching any pattern (all of them without one), in order."""
-    return [ns for ns in sorted(namespaces) if not patterns or any(fnmatch.fnmatchcase(ns, p) for p in patterns)]
+class SelectionError(ValueError):
+    """A --collection pattern that chooses no collection there is: the user's mistake (exit 2)."""
+
+
+def _selected(namespaces: Sequence[str], patterns: Sequence[str], where: str) -> list[str]:
+    """The namespaces matching any pattern (all of them without one), in order; a pattern that matches
+    none of them is an error naming it and what there is."""
+    unmatched = [p for p in patterns if not any(matches_any(ns, [p]) for ns in namespaces)]
+    if unmatched:
+        there = ", ".join(sorted(namespaces)) or "none"
+        raise SelectionError(f"--collection {', '.join(map(repr, unmatched))} matches no collection {where} "
+                             f"(there: {there})")
+    return [ns for ns in sorted(namespaces) if matches_any(ns, patterns)]
+
+
+def _location(text: str) -> str:
+    """A --landing / --tables location: a local path, or a URI Spark reads (``s3a://``, ``abfss://``, ...)
+    kept as given; a ``file://`` URI is its local path (the landing zone is listed on this machine)."""
+    if text.startswith("file://"):
+        return urllib.parse.unquote(urllib.parse.urlsplit(text).path)
+    return text if "://" in text else str(Path(text).expanduser())
+
+
+def _is_local(location: str) -> bool:
+    return "://" not in location
 
 
 def _each(what: str, namespaces: list[str], action: Callable[[str], str]) -> int:
@@ -108,34 +132,59 @@ def _each(what: str, namespaces: list[str], action: Callable[[str], str]) -> int
 
 
 def _refresh(args: argparse.Namespace) -> int:
+    if not _is_local(args.landing):
+        raise TableInputError(f"--landing {args.landing}: the landing zone is listed on this machine: a local "
+                              "directory or a file:// URI (the tables may be anywhere Spark writes)")
     found = landing_by_collection([args.landing])
-    namespaces = _selected(list(found), args.collection)
+    namespaces = _selected(list(found), args.collection, f"in the landing zone {args.landing}")
     log.info(f"landing zone {args.landing}: {sum(len(f) for f in found.values())} files of {len(found)} "
              f"collections; refreshing {len(namespaces)}")
-    spark = _spark(args)
+    with _spark(args) as spark:
+        return _each("refresh", namespaces, _refresher(spark, args, found))
+
+
+def _refresher(spark: SparkSession, args: argparse.Namespace, found: dict[str, list[str]]) -> Callable[[str], str]:
     options = TableOptions(delete_handling=args.delete_handling)
 
     def refresh(namespace: str) -> str:
-        tables = CollectionTables.under(str(args.tables), namespace)
+        tables = CollectionTables.under(args.tables, namespace)
         log_refresh = refresh_changelog(spark, tables, found[namespace], progress=log.info)
         state = refresh_current_state(spark, tables, options, progress=log.info)
         return (f"changelog +{log_refresh.rows_added} rows from {log_refresh.files_read} new files "
                 f"({log_refresh.row_count} in all); current_state {state.keys_merged} keys merged, "
                 f"{state.row_count} rows, position {state.position}")
 
-    return _each("refresh", namespaces, refresh)
+    return refresh
 
 
-def _tables_under(spark: SparkSession, root: Path) -> dict[str, CollectionTables]:
-    """namespace -> its CollectionTables, for every changelog under ``root`` (named by its own property)."""
+def _tables_under(spark: SparkSession, root: str) -> dict[str, CollectionTables]:
+    """namespace -> its CollectionTables, for every changelog under ``root`` (named by its own property),
+    listed through Spark's file systems (a local path, ``s3a://``, ``abfss://``, ...)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None  # a started session has its gateway
+    path = jvm.org.apache.hadoop.fs.Path(root)
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    folders = sorted(str(status.getPath().toString()) for status in (fs.listStatus(path) if fs.exists(path) else [])
+                     if status.isDirectory() and status.getPath().getName().endswith("__changelog"))
     found: dict[str, CollectionTables] = {}
-    for folder in sorted(root.glob("*__changelog")) if root.is_dir() else []:
-        if not table_exists(spark, str(folder)):
+    for folder in folders:
+        if not table_exists(spark, folder):
             continue
-        namespace = table_properties(spark, str(folder)).get(COLLECTION_PROPERTY)
+        namespace = table_properties(spark, folder).get(COLLECTION_PROPERTY)
         if namespace:
-            found[namespace] = CollectionTables.under(str(root), namespace)
+            found[namespace] = CollectionTables.under(root, namespace)
     return found
+
+
+@contextmanager
+def _tables_chosen(args: argparse.Namespace) -> Iterator[tuple[SparkSession, dict[str, CollectionTables], list[str]]]:
+    """The session, the tables under ``--tables`` and the namespaces ``--collection`` chooses of them. A local
+    location that is not a directory is an error before Spark starts."""
+    if _is_local(args.tables) and not Path(args.tables).is_dir():
+        raise TableInputError(f"no tables under {args.tables}: it is not a directory (refresh builds them there)")
+    with _spark(args) as spark:
+        tables = _tables_under(spark, args.tables)
+        yield spark, tables, _selected(list(tables), args.collection, f"with tables under {args.tables}")
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -144,37 +193,44 @@ def _check(args: argparse.Namespace) -> int:
     except (ConfigError, OSError) as exc:
         log.error(f"invalid configuration {args.config}: {exc}")
         return EXIT_USAGE
-    spark = _spark(args)
-    tables = _tables_under(spark, args.tables)
-    namespaces = _selected(list(tables), args.collection)
+    with _tables_chosen(args) as (spark, tables, namespaces):
 
-    def check(namespace: str) -> str:
-        found = reconcile_at_position(spark, tables[namespace], cfg, progress=log.info, min_coverage=args.min_coverage)
-        verdict = {"matches": "PASS", "differs": "FAIL", "unverified": "UNVERIFIED"}[found.verdict]
-        return (f"{verdict}  {namespace} at {found.position}: table {found.table_rows} rows, source "
-                f"{found.source_rows}; {found.method}; {found.summary()}")
+        def check(namespace: str) -> str:
+            found = reconcile_at_position(spark, tables[namespace], cfg, progress=log.info,
+                                          min_coverage=args.min_coverage)
+            verdict = {"matches": "PASS", "differs": "FAIL", "unverified": "UNVERIFIED"}[found.verdict]
+            return (f"{verdict}  {namespace} at {found.position}: table {found.table_rows} rows, source "
+                    f"{found.source_rows}; {found.method}; {found.summary()}")
 
-    return _each("check", namespaces, check)
+        return _each("check", namespaces, check)
 
 
 def _maintain(args: argparse.Namespace) -> int:
-    spark = _spark(args)
-    tables = _tables_under(spark, args.tables)
+    with _tables_chosen(args) as (spark, tables, namespaces):
 
-    def tidy(namespace: str) -> str:
-        figures = maintain(spark, tables[namespace], retention_hours=args.retention_hours, progress=log.info)
-        return ", ".join(f"{k} {v}" for k, v in figures.items()) or "no table yet"
+        def tidy(namespace: str) -> str:
+            figures = maintain(spark, tables[namespace], retention_hours=args.retention_hours, progress=log.info)
+            return ", ".join(f"{k} {v}" for k, v in figures.items()) or "no table yet"
 
-    return _each("maintain", _selected(list(tables), args.collection), tidy)
+        return _each("maintain", namespaces, tidy)
 
 
-def _spark(args: argparse.Namespace) -> SparkSession:
-    """The session, Spark's own log lines in ``MONGOCDC_SPARK_LOG`` (default ``<tables>/_spark.log``)."""
-    spark_log = os.environ.setdefault(ENV_SPARK_LOG, str(Path(args.tables) / "_spark.log"))
+@contextmanager
+def _spark(args: argparse.Namespace) -> Iterator[SparkSession]:
+    """The session for one command, stopped at its end; Spark's own log lines in ``MONGOCDC_SPARK_LOG``
+    (default ``<tables>/_spark.log``, or the temporary directory's ``mongocdc_tables_spark.log`` when the
+    tables are not on this machine)."""
+    local = Path(args.tables) if _is_local(args.tables) else Path(tempfile.gettempdir())
+    spark_log = os.environ.setdefault(
+        ENV_SPARK_LOG, str(local / ("_spark.log" if _is_local(args.tables) else "mongocdc_tables_spark.log")))
     Path(spark_log).parent.mkdir(parents=True, exist_ok=True)
     master = args.master or f"{ENV_MASTER} or {DEFAULT_MASTER}"
     log.info(f"starting Spark ({master}); its own log: {spark_log}")
-    return spark_session(args.master)
+    spark = spark_session(args.master)
+    try:
+        yield spark
+    finally:
+        spark.stop()
 
 
 def _share(text: str) -> float:
@@ -184,10 +240,12 @@ def _share(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+TABLES_HELP = "where the tables live: a directory, or a URI Spark writes to (file://, s3a://, abfss://, ...)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mongocdc tables", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--log-format", default=None, choices=LOG_FORMATS,
-                        help=f"text (one line per event off a terminal) or json; default from {ENV_LOG_FORMAT}")
+    add_log_format_option(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="<command>")
 
     def collections(sub: argparse.ArgumentParser) -> None:
@@ -196,19 +254,20 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--master", default=None, help=f"Spark master (default {ENV_MASTER} or {DEFAULT_MASTER})")
 
     refresh = commands.add_parser("refresh", help="refresh changelog and current_state from the landing zone")
-    refresh.add_argument("--landing", type=Path, required=True, help="the landing zone (Parquet files)")
-    refresh.add_argument("--tables", type=Path, required=True, help="where the tables live")
+    refresh.add_argument("--landing", type=_location, required=True,
+                         help="the landing zone (Parquet files): a directory or file:// URI")
+    refresh.add_argument("--tables", type=_location, required=True, help=TABLES_HELP)
     refresh.add_argument("--delete-handling", default="drop", choices=["drop", "rewrite"],
                          help="current_state drops deleted documents, or keeps them with __deleted = true")
     collections(refresh)
     check = commands.add_parser("check", help="compare each current_state with MongoDB (exit 1 on a difference)")
     check.add_argument("--config", required=True, help="the connector config (to read MongoDB)")
-    check.add_argument("--tables", type=Path, required=True, help="where the tables live")
+    check.add_argument("--tables", type=_location, required=True, help=TABLES_HELP)
     check.add_argument("--min-coverage", type=_share, default=DEFAULT_MIN_COVERAGE, metavar="SHARE",
                        help=f"no PASS below this share of keys compared (default {DEFAULT_MIN_COVERAGE})")
     collections(check)
     maintain = commands.add_parser("maintain", help="OPTIMIZE and VACUUM both tables of each collection")
-    maintain.add_argument("--tables", type=Path, required=True, help="where the tables live")
+    maintain.add_argument("--tables", type=_location, required=True, help=TABLES_HELP)
     maintain.add_argument("--retention-hours", type=int, default=168, help="VACUUM's retention (default 168)")
     collections(maintain)
     jars = commands.add_parser("jars", help="download the Delta Lake and Kafka jars Spark needs (Maven Central)")
@@ -221,16 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        fmt = log_format(args.log_format)
-    except ValueError as exc:
-        print(f"mongocdc tables: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    configure_logging(fmt, "INFO")
+    command_logging("mongocdc tables", args.log_format, "INFO")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection lines are not the command's events
     run = {"refresh": _refresh, "check": _check, "maintain": _maintain, "jars": _jars}[args.command]
     try:
         return run(args)
+    except SelectionError as exc:
+        log.error(f"mongocdc tables {args.command}: {exc}")
+        return EXIT_USAGE
     except (SparkSetupError, TableInputError) as exc:
         log.error(f"mongocdc tables {args.command}: {exc}")
         return EXIT_FAILED

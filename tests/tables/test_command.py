@@ -13,11 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from delta.tables import DeltaTable
 from pymongo.database import Database
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+
+from mongocdc_core.tables.command import build_parser
 
 BIN = Path(sys.executable).parent
 
@@ -87,10 +91,17 @@ def test_refresh_check_and_maintain_from_the_command_line(spark: SparkSession, t
     assert len(failed) == 1 and f"{db}.customers" in failed[0] and "DIFFERS at 1 key(s)" in failed[0], lines
     assert "6 of 6 keys compared (100%)" in failed[0], lines
 
-    code, lines = _mongocdc(["tables", "maintain", "--tables", str(tables), "--collection", f"{db}.orders"], tmp_path,
-                            "maintain")
+    code, lines = _mongocdc(["tables", "maintain", "--tables", tables.as_uri(), "--collection", f"{db}.orders"],
+                            tmp_path, "maintain")
     assert code == 0, lines
     assert any("changelog_files_added" in line for line in lines), lines
+
+    # a pattern that chooses no table is the user's mistake, named with the collections there are
+    code, lines = _mongocdc(["tables", "maintain", "--tables", str(tables), "--collection", f"{db}.order"], tmp_path,
+                            "unknown")
+    assert code == 2, lines
+    assert lines[-1].endswith(f"mongocdc tables maintain: --collection '{db}.order' matches no collection with "
+                              f"tables under {tables} (there: {db}.customers, {db}.orders)"), lines
 
 
 def test_a_landing_zone_that_does_not_exist_is_a_clear_error(tmp_path: Path) -> None:
@@ -99,3 +110,43 @@ def test_a_landing_zone_that_does_not_exist_is_a_clear_error(tmp_path: Path) -> 
     assert code == 1
     assert any("landing-zone path does not exist" in line for line in lines) and not any(
         "Traceback" in line for line in lines), lines
+
+
+def _landing_of(tmp_path: Path, *namespaces: str) -> Path:
+    """A landing zone holding one file per collection (the ``collection`` column is what tells them apart)."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    for n, namespace in enumerate(namespaces):
+        pq.write_table(pa.table({"collection": [namespace] * 2, "key": ["1", "2"]}), landing / f"part-{n}.parquet")
+    return landing
+
+
+def test_an_unknown_collection_is_a_usage_error_before_spark_starts(tmp_path: Path) -> None:
+    landing, tables = _landing_of(tmp_path, "inventory.orders", "inventory.customers"), tmp_path / "tables"
+    code, lines = _mongocdc(["tables", "refresh", "--landing", landing.as_uri(), "--tables", str(tables),
+                             "--collection", "inventory.orders", "--collection", "inventory.cust", "--collection",
+                             "Inventory.*"], tmp_path, "unknown")
+    assert code == 2, lines
+    assert len(lines) == 1 and lines[0].endswith(
+        f"ERROR mongocdc.tables: mongocdc tables refresh: --collection 'inventory.cust', 'Inventory.*' matches no "
+        f"collection in the landing zone {landing} (there: inventory.customers, inventory.orders)"), lines
+    assert not tables.exists()  # no Spark: its log would be there
+
+
+def test_tables_elsewhere_than_this_machine_are_not_listed_here_before_spark_starts(tmp_path: Path) -> None:
+    code, lines = _mongocdc(["tables", "refresh", "--landing", "s3a://bucket/landing", "--tables",
+                             "s3a://bucket/tables"], tmp_path, "remote")
+    assert code == 1 and len(lines) == 1, lines
+    assert "--landing s3a://bucket/landing: the landing zone is listed on this machine" in lines[0]
+    code, lines = _mongocdc(["tables", "maintain", "--tables", str(tmp_path / "none")], tmp_path, "no-tables")
+    assert code == 1 and len(lines) == 1 and f"no tables under {tmp_path / 'none'}: it is not a directory" in lines[0]
+
+
+@pytest.mark.parametrize(("given", "taken"), [
+    ("s3a://bucket/cdc/tables", "s3a://bucket/cdc/tables"),
+    ("abfss://lake@account.dfs.core.windows.net/tables", "abfss://lake@account.dfs.core.windows.net/tables"),
+    ("file:///data/my%20tables", "/data/my tables"),
+    ("/data/tables", "/data/tables"),
+])
+def test_table_locations_are_taken_as_spark_reads_them(given: str, taken: str) -> None:
+    assert build_parser().parse_args(["maintain", "--tables", given]).tables == taken

@@ -1,0 +1,89 @@
+"""A Dagster run's console lines in mongocdc's format (``MONGOCDC_LOG_FORMAT``), for log shippers.
+
+Dagster passes every event of a run (its own, ``context.log``'s, and the records of the Python loggers the
+instance captures: ``python_logs.managed_python_loggers`` in dagster.yaml) to the run's loggers; ``console``
+writes them to the process's stderr. The definitions give ``console`` this logger, which writes as
+:mod:`mongocdc_core.logs` does:
+
+- ``text`` on a terminal: Dagster's own coloured lines;
+- ``text`` elsewhere: one line per event (``<time> <LEVEL> dagster: <job> - <run id> - <step> - <message>``;
+  Dagster's events with their pid and type), never wrapped, a failure's traceback on the same line;
+- ``json``: one object per line: ``timestamp``, ``level``, ``logger``, ``message`` (as logged), ``run_id``,
+  ``job``, ``step_key`` and ``event_type`` where there is one, ``error`` for a failure, and the record's own
+  fields (a notification under ``notification``).
+
+From INFO on by default (Dagster's own events are DEBUG, a failure ERROR), as dagster.yaml's
+``python_log_level``; ``loggers: {console: {config: {log_level: DEBUG}}}`` shows them all. Dagster uses a
+code location's loggers only for a run whose config names them (without it, its default coloured console:
+dagster-io/dagster#20084); ``RUN_CONFIG`` is that config.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from dagster import Field, InitLoggerContext, colored_console_logger, logger
+from dagster._core.log_manager import LOG_RECORD_METADATA_ATTR
+
+from mongocdc_core.logs import JsonFormatter, OneLineFormatter, log_format
+
+
+class _RunFields(logging.Filter):
+    """A run's record for JSON: the message as logged, the run's context as fields next to the record's own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        meta = getattr(record, LOG_RECORD_METADATA_ATTR, None)
+        if not isinstance(meta, Mapping):
+            return True
+        event = meta.get("dagster_event")
+        context: dict[str, Any] = {
+            "run_id": meta.get("run_id"),
+            "job": meta.get("job_name"),
+            "step_key": meta.get("step_key"),
+            "event_type": event.event_type.name if event is not None else None,  # RUN_SUCCESS, as the UI names it
+            "error": _error_text(event),
+        }
+        own = getattr(record, "fields", None)
+        record.fields = {**{k: v for k, v in context.items() if v is not None},
+                         **(own if isinstance(own, Mapping) else {})}
+        record.msg, record.args = meta.get("orig_message", record.getMessage()), ()
+        return True
+
+
+def _error_text(event: object) -> str | None:
+    """A failure event's error (the traceback Dagster shows under the message), else None."""
+    error = getattr(getattr(event, "event_specific_data", None), "error", None)
+    return error.to_string() if error is not None else None  # type: ignore[no-any-return]
+
+
+@logger(
+    {
+        "log_level": Field(str, is_required=False, default_value="INFO",
+                           description="The logger's threshold (Dagster's own DEBUG events left out by default)."),
+        "name": Field(str, is_required=False, default_value="dagster", description="The logger's name."),
+    },
+    description="Dagster's console logger in mongocdc's format (MONGOCDC_LOG_FORMAT: text or json).",
+)
+def console_logger(init_context: InitLoggerContext) -> logging.Logger:
+    fmt = log_format()  # a bad value fails the run at its start, naming MONGOCDC_LOG_FORMAT
+    if fmt == "text" and sys.stderr.isatty():
+        return colored_console_logger.logger_fn(init_context)  # type: ignore[no-any-return]
+    config = init_context.logger_config
+    run_logger = logging.Logger(config["name"], level=config["log_level"].upper())
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+        handler.addFilter(_RunFields())
+    else:
+        handler.setFormatter(OneLineFormatter())
+    run_logger.addHandler(handler)
+    return run_logger
+
+
+#: The definitions' loggers: one object for every connector, so that their definitions merge.
+LOGGERS = {"console": console_logger}
+#: The run config that makes a run use them.
+RUN_CONFIG: dict[str, Any] = {"loggers": {"console": {}}}

@@ -1,0 +1,116 @@
+"""A Dagster run's logs as the UI and a log shipper meet them: a run executed in a real instance (the
+project's dagster.yaml, as ``make dev`` writes it) by Dagster's CLI in its own process, stderr in a file.
+
+mongocdc's own log records (its loggers ``mongocdc`` and ``mongocdc_core``) are part of the run's event
+log; a run whose config names the ``console`` logger writes one line per event, or one JSON object per
+line with ``MONGOCDC_LOG_FORMAT=json`` (a notification's fields as fields).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from dagster import DagsterInstance, DagsterRunStatus
+from pymongo.database import Database
+
+from mongocdc_dagster import local_stack
+from mongocdc_dagster.logs import RUN_CONFIG
+
+BIN = Path(sys.executable).parent
+NOTIFICATION = "Notification from "
+# The head of every event in text logs off a terminal (as in tests/test_cli_logs.py).
+EVENT_HEAD = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR|CRITICAL) dagster: ")
+
+
+def _materialise_snapshot(tmp_path: Path, uri: str, db: Database[Any], log_format: str | None = None,
+                          run_config: dict[str, Any] | None = None) -> tuple[str, str]:
+    """Materialise one collection's incremental snapshot (its notifications on the log channel) with
+    ``dagster asset materialize`` (``run_config`` naming mongocdc's console logger, ``log_format`` in
+    ``MONGOCDC_LOG_FORMAT``); return the run's id and what its process wrote to stderr."""
+    db.items.insert_many([{"_id": i, "name": f"item {i}"} for i in range(5)])
+    db.create_collection("signals")
+    config = tmp_path / "connector.json"
+    config.write_bytes(orjson.dumps({"name": "logs-test", "config": {
+        "mongodb.connection.string": uri, "topic.prefix": "logsrv", "database.include.list": db.name,
+        "collection.include.list": f"{db.name}.items", "signal.data.collection": f"{db.name}.signals",
+        "notification.enabled.channels": "log",
+    }}))
+    dagster_home = local_stack.prepare_dagster_home(tmp_path / "dagster_home")
+    env = {k: v for k, v in os.environ.items() if k != "MONGOCDC_LOG_FORMAT"}
+    env.update(DAGSTER_HOME=str(dagster_home), MONGOCDC_CONFIG=str(config), MONGOCDC_HOME=str(tmp_path / "home"),
+               MONGOCDC_TABLES_ENABLED="false", **({"MONGOCDC_LOG_FORMAT": log_format} if log_format else {}))
+    stderr_path = tmp_path / "stderr.log"
+    with stderr_path.open("wb") as stderr:
+        done = subprocess.run(
+            [str(BIN / "dagster"), "asset", "materialize", "-m", "mongocdc_dagster.definitions",
+             "--select", f"{db.name}/items/incremental_snapshot",
+             *(["--config-json", orjson.dumps(run_config).decode()] if run_config else [])],
+            cwd=local_stack.REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr, timeout=600)
+    text = stderr_path.read_text()
+    assert done.returncode == 0, text
+    with DagsterInstance.from_config(str(dagster_home)) as instance:
+        runs = instance.get_runs()
+    assert [r.status for r in runs] == [DagsterRunStatus.SUCCESS], text
+    return runs[0].run_id, text
+
+
+def test_mongocdcs_log_records_are_in_the_runs_event_log(tmp_path: Path, mongo_uri: str,
+                                                       fresh_db: Database[Any]) -> None:
+    run_id, stderr = _materialise_snapshot(tmp_path, mongo_uri, fresh_db)
+    with DagsterInstance.from_config(str(tmp_path / "dagster_home")) as instance:
+        records = instance.all_logs(run_id)
+    # the engine's notifications (mongocdc_core.notifications, INFO) are the run's, as the UI shows them
+    notifications = [orjson.loads(r.user_message.split(": ", 1)[1])
+                     for r in records if r.user_message.startswith(NOTIFICATION)]
+    kinds = [n["type"] for n in notifications]
+    assert kinds and kinds[0] == "STARTED" and kinds[-1] == "COMPLETED", stderr
+    assert {n["aggregate_type"] for n in notifications} == {"Incremental Snapshot"}
+    # and the snapshot's progress lines (mongocdc_core's LogProgress through context.log) next to them
+    assert any(r.user_message.startswith(f"snapshot of {fresh_db.name}.items copied 5 documents") for r in records)
+
+
+def _from_the_run_on(text: str, run_id: str) -> list[str]:
+    """stderr's lines from the run's first event on (before it: Python's warnings as Dagster loads the code)."""
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if run_id in line)
+    return lines[first:]
+
+
+def test_a_runs_console_lines_to_a_file_are_one_line_per_event(tmp_path: Path, mongo_uri: str,
+                                                               fresh_db: Database[Any]) -> None:
+    run_id, text = _materialise_snapshot(tmp_path, mongo_uri, fresh_db, run_config=RUN_CONFIG)
+    lines = _from_the_run_on(text, run_id)
+    assert len(lines) > 5 and "\x1b[" not in text
+    assert [line for line in lines if not EVENT_HEAD.match(line)] == []
+    notifications = [orjson.loads(line.split(NOTIFICATION, 1)[1].split(": ", 1)[1])
+                     for line in lines if NOTIFICATION in line]
+    assert [n["type"] for n in notifications][-1] == "COMPLETED", lines
+    # from INFO on by default: the run's own messages, not Dagster's DEBUG events
+    assert not any(" - RUN_SUCCESS - " in line for line in lines), lines
+
+
+def test_a_runs_json_console_lines_carry_the_run_and_the_notifications_fields(
+        tmp_path: Path, mongo_uri: str, fresh_db: Database[Any]) -> None:
+    run_id, text = _materialise_snapshot(tmp_path, mongo_uri, fresh_db, "json",
+                                         run_config={"loggers": {"console": {"config": {"log_level": "DEBUG"}}}})
+    events = [orjson.loads(line) for line in _from_the_run_on(text, run_id)]  # every line one JSON object
+    assert len(events) > 5 and all(e["run_id"] == run_id and e["logger"] == "dagster" for e in events)
+    assert {"timestamp", "level", "message", "job", "step_key"} <= {k for e in events for k in e}
+    notifications = [e for e in events if "notification" in e]
+    assert [e["notification"]["type"] for e in notifications][-1] == "COMPLETED", events
+    assert {e["notification"]["aggregate_type"] for e in notifications} == {"Incremental Snapshot"}
+    assert all(e["message"].startswith(NOTIFICATION) for e in notifications)
+    assert [e["event_type"] for e in events if "event_type" in e][-1] == "RUN_SUCCESS"
+
+
+def test_a_bad_log_format_fails_the_run_naming_the_variable(tmp_path: Path, mongo_uri: str,
+                                                            fresh_db: Database[Any]) -> None:
+    with pytest.raises(AssertionError, match="MONGOCDC_LOG_FORMAT: expected one of text, json, got 'xml'"):
+        _materialise_snapshot(tmp_path, mongo_uri, fresh_db, "xml", run_config=RUN_CONFIG)
