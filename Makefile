@@ -21,7 +21,7 @@ DEBEZIUM_STAMP := $(DEBEZIUM)/target/.complete
 PYMONGO_VERSION := $(shell sed -n 's/.*"pymongo==\([^"]*\)".*/\1/p' pyproject.toml)
 CONFORMANCE_STAMP := .local/conformance/pymongo-$(PYMONGO_VERSION)/.complete
 
-.PHONY: wheels setup test test-fast reliability lint demo dev bench conformance clean
+.PHONY: soak wheels setup test test-fast reliability lint demo dev bench conformance clean
 
 setup: $(STAMP) $(NATIVE_STAMP) $(KAFKA_STAMP) $(SPARK_JARS_STAMP) $(DRIVERS_JAR) $(DRIVERS_NODE_STAMP) $(DEBEZIUM_STAMP) $(CONFORMANCE_STAMP)
 
@@ -111,6 +111,12 @@ demo: setup
 # pymongo's test suite against the emulator, file by file, with pass counts and rates.
 conformance: setup
 	$(PY) -m tests.conformance.pymongo_suite
+
+# The deployment left running under writers and faults (PostgreSQL instance, 20 collections, 1-minute
+# windows) for SOAK_MINUTES (default 30); SOAK_ARGS=--sharded for the sharded cluster. benchmarks/soak.json.
+SOAK_MINUTES ?= 30
+soak: setup
+	SOAK_MINUTES=$(SOAK_MINUTES) $(PY) -m benchmarks.soak $(SOAK_ARGS)
 
 # Every benchmark in its own process; one table of ratios, written to benchmarks/results.json.
 bench: setup

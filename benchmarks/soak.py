@@ -1,0 +1,830 @@
+"""``make soak``: a deployment left running, with writers that never stop and faults, judged by facts.
+
+What a team wants to see before trusting mongocdc in Dagster, run the way the README tells a user to run
+it: the Dagster webserver and daemon on a PostgreSQL instance (Debian's server, started here as its own
+user), the emulated replica set (or, with ``--sharded``, the emulated sharded cluster with a migration of
+a non-empty chunk while streaming), the project's code location with 1-minute slice windows, and the
+schedules, sensors and table automation as they start. Twenty collections: one hot, the rest quiet,
+one added and one dropped mid-run, under writers that insert, update, replace, delete and commit
+transactions the whole time. Faults while it runs: a primary step-down, the code location reloaded, the
+daemon killed with SIGKILL and started again, a run worker killed mid-run, an ad hoc incremental
+snapshot signal, and a backfill of past windows.
+
+At the end the writers stop at a recorded cluster time, the deployment catches up on its own, and:
+
+- every current_state equals its collection (every key compared; the source is quiet by then),
+- every changelog holds exactly the source's events up to that time (read from an independent change
+  stream of the whole run: the same keys, operations and positions, none missing, none twice),
+- ``mongocdc check`` passes every blocking check,
+- every failed run is explained by an injected fault.
+
+Printed, and written to ``benchmarks/soak.json``: runs launched / succeeded / failed (with the fault
+that explains each failure), check results, freshness (a write's cluster time to the commit of the
+current_state version that holds it: p50, p95, p99), the machine's CPU share, and Dagster's overhead
+per slice run (the run's wall time less its one step's). ``SOAK_MINUTES`` (default 30) sets how long the
+writers write; the test suite runs a short version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+from bson import ObjectId
+from bson.timestamp import Timestamp
+from pymongo import MongoClient
+from pymongo.errors import PyMongoError
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+OUT = REPO / "benchmarks" / "soak.json"
+DB = "shop"
+HOT = "orders"
+SIGNALS = "debezium_signal"
+
+Doc = dict[str, Any]
+
+
+# ----------------------------------------------------------------------------------------------- services
+
+
+def _free_port() -> int:
+    from mongocdc_devstack.fixture import free_port
+
+    return free_port("127.0.0.1")
+
+
+@contextmanager
+def postgres() -> Iterator[dict[str, str]]:
+    """A PostgreSQL server on loopback for the Dagster instance; yields the DAGSTER_PG_* variables.
+
+    The server refuses to run as root, so as root it runs as Debian's ``postgres`` user, in a directory of
+    its own under the system's temporary directory (a test's tmp_path is not open to other users)."""
+    if not (PG_BIN / "initdb").exists():
+        subprocess.run(["apt-get", "install", "-y", "-qq", "postgresql"], check=True, stdout=subprocess.DEVNULL)
+    root = Path(tempfile.mkdtemp(prefix="mongocdc-soak-pg-"))
+    data, sockets = root / "pgdata", root / "pgsock"
+    data.mkdir()
+    sockets.mkdir()
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres")
+        for path in (data, sockets):
+            shutil.chown(path, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    port = _free_port()
+    subprocess.run([*as_user, str(PG_BIN / "initdb"), "-D", str(data), "-U", "dagster", "--auth=trust",
+                    "-E", "UTF8"], check=True, stdout=subprocess.DEVNULL)
+    log = data / "postgres.log"
+    subprocess.run([*as_user, str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "start", "-o",
+                    f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c max_connections=200"],
+                   check=True, stdout=subprocess.DEVNULL)
+    try:
+        subprocess.run([str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "dagster", "dagster"],
+                       check=True)
+        yield {"DAGSTER_PG_HOST": "127.0.0.1", "DAGSTER_PG_PORT": str(port), "DAGSTER_PG_USER": "dagster",
+               "DAGSTER_PG_PASSWORD": "", "DAGSTER_PG_DB": "dagster"}
+    finally:
+        subprocess.run([*as_user, str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
+                       check=False, stdout=subprocess.DEVNULL)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+POSTGRES_STORAGE = """
+storage:
+  postgres:
+    postgres_db:
+      hostname: {env: DAGSTER_PG_HOST}
+      port: {env: DAGSTER_PG_PORT}
+      username: {env: DAGSTER_PG_USER}
+      password: {env: DAGSTER_PG_PASSWORD}
+      db_name: {env: DAGSTER_PG_DB}
+      # SQLAlchemy 2.1 takes psycopg 3 for postgresql://; dagster-postgres installs psycopg2
+      scheme: postgresql+psycopg2
+"""
+
+
+class Process:
+    """A long-running process of the deployment, in its own session, its output in a log file."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], logs: Path) -> None:
+        self.name, self.args, self.env, self.log = name, args, env, logs / f"{name}.log"
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.popen = subprocess.Popen(self.args, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+
+    def kill(self) -> None:
+        """SIGKILL to the process alone (its children are left, as after a crash)."""
+        assert self.popen is not None
+        self.popen.kill()
+        self.popen.wait()
+
+    def stop(self) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+
+
+# ----------------------------------------------------------------------------------------------- the source
+
+
+@dataclass
+class Write:
+    """One write the writers made: which document, when (cluster time and wall clock)."""
+
+    collection: str
+    key: Any
+    op: str  # c, u, d
+    cluster: tuple[int, int]
+    wall: float
+
+
+@dataclass
+class Writers:
+    """Writers that never stop: the hot collection constantly, the quiet ones now and then."""
+
+    client: MongoClient[Doc]
+    collections: list[str]
+    hot_rate: float = 20.0  # operations per second on the hot collection
+    written: list[Write] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _next_id: int = 1_000_000
+
+    def start(self) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self._hot, name="hot-writer", daemon=True),
+                   threading.Thread(target=self._quiet, name="quiet-writer", daemon=True)]
+        for thread in threads:
+            thread.start()
+        return threads
+
+    def _record(self, collection: str, key: Any, op: str, session: Any) -> None:
+        ts: Timestamp = session.operation_time
+        with self._lock:
+            self.written.append(Write(collection, key, op, (ts.time, ts.inc), time.time()))
+
+    def _new_id(self) -> int:
+        with self._lock:
+            self._next_id += 1
+            return self._next_id
+
+    def _one(self, collection: str, rng: random.Random) -> None:
+        """An insert, update, replace, delete or a two-document transaction, retried across a step-down."""
+        coll = self.client[DB][collection]
+        with self.client.start_session() as session:
+            choice = rng.random()
+            try:
+                if choice < 0.4:
+                    key = self._new_id()
+                    coll.insert_one({"_id": key, "qty": rng.randint(1, 100), "note": "x" * rng.randint(0, 64),
+                                     "at": datetime.now(UTC)}, session=session)
+                    self._record(collection, key, "c", session)
+                    return
+                existing = coll.find_one({}, {"_id": 1}, sort=[("qty", 1 if choice < 0.7 else -1)], session=session)
+                if existing is None:
+                    return
+                key = existing["_id"]
+                if choice < 0.7:
+                    coll.update_one({"_id": key}, {"$inc": {"qty": 1}, "$set": {"touched": ObjectId()}}, session=session)
+                    self._record(collection, key, "u", session)
+                elif choice < 0.8:
+                    coll.replace_one({"_id": key}, {"qty": -1, "replaced": True}, session=session)
+                    self._record(collection, key, "u", session)
+                elif choice < 0.9:
+                    coll.delete_one({"_id": key}, session=session)
+                    self._record(collection, key, "d", session)
+                else:
+                    first, second = self._new_id(), self._new_id()
+
+                    def both(s: Any) -> None:
+                        coll.insert_one({"_id": first, "qty": 1, "txn": True}, session=s)
+                        coll.insert_one({"_id": second, "qty": 2, "txn": True}, session=s)
+
+                    session.with_transaction(both)
+                    self._record(collection, first, "c", session)
+                    self._record(collection, second, "c", session)
+            except PyMongoError as exc:  # a step-down or an election: the write may not have happened
+                self.errors[type(exc).__name__] += 1
+                time.sleep(0.5)
+
+    def _hot(self) -> None:
+        rng = random.Random(1)
+        while not self.stop.is_set():
+            self._one(HOT, rng)
+            time.sleep(rng.expovariate(self.hot_rate))
+
+    def _quiet(self) -> None:
+        rng = random.Random(2)
+        while not self.stop.is_set():
+            with self._lock:
+                quiet = [c for c in self.collections if c != HOT]
+            if quiet:
+                self._one(rng.choice(quiet), rng)
+            time.sleep(rng.uniform(0.5, 3.0))
+
+
+def cluster_time(client: MongoClient[Doc]) -> Timestamp:
+    ts = client.admin.command("hello")["$clusterTime"]["clusterTime"]
+    assert isinstance(ts, Timestamp)
+    return ts
+
+
+def source_events(client: MongoClient[Doc], start: Timestamp, end: Timestamp) -> dict[str, Counter[tuple[str, str]]]:
+    """Per collection, (key, op) -> how often, from an independent change stream of [start, end]."""
+    ops = {"insert": "c", "update": "u", "replace": "u", "delete": "d"}
+    found: dict[str, Counter[tuple[str, str]]] = {}
+    with client[DB].watch(start_at_operation_time=start, full_document="default") as stream:
+        while True:
+            event = stream.try_next()
+            if event is None:
+                if stream.resume_token is not None and _token_time(stream) > end:
+                    break
+                continue
+            if event["clusterTime"] > end:
+                break
+            op = ops.get(event["operationType"])
+            if op is None:
+                continue
+            coll = event["ns"]["coll"]
+            key = orjson.dumps(event["documentKey"]["_id"], default=str).decode()
+            found.setdefault(coll, Counter())[(key, op)] += 1
+    return found
+
+
+def _token_time(stream: Any) -> Timestamp:
+    """The cluster time a post-batch resume token has passed (the stream is idle but the server moved on)."""
+    from mongocdc_core.positions import decode_resume_token_timestamp
+
+    return decode_resume_token_timestamp(stream.resume_token)
+
+
+# ----------------------------------------------------------------------------------------------- Dagster
+
+
+@dataclass
+class Deployment:
+    """The running deployment: MongoDB, the Dagster webserver and daemon, and how to talk to them."""
+
+    root: Path
+    uri: str
+    env: dict[str, str]
+    port: int
+    processes: dict[str, Process]
+    sharded: bool
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def client(self) -> MongoClient[Doc]:
+        return MongoClient(self.uri, serverSelectionTimeoutMS=30_000)
+
+    def instance(self) -> Any:
+        from dagster import DagsterInstance
+
+        return DagsterInstance.from_config(self.env["DAGSTER_HOME"])
+
+    def graphql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = orjson.dumps({"query": query, "variables": variables or {}})
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/graphql", body,
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=300) as reply:
+            data: dict[str, Any] = orjson.loads(reply.read())
+        if "errors" in data:
+            raise RuntimeError(f"GraphQL error: {data['errors']}")
+        return data["data"]
+
+    def up(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/server_info", timeout=5) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def reload(self) -> None:
+        """Reload the code location, as the UI's "Reload" button does."""
+        reply = self.graphql("""mutation { reloadRepositoryLocation(repositoryLocationName: "mongocdc") {
+            __typename ... on WorkspaceLocationEntry { locationOrLoadError { __typename } } } }""")
+        assert reply["reloadRepositoryLocation"]["__typename"] == "WorkspaceLocationEntry", reply
+
+    def launch(self, keys: list[list[str]], tags: dict[str, str] | None = None) -> str:
+        reply = self.graphql(
+            """mutation($p: ExecutionParams!) { launchRun(executionParams: $p) { __typename
+                 ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
+                 ... on InvalidSubsetError { message } } }""",
+            {"p": {"selector": {"repositoryLocationName": "mongocdc", "repositoryName": "__repository__",
+                                "jobName": "__ASSET_JOB", "assetSelection": [{"path": k} for k in keys]},
+                   "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]}}})
+        launched = reply["launchRun"]
+        assert launched["__typename"] == "LaunchRunSuccess", launched
+        return str(launched["run"]["runId"])
+
+    def backfill(self, key: list[str], partitions: list[str]) -> str:
+        reply = self.graphql(
+            """mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) { __typename
+                 ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }""",
+            {"p": {"partitionNames": partitions, "assetSelection": [{"path": key}]}})
+        launched = reply["launchPartitionBackfill"]
+        assert launched["__typename"] == "LaunchBackfillSuccess", launched
+        return str(launched["backfillId"])
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float, deployment: Deployment | None = None) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(2.0)
+    tails = ""
+    if deployment is not None:
+        tails = "\n".join(f"--- {p.log.name}\n{p.log.read_text(errors='replace')[-3000:]}"
+                          for p in deployment.processes.values() if p.log.exists())
+    raise SoakFailure(f"timed out after {timeout:.0f} s waiting for {what}\n{tails}")
+
+
+class SoakFailure(AssertionError):
+    """The deployment did not do what it must; the message says what."""
+
+
+@contextmanager
+def deployment(root: Path, collections: list[str], *, sharded: bool) -> Iterator[Deployment]:
+    """Everything started, seeded, the code location loaded; stopped again on the way out."""
+    from mongocdc_dagster import local_stack
+
+    logs = root / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        pg = stack.enter_context(postgres())
+        port = _free_port() if not sharded else _free_ports(3)
+        mongo_args = [str(BIN / "mongocdc"), "emulator", "--port", str(port), "--noop-interval", "1",
+                      "--oplog-size-mb", "512"]
+        mongo_args += ["--shards", "2"] if sharded else ["--replset", "rs0", "--dbpath", str(root / "mongo")]
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith(("MONGOCDC_", "DAGSTER_"))}
+        processes: dict[str, Process] = {"mongodb": Process("mongodb", mongo_args, base_env, logs)}
+        stack.callback(processes["mongodb"].stop)
+        uri = f"mongodb://127.0.0.1:{port}/" + ("" if sharded else "?replicaSet=rs0")
+        client: MongoClient[Doc] = MongoClient(uri, serverSelectionTimeoutMS=60_000)
+        stack.callback(client.close)
+        client.admin.command("ping")
+        for i, name in enumerate(collections):
+            client[DB][name].insert_many([{"_id": n, "qty": n, "name": f"{name}-{n}"} for n in range(1, 11 + 40 * (i == 0))])
+        client[DB].create_collection(SIGNALS)
+        config = root / "connector.json"
+        config.write_bytes(orjson.dumps({"name": "soak", "config": {
+            "mongodb.connection.string": uri, "topic.prefix": "soak",
+            "collection.include.list": rf"{DB}\..*", "signal.data.collection": f"{DB}.{SIGNALS}",
+        }}, option=orjson.OPT_INDENT_2))
+        dagster_home = root / "dagster_home"
+        dagster_home.mkdir()
+        (dagster_home / "dagster.yaml").write_text(local_stack.DAGSTER_YAML.read_text() + POSTGRES_STORAGE)
+        env = base_env | pg | {
+            "DAGSTER_HOME": str(dagster_home), "MONGOCDC_CONFIG": str(config), "MONGOCDC_HOME": str(root / "home"),
+            "MONGOCDC_SLICE_GRANULARITY": "1min", "MONGOCDC_SENSOR_INTERVAL": "15",
+            "DAGSTER_GRPC_TIMEOUT_SECONDS": "300",
+        }
+        os.environ.update(pg)  # this process reads the same instance
+        local_stack.prepare_dagster_home(dagster_home)
+        web_port = _free_port()
+        processes["webserver"] = Process("webserver", [str(BIN / "dagster-webserver"), "-w", "workspace.yaml",
+                                                       "-h", "127.0.0.1", "-p", str(web_port)], env, logs)
+        stack.callback(processes["webserver"].stop)
+        processes["daemon"] = Process("daemon", [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"], env, logs)
+        stack.callback(lambda: processes["daemon"].stop())
+        deployed = Deployment(root, uri, env, web_port, processes, sharded)
+        wait_for("the webserver", deployed.up, 300, deployed)
+        yield deployed
+
+
+def _free_ports(count: int) -> int:
+    from mongocdc_devstack.fixture import free_ports
+
+    return free_ports(count)
+
+
+# ----------------------------------------------------------------------------------------------- faults
+
+
+@dataclass
+class Fault:
+    name: str
+    at: float  # wall clock
+    run_id: str | None = None  # the run it killed, for a killed run worker
+    detail: str = ""
+
+
+def step_down(d: Deployment) -> Fault:
+    with d.client() as client:
+        try:
+            client.admin.command({"replSetStepDown": 10, "force": True, "secondaryCatchUpPeriodSecs": 0})
+        except PyMongoError:  # the step-down closes the connection that asked for it
+            pass
+    return Fault("primary step-down", time.time())
+
+
+def kill_daemon(d: Deployment) -> Fault:
+    at = time.time()
+    d.processes["daemon"].kill()
+    time.sleep(5)
+    d.processes["daemon"].start()
+    return Fault("daemon killed with SIGKILL and restarted", at)
+
+
+def reload_location(d: Deployment) -> Fault:
+    at = time.time()
+    d.reload()
+    return Fault("code location reloaded", at)
+
+
+def _run_worker_pid(instance: Any, run_id: str) -> int | None:
+    """The pid of a run's worker process, from the engine event that reported its start."""
+    import re
+
+    for entry in instance.all_logs(run_id):
+        found = re.search(r"Started process for run \(pid: (\d+)\)", entry.message or "")
+        if found:
+            return int(found.group(1))
+    return None
+
+
+def kill_run_worker(d: Deployment, timeout: float = 300) -> Fault:
+    """SIGKILL the worker process of a run that is executing (the first one found)."""
+    from dagster import DagsterRunStatus, RunsFilter
+
+    def started() -> tuple[str, int] | None:
+        with d.instance() as instance:
+            for run in instance.get_runs(filters=RunsFilter(statuses=[DagsterRunStatus.STARTED]), limit=10):
+                pid = _run_worker_pid(instance, run.run_id)
+                if pid is not None and Path(f"/proc/{pid}").exists():
+                    return run.run_id, pid
+        return None
+
+    run_id, pid = wait_for("a run executing", started, timeout, d)
+    os.kill(pid, signal.SIGKILL)
+    return Fault("run worker killed mid-run", time.time(), run_id=run_id, detail=f"pid {pid}")
+
+
+def incremental_signal(d: Deployment, collection: str) -> Fault:
+    with d.client() as client:
+        client[DB][SIGNALS].insert_one({"_id": f"soak-{int(time.time())}", "type": "execute-snapshot", "data": {
+            "data-collections": [f"{DB}.{collection}"], "type": "incremental"}})
+    return Fault("ad hoc incremental snapshot signal", time.time(), detail=collection)
+
+
+def backfill_past(d: Deployment, first: datetime, windows: int) -> Fault:
+    keys = [(first + timedelta(minutes=m)).strftime("%Y-%m-%d-%H:%M") for m in range(windows)]
+    backfill = d.backfill([DB, HOT, "slices"], keys)
+    return Fault("backfill of past windows", time.time(), detail=f"{backfill}: {keys[0]}..{keys[-1]}")
+
+
+def migrate_chunk(d: Deployment) -> Fault:
+    """Move the hot collection's chunk holding documents to the other shard (sharded soak only)."""
+    with d.client() as client:
+        client.admin.command("enableSharding", DB)
+        client.admin.command("shardCollection", f"{DB}.{HOT}", key={"_id": 1})
+        client.admin.command("split", f"{DB}.{HOT}", middle={"_id": 25})
+        chunk = client.config.chunks.find_one({"max._id": 25}) or client.config.chunks.find_one({})
+        assert chunk is not None
+        target = next(s["_id"] for s in client.config.shards.find() if s["_id"] != chunk["shard"])
+        client.admin.command("moveChunk", f"{DB}.{HOT}", find={"_id": 1}, to=target)
+    return Fault("migration of a non-empty chunk", time.time(), detail=f"to {target}")
+
+
+# ----------------------------------------------------------------------------------------------- the run
+
+
+@dataclass
+class SoakResult:
+    minutes: float
+    sharded: bool
+    collections: int
+    writes: int
+    write_errors: dict[str, int]
+    faults: list[dict[str, Any]]
+    runs: dict[str, int]
+    failures: list[dict[str, str]]  # every failed run with the fault that explains it ("" when none does)
+    checks: dict[str, str]  # check key -> PASS/FAIL and its description
+    tables: dict[str, dict[str, Any]]  # collection -> rows, keys compared, changelog events, matches
+    freshness_s: dict[str, float]  # p50, p95, p99 (and the count of writes measured)
+    cpu_share: float
+    slice_run_overhead_s: dict[str, float]
+    problems: list[str]  # what failed the soak; empty when it passed
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+def _windows(first: datetime, last: datetime) -> list[str]:
+    out, at = [], first
+    while at <= last:
+        out.append(at.strftime("%Y-%m-%d-%H:%M"))
+        at += timedelta(minutes=1)
+    return out
+
+
+def _cpu_jiffies() -> tuple[int, int]:
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def run(minutes: float, *, collections: int = 20, sharded: bool = False, root: Path | None = None,
+        say: Callable[[str], None] = print) -> SoakResult:
+    """The whole soak; ``minutes`` of writing, then the catch-up and the verdict."""
+    names = [HOT] + [f"quiet_{i:02d}" for i in range(1, collections)]
+    dropped, added = names[-1], "added_late"
+    workdir = root or Path(tempfile.mkdtemp(prefix="mongocdc-soak-"))
+    busy0, total0 = _cpu_jiffies()
+    with deployment(workdir, names, sharded=sharded) as d, d.client() as client:
+        begin = cluster_time(client)
+        say(f"deployment up: MongoDB {d.uri}, Dagster on :{d.port} (PostgreSQL instance), {len(names)} collections")
+        snapshot_run = d.launch([[DB, n, "snapshot"] for n in names])
+        wait_for("the first snapshots", lambda: _run_done(d, snapshot_run), 900, d)
+        writers = Writers(client, list(names))
+        started = time.time()
+        threads = writers.start()
+        faults: list[Fault] = []
+        plan: list[tuple[float, Callable[[], Fault]]] = [
+            (0.10, lambda: incremental_signal(d, names[1])),
+            (0.20, lambda: step_down(d)),
+            (0.30, lambda: _add_collection(d, writers, added)),
+            (0.40, lambda: kill_daemon(d)),
+            (0.50, lambda: kill_run_worker(d)),
+            (0.60, lambda: _drop_collection(d, writers, dropped)),
+            (0.70, lambda: backfill_past(d, datetime.fromtimestamp(started, UTC).replace(second=0), 3)),
+            (0.80, lambda: reload_location(d)),
+        ]
+        if sharded:
+            plan.append((0.45, lambda: migrate_chunk(d)))
+        deadline = started + minutes * 60
+        for fraction, action in sorted(plan, key=lambda p: p[0]):
+            pause = started + fraction * minutes * 60 - time.time()
+            if pause > 0:
+                time.sleep(pause)
+            fault = action()
+            faults.append(fault)
+            say(f"{datetime.now(UTC):%H:%M:%S} fault: {fault.name} {fault.detail}".rstrip())
+        time.sleep(max(0.0, deadline - time.time()))
+        writers.stop.set()
+        for thread in threads:
+            thread.join(60)
+        end = cluster_time(client)
+        say(f"writers stopped at cluster time {end.time}.{end.inc} after {len(writers.written)} writes; catching up")
+        live = [n for n in writers.collections]
+        _catch_up(d, live, end)
+        busy1, total1 = _cpu_jiffies()
+        result = _verdict(d, client, live, dropped, begin, end, writers, faults, minutes, sharded)
+        result.cpu_share = round((busy1 - busy0) / max(1, total1 - total0), 3)
+    return result
+
+
+def _run_done(d: Deployment, run_id: str) -> bool:
+    from dagster import DagsterRunStatus
+
+    with d.instance() as instance:
+        run = instance.get_run_by_id(run_id)
+    if run is not None and run.status in (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED):
+        raise SoakFailure(f"run {run_id} ended {run.status.value}")
+    return run is not None and run.status == DagsterRunStatus.SUCCESS
+
+
+def _add_collection(d: Deployment, writers: Writers, name: str) -> Fault:
+    """A collection created mid-run: the user reloads the code location and snapshots it."""
+    with d.client() as client:
+        client[DB][name].insert_many([{"_id": n, "qty": n} for n in range(1, 21)])
+    at = time.time()
+    d.reload()
+    run_id = d.launch([[DB, name, "snapshot"]])
+    wait_for(f"the snapshot of {name}", lambda: _run_done(d, run_id), 900, d)
+    with writers._lock:
+        writers.collections.append(name)
+    return Fault("collection added, code location reloaded, its snapshot run", at, detail=name)
+
+
+def _drop_collection(d: Deployment, writers: Writers, name: str) -> Fault:
+    with writers._lock:
+        writers.collections.remove(name)
+    time.sleep(3)  # a write of the quiet writer under way ends first
+    with d.client() as client:
+        client[DB].drop_collection(name)
+    at = time.time()
+    d.reload()
+    return Fault("collection dropped, code location reloaded", at, detail=name)
+
+
+def _catch_up(d: Deployment, live: list[str], end: Timestamp, timeout: float = 900) -> None:
+    """Wait, without acting, until every live collection's slices hold the window of ``end`` and its
+    current_state was refreshed after that slice landed."""
+    from dagster import AssetKey
+
+    last_window = datetime.fromtimestamp(end.time, UTC).replace(second=0).strftime("%Y-%m-%d-%H:%M")
+
+    def caught_up() -> bool:
+        with d.instance() as instance:
+            for name in live:
+                slices, state = AssetKey([DB, name, "slices"]), AssetKey([DB, name, "current_state"])
+                if last_window not in instance.get_materialized_partitions(slices):
+                    return False
+                landed = instance.get_latest_materialization_event(slices)
+                refreshed = instance.get_latest_materialization_event(state)
+                if landed is None or refreshed is None or refreshed.timestamp < landed.timestamp:
+                    return False
+        return True
+
+    wait_for(f"every collection caught up to window {last_window}", caught_up, timeout, d)
+
+
+def _explain(run: Any, record: Any, faults: list[Fault]) -> str:
+    """The injected fault that explains a failed run, "" when none does."""
+    for fault in faults:
+        if fault.run_id == run.run_id:
+            return fault.name
+    start = record.start_time or record.create_timestamp.timestamp()
+    end = record.end_time or time.time()
+    for fault in faults:
+        # a step-down fails the operations under way for a moment; a killed daemon takes the runs its own
+        # code server was executing with it (a deployment with a separate code server keeps them)
+        if fault.name == "primary step-down" and start - 5 <= fault.at + 60 and fault.at <= end:
+            return fault.name
+        if fault.name.startswith("daemon killed") and start <= fault.at <= end + 5:
+            return fault.name
+    return ""
+
+
+def _table_figures(spark: Any, d: Deployment, client: MongoClient[Doc], name: str, begin: Timestamp,
+                   end: Timestamp, live: bool, problems: list[str]) -> dict[str, Any]:
+    """current_state against the quiet source (every key), and the changelog against the source's events."""
+    from pyspark.sql import functions as F
+
+    from mongocdc_core.config import ConnectorConfig
+    from mongocdc_core.tables import CollectionTables, reconcile_at_position
+
+    tables = CollectionTables.under(str(Path(d.env["MONGOCDC_HOME"]) / "tables"), f"{DB}.{name}")
+    figures: dict[str, Any] = {}
+    if live:
+        cfg = ConnectorConfig.load(d.env["MONGOCDC_CONFIG"])
+        found = reconcile_at_position(spark, tables, cfg)
+        figures |= {"rows": found.table_rows, "source_rows": found.source_rows, "keys_left_out": found.keys_excluded,
+                    "matches": found.matches}
+        if not found.matches or found.keys_excluded or found.table_rows != found.source_rows:
+            problems.append(f"{name}: current_state does not equal the source with every key compared: {found}")
+    log = spark.read.format("delta").load(tables.changelog)
+    snapshot = log.where(F.col("__op") == "r").agg(F.min("__position")).first()
+    since = _position(snapshot[0]) if snapshot and snapshot[0] else (begin.time, begin.inc)
+    rows = log.where(F.col("__op").isin("c", "u", "d")).select("_id", "__op", "__position").collect()
+    held: Counter[tuple[str, str]] = Counter(
+        (r["_id"], r["__op"]) for r in rows if since < _position(r["__position"]) <= (end.time, end.inc))
+    source = source_events(client, Timestamp(*since), end).get(name, Counter())
+    source = Counter({(k.strip('"'), op): n for (k, op), n in source.items()})
+    figures |= {"changelog_events": sum(held.values()), "source_events": sum(source.values())}
+    if held != source:
+        missing, extra = source - held, held - source
+        problems.append(f"{name}: the changelog is not the source's events since {since}: "
+                        f"missing {sum(missing.values())} ({list(missing)[:5]}), extra {sum(extra.values())} "
+                        f"({list(extra)[:5]})")
+    return figures
+
+
+def _position(text: str) -> tuple[int, int]:
+    seconds, increment, *_ = text.split(".")
+    return int(seconds), int(increment)
+
+
+def _freshness(d: Deployment, writes: list[Write], live: list[str]) -> dict[str, float]:
+    """A write's wall time to the commit of the first current_state version whose position holds it,
+    read from the tables' Delta logs (commit timestamps and the ``mongocdc.position`` property)."""
+    latencies: list[float] = []
+    for name in live:
+        log_dir = Path(d.env["MONGOCDC_HOME"]) / "tables" / f"{DB}__{name}__current" / "_delta_log"
+        commits: list[tuple[tuple[int, int], float]] = []
+        for entry in sorted(log_dir.glob("*.json")):
+            stamp, position = None, None
+            for line in entry.read_bytes().splitlines():
+                action = orjson.loads(line)
+                if "commitInfo" in action:
+                    stamp = action["commitInfo"]["timestamp"] / 1000
+                if "metaData" in action:
+                    position = action["metaData"].get("configuration", {}).get("mongocdc.position")
+            if stamp is not None and position:
+                commits.append((_position(position), stamp))
+        for write in (w for w in writes if w.collection == name):
+            visible = next((stamp for pos, stamp in commits if pos >= write.cluster), None)
+            if visible is not None:
+                latencies.append(visible - write.wall)
+    if not latencies:
+        return {"writes_measured": 0}
+    q = statistics.quantiles(latencies, n=100)
+    return {"writes_measured": len(latencies), "p50": round(statistics.median(latencies), 1),
+            "p95": round(q[94], 1), "p99": round(q[98], 1)}
+
+
+def _slice_overhead(instance: Any, runs: list[Any]) -> dict[str, float]:
+    waits, overheads = [], []
+    for run in runs:
+        keys = run.asset_selection or set()
+        if not keys or not all(k.path[-1] == "slices" for k in keys) or run.status.value != "SUCCESS":
+            continue
+        stats = instance.get_run_stats(run.run_id)
+        steps = instance.get_run_step_stats(run.run_id)
+        if stats.start_time is None or stats.end_time is None:
+            continue
+        busy = sum((s.end_time or 0) - (s.start_time or 0) for s in steps)
+        overheads.append(stats.end_time - stats.start_time - busy)
+        record = instance.get_run_record_by_id(run.run_id)
+        if record is not None:
+            waits.append(stats.start_time - record.create_timestamp.timestamp())
+    if not overheads:
+        return {"slice_runs": 0}
+    return {"slice_runs": len(overheads), "in_run_median": round(statistics.median(overheads), 1),
+            "queue_and_start_median": round(statistics.median(waits), 1) if waits else 0.0}
+
+
+def _verdict(d: Deployment, client: MongoClient[Doc], live: list[str], dropped: str, begin: Timestamp,
+             end: Timestamp, writers: Writers, faults: list[Fault], minutes: float, sharded: bool) -> SoakResult:
+    from dagster import DagsterRunStatus
+
+    from mongocdc_core.tables import spark_session
+
+    problems: list[str] = []
+    check = subprocess.run([str(BIN / "mongocdc"), "check", "--collection", f"{DB}.*"], cwd=REPO, env=d.env,
+                           capture_output=True, text=True, timeout=1800, check=False)
+    checks = {" ".join(line.split()[1:3]): line.split()[0] + " " + " ".join(line.split()[3:])
+              for line in check.stdout.splitlines() if line.startswith(("PASS", "FAIL"))}
+    if check.returncode != 0 or not checks:
+        problems.append(f"mongocdc check exited {check.returncode}: {check.stdout[-2000:]}{check.stderr[-2000:]}")
+    with d.instance() as instance:
+        runs = list(instance.get_runs())
+        status = Counter(r.status.value for r in runs)
+        failures = []
+        for r in runs:
+            if r.status in (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED):
+                reason = _explain(r, instance.get_run_record_by_id(r.run_id), faults)
+                failures.append({"run": r.run_id, "job": r.job_name, "explained_by": reason})
+                if not reason:
+                    problems.append(f"run {r.run_id} ({r.job_name}) failed and no injected fault explains it")
+        overhead = _slice_overhead(instance, runs)
+    spark = spark_session()
+    tables = {name: _table_figures(spark, d, client, name, begin, end, True, problems) for name in live}
+    tables[dropped] = _table_figures(spark, d, client, dropped, begin, end, False, problems)
+    return SoakResult(
+        minutes=minutes, sharded=sharded, collections=len(live) + 1, writes=len(writers.written),
+        write_errors=dict(writers.errors), faults=[asdict(f) for f in faults],
+        runs={"launched": len(runs), **status}, failures=failures, checks=checks, tables=tables,
+        freshness_s=_freshness(d, writers.written, live), cpu_share=0.0, slice_run_overhead_s=overhead,
+        problems=problems,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=float(os.environ.get("SOAK_MINUTES", "30")))
+    parser.add_argument("--collections", type=int, default=20)
+    parser.add_argument("--sharded", action="store_true", help="the emulated sharded cluster, with a chunk migration")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    result = run(args.minutes, collections=args.collections, sharded=args.sharded)
+    data = asdict(result) | {"passed": result.passed, "recorded_at": datetime.now(UTC).isoformat(timespec="seconds")}
+    args.out.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+    print(json.dumps({k: data[k] for k in ("runs", "freshness_s", "cpu_share", "slice_run_overhead_s")}, indent=2))
+    print(f"checks: {sum(v.startswith('PASS') for v in result.checks.values())} passed, "
+          f"{sum(v.startswith('FAIL') for v in result.checks.values())} failed; written to {args.out}")
+    for problem in result.problems:
+        print(f"PROBLEM: {problem}")
+    print("soak PASSED" if result.passed else "soak FAILED")
+    return 0 if result.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
