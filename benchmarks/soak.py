@@ -131,12 +131,14 @@ class Process:
     def __init__(self, name: str, args: list[str], env: dict[str, str], logs: Path) -> None:
         self.name, self.args, self.env, self.log = name, args, env, logs / f"{name}.log"
         self.popen: subprocess.Popen[bytes] | None = None
+        self.groups: list[int] = []  # every start's process group: a SIGKILLed one leaves its children there
         self.start()
 
     def start(self) -> None:
         with open(self.log, "ab") as out:
             self.popen = subprocess.Popen(self.args, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                           start_new_session=True)
+        self.groups.append(self.popen.pid)
 
     def kill(self) -> None:
         """SIGKILL to the process alone (its children are left, as after a crash)."""
@@ -145,14 +147,18 @@ class Process:
         self.popen.wait()
 
     def stop(self) -> None:
-        if self.popen is None or self.popen.poll() is not None:
-            return
-        os.killpg(self.popen.pid, signal.SIGTERM)
-        try:
-            self.popen.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait()
+        """SIGTERM to every group this process ever had, SIGKILL to what is left after a minute."""
+        if self.popen is not None and self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        for group in self.groups:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 # ----------------------------------------------------------------------------------------------- the source
@@ -647,7 +653,7 @@ def _drop_collection(d: Deployment, writers: Writers, name: str) -> Fault:
 def _catch_up(d: Deployment, live: list[str], end: Timestamp, timeout: float = 900) -> None:
     """Wait, without acting, until every live collection's slices hold the window of ``end`` and its
     current_state was refreshed after that slice landed."""
-    from dagster import AssetKey
+    from dagster import AssetKey, AssetRecordsFilter
 
     last_window = datetime.fromtimestamp(end.time, UTC).replace(second=0).strftime("%Y-%m-%d-%H:%M")
 
@@ -655,11 +661,11 @@ def _catch_up(d: Deployment, live: list[str], end: Timestamp, timeout: float = 9
         with d.instance() as instance:
             for name in live:
                 slices, state = AssetKey([DB, name, "slices"]), AssetKey([DB, name, "current_state"])
-                if last_window not in instance.get_materialized_partitions(slices):
-                    return False
-                landed = instance.get_latest_materialization_event(slices)
+                landed = instance.fetch_materializations(
+                    AssetRecordsFilter(asset_key=slices, asset_partitions=[last_window]), limit=1).records
                 refreshed = instance.get_latest_materialization_event(state)
-                if landed is None or refreshed is None or refreshed.timestamp < landed.timestamp:
+                # the window holding the last write landed, and the tables were refreshed after it landed
+                if not landed or refreshed is None or refreshed.timestamp < landed[0].timestamp:
                     return False
         return True
 
