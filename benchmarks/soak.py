@@ -270,10 +270,19 @@ def cluster_time(client: MongoClient[Doc]) -> Timestamp:
     return ts
 
 
-def source_events(client: MongoClient[Doc], start: Timestamp, end: Timestamp) -> dict[str, Counter[tuple[str, str]]]:
-    """Per collection, (key, op) -> how often, from an independent change stream of [start, end]."""
+@dataclass(frozen=True)
+class SourceEvent:
+    """One change of the source, as an independent change stream saw it."""
+
+    key: str  # the document key as JSON text
+    op: str  # c, u, d
+    position: tuple[int, int]  # cluster time (seconds, increment)
+
+
+def source_events(client: MongoClient[Doc], start: Timestamp, end: Timestamp) -> dict[str, list[SourceEvent]]:
+    """Per collection, every insert, update, replace and delete of [start, end], from one change stream."""
     ops = {"insert": "c", "update": "u", "replace": "u", "delete": "d"}
-    found: dict[str, Counter[tuple[str, str]]] = {}
+    found: dict[str, list[SourceEvent]] = {}
     with client[DB].watch(start_at_operation_time=start, full_document="default") as stream:
         while True:
             event = stream.try_next()
@@ -286,9 +295,9 @@ def source_events(client: MongoClient[Doc], start: Timestamp, end: Timestamp) ->
             op = ops.get(event["operationType"])
             if op is None:
                 continue
-            coll = event["ns"]["coll"]
+            at: Timestamp = event["clusterTime"]
             key = orjson.dumps(event["documentKey"]["_id"], default=str).decode()
-            found.setdefault(coll, Counter())[(key, op)] += 1
+            found.setdefault(event["ns"]["coll"], []).append(SourceEvent(key, op, (at.time, at.inc)))
     return found
 
 
@@ -550,6 +559,7 @@ class SoakResult:
     cpu_share: float
     slice_run_overhead_s: dict[str, float]
     problems: list[str]  # what failed the soak; empty when it passed
+    catch_up_s: float = 0.0  # from the writers' stop until every current_state reflected the last change
 
     @property
     def passed(self) -> bool:
@@ -571,8 +581,9 @@ def _cpu_jiffies() -> tuple[int, int]:
 
 
 def run(minutes: float, *, collections: int = 20, sharded: bool = False, root: Path | None = None,
-        say: Callable[[str], None] = print) -> SoakResult:
-    """The whole soak; ``minutes`` of writing, then the catch-up and the verdict."""
+        catch_up_timeout: float = 2400, say: Callable[[str], None] = print) -> SoakResult:
+    """The whole soak; ``minutes`` of writing, then the catch-up (failed after ``catch_up_timeout``
+    seconds) and the verdict."""
     names = [HOT] + [f"quiet_{i:02d}" for i in range(1, collections)]
     dropped, added = names[-1], "added_late"
     workdir = root or Path(tempfile.mkdtemp(prefix="mongocdc-soak-"))
@@ -612,11 +623,14 @@ def run(minutes: float, *, collections: int = 20, sharded: bool = False, root: P
             thread.join(60)
         end = cluster_time(client)
         say(f"writers stopped at cluster time {end.time}.{end.inc} after {len(writers.written)} writes; catching up")
-        live = [n for n in writers.collections]
-        _catch_up(d, live, end)
+        live = list(writers.collections)
+        events = source_events(client, begin, end)
+        caught_up = _catch_up(d, events, live, catch_up_timeout, say)
+        say(f"caught up in {caught_up} s; the verdict")
         busy1, total1 = _cpu_jiffies()
-        result = _verdict(d, client, live, dropped, begin, end, writers, faults, minutes, sharded)
+        result = _verdict(d, live, dropped, begin, end, events, writers, faults, minutes, sharded)
         result.cpu_share = round((busy1 - busy0) / max(1, total1 - total0), 3)
+        result.catch_up_s = caught_up
     return result
 
 
@@ -654,26 +668,40 @@ def _drop_collection(d: Deployment, writers: Writers, name: str) -> Fault:
     return Fault("collection dropped, code location reloaded", at, detail=name)
 
 
-def _catch_up(d: Deployment, live: list[str], end: Timestamp, timeout: float = 900) -> None:
-    """Wait, without acting, until every live collection's slices hold the window of ``end`` and its
-    current_state was refreshed after that slice landed."""
-    from dagster import AssetKey, AssetRecordsFilter
+def _state_position(instance: Any, name: str) -> tuple[int, int] | None:
+    """The changelog position the latest built current_state of a collection reflects (None: none built)."""
+    from dagster import AssetKey
 
-    last_window = datetime.fromtimestamp(end.time, UTC).replace(second=0).strftime("%Y-%m-%d-%H:%M")
+    event = instance.get_latest_materialization_event(AssetKey([DB, name, "current_state"]))
+    materialization = event.asset_materialization if event is not None else None
+    raw = materialization.metadata.get("position_raw") if materialization is not None else None
+    return _position(str(raw.value)) if raw is not None else None
 
-    def caught_up() -> bool:
+
+def _catch_up(d: Deployment, events: dict[str, list[SourceEvent]], live: list[str], timeout: float,
+              say: Callable[[str], None]) -> float:
+    """Wait, without acting, until every live collection's current_state reflects the last change the
+    source made to it (its position at or past that change's cluster time; for a collection with no
+    change, a built table); the seconds it took. Decided by positions alone: an idle deployment that has
+    not reached them is behind, not caught up."""
+    targets = {name: max((e.position for e in events.get(name, [])), default=(0, 0)) for name in live}
+    began = time.monotonic()
+    deadline, report = began + timeout, began
+    while True:
         with d.instance() as instance:
-            for name in live:
-                slices, state = AssetKey([DB, name, "slices"]), AssetKey([DB, name, "current_state"])
-                landed = instance.fetch_materializations(
-                    AssetRecordsFilter(asset_key=slices, asset_partitions=[last_window]), limit=1).records
-                refreshed = instance.get_latest_materialization_event(state)
-                # the window holding the last write landed, and the tables were refreshed after it landed
-                if not landed or refreshed is None or refreshed.timestamp < landed[0].timestamp:
-                    return False
-        return True
-
-    wait_for(f"every collection caught up to window {last_window}", caught_up, timeout, d)
+            behind = {name: (_state_position(instance, name), target) for name, target in targets.items()}
+        behind = {name: (at, target) for name, (at, target) in behind.items() if at is None or at < target}
+        if not behind:
+            return round(time.monotonic() - began, 1)
+        now = time.monotonic()
+        if now > deadline:
+            raise SoakFailure(f"not caught up after {timeout:.0f} s (collection: current_state position, the "
+                              f"source's last change): {behind}")
+        if now - report >= 60:
+            report = now
+            say(f"{datetime.now(UTC):%H:%M:%S} catching up: {len(behind)} of {len(live)} behind, "
+                f"e.g. {next(iter(behind.items()))}")
+        time.sleep(5.0)
 
 
 def _explain(run: Any, record: Any, faults: list[Fault]) -> str:
@@ -693,7 +721,7 @@ def _explain(run: Any, record: Any, faults: list[Fault]) -> str:
     return ""
 
 
-def _table_figures(spark: Any, d: Deployment, client: MongoClient[Doc], name: str, begin: Timestamp,
+def _table_figures(spark: Any, d: Deployment, name: str, events: list[SourceEvent], begin: Timestamp,
                    end: Timestamp, live: bool, problems: list[str]) -> dict[str, Any]:
     """current_state against the quiet source (every key), and the changelog against the source's events."""
     from pyspark.sql import functions as F
@@ -710,18 +738,28 @@ def _table_figures(spark: Any, d: Deployment, client: MongoClient[Doc], name: st
                     "matches": found.matches}
         if not found.matches or found.keys_excluded or found.table_rows != found.source_rows:
             problems.append(f"{name}: current_state does not equal the source with every key compared: {found}")
+    from mongocdc_core.tables.changelog import table_exists
+
+    if not table_exists(spark, tables.changelog):
+        if live:
+            problems.append(f"{name}: no changelog table was built")
+        return figures | {"changelog": "never built"}
     log = spark.read.format("delta").load(tables.changelog)
     snapshot = log.where(F.col("__op") == "r").agg(F.min("__position")).first()
     since = _position(snapshot[0]) if snapshot and snapshot[0] else (begin.time, begin.inc)
+    until = (end.time, end.inc)
+    if not live:  # a dropped collection's tables are no longer refreshed once the reload removed its assets
+        reached = log.agg(F.max("__position")).first()
+        until = min(until, _position(reached[0])) if reached and reached[0] else since
+        figures["source_events_after_its_last_refresh"] = sum(1 for e in events if e.position > until)
     rows = log.where(F.col("__op").isin("c", "u", "d")).select("_id", "__op", "__position").collect()
     held: Counter[tuple[str, str]] = Counter(
-        (r["_id"], r["__op"]) for r in rows if since < _position(r["__position"]) <= (end.time, end.inc))
-    source = source_events(client, Timestamp(*since), end).get(name, Counter())
-    source = Counter({(k.strip('"'), op): n for (k, op), n in source.items()})
+        (str(r["_id"]), r["__op"]) for r in rows if since < _position(r["__position"]) <= until)
+    source = Counter((e.key.strip('"'), e.op) for e in events if since < e.position <= until)
     figures |= {"changelog_events": sum(held.values()), "source_events": sum(source.values())}
     if held != source:
         missing, extra = source - held, held - source
-        problems.append(f"{name}: the changelog is not the source's events since {since}: "
+        problems.append(f"{name}: the changelog is not the source's events in ({since}, {until}]: "
                         f"missing {sum(missing.values())} ({list(missing)[:5]}), extra {sum(extra.values())} "
                         f"({list(extra)[:5]})")
     return figures
@@ -781,8 +819,9 @@ def _slice_overhead(instance: Any, runs: list[Any]) -> dict[str, float]:
             "queue_and_start_median": round(statistics.median(waits), 1) if waits else 0.0}
 
 
-def _verdict(d: Deployment, client: MongoClient[Doc], live: list[str], dropped: str, begin: Timestamp,
-             end: Timestamp, writers: Writers, faults: list[Fault], minutes: float, sharded: bool) -> SoakResult:
+def _verdict(d: Deployment, live: list[str], dropped: str, begin: Timestamp, end: Timestamp,
+             events: dict[str, list[SourceEvent]], writers: Writers, faults: list[Fault], minutes: float,
+             sharded: bool) -> SoakResult:
     from dagster import DagsterRunStatus
 
     from mongocdc_core.tables import spark_session
@@ -806,8 +845,9 @@ def _verdict(d: Deployment, client: MongoClient[Doc], live: list[str], dropped: 
                     problems.append(f"run {r.run_id} ({r.job_name}) failed and no injected fault explains it")
         overhead = _slice_overhead(instance, runs)
     spark = spark_session()
-    tables = {name: _table_figures(spark, d, client, name, begin, end, True, problems) for name in live}
-    tables[dropped] = _table_figures(spark, d, client, dropped, begin, end, False, problems)
+    tables = {name: _table_figures(spark, d, name, events.get(name, []), begin, end, True, problems)
+              for name in live}
+    tables[dropped] = _table_figures(spark, d, dropped, events.get(dropped, []), begin, end, False, problems)
     return SoakResult(
         minutes=minutes, sharded=sharded, collections=len(live) + 1, writes=len(writers.written),
         write_errors=dict(writers.errors), faults=[asdict(f) for f in faults],
