@@ -24,9 +24,16 @@ current_state version that holds it: p50, p95, p99), the machine's CPU share, an
 per slice run (the run's wall time less its one step's). ``SOAK_MINUTES`` (default 30) sets how long the
 writers write.
 
-Status: work in progress. Runs so far injected every fault and wrote thousands of changes, but none has
-reached its verdict yet (the first trials exposed a catch-up condition, since fixed, and table refreshes
-that take minutes on a loaded 2-core machine); until one passes, CI does not run it.
+Status: not passing yet, so ``make test`` leaves its CI-size test (marker ``soak``) out. Trials on the
+shared 2-core machine (8 collections, 3 minutes of writes, load average 35-42 from other work) injected
+every fault and wrote 3,000-6,700 changes; they found two product defects, fixed (a collection dropped
+inside a window failed that window's slice run for every collection; the table automation held every
+refresh back while a slice run was in progress, which on a busy deployment is always), and catch-up is
+now decided by positions. None has reached a passing verdict: runs waited 5-8 minutes in the queue, the
+runs requested each minute (a slice run and a continuity-check run) outpaced the one or so a minute the
+deployment finished, and one table refresh of 8 collections ran over 10 minutes, so the tables never
+reached the source's last change. A catch-up that does not reach it by its deadline is a FAILED verdict
+with the runs and figures, written to ``benchmarks/soak.json`` all the same.
 """
 
 from __future__ import annotations
@@ -625,10 +632,15 @@ def run(minutes: float, *, collections: int = 20, sharded: bool = False, root: P
         say(f"writers stopped at cluster time {end.time}.{end.inc} after {len(writers.written)} writes; catching up")
         live = list(writers.collections)
         events = source_events(client, begin, end)
-        caught_up = _catch_up(d, events, live, catch_up_timeout, say)
-        say(f"caught up in {caught_up} s; the verdict")
+        behind = ""
+        try:
+            caught_up = _catch_up(d, events, live, catch_up_timeout, say)
+            say(f"caught up in {caught_up} s; the verdict")
+        except SoakFailure as exc:  # a verdict all the same: the figures say why it could not catch up
+            caught_up, behind = catch_up_timeout, str(exc)
+            say(f"{behind}; the verdict without the tables")
         busy1, total1 = _cpu_jiffies()
-        result = _verdict(d, live, dropped, begin, end, events, writers, faults, minutes, sharded)
+        result = _verdict(d, live, dropped, begin, end, events, writers, faults, minutes, sharded, behind)
         result.cpu_share = round((busy1 - busy0) / max(1, total1 - total0), 3)
         result.catch_up_s = caught_up
     return result
@@ -684,23 +696,28 @@ def _catch_up(d: Deployment, events: dict[str, list[SourceEvent]], live: list[st
     source made to it (its position at or past that change's cluster time; for a collection with no
     change, a built table); the seconds it took. Decided by positions alone: an idle deployment that has
     not reached them is behind, not caught up."""
+    from dagster import DagsterRunStatus, RunsFilter
+
+    pending = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+               DagsterRunStatus.STARTED]
     targets = {name: max((e.position for e in events.get(name, [])), default=(0, 0)) for name in live}
     began = time.monotonic()
     deadline, report = began + timeout, began
     while True:
         with d.instance() as instance:
             behind = {name: (_state_position(instance, name), target) for name, target in targets.items()}
+            runs = Counter(r.status.value for r in instance.get_runs(filters=RunsFilter(statuses=pending)))
         behind = {name: (at, target) for name, (at, target) in behind.items() if at is None or at < target}
         if not behind:
             return round(time.monotonic() - began, 1)
         now = time.monotonic()
         if now > deadline:
-            raise SoakFailure(f"not caught up after {timeout:.0f} s (collection: current_state position, the "
-                              f"source's last change): {behind}")
+            raise SoakFailure(f"not caught up after {timeout:.0f} s with runs {dict(runs)} (collection: "
+                              f"current_state position, the source's last change): {behind}")
         if now - report >= 60:
             report = now
             say(f"{datetime.now(UTC):%H:%M:%S} catching up: {len(behind)} of {len(live)} behind, "
-                f"e.g. {next(iter(behind.items()))}")
+                f"e.g. {next(iter(behind.items()))}; runs {dict(runs)}")
         time.sleep(5.0)
 
 
@@ -821,18 +838,16 @@ def _slice_overhead(instance: Any, runs: list[Any]) -> dict[str, float]:
 
 def _verdict(d: Deployment, live: list[str], dropped: str, begin: Timestamp, end: Timestamp,
              events: dict[str, list[SourceEvent]], writers: Writers, faults: list[Fault], minutes: float,
-             sharded: bool) -> SoakResult:
+             sharded: bool, behind: str) -> SoakResult:
+    """The facts after the catch-up; ``behind`` says why it did not catch up (then neither the checks nor
+    the tables are judged: a table still behind the source proves nothing either way)."""
     from dagster import DagsterRunStatus
 
-    from mongocdc_core.tables import spark_session
-
-    problems: list[str] = []
-    check = subprocess.run([str(BIN / "mongocdc"), "check", "--collection", f"{DB}.*"], cwd=REPO, env=d.env,
-                           capture_output=True, text=True, timeout=1800, check=False)
-    checks = {" ".join(line.split()[1:3]): line.split()[0] + " " + " ".join(line.split()[3:])
-              for line in check.stdout.splitlines() if line.startswith(("PASS", "FAIL"))}
-    if check.returncode != 0 or not checks:
-        problems.append(f"mongocdc check exited {check.returncode}: {check.stdout[-2000:]}{check.stderr[-2000:]}")
+    problems: list[str] = [behind] if behind else []
+    checks: dict[str, str] = {}
+    tables: dict[str, dict[str, Any]] = {}
+    if not behind:
+        checks, tables = _checks_and_tables(d, live, dropped, begin, end, events, problems)
     with d.instance() as instance:
         runs = list(instance.get_runs())
         status = Counter(r.status.value for r in runs)
@@ -844,10 +859,6 @@ def _verdict(d: Deployment, live: list[str], dropped: str, begin: Timestamp, end
                 if not reason:
                     problems.append(f"run {r.run_id} ({r.job_name}) failed and no injected fault explains it")
         overhead = _slice_overhead(instance, runs)
-    spark = spark_session()
-    tables = {name: _table_figures(spark, d, name, events.get(name, []), begin, end, True, problems)
-              for name in live}
-    tables[dropped] = _table_figures(spark, d, dropped, events.get(dropped, []), begin, end, False, problems)
     return SoakResult(
         minutes=minutes, sharded=sharded, collections=len(live) + 1, writes=len(writers.written),
         write_errors=dict(writers.errors), faults=[asdict(f) for f in faults],
@@ -855,6 +866,25 @@ def _verdict(d: Deployment, live: list[str], dropped: str, begin: Timestamp, end
         freshness_s=_freshness(d, writers.written, live), cpu_share=0.0, slice_run_overhead_s=overhead,
         problems=problems,
     )
+
+
+def _checks_and_tables(d: Deployment, live: list[str], dropped: str, begin: Timestamp, end: Timestamp,
+                       events: dict[str, list[SourceEvent]], problems: list[str],
+                       ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """``mongocdc check`` over every collection, and each table against the source."""
+    from mongocdc_core.tables import spark_session
+
+    check = subprocess.run([str(BIN / "mongocdc"), "check", "--collection", f"{DB}.*"], cwd=REPO, env=d.env,
+                           capture_output=True, text=True, timeout=1800, check=False)
+    checks = {" ".join(line.split()[1:3]): line.split()[0] + " " + " ".join(line.split()[3:])
+              for line in check.stdout.splitlines() if line.startswith(("PASS", "FAIL"))}
+    if check.returncode != 0 or not checks:
+        problems.append(f"mongocdc check exited {check.returncode}: {check.stdout[-2000:]}{check.stderr[-2000:]}")
+    spark = spark_session()
+    tables = {name: _table_figures(spark, d, name, events.get(name, []), begin, end, True, problems)
+              for name in live}
+    tables[dropped] = _table_figures(spark, d, dropped, events.get(dropped, []), begin, end, False, problems)
+    return checks, tables
 
 
 def main(argv: list[str] | None = None) -> int:
