@@ -563,10 +563,11 @@ class SoakResult:
     checks: dict[str, str]  # check key -> PASS/FAIL and its description
     tables: dict[str, dict[str, Any]]  # collection -> rows, keys compared, changelog events, matches
     freshness_s: dict[str, float]  # p50, p95, p99 (and the count of writes measured)
-    cpu_share: float
+    cpu_share: float  # the whole machine's busy share over the run (other work included)
     slice_run_overhead_s: dict[str, float]
     problems: list[str]  # what failed the soak; empty when it passed
     catch_up_s: float = 0.0  # from the writers' stop until every current_state reflected the last change
+    deployment_cpu_share: float = 0.0  # the machine's CPU the deployment itself used (see _deployment_cpu_seconds)
 
     @property
     def passed(self) -> bool:
@@ -579,6 +580,41 @@ def _windows(first: datetime, last: datetime) -> list[str]:
         out.append(at.strftime("%Y-%m-%d-%H:%M"))
         at += timedelta(minutes=1)
     return out
+
+
+def _deployment_cpu_seconds(pg_port: str, root: int = 0) -> float:
+    """CPU seconds of the descendants of this process (or ``root``): MongoDB, Dagster and the runs they
+    start, counting children they have reaped; and of the PostgreSQL server on ``pg_port``. What the
+    machine spent on the soak, as opposed to its busy share, which other work on a shared machine fills."""
+    parents: dict[int, int] = {}
+    spent: dict[int, float] = {}
+    names: dict[int, str] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the process ended meanwhile
+            continue
+        name, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        pid = int(stat.parent.name)
+        parents[pid], names[pid] = int(rest[1]), name
+        spent[pid] = sum(int(x) for x in rest[11:15]) / tick  # utime, stime, cutime, cstime
+    root = root or os.getpid()
+    ours = {root} | {pid for pid, name in names.items() if name == "postgres" and parents[pid] == 1
+                     and f"\0-p\0{pg_port}\0".encode() in _cmdline(pid)}
+    grown = True
+    while grown:
+        more = {pid for pid, parent in parents.items() if parent in ours and pid not in ours}
+        ours |= more
+        grown = bool(more)
+    return sum(spent[pid] for pid in ours if pid != root)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _cpu_jiffies() -> tuple[int, int]:
@@ -597,6 +633,7 @@ def run(minutes: float, *, collections: int = 20, sharded: bool = False, root: P
     busy0, total0 = _cpu_jiffies()
     with deployment(workdir, names, sharded=sharded) as d, d.client() as client:
         begin = cluster_time(client)
+        spent0, wall0 = _deployment_cpu_seconds(d.env["DAGSTER_PG_PORT"]), time.monotonic()
         say(f"deployment up: MongoDB {d.uri}, Dagster on :{d.port} (PostgreSQL instance), {len(names)} collections")
         snapshot_run = d.launch([[DB, n, "snapshot"] for n in names])
         wait_for("the first snapshots", lambda: _run_done(d, snapshot_run), 900, d)
@@ -642,6 +679,8 @@ def run(minutes: float, *, collections: int = 20, sharded: bool = False, root: P
         busy1, total1 = _cpu_jiffies()
         result = _verdict(d, live, dropped, begin, end, events, writers, faults, minutes, sharded, behind)
         result.cpu_share = round((busy1 - busy0) / max(1, total1 - total0), 3)
+        result.deployment_cpu_share = round((_deployment_cpu_seconds(d.env["DAGSTER_PG_PORT"]) - spent0)
+                                            / ((time.monotonic() - wall0) * (os.cpu_count() or 1)), 3)
         result.catch_up_s = caught_up
     return result
 
@@ -897,7 +936,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.minutes, collections=args.collections, sharded=args.sharded)
     data = asdict(result) | {"passed": result.passed, "recorded_at": datetime.now(UTC).isoformat(timespec="seconds")}
     args.out.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
-    print(json.dumps({k: data[k] for k in ("runs", "freshness_s", "cpu_share", "slice_run_overhead_s")}, indent=2))
+    print(json.dumps({k: data[k] for k in ("runs", "freshness_s", "cpu_share", "deployment_cpu_share",
+                                        "slice_run_overhead_s", "catch_up_s")}, indent=2))
     print(f"checks: {sum(v.startswith('PASS') for v in result.checks.values())} passed, "
           f"{sum(v.startswith('FAIL') for v in result.checks.values())} failed; written to {args.out}")
     for problem in result.problems:
