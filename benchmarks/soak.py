@@ -931,9 +931,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=float(os.environ.get("SOAK_MINUTES", "30")))
     parser.add_argument("--collections", type=int, default=20)
     parser.add_argument("--sharded", action="store_true", help="the emulated sharded cluster, with a chunk migration")
+    parser.add_argument("--catch-up-timeout", type=float, default=2400, metavar="SECONDS",
+                        help="how long the deployment may take to catch up once the writers stop")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
-    result = run(args.minutes, collections=args.collections, sharded=args.sharded)
+    result = run(args.minutes, collections=args.collections, sharded=args.sharded,
+                 catch_up_timeout=args.catch_up_timeout)
     data = asdict(result) | {"passed": result.passed, "recorded_at": datetime.now(UTC).isoformat(timespec="seconds")}
     args.out.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
     print(json.dumps({k: data[k] for k in ("runs", "freshness_s", "cpu_share", "deployment_cpu_share",
