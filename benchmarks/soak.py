@@ -25,15 +25,16 @@ per slice run (the run's wall time less its one step's). ``SOAK_MINUTES`` (defau
 writers write.
 
 Status: not passing yet, so ``make test`` leaves its CI-size test (marker ``soak``) out. Trials on the
-shared 2-core machine (8 collections, 3 minutes of writes, load average 35-42 from other work) injected
-every fault and wrote 3,000-6,700 changes; they found two product defects, fixed (a collection dropped
+shared 2-core machine (4-8 collections, 2-3 minutes of writes, load average 35-55 from other work)
+injected every fault and wrote 3,000-6,700 changes; they found two product defects, fixed (a collection dropped
 inside a window failed that window's slice run for every collection; the table automation held every
 refresh back while a slice run was in progress, which on a busy deployment is always), and catch-up is
 now decided by positions. None has reached a passing verdict: runs waited 5-8 minutes in the queue, the
 runs requested each minute (a slice run and a continuity-check run) outpaced the one or so a minute the
 deployment finished, and one table refresh of 8 collections ran over 10 minutes, so the tables never
-reached the source's last change. A catch-up that does not reach it by its deadline is a FAILED verdict
-with the runs and figures, written to ``benchmarks/soak.json`` all the same.
+reached the source's last change (a slice run spent a median 3 s in its step and 3-6 minutes queued and
+starting; the deployment itself used 15-19% of the machine). A catch-up that does not reach it by its
+deadline is a FAILED verdict with the runs and figures, written to ``benchmarks/soak.json`` all the same.
 """
 
 from __future__ import annotations
