@@ -176,10 +176,11 @@ class MongoCdcTranslator:
         """Tables refresh when what they read was updated (a slice landed, a snapshot finished)."""
         if props.kind in TABLE_KINDS:
             # eager() without "no dependency missing": a table depends on every window of the slices,
-            # and old windows are never all materialised
+            # and old windows are never all materialised; nor "no dependency in progress": the next
+            # window's slice run is nearly always queued or running on a busy deployment, so a refresh
+            # reads what has landed and the next landing asks for the next (one at a time: not in progress)
             return (
                 (AutomationCondition.newly_missing() | AutomationCondition.any_deps_updated()).since_last_handled()
-                & ~AutomationCondition.any_deps_in_progress()
                 & ~AutomationCondition.in_progress()
             ).with_label("refresh when upstream lands")
         return None

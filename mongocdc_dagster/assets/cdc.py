@@ -150,6 +150,18 @@ def _require_captured(mongocdc: MongoCdcResource, cfg: ConnectorConfig, namespac
         )
 
 
+def _require_included(mongocdc: MongoCdcResource, cfg: ConnectorConfig, namespaces: Sequence[str]) -> None:
+    """Slices need the filters to capture a collection, not the collection to exist: one dropped inside a
+    window has its changes up to the drop there (and the schedule names it until the location reloads)."""
+    excluded = [ns for ns in namespaces if not cfg.collection_included(*ns.split(".", 1))]
+    if excluded:
+        raise Failure(
+            f"collection(s) {', '.join(repr(ns) for ns in excluded)} not captured by {mongocdc.describe}: the "
+            "include/exclude lists leave them out; change the lists, or reload the code location",
+            allow_retries=False,
+        )
+
+
 def _token_json(token: Mapping[str, Any] | None) -> str | None:
     return None if token is None else json_util.dumps(token)
 
@@ -685,7 +697,7 @@ def _slices_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str], cdc: CdcAs
         selected = sorted(context.selected_asset_keys, key=lambda k: ns_of[k])
         namespaces = [ns_of[k] for k in selected]
         ns_key = {ns_of[k]: k for k in selected}
-        _require_captured(mongocdc, cfg, namespaces)
+        _require_included(mongocdc, cfg, namespaces)
         window_keys = sorted(context.partition_keys, key=lambda k: windows.window(k).start)
         oplog_first = mongocdc.oplog_window().first
         reads: dict[tuple[str, int], WindowRead] = {}

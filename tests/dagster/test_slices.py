@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
+import orjson
 import pyarrow.parquet as pq
 import pytest
 from bson import Timestamp
@@ -239,3 +240,37 @@ def test_a_fresh_deployments_first_schedule_tick_before_any_snapshot_lands_its_w
     assert Position.parse(orders["read_start_raw"]).timestamp == start["ts"]
     customers = partition_metadata(instance, slices[1], request.partition_key)
     assert customers["dagster/row_count"] == 0
+
+
+@pytest.mark.fault
+def test_a_window_in_which_a_collection_was_dropped_lands_every_collection(
+        tmp_path: Path, travel: tuple[MongoClient[Any], TravelClock, str], instance: DagsterInstance) -> None:
+    """The schedule's run for a window still names a collection dropped in it (until the code location is
+    reloaded): its changes up to the drop are in the window and land, and the other collections land too."""
+    client, clock, uri = travel
+    first = floor_to(clock.now(), 60) + timedelta(minutes=1)
+    env = _env(tmp_path, uri, client, first)
+    db = client["travel"]
+    clock.jump_to(first + timedelta(seconds=5))
+    db.orders.insert_one({"_id": "kept"})
+    db.customers.insert_one({"_id": "before the drop"})
+    clock.jump_to(first + timedelta(seconds=20))
+    db.drop_collection("customers")
+    clock.jump_to(first + timedelta(minutes=1, seconds=5))
+    db.other.insert_one({"_id": "after the window"})
+    _wait_for_cluster_time(client, first + timedelta(minutes=1))
+    window = first.strftime("%Y-%m-%d-%H:%M")
+    slices = [env.key("orders", "slices"), env.key("customers", "slices")]
+    assert env.materialize(instance, slices, partition_key=window).success
+    orders = pq.read_table(env.mongocdc.slice_path(env.ns("orders"), first))
+    customers = pq.read_table(env.mongocdc.slice_path(env.ns("customers"), first))
+    assert orders["op"].to_pylist() == ["c"] and customers["op"].to_pylist() == ["c"]
+    assert partition_metadata(instance, slices[1], window)["dagster/row_count"] == 1
+    # a collection the filters exclude is still refused, by name
+    config = Path(env.mongocdc.config_path)
+    connector = orjson.loads(config.read_bytes())
+    connector["config"]["collection.exclude.list"] = env.ns("customers")
+    config.write_bytes(orjson.dumps(connector))
+    refused = env.materialize(instance, slices, partition_key=window, raise_on_error=False)
+    error = str([e for e in refused.all_events if e.is_step_failure][0].step_failure_data.error)
+    assert not refused.success and f"'{env.ns('customers')}'" in error and "not captured" in error

@@ -225,6 +225,24 @@ def test_the_table_automation_refreshes_what_landed_once_and_queues_none_behind_
     assert code == 0 and f"WARN  {db.name}/quiet/current_state  matches_source  blocking" in said, said
 
 
+def test_a_landing_is_refreshed_while_the_next_window_is_being_landed(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    """Slices land every window; on a loaded machine the next window's run is always queued or running, so
+    a refresh that waited for no slice run in progress never came (the soak's tables never refreshed)."""
+    db.orders.insert_many([{"_id": i, "qty": i} for i in range(5)])
+    env = make_env(tmp_path, mongo_uri, db, ["orders"])
+    first = evaluate_automation_conditions(defs=env.defs, instance=instance)
+    env.materialize(instance, [env.key("orders", "snapshot")])
+    slices = env.key("orders", "slices")
+    job = Definitions.merge(env.defs, Definitions(jobs=[define_asset_job("land", AssetSelection.assets(slices))]))
+    landing = instance.create_run_for_job(job.resolve_job_def("land"), status=DagsterRunStatus.STARTED,
+                                          tags={"dagster/partition": "2026-01-01-00:00"})
+    assert instance.get_run_by_id(landing.run_id) is not None
+    tick = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=first.cursor)
+    orders = {env.key("orders", "changelog"), env.key("orders", "current_state")}
+    assert {k for k in orders if tick.get_num_requested(k)} == orders
+
+
 def test_tables_built_before_the_first_snapshot_reconcile_once_it_lands(
         tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
     """Issue 37, defect 1: the table automation refreshed a collection's tables before anything had landed
