@@ -18,6 +18,7 @@ from dagster import (
 
 from mongocdc_dagster.assets.cdc import CdcAssets
 from mongocdc_dagster.checks import GAP_CHECK
+from mongocdc_dagster.partitions import SliceWindows
 from mongocdc_dagster.sensors import TAG_KIND
 
 
@@ -41,13 +42,26 @@ def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
     return latest_window
 
 
+#: How often the continuity checks run at most: once per window would double the runs of a deployment with
+#: minute windows (a run of checks beside every slice run), and a window that fails to land fails its own
+#: slice run first; the checks find the windows no run was ever requested for.
+CONTINUITY_EVERY_S = 3600
+HOURLY = "0 * * * *"
+
+
+def continuity_cron(windows: SliceWindows) -> str:
+    """Once per window for windows of an hour or longer, else once an hour."""
+    return windows.cron if windows.seconds >= CONTINUITY_EVERY_S else HOURLY
+
+
 def build_continuity_schedule(cdc: CdcAssets) -> ScheduleDefinition:
-    """The no-gap checks of every collection, once per window, in runs of their own (never inside a slice run)."""
+    """The no-gap checks of every collection, once per window of an hour or more (else hourly), in runs of
+    their own (never inside a slice run)."""
     job = define_asset_job(
         cdc.names.of("continuity_checks"),
         selection=AssetSelection.checks(*[AssetCheckKey(key, GAP_CHECK) for key in cdc.keys_of("slices")]),
         description="Checks that every closed window since each collection's snapshot is landed.",
     )
-    return ScheduleDefinition(name=cdc.names.of("continuity"), job=job, cron_schedule=cdc.windows.cron,
+    return ScheduleDefinition(name=cdc.names.of("continuity"), job=job, cron_schedule=continuity_cron(cdc.windows),
                               execution_timezone="UTC", default_status=DefaultScheduleStatus.RUNNING,
-                              description="Runs the cross-window continuity checks once per window.")
+                              description="Runs the cross-window continuity checks once per window, or hourly for shorter windows.")

@@ -291,6 +291,20 @@ def test_continuity_check_finds_windows_missing_since_the_snapshot(
     assert all(key > last_landed for key in missing), missing
 
 
+def test_the_continuity_checks_run_hourly_beside_minute_windows_and_once_per_longer_window(
+        tmp_path: Path, mongo_uri: str, db: Database[Any]) -> None:
+    """A run of checks beside every one-minute slice run would double the deployment's runs (the soak's
+    queue never drained); windows of an hour or more keep one check run per window."""
+    schedules = {}
+    for granularity in ("1min", "15min", "hourly", "daily"):
+        (tmp_path / granularity).mkdir()
+        env = make_env(tmp_path / granularity, mongo_uri, db, ["c"], granularity=granularity)
+        schedules[granularity] = (env.defs.resolve_schedule_def("mongocdc_continuity").cron_schedule,
+                                  env.defs.resolve_schedule_def("mongocdc_latest_window").cron_schedule)
+    assert schedules["1min"] == ("0 * * * *", "* * * * *") and schedules["15min"][0] == "0 * * * *"
+    assert schedules["hourly"] == ("0 * * * *", "0 * * * *") and schedules["daily"][0] == schedules["daily"][1]
+
+
 def _run_checks(env: CdcEnv, instance: DagsterInstance) -> dict[AssetKey, AssetCheckEvaluation]:
     result = env.defs.resolve_job_def("mongocdc_continuity_checks").execute_in_process(instance=instance)
     return {e.asset_key: e for e in result.get_asset_check_evaluations()}
