@@ -7,7 +7,8 @@ numbers, a decimal, a date, an array and a sub-document.
 1. Full build: ``refresh_changelog`` + ``refresh_current_state`` from about 1M landing records (a
    snapshot of half of them, then updates with full documents, inserts and deletes, laid out as the
    connector writes them: one snapshot file, then slices of disjoint position windows), against a plain
-   Delta write of the same landing rows (read the Parquet files, write one Delta table). Goal <= 2x.
+   Delta write of the same landing rows (read the Parquet files, write one Delta table), reported; the
+   goal (issue 39) is against the hand-written build below: <= 1.25x.
    Medians of 3 interleaved rounds, after an untimed round on 10k records, so the baseline (timed
    first) does not pay the session's warm-up alone. The floor row times writing the two finished
    tables again (a Delta read and write of each, the changelog partitioned as it is): the least any
@@ -17,7 +18,7 @@ numbers, a decimal, a date, an array and a sub-document.
    (deletes dropped) typed by ``from_json`` with the schema given and the document as a VARIANT; no
    idempotence, no inference, no metadata columns, no checks.
 2. Incremental refresh of 10k changes into current_state tables of 100k and of 1M rows, against a
-   hand-written Delta MERGE of the same 10k rows (already typed) into a copy of the table. Goal <= 1.5x,
+   hand-written Delta MERGE of the same 10k rows (already typed) into a copy of the table. Goal <= 1.2x,
    and the refresh time flat as the table grows. Medians of 3 interleaved rounds, each with its own
    10k changes (both tables gain the same history; the first round alone pays Spark's warm-up).
 
@@ -226,7 +227,7 @@ def full_build(spark: SparkSession, root: Path, records: int) -> list[harness.Ro
     plain = f"a plain Delta write of the same landing rows (medians of {ROUNDS} rounds)"
     return [
         harness.Row(NAME, f"full build (changelog + current_state) from {records:,} landing records", plain,
-                    build, baseline, "s", ratio, 2.0, "<="),
+                    build, baseline, "s", ratio),
         harness.Row(NAME, "full build: the changelog refresh alone", plain, log, baseline, "s",
                     statistics.median(r[1] / r[0] for r in rounds)),
         harness.Row(NAME, "full build: the current_state build alone", plain, state, baseline, "s",
@@ -237,7 +238,7 @@ def full_build(spark: SparkSession, root: Path, records: int) -> list[harness.Ro
                     "metadata or checks)", plain, hand, baseline, "s", statistics.median(r[4] / r[0] for r in rounds)),
         harness.Row(NAME, "full build against the hand-written build of the same landing rows",
                     f"the hand-written build (medians of {ROUNDS} rounds)", build, hand, "s",
-                    statistics.median((r[1] + r[2]) / r[4] for r in rounds)),
+                    statistics.median((r[1] + r[2]) / r[4] for r in rounds), 1.25, "<="),
     ]  # fmt: skip
 
 
@@ -278,7 +279,7 @@ def incremental(spark: SparkSession, root: Path, size: int, changes_count: int) 
     what = f"{changes_count:,} changes into {size:,} rows"
     merge_line = f"a hand-written Delta MERGE of the same rows into a copy of the table (medians of {ROUNDS} rounds)"
     return state, [
-        harness.Row(NAME, f"current_state refresh, {what}", merge_line, state, merge, "s", state / merge, 1.5, "<="),
+        harness.Row(NAME, f"current_state refresh, {what}", merge_line, state, merge, "s", state / merge, 1.2, "<="),
         harness.Row(NAME, f"changelog + current_state refresh, {what}", merge_line, log + state, merge, "s",
                     (log + state) / merge),
         harness.Row(NAME, f"current_state refresh, {what}, first round only", "the hand-written MERGE's first round",

@@ -85,6 +85,11 @@ POSITION_PROPERTY = "mongocdc.position"
 COLLECTION_PROPERTY = "mongocdc.source.collection"
 SNAPSHOT_PROPERTY = "mongocdc.snapshot.position"
 MANIFEST_DIR = "_mongocdc_landing"
+#: Delta writes a checkpoint of a table's log every ``delta.checkpointInterval`` commits (its default 10)
+#: in the commit that reaches it. A refresh commits its data and then its properties, so the default
+#: put a checkpoint on every fifth refresh of each table; at 100 one falls every fiftieth, and a reader
+#: opening the table replays at most 99 small commit files. Set on every table mongocdc writes.
+LOG_OPTIONS = {"delta.checkpointInterval": "100"}
 _MANIFEST_SCHEMA = T.StructType(
     [
         T.StructField("path", T.StringType()),
@@ -430,7 +435,7 @@ def append_events(
     )
     writer = observed.write.format("delta").mode("append").partitionBy(PARTITION_COLUMN)
     if not exists:
-        writer = writer.option("delta.enableChangeDataFeed", "true")
+        writer = writer.option("delta.enableChangeDataFeed", "true").options(**LOG_OPTIONS)
     writer.save(location)
     metrics = observation.get
     counts = {op: int(metrics[f"op_{op}"]) for op in DATA_OPS if metrics.get(f"op_{op}")}
@@ -458,7 +463,7 @@ def record(
     properties (one commit, only when something changed); returns the highest position."""
     properties = table_properties(spark, location) if properties is None else properties
     position = max(filter(None, [properties.get(POSITION_PROPERTY), appended.max_position]), default=None)
-    updates = {COLLECTION_PROPERTY: namespace}
+    updates = {COLLECTION_PROPERTY: namespace} | LOG_OPTIONS
     if position is not None:
         updates[POSITION_PROPERTY] = position
     if snapshot_position is not None:
@@ -556,7 +561,7 @@ def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[
         append_events(spark, location, namespace, spark.createDataFrame([], CHANGELOG_SCHEMA))
     position = record(spark, location, namespace, appended, snapshot_position, properties)
     if read is not None:  # last: a refresh stopped before this reads the files again (appending no event twice)
-        read.write.format("delta").mode("append").save(f"{location.rstrip('/')}/{MANIFEST_DIR}")
+        read.write.format("delta").mode("append").options(**LOG_OPTIONS).save(f"{location.rstrip('/')}/{MANIFEST_DIR}")
     table = spark.read.format("delta").load(location)
     row_count = appended.rows if new_table else table.count()  # a new table holds just what was appended
     return ChangelogResult(len(todo), appended, position, snapshot_position, row_count, table.schema)

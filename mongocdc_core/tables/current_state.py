@@ -43,6 +43,7 @@ from pyspark.sql.window import Window
 from mongocdc_core.tables import convert, fold, kinds
 from mongocdc_core.tables.changelog import (
     COLLECTION_PROPERTY,
+    LOG_OPTIONS,
     PARTITION_COLUMN,
     POSITION_PROPERTY,
     SNAPSHOT_PROPERTY,
@@ -85,7 +86,7 @@ _TABLE_OPTIONS = {
     "delta.columnMapping.mode": "name",
     "delta.enableChangeDataFeed": "true",
     "delta.enableDeletionVectors": "true",
-}
+} | LOG_OPTIONS
 _MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"  # Delta's copy of a MERGE source
 
 
@@ -465,7 +466,7 @@ def refresh(
         KINDS_PROPERTY: shape.to_json(),
         ROWS_PROPERTY: str(result.row_count),
         ROWS_VERSION_PROPERTY: str(version + 1),  # this commit's (a writer committing first makes it stale)
-    }
+    } | LOG_OPTIONS  # tables built before it was set get it here
     if result.position is not None:
         updates[POSITION_PROPERTY] = result.position
     if snapshot is not None:

@@ -25,6 +25,7 @@ from mongocdc_core.tables import (
     refresh_changelog,
     refresh_current_state,
 )
+from mongocdc_core.tables.changelog import latest_version
 
 from .support import build, comparable, read_file
 from .workload import DB, Event, Workload, converter, slice_records, snapshot_records, write_landing
@@ -353,3 +354,20 @@ def test_a_refresh_that_keeps_losing_its_commit_fails_with_the_conflict(monkeypa
         collection._retrying_conflicts("shop.orders: current_state refresh", always_second)
     assert len(calls) == collection.CONFLICT_ATTEMPTS - 1  # a pause between attempts, none after the last
     assert all(0 < pause <= 30 for pause in calls) and calls[-1] > calls[0]
+
+
+def test_log_checkpoints_do_not_fall_on_every_fifth_refresh(spark: SparkSession, tmp_path: Path) -> None:
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    files = [read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": i, "qty": i} for i in range(5)], Position(100, 1))]
+    build(spark, tables, *files)
+    for n in range(5):  # each refresh commits twice to each table (its data, then its properties)
+        files.append(_changes(tmp_path, f"s{n}", [_event("update", n, Position(200 + n, 1), {"_id": n, "qty": -n})]))
+        refresh_changelog(spark, tables, [str(f) for f in files])
+        assert refresh_current_state(spark, tables).keys_merged == 1
+    logs = {"changelog": tables.changelog, "current_state": tables.current_state}
+    assert all(latest_version(spark, location) >= 10 for location in logs.values())  # Delta's default: one there
+    assert {name: sorted(p.name for p in Path(location, "_delta_log").glob("*.checkpoint*"))
+            for name, location in logs.items()} == {"changelog": [], "current_state": []}  # fmt: skip
+    assert {r["_id"]: r["qty"] for r in read_current_state(spark, tables.current_state).collect()} == {
+        0: 0, 1: -1, 2: -2, 3: -3, 4: -4
+    }
