@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 from rich.console import Console
@@ -87,19 +88,27 @@ def table(rows: list[Row], title: str) -> Table:
     return out
 
 
-def write_json(rows: list[Row], path: Path, baselines: dict[str, str]) -> None:
+def write_json(rows: list[Row], path: Path, baselines: dict[str, str], measured: dict[str, str] | None = None) -> None:
+    """The rows as ``benchmarks/results.json`` keeps them; ``measured``: when each benchmark's rows were
+    measured, where they come from different runs."""
     document = {
         "small": small(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "cpus": os.cpu_count(),
         "baselines": baselines,
+        "measured": measured or dict.fromkeys((row.benchmark for row in rows), time.strftime("%Y-%m-%dT%H:%M:%S%z")),
         "rows": [row.as_dict() for row in rows],
     }
     path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
 
 
+def read_document(path: Path) -> dict[str, Any]:
+    document: dict[str, Any] = orjson.loads(path.read_bytes())
+    return document
+
+
 def read_json(path: Path) -> tuple[list[Row], dict[str, str]]:
-    document = orjson.loads(path.read_bytes())
+    document = read_document(path)
     fields = set(Row.__dataclass_fields__)
     return [Row(**{k: v for k, v in row.items() if k in fields}) for row in document["rows"]], document["baselines"]
 

@@ -2,8 +2,9 @@
 
 Each benchmark runs in its own process (``python -m benchmarks.<name> --json …``), so one's memory,
 threads and brokers never weigh on the next; the rows are gathered into one table and one JSON
-file, which runs can be compared by. ``--only NAME`` (repeatable) picks benchmarks;
-``MONGOCDC_BENCH_SMALL=1`` runs everything at CI size.
+file, which runs can be compared by. ``--only NAME`` (repeatable) picks benchmarks and replaces only
+their rows in a full-size results file, keeping the others with the time each was measured (the docs'
+figures come from this file); ``MONGOCDC_BENCH_SMALL=1`` runs everything at CI size.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import argparse
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from rich.console import Console
 
-from benchmarks.harness import Row, read_json, small, table, write_json
+from benchmarks.harness import Row, read_document, read_json, small, table, write_json
 
 HERE = Path(__file__).resolve().parent
 #: In the order they run: the pure ones first, the ones needing a broker or Spark last.
@@ -63,9 +65,30 @@ def main(argv: list[str] | None = None) -> int:
     for name, line in baselines.items():
         console.print(f"[bold]{name}[/]: {line}")
     console.print(table(rows, "mongocdc benchmarks" + (" (small size: ratios mean nothing)" if small() else "")))
-    write_json(rows, args.results, baselines)
+    measured = dict.fromkeys((row.benchmark for row in rows), time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    if args.only:
+        rows, baselines, measured = keep_others(args.results, rows, baselines, measured)
+    write_json(rows, args.results, baselines, measured)
     console.print(f"results written to {args.results}")
     return 0
+
+
+def keep_others(path: Path, rows: list[Row], baselines: dict[str, str], measured: dict[str, str],
+                ) -> tuple[list[Row], dict[str, str], dict[str, str]]:
+    """``rows`` in place of their benchmarks' rows in the results file at ``path``, the other benchmarks'
+    rows kept as they were (in their order, with their times); a CI-size run never mixes with a full one."""
+    if not path.exists():
+        return rows, baselines, measured
+    document = read_document(path)
+    if bool(document.get("small")) != small():
+        return rows, baselines, measured
+    old_rows, old_baselines = read_json(path)
+    old_measured = document.get("measured") or dict.fromkeys((r.benchmark for r in old_rows), document["time"])
+    order = list(dict.fromkeys([*(r.benchmark for r in old_rows), *(r.benchmark for r in rows)]))
+    fresh = {r.benchmark for r in rows}
+    kept = [r for r in old_rows if r.benchmark not in fresh] + rows
+    kept.sort(key=lambda r: order.index(r.benchmark))
+    return kept, {**old_baselines, **baselines}, {**old_measured, **measured}
 
 
 if __name__ == "__main__":
