@@ -34,6 +34,7 @@ BENCHMARKS = (
     "bench_kafka_sink",
     "bench_dagster_slice",
     "bench_tables",
+    "bench_tables_stream",
 )
 
 

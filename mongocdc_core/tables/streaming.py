@@ -1,6 +1,7 @@
 """Structured Streaming from the connector's Kafka topics into the same per-collection tables.
 
-Each micro-batch (``foreachBatch``) flattens the Debezium records (JsonConverter values with or
+One query reads all of a connector's topics (best by pattern, so a collection captured later is read
+too): a deployment's tens of collections share one checkpoint and one micro-batch loop. Each micro-batch (``foreachBatch``) flattens the Debezium records (JsonConverter values with or
 without their ``schema`` part) into landing-zone columns, appends each collection's events to its
 changelog (append-only per event identity, so a batch replayed after a restart adds nothing) and
 refreshes that collection's current_state: exactly once into the tables, across restarts.

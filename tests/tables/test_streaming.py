@@ -7,10 +7,13 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
 from bson.timestamp import Timestamp
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from mongocdc_core.events.convert import EventConverter
+from mongocdc_core.events.options import EventOptions
 from mongocdc_core.events.records import Record
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.kafka import KafkaSink, KafkaSinkSettings
@@ -104,3 +107,49 @@ def test_both_paths_build_identical_tables_exactly_once(
     added = CollectionTables.under(str(root), f"{DB}.users")
     assert [r["n"] for r in read_current_state(spark, added.current_state).collect()] == ["x"]
     assert read_changelog(spark, kafka.changelog).count() == events  # a second reader of orders added nothing
+
+
+@pytest.mark.timeout(2400)
+def test_one_query_builds_every_collections_tables_and_picks_up_a_new_topic(
+    spark: SparkSession, tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """One query for all the connector's topics (not one per collection): each micro-batch writes every
+    collection it touched; a collection whose topic appears while the query runs gets its tables; a
+    restart over the same checkpoint with re-produced records adds nothing."""
+    colls = ("orders", "users", "items")
+    wl = Workload(random.Random(11), collections=colls[:2], full_document=True)
+    conv = EventConverter(EventOptions(topic_prefix="multi", capture_mode="change_streams_update_full", rs="rs0",
+                                       now_ns=lambda: 1))
+    wl.run(12)
+    first = slice_records(conv, wl.events)
+    _produce(kafka_bootstrap, first)
+
+    root, checkpoint = tmp_path / "kafka", tmp_path / "checkpoint"
+    settings = StreamSettings(bootstrap_servers=kafka_bootstrap, topics=[r"multi\.shop\..*"], pattern=True,
+                              root=str(root), checkpoint_location=str(checkpoint))
+    query = start_stream(spark, settings)
+    try:
+        query.processAllAvailable()
+        # a third collection appears while the query runs: its topic is created now
+        wl.collections = colls
+        wl.docs["items"] = {}
+        later_start = len(wl.events)
+        wl.run(12)
+        later = slice_records(conv, wl.events[later_start:])
+        assert "multi.shop.items" in {r.topic for r in later}
+        _produce(kafka_bootstrap, later)
+        query.processAllAvailable()
+        assert [q.id for q in spark.streams.active if q.name == "mongocdc-tables"] == [query.id]
+    finally:
+        query.stop()
+    assert query.exception() is None
+
+    # a restart over the same checkpoint, with records re-produced as an at-least-once producer does
+    _produce(kafka_bootstrap, [r for r in first if r.topic == "multi.shop.orders"][-5:])
+    _stream(spark, kafka_bootstrap, [r"multi\.shop\..*"], root, checkpoint, pattern=True)
+
+    for coll in colls:
+        tables = CollectionTables.under(str(root), f"{DB}.{coll}")
+        events = sum(1 for r in first + later if r.topic == f"multi.shop.{coll}" and r.op is not None)
+        assert events and read_changelog(spark, tables.changelog).count() == events, coll  # exactly once
+        assert read_current_state(spark, tables.current_state).count() == len(wl.docs[coll]), coll
