@@ -22,7 +22,11 @@ numbers, a decimal, a date, an array and a sub-document.
    and the refresh time flat as the table grows. Medians of 3 interleaved rounds, each with its own
    10k changes (both tables gain the same history; the first round alone pays Spark's warm-up).
 
-``MONGOCDC_BENCH_SMALL=1``: 20k records, tables of 5k and 20k rows, 500 changes.
+3. Many collections, few changes: a refresh cycle (``refresh_collections``, several collections at once)
+   over 20 and 100 collections that got one change each, against one collection's refresh of as many
+   changes (goal <= 3x); then the same cycle with nothing new: seconds, and Spark jobs started (goal: none).
+
+``MONGOCDC_BENCH_SMALL=1``: 20k records, tables of 5k and 20k rows, 500 changes, 20 collections only.
 """
 
 from __future__ import annotations
@@ -53,7 +57,12 @@ from mongocdc_core.events.raw import RawDocuments
 from mongocdc_core.events.records import Record
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.parquet import ParquetSink
-from mongocdc_core.tables import CollectionTables, refresh_changelog, refresh_current_state
+from mongocdc_core.tables import (
+    CollectionTables,
+    refresh_changelog,
+    refresh_collections,
+    refresh_current_state,
+)
 from mongocdc_core.tables.changelog import LANDING_SPARK_SCHEMA, PARTITION_COLUMN, latest_version
 from mongocdc_core.tables.current_state import sized_shuffles
 from mongocdc_core.tables.session import spark_session
@@ -61,6 +70,7 @@ from mongocdc_core.tables.session import spark_session
 NAMESPACE = "bench.items"
 DB, COLL = NAMESPACE.split(".")
 FILES = 8
+CYCLE_KEYS = 200  # documents of each collection in the many-collections rows
 ROUNDS = 3
 WARM_UP = 10_000  # landing records of the untimed round before the timed ones
 CHUNK = 2048  # records per batch handed to the Parquet sink (the connector's max.batch.size)
@@ -79,8 +89,8 @@ def _document(key: int, version: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _converter() -> EventConverter:
-    return EventConverter(EventOptions(topic_prefix=DB, rs="rs0"))
+def _converter(db: str = DB) -> EventConverter:
+    return EventConverter(EventOptions(topic_prefix=db, rs="rs0"))
 
 
 def _chunks(numbers: range) -> Iterator[range]:
@@ -97,29 +107,32 @@ def _land(path: Path, records: Iterable[Sequence[Record]]) -> str:
     return str(path)
 
 
-def _snapshot(root: Path, keys: int) -> str:
+def _snapshot(root: Path, keys: int, namespace: str = NAMESPACE) -> str:
     """A full snapshot of ``keys`` documents, converted from raw BSON chunks as the copier delivers them,
     in the one file the snapshot asset writes."""
-    converter = _converter()
+    db, coll = namespace.split(".")
+    converter = _converter(db)
     options: CodecOptions[dict[str, Any]] = CodecOptions(tz_aware=True)
     chunks = (
         converter.convert_reads(RawDocuments(b"".join(bson.encode(_document(k, 0)) for k in ids), options),
-                                ["true"] * len(ids), DB, COLL, SNAPSHOT_POSITION)
+                                ["true"] * len(ids), db, coll, SNAPSHOT_POSITION)
         for ids in _chunks(range(keys))
     )  # fmt: skip
-    return _land(root / "snapshot" / NAMESPACE / "snapshot.parquet", chunks)
+    return _land(root / "snapshot" / namespace / "snapshot.parquet", chunks)
 
 
-def _change(n: int, keys: int, first_second: int, fresh: int) -> tuple[dict[str, Any], Position]:
+def _change(n: int, keys: int, first_second: int, fresh: int, namespace: str = NAMESPACE
+            ) -> tuple[dict[str, Any], Position]:  # fmt: skip
     """Change ``n`` of a run: an update (80%) with its full document, an insert of a new key (10%, from
     ``keys + fresh`` on) or a delete (10%); ``fresh`` also moves the updated and deleted keys, so each
     run changes other documents."""
+    db, coll = namespace.split(".")
     kind = n % 10
     key = keys + fresh + n if kind == 8 else (n * 7919 + fresh) % keys
     ts = Timestamp(first_second + n // 1000, n % 1000 + 1)
     event: dict[str, Any] = {
         "_id": {"_data": f"82{ts.time:08X}{ts.inc:08X}2B022C0100296E5A1004"}, "clusterTime": ts,
-        "wallTime": EPOCH + datetime.timedelta(seconds=ts.time), "ns": {"db": DB, "coll": COLL},
+        "wallTime": EPOCH + datetime.timedelta(seconds=ts.time), "ns": {"db": db, "coll": coll},
         "documentKey": {"_id": key},
     }  # fmt: skip
     if kind == 8:
@@ -134,15 +147,16 @@ def _change(n: int, keys: int, first_second: int, fresh: int) -> tuple[dict[str,
     return event, Position(ts.time, ts.inc)
 
 
-def _changes(path: Path, numbers: range, keys: int, first_second: int, fresh: int = 0) -> str:
+def _changes(path: Path, numbers: range, keys: int, first_second: int, fresh: int = 0,
+             namespace: str = NAMESPACE) -> str:  # fmt: skip
     """Changes ``numbers`` (see :func:`_change`) in position order, in one slice file."""
-    converter = _converter()
+    converter = _converter(namespace.split(".")[0])
 
     def batches() -> Iterator[list[Record]]:
         for ids in _chunks(numbers):
             batch: list[Record] = []
             for n in ids:
-                batch += converter.convert_change(*_change(n, keys, first_second, fresh))
+                batch += converter.convert_change(*_change(n, keys, first_second, fresh, namespace))
             yield batch
 
     return _land(path, batches())
@@ -287,6 +301,47 @@ def incremental(spark: SparkSession, root: Path, size: int, changes_count: int) 
     ]
 
 
+def _jobs_started(spark: SparkSession) -> int:
+    """Spark jobs the SparkContext has started so far (its scheduler's next job id)."""
+    return int(spark._jsc.sc().dagScheduler().nextJobId())  # type: ignore[union-attr]
+
+
+def many_collections(spark: SparkSession, root: Path, count: int) -> list[harness.Row]:
+    """A refresh cycle (``refresh_collections``) over ``count`` collections of ``CYCLE_KEYS`` documents
+    that got one change each, against one such collection's refresh of ``count`` changes; then a cycle
+    over the same collections with nothing new (seconds, and Spark jobs started: goal none)."""
+    home = root / f"cycle-{count}"
+    one = "bench.one"
+    namespaces = [f"bench.c{i:03d}" for i in range(count)]
+    files = {ns: [_snapshot(home, CYCLE_KEYS, ns)] for ns in [one, *namespaces]}
+
+    def cycle(names: list[str]) -> None:
+        work = [(CollectionTables.under(str(home / "tables"), ns), files[ns]) for ns in names]
+        for done in refresh_collections(spark, work):
+            if done.error is not None:
+                raise done.error
+
+    cycle([one, *namespaces])  # the first builds, untimed
+    files[one].append(_changes(home / "one.parquet", range(count), CYCLE_KEYS, 1_700_002_000, namespace=one))
+    single = _timed(lambda: cycle([one]))
+    for ns in namespaces:
+        files[ns].append(_changes(home / f"{ns}.parquet", range(1), CYCLE_KEYS, 1_700_002_000, namespace=ns))
+    many = _timed(lambda: cycle(namespaces))
+    started = _jobs_started(spark)
+    quiet = _timed(lambda: cycle(namespaces))
+    jobs = _jobs_started(spark) - started
+    shutil.rmtree(home, ignore_errors=True)
+    baseline = f"one collection's refresh of {count} changes (changelog + current_state)"
+    return [
+        harness.Row(NAME, f"cycle over {count} collections x 1 change against 1 collection x {count} changes",
+                    baseline, many, single, "s", many / single, 3.0, "<="),
+        harness.Row(NAME, f"nothing new: a cycle over {count} collections", baseline, quiet, single, "s",
+                    quiet / single),
+        harness.Row(NAME, f"nothing new: Spark jobs per collection in a cycle over {count} collections",
+                    f"{count} collections", jobs, count, "jobs", jobs / count, 0.0, "<="),
+    ]
+
+
 def run(small: bool) -> list[harness.Row]:
     records = 20_000 if small else 1_000_000
     sizes = (5_000, 20_000) if small else (100_000, 1_000_000)
@@ -300,6 +355,8 @@ def run(small: bool) -> list[harness.Row]:
             elapsed, got = incremental(spark, root, size, changes)
             times.append(elapsed)
             rows += got
+        for count in (20,) if small else (20, 100):
+            rows += many_collections(spark, root, count)
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -17,6 +17,7 @@ from rich.table import Table
 from mongocdc_core.tables.changelog import TableInputError, landing_files, read_changelog, table_exists
 from mongocdc_core.tables.collection import (
     ChangelogRefresh,
+    CollectionRefresh,
     CollectionTables,
     Reconciliation,
     StateRefresh,
@@ -25,6 +26,7 @@ from mongocdc_core.tables.collection import (
     maintain,
     reconcile_at_position,
     refresh_changelog,
+    refresh_collections,
     refresh_current_state,
 )
 from mongocdc_core.tables.convert import quote
@@ -34,6 +36,7 @@ from mongocdc_core.tables.session import spark_conf, spark_session
 
 __all__ = [
     "ChangelogRefresh",
+    "CollectionRefresh",
     "CollectionTables",
     "Reconciliation",
     "SparkSetupError",
@@ -49,6 +52,7 @@ __all__ = [
     "read_current_state",
     "reconcile_at_position",
     "refresh_changelog",
+    "refresh_collections",
     "refresh_current_state",
     "spark_conf",
     "spark_session",

@@ -16,6 +16,8 @@ only new or re-written files. The manifest also decides when a full snapshot is 
 from __future__ import annotations
 
 import datetime
+import hashlib
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -84,12 +86,20 @@ DATA_OPS = ("c", "u", "d", "r")
 POSITION_PROPERTY = "mongocdc.position"
 COLLECTION_PROPERTY = "mongocdc.source.collection"
 SNAPSHOT_PROPERTY = "mongocdc.snapshot.position"
+#: A digest of every landing file (path and version) the last refresh was given: the same files again
+#: (and the table still at the version that refresh left) mean nothing new, decided without a Spark job.
+LANDING_PROPERTY = "mongocdc.landing.digest"
+#: The table's row count and the version it describes: a refresh adds what it changed instead of counting
+#: the table again (and one that adds nothing reports it uncounted), as long as no other writer committed.
+ROWS_PROPERTY = "mongocdc.rows"
+ROWS_VERSION_PROPERTY = "mongocdc.rows.version"
 MANIFEST_DIR = "_mongocdc_landing"
 #: Delta writes a checkpoint of a table's log every ``delta.checkpointInterval`` commits (its default 10)
 #: in the commit that reaches it. A refresh commits its data and then its properties, so the default
 #: put a checkpoint on every fifth refresh of each table; at 100 one falls every fiftieth, and a reader
 #: opening the table replays at most 99 small commit files. Set on every table mongocdc writes.
 LOG_OPTIONS = {"delta.checkpointInterval": "100"}
+_SMALL_FILE_BYTES = 16 * 1024  # below this a landing file's footer says whether it holds a row at all
 _MANIFEST_SCHEMA = T.StructType(
     [
         T.StructField("path", T.StringType()),
@@ -125,12 +135,25 @@ def table_exists(spark: SparkSession, location: str) -> bool:
 
 @dataclass(frozen=True)
 class TableLook:
-    """What one look at a Delta table's log tells: its version (-1: no table there), its properties
-    and its size in bytes."""
+    """What one look at a Delta table's log tells: its version (-1: no table there), its properties,
+    its size in bytes and its schema (Delta's JSON, empty without a table)."""
 
     version: int
     properties: dict[str, str]
     size_bytes: int
+    schema_json: str = ""
+
+    @property
+    def schema(self) -> T.StructType:
+        """The table's schema as its log records it (no Spark job; empty without a table)."""
+        return T.StructType.fromJson(json.loads(self.schema_json)) if self.schema_json else T.StructType()
+
+    @property
+    def recorded_rows(self) -> int | None:
+        """The row count the table's properties record, when it describes this version (None otherwise:
+        another writer committed since, or none was recorded)."""
+        rows, at = self.properties.get(ROWS_PROPERTY), self.properties.get(ROWS_VERSION_PROPERTY)
+        return int(rows) if rows is not None and at == str(self.version) else None
 
 
 def look(spark: SparkSession, location: str) -> TableLook:
@@ -149,10 +172,12 @@ def look(spark: SparkSession, location: str) -> TableLook:
     version = int(snapshot.version())
     if version < 0:
         return TableLook(-1, {}, 0)
-    configuration = jvm.scala.jdk.javaapi.CollectionConverters.asJava(snapshot.metadata().configuration())
+    metadata = snapshot.metadata()
+    configuration = jvm.scala.jdk.javaapi.CollectionConverters.asJava(metadata.configuration())
     checksum = snapshot.checksumOpt()
     size = checksum.get().tableSizeBytes() if checksum.isDefined() else snapshot.sizeInBytes()
-    return TableLook(version, {str(k): str(v) for k, v in configuration.items()}, int(size))
+    properties = {str(k): str(v) for k, v in configuration.items()}
+    return TableLook(version, properties, int(size), str(metadata.schemaString()))
 
 
 def table_properties(spark: SparkSession, location: str) -> dict[str, str]:
@@ -240,6 +265,21 @@ def file_version(spark: SparkSession, path: str) -> str:
     hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
     status = hadoop_path.getFileSystem(spark._jsc.hadoopConfiguration()).getFileStatus(hadoop_path)  # type: ignore[attr-defined]
     return f"{status.getLen()}:{status.getModificationTime()}"
+
+
+def holds_events(path: str, namespace: str) -> bool:
+    """Whether a landing file may hold events: not a local file that holds no row (every quiet collection
+    gets one per window), unless it is part of a full snapshot (an empty range still counts as read).
+    Only small files' footers are read: an empty landing file is a few kilobytes."""
+    if "://" in path or snapshot_part(path, namespace) is not None or os.stat(path).st_size > _SMALL_FILE_BYTES:
+        return True
+    return bool(pq.read_metadata(path).num_rows)
+
+
+def landing_digest(versions: dict[str, str]) -> str:
+    """A digest of landing files and their versions (:func:`file_version`), whatever their order."""
+    text = "\n".join(f"{path}\t{version}" for path, version in sorted(versions.items()))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def snapshot_part(path: str, namespace: str) -> tuple[str, int, int] | None:
@@ -458,9 +498,14 @@ def record(
     appended: Appended,
     snapshot_position: str | None = None,
     properties: dict[str, str] | None = None,
+    *,
+    rows: int | None = None,
+    landing: str | None = None,
 ) -> str | None:
     """Keep the source collection, the highest position and the latest full snapshot as table
-    properties (one commit, only when something changed); returns the highest position."""
+    properties (one commit, only when something changed); returns the highest position. ``rows``: the
+    table's row count now (recorded with the version of this commit); ``landing``: the digest of the
+    landing files this refresh was given (:func:`landing_digest`)."""
     properties = table_properties(spark, location) if properties is None else properties
     position = max(filter(None, [properties.get(POSITION_PROPERTY), appended.max_position]), default=None)
     updates = {COLLECTION_PROPERTY: namespace} | LOG_OPTIONS
@@ -468,6 +513,10 @@ def record(
         updates[POSITION_PROPERTY] = position
     if snapshot_position is not None:
         updates[SNAPSHOT_PROPERTY] = snapshot_position
+    if landing is not None:
+        updates[LANDING_PROPERTY] = landing
+    if rows is not None:  # true of the commit below (a writer committing first makes it stale: recounted)
+        updates |= {ROWS_PROPERTY: str(rows), ROWS_VERSION_PROPERTY: str(latest_version(spark, location) + 1)}
     if any(properties.get(k) != v for k, v in updates.items()):
         set_properties(spark, location, updates)
     return position
@@ -529,17 +578,27 @@ def _completed_snapshot(manifest: DataFrame) -> str | None:
 
 
 def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[str]) -> ChangelogResult:
-    """Append the events of new or re-written landing files of ``namespace`` (see the module doc)."""
-    files = landing_files(paths)
+    """Append the events of new or re-written landing files of ``namespace`` (see the module doc).
+
+    When the files are those the last refresh was given, unchanged (files holding no row left out), and
+    the table is still at the version it left, nothing is read and no Spark job runs (the table's
+    properties decide)."""
+    files = [f for f in landing_files(paths) if holds_events(f, namespace)]
     versions = {f: file_version(spark, f) for f in files}
-    new_table = not table_exists(spark, location)
+    digest = landing_digest(versions)
+    before = look(spark, location)
+    if before.version >= 0 and before.properties.get(LANDING_PROPERTY) == digest and before.recorded_rows is not None:
+        props = before.properties
+        return ChangelogResult(0, Appended(0, {}, None), props.get(POSITION_PROPERTY), props.get(SNAPSHOT_PROPERTY),
+                               before.recorded_rows, before.schema)  # fmt: skip
+    new_table = before.version < 0
     manifest = _manifest(spark, location)
     seen: set[tuple[str, str]] = set()
     if manifest is not None and files:
         seen = {(r["path"], r["version"]) for r in manifest.select("path", "version").collect()}
     todo = [f for f in files if (f, versions[f]) not in seen]
     appended = Appended(0, {}, None)
-    properties = table_properties(spark, location)
+    properties = before.properties
     snapshot_position = properties.get(SNAPSHOT_PROPERTY)
     read: DataFrame | None = None
     if todo:
@@ -557,11 +616,20 @@ def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[
             completed = _completed_snapshot(read if manifest is None else manifest.unionByName(read))
             if completed is not None and (snapshot_position is None or completed > snapshot_position):
                 snapshot_position = completed
-    elif not table_exists(spark, location):  # no landing data yet: an empty table, so readers find one
+    elif new_table:  # no landing data yet: an empty table, so readers find one
         append_events(spark, location, namespace, spark.createDataFrame([], CHANGELOG_SCHEMA))
-    position = record(spark, location, namespace, appended, snapshot_position, properties)
+    # a new table holds just what was appended; one this refresh alone appended to, what it held and that
+    known = before.recorded_rows
+    if new_table:
+        row_count = appended.rows
+    elif known is not None and latest_version(spark, location) == before.version + (1 if todo else 0):
+        row_count = known + appended.rows
+    else:
+        row_count = spark.read.format("delta").load(location).count()
+    # the digest goes with the commit below, the manifest after it: a refresh stopped in between reads
+    # the files again once new ones come (appending no event twice)
+    position = record(spark, location, namespace, appended, snapshot_position, properties, rows=row_count,
+                      landing=digest)
     if read is not None:  # last: a refresh stopped before this reads the files again (appending no event twice)
         read.write.format("delta").mode("append").options(**LOG_OPTIONS).save(f"{location.rstrip('/')}/{MANIFEST_DIR}")
-    table = spark.read.format("delta").load(location)
-    row_count = appended.rows if new_table else table.count()  # a new table holds just what was appended
-    return ChangelogResult(len(todo), appended, position, snapshot_position, row_count, table.schema)
+    return ChangelogResult(len(todo), appended, position, snapshot_position, row_count, look(spark, location).schema)

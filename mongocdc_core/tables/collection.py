@@ -14,6 +14,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -41,6 +42,7 @@ from mongocdc_core.tables.progress import Report, SparkWork, reporting
 
 log = logging.getLogger(__name__)
 _R = TypeVar("_R")
+_T = TypeVar("_T")
 
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 #: Delta's default ``delta.deletedFileRetentionDuration`` (a week); VACUUM below it needs its check off.
@@ -52,6 +54,8 @@ _CONFLICTS = (
     ConcurrentAppendException, ConcurrentDeleteDeleteException, ConcurrentDeleteReadException,
     ConcurrentTransactionException, ConcurrentWriteException, MetadataChangedException, ProtocolChangedException,
 )  # fmt: skip
+#: The most collections refreshed at once by default (each keeps a driver thread busy between its jobs).
+MAX_CONCURRENCY = 16
 
 
 @dataclass(frozen=True)
@@ -218,6 +222,100 @@ def refresh_current_state(
         pending_keys=result.pending,
         work=work,
     )
+
+
+@dataclass(frozen=True)
+class CollectionRefresh:
+    """One collection's part of a cycle: its two refreshes, or the error that stopped them."""
+
+    namespace: str
+    changelog: ChangelogRefresh | None = None
+    current_state: StateRefresh | None = None
+    error: Exception | None = None
+
+    @property
+    def new_data(self) -> bool:
+        """Whether the cycle found anything new for this collection (a landing file read, a key merged)."""
+        return bool((self.changelog and self.changelog.files_read) or (self.current_state and self.current_state.keys_merged))
+
+
+def default_concurrency(spark: SparkSession) -> int:
+    """Collections refreshed at once by default: at least 4 (a refresh of a few changes leaves the
+    executors idle between its jobs, so two cores serve several), more on a larger cluster."""
+    return min(MAX_CONCURRENCY, max(4, spark.sparkContext.defaultParallelism))
+
+
+def concurrently(
+    spark: SparkSession, items: Sequence[_T], action: Callable[[SparkSession, _T], _R], *, concurrency: int | None = None
+) -> Iterator[tuple[_T, _R | Exception]]:
+    """``action(session, item)`` for every item, up to ``concurrency`` at once (default
+    :func:`default_concurrency`), yielded as each finishes: its result, or the exception it raised.
+
+    Independent tables' Spark jobs then run side by side: each item runs in its own Spark session (its
+    own SQL settings, such as the shuffle partitions a refresh sizes, over the shared SparkContext) and
+    its own scheduler pool, which Spark's FAIR scheduler serves in turn (:func:`.session.spark_conf`
+    turns it on). Sessions made this way take the SparkContext's configuration, not settings made at
+    run time on ``spark``. With a concurrency of 1 the items run one after another in ``spark``.
+    """
+    if concurrency is not None and concurrency < 1:
+        raise TableInputError(f"concurrency must be at least 1, got {concurrency}")
+    width = min(len(items), concurrency or default_concurrency(spark))
+    if width <= 1:
+        for item in items:
+            try:
+                yield item, action(spark, item)
+            except Exception as exc:  # the caller decides what one item's failure means
+                yield item, exc
+        return
+    context = spark.sparkContext
+    slots = list(range(width))
+
+    def run(item: _T) -> _R:
+        slot = slots.pop()
+        kept = context.getLocalProperty("spark.scheduler.pool")
+        context.setLocalProperty("spark.scheduler.pool", f"mongocdc-{slot}")
+        try:
+            return action(spark.newSession(), item)
+        finally:
+            context.setLocalProperty("spark.scheduler.pool", kept)  # type: ignore[arg-type]  # None removes it
+            slots.append(slot)
+
+    with ThreadPoolExecutor(width, thread_name_prefix="mongocdc-tables") as pool:
+        running: dict[Future[_R], _T] = {pool.submit(run, item): item for item in items}
+        while running:
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                item = running.pop(future)
+                error = future.exception()
+                if error is not None and not isinstance(error, Exception):  # an interrupt stops the cycle
+                    raise error
+                yield item, error if error is not None else future.result()
+
+
+def refresh_collections(
+    spark: SparkSession,
+    work: Sequence[tuple[CollectionTables, Sequence[str]]],
+    options: TableOptions | None = None,
+    *,
+    concurrency: int | None = None,
+    progress: Report | None = None,
+) -> Iterator[CollectionRefresh]:
+    """One refresh cycle over many collections: for each ``(tables, landing files)`` its changelog, then its
+    current_state, several collections at once (see :func:`concurrently`), yielded as each finishes.
+
+    A collection whose landing files are those its last refresh read, unchanged, costs no Spark job
+    (its tables' properties decide), so a cycle costs what landed, not how many collections there are.
+    One collection's failure is its :class:`CollectionRefresh`'s ``error``; the others go on.
+    """
+
+    def both(session: SparkSession, item: tuple[CollectionTables, Sequence[str]]) -> CollectionRefresh:
+        tables, files = item
+        log_refresh = refresh_changelog(session, tables, files, progress=progress)
+        state = refresh_current_state(session, tables, options, progress=progress)
+        return CollectionRefresh(tables.namespace, log_refresh, state)
+
+    for (tables, _), outcome in concurrently(spark, work, both, concurrency=concurrency):
+        yield outcome if isinstance(outcome, CollectionRefresh) else CollectionRefresh(tables.namespace, error=outcome)
 
 
 def reconcile_at_position(

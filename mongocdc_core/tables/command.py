@@ -1,7 +1,8 @@
 """``mongocdc tables``: the Delta tables without Dagster (a cron job, Airflow, a notebook's terminal).
 
 - ``refresh``: each collection's changelog, then its current_state, from the landing zone (every
-  collection found there, or those named);
+  collection found there, or those named), several collections at once (``--concurrency``); a
+  collection with nothing new costs no Spark job;
 - ``check``: each current_state against MongoDB at the table's position, one PASS / FAIL / UNVERIFIED
   line per collection with how many keys it compared (as ``mongocdc check`` does for the Dagster asset
   checks): exit 1 when one differs, 3 when one compared fewer than ``--min-coverage`` of its keys;
@@ -22,7 +23,7 @@ import os
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,10 +43,10 @@ from mongocdc_core.tables.changelog import (
 from mongocdc_core.tables.collection import (
     CollectionTables,
     TableOptions,
+    default_concurrency,
     maintain,
     reconcile_at_position,
-    refresh_changelog,
-    refresh_current_state,
+    refresh_collections,
 )
 from mongocdc_core.tables.jars import ENV_JARS, Artifact, SparkSetupError, download, user_cache
 from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE, coverage_share
@@ -101,28 +102,39 @@ def _is_local(location: str) -> bool:
     return "://" not in location
 
 
-def _each(what: str, namespaces: list[str], action: Callable[[str], str]) -> int:
-    """Run ``action`` per collection with a line before and after each; 1 when any failed, 3 when none
-    failed but one could not be verified."""
-    if not namespaces:
-        log.error(f"{what}: no collection selected")
-        return EXIT_FAILED
-    failed, unverified, started = 0, 0, time.monotonic()
+#: One collection's failure, reported on its line (anything else stops the command).
+_COLLECTION_ERRORS = (TableInputError, SparkSetupError, ValueError, CdcError)
+
+
+def _one_by_one(what: str, namespaces: list[str], action: Callable[[str], str]) -> Iterator[tuple[str, str | Exception, float]]:
+    """``action`` per collection, a line before each: (namespace, outcome or its error, seconds)."""
     for n, namespace in enumerate(namespaces, 1):
         log.info(f"{what} {n} of {len(namespaces)}: {namespace}")
         began = time.monotonic()
         try:
-            outcome = action(namespace)
-        except (TableInputError, SparkSetupError, ValueError, CdcError) as exc:  # one collection's failure
+            outcome: str | Exception = action(namespace)
+        except _COLLECTION_ERRORS as exc:
+            outcome = exc
+        yield namespace, outcome, time.monotonic() - began
+
+
+def _each(what: str, namespaces: list[str], outcomes: Iterable[tuple[str, str | Exception, float]]) -> int:
+    """A line per collection's outcome and one for them all; 1 when any failed, 3 when none failed but
+    one could not be verified."""
+    if not namespaces:
+        log.error(f"{what}: no collection selected")
+        return EXIT_FAILED
+    failed, unverified, started = 0, 0, time.monotonic()
+    for namespace, outcome, seconds in outcomes:
+        if isinstance(outcome, Exception):
             failed += 1
-            log.error(f"FAIL  {namespace}: {exc}", extra=fields(collection=namespace, ok=False))
+            log.error(f"FAIL  {namespace}: {outcome}", extra=fields(collection=namespace, ok=False))
             continue
         ok = not outcome.startswith(("FAIL", "UNVERIFIED"))
         failed += outcome.startswith("FAIL")
         unverified += outcome.startswith("UNVERIFIED")
         line = outcome if outcome.startswith(("PASS", "FAIL", "UNVERIFIED")) else f"done  {namespace}: {outcome}"
-        (log.info if ok else log.error)(f"{line} ({time.monotonic() - began:.1f} s)",
-                                        extra=fields(collection=namespace, ok=ok))
+        (log.info if ok else log.error)(f"{line} ({seconds:.1f} s)", extra=fields(collection=namespace, ok=ok))
     elapsed = time.monotonic() - started
     log.info(f"{what}: {len(namespaces) - failed - unverified} of {len(namespaces)} collections done, {failed} "
              f"failed, {unverified} unverified, {elapsed:.1f} s",
@@ -140,21 +152,27 @@ def _refresh(args: argparse.Namespace) -> int:
     log.info(f"landing zone {args.landing}: {sum(len(f) for f in found.values())} files of {len(found)} "
              f"collections; refreshing {len(namespaces)}")
     with _spark(args) as spark:
-        return _each("refresh", namespaces, _refresher(spark, args, found))
+        return _each("refresh", namespaces, _refreshed(spark, args, found, namespaces))
 
 
-def _refresher(spark: SparkSession, args: argparse.Namespace, found: dict[str, list[str]]) -> Callable[[str], str]:
+def _refreshed(spark: SparkSession, args: argparse.Namespace, found: dict[str, list[str]],
+               namespaces: list[str]) -> Iterator[tuple[str, str | Exception, float]]:
+    """Each collection's refresh as it finishes, several at once (``refresh_collections``)."""
     options = TableOptions(delete_handling=args.delete_handling)
-
-    def refresh(namespace: str) -> str:
-        tables = CollectionTables.under(args.tables, namespace)
-        log_refresh = refresh_changelog(spark, tables, found[namespace], progress=log.info)
-        state = refresh_current_state(spark, tables, options, progress=log.info)
-        return (f"changelog +{log_refresh.rows_added} rows from {log_refresh.files_read} new files "
+    work = [(CollectionTables.under(args.tables, ns), found[ns]) for ns in namespaces]
+    log.info(f"up to {min(len(work), args.concurrency or default_concurrency(spark))} collections at once")
+    for done in refresh_collections(spark, work, options, concurrency=args.concurrency, progress=log.info):
+        if done.error is not None:
+            if not isinstance(done.error, _COLLECTION_ERRORS):
+                raise done.error
+            yield done.namespace, done.error, 0.0
+            continue
+        assert done.changelog is not None and done.current_state is not None
+        log_refresh, state = done.changelog, done.current_state
+        line = (f"changelog +{log_refresh.rows_added} rows from {log_refresh.files_read} new files "
                 f"({log_refresh.row_count} in all); current_state {state.keys_merged} keys merged, "
-                f"{state.row_count} rows, position {state.position}")
-
-    return refresh
+                f"{state.row_count} rows, position {state.position}" + ("" if done.new_data else "; nothing new"))
+        yield done.namespace, line, log_refresh.work.seconds + state.work.seconds
 
 
 def _tables_under(spark: SparkSession, root: str) -> dict[str, CollectionTables]:
@@ -202,7 +220,7 @@ def _check(args: argparse.Namespace) -> int:
             return (f"{verdict}  {namespace} at {found.position}: table {found.table_rows} rows, source "
                     f"{found.source_rows}; {found.method}; {found.summary()}")
 
-        return _each("check", namespaces, check)
+        return _each("check", namespaces, _one_by_one("check", namespaces, check))
 
 
 def _maintain(args: argparse.Namespace) -> int:
@@ -212,7 +230,7 @@ def _maintain(args: argparse.Namespace) -> int:
             figures = maintain(spark, tables[namespace], retention_hours=args.retention_hours, progress=log.info)
             return ", ".join(f"{k} {v}" for k, v in figures.items()) or "no table yet"
 
-        return _each("maintain", namespaces, tidy)
+        return _each("maintain", namespaces, _one_by_one("maintain", namespaces, tidy))
 
 
 @contextmanager
@@ -243,6 +261,12 @@ def _share(text: str) -> float:
 TABLES_HELP = "where the tables live: a directory, or a URI Spark writes to (file://, s3a://, abfss://, ...)"
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mongocdc tables", description=__doc__.split("\n\n")[0])
     add_log_format_option(parser)
@@ -259,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     refresh.add_argument("--tables", type=_location, required=True, help=TABLES_HELP)
     refresh.add_argument("--delete-handling", default="drop", choices=["drop", "rewrite"],
                          help="current_state drops deleted documents, or keeps them with __deleted = true")
+    refresh.add_argument("--concurrency", type=_positive, default=None, metavar="N",
+                         help="collections refreshed at once (default: 4, or Spark's default parallelism up to 16)")
     collections(refresh)
     check = commands.add_parser("check", help="compare each current_state with MongoDB (exit 1 on a difference)")
     check.add_argument("--config", required=True, help="the connector config (to read MongoDB)")

@@ -46,6 +46,8 @@ from mongocdc_core.tables.changelog import (
     LOG_OPTIONS,
     PARTITION_COLUMN,
     POSITION_PROPERTY,
+    ROWS_PROPERTY,
+    ROWS_VERSION_PROPERTY,
     SNAPSHOT_PROPERTY,
     TableInputError,
     latest_version,
@@ -63,10 +65,6 @@ cloudpickle.register_pickle_by_value(fold)
 VERSION_PROPERTY = "mongocdc.changelog.version"
 KINDS_PROPERTY = "mongocdc.kinds"
 OPTIONS_PROPERTY = "mongocdc.options"
-#: The table's row count and the version it describes: a refresh adds what it inserted and removed
-#: instead of counting the table again, as long as no other writer committed in between.
-ROWS_PROPERTY = "mongocdc.rows"
-ROWS_VERSION_PROPERTY = "mongocdc.rows.version"
 #: Optional metadata columns (``TableOptions.add_fields``), named like the extraction transform's.
 ADD_FIELDS = {"op": "__op", "source_ts_ms": "__source_ts_ms", "position": "__position", "collection": "__collection"}
 _EVENT_COLUMNS = (

@@ -40,6 +40,9 @@ def spark_conf(*, local_tuning: bool = True) -> dict[str, str]:
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.session.timeZone": "UTC",
+        # jobs of different scheduler pools share the executors in turn (collection.concurrently gives each
+        # collection refreshed at once its own pool); jobs without a pool run first come, first served
+        "spark.scheduler.mode": "FAIR",
         # dates before 1582 are written as they are (proleptic Gregorian), never rebased or refused
         "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
         "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",

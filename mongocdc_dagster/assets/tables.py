@@ -7,7 +7,10 @@ they read lands (the translator's ``automation_condition``). A collection's tabl
 something has landed for it (a landing file holding a row): before that a refresh records that nothing
 is built (``built: false``) and writes no table, so no empty table fixes column types, and no check
 compares an empty table with a collection never copied. (It still materialises: leaving one collection's
-output out of a multi-asset would skip the next step for every collection of the run.) Whether
+output out of a multi-asset would skip the next step for every collection of the run.) A collection
+with nothing new since its last refresh costs no Spark job: its materialisation says ``new_data: false``
+(the table is up to date, so its freshness holds). Several collections refresh at once, each in its own
+Spark session and FAIR scheduler pool (``collection.concurrently``). Whether
 ``current_state`` equals the source is checked at the table's position by ``checks.py`` (blocking), in
 the refresh's run, so it holds while writes go on.
 
@@ -16,9 +19,9 @@ The table functions are the tables package's per-collection API (``mongocdc_core
 No ``from __future__ import annotations``: Dagster resolves the resource annotations at definition time.
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow.parquet as pq
 from dagster import (
@@ -37,8 +40,15 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from mongocdc_core.sinks.parquet import LANDING_SCHEMA
-from mongocdc_core.tables.changelog import table_exists
-from mongocdc_core.tables.collection import CollectionTables, refresh_changelog, refresh_current_state
+from mongocdc_core.tables.changelog import look, table_exists
+from mongocdc_core.tables.collection import (
+    ChangelogRefresh,
+    CollectionTables,
+    StateRefresh,
+    concurrently,
+    refresh_changelog,
+    refresh_current_state,
+)
 from mongocdc_core.tables.progress import SparkWork
 from mongocdc_dagster.assets.cdc import CdcAssets, collection_props
 from mongocdc_dagster.discovery import DiscoveryState
@@ -64,6 +74,8 @@ _STATE_FROM_LOG: dict[str, tuple[str, ...]] = {
     "_id": ("_id",), "collection": ("collection",), "__collection": ("collection", "__collection"),
 }
 _LANDING_COLUMNS = frozenset(LANDING_SCHEMA.names)
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 def changelog_lineage(schema: T.StructType, upstream: Sequence[AssetKey]) -> TableColumnLineage:
@@ -131,6 +143,20 @@ def not_built(namespace: str, why: str) -> dict[str, Any]:
                          "or a change lands; snapshot the collection to copy what it holds"}
 
 
+def _each_finished(spark: SparkSession, items: Sequence[_T], refresh: Callable[[SparkSession, _T], _R]
+                   ) -> Iterator[tuple[_T, _R]]:  # fmt: skip
+    """``refresh`` of every item, several collections at once (``concurrently``), as each finishes; the
+    first failure is raised once the others are done (their materialisations are recorded)."""
+    failures: list[Exception] = []
+    for item, outcome in concurrently(spark, items, refresh):
+        if isinstance(outcome, Exception):
+            failures.append(outcome)
+        else:
+            yield item, outcome
+    if failures:
+        raise failures[0]
+
+
 def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, translator: MongoCdcTranslator,
                        cdc: CdcAssets) -> TableAssets:
     out = TableAssets(names=cdc.names)
@@ -162,32 +188,44 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
         mongocdc = resource_of(context, names.mongocdc, MongoCdcResource)
         pyspark = resource_of(context, names.pyspark, PySparkResource)
         spark: SparkSession = pyspark.spark_session
+        work: list[tuple[AssetKey, list[str]]] = []
         for key in sorted(context.selected_asset_keys, key=lambda k: out.changelog_keys[k]):
             namespace = out.changelog_keys[key]
-            tables = out.tables[namespace]
             files = mongocdc.landing_files(namespace)
-            if not table_exists(spark, tables.changelog) and not landed_anything(files):
+            if not table_exists(spark, out.tables[namespace].changelog) and not landed_anything(files):
                 context.log.info(f"{namespace}: nothing landed yet ({len(files)} empty landing file(s)); no table built")
                 yield MaterializeResult(asset_key=key, metadata={
                     **not_built(namespace, f"{len(files)} landing file(s), none holding a row"),
                     "landing_files": len(files)})
                 continue
-            refresh = refresh_changelog(spark, tables, files, progress=context.log.info)
-            context.log.info(f"{namespace}: {refresh.files_read} new or re-written landing file(s) of {len(files)}, "
-                             f"{refresh.rows_added} rows added, {refresh.row_count} in the table")
+            work.append((key, files))
+
+        def refresh(session: SparkSession, item: tuple[AssetKey, list[str]]) -> ChangelogRefresh:
+            return refresh_changelog(session, out.tables[out.changelog_keys[item[0]]], item[1],
+                                     progress=context.log.info)
+
+        for (key, files), done in _each_finished(spark, work, refresh):
+            namespace = out.changelog_keys[key]
+            if done.files_read:
+                context.log.info(f"{namespace}: {done.files_read} new or re-written landing file(s) of {len(files)}, "
+                                 f"{done.rows_added} rows added, {done.row_count} in the table")
+            else:
+                context.log.info(f"{namespace}: nothing new landed (all {len(files)} landing file(s) read before); "
+                                 f"{done.work.jobs or 'no'} Spark job(s)")
             yield MaterializeResult(asset_key=key, metadata={
                 "collection": namespace,
                 **({"dagster/table_name": out.table_names[key]} if key in out.table_names else {}),
-                "dagster/uri": MetadataValue.path(tables.changelog),
-                "dagster/row_count": refresh.row_count,
-                "dagster/column_schema": spark_schema(refresh.schema),
-                "dagster/column_lineage": changelog_lineage(refresh.schema, upstream[namespace]),
+                "dagster/uri": MetadataValue.path(out.tables[namespace].changelog),
+                "dagster/row_count": done.row_count,
+                "dagster/column_schema": spark_schema(done.schema),
+                "dagster/column_lineage": changelog_lineage(done.schema, upstream[namespace]),
+                "new_data": bool(done.files_read),
                 "landing_files": len(files),
-                "landing_files_read": refresh.files_read,
-                "rows_added": refresh.rows_added,
-                "rows_added_by_op": MetadataValue.json(dict(refresh.counts)),
-                **work_metadata(refresh.work, rows_added_per_s=refresh.rows_added),
-                **position_metadata("position", refresh.position),
+                "landing_files_read": done.files_read,
+                "rows_added": done.rows_added,
+                "rows_added_by_op": MetadataValue.json(dict(done.counts)),
+                **work_metadata(done.work, rows_added_per_s=done.rows_added),
+                **position_metadata("position", done.position),
             })
 
     @multi_asset(name=names.of("current_state"), specs=state_specs, can_subset=True, pool=cdc.pools.tables,
@@ -196,30 +234,42 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
     def current_state_asset(context: AssetExecutionContext) -> Iterator[MaterializeResult]:
         pyspark = resource_of(context, names.pyspark, PySparkResource)
         spark: SparkSession = pyspark.spark_session
+        work: list[AssetKey] = []
         for key in sorted(context.selected_asset_keys, key=lambda k: out.current_state_keys[k]):
             namespace = out.current_state_keys[key]
-            tables = out.tables[namespace]
-            if not table_exists(spark, tables.changelog):
+            if not table_exists(spark, out.tables[namespace].changelog):
                 context.log.info(f"{namespace}: no changelog yet (nothing landed); no table built")
                 yield MaterializeResult(asset_key=key, metadata=not_built(namespace, "no changelog"))
                 continue
-            refresh = refresh_current_state(spark, tables, progress=context.log.info)
-            for change in refresh.schema_changes:
+            work.append(key)
+
+        def refresh(session: SparkSession, key: AssetKey) -> StateRefresh:
+            return refresh_current_state(session, out.tables[out.current_state_keys[key]], progress=context.log.info)
+
+        for key, done in _each_finished(spark, work, refresh):
+            namespace = out.current_state_keys[key]
+            tables = out.tables[namespace]
+            for change in done.schema_changes:
                 context.log.warning(f"{namespace}: {change}")
-            log_schema = spark.read.format("delta").load(tables.changelog).schema
+            new_data = bool(done.keys_merged)
+            if not new_data:
+                context.log.info(f"{namespace}: nothing new in the changelog since the table's version; "
+                                 f"{done.work.jobs or 'no'} Spark job(s)")
             yield MaterializeResult(asset_key=key, metadata={
                 "collection": namespace,
                 **({"dagster/table_name": out.table_names[key]} if key in out.table_names else {}),
                 "dagster/uri": MetadataValue.path(tables.current_state),
-                "dagster/row_count": refresh.row_count,
-                "dagster/column_schema": spark_schema(refresh.schema),
-                "dagster/column_lineage": state_lineage(refresh.schema, log_schema, out.key(namespace, "changelog")),
-                "keys_merged": refresh.keys_merged,
-                "rows_upserted": refresh.upserted,
-                "rows_deleted": refresh.deleted,
-                "schema_changes": MetadataValue.json(list(refresh.schema_changes)),
-                **work_metadata(refresh.work, keys_merged_per_s=refresh.keys_merged),
-                **position_metadata("position", refresh.position),
+                "dagster/row_count": done.row_count,
+                "dagster/column_schema": spark_schema(done.schema),
+                "dagster/column_lineage": state_lineage(done.schema, look(spark, tables.changelog).schema,
+                                                        out.key(namespace, "changelog")),
+                "new_data": new_data,
+                "keys_merged": done.keys_merged,
+                "rows_upserted": done.upserted,
+                "rows_deleted": done.deleted,
+                "schema_changes": MetadataValue.json(list(done.schema_changes)),
+                **work_metadata(done.work, keys_merged_per_s=done.keys_merged),
+                **position_metadata("position", done.position),
             })
 
     out.definitions = [changelog_asset, current_state_asset]

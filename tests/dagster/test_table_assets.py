@@ -73,6 +73,16 @@ def test_one_launch_builds_a_collections_tables_and_reconciliation_holds_under_w
         env.key("orders", k) for k in ("snapshot", "incremental_snapshot", "slices")}
     assert instance.get_latest_materialization_event(env.key("customers", "current_state")) is None
 
+    # nothing landed since: refreshing the tables again runs no Spark job, and their materialisations say so
+    again = env.materialize(instance, keys[1:])
+    assert again.success and all(checks_of(again).values())
+    for kind in ("changelog", "current_state"):
+        meta = materialization_metadata(instance, env.key("orders", kind))
+        assert (meta["new_data"], meta["spark_jobs"], meta["dagster/row_count"]) == (False, 0, 30), (kind, meta)
+        assert meta["dagster/column_schema"] == (log if kind == "changelog" else state)["dagster/column_schema"]
+    said = [e.user_message for e in instance.all_logs(again.run_id)]
+    assert any(m.startswith(f"{db.name}.orders: nothing new landed") for m in said), said
+
     # writes after the table's position: the table is behind the source, yet equal to it at its position
     db.orders.insert_many([{"_id": 100 + i, "qty": 1} for i in range(5)])
     db.orders.update_one({"_id": 3}, {"$set": {"qty": 333}})
