@@ -25,6 +25,7 @@ from pymongo import MongoClient
 from rich.console import Console
 from rich.table import Table
 
+from mongocdc_core.api import current_cluster_time
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import FileOffsetStore
@@ -153,14 +154,34 @@ def main(argv: list[str] | None = None) -> int:
         sink = TeeSink([JsonlSink(out), ParquetSink(landing)])
         offsets = FileOffsetStore(home / "offsets.json")
         with RichProgress(Console(stderr=True)) as progress:
-            engine = Engine(cfg, sink, offsets, progress=progress)
+            # Capture runs while the workload writes; once it is done, the run stops and a second one
+            # resumes from the stored offsets up to a cluster time taken after the last write, so the
+            # records hold every write by position, not by waiting for quiet.
+            during = Engine(cfg, sink, offsets, progress=progress)
+            failed: list[BaseException] = []
+
+            def capture_while_writing() -> None:
+                try:
+                    during.run()
+                except BaseException as exc:  # re-raised below, in the demo's own thread
+                    failed.append(exc)
+
+            capture = threading.Thread(target=capture_while_writing, name="capture")
             worker.start()
-            summary = engine.run(until_idle=4.0)
-        worker.join()
+            capture.start()
+            worker.join()
+            stop_at = current_cluster_time(cfg)
+            during.stop()
+            capture.join()
+            if failed:
+                raise failed[0]
+            engine = Engine(cfg, sink, offsets, progress=progress)
+            summary = engine.run(stop_at=stop_at)
         sink.close()
         offsets.close()
+        console.print(during.metrics.summary())
         console.print(engine.metrics.summary())
-        console.print(f"workload: {workload}")
+        console.print(f"workload: {workload}; captured up to cluster time {stop_at.time}:{stop_at.inc}, after its last write")
 
         table, records = _topic_table(out)
         console.print(table)

@@ -19,6 +19,7 @@ import orjson
 from mongocdc_core.config.codec import parse_properties, scalar_to_str
 from mongocdc_core.config.errors import ConfigError, Invalid, suggest
 from mongocdc_core.config.filters import CollectionFilters
+from mongocdc_core.config.providers import resolve as resolve_providers
 from mongocdc_core.config.specs import (
     CONNECT_PROPERTIES,
     FILTER_OVERRIDE_PREFIX,
@@ -171,6 +172,8 @@ class ConnectorConfig:
             if "name" in raw and raw["name"].strip() != name.strip():
                 problems.append(("name", f"the outer name {name!r} differs from config name {raw['name']!r}"))
             raw.setdefault("name", name)
+        raw, unresolved = resolve_providers(raw)
+        problems.extend(unresolved)
 
         typed: dict[str, Any] = {}
         for spec in PROPERTY_SPECS:

@@ -281,11 +281,11 @@ CONNECT_PROPERTIES = frozenset({
     "tasks.max", "key.converter", "value.converter", "header.converter", "transforms", "predicates",
     "errors.tolerance", "errors.log.enable", "errors.log.include.messages", "errors.retry.timeout",
     "errors.retry.delay.max.ms", "config.action.reload", "exactly.once.support", "transaction.boundary",
-    "offsets.storage.topic",
+    "offsets.storage.topic", "config.providers",
 })
 _CONNECT_PREFIXES = (
     "key.converter.", "value.converter.", "header.converter.", "transforms.", "predicates.",
-    "errors.deadletterqueue.", "topic.creation.", "consumer.override.", "admin.override.",
+    "errors.deadletterqueue.", "topic.creation.", "consumer.override.", "admin.override.", "config.providers.",
 )
 PASS_THROUGH_PREFIXES: tuple[str, ...] = (
     FILTER_OVERRIDE_PREFIX,

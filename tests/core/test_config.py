@@ -809,3 +809,51 @@ def test_snapshot_list_must_name_captured_collections() -> None:
 def test_connection_string_errors_name_the_property_without_the_password(uri: str) -> None:
     error = config_error({"mongodb.connection.string": uri})
     assert error.properties == ("mongodb.connection.string",) and "topsecret-value" not in str(error)
+
+
+# -- Kafka's config providers ------------------------------------------------------------------------------
+
+PROVIDERS = {
+    "config.providers": "env,file,dir",
+    "config.providers.env.class": "org.apache.kafka.common.config.provider.EnvVarConfigProvider",
+    "config.providers.file.class": "org.apache.kafka.common.config.provider.FileConfigProvider",
+    "config.providers.dir.class": "org.apache.kafka.common.config.provider.DirectoryConfigProvider",
+}
+
+
+def test_secrets_come_from_kafkas_config_providers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDC_PASSWORD", "s3cr:t}$")
+    (tmp_path / "secrets.properties").write_text("user=cdc\nprefix = shop\n")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "tls").write_text("true")
+    config = cfg({**PROVIDERS, "mongodb.password": "${env:CDC_PASSWORD}",
+                  "mongodb.user": f"${{file:{tmp_path}/secrets.properties:user}}",
+                  "topic.prefix": f"${{file:{tmp_path}/secrets.properties:prefix}}-cdc",
+                  "mongodb.ssl.enabled": f"${{dir:{tmp_path}/run:tls}}",
+                  "producer.override.client.id": "${vault:secret/x:y}"})  # not a configured provider: as written
+    assert (config.mongodb_password, config.mongodb_user, config.topic_prefix) == ("s3cr:t}$", "cdc", "shop-cdc")
+    assert config.mongodb_ssl_enabled is True and config.producer_overrides == {"client.id": "${vault:secret/x:y}"}
+
+
+def test_a_provider_that_cannot_resolve_names_the_property_and_never_a_value(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CDC_MISSING", raising=False)
+    monkeypatch.setenv("CDC_OTHER", "hunter2")
+    (tmp_path / "secrets.properties").write_text("user=hunter2\n")
+    error = config_error({
+        **PROVIDERS, "config.providers.env.param.allowlist.pattern": "CDC_[A-Z]+",
+        "config.providers.file.param.allowed.paths": str(tmp_path / "elsewhere"),
+        "mongodb.password": "${env:CDC_MISSING}", "mongodb.user": "${env:HOME}",
+        "topic.prefix": f"${{file:{tmp_path}/secrets.properties:user}}"})
+    text = str(error)
+    assert "mongodb.password" in text and "${env:CDC_MISSING}: the environment variable CDC_MISSING is not set" in text
+    assert "HOME is not allowed by allowlist.pattern 'CDC_[A-Z]+'" in text
+    assert "topic.prefix" in text and "is outside allowed.paths" in text and "hunter2" not in text
+    bad = str(config_error({"config.providers": "vault", "config.providers.vault.class": "com.example.Vault",
+                            "config.providers.env.class": ENV_CLASS,
+                            "config.providers.vault.param.token": "x"}))
+    assert "config.providers.vault.class: must name one of Kafka's config providers" in bad and "not 'com.example.Vault'" in bad
+    assert "config.providers.env.class: configures a provider that config.providers does not list" in bad
+
+
+ENV_CLASS = "org.apache.kafka.common.config.provider.EnvVarConfigProvider"
