@@ -64,10 +64,12 @@ def tables(results: Results) -> str:
     """Every row of the run, one table per benchmark, with the run's date, size and baselines."""
     data = results.data
     size = "CI size (MONGOCDC_BENCH_SMALL=1)" if data.get("small") else "full size"
-    out = [f"Measured {data['time']} on {data['cpus']} cores, {size}.", ""]
+    out = [f"Written {data['time']} on {data['cpus']} cores, {size}.", ""]
+    measured = data.get("measured") or {}
     for benchmark in results.benchmarks():
         rows = [r for r in data["rows"] if r["benchmark"] == benchmark]
-        out += [f"## {benchmark}", "", f"Baseline: {data['baselines'].get(benchmark, rows[0]['baseline'])}", "",
+        out += [f"## {benchmark}", "", f"Measured {measured.get(benchmark, data['time'])}. "
+                f"Baseline: {data['baselines'].get(benchmark, rows[0]['baseline'])}", "",
                 "| row | value | baseline | ratio | goal |", "| --- | ---: | ---: | ---: | --- |"]
         for r in rows:
             goal = "" if r["target"] is None else f"{r['op']} {r['target']} ({'met' if r['met'] else 'NOT met'})"

@@ -23,7 +23,8 @@ def test_markers_render_the_row_and_a_missing_row_fails_the_build() -> None:
     results = Results(RESULTS)
     page = 'at {{ ratio("sinks", "parquet sink") }} of {{ baseline("sinks", "parquet sink") }}\n{{ benchmark_tables }}'
     text = render(page, results)
-    assert text.startswith("at 0.40× of 362,630 records/s\nMeasured 2026-12-01")
+    assert text.startswith("at 0.40× of 362,630 records/s\nWritten 2026-12-01")
+    assert "Measured 2026-12-01T00:00:00+0000. Baseline: a bare loop" in text
     assert "| parquet sink | 146,469 records/s | 362,630 records/s | 0.40× | >= 0.8 (NOT met) |" in text
     with pytest.raises(FigureError, match="no row 'parquet sinks' in benchmark 'sinks'"):
         render('{{ value("sinks", "parquet sinks") }}', results)
