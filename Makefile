@@ -21,7 +21,7 @@ DEBEZIUM_STAMP := $(DEBEZIUM)/target/.complete
 PYMONGO_VERSION := $(shell sed -n 's/.*"pymongo==\([^"]*\)".*/\1/p' pyproject.toml)
 CONFORMANCE_STAMP := .local/conformance/pymongo-$(PYMONGO_VERSION)/.complete
 
-.PHONY: soak wheels setup test test-fast reliability lint demo dev bench conformance clean
+.PHONY: soak wheels setup test test-fast reliability lint docs demo dev bench conformance clean
 
 setup: $(STAMP) $(NATIVE_STAMP) $(KAFKA_STAMP) $(SPARK_JARS_STAMP) $(DRIVERS_JAR) $(DRIVERS_NODE_STAMP) $(DEBEZIUM_STAMP) $(CONFORMANCE_STAMP)
 
@@ -96,9 +96,14 @@ test-fast: setup
 reliability: setup
 	MONGOCDC_RELIABILITY=full $(PYTEST) tests/reliability
 
-lint: setup
+lint: setup docs
 	$(PY) -m ruff check mongocdc_core mongocdc_dagster mongocdc_devstack tests benchmarks
 	$(PY) -m mypy mongocdc_core mongocdc_dagster mongocdc_devstack
+
+# The documentation site (docs/, mkdocs.yml) into .local/site; strict: a broken link, a missing anchor, a
+# figure results.json does not hold, or a README link to no file fails it.
+docs: setup
+	$(PY) -m mkdocs build --strict --quiet
 
 # Local stack: emulated replica set on 127.0.0.1:27117 (data in .local/mongo), demo data when empty,
 # and `dagster dev` on http://127.0.0.1:3000 with DAGSTER_HOME=.local/dagster (kept when already set).

@@ -1,6 +1,6 @@
 """``make soak``: a deployment left running, with writers that never stop and faults, judged by facts.
 
-What a team wants to see before trusting mongocdc in Dagster, run the way the README tells a user to run
+What a team wants to see before trusting mongocdc in Dagster, run the way docs/dagster.md tells a user to run
 it: the Dagster webserver and daemon on a PostgreSQL instance (Debian's server, started here as its own
 user), the emulated replica set (or, with ``--sharded``, the emulated sharded cluster with a migration of
 a non-empty chunk while streaming), the project's code location with 1-minute slice windows, and the

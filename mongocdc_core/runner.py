@@ -4,7 +4,7 @@ The command only wires things together (config, sink, offset store, engine) and 
 everything it runs is the public engine API, so the Dagster assets and this command behave alike.
 Everything it says on stderr is a log event (``mongocdc_core.logs``): rich lines and progress bars on a
 terminal, one line (or one JSON object) per event elsewhere.
-Exit codes (documented in the README, "Running the connector"): see ``EXIT_CODES``.
+Exit codes (documented in docs/connector.md): see ``EXIT_CODES``.
 """
 
 from __future__ import annotations

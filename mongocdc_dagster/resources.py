@@ -2,7 +2,7 @@
 
 Like dagster-sling's ``SlingResource``, ``MongoCdcResource`` is the one place assets, sensors and checks
 reach the engine through, so a test or a deployment swaps the connector by swapping the resource. It
-also owns the landing zone's layout (one file per partition, see ``contracts`` in the README).
+also owns the landing zone's layout (one file per partition).
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ SCENARIOS = [
              extra=(("tombstones.on.delete", "false"),)),
     Scenario("post_image", "change_streams_update_full_with_pre_image", schemas=False, transactions=True,
              snapshot=True, full_update_type="post_image",
-             # Nested rules only where no parent field is removed later (README: Debezium drops a removed
+             # Nested rules only where no parent field is removed later (docs/connector.md: Debezium drops a removed
              # parent of an excluded field from removedFields; mongocdc does not copy that).
              extra=(("field.exclude.list", "compat_post_image.docs.sub.empty,compat_post_image.*.marks"),
                     ("field.renames", "compat_post_image.ops.int:integer,compat_post_image.docs.sub.a:alpha"))),

@@ -225,7 +225,7 @@ def test_no_secret_anywhere(auth_deployment: AuthDeployment, db: Database, tmp_p
 def test_the_dagster_component_discovers_with_the_password_secret_from_the_environment(
         auth_deployment: AuthDeployment, db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A code location whose connector config names the user but keeps the password in
-    ``MONGOCDC_MONGODB_PASSWORD`` (as the README tells) discovers the collections when it loads, as its runs
+    ``MONGOCDC_MONGODB_PASSWORD`` (as docs/dagster.md tells) discovers the collections when it loads, as its runs
     connect: the load used the config without the secret, failed to authenticate and fell back."""
     from mongocdc_dagster.component import MongoCdcComponent
     from mongocdc_dagster.discovery import DiscoveryState

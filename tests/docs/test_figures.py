@@ -1,0 +1,58 @@
+"""The docs' measured figures come from ``benchmarks/results.json``, never typed by hand, and the README's
+links lead somewhere (``make docs`` builds the site itself, strictly, in ``make lint``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks.figures import ROOT, FigureError, Results, broken_links, render
+
+RESULTS = {
+    "time": "2026-12-01T00:00:00+0000", "cpus": 2, "small": False, "baselines": {"sinks": "a bare loop"},
+    "rows": [{"benchmark": "sinks", "name": "parquet sink", "baseline": "a bare loop", "value": 146468.7,
+              "baseline_value": 362629.5, "unit": "records/s", "ratio": 0.40391, "target": 0.8, "op": ">=",
+              "met": False}],
+}
+HAND_TYPED = re.compile(r"\d+(?:\.\d+)?(?:–\d+(?:\.\d+)?)?×")
+
+
+def test_markers_render_the_row_and_a_missing_row_fails_the_build() -> None:
+    results = Results(RESULTS)
+    page = 'at {{ ratio("sinks", "parquet sink") }} of {{ baseline("sinks", "parquet sink") }}\n{{ benchmark_tables }}'
+    text = render(page, results)
+    assert text.startswith("at 0.40× of 362,630 records/s\nWritten 2026-12-01")
+    assert "Measured 2026-12-01T00:00:00+0000. Baseline: a bare loop" in text
+    assert "| parquet sink | 146,469 records/s | 362,630 records/s | 0.40× | >= 0.8 (NOT met) |" in text
+    with pytest.raises(FigureError, match="no row 'parquet sinks' in benchmark 'sinks'"):
+        render('{{ value("sinks", "parquet sinks") }}', results)
+
+
+def test_every_marker_of_the_docs_names_a_row_of_results_json() -> None:
+    results = Results.load()
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    rendered = [render(page.read_text(), results) for page in pages]
+    left = re.compile(r"\{\{\s*(ratio|value|baseline|benchmark_tables)")  # a marker written so that it does not match
+    assert not [p.name for p, text in zip(pages, rendered, strict=True) if left.search(text)]
+
+
+def test_no_measured_ratio_is_typed_by_hand() -> None:
+    """A ratio in the README or a page is a marker; only a goal ("goal 0.8", "goal at most 1.5×") is typed."""
+    typed = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for match in HAND_TYPED.finditer(line):
+                if "goal" not in line[max(0, match.start() - 20):match.start()]:
+                    typed.append(f"{path.relative_to(ROOT)}:{number}: {match.group()}")
+    assert not typed, "measured figures typed by hand (use {{ ratio(...) }}):\n" + "\n".join(typed)
+
+
+def test_the_readme_links_only_to_files_that_exist(tmp_path: Path) -> None:
+    assert list(broken_links()) == []
+    readme = tmp_path / "README.md"
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "tables.md").write_text("# Tables")
+    readme.write_text("[tables](docs/tables.md#types) [gone](docs/gone.md) [site](https://example.org) [top](#x)")
+    assert list(broken_links(readme)) == ["docs/gone.md"]
