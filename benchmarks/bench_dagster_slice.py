@@ -27,7 +27,7 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 from pymongo import MongoClient
 
 from benchmarks import harness
-from mongocdc_core import runner
+from mongocdc_core import run_command as runner
 from mongocdc_core.offsets import FileOffsetStore, Offset
 from mongocdc_core.positions import Position, token_timestamp
 from mongocdc_dagster.build import build_definitions

@@ -29,7 +29,7 @@ from pymongo import MongoClient
 
 from benchmarks import harness
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import FileOffsetStore
 from mongocdc_core.sinks.jsonl import JsonlSink
 from mongocdc_core.sinks.kafka import KafkaSink, KafkaSinkSettings

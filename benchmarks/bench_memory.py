@@ -27,7 +27,7 @@ from pymongo import MongoClient
 
 from benchmarks import harness
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.events.records import Record
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.offsets import MemoryOffsetStore

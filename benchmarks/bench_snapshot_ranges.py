@@ -36,8 +36,8 @@ from pymongo import MongoClient
 
 from benchmarks import harness
 from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.dispatcher import ProgressListener
-from mongocdc_core.engine import Engine
 from mongocdc_core.events import EventConverter, EventOptions
 from mongocdc_core.events.records import Record
 from mongocdc_core.offsets import FileOffsetStore, MemoryOffsetStore, OffsetStore

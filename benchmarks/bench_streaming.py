@@ -31,7 +31,7 @@ from pymongo import MongoClient, UpdateOne
 
 from benchmarks import harness
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import MemoryOffsetStore, Offset
 from mongocdc_core.sinks.jsonl import JsonlSink
 from mongocdc_core.source.stream import build_pipeline, watch_options

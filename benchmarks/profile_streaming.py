@@ -20,7 +20,7 @@ from typing import Any
 from pymongo import MongoClient, UpdateOne
 
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import MemoryOffsetStore
 from mongocdc_core.sinks.jsonl import JsonlSink
 from mongocdc_devstack.fixture import EmulatedReplicaSet

@@ -13,7 +13,7 @@ import sys
 from importlib import metadata
 
 CORE_COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("mongocdc_core.runner", "capture changes: snapshot, then stream, into a sink"),
+    "run": ("mongocdc_core.run_command", "capture changes: snapshot, then stream, into a sink"),
     "tables": ("mongocdc_core.tables.command", "the Delta tables without Dagster (jars)"),
 }
 DEV_SUMMARIES = {

@@ -39,7 +39,7 @@ from mongocdc_core.tables.collection import reconcile_at_position
 from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE
 from mongocdc_dagster.assets.cdc import CdcAssets
 from mongocdc_dagster.assets.tables import TableAssets, landed_anything
-from mongocdc_dagster.history import collection_history, missing_windows
+from mongocdc_dagster.landed_history import collection_history, missing_windows
 from mongocdc_dagster.metadata import position_time
 from mongocdc_dagster.pools import Pools
 from mongocdc_dagster.resources import MongoCdcResource, resource_of

@@ -39,11 +39,17 @@ from mongocdc_core.source.errors import CdcError, HistoryLostError
 from mongocdc_core.source.signals import SignalRead
 from mongocdc_dagster.assets.cdc import CdcAssets, write_plan
 from mongocdc_dagster.discovery import DiscoveryError, DiscoveryState
-from mongocdc_dagster.history import collection_history, needed_window_start
+from mongocdc_dagster.landed_history import collection_history, needed_window_start
 from mongocdc_dagster.metadata import position_time
 from mongocdc_dagster.partitions import ranges_partitions_name
 from mongocdc_dagster.resources import MongoCdcResource, resource_of
-from mongocdc_dagster.signals import EXECUTE, SignalError, SnapshotSignal, parse_signal, signal_id_of
+from mongocdc_dagster.snapshot_requests import (
+    EXECUTE,
+    SignalError,
+    SnapshotSignal,
+    parse_signal,
+    signal_id_of,
+)
 from mongocdc_dagster.translator import CdcKind, tag_value
 
 SIGNAL_BATCH = 100

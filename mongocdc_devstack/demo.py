@@ -27,10 +27,10 @@ from rich.table import Table
 
 from mongocdc_core.api import current_cluster_time
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import FileOffsetStore
 from mongocdc_core.replay import Replayer, differences
-from mongocdc_core.runner import RichProgress
+from mongocdc_core.run_command import RichProgress
 from mongocdc_core.sinks.jsonl import JsonlSink
 from mongocdc_core.sinks.parquet import ParquetSink
 from mongocdc_core.sinks.tee import TeeSink

@@ -41,8 +41,8 @@ from .errors import (
     CommandError,
     command_error,
 )
-from .history import History
 from .oplog import Oplog, ts_key
+from .snapshot_history import History
 from .wire import MAX_BSON_OBJECT_SIZE
 
 IdKey = tuple[Any, ...]

@@ -29,10 +29,10 @@ from mongocdc_core.tables.collection import (
     refresh_collections,
     refresh_current_state,
 )
-from mongocdc_core.tables.convert import quote
 from mongocdc_core.tables.current_state import read_current_state
 from mongocdc_core.tables.jars import SparkSetupError
 from mongocdc_core.tables.session import spark_conf, spark_session
+from mongocdc_core.tables.typed_columns import quote
 
 __all__ = [
     "ChangelogRefresh",

@@ -31,7 +31,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from mongocdc_core.tables import convert
+from mongocdc_core.tables import typed_columns
 
 #: Spark form of ``LANDING_SCHEMA`` (explicit, so empty files and evolving writers read the same way).
 LANDING_SPARK_SCHEMA = T.StructType(
@@ -190,7 +190,7 @@ def set_properties(spark: SparkSession, location: str, properties: dict[str, str
     if not properties:
         return
     assignments = ", ".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in sorted(properties.items()))
-    spark.sql(f"ALTER TABLE delta.{convert.quote(location)} SET TBLPROPERTIES ({assignments})")
+    spark.sql(f"ALTER TABLE delta.{typed_columns.quote(location)} SET TBLPROPERTIES ({assignments})")
 
 
 def latest_version(spark: SparkSession, location: str) -> int:
@@ -327,7 +327,7 @@ def changelog_rows(landing: DataFrame, origin: Column, namespace: str | None = N
     key = _key_id(F.col("key"))
     derived: dict[str, Column] = {
         "__key": key,
-        "_id": convert.key_text(key),
+        "_id": typed_columns.key_text(key),
         "__op": F.col("op"),
         "__position": F.col("position"),
         "__ts_ms": F.col("ts_ms"),

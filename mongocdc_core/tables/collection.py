@@ -38,7 +38,7 @@ from mongocdc_core.tables import changelog as _changelog
 from mongocdc_core.tables import current_state as _state
 from mongocdc_core.tables import reconcile as _reconcile
 from mongocdc_core.tables.changelog import TableInputError, table_exists
-from mongocdc_core.tables.progress import Report, SparkWork, reporting
+from mongocdc_core.tables.spark_progress import Report, SparkWork, reporting
 
 log = logging.getLogger(__name__)
 _R = TypeVar("_R")

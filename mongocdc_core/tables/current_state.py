@@ -15,7 +15,7 @@ change data feed) and MERGEs only the keys those events touch:
   longer exists (no ghosts after a re-snapshot); when a newer full snapshot completes, every such
   row is dropped;
 - the documents become typed columns (:mod:`~mongocdc_core.tables.kinds`,
-  :mod:`~mongocdc_core.tables.convert`): new fields add columns, a type change converts that column
+  :mod:`~mongocdc_core.tables.typed_columns`): new fields add columns, a type change converts that column
   (from ``__doc``, which keeps every document exactly) and is reported.
 
 The MERGE writes deletion vectors, so it rewrites the changed rows, not the files around them;
@@ -40,7 +40,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.window import Window
 
-from mongocdc_core.tables import convert, fold, kinds
+from mongocdc_core.tables import fold, kinds, typed_columns
 from mongocdc_core.tables.changelog import (
     COLLECTION_PROPERTY,
     LOG_OPTIONS,
@@ -260,9 +260,9 @@ def _infer(
     values = dict(observed)
     missing: list[Column] = []
     if doc_questions and not doc_questions.within(known_doc):
-        missing += convert.questions_aggregates(F.col("v"), doc_questions, "d_")
+        missing += typed_columns.questions_aggregates(F.col("v"), doc_questions, "d_")
     if id_questions and not id_questions.within(known_id):
-        missing += convert.questions_aggregates(F.col("idv"), id_questions, "i_")
+        missing += typed_columns.questions_aggregates(F.col("idv"), id_questions, "i_")
     if missing:
         second = rows.agg(*missing).first()
         assert second is not None
@@ -270,11 +270,11 @@ def _infer(
     if doc_questions:
         prefix = "d_" if not doc_questions.within(known_doc) else "kd_"
         chosen = doc_questions if prefix == "d_" else known_doc
-        doc = kinds.resolve(doc, convert.read_answers(values, chosen, prefix))
+        doc = kinds.resolve(doc, typed_columns.read_answers(values, chosen, prefix))
     if id_questions:
         prefix = "i_" if not id_questions.within(known_id) else "ki_"
         chosen = id_questions if prefix == "i_" else known_id
-        id_kind = kinds.resolve(id_kind, convert.read_answers(values, chosen, prefix))
+        id_kind = kinds.resolve(id_kind, typed_columns.read_answers(values, chosen, prefix))
     merged_doc = kinds.merge(old.doc, doc) if old is not None else doc
     merged_id = kinds.merge(old.id_kind, id_kind) if old is not None else id_kind
     return Shape(kinds.as_id(merged_id), kinds.name_columns(merged_doc, old.doc if old else None, top=True))
@@ -287,8 +287,8 @@ def _asked(old: Shape | None, events: DataFrame) -> tuple[kinds.Questions, kinds
     if old is not None:
         return kinds.known_questions(old.doc), kinds.known_questions(old.id_kind)
     sample = events.limit(_SAMPLE_ROWS).select(
-        F.schema_of_variant_agg(F.when(F.col("after").isNotNull(), convert.document(F.col("after")))).alias("doc"),
-        F.schema_of_variant_agg(convert.document(F.col("__key"))).alias("id"),
+        F.schema_of_variant_agg(F.when(F.col("after").isNotNull(), typed_columns.document(F.col("after")))).alias("doc"),
+        F.schema_of_variant_agg(typed_columns.document(F.col("__key"))).alias("id"),
     ).first()
     found = []
     for text in (sample["doc"], sample["id"]) if sample is not None else (None, None):
@@ -307,12 +307,12 @@ def _prepare(
         *_STATE_COLUMNS[:6], ((F.col("deleted") | ghost) & ~F.col("pending")).alias("deleted"), "pending", "first",
     ).select(
         "*",
-        F.when(~F.col("deleted") & ~F.col("pending"), convert.document(F.col("after"))).alias("v"),
-        F.when(~F.col("pending"), convert.document(F.col("__key"))).alias("idv"),
+        F.when(~F.col("deleted") & ~F.col("pending"), typed_columns.document(F.col("after"))).alias("v"),
+        F.when(~F.col("pending"), typed_columns.document(F.col("__key"))).alias("idv"),
     )
     known_doc, known_id = asked
-    answers = convert.question_columns(F.col("v"), known_doc, "kd_")
-    answers += convert.question_columns(F.col("idv"), known_id, "ki_")
+    answers = typed_columns.question_columns(F.col("v"), known_doc, "kd_")
+    answers += typed_columns.question_columns(F.col("idv"), known_id, "ki_")
     done, observed = _checkpoint(
         prepared, ("__key", "__op", "__position", "__source_ts_ms", "deleted", "pending", "v", "idv"), keys=F.count(F.when(~F.col("pending"), 1)), pending=F.count(F.when(F.col("pending"), 1)),
         deleted=F.count(F.when(F.col("deleted"), 1)),
@@ -328,11 +328,11 @@ def columns(
 ) -> list[Column]:
     """The table's columns, in order, from a normalised document variant and the event's fields
     (``key_value``: the key's variant when the rows hold it already, else ``key`` is parsed)."""
-    parsed_key = convert.document(key) if key_value is None else key_value
-    id_value = convert.convert(shape.id_kind, parsed_key, strict=strict) if shape.id_kind.typed else F.lit(None)
+    parsed_key = typed_columns.document(key) if key_value is None else key_value
+    id_value = typed_columns.convert(shape.id_kind, parsed_key, strict=strict) if shape.id_kind.typed else F.lit(None)
     out = [id_value.cast(shape.id_type()).alias("_id")]
     out += [
-        convert.field(f.kind, doc, f.name, strict=strict).alias(f.column) for f in shape.user_columns()
+        typed_columns.field(f.kind, doc, f.name, strict=strict).alias(f.column) for f in shape.user_columns()
     ]
     out += [doc.alias("__doc"), key.alias("__key"), state["__position"].alias("__position")]
     for column in layout.metadata_columns:
@@ -346,7 +346,7 @@ def columns(
 def _ddl(dtype: T.DataType) -> str:
     """Spark SQL type text with quoted field names (``simpleString`` does not quote)."""
     if isinstance(dtype, T.StructType):
-        return "STRUCT<" + ", ".join(f"{convert.quote(f.name)}: {_ddl(f.dataType)}" for f in dtype.fields) + ">"
+        return "STRUCT<" + ", ".join(f"{typed_columns.quote(f.name)}: {_ddl(f.dataType)}" for f in dtype.fields) + ">"
     if isinstance(dtype, T.ArrayType):
         return f"ARRAY<{_ddl(dtype.elementType)}>"
     return dtype.simpleString().upper()
@@ -360,7 +360,7 @@ def _added(old: Kind, new: Kind, prefix: str) -> list[tuple[str, T.DataType]]:
         if not f.kind.typed:
             continue
         before = old.field(f.name)
-        path = f"{prefix}{convert.quote(f.column)}"
+        path = f"{prefix}{typed_columns.quote(f.column)}"
         if before is None or not before.kind.typed:
             out.append((path, f.kind.spark_type()))
         else:
@@ -585,8 +585,8 @@ def _add_columns(spark: SparkSession, location: str, old: Shape, added: list[tup
     top_level = [(p, t) for p, t in added if "." not in _unquoted_dots(p)]
     nested = [(p, t) for p, t in added if "." in _unquoted_dots(p)]
     user = [f.column for f in old.user_columns()]
-    anchor = convert.quote(user[-1]) if user else "`_id`"
-    table = f"delta.{convert.quote(location)}"
+    anchor = typed_columns.quote(user[-1]) if user else "`_id`"
+    table = f"delta.{typed_columns.quote(location)}"
     for path, dtype in top_level:
         spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({path} {_ddl(dtype)} AFTER {anchor})")
         anchor = path
@@ -599,7 +599,7 @@ def _paths(dtype: T.DataType, prefix: str) -> Iterator[tuple[str, T.DataType]]:
     """Every column path of a table's schema with its type, spelled as :func:`_added` spells them."""
     if isinstance(dtype, T.StructType):
         for f in dtype.fields:
-            path = f"{prefix}{convert.quote(f.name)}"
+            path = f"{prefix}{typed_columns.quote(f.name)}"
             yield path, f.dataType
             yield from _paths(f.dataType, path + ".")
     elif isinstance(dtype, T.ArrayType):
@@ -639,10 +639,10 @@ def _replace(spark: SparkSession, location: str, rows: DataFrame) -> None:
     is on (with column mapping), so an existing table has the feed off for that one commit; a
     downstream feed reader resumes from the version after it.
     """
-    table = f"delta.{convert.quote(location)}"
+    table = f"delta.{typed_columns.quote(location)}"
     if not table_exists(spark, location):
         properties = ", ".join(f"'{k}' = '{v}'" for k, v in _TABLE_OPTIONS.items())
-        columns_ddl = ", ".join(f"{convert.quote(f.name)} {_ddl(f.dataType)}" for f in rows.schema.fields)
+        columns_ddl = ", ".join(f"{typed_columns.quote(f.name)} {_ddl(f.dataType)}" for f in rows.schema.fields)
         spark.sql(f"CREATE TABLE {table} ({columns_ddl}) USING delta TBLPROPERTIES ({properties})")
         rows.write.format("delta").mode("append").save(location)
         return
@@ -654,7 +654,7 @@ def _replace(spark: SparkSession, location: str, rows: DataFrame) -> None:
 def _apply(spark: SparkSession, location: str, layout: Layout, source: DataFrame, result: StateResult) -> None:
     """One MERGE of the winners: newer events replace (or delete) rows, older ones change nothing."""
     columns = [c for c in source.columns if not c.startswith("__merge_")]
-    assignments: dict[str, str | Column] = {convert.quote(c): F.col(f"s.{convert.quote(c)}") for c in columns}
+    assignments: dict[str, str | Column] = {typed_columns.quote(c): F.col(f"s.{typed_columns.quote(c)}") for c in columns}
     newer = "(s.__position > t.__position OR (s.__position = t.__position AND s.__merge_op <> 'r'))"
     merge = DeltaTable.forPath(spark, location).alias("t").merge(source.alias("s"), "t.__key = s.__key")
     if layout.delete_handling == "drop":
@@ -696,7 +696,7 @@ def _drop_ghosts(spark: SparkSession, location: str, layout: Layout, snapshot: s
     else:
         schema = spark.read.format("delta").load(location).schema
         cleared: dict[str, str | Column] = {
-            convert.quote(f.name): F.lit(None).cast(f.dataType)
+            typed_columns.quote(f.name): F.lit(None).cast(f.dataType)
             for f in schema.fields if not f.name.startswith("__") and f.name != "_id"
         }
         cleared |= {"__doc": F.lit(None).cast("variant"), "__deleted": F.lit(True)}

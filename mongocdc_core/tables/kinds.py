@@ -252,7 +252,7 @@ class Questions:
 
 @dataclass(frozen=True)
 class Answers:
-    """Statistics per path (see :mod:`mongocdc_core.tables.convert` for how they are computed)."""
+    """Statistics per path (see :mod:`mongocdc_core.tables.typed_columns` for how they are computed)."""
 
     date_range: dict[Path, tuple[int | None, int | None]] = field(default_factory=dict)
     decimal: dict[Path, tuple[int, int, bool]] = field(default_factory=dict)  # scale, digits, not a number

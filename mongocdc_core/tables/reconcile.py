@@ -36,7 +36,7 @@ from mongocdc_core.events.records import Record
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.parquet import landing_table
 from mongocdc_core.sinks.readback import key_id
-from mongocdc_core.tables import convert
+from mongocdc_core.tables import typed_columns
 from mongocdc_core.tables.changelog import (
     POSITION_PROPERTY,
     SNAPSHOT_PROPERTY,
@@ -153,12 +153,12 @@ def _source(cfg: ConnectorConfig, namespace: str, position: str | None, log: Dat
 def _signature(frame: DataFrame, names: list[str]) -> Column:
     """One comparable string of the columns a user reads (variants as their JSON)."""
     types = dict(frame.dtypes)
-    parts = [F.to_json(F.col(convert.quote(n))) if types[n] == "variant" else F.col(convert.quote(n)) for n in names]
+    parts = [F.to_json(F.col(typed_columns.quote(n))) if types[n] == "variant" else F.col(typed_columns.quote(n)) for n in names]
     return F.sha2(F.to_json(F.struct(*[p.alias(f"c{i}") for i, p in enumerate(parts)])), 256)
 
 
 def _readable(key: Column) -> Column:
-    return convert.key_text(key)
+    return typed_columns.key_text(key)
 
 
 def _state_winners(changelog: DataFrame, snapshot: str | None, rewrite: bool) -> DataFrame:
@@ -197,7 +197,7 @@ def compare(spark: SparkSession, namespace: str, changelog: str, state: str, cfg
 
     landing = spark.createDataFrame(landing_table(rows.records))
     events = changelog_rows(landing, F.lit("reconciliation"), namespace)
-    doc = convert.document(F.col("after"))
+    doc = typed_columns.document(F.col("after"))
     state_columns = {c: F.col(c) for c in ("__position", "__op", "__source_ts_ms")} | {"__deleted": F.lit(False)}
     source = events.select(*columns(shape, layout, namespace, doc, F.col("__key"), state_columns, strict=False))
     names = ["_id", *[f.column for f in shape.user_columns()], "__doc"]

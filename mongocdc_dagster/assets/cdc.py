@@ -56,8 +56,14 @@ from mongocdc_core.sinks.tee import TeeSink
 from mongocdc_core.source.errors import HistoryLostError
 from mongocdc_core.source.ranges import IdRange
 from mongocdc_dagster.discovery import DiscoveryState
-from mongocdc_dagster.history import COVERS_FROM, PARTIAL, snapshot_position
-from mongocdc_dagster.landing import EnvelopeReport, Expectation, count_rows_at, live_keys, validate_file
+from mongocdc_dagster.landed_history import COVERS_FROM, PARTIAL, snapshot_position
+from mongocdc_dagster.landing_checks import (
+    EnvelopeReport,
+    Expectation,
+    count_rows_at,
+    live_keys,
+    validate_file,
+)
 from mongocdc_dagster.metadata import metrics_metadata, position_metadata, position_time
 from mongocdc_dagster.naming import DEFAULT_NAMES, ConnectorNames
 from mongocdc_dagster.partitions import SliceWindows, ranges_partitions

@@ -49,7 +49,7 @@ from mongocdc_core.tables.collection import (
     refresh_changelog,
     refresh_current_state,
 )
-from mongocdc_core.tables.progress import SparkWork
+from mongocdc_core.tables.spark_progress import SparkWork
 from mongocdc_dagster.assets.cdc import CdcAssets, collection_props
 from mongocdc_dagster.discovery import DiscoveryState
 from mongocdc_dagster.metadata import position_metadata, spark_schema

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pymongo.database import Database
 
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.events.records import Record
 from mongocdc_core.offsets import FileOffsetStore, MemoryOffsetStore
 from mongocdc_core.positions import Position

@@ -16,8 +16,8 @@ from bson import ObjectId
 from pymongo import MongoClient
 from pymongo.database import Database
 
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.dispatcher import ProgressListener
-from mongocdc_core.engine import Engine
 from mongocdc_core.events.records import Record
 from mongocdc_core.offsets import FileOffsetStore, MemoryOffsetStore
 from mongocdc_core.positions import Position

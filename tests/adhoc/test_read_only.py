@@ -20,7 +20,7 @@ from pymongo import MongoClient, monitoring
 from pymongo.database import Database
 
 from mongocdc_core.api import incremental_snapshot_collection
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import MemoryOffsetStore
 from mongocdc_core.positions import Position
 from mongocdc_core.receiver import ProgressListener

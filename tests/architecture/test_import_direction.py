@@ -104,7 +104,7 @@ IO_MODULES = (
     "mongocdc_core.offsets",
     "mongocdc_core.dispatcher",
     "mongocdc_core.pipeline",
-    "mongocdc_core.engine",
+    "mongocdc_core.coordinator",
     "mongocdc_core.tables",
 )
 
@@ -114,7 +114,7 @@ def test_event_conversion_imports_nothing_that_does_io() -> None:
 
 
 def test_sources_emit_into_an_interface_and_never_import_the_dispatcher() -> None:
-    forbidden = ("mongocdc_core.dispatcher", "mongocdc_core.pipeline", "mongocdc_core.engine", "mongocdc_core.sinks")
+    forbidden = ("mongocdc_core.dispatcher", "mongocdc_core.pipeline", "mongocdc_core.coordinator", "mongocdc_core.sinks")
     assert _violations(_py(CORE / "source"), forbidden) == []
 
 
@@ -140,7 +140,7 @@ def test_the_check_itself_finds_what_it_must(source: str, forbidden: tuple[str, 
 
 #: The coordinator, the functions orchestrators call, the dispatcher, the metrics model and the table
 #: reconciliation go through source/, sinks/, offsets/ or an exporter: they open no client and write no file.
-NO_IO_MODULES = ("engine.py", "api.py", "pipeline.py", "dispatcher.py", "metrics/model.py", "tables/reconcile.py")
+NO_IO_MODULES = ("coordinator.py", "api.py", "pipeline.py", "dispatcher.py", "metrics/model.py", "tables/reconcile.py")
 CLIENT_CLASSES = frozenset({"MongoClient", "Producer", "Consumer", "AdminClient"})
 FILE_CALLS = frozenset({"write_text", "write_bytes", "mkstemp", "NamedTemporaryFile", "fsync", "unlink", "mkdir"})
 

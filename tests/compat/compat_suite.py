@@ -42,7 +42,7 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure
 
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.events.records import Record
 from mongocdc_core.offsets import FileOffsetStore
 from tests.compat.debezium import DebeziumRecord, DebeziumRun, missing

@@ -11,7 +11,7 @@ from pymongo.database import Database
 
 from mongocdc_core.positions import Position
 from mongocdc_dagster.assets.cdc import source_count_result
-from mongocdc_dagster.landing import count_rows_at
+from mongocdc_dagster.landing_checks import count_rows_at
 from mongocdc_dagster.translator import MongoCdcAssetProps, MongoCdcTranslator
 from tests.dagster.cdc_helpers import checks_of, make_env, materialization_metadata
 

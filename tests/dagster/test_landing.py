@@ -12,7 +12,7 @@ import pytest
 
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.parquet import LANDING_SCHEMA
-from mongocdc_dagster.landing import Expectation, count_rows_at, live_keys, validate_file
+from mongocdc_dagster.landing_checks import Expectation, count_rows_at, live_keys, validate_file
 
 NS = "inv.orders"
 POS = Position(1_700_000_000, 3)

@@ -29,7 +29,7 @@ from pymongo.database import Database
 from mongocdc_core.positions import Position
 from mongocdc_core.source.oplog import OplogWindow, OplogWindows
 from mongocdc_dagster.checks import build_gap_check
-from mongocdc_dagster.history import COVERS_FROM, PARTIAL
+from mongocdc_dagster.landed_history import COVERS_FROM, PARTIAL
 from mongocdc_dagster.resources import MongoCdcResource
 from mongocdc_dagster.schedules import build_latest_window_schedule
 from mongocdc_dagster.sensors import (

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mongocdc_dagster.settings import CdcSettings, Granularity, SettingsError
-from mongocdc_dagster.signals import SignalError, parse_signal
+from mongocdc_dagster.snapshot_requests import SignalError, parse_signal
 
 
 def test_execute_snapshot_with_regexes_quoted_names_and_conditions() -> None:

@@ -13,7 +13,7 @@ from pymongo import MongoClient
 
 from mongocdc_core.api import current_cluster_time
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.engine import Engine, RunSummary
+from mongocdc_core.coordinator import Engine, RunSummary
 from mongocdc_core.events.records import Record
 from mongocdc_core.offsets import OffsetStore
 from mongocdc_core.replay import Replayer, canonical

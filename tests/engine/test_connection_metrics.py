@@ -17,7 +17,7 @@ import pytest
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import MemoryOffsetStore
 from mongocdc_core.receiver import ConnectionState, ProgressListener
 from mongocdc_devstack.fixture import EmulatedReplicaSet

@@ -16,7 +16,7 @@ import orjson
 import pytest
 from pymongo import MongoClient
 
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import FileOffsetStore, MemoryOffsetStore
 from mongocdc_core.receiver import ProgressListener
 from mongocdc_core.source.errors import HistoryLostError
@@ -159,7 +159,7 @@ _CHILD = textwrap.dedent(
     """
     import sys
     from mongocdc_core.config import ConnectorConfig
-    from mongocdc_core.engine import Engine
+    from mongocdc_core.coordinator import Engine
     from mongocdc_core.offsets import FileOffsetStore
     from mongocdc_core.sinks.jsonl import JsonlSink
     cfg = ConnectorConfig.from_dict({

@@ -20,7 +20,7 @@ import pytest
 from bson import ObjectId
 from pymongo.database import Database
 
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import FileOffsetStore
 from mongocdc_core.receiver import ProgressListener
 from mongocdc_core.replay import Replayer, canonical

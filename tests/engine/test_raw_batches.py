@@ -105,7 +105,7 @@ def test_a_range_whose_getmore_loses_its_connection_resumes_after_the_restart(
                   data={"failCommands": ["getMore"], "closeConnection": True})
     sink = MemorySink()
     try:
-        with caplog.at_level(logging.WARNING, logger="mongocdc_core.engine"):
+        with caplog.at_level(logging.WARNING, logger="mongocdc_core.coordinator"):
             run_engine(cfg, sink, MemoryOffsetStore())
     finally:
         admin.command("configureFailPoint", "failCommand", mode="off")

@@ -14,8 +14,8 @@ import pytest
 from bson.codec_options import CodecOptions
 
 from mongocdc_core.api import current_cluster_time
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.dispatcher import ProgressListener
-from mongocdc_core.engine import Engine
 from mongocdc_core.events.raw import RawDocuments
 from mongocdc_core.offsets import MemoryOffsetStore, Offset
 from mongocdc_core.source.snapshot import SnapshotChunk, SnapshotCopier

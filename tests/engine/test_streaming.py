@@ -10,7 +10,7 @@ import pytest
 from bson import Timestamp
 
 from mongocdc_core.api import current_cluster_time
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import FileOffsetStore, MemoryOffsetStore
 from mongocdc_core.positions import decode_resume_token_timestamp
 from mongocdc_core.source.errors import CdcError

@@ -8,7 +8,7 @@ import orjson
 import pytest
 from pymongo import MongoClient
 
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import MemoryOffsetStore
 from tests.engine.engine_support import Background, MemorySink, make_config, run_engine, wait_for
 

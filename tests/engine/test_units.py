@@ -430,7 +430,7 @@ def test_stop_while_a_server_selection_blocks_returns_at_once() -> None:
 
 def test_exit_codes_tell_failures_apart() -> None:
     from mongocdc_core.failures import EventProcessingError
-    from mongocdc_core.runner import exit_code
+    from mongocdc_core.run_command import exit_code
     from mongocdc_core.source.errors import (
         AuthenticationError,
         ChangeStreamFailedError,

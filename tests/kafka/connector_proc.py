@@ -11,8 +11,8 @@ import sys
 from types import FrameType
 
 from mongocdc_core.config import ConnectorConfig
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.dispatcher import ProgressListener
-from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import open_offset_store
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.factory import open_sink

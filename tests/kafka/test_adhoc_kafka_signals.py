@@ -10,8 +10,8 @@ import pytest
 from confluent_kafka import Producer
 from pymongo.database import Database
 
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.dispatcher import ProgressListener
-from mongocdc_core.engine import Engine
 from mongocdc_core.offsets import MemoryOffsetStore
 from mongocdc_core.positions import Position
 from tests.adhoc.support import Background, MemorySink, engine_config, kinds, read_ids, wait_for

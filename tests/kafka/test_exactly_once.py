@@ -12,7 +12,7 @@ from pathlib import Path
 from pymongo.database import Database
 
 from mongocdc_core.api import current_cluster_time
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.events.records import Record
 from mongocdc_core.offsets import Offset, open_offset_store
 from mongocdc_core.offsets.kafka import KafkaOffsetStore

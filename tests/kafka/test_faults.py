@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pymongo.database import Database
 
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import FileOffsetStore
 from mongocdc_core.sinks.kafka import KafkaSink
 from mongocdc_devstack.kafka_broker import KafkaBroker

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pymongo.database import Database
 
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import open_offset_store
 from mongocdc_core.replay import Replayer, canonical
 from mongocdc_core.sinks.factory import open_sink

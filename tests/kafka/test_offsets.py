@@ -12,7 +12,7 @@ from pymongo.database import Database
 
 from mongocdc_core.api import current_cluster_time
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import FileOffsetStore, Offset, OffsetError, SnapshotState, open_offset_store
 from mongocdc_core.offsets.kafka import DEFAULT_OFFSETS_TOPIC, KafkaOffsetStore
 from mongocdc_core.positions import Position

@@ -14,7 +14,7 @@ from pymongo import MongoClient
 from pymongo.database import Database
 
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.events.records import Record
 from mongocdc_core.offsets import FileOffsetStore
 from mongocdc_core.positions import Position

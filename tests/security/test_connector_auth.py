@@ -26,7 +26,7 @@ from pymongo.database import Database
 
 from mongocdc_core import api
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import FileOffsetStore, MemoryOffsetStore
 from mongocdc_core.positions import Position
 from mongocdc_core.receiver import ProgressListener

@@ -19,7 +19,7 @@ from pymongo.database import Database
 from pymongo.errors import OperationFailure
 
 from mongocdc_core.api import current_cluster_time, oplog_windows
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import MemoryOffsetStore
 from mongocdc_core.positions import Position
 from mongocdc_core.source.errors import ConnectError, HistoryLostError, PrivilegeError

@@ -18,7 +18,7 @@ from pymongo.database import Database
 from pymongo.errors import OperationFailure
 
 from mongocdc_core.api import current_cluster_time
-from mongocdc_core.engine import Engine
+from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import MemoryOffsetStore
 from tests.engine.engine_support import (
     Background,

@@ -18,7 +18,7 @@ from mongocdc_core import api
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.config.uri import replica_set_uri
 from mongocdc_core.positions import Position
-from mongocdc_dagster.history import COVERS_FROM, PARTIAL
+from mongocdc_dagster.landed_history import COVERS_FROM, PARTIAL
 from mongocdc_dagster.sensors import build_oplog_window_sensor
 from tests.dagster.cdc_helpers import make_env
 from tests.sharded.conftest import ShardedDeployment

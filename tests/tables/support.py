@@ -19,7 +19,7 @@ from mongocdc_core.tables import (
     refresh_changelog,
     refresh_current_state,
 )
-from mongocdc_core.tables.convert import quote
+from mongocdc_core.tables.typed_columns import quote
 
 from .workload import converter, write_landing
 

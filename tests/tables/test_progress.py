@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 from mongocdc_core.receiver import duration
 from mongocdc_core.tables import CollectionTables, refresh_changelog, refresh_current_state
 from mongocdc_core.tables.changelog import TableInputError
-from mongocdc_core.tables.progress import GROUP_PROPERTIES, reporting
+from mongocdc_core.tables.spark_progress import GROUP_PROPERTIES, reporting
 
 from .workload import DB, Workload, converter, slice_records, write_landing
 

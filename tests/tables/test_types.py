@@ -21,10 +21,10 @@ from pyspark.sql import types as T
 from mongocdc_core.positions import Position
 from mongocdc_core.tables import (
     CollectionTables,
-    convert,
     read_current_state,
     refresh_changelog,
     refresh_current_state,
+    typed_columns,
 )
 
 from .support import build, read_file
@@ -187,7 +187,7 @@ def test_decimal_scale_and_digits_follow_the_written_number(spark: SparkSession)
     texts += ["".join(rng.choice("0123456789.eE+-") for _ in range(rng.randint(1, 10))) for _ in range(300)]
     documents = [json.dumps({"$numberDecimal": t}) for t in texts] + ['{"other": 1}']
     frame = spark.createDataFrame([(d,) for d in documents], "d string").select(F.parse_json("d").alias("v"))
-    parts = convert._decimal_parts(F.col("v"))
+    parts = typed_columns._decimal_parts(F.col("v"))
     rows = frame.select(F.col("v").cast("string").alias("d"), *[p.alias(f"p{i}") for i, p in enumerate(parts)])
     for row in rows.collect():
         text = json.loads(row["d"]).get("$numberDecimal")

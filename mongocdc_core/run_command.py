@@ -34,7 +34,7 @@ from rich.progress import (
 from rich.text import Text
 
 from mongocdc_core.config import ConfigError, ConnectorConfig
-from mongocdc_core.engine import Engine, RunSummary
+from mongocdc_core.coordinator import Engine, RunSummary
 from mongocdc_core.failures import EventProcessingError
 from mongocdc_core.logs import add_log_format_option, command_logging, fields, signal_safe_line
 from mongocdc_core.metrics.prometheus import PrometheusExporter
