@@ -144,6 +144,8 @@ class ConnectorConfig:
     signal_consumer_properties: dict[str, str]
     producer_overrides: dict[str, str]
     properties: dict[str, str]
+    #: The properties as written, config provider variables unresolved (``with_properties`` starts from them).
+    written_properties: dict[str, str]
     warnings: tuple[str, ...]
     filters: CollectionFilters
     _topics: TopicNamingStrategy
@@ -172,8 +174,11 @@ class ConnectorConfig:
             if "name" in raw and raw["name"].strip() != name.strip():
                 problems.append(("name", f"the outer name {name!r} differs from config name {raw['name']!r}"))
             raw.setdefault("name", name)
-        raw, unresolved = resolve_providers(raw)
-        problems.extend(unresolved)
+        # the properties as written (variables and all): a changed copy resolves them again, once
+        written = dict(raw)
+        resolution = resolve_providers(raw)
+        raw = resolution.properties
+        problems.extend(resolution.problems)
 
         typed: dict[str, Any] = {}
         for spec in PROPERTY_SPECS:
@@ -184,7 +189,7 @@ class ConnectorConfig:
                 typed[spec.name] = convert(spec, None)
         draft = validate(raw, typed, problems)
         if draft.problems:
-            raise ConfigError(draft.problems)
+            raise ConfigError([(prop, resolution.mask(message)) for prop, message in draft.problems])
 
         if typed["signal.kafka.topic"] is None:
             typed["signal.kafka.topic"] = f"{typed['topic.prefix']}-signal"
@@ -195,10 +200,11 @@ class ConnectorConfig:
         })
         object.__setattr__(self, "producer_overrides", _group(raw, PRODUCER_OVERRIDE_PREFIX))
         object.__setattr__(self, "properties", raw)
-        object.__setattr__(self, "warnings", tuple(draft.warnings))
+        object.__setattr__(self, "written_properties", written)
+        object.__setattr__(self, "warnings", tuple(resolution.mask(w) for w in draft.warnings))
         object.__setattr__(self, "filters", filters_of(typed))
         object.__setattr__(self, "_topics", topic_naming(self.topic_naming_strategy, self.topic_settings()))
-        for message in draft.warnings:
+        for message in self.warnings:
             log.warning("%s", message)
         object.__setattr__(self, "_frozen", True)
 
@@ -258,7 +264,7 @@ class ConnectorConfig:
 
     def with_properties(self, overrides: Mapping[str, object]) -> ConnectorConfig:
         """A new, re-validated config with some properties changed (None removes one)."""
-        merged: dict[str, object] = dict(self.properties)
+        merged: dict[str, object] = dict(self.written_properties)
         for key, value in overrides.items():
             if value is None:
                 merged.pop(key, None)

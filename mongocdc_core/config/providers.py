@@ -101,6 +101,12 @@ def providers(raw: Mapping[str, str]) -> tuple[dict[str, Provider], list[tuple[s
         for param in sorted(set(params) - PARAMETERS[kind]):
             problems.append((prefix + param, f"unknown parameter of {kind.rsplit('.', 1)[1]} "
                              f"(it takes {', '.join(sorted(PARAMETERS[kind]))})"))
+        if "allowlist.pattern" in params:
+            try:
+                re.compile(params["allowlist.pattern"])
+            except re.error as exc:
+                problems.append((prefix + "allowlist.pattern", f"not a regular expression: {exc}"))
+                continue
         found[name] = Provider(name, kind, params)
     for key in raw:
         if key.startswith(PREFIX + ".") and key.split(".")[2] not in found and key.split(".")[2] not in names:
@@ -108,12 +114,38 @@ def providers(raw: Mapping[str, str]) -> tuple[dict[str, Provider], list[tuple[s
     return found, problems
 
 
-def resolve(raw: Mapping[str, str]) -> tuple[dict[str, str], list[tuple[str, str]]]:
+@dataclass(frozen=True)
+class Resolved:
+    """The properties with their variables replaced, the problems, and each resolved value with the text
+    it was written as: messages show that text, never the value (:meth:`mask`)."""
+
+    properties: dict[str, str]
+    problems: list[tuple[str, str]]
+    written: dict[str, str]
+
+    def mask(self, text: str) -> str:
+        """``text`` with every resolved value (and its escaped form, as ``repr`` quotes it) replaced by the
+        property text it came from."""
+        for value, written in sorted(self.written.items(), key=lambda item: -len(item[0])):
+            if len(value) < MASKED_FROM:
+                continue
+            for form in {value, repr(value)[1:-1]}:
+                text = text.replace(form, written)
+        return text
+
+
+#: Values shorter than this are left in messages (``true``, a port): nothing secret is that short, and
+#: masking them would garble the words around them.
+MASKED_FROM = 4
+
+
+def resolve(raw: Mapping[str, str]) -> Resolved:
     """``raw`` with every variable of a configured provider replaced by its value, and the problems."""
     configured, problems = providers(raw)
     if not configured:
-        return dict(raw), problems
+        return Resolved(dict(raw), problems, {})
     resolved: dict[str, str] = {}
+    written: dict[str, str] = {}
     for key, value in raw.items():
         if key.startswith(PREFIX):
             resolved[key] = value
@@ -130,4 +162,6 @@ def resolve(raw: Mapping[str, str]) -> tuple[dict[str, str], list[tuple[str, str
                 return match.group(0)
 
         resolved[key] = VARIABLE.sub(substitute, value)
-    return resolved, problems
+        if resolved[key] != value:
+            written[resolved[key]] = value
+    return Resolved(resolved, problems, written)

@@ -857,3 +857,16 @@ def test_a_provider_that_cannot_resolve_names_the_property_and_never_a_value(
 
 
 ENV_CLASS = "org.apache.kafka.common.config.provider.EnvVarConfigProvider"
+
+
+def test_a_resolved_value_is_never_quoted_and_is_resolved_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "secrets.properties").write_text("password=hunter2-${env:CDC_X}\n")
+    monkeypatch.setenv("CDC_X", "expanded")
+    variable = f"${{file:{tmp_path}/secrets.properties:password}}"
+    text = str(config_error({**PROVIDERS, "mongodb.ssl.enabled": variable}))  # the wrong key: a secret where a boolean goes
+    assert "mongodb.ssl.enabled" in text and variable in text and "hunter2" not in text
+    config = cfg({**PROVIDERS, "mongodb.user": "cdc", "mongodb.password": variable})
+    assert config.mongodb_password == "hunter2-${env:CDC_X}"  # a secret is a value, not a template
+    assert config.with_properties({"max.batch.size": 10}).mongodb_password == "hunter2-${env:CDC_X}"
+    bad = str(config_error({**PROVIDERS, "config.providers.env.param.allowlist.pattern": "CDC_[", "mongodb.user": "${env:CDC_X}"}))
+    assert "config.providers.env.param.allowlist.pattern: not a regular expression" in bad
