@@ -27,7 +27,7 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 from pymongo import MongoClient
 
 from benchmarks import harness
-from mongocdc_core import run_command as runner
+from mongocdc_core import run_command
 from mongocdc_core.offsets import FileOffsetStore, Offset
 from mongocdc_core.positions import Position, token_timestamp
 from mongocdc_dagster.build import build_definitions
@@ -102,7 +102,7 @@ def run(small: bool) -> list[harness.Row]:
         FileOffsetStore(offsets).save(Offset(resume_token=tokens[index], position=Position.from_timestamp(ts)))
         end = int((first + timedelta(minutes=index + 1)).timestamp())
         started = time.perf_counter()
-        code = runner.main(["--config", str(config), "--sink", f"parquet:{home / 'run'}", "--offsets", str(offsets),
+        code = run_command.main(["--config", str(config), "--sink", f"parquet:{home / 'run'}", "--offsets", str(offsets),
                             "--stop-at", f"{end}:0", "--no-progress", "--log-level", "WARNING"])
         connector = time.perf_counter() - started
         assert code == 0, f"mongocdc run exited {code}"

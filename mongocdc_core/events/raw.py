@@ -50,7 +50,7 @@ def say_if_python_path() -> None:
         _said = True
         logging.getLogger("mongocdc").warning(
             "mongocdc_native (the compiled conversion) is not available (%s): converting in Python, "
-            "the same bytes about 3x slower per document; install the mongocdc-native wheel for this platform "
+            "the same bytes, several times slower per document; install the mongocdc-native wheel for this platform "
             "or build it where Rust is present (pip install mongocdc-native)", _native_missing)
 
 #: How a change event's BSON starts after its length: its resume token, ``_id``, a document.

@@ -280,7 +280,8 @@ def concurrently(
             context.setLocalProperty("spark.scheduler.pool", kept)  # type: ignore[arg-type]  # None removes it
             slots.append(slot)
 
-    with ThreadPoolExecutor(width, thread_name_prefix="mongocdc-tables") as pool:
+    pool = ThreadPoolExecutor(width, thread_name_prefix="mongocdc-tables")
+    try:
         running: dict[Future[_R], _T] = {pool.submit(run, item): item for item in items}
         while running:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -290,6 +291,10 @@ def concurrently(
                 if error is not None and not isinstance(error, Exception):  # an interrupt stops the cycle
                     raise error
                 yield item, error if error is not None else future.result()
+    finally:
+        # an interrupt, a caller that stops early or a run terminated: the queued collections never start
+        # (the running ones finish their Spark jobs), instead of the whole cycle running to its end first
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def refresh_collections(

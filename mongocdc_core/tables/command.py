@@ -151,6 +151,8 @@ def _refresh(args: argparse.Namespace) -> int:
     namespaces = _selected(list(found), args.collection, f"in the landing zone {args.landing}")
     log.info(f"landing zone {args.landing}: {sum(len(f) for f in found.values())} files of {len(found)} "
              f"collections; refreshing {len(namespaces)}")
+    if not namespaces:  # nothing landed: said without starting Spark
+        return _each("refresh", namespaces, iter(()))
     with _spark(args) as spark:
         return _each("refresh", namespaces, _refreshed(spark, args, found, namespaces))
 

@@ -29,6 +29,7 @@ from dagster import (
     AssetKey,
     AssetsDefinition,
     AssetSpec,
+    Failure,
     MaterializeResult,
     MetadataValue,
     TableColumnDep,
@@ -143,18 +144,23 @@ def not_built(namespace: str, why: str) -> dict[str, Any]:
                          "or a change lands; snapshot the collection to copy what it holds"}
 
 
-def _each_finished(spark: SparkSession, items: Sequence[_T], refresh: Callable[[SparkSession, _T], _R]
+def _each_finished(context: AssetExecutionContext, spark: SparkSession, items: Sequence[_T],
+                   refresh: Callable[[SparkSession, _T], _R], namespace_of: Callable[[_T], str],
                    ) -> Iterator[tuple[_T, _R]]:  # fmt: skip
-    """``refresh`` of every item, several collections at once (``concurrently``), as each finishes; the
-    first failure is raised once the others are done (their materialisations are recorded)."""
-    failures: list[Exception] = []
+    """``refresh`` of every item, several collections at once (``concurrently``), as each finishes. A
+    collection's failure is logged with its name as it happens; once the others are done (their
+    materialisations recorded) the step fails naming every collection that failed."""
+    failures: list[tuple[str, Exception]] = []
     for item, outcome in concurrently(spark, items, refresh):
         if isinstance(outcome, Exception):
-            failures.append(outcome)
+            failures.append((namespace_of(item), outcome))
+            context.log.error(f"{failures[-1][0]}: refresh failed: {type(outcome).__name__}: {outcome}")
         else:
             yield item, outcome
     if failures:
-        raise failures[0]
+        lines = [f"{namespace}: {type(exc).__name__}: {exc}" for namespace, exc in failures]
+        raise Failure(description=f"{len(failures)} collection(s) failed to refresh:\n" + "\n".join(lines),
+                      metadata={"failed": MetadataValue.json([ns for ns, _ in failures])}) from failures[0][1]
 
 
 def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, translator: MongoCdcTranslator,
@@ -204,7 +210,8 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
             return refresh_changelog(session, out.tables[out.changelog_keys[item[0]]], item[1],
                                      progress=context.log.info)
 
-        for (key, files), done in _each_finished(spark, work, refresh):
+        for (key, files), done in _each_finished(context, spark, work, refresh,
+                                                 lambda item: out.changelog_keys[item[0]]):
             namespace = out.changelog_keys[key]
             if done.files_read:
                 context.log.info(f"{namespace}: {done.files_read} new or re-written landing file(s) of {len(files)}, "
@@ -246,7 +253,7 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
         def refresh(session: SparkSession, key: AssetKey) -> StateRefresh:
             return refresh_current_state(session, out.tables[out.current_state_keys[key]], progress=context.log.info)
 
-        for key, done in _each_finished(spark, work, refresh):
+        for key, done in _each_finished(context, spark, work, refresh, lambda key: out.current_state_keys[key]):
             namespace = out.current_state_keys[key]
             tables = out.tables[namespace]
             for change in done.schema_changes:

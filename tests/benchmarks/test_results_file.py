@@ -28,5 +28,6 @@ def test_a_partial_run_replaces_its_benchmarks_rows_and_keeps_the_others_with_th
     assert [(r.benchmark, r.name, r.ratio) for r in again] == [("a", "one", 1.0), ("b", "two", 5.0), ("b", "new", 6.0),
                                                                ("c", "three", 3.0)]
     assert kept == {"a": "A", "b": "B2", "c": "C"} and read_document(path)["measured"] == {"a": "t0", "b": "t1", "c": "t0"}
-    monkeypatch.setenv(SMALL_ENV, "1")  # a CI-size run never mixes into full-size figures
-    assert run.keep_others(path, [_row("a", "one", 9.0)], {}, {"a": "t2"})[0] == [_row("a", "one", 9.0)]
+    monkeypatch.setenv(SMALL_ENV, "1")  # a CI-size run never replaces or mixes into full-size figures
+    with pytest.raises(SystemExit, match="holds full-size figures and this run is CI-size"):
+        run.keep_others(path, [_row("a", "one", 9.0)], {}, {"a": "t2"})

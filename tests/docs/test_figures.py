@@ -16,7 +16,7 @@ RESULTS = {
               "baseline_value": 362629.5, "unit": "records/s", "ratio": 0.40391, "target": 0.8, "op": ">=",
               "met": False}],
 }
-HAND_TYPED = re.compile(r"\d+(?:\.\d+)?(?:–\d+(?:\.\d+)?)?×")
+HAND_TYPED = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:–\d+(?:\.\d+)?)?(?:×|x\b)|\b(?:two|three|four|five|ten) times\b")
 
 
 def test_markers_render_the_row_and_a_missing_row_fails_the_build() -> None:

@@ -26,5 +26,4 @@ def test_the_deployment_stays_green_under_writers_and_faults(tmp_path: Path) -> 
     print(soak.asdict(result))
     assert result.writes > 100 and result.runs["launched"] > 5
     assert len(result.faults) >= 8
-    assert all(t.get("source_events", 0) >= 0 for t in result.tables.values())
     assert result.passed, "\n".join(result.problems)

@@ -133,6 +133,14 @@ def test_an_unknown_collection_is_a_usage_error_before_spark_starts(tmp_path: Pa
     assert not tables.exists()  # no Spark: its log would be there
 
 
+def test_an_empty_landing_zone_is_said_without_starting_spark(tmp_path: Path) -> None:
+    landing, tables = tmp_path / "landing", tmp_path / "tables"
+    landing.mkdir()
+    code, lines = _mongocdc(["tables", "refresh", "--landing", str(landing), "--tables", str(tables)], tmp_path, "empty")
+    assert code == 1 and any("refresh: no collection selected" in line for line in lines), lines
+    assert not tables.exists() and not any("starting Spark" in line for line in lines), lines  # no Spark: no log there
+
+
 def test_tables_elsewhere_than_this_machine_are_not_listed_here_before_spark_starts(tmp_path: Path) -> None:
     code, lines = _mongocdc(["tables", "refresh", "--landing", "s3a://bucket/landing", "--tables",
                              "s3a://bucket/tables"], tmp_path, "remote")
