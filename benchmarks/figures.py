@@ -1,5 +1,8 @@
 """The benchmark figures in the documentation, made from ``benchmarks/results.json`` (an mkdocs hook).
 
+The same hook renders ``{{ property_reference }}``, every connector property from the specs the config is
+validated by (:func:`mongocdc_core.config.reference.property_reference`).
+
 The docs never type a measured figure by hand: a page writes ``{{ ratio("sinks", "parquet sink") }}``
 (also ``value`` and ``baseline``) for one row of the last ``make bench``, and ``{{ benchmark_tables }}``
 for every row. A marker naming no row fails the build, so a renamed benchmark cannot leave a stale figure.
@@ -16,10 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mongocdc_core.config.reference import property_reference
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results.json"
 MARKER = re.compile(r'\{\{\s*(ratio|value|baseline)\("([^"]+)",\s*"([^"]+)"\)\s*\}\}')
 TABLES = "{{ benchmark_tables }}"
+PROPERTIES = "{{ property_reference }}"
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -82,6 +88,7 @@ def tables(results: Results) -> str:
 
 def render(markdown: str, results: Results) -> str:
     markdown = markdown.replace(TABLES, tables(results)) if TABLES in markdown else markdown
+    markdown = markdown.replace(PROPERTIES, property_reference()) if PROPERTIES in markdown else markdown
     return MARKER.sub(lambda m: figure(results, m.group(1), m.group(2), m.group(3)), markdown)
 
 

@@ -56,3 +56,13 @@ def test_the_readme_links_only_to_files_that_exist(tmp_path: Path) -> None:
     (tmp_path / "docs" / "tables.md").write_text("# Tables")
     readme.write_text("[tables](docs/tables.md#types) [gone](docs/gone.md) [site](https://example.org) [top](#x)")
     assert list(broken_links(readme)) == ["docs/gone.md"]
+
+
+def test_the_property_reference_lists_every_property_with_its_default() -> None:
+    from mongocdc_core.config import PROPERTY_SPECS
+
+    page = render((ROOT / "docs" / "properties.md").read_text(), Results.load())
+    for spec in PROPERTY_SPECS:
+        row = next((line for line in page.splitlines() if line.startswith(f"| `{spec.name}` |")), None)
+        assert row is not None, spec.name
+        assert spec.default in (None, "") or f"`{spec.default.replace('|', chr(92) + '|')}`" in row, (spec.name, row)
