@@ -18,6 +18,7 @@ from dagster import (
 
 from mongocdc_dagster.assets.cdc import CdcAssets
 from mongocdc_dagster.checks import GAP_CHECK
+from mongocdc_dagster.logs import RUN_CONFIG
 from mongocdc_dagster.partitions import SliceWindows
 from mongocdc_dagster.sensors import TAG_KIND
 
@@ -37,7 +38,8 @@ def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
             return
         # The selection is named on the request so the run records it (the Runs page's Target column shows a
         # run of the schedule's implicit asset job by its asset selection, and shows nothing without one).
-        yield RunRequest(run_key=window_key, partition_key=window_key, asset_selection=slices, tags={TAG_KIND: "slices"})
+        yield RunRequest(run_key=window_key, partition_key=window_key, asset_selection=slices, tags={TAG_KIND: "slices"},
+                         run_config=RUN_CONFIG)
 
     return latest_window
 
@@ -63,5 +65,6 @@ def build_continuity_schedule(cdc: CdcAssets) -> ScheduleDefinition:
         description="Checks that every closed window since each collection's snapshot is landed.",
     )
     return ScheduleDefinition(name=cdc.names.of("continuity"), job=job, cron_schedule=continuity_cron(cdc.windows),
+                              run_config=RUN_CONFIG,
                               execution_timezone="UTC", default_status=DefaultScheduleStatus.RUNNING,
                               description="Runs the cross-window continuity checks once per window, or hourly for shorter windows.")

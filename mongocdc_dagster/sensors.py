@@ -40,6 +40,7 @@ from mongocdc_core.source.signals import SignalRead
 from mongocdc_dagster.assets.cdc import CdcAssets, write_plan
 from mongocdc_dagster.discovery import DiscoveryError, DiscoveryState
 from mongocdc_dagster.landed_history import collection_history, needed_window_start
+from mongocdc_dagster.logs import RUN_CONFIG
 from mongocdc_dagster.metadata import position_time
 from mongocdc_dagster.partitions import ranges_partitions_name
 from mongocdc_dagster.resources import MongoCdcResource, resource_of
@@ -210,7 +211,7 @@ def _snapshot_run(signal: SnapshotSignal, position: Position, namespaces: list[s
     if plain:
         requests.append(RunRequest(
             run_key=f"signal:{position.to_str()}", asset_selection=[cdc.key(ns, kind) for ns in plain],
-            run_config={"ops": {op: {"config": config}}}, tags=tags,
+            run_config={**RUN_CONFIG, "ops": {op: {"config": config}}}, tags=tags,
         ))
     for ns in namespaces:
         if ns in plain:
@@ -220,7 +221,7 @@ def _snapshot_run(signal: SnapshotSignal, position: Position, namespaces: list[s
         for key in context.instance.get_dynamic_partitions(ranges_partitions_name(ns, cdc.names)):
             requests.append(RunRequest(
                 run_key=f"signal:{position.to_str()}:{key}", asset_selection=[cdc.key(ns, "snapshot")], partition_key=key,
-                run_config={"ops": {name: {"config": config}}}, tags={**tags, TAG_COLLECTION: tag_value(ns)},
+                run_config={**RUN_CONFIG, "ops": {name: {"config": config}}}, tags={**tags, TAG_COLLECTION: tag_value(ns)},
             ))
     return requests
 
@@ -386,7 +387,7 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
                     continue
                 run_requests.append(RunRequest(
                     run_key=f"resnapshot:{namespace}:{int(needed.timestamp())}",
-                    asset_selection=[cdc.key(namespace, "snapshot")],
+                    asset_selection=[cdc.key(namespace, "snapshot")], run_config=RUN_CONFIG,
                     tags={TAG_KIND: "snapshot", TAG_COLLECTION: tag_value(namespace), "mongocdc/reason": "history_lost"},
                 ))
             elif risky := [name for name, start in sorted(firsts.items()) if needed - start < margins[name]]:

@@ -130,6 +130,7 @@ def test_signals_with_objectid_string_and_integer_ids_each_launch_one_run(
         f"{db.name}/customers/snapshot", f"{db.name}/customers_eu/snapshot"]
     assert blocking.run_config["ops"]["mongocdc_snapshot"]["config"] == {
         "filters": {env.ns("customers_eu"): '{"eu": true}'}, "signal_id": str(oid)}
+    assert blocking.run_config["loggers"] == {"console": {}}  # the run's console lines in mongocdc's format
     incremental = by_id[text_id]  # the type defaults to incremental, as in Debezium
     assert incremental.asset_selection == [env.key("orders", "incremental_snapshot")]
     assert incremental.tags[TAG_SNAPSHOT_TYPE] == "incremental"
@@ -261,6 +262,7 @@ def test_schedule_lands_the_latest_closed_window_of_every_collection_in_one_run(
         (request,) = list(cast(Iterator[RunRequest], schedule(context)))
     assert request.partition_key == "2026-11-22-10:30"
     assert set(request.asset_selection or ()) == {env.key("a", "slices"), env.key("b", "slices")}  # the run's Target
+    assert request.run_config == {"loggers": {"console": {}}}  # the run's console lines in mongocdc's format
     selection = schedule.target.job_def.selection  # type: ignore[union-attr]
     assert selection.resolve(env.defs.resolve_asset_graph()) == {env.key("a", "slices"), env.key("b", "slices")}
 
@@ -306,7 +308,12 @@ def test_the_continuity_checks_run_hourly_beside_minute_windows_and_once_per_lon
 
 
 def _run_checks(env: CdcEnv, instance: DagsterInstance) -> dict[AssetKey, AssetCheckEvaluation]:
-    result = env.defs.resolve_job_def("mongocdc_continuity_checks").execute_in_process(instance=instance)
+    # with the run config the continuity schedule gives its runs (the console logger in mongocdc's format)
+    schedule = env.defs.resolve_schedule_def("mongocdc_continuity")
+    with build_schedule_context(instance=instance) as context:
+        (request,) = schedule.evaluate_tick(context).run_requests or []
+    result = env.defs.resolve_job_def("mongocdc_continuity_checks").execute_in_process(
+        instance=instance, run_config=request.run_config)
     return {e.asset_key: e for e in result.get_asset_check_evaluations()}
 
 
