@@ -141,8 +141,14 @@ def field_rules(fields: CollectionFields | None) -> FieldRules | None:
     return None if rules is None else native.FieldRules(rules, fields.renamed_last)
 
 
-#: ``mongocdc_native.ChangeWriter``: one collection's change records in one format (typed opaquely, as FieldRules).
-ChangeWriter = Any
+class ChangeWriter(Protocol):
+    """``mongocdc_native.ChangeWriter`` as the converters call it: one collection's change records in one
+    format, written whole from an event's BSON."""
+
+    def write(self, raw: bytes | memoryview, header: Header, increment: int, lsid: bytes | None, now_ns: int,
+              block: bytes | None) -> tuple[bytes, bytes, int | None] | None:
+        """(key, value, ``wallTime`` ms) of an ordinary change event; None when the Python path writes it."""
+
 #: Template slots written with ``%d`` (the others with ``%b``); see ``ChangeWriter`` for the letters.
 _INT_SLOTS = frozenset("iEFGMUN")
 _SLOT_MARK = b"\x00slot\x00"  # a NUL byte: never in JSON text
