@@ -11,8 +11,8 @@
   tables look in, or into a directory to carry to a machine without network access.
 
 Progress is logged as lines (Spark's tasks done, rate and ETA every 10 s); a summary line per collection
-and one for the run end it. Exit codes: 0 done, 1 a refresh or check failed, 2 a usage error, 3 a check
-that could not verify enough.
+and one for the run end it. Exit codes: 0 done, 1 a refresh or check failed, 2 a usage error (an option, a
+location that cannot be used, a ``--collection`` that matches nothing), 3 a check that could not verify enough.
 """
 
 from __future__ import annotations
@@ -313,9 +313,9 @@ def main(argv: list[str]) -> int:
     run = {"refresh": _refresh, "check": _check, "maintain": _maintain, "jars": _jars}[args.command]
     try:
         return run(args)
-    except SelectionError as exc:
+    except (SelectionError, TableInputError) as exc:  # a pattern or a location the user gave that cannot be used
         log.error(f"mongocdc tables {args.command}: {exc}")
         return EXIT_USAGE
-    except (SparkSetupError, TableInputError) as exc:
+    except SparkSetupError as exc:
         log.error(f"mongocdc tables {args.command}: {exc}")
         return EXIT_FAILED

@@ -107,7 +107,7 @@ def test_refresh_check_and_maintain_from_the_command_line(spark: SparkSession, t
 def test_a_landing_zone_that_does_not_exist_is_a_clear_error(tmp_path: Path) -> None:
     code, lines = _mongocdc(["tables", "refresh", "--landing", str(tmp_path / "nope"), "--tables",
                              str(tmp_path / "t")], tmp_path, "missing")
-    assert code == 1
+    assert code == 2
     assert any("landing-zone path does not exist" in line for line in lines) and not any(
         "Traceback" in line for line in lines), lines
 
@@ -144,10 +144,10 @@ def test_an_empty_landing_zone_is_said_without_starting_spark(tmp_path: Path) ->
 def test_tables_elsewhere_than_this_machine_are_not_listed_here_before_spark_starts(tmp_path: Path) -> None:
     code, lines = _mongocdc(["tables", "refresh", "--landing", "s3a://bucket/landing", "--tables",
                              "s3a://bucket/tables"], tmp_path, "remote")
-    assert code == 1 and len(lines) == 1, lines
+    assert code == 2 and len(lines) == 1, lines
     assert "--landing s3a://bucket/landing: the landing zone is listed on this machine" in lines[0]
     code, lines = _mongocdc(["tables", "maintain", "--tables", str(tmp_path / "none")], tmp_path, "no-tables")
-    assert code == 1 and len(lines) == 1 and f"no tables under {tmp_path / 'none'}: it is not a directory" in lines[0]
+    assert code == 2 and len(lines) == 1 and f"no tables under {tmp_path / 'none'}: it is not a directory" in lines[0]
 
 
 @pytest.mark.parametrize(("given", "taken"), [
