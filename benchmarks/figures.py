@@ -104,11 +104,15 @@ def broken_links(readme: Path = ROOT / "README.md") -> Iterator[str]:
 # -- mkdocs hooks (mkdocs.yml: hooks) -------------------------------------------------------------------
 
 
+_build: dict[str, Results] = {}  # the results one build renders every page from (read once, in on_pre_build)
+
+
 def on_pre_build(config: Any) -> None:
     broken = list(broken_links())
     if broken:
         raise FigureError(f"README.md links to files that do not exist: {', '.join(broken)}")
+    _build["results"] = Results.load()
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    return render(markdown, Results.load())
+    return render(markdown, _build["results"])

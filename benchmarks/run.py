@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -53,9 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=BENCHMARKS, help="run only these benchmarks")
     parser.add_argument("--results", type=Path, default=HERE / "results.json", help="where to write the JSON")
     args = parser.parse_args(argv)
-    if args.results.exists() and bool(read_document(args.results).get("small")) != small():
-        parser.error(f"{args.results} holds {'CI-size' if small() is False else 'full-size'} figures and this run "
-                     f"is {'CI-size' if small() else 'full-size'}: name another file with --results")
+    if args.results.exists():
+        same_size(args.results)  # before hours of benchmarks, not after
     names = args.only or list(BENCHMARKS)
     rows: list[Row] = []
     baselines: dict[str, str] = {}
@@ -77,17 +77,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def same_size(path: Path) -> dict[str, Any]:
+    """The results file at ``path``, refused when its figures are of the other size than this run's (a CI-size
+    run never replaces or mixes into full-size figures: the docs' figures come from them)."""
+    document = read_document(path)
+    if bool(document.get("small")) != small():
+        size = {True: "CI-size", False: "full-size"}
+        raise SystemExit(f"{path} holds {size[bool(document.get('small'))]} figures and this run is "
+                         f"{size[small()]}: name another file with --results")
+    return document
+
+
 def keep_others(path: Path, rows: list[Row], baselines: dict[str, str], measured: dict[str, str],
                 ) -> tuple[list[Row], dict[str, str], dict[str, str]]:
     """``rows`` in place of their benchmarks' rows in the results file at ``path``, the other benchmarks'
-    rows kept as they were (in their order, with their times); a CI-size run never replaces or mixes into
-    full-size figures (the docs' figures come from them)."""
+    rows kept as they were (in their order, with their times); see :func:`same_size`."""
     if not path.exists():
         return rows, baselines, measured
-    document = read_document(path)
-    if bool(document.get("small")) != small():
-        raise SystemExit(f"{path} holds {'CI-size' if document.get('small') else 'full-size'} figures and this run is "
-                         f"{'CI-size' if small() else 'full-size'}: name another file with --results")
+    document = same_size(path)
     old_rows, old_baselines = read_json(path)
     old_measured = document.get("measured") or dict.fromkeys((r.benchmark for r in old_rows), document["time"])
     order = list(dict.fromkeys([*(r.benchmark for r in old_rows), *(r.benchmark for r in rows)]))
