@@ -13,19 +13,33 @@ writes them to the process's stderr. The definitions give ``console`` this logge
   fields (a notification under ``notification``).
 
 From INFO on by default (Dagster's own events are DEBUG, a failure ERROR), as dagster.yaml's
-``python_log_level``; ``loggers: {console: {config: {log_level: DEBUG}}}`` shows them all. Dagster uses a
-code location's loggers only for a run whose config names them (without it, its default coloured console:
-dagster-io/dagster#20084); ``RUN_CONFIG`` is that config.
+``python_log_level``; ``loggers: {console: {config: {log_level: DEBUG}}}`` shows them all.
+
+Dagster uses a code location's loggers only for a run whose config names them (dagster-io/dagster#20084);
+a run whose config names none (the UI's Materialize, the automation sensor: the implicit asset job, which
+takes no default config) gets Dagster's default system loggers, its coloured console. Dagster has no
+setting for those: ``python_log_level`` silences the coloured logger only with ``context.log`` and the
+captured records, and handlers from ``python_logs.dagster_handler_config`` print beside it, not instead.
+``use_for_runs_without_loggers`` makes ``console`` the default system logger of the process that loads
+the definitions (the run's worker); ``RUN_CONFIG`` names it for runs mongocdc requests itself.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dagster import Field, InitLoggerContext, colored_console_logger, logger
+from dagster import (
+    DagsterInstance,
+    Field,
+    InitLoggerContext,
+    LoggerDefinition,
+    colored_console_logger,
+    logger,
+)
+from dagster._core.execution import context_creation_job
 from dagster._core.log_manager import LOG_RECORD_METADATA_ATTR
 
 from mongocdc_core.logs import JsonFormatter, OneLineFormatter, log_format
@@ -87,3 +101,19 @@ def console_logger(init_context: InitLoggerContext) -> logging.Logger:
 LOGGERS = {"console": console_logger}
 #: The run config that makes a run use them.
 RUN_CONFIG: dict[str, Any] = {"loggers": {"console": {}}}
+
+
+def _default_system_loggers(instance: DagsterInstance | None) -> Sequence[tuple[LoggerDefinition, Mapping[str, object]]]:
+    """``console`` where Dagster would use its coloured one, at the instance's ``python_log_level``."""
+    level = instance.python_log_level if instance is not None and instance.python_log_level else "INFO"
+    return [(console_logger, {"name": "dagster", "log_level": level})]
+
+
+def use_for_runs_without_loggers() -> None:
+    """Make ``console`` the logger of every run of this process whose config names no logger.
+
+    Dagster (``context_creation_job.create_log_manager``, private) falls back to ``default_system_loggers``
+    there; this process loads a mongocdc code location, so its runs log as mongocdc does. Pinned by
+    tests/dagster/test_run_logs.py (a run launched with no run config writes mongocdc's lines).
+    """
+    context_creation_job.default_system_loggers = _default_system_loggers

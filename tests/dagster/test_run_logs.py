@@ -2,8 +2,9 @@
 project's dagster.yaml, as ``make dev`` writes it) by Dagster's CLI in its own process, stderr in a file.
 
 mongocdc's own log records (its loggers ``mongocdc`` and ``mongocdc_core``) are part of the run's event
-log; a run whose config names the ``console`` logger writes one line per event, or one JSON object per
-line with ``MONGOCDC_LOG_FORMAT=json`` (a notification's fields as fields).
+log; a run writes one line per event, or one JSON object per line with ``MONGOCDC_LOG_FORMAT=json`` (a
+notification's fields as fields), whether its config names the ``console`` logger or, as a run launched
+from the UI or by the declarative automation, names no logger (the implicit asset job, empty run config).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from dagster import DagsterInstance, DagsterRunStatus
 from pymongo.database import Database
 
 from mongocdc_dagster import local_stack
-from mongocdc_dagster.logs import RUN_CONFIG
 
 BIN = Path(sys.executable).parent
 NOTIFICATION = "Notification from "
@@ -63,7 +63,10 @@ def _materialise_snapshot(tmp_path: Path, uri: str, db: Database[Any], log_forma
 
 def test_mongocdcs_log_records_are_in_the_runs_event_log(tmp_path: Path, mongo_uri: str,
                                                        fresh_db: Database[Any]) -> None:
-    run_id, stderr = _materialise_snapshot(tmp_path, mongo_uri, fresh_db)
+    # no run config (the implicit asset job, as the UI and the automation sensor launch it), JSON logs
+    run_id, stderr = _materialise_snapshot(tmp_path, mongo_uri, fresh_db, "json")
+    lines = [orjson.loads(line) for line in _from_the_run_on(stderr, run_id)]  # every line one JSON object
+    assert len(lines) > 5 and all(e["run_id"] == run_id and e["logger"] == "dagster" for e in lines), stderr
     with DagsterInstance.from_config(str(tmp_path / "dagster_home")) as instance:
         records = instance.all_logs(run_id)
     # the engine's notifications (mongocdc_core.notifications, INFO) are the run's, as the UI shows them
@@ -85,7 +88,8 @@ def _from_the_run_on(text: str, run_id: str) -> list[str]:
 
 def test_a_runs_console_lines_to_a_file_are_one_line_per_event(tmp_path: Path, mongo_uri: str,
                                                                fresh_db: Database[Any]) -> None:
-    run_id, text = _materialise_snapshot(tmp_path, mongo_uri, fresh_db, run_config=RUN_CONFIG)
+    # no run config, as the UI's Materialize and the automation sensor launch the implicit asset job
+    run_id, text = _materialise_snapshot(tmp_path, mongo_uri, fresh_db)
     lines = _from_the_run_on(text, run_id)
     assert len(lines) > 5 and "\x1b[" not in text
     assert [line for line in lines if not EVENT_HEAD.match(line)] == []
@@ -98,6 +102,7 @@ def test_a_runs_console_lines_to_a_file_are_one_line_per_event(tmp_path: Path, m
 
 def test_a_runs_json_console_lines_carry_the_run_and_the_notifications_fields(
         tmp_path: Path, mongo_uri: str, fresh_db: Database[Any]) -> None:
+    # the run's config names the logger (to show Dagster's DEBUG events too)
     run_id, text = _materialise_snapshot(tmp_path, mongo_uri, fresh_db, "json",
                                          run_config={"loggers": {"console": {"config": {"log_level": "DEBUG"}}}})
     events = [orjson.loads(line) for line in _from_the_run_on(text, run_id)]  # every line one JSON object
@@ -113,4 +118,4 @@ def test_a_runs_json_console_lines_carry_the_run_and_the_notifications_fields(
 def test_a_bad_log_format_fails_the_run_naming_the_variable(tmp_path: Path, mongo_uri: str,
                                                             fresh_db: Database[Any]) -> None:
     with pytest.raises(AssertionError, match="MONGOCDC_LOG_FORMAT: expected one of text, json, got 'xml'"):
-        _materialise_snapshot(tmp_path, mongo_uri, fresh_db, "xml", run_config=RUN_CONFIG)
+        _materialise_snapshot(tmp_path, mongo_uri, fresh_db, "xml")
