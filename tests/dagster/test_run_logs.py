@@ -29,11 +29,9 @@ NOTIFICATION = "Notification from "
 EVENT_HEAD = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR|CRITICAL) dagster: ")
 
 
-def _materialise_snapshot(tmp_path: Path, uri: str, db: Database[Any], log_format: str | None = None,
-                          run_config: dict[str, Any] | None = None) -> tuple[str, str]:
-    """Materialise one collection's incremental snapshot (its notifications on the log channel) with
-    ``dagster asset materialize`` (``run_config`` naming mongocdc's console logger, ``log_format`` in
-    ``MONGOCDC_LOG_FORMAT``); return the run's id and what its process wrote to stderr."""
+def _deployment(tmp_path: Path, uri: str, db: Database[Any], log_format: str | None) -> dict[str, str]:
+    """The environment of a deployment of one collection with five documents (its notifications on the log
+    channel, no tables), on an instance as ``make dev`` writes it, ``log_format`` in ``MONGOCDC_LOG_FORMAT``."""
     db.items.insert_many([{"_id": i, "name": f"item {i}"} for i in range(5)])
     db.create_collection("signals")
     config = tmp_path / "connector.json"
@@ -46,6 +44,15 @@ def _materialise_snapshot(tmp_path: Path, uri: str, db: Database[Any], log_forma
     env = {k: v for k, v in os.environ.items() if k != "MONGOCDC_LOG_FORMAT"}
     env.update(DAGSTER_HOME=str(dagster_home), MONGOCDC_CONFIG=str(config), MONGOCDC_HOME=str(tmp_path / "home"),
                MONGOCDC_TABLES_ENABLED="false", **({"MONGOCDC_LOG_FORMAT": log_format} if log_format else {}))
+    return env
+
+
+def _materialise_snapshot(tmp_path: Path, uri: str, db: Database[Any], log_format: str | None = None,
+                          run_config: dict[str, Any] | None = None) -> tuple[str, str]:
+    """Materialise the collection's incremental snapshot (``_deployment``) with ``dagster asset materialize``
+    (``run_config`` naming mongocdc's console logger); return the run's id and what its process wrote to stderr."""
+    env = _deployment(tmp_path, uri, db, log_format)
+    dagster_home = Path(env["DAGSTER_HOME"])
     stderr_path = tmp_path / "stderr.log"
     with stderr_path.open("wb") as stderr:
         done = subprocess.run(
@@ -119,3 +126,44 @@ def test_a_bad_log_format_fails_the_run_naming_the_variable(tmp_path: Path, mong
                                                             fresh_db: Database[Any]) -> None:
     with pytest.raises(AssertionError, match="MONGOCDC_LOG_FORMAT: expected one of text, json, got 'xml'"):
         _materialise_snapshot(tmp_path, mongo_uri, fresh_db, "xml")
+
+
+# A code location whose check logs as mongocdc's do: through context.log, and a warning of the engine's;
+# loading it warns as Dagster's beta parameters do.
+_CHECKED_LOCATION = """
+import logging
+import warnings
+from dagster import AssetCheckResult, AssetSpec, Definitions, asset_check
+from mongocdc_dagster.logs import LOGGERS
+
+warnings.warn("a parameter in beta")
+
+@asset_check(asset="items", blocking=True)
+def counted(context):
+    context.log.info("counted 5 documents")
+    logging.getLogger("mongocdc_core.checks").warning("a warning of the engine's")
+    return AssetCheckResult(passed=True)
+
+defs = Definitions(assets=[AssetSpec("items")], asset_checks=[counted], loggers=LOGGERS)
+"""
+
+
+def test_mongocdc_checks_log_format_option_wins_over_the_environment(tmp_path: Path) -> None:
+    (tmp_path / "checked_location.py").write_text(_CHECKED_LOCATION)
+    dagster_home = local_stack.prepare_dagster_home(tmp_path / "dagster_home")  # its python_logs capture mongocdc_core
+    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "MONGOCDC_LOG_FORMAT": "text",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    stderr_path = tmp_path / "stderr.log"
+    with stderr_path.open("wb") as stderr:
+        done = subprocess.run([sys.executable, "-m", "mongocdc_dagster.check_cli", "-m", "checked_location:defs",
+                               "--log-format", "json"],
+                              cwd=local_stack.REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, timeout=300)
+    text = stderr_path.read_text()
+    assert done.returncode == 0 and b"1 check(s), 0 blocking failure(s)" in done.stdout, text
+    with DagsterInstance.from_config(str(dagster_home)) as instance:
+        (run,) = instance.get_runs()
+    events = [orjson.loads(line) for line in text.splitlines()]  # every line one JSON object, Python's warnings too
+    of_the_run = [e["message"] for e in events if e.get("run_id") == run.run_id]
+    assert of_the_run == ["counted 5 documents", "a warning of the engine's"], text
+    assert sum("a warning of the engine's" in e["message"] for e in events) == 1, text  # the run's line only
+    assert [e["logger"] for e in events if "a parameter in beta" in e["message"]] == ["py.warnings"]
