@@ -1,5 +1,6 @@
 """A Dagster run's logs as the UI and a log shipper meet them: a run executed in a real instance (the
-project's dagster.yaml, as ``make dev`` writes it) by Dagster's CLI in its own process, stderr in a file.
+project's dagster.yaml, as ``make dev`` writes it) by Dagster's CLI or its run worker, in a process of its own,
+stderr in a file.
 
 mongocdc's own log records (its loggers ``mongocdc`` and ``mongocdc_core``) are part of the run's event
 log; a run writes one line per event, or one JSON object per line with ``MONGOCDC_LOG_FORMAT=json`` (a
@@ -18,7 +19,12 @@ from typing import Any
 
 import orjson
 import pytest
-from dagster import DagsterInstance, DagsterRunStatus
+from dagster import AssetKey, DagsterInstance, DagsterRunStatus
+from dagster._core.definitions.assets.job.asset_job import IMPLICIT_ASSET_JOB_NAME
+from dagster._core.definitions.reconstruct import ReconstructableJob, ReconstructableRepository
+from dagster._core.storage.tags import AUTOMATION_CONDITION_TAG
+from dagster._grpc.types import ExecuteRunArgs
+from dagster._serdes import serialize_value
 from pymongo.database import Database
 
 from mongocdc_dagster import local_stack
@@ -126,6 +132,36 @@ def test_a_bad_log_format_fails_the_run_naming_the_variable(tmp_path: Path, mong
                                                             fresh_db: Database[Any]) -> None:
     with pytest.raises(AssertionError, match="MONGOCDC_LOG_FORMAT: expected one of text, json, got 'xml'"):
         _materialise_snapshot(tmp_path, mongo_uri, fresh_db, "xml")
+
+
+def test_a_run_of_the_automation_or_the_ui_in_dagsters_run_worker_writes_mongocdcs_lines(
+        tmp_path: Path, mongo_uri: str, fresh_db: Database[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run as the automation sensor and the UI create theirs (the implicit asset job, no run config),
+    executed by the process the run launcher starts for it (``dagster api execute_run``)."""
+    env = _deployment(tmp_path, mongo_uri, fresh_db, None)
+    for name in ("DAGSTER_HOME", "MONGOCDC_CONFIG", "MONGOCDC_HOME", "MONGOCDC_TABLES_ENABLED"):
+        monkeypatch.setenv(name, env[name])  # the code location loads here too, to make the run
+    job = ReconstructableJob(ReconstructableRepository.for_module(
+        "mongocdc_dagster.definitions", "defs", str(local_stack.REPO_ROOT)), IMPLICIT_ASSET_JOB_NAME)
+    with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        run = instance.create_run_for_job(
+            job.get_definition(), run_config={}, job_code_origin=job.get_python_origin(),
+            asset_selection={AssetKey([fresh_db.name, "items", "incremental_snapshot"])},
+            tags={AUTOMATION_CONDITION_TAG: "true"})
+        worker_args = serialize_value(ExecuteRunArgs(job_origin=job.get_python_origin(), run_id=run.run_id,
+                                                     instance_ref=instance.get_ref(), set_exit_code_on_failure=True))
+    stderr_path = tmp_path / "stderr.log"
+    with stderr_path.open("wb") as stderr:
+        done = subprocess.run([str(BIN / "dagster"), "api", "execute_run", worker_args], cwd=local_stack.REPO_ROOT,
+                              env=env, stdout=subprocess.DEVNULL, stderr=stderr, timeout=600)
+    text = stderr_path.read_text()
+    assert done.returncode == 0, text
+    with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+        assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.SUCCESS, text  # type: ignore[union-attr]
+    lines = _from_the_run_on(text, run.run_id)
+    assert len(lines) > 5 and "\x1b[" not in text
+    assert [line for line in lines if not EVENT_HEAD.match(line)] == []
+    assert any(NOTIFICATION in line for line in lines), lines
 
 
 # A code location whose check logs as mongocdc's do: through context.log, and a warning of the engine's;
