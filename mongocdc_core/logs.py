@@ -93,9 +93,11 @@ def log_handler(fmt: LogFormat, console: Console | None = None) -> logging.Handl
 
 
 def configure_logging(fmt: LogFormat, level: str = "INFO", console: Console | None = None) -> logging.Handler:
-    """Route every logger of this process through ``log_handler`` (replacing earlier handlers)."""
+    """Route every logger of this process through ``log_handler`` (replacing earlier handlers), Python's
+    warnings too (logger ``py.warnings``: one event, not a message and a source line)."""
     handler = log_handler(fmt, console)
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    logging.captureWarnings(True)
     logging.getLogger("pymongo").setLevel(max(logging.WARNING, logging.getLevelName(level)))
     return handler
 

@@ -20,7 +20,7 @@ from mongocdc_dagster.assets.tables import build_table_assets
 from mongocdc_dagster.checks import build_gap_check, build_reconciliation_check
 from mongocdc_dagster.discovery import DiscoveryState
 from mongocdc_dagster.jobs import build_maintenance, build_plan_job
-from mongocdc_dagster.logs import LOGGERS
+from mongocdc_dagster.logs import LOGGERS, use_for_runs_without_loggers
 from mongocdc_dagster.resources import MongoCdcKafkaResource, MongoCdcResource, build_pyspark_resource
 from mongocdc_dagster.schedules import build_continuity_schedule, build_latest_window_schedule
 from mongocdc_dagster.sensors import build_sensors
@@ -59,6 +59,7 @@ def build_definitions(settings: CdcSettings, state: DiscoveryState, translator: 
                 names.of("table_automation"), target=AssetSelection.assets(*tables.changelog_keys, *tables.current_state_keys),
                 default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=settings.sensor_interval_seconds,
                 description="Refreshes changelog and current_state when slices or snapshots land."))
+    use_for_runs_without_loggers()  # the UI's and the automation's runs name no logger
     return Definitions(
         assets=assets,
         asset_checks=checks,
@@ -66,7 +67,7 @@ def build_definitions(settings: CdcSettings, state: DiscoveryState, translator: 
         schedules=schedules,
         jobs=jobs,
         resources=resources,
-        loggers=LOGGERS,  # a run's console lines in mongocdc's format when its config names them (logs.RUN_CONFIG)
+        loggers=LOGGERS,  # a run's console lines in mongocdc's format (logs.RUN_CONFIG names them)
         # a run's steps share one process: a step subprocess would only add start-up time (and a JVM per step)
         executor=in_process_executor,
     )

@@ -32,10 +32,10 @@ from dagster._core.definitions.definitions_load_context import DefinitionsLoadCo
 from dagster.components.definitions import LazyDefinitions
 
 from mongocdc_core.config.filters import matches_any
-from mongocdc_core.logs import log_format
+from mongocdc_core.logs import add_log_format_option, command_logging
 from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE, coverage_share
 from mongocdc_dagster.checks import RECONCILE_CHECK
-from mongocdc_dagster.logs import RUN_CONFIG
+from mongocdc_dagster.logs import NotARunsRecord, run_config
 
 DEFAULT_TARGET = "mongocdc_dagster.definitions:defs"
 #: Exit codes: a blocking check failed; a usage error; a blocking check could not verify enough.
@@ -70,12 +70,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--min-coverage", type=float, default=DEFAULT_MIN_COVERAGE, metavar="SHARE",
                         help=f"{RECONCILE_CHECK}: the share of keys it must compare to pass "
                              f"(default {DEFAULT_MIN_COVERAGE})")
+    add_log_format_option(parser)
     args = parser.parse_args(argv)
     try:
         coverage_share(args.min_coverage, "--min-coverage")
-        log_format()  # the run's console lines follow MONGOCDC_LOG_FORMAT (mongocdc_dagster.logs)
     except ValueError as exc:
         parser.error(str(exc))
+    # this process's log lines (from WARNING on) and the check run's console lines (mongocdc_dagster.logs) alike
+    fmt, handler = command_logging("mongocdc check", args.log_format, "WARNING")
+    handler.addFilter(NotARunsRecord())
     defs = load_definitions(args.module)
     graph = defs.get_repository_def().asset_graph
     check_keys = sorted(graph.asset_check_keys, key=lambda k: (k.asset_key.to_user_string(), k.name))
@@ -97,12 +100,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     job = define_asset_job("mongocdc_ci_checks", selection=AssetSelection.checks(*selected))
     resolved = Definitions.merge(defs, Definitions(jobs=[job])).resolve_job_def("mongocdc_ci_checks")
     # the config goes to the op of the reconciliation check when it is selected (a job rejects config of ops it lacks)
-    # (and the run's console lines are mongocdc's: RUN_CONFIG)
-    run_config = {**RUN_CONFIG,
-                  "ops": {graph.assets_def_for_key(k).node_def.name: {"config": {"min_coverage": args.min_coverage}}
-                          for k in selected if k.name == RECONCILE_CHECK}}
+    # (and the run's console lines are mongocdc's, in the command's format)
+    config = {**run_config(fmt),
+              "ops": {graph.assets_def_for_key(k).node_def.name: {"config": {"min_coverage": args.min_coverage}}
+                      for k in selected if k.name == RECONCILE_CHECK}}
     with DagsterInstance.get() as instance:
-        result = resolved.execute_in_process(instance=instance, raise_on_error=False, run_config=run_config)
+        result = resolved.execute_in_process(instance=instance, raise_on_error=False, run_config=config)
     evaluations = {(e.asset_key, e.check_name): e for e in result.get_asset_check_evaluations()}
     blocking = {k for k in selected if graph.get_check_spec(k).blocking}
     failed_blocking = unverified_blocking = 0

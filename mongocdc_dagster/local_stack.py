@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import yaml
 
 from mongocdc_core.logs import command_logging
 
@@ -121,10 +122,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def prepare_dagster_home(path: Path) -> Path:
-    """An instance directory with the project's dagster.yaml (an existing one is kept) and the pool limits."""
+    """An instance directory with the project's dagster.yaml (an existing one is kept, with what it lacks of
+    the project's ``python_logs``: ``add_python_logs``) and the pool limits."""
     path.mkdir(parents=True, exist_ok=True)
     if not (path / "dagster.yaml").exists():
         shutil.copyfile(DAGSTER_YAML, path / "dagster.yaml")
+    else:
+        add_python_logs(path / "dagster.yaml")
     from dagster import DagsterInstance
 
     from mongocdc_dagster.pools import configure_pools
@@ -132,6 +136,43 @@ def prepare_dagster_home(path: Path) -> Path:
     with DagsterInstance.from_config(str(path)) as instance:
         configure_pools(instance)
     return path
+
+
+def add_python_logs(path: Path) -> None:
+    """Give an instance's dagster.yaml what it lacks of the project's ``python_logs`` block (mongocdc's loggers
+    in ``managed_python_loggers``, a ``python_log_level``), so that the engine's records are the runs'; the
+    operator's own settings stay as they are (their loggers and level too). A file without ``python_logs``
+    gets the block appended (its text, comments included, unchanged); one with a partial block is rewritten."""
+    text = path.read_text()
+    try:
+        current = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise SystemExit(f"make dev: {path} is not valid YAML: {exc}") from None
+    if not isinstance(current, dict):
+        raise SystemExit(f"make dev: {path}: expected a mapping (Dagster's instance settings), "
+                         f"got {type(current).__name__}")
+    have = current.get("python_logs") or {}
+    if not isinstance(have, dict):
+        raise SystemExit(f"make dev: {path}: python_logs: expected a mapping, got {type(have).__name__}")
+    have = dict(have)
+    wanted = yaml.safe_load(DAGSTER_YAML.read_text())["python_logs"]
+    loggers = list(have.get("managed_python_loggers") or [])
+    missing = [name for name in wanted["managed_python_loggers"] if name not in loggers]
+    added = []
+    if missing:
+        have["managed_python_loggers"] = loggers + missing
+        added.append(f"managed_python_loggers {', '.join(missing)}")
+    if "python_log_level" not in have:
+        have["python_log_level"] = wanted["python_log_level"]
+        added.append(f"python_log_level {wanted['python_log_level']}")
+    if not added:
+        return
+    if "python_logs" in current:
+        text = yaml.safe_dump({**current, "python_logs": have}, sort_keys=False)
+    else:
+        text = text.rstrip("\n") + "\n\n" + yaml.safe_dump({"python_logs": have}, sort_keys=False)
+    path.write_text(text)
+    log.info(f"{path}: added python_logs {'; '.join(added)} (mongocdc's log records in each run's event log)")
 
 
 class _Shutdown:

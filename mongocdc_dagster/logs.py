@@ -13,22 +13,39 @@ writes them to the process's stderr. The definitions give ``console`` this logge
   fields (a notification under ``notification``).
 
 From INFO on by default (Dagster's own events are DEBUG, a failure ERROR), as dagster.yaml's
-``python_log_level``; ``loggers: {console: {config: {log_level: DEBUG}}}`` shows them all. Dagster uses a
-code location's loggers only for a run whose config names them (without it, its default coloured console:
-dagster-io/dagster#20084); ``RUN_CONFIG`` is that config.
+``python_log_level``; ``loggers: {console: {config: {log_level: DEBUG}}}`` shows them all, and
+``log_format`` in that config wins over ``MONGOCDC_LOG_FORMAT`` (``mongocdc check --log-format``).
+
+Dagster uses a code location's loggers only for a run whose config names them (dagster-io/dagster#20084);
+a run whose config names none (the UI's Materialize, the automation sensor: the implicit asset job, which
+takes no default config) gets Dagster's default system loggers, its coloured console. Dagster has no
+setting for those: ``python_log_level`` silences the coloured logger only with ``context.log`` and the
+captured records, and handlers from ``python_logs.dagster_handler_config`` print beside it, not instead.
+``use_for_runs_without_loggers`` makes ``console`` the default system logger of the process that loads
+the definitions (the run's worker); ``RUN_CONFIG`` names it for runs mongocdc requests itself.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dagster import Field, InitLoggerContext, colored_console_logger, logger
+from dagster import (
+    DagsterInstance,
+    Enum,
+    EnumValue,
+    Field,
+    InitLoggerContext,
+    LoggerDefinition,
+    colored_console_logger,
+    logger,
+)
+from dagster._core.execution import context_creation_job
 from dagster._core.log_manager import LOG_RECORD_METADATA_ATTR
 
-from mongocdc_core.logs import JsonFormatter, OneLineFormatter, log_format
+from mongocdc_core.logs import LOG_FORMATS, JsonFormatter, LogFormat, OneLineFormatter, log_format
 
 
 class _RunFields(logging.Filter):
@@ -53,6 +70,14 @@ class _RunFields(logging.Filter):
         return True
 
 
+class NotARunsRecord(logging.Filter):
+    """For a command's own handler (``mongocdc check``): drops the records a run captured (the instance's
+    ``python_logs`` loggers), which reach the run's console logger and would otherwise print twice."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not hasattr(record, LOG_RECORD_METADATA_ATTR)
+
+
 def _error_text(event: object) -> str | None:
     """A failure event's error (the traceback Dagster shows under the message), else None."""
     error = getattr(getattr(event, "event_specific_data", None), "error", None)
@@ -64,14 +89,17 @@ def _error_text(event: object) -> str | None:
         "log_level": Field(str, is_required=False, default_value="INFO",
                            description="The logger's threshold (Dagster's own DEBUG events left out by default)."),
         "name": Field(str, is_required=False, default_value="dagster", description="The logger's name."),
+        "log_format": Field(Enum("LogFormat", [EnumValue(f) for f in LOG_FORMATS]), is_required=False,
+                            description="text or json; default from MONGOCDC_LOG_FORMAT (mongocdc check "
+                                        "--log-format sets it)."),
     },
     description="Dagster's console logger in mongocdc's format (MONGOCDC_LOG_FORMAT: text or json).",
 )
 def console_logger(init_context: InitLoggerContext) -> logging.Logger:
-    fmt = log_format()  # a bad value fails the run at its start, naming MONGOCDC_LOG_FORMAT
+    config = init_context.logger_config
+    fmt = config.get("log_format") or log_format()  # a bad value fails the run at its start, naming MONGOCDC_LOG_FORMAT
     if fmt == "text" and sys.stderr.isatty():
         return colored_console_logger.logger_fn(init_context)  # type: ignore[no-any-return]
-    config = init_context.logger_config
     run_logger = logging.Logger(config["name"], level=config["log_level"].upper())
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
@@ -87,3 +115,24 @@ def console_logger(init_context: InitLoggerContext) -> logging.Logger:
 LOGGERS = {"console": console_logger}
 #: The run config that makes a run use them.
 RUN_CONFIG: dict[str, Any] = {"loggers": {"console": {}}}
+
+
+def run_config(fmt: LogFormat) -> dict[str, Any]:
+    """``RUN_CONFIG`` in the format a command was asked for (``--log-format``), whatever the environment says."""
+    return {"loggers": {"console": {"config": {"log_format": fmt}}}}
+
+
+def _default_system_loggers(instance: DagsterInstance | None) -> Sequence[tuple[LoggerDefinition, Mapping[str, object]]]:
+    """``console`` where Dagster would use its coloured one, at the instance's ``python_log_level``."""
+    level = instance.python_log_level if instance is not None and instance.python_log_level else "INFO"
+    return [(console_logger, {"name": "dagster", "log_level": level})]
+
+
+def use_for_runs_without_loggers() -> None:
+    """Make ``console`` the logger of every run of this process whose config names no logger.
+
+    Dagster (``context_creation_job.create_log_manager``, private) falls back to ``default_system_loggers``
+    there; this process loads a mongocdc code location, so its runs log as mongocdc does. Pinned by
+    tests/dagster/test_run_logs.py (a run launched with no run config writes mongocdc's lines).
+    """
+    context_creation_job.default_system_loggers = _default_system_loggers

@@ -4,6 +4,7 @@ scaffolds MongoCdcComponent with `dg scaffold defs` and lists one asset per disc
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
+import yaml
 from pymongo.database import Database
 
 from mongocdc_dagster import local_stack
@@ -116,12 +118,38 @@ def test_inline_properties_and_the_password_secret(tmp_path: Path) -> None:
     assert resource.load_config().mongodb_password == "s3cret" and resource.load_config().topic_prefix == "p"
 
 
+def test_make_dev_adds_to_an_instances_python_logs_what_it_lacks_and_keeps_the_rest(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "dagster.yaml"
+    path.write_text("python_logs:\n  managed_python_loggers: [myproject]\n  python_log_level: WARNING\n"
+                    "run_monitoring:\n  enabled: true\n")
+    with caplog.at_level(logging.INFO, "mongocdc.dev"):
+        local_stack.add_python_logs(path)
+    assert yaml.safe_load(path.read_text()) == {
+        "python_logs": {"managed_python_loggers": ["myproject", "mongocdc", "mongocdc_core"],
+                        "python_log_level": "WARNING"},  # the operator's level stays
+        "run_monitoring": {"enabled": True}}
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: added python_logs managed_python_loggers mongocdc, mongocdc_core "
+        "(mongocdc's log records in each run's event log)"]
+    path.write_text("- not\n- a mapping\n")
+    with pytest.raises(SystemExit, match="dagster.yaml: expected a mapping"):
+        local_stack.add_python_logs(path)
+
+
 def test_make_dev_keeps_an_existing_dagster_home_and_points_the_connector_at_its_emulator(tmp_path: Path) -> None:
     home = tmp_path / "dagster"
     home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")  # the operator's own instance config
+    own = "# the operator's own instance config\ntelemetry:\n  enabled: false\n"
+    (home / "dagster.yaml").write_text(own)
     local_stack.prepare_dagster_home(home)
-    assert (home / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"
+    kept = (home / "dagster.yaml").read_text()
+    # kept as written, with the project's python_logs block added; again, nothing changes
+    assert kept.startswith(own) and yaml.safe_load(kept) == {
+        "telemetry": {"enabled": False},
+        "python_logs": {"managed_python_loggers": ["mongocdc", "mongocdc_core"], "python_log_level": "INFO"}}
+    local_stack.prepare_dagster_home(home)
+    assert (home / "dagster.yaml").read_text() == kept
     fresh = local_stack.prepare_dagster_home(tmp_path / "fresh")
     assert (fresh / "dagster.yaml").read_text() == local_stack.DAGSTER_YAML.read_text()
     from dagster import DagsterInstance
