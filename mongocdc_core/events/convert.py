@@ -23,6 +23,7 @@ from mongocdc_core.events import ejson, raw
 from mongocdc_core.events.changes import DATA_OPERATIONS, short
 from mongocdc_core.events.dates import datetime_ns, since_epoch
 from mongocdc_core.events.debezium3 import Debezium3Events
+from mongocdc_core.events.ejson import LEGACY_STYLE
 from mongocdc_core.events.envelope import (
     AFTER_SLOT,
     NULL,
@@ -30,6 +31,7 @@ from mongocdc_core.events.envelope import (
     key_template,
     legacy_payload,
     legacy_source_block,
+    legacy_value_template,
     times,
     update_description,
     value_template,
@@ -106,13 +108,15 @@ class _Collection:
     native_rules: raw.FieldRules | None
     #: The schema parts every change record's key and value start with (None without schemas): ``Record.heads``.
     heads: tuple[bytes, bytes] | None
-    #: The compiled writer of its change records (None: no compiled module, the oplog format, or
-    #: field rules only the Python path applies).
+    #: The compiled writer of its change records (None: no compiled module, or field rules only the
+    #: Python path applies).
     writer: raw.ChangeWriter | None
 
 
 #: What fills the default value template's slots (``envelope.value_template``) in the compiled writer.
 _WRITER_SLOTS = ("b", "a", "u", "t", _NOT_SNAPSHOT, "i", "l", "x", "w", "o", "M", "U", "N", "k")
+#: What fills the 1.x value template's slots (``envelope.legacy_value_template``) in the compiled writer.
+_LEGACY_WRITER_SLOTS = ("a", "u", "f", "S", b"false", "i", "l", "o", "M", "k")
 
 
 class EventConverter:
@@ -137,11 +141,10 @@ class EventConverter:
         # mongocdc.event.format=debezium_3x: the released Debezium 3.x bytes, written by their own module.
         self._debezium3 = Debezium3Events(options) if options.event_format == "debezium_3x" else None
         # The writer of an ordinary raw event (one with a header) straight from its BSON, chosen once:
-        # None where the compiled module is missing or the format has no compiled writer (oplog_1x).
+        # None where the compiled module is missing.
         self._write_raw: Callable[[RawChange, raw.Header, Position], list[Record] | None] | None = (
-            None if self._legacy or raw.native is None
-            else self._raw_change if self._debezium3 is None else self._debezium3.convert_raw
-        )  # fmt: skip
+            None if raw.native is None else self._raw_change if self._debezium3 is None else self._debezium3.convert_raw
+        )
         self._last_lsid: Any = None
         self._last_lsid_json = NULL
         self._last_session: tuple[bytes | None, Any] = (None, None)  # a raw lsid's BSON and its decoded form
@@ -186,7 +189,7 @@ class EventConverter:
         fields = self._transforms.for_collection(db, coll)
         native_rules = raw.field_rules(fields)
         key_template_ = key_template(key_prefix if o.schemas_enable else b"")
-        value_template_ = value_template(
+        value_template_ = (legacy_value_template if self._legacy else value_template)(
             schema_prefix=value_prefix if o.schemas_enable else b"",
             version=o.connector_version,
             name=o.topic_prefix,
@@ -194,7 +197,7 @@ class EventConverter:
             db=db,
             collection=coll,
         )
-        compiled = not self._legacy and (fields is None or native_rules is not None)
+        compiled = fields is None or native_rules is not None
         ctx = _Collection(
             db=db,
             coll=coll,
@@ -208,8 +211,9 @@ class EventConverter:
             fields=fields,
             native_rules=native_rules,
             heads=(key_prefix, value_prefix) if o.schemas_enable else None,
-            writer=raw.change_writer(value_template_, _WRITER_SLOTS, key_template_, self._pre_image, self._update_full,
-                                     None, native_rules) if compiled else None,  # fmt: skip
+            writer=raw.change_writer(value_template_, _LEGACY_WRITER_SLOTS if self._legacy else _WRITER_SLOTS,
+                                     key_template_, self._pre_image, self._update_full, o.event_format, native_rules)
+            if compiled else None,  # fmt: skip
         )
         self._collections[(db, coll)] = ctx
         return ctx
@@ -383,11 +387,16 @@ class EventConverter:
         if writer is None:
             return None
         lsid = None if header.lsid is None else self.session_of(change)
+        if lsid is None:
+            session = None
+        elif self._legacy:  # source.stxnid
+            session = orjson.dumps(self.transaction_id(lsid, header.txn_number))
+        else:
+            session = self._lsid_json(lsid)
         tracker = self._tracker
         written = writer.write(
-            change.raw, header, position.increment, None if lsid is None else self._lsid_json(lsid), self._now_ns(),
-            None if tracker is None else raw.BLOCK_MARK,
-        )  # fmt: skip
+            change.raw, header, position.increment, session, self._now_ns(), None if tracker is None else raw.BLOCK_MARK
+        )
         if written is None:
             return None
         key, value, _ = written
@@ -471,14 +480,14 @@ class EventConverter:
             raise ValueError(f"{len(documents)} snapshot documents of {db}.{coll} with {len(markers)} markers")
         if self._debezium3 is not None:
             return self._debezium3.convert_reads(documents, markers, db, coll, position, ts)
-        plain = not self._legacy and READ_SNAPSHOT_MARKERS.issuperset(markers)
+        plain = READ_SNAPSHOT_MARKERS.issuperset(markers)
         ts_ns = datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
         if isinstance(documents, RawDocuments):
             ctx = self._collection(db, coll)
             if plain and (ctx.fields is None or ctx.native_rules is not None) and raw.native is not None and documents:
                 return self._raw_reads(ctx, documents, markers, position, ts_ns)
             documents = documents.decoded()
-        if not plain or not all(type(doc) is dict and "_id" in doc for doc in documents):
+        if not plain or self._legacy or not all(type(doc) is dict and "_id" in doc for doc in documents):
             return [self.convert_read(doc, db, coll, position, marker, ts) for doc, marker in zip(documents, markers, strict=True)]
         return self._reads(self._collection(db, coll), documents, markers, position, ts_ns)
 
@@ -487,6 +496,13 @@ class EventConverter:
     ) -> dict[str, tuple[bytes, bytes]]:
         """The value template's bytes before and after ``after``, per marker (one processing time)."""
         now_ns = self._now_ns()
+        if self._legacy:  # every marker is source.snapshot true
+            whole = ctx.value_template % (
+                AFTER_SLOT, NULL, NULL, ts_ns // 1_000_000, b"true", position.increment, NULL, _OP_JSON["r"],
+                now_ns // 1_000_000, NULL,
+            )  # fmt: skip
+            head, _, tail = whole.partition(AFTER_SLOT)
+            return dict.fromkeys(markers, (head, tail))
         source_times = times(ts_ns)
         around: dict[str, tuple[bytes, bytes]] = {}
         for marker in set(markers):
@@ -525,11 +541,16 @@ class EventConverter:
         around = self._read_templates(ctx, markers, position, ts_ns)
         fields = ctx.fields
 
+        legacy = self._legacy
+
         def left_read(doc: Mapping[str, Any]) -> tuple[bytes, bytes]:
-            return key_id_json(doc["_id"]), ejson.dumps_string(fields.document(doc) if fields is not None else doc)
+            after = fields.document(doc) if fields is not None else doc
+            return key_id_json(doc["_id"]), (
+                orjson.dumps(ejson.dumps(after, LEGACY_STYLE)) if legacy else ejson.dumps_string(after)
+            )
 
         return raw.read_records(documents, markers, around, ctx.key_template, ctx.topic, ctx.namespace, position,
-                                None, ctx.native_rules, left_read, ctx.heads)  # fmt: skip
+                                self.options.event_format, ctx.native_rules, left_read, ctx.heads)  # fmt: skip
 
     def heartbeat_record(self, position: Position, ts_ms: int) -> Record:
         """A heartbeat on ``<topic.heartbeat.prefix><delimiter><topic.prefix>``.

@@ -427,7 +427,6 @@ class Debezium3Events:
         self._skipped = options.skipped_operations
         self._tombstones = options.tombstones_on_delete
         self._now_ns = options.now_ns
-        self._printable = javajson.printable_bitmap() if raw.native is not None else b""
 
     def _collection(self, db: str, coll: str) -> _Collection:
         ctx = self._collections.get((db, coll))
@@ -453,7 +452,7 @@ class Debezium3Events:
                 key_template=key_template_,
                 change_template=change_template,
                 writer=raw.change_writer(change_template, _WRITER_SLOTS, key_template_, self._pre_image,
-                                         self._update_full, self._printable, native_rules)
+                                         self._update_full, "debezium_3x", native_rules)
                 if fields is None or native_rules is not None else None,  # fmt: skip
             )
         return ctx
@@ -604,7 +603,7 @@ class Debezium3Events:
                 return orjson.dumps(key_id(doc["_id"])), orjson.dumps(document_json(doc, fields))
 
             return raw.read_records(documents, markers, around, ctx.key_template, ctx.topic, ctx.namespace, position,
-                                    javajson.printable_bitmap(), ctx.native_rules, left_read)  # fmt: skip
+                                    "debezium_3x", ctx.native_rules, left_read)  # fmt: skip
         return [self.convert_read(doc, db, coll, position, marker, ts) for doc, marker in zip(documents, markers, strict=True)]
 
     def _read_templates(

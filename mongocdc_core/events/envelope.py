@@ -59,6 +59,30 @@ def value_template(*, schema_prefix: bytes, version: str, name: str, rs: str, db
     )
 
 
+def legacy_value_template(*, schema_prefix: bytes, version: str, name: str, rs: str, db: str, collection: str) -> bytes:
+    """One collection's 1.x value (:func:`legacy_payload` in :func:`legacy_source_block`) with slots, in
+    this order: ``after``, ``patch``, ``filter`` (JSON bytes), ``source.ts_ms`` (int),
+    ``source.snapshot`` (JSON bytes), ``source.ord`` (int), ``source.stxnid``, ``op`` (JSON bytes),
+    ``ts_ms`` (int), ``transaction`` (JSON bytes): the bytes the serializer writes of that payload."""
+    return (
+        schema_prefix.replace(b"%", b"%%")
+        + b'{"after":%b,"patch":%b,"filter":%b,"source":{"version":'
+        + _constant(version)
+        + b',"connector":'
+        + _constant(CONNECTOR)
+        + b',"name":'
+        + _constant(name)
+        + b',"ts_ms":%d,"snapshot":%b,"db":'
+        + _constant(db)
+        + b',"rs":'
+        + _constant(rs)
+        + b',"collection":'
+        + _constant(collection)
+        + b',"ord":%d,"h":null,"stxnid":%b},"op":%b,"ts_ms":%d,"transaction":%b}'
+        + (b"}" if schema_prefix else b"")
+    )
+
+
 def times(ns: int) -> bytes:
     """The values of ``ts_ms``, ``ts_us`` and ``ts_ns`` for a nanosecond time, with the names between."""
     return b'%d,"ts_us":%d,"ts_ns":%d' % (ns // 1_000_000, ns // 1_000, ns)
