@@ -40,19 +40,6 @@ class ChangeHeader:
 def change_header(raw: bytes) -> ChangeHeader | None:
     """The header of an ordinary change event; None for a split fragment or any other shape."""
 
-def change_parts(
-    raw: bytes, op: str, pre_image: bool, update_full: bool, rules: FieldRules | None = None
-) -> tuple[bytes, bytes, bytes, bytes, int | None] | None:
-    """(key ``id`` string, ``before``, ``after``, ``updateDescription``, ``wallTime`` ms) of a change
-    event's record, ``rules`` applied to its documents and to an update's paths; None when the Python path
-    converts it."""
-
-def debezium3_change_parts(
-    raw: bytes, op: str, pre_image: bool, update_full: bool, printable: bytes, rules: FieldRules | None = None
-) -> tuple[bytes, bytes, bytes, bytes, int | None] | None:
-    """:func:`change_parts` in ``mongocdc.event.format=debezium_3x`` (the Java driver's texts);
-    ``printable`` is ``javajson.printable_bitmap()``."""
-
 def document_member(raw: bytes, name: str) -> bytes | None:
     """The BSON of the top-level embedded document ``name`` of ``raw`` (the last when repeated), or None."""
 

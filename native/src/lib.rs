@@ -1268,54 +1268,6 @@ impl PartsFormat for LegacyFormat<'_> {
     }
 }
 
-/// Python's view of `Parts` in the change streams formats: (key `id`, `before`, `after`, `updateDescription`, `wallTime`).
-type PyChangeParts<'py> = (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<i64>);
-
-fn py_parts(py: Python<'_>, parts: Result<Parts, Unsupported>) -> Option<PyChangeParts<'_>> {
-    let parts = parts.ok()?;
-    let bytes = |part: &[u8]| PyBytes::new(py, part);
-    Some((bytes(&parts.key_id), bytes(&parts.before), bytes(&parts.after), bytes(&parts.update), parts.wall_ms))
-}
-
-/// The parts of the record of an ordinary change event of operation `op` (insert, update,
-/// replace, delete), written from its BSON as the Python converter writes them without field
-/// transforms: (key `id` string, `before`, `after`, `updateDescription`, `wallTime` ms or None).
-/// None when the event needs the Python path (a type or shape not written here, or an error the
-/// Python path reports with its own message).
-/// With `rules`, the collection's field rules apply to `before` and `after`, and to the paths of an
-/// update's `updateDescription` (array indexes kept).
-#[pyfunction]
-#[pyo3(signature = (raw, op, pre_image, update_full, rules=None))]
-fn change_parts<'py>(
-    py: Python<'py>,
-    raw: &[u8],
-    op: &str,
-    pre_image: bool,
-    update_full: bool,
-    rules: Option<Bound<'py, rules::FieldRules>>,
-) -> Option<PyChangeParts<'py>> {
-    let format = DefaultFormat { rules: rules.as_ref().map(|r| r.get()) };
-    py_parts(py, format.change_parts(raw, op, pre_image, update_full))
-}
-
-/// `change_parts` in `mongocdc.event.format=debezium_3x` (`mongocdc_core.events.debezium3`
-/// without field transforms): the texts as the Java driver writes them. `printable` is the bitmap
-/// of the BMP code points the driver writes as they are (`javajson.printable_bitmap`).
-#[pyfunction]
-#[pyo3(signature = (raw, op, pre_image, update_full, printable, rules=None))]
-fn debezium3_change_parts<'py>(
-    py: Python<'py>,
-    raw: &[u8],
-    op: &str,
-    pre_image: bool,
-    update_full: bool,
-    printable: &[u8],
-    rules: Option<Bound<'py, rules::FieldRules>>,
-) -> PyResult<Option<PyChangeParts<'py>>> {
-    let format = java::Debezium3::new(printable, rules.as_ref().map(|r| r.get())).map_err(PyValueError::new_err)?;
-    Ok(py_parts(py, format.change_parts(raw, op, pre_image, update_full)))
-}
-
 /// One collection's change records in one format, whole: the key and the value written from an
 /// event's BSON into the format's value template, so that Python makes no bytes of its own per event.
 ///
@@ -1496,8 +1448,6 @@ fn mongocdc_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(convert_reads, module)?)?;
     module.add_function(wrap_pyfunction!(cursor_batch, module)?)?;
     module.add_function(wrap_pyfunction!(change_header, module)?)?;
-    module.add_function(wrap_pyfunction!(change_parts, module)?)?;
-    module.add_function(wrap_pyfunction!(debezium3_change_parts, module)?)?;
     module.add_function(wrap_pyfunction!(document_member, module)?)?;
     module.add_function(wrap_pyfunction!(landing::landing_columns, module)?)?;
     module.add_function(wrap_pyfunction!(landing::run_landing_columns, module)?)?;
