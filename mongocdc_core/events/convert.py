@@ -508,9 +508,10 @@ class EventConverter:
     ) -> Sequence[Record]:
         """:meth:`convert_read` of each document of a snapshot chunk (``markers`` one per document).
 
-        The records are those of :meth:`convert_read` (one processing time for the chunk); the
-        documents are written in one pass (:func:`ejson.dumps_strings`) and every record shares the
-        bytes around its ``after``, which is what a snapshot of small documents spends its time on.
+        The records are those of :meth:`convert_read` (one processing time for the chunk, in every
+        format); the documents are written together (the default format: in one pass,
+        :func:`ejson.dumps_strings`) and every record shares the bytes around its ``after``, which is
+        what a snapshot of small documents spends its time on.
         :class:`RawDocuments` (a raw batch) are written straight from their BSON by the compiled module,
         into a :class:`RecordRun` (records made only when a consumer takes them).
         """
