@@ -14,10 +14,12 @@ def convert_reads(
     value_tail: bytes,
     printable: bytes | None = None,
     rules: FieldRules | None = None,
+    legacy: bool = False,
 ) -> tuple[bytes, bytes, bytes, bytes, list[int]]:
     """The reads ``lo..hi`` as one run: keys end to end, their end offsets (native-endian u64), values
     end to end, their end offsets, and the indexes (from ``lo``) left to the Python path (empty).
-    With ``printable`` (``javajson.printable_bitmap()``) the key ids and ``after`` are Debezium 3.x's."""
+    With ``printable`` (``javajson.printable_bitmap()``) the key ids and ``after`` are Debezium 3.x's,
+    with ``legacy`` the 1.x format's."""
 
 def cursor_batch(reply: bytes) -> tuple[int, bytes, list[int], tuple[int, int] | None]:
     """Cursor id of a raw ``find``/``getMore`` reply, its batch's documents end to end, their bounds,
@@ -38,26 +40,14 @@ class ChangeHeader:
 def change_header(raw: bytes) -> ChangeHeader | None:
     """The header of an ordinary change event; None for a split fragment or any other shape."""
 
-def change_parts(
-    raw: bytes, op: str, pre_image: bool, update_full: bool, rules: FieldRules | None = None
-) -> tuple[bytes, bytes, bytes, bytes, int | None] | None:
-    """(key ``id`` string, ``before``, ``after``, ``updateDescription``, ``wallTime`` ms) of a change
-    event's record, ``rules`` applied to its documents and to an update's paths; None when the Python path
-    converts it."""
-
-def debezium3_change_parts(
-    raw: bytes, op: str, pre_image: bool, update_full: bool, printable: bytes, rules: FieldRules | None = None
-) -> tuple[bytes, bytes, bytes, bytes, int | None] | None:
-    """:func:`change_parts` in ``mongocdc.event.format=debezium_3x`` (the Java driver's texts);
-    ``printable`` is ``javajson.printable_bitmap()``."""
-
 def document_member(raw: bytes, name: str) -> bytes | None:
     """The BSON of the top-level embedded document ``name`` of ``raw`` (the last when repeated), or None."""
 
 class ChangeWriter:
     """One collection's change records in one format, written whole from an event's BSON: the value
     template's ``pieces`` around its ``slots`` (one letter each, see ``raw.change_writer``), the key
-    template's head and tail; with ``printable`` (``javajson.printable_bitmap()``) Debezium 3.x's parts."""
+    template's head and tail; with ``printable`` (``javajson.printable_bitmap()``) Debezium 3.x's parts,
+    with ``legacy`` the 1.x format's (``after``, ``patch``, ``filter``)."""
 
     def __init__(
         self,
@@ -69,6 +59,7 @@ class ChangeWriter:
         update_full: bool,
         printable: bytes | None = None,
         rules: FieldRules | None = None,
+        legacy: bool = False,
     ) -> None: ...
     def write(
         self,

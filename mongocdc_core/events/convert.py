@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import datetime
 from binascii import hexlify
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from bson.datetime_ms import DatetimeMS
@@ -28,8 +28,9 @@ from mongocdc_core.events.envelope import (
     NULL,
     document_string,
     key_template,
-    legacy_payload,
-    legacy_source_block,
+    legacy_after,
+    legacy_parts,
+    legacy_value_template,
     times,
     update_description,
     value_template,
@@ -106,13 +107,155 @@ class _Collection:
     native_rules: raw.FieldRules | None
     #: The schema parts every change record's key and value start with (None without schemas): ``Record.heads``.
     heads: tuple[bytes, bytes] | None
-    #: The compiled writer of its change records (None: no compiled module, the oplog format, or
-    #: field rules only the Python path applies).
+    #: The compiled writer of its change records (None: no compiled module, or field rules only the
+    #: Python path applies).
     writer: raw.ChangeWriter | None
 
 
 #: What fills the default value template's slots (``envelope.value_template``) in the compiled writer.
 _WRITER_SLOTS = ("b", "a", "u", "t", _NOT_SNAPSHOT, "i", "l", "x", "w", "o", "M", "U", "N", "k")
+#: What fills the 1.x value template's slots (``envelope.legacy_value_template``) in the compiled writer.
+_LEGACY_WRITER_SLOTS = ("a", "u", "f", "S", b"false", "i", "l", "o", "M", "k")
+
+
+class _Values(Protocol):
+    """How one ``mongocdc.event.format`` spells a collection's values, the one place a format differs
+    in :class:`EventConverter`: the value schema and template (per collection), what fills the
+    compiled writer's slots, and the values the Python path writes from the decoded parts."""
+
+    #: The compiled writer's slots of :meth:`template` (see ``raw.change_writer``).
+    slots: tuple[str | bytes, ...]
+
+    def schema(self, name: str) -> dict[str, Any]:
+        """The value schema."""
+
+    def template(self, *, schema_prefix: bytes, version: str, name: str, rs: str, db: str, collection: str) -> bytes:
+        """One collection's value with ``%`` slots."""
+
+    def session(self, lsid: Any, txn_number: Any) -> bytes:
+        """The writer's ``l`` slot of an event of a transaction (``lsid`` decoded)."""
+
+    def change_value(self, ctx: _Collection, change: Mapping[str, Any], op: str, seconds: int, position: Position,
+                     block: dict[str, Any] | None, now_ns: int) -> bytes:  # fmt: skip
+        """A checked change event's value, from its decoded parts (the Python path)."""
+
+    def read_around(self, template: bytes, markers: Iterable[str], position: Position, ts_ns: int,
+                    now_ns: int) -> dict[str, tuple[bytes, bytes]]:  # fmt: skip
+        """A read's value template bytes before and after its ``after``, per marker."""
+
+    def afters(self, documents: Sequence[Mapping[str, Any]]) -> list[bytes]:
+        """Reads' ``after`` as JSON strings (field rules already applied)."""
+
+
+class _ChangeStreamsValues:
+    """The default format (``envelope.value_template``): ``before``, ``after`` and ``updateDescription``
+    in ``DOCUMENT_STYLE``, ``source`` with ``lsid``, ``txnNumber`` and ``wallTime``."""
+
+    slots: tuple[str | bytes, ...] = _WRITER_SLOTS
+    schema = staticmethod(envelope_schema)
+    template = staticmethod(value_template)
+
+    def __init__(self, options: EventOptions) -> None:
+        self._pre_image = options.pre_image
+        self._update_full = options.update_full
+        self._last_lsid: Any = None
+        self._last_lsid_json = NULL
+        self._times_seconds = -1
+        self._times = b""
+
+    def session(self, lsid: Any, txn_number: Any) -> bytes:
+        """``source.lsid``: the session document's text as a JSON string (cached: a transaction's
+        events share one session)."""
+        if lsid == self._last_lsid:
+            return self._last_lsid_json
+        text = ejson.dumps_string(lsid)
+        self._last_lsid, self._last_lsid_json = lsid, text
+        return text
+
+    def _source_times(self, seconds: int) -> bytes:
+        """``source.ts_*`` of a clusterTime's seconds (cached: consecutive events share a second)."""
+        if seconds != self._times_seconds:
+            self._times_seconds, self._times = seconds, times(seconds * 1_000_000_000)
+        return self._times
+
+    def change_value(self, ctx: _Collection, change: Mapping[str, Any], op: str, seconds: int, position: Position,
+                     block: dict[str, Any] | None, now_ns: int) -> bytes:  # fmt: skip
+        get: Callable[[str], Any] = change.get
+        fields = ctx.fields
+        full = get("fullDocument")
+        before = document_string(get("fullDocumentBeforeChange"), fields) if self._pre_image else NULL
+        if get("operationType") == "update":
+            after = document_string(full, fields) if self._update_full else NULL
+            update_desc = update_description(get("updateDescription"), fields)
+        else:
+            after = document_string(full, fields) if op != "d" else NULL
+            update_desc = NULL
+        wall_time = _wall_time_json(get("wallTime"))
+        lsid, txn_number = get("lsid"), get("txnNumber")
+        return ctx.value_template % (
+            before, after, update_desc,
+            self._times if seconds == self._times_seconds else self._source_times(seconds),
+            _NOT_SNAPSHOT, position.increment,
+            NULL if lsid is None else self.session(lsid, txn_number),
+            NULL if txn_number is None else b"%d" % txn_number,
+            wall_time,
+            _OP_JSON[op], now_ns // 1_000_000, now_ns // 1_000, now_ns,
+            NULL if block is None else orjson.dumps(block),
+        )  # fmt: skip
+
+    def read_around(self, template: bytes, markers: Iterable[str], position: Position, ts_ns: int,
+                    now_ns: int) -> dict[str, tuple[bytes, bytes]]:  # fmt: skip
+        source_times = times(ts_ns)
+        around: dict[str, tuple[bytes, bytes]] = {}
+        for marker in set(markers):
+            whole = template % (
+                NULL, AFTER_SLOT, NULL, source_times, _SNAPSHOT_JSON[marker], position.increment, NULL, NULL, NULL,
+                _OP_JSON["r"], now_ns // 1_000_000, now_ns // 1_000, now_ns, NULL,
+            )  # fmt: skip
+            head, _, tail = whole.partition(AFTER_SLOT)
+            around[marker] = (head, tail)
+        return around
+
+    def afters(self, documents: Sequence[Mapping[str, Any]]) -> list[bytes]:
+        """Written in one pass (:func:`ejson.dumps_strings`)."""
+        return ejson.dumps_strings(documents)
+
+
+class _OplogValues:
+    """The 1.x format (``envelope.legacy_value_template``): ``after``, ``patch``, ``filter``
+    (:func:`legacy_parts`), ``source`` with ``stxnid``; every read is ``snapshot`` true."""
+
+    slots: tuple[str | bytes, ...] = _LEGACY_WRITER_SLOTS
+    schema = staticmethod(envelope_schema_1x)
+    template = staticmethod(legacy_value_template)
+
+    def __init__(self, transaction_id: Callable[[Any, Any], str | None]) -> None:
+        self._transaction_id = transaction_id
+
+    def session(self, lsid: Any, txn_number: Any) -> bytes:
+        """``source.stxnid``."""
+        return orjson.dumps(self._transaction_id(lsid, txn_number))
+
+    def change_value(self, ctx: _Collection, change: Mapping[str, Any], op: str, seconds: int, position: Position,
+                     block: dict[str, Any] | None, now_ns: int) -> bytes:  # fmt: skip
+        stxnid = self.session(change.get("lsid"), change.get("txnNumber"))
+        after, patch, filter_ = legacy_parts(op, change, ctx.fields)
+        return ctx.value_template % (
+            after, patch, filter_, seconds * 1000, b"false", position.increment, stxnid, _OP_JSON[op],
+            now_ns // 1_000_000, NULL if block is None else orjson.dumps(block),
+        )  # fmt: skip
+
+    def read_around(self, template: bytes, markers: Iterable[str], position: Position, ts_ns: int,
+                    now_ns: int) -> dict[str, tuple[bytes, bytes]]:  # fmt: skip
+        whole = template % (
+            AFTER_SLOT, NULL, NULL, ts_ns // 1_000_000, b"true", position.increment, NULL, _OP_JSON["r"],
+            now_ns // 1_000_000, NULL,
+        )  # fmt: skip
+        head, _, tail = whole.partition(AFTER_SLOT)
+        return dict.fromkeys(markers, (head, tail))
+
+    def afters(self, documents: Sequence[Mapping[str, Any]]) -> list[bytes]:
+        return [legacy_after(doc) for doc in documents]
 
 
 class EventConverter:
@@ -126,7 +269,9 @@ class EventConverter:
         )
         self._collections: dict[tuple[str, str], _Collection] = {}
         self._tracker = TransactionTracker(options) if options.provide_transaction_metadata else None
-        self._legacy = options.event_format == "oplog_1x"
+        self._values: _Values = (
+            _OplogValues(self.transaction_id) if options.event_format == "oplog_1x" else _ChangeStreamsValues(options)
+        )
         self._skipped = options.skipped_operations
         self._topics = options.topics()
         self.heartbeat_topic = self._topics.heartbeat_topic()
@@ -137,18 +282,13 @@ class EventConverter:
         # mongocdc.event.format=debezium_3x: the released Debezium 3.x bytes, written by their own module.
         self._debezium3 = Debezium3Events(options) if options.event_format == "debezium_3x" else None
         # The writer of an ordinary raw event (one with a header) straight from its BSON, chosen once:
-        # None where the compiled module is missing or the format has no compiled writer (oplog_1x).
+        # None where the compiled module is missing.
         self._write_raw: Callable[[RawChange, raw.Header, Position], list[Record] | None] | None = (
-            None if self._legacy or raw.native is None
-            else self._raw_change if self._debezium3 is None else self._debezium3.convert_raw
-        )  # fmt: skip
-        self._last_lsid: Any = None
-        self._last_lsid_json = NULL
+            None if raw.native is None else self._raw_change if self._debezium3 is None else self._debezium3.convert_raw
+        )
         self._last_session: tuple[bytes | None, Any] = (None, None)  # a raw lsid's BSON and its decoded form
         self._last_txn: tuple[Any, Any, str | None] = (None, None, None)
         self._pre_image = options.pre_image
-        self._times_seconds = -1
-        self._times = b""
         self._update_full = options.update_full
         self._tombstones = options.tombstones_on_delete
         self._now_ns = options.now_ns
@@ -180,13 +320,13 @@ class EventConverter:
         o = self.options
         topic = self._topics.data_change_topic(db, coll)
         schema_base = adjust_schema_name(topic, o.schema_name_adjustment_mode)
-        value_schema = (envelope_schema_1x if self._legacy else envelope_schema)(f"{schema_base}.Envelope")
+        value_schema = self._values.schema(f"{schema_base}.Envelope")
         key_prefix = Serializer.schema_prefix(key_schema(f"{schema_base}.Key"))
         value_prefix = Serializer.schema_prefix(value_schema)
         fields = self._transforms.for_collection(db, coll)
         native_rules = raw.field_rules(fields)
         key_template_ = key_template(key_prefix if o.schemas_enable else b"")
-        value_template_ = value_template(
+        value_template_ = self._values.template(
             schema_prefix=value_prefix if o.schemas_enable else b"",
             version=o.connector_version,
             name=o.topic_prefix,
@@ -194,7 +334,7 @@ class EventConverter:
             db=db,
             collection=coll,
         )
-        compiled = not self._legacy and (fields is None or native_rules is not None)
+        compiled = fields is None or native_rules is not None
         ctx = _Collection(
             db=db,
             coll=coll,
@@ -208,28 +348,11 @@ class EventConverter:
             fields=fields,
             native_rules=native_rules,
             heads=(key_prefix, value_prefix) if o.schemas_enable else None,
-            writer=raw.change_writer(value_template_, _WRITER_SLOTS, key_template_, self._pre_image, self._update_full,
-                                     None, native_rules) if compiled else None,  # fmt: skip
+            writer=raw.change_writer(value_template_, self._values.slots, key_template_, self._pre_image,
+                                     self._update_full, o.event_format, native_rules) if compiled else None,  # fmt: skip
         )
         self._collections[(db, coll)] = ctx
         return ctx
-
-    def _source_times(self, seconds: int) -> bytes:
-        """``source.ts_*`` of a clusterTime's seconds (cached: consecutive events share a second)."""
-        if seconds != self._times_seconds:
-            self._times_seconds, self._times = seconds, times(seconds * 1_000_000_000)
-        return self._times
-
-    def _lsid_json(self, lsid: Any) -> bytes:
-        """``source.lsid``: the session document's text as a JSON string (cached: a transaction's
-        events share one session)."""
-        if lsid is None:
-            return NULL
-        if lsid == self._last_lsid:
-            return self._last_lsid_json
-        text = ejson.dumps_string(lsid)
-        self._last_lsid, self._last_lsid_json = lsid, text
-        return text
 
     def convert_change(self, change: Mapping[str, Any], position: Position) -> list[Record]:
         """Records for one raw change stream document, in emission order.
@@ -275,47 +398,12 @@ class EventConverter:
         elif op != "d" and not _is_document(full):
             raise ValueError(f"{op_type} change event has no 'fullDocument' document: {short(change)}")
 
-        o = self.options
         cluster_time = get("clusterTime")
         seconds = cluster_time.time if type(cluster_time) is Timestamp else position.seconds
-        lsid = get("lsid")
-        txn_number = get("txnNumber")
-        records, block = self._transaction(ctx, lsid, txn_number, position, seconds)
+        records, block = self._transaction(ctx, get("lsid"), get("txnNumber"), position, seconds)
         now_ns = self._now_ns()
         key = ctx.key_template % key_id_json(document_key["_id"])
-        if self._legacy:
-            source = legacy_source_block(
-                version=o.connector_version,
-                name=o.topic_prefix,
-                rs=o.rs,
-                db=ctx.db,
-                collection=ctx.coll,
-                ts_ms=seconds * 1000,
-                ord=position.increment,
-                snapshot=False,
-                stxnid=self.transaction_id(lsid, txn_number),
-            )
-            payload = legacy_payload(
-                op=op,
-                change=change,
-                document=full,
-                fields=ctx.fields,
-                source=source,
-                now_ns=now_ns,
-                transaction=block,
-            )
-            value = self._serializer.dumps(ctx.value_prefix, payload)
-        else:
-            fields = ctx.fields
-            before = document_string(get("fullDocumentBeforeChange"), fields) if self._pre_image else NULL
-            if op_type == "update":
-                after = document_string(full, fields) if self._update_full else NULL
-                update_desc = update_description(desc, fields)
-            else:
-                after = document_string(full, fields) if op != "d" else NULL
-                update_desc = NULL
-            value = self._change_value(ctx, op, before, after, update_desc, seconds, position, lsid, txn_number,
-                                       _wall_time_json(get("wallTime")), block, now_ns)  # fmt: skip
+        value = self._values.change_value(ctx, change, op, seconds, position, block, now_ns)
         return self._change_records(records, ctx, op, key, value, position)
 
     def _transaction(
@@ -326,22 +414,6 @@ class EventConverter:
             return [], None
         txn_id = self.transaction_id(lsid, txn_number)
         return self._tracker.observe(txn_id, ctx.data_collection, position, seconds * 1000)
-
-    def _change_value(
-        self, ctx: _Collection, op: str, before: bytes, after: bytes, update_desc: bytes, seconds: int,
-        position: Position, lsid: Any, txn_number: Any, wall_time: bytes, block: dict[str, Any] | None, now_ns: int,
-    ) -> bytes:
-        """A change event's value: the collection's template filled with the event's parts."""
-        return ctx.value_template % (
-            before, after, update_desc,
-            self._times if seconds == self._times_seconds else self._source_times(seconds),
-            _SNAPSHOT_JSON["false"], position.increment,
-            NULL if lsid is None else self._lsid_json(lsid),
-            NULL if txn_number is None else b"%d" % txn_number,
-            wall_time,
-            _OP_JSON[op], now_ns // 1_000_000, now_ns // 1_000, now_ns,
-            NULL if block is None else orjson.dumps(block),
-        )  # fmt: skip
 
     def _change_records(
         self, records: list[Record], ctx: _Collection, op: str, key: bytes, value: bytes, position: Position
@@ -383,11 +455,11 @@ class EventConverter:
         if writer is None:
             return None
         lsid = None if header.lsid is None else self.session_of(change)
+        session = None if lsid is None else self._values.session(lsid, header.txn_number)
         tracker = self._tracker
         written = writer.write(
-            change.raw, header, position.increment, None if lsid is None else self._lsid_json(lsid), self._now_ns(),
-            None if tracker is None else raw.BLOCK_MARK,
-        )  # fmt: skip
+            change.raw, header, position.increment, session, self._now_ns(), None if tracker is None else raw.BLOCK_MARK
+        )
         if written is None:
             return None
         key, value, _ = written
@@ -422,33 +494,8 @@ class EventConverter:
             )
         if not isinstance(document, Mapping) or "_id" not in document:
             raise ValueError(f"snapshot document of {db}.{coll} has no '_id': {short(document)}")
-        ctx = self._collection(db, coll)
-        o = self.options
         ts_ns = datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
-        if not self._legacy:
-            return self._reads(ctx, [document], [snapshot_marker], position, ts_ns)[0]
-        source = legacy_source_block(
-            version=o.connector_version,
-            name=o.topic_prefix,
-            rs=o.rs,
-            db=db,
-            collection=coll,
-            ts_ms=ts_ns // 1_000_000,
-            ord=position.increment,
-            snapshot=True,
-            stxnid=None,
-        )
-        payload = legacy_payload(
-            op="r",
-            change=None,
-            document=document,
-            fields=ctx.fields,
-            source=source,
-            now_ns=self._now_ns(),
-            transaction=None,
-        )
-        value = self._serializer.dumps(ctx.value_prefix, payload)
-        return Record(ctx.topic, ctx.key_template % key_id_json(document["_id"]), value, position, ctx.namespace, "r")
+        return self._reads(self._collection(db, coll), [document], [snapshot_marker], position, ts_ns)[0]
 
     def convert_reads(
         self,
@@ -461,9 +508,10 @@ class EventConverter:
     ) -> Sequence[Record]:
         """:meth:`convert_read` of each document of a snapshot chunk (``markers`` one per document).
 
-        The records are those of :meth:`convert_read` (one processing time for the chunk); the
-        documents are written in one pass (:func:`ejson.dumps_strings`) and every record shares the
-        bytes around its ``after``, which is what a snapshot of small documents spends its time on.
+        The records are those of :meth:`convert_read` (one processing time for the chunk, in every
+        format); the documents are written together (the default format: in one pass,
+        :func:`ejson.dumps_strings`) and every record shares the bytes around its ``after``, which is
+        what a snapshot of small documents spends its time on.
         :class:`RawDocuments` (a raw batch) are written straight from their BSON by the compiled module,
         into a :class:`RecordRun` (records made only when a consumer takes them).
         """
@@ -471,7 +519,7 @@ class EventConverter:
             raise ValueError(f"{len(documents)} snapshot documents of {db}.{coll} with {len(markers)} markers")
         if self._debezium3 is not None:
             return self._debezium3.convert_reads(documents, markers, db, coll, position, ts)
-        plain = not self._legacy and READ_SNAPSHOT_MARKERS.issuperset(markers)
+        plain = READ_SNAPSHOT_MARKERS.issuperset(markers)
         ts_ns = datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
         if isinstance(documents, RawDocuments):
             ctx = self._collection(db, coll)
@@ -486,26 +534,16 @@ class EventConverter:
         self, ctx: _Collection, markers: Sequence[str], position: Position, ts_ns: int
     ) -> dict[str, tuple[bytes, bytes]]:
         """The value template's bytes before and after ``after``, per marker (one processing time)."""
-        now_ns = self._now_ns()
-        source_times = times(ts_ns)
-        around: dict[str, tuple[bytes, bytes]] = {}
-        for marker in set(markers):
-            whole = ctx.value_template % (
-                NULL, AFTER_SLOT, NULL, source_times, _SNAPSHOT_JSON[marker], position.increment, NULL, NULL, NULL,
-                _OP_JSON["r"], now_ns // 1_000_000, now_ns // 1_000, now_ns, NULL,
-            )  # fmt: skip
-            head, _, tail = whole.partition(AFTER_SLOT)
-            around[marker] = (head, tail)
-        return around
+        return self._values.read_around(ctx.value_template, markers, position, ts_ns, self._now_ns())
 
     def _reads(
         self, ctx: _Collection, documents: Sequence[Mapping[str, Any]], markers: Sequence[str], position: Position,
         ts_ns: int,
     ) -> list[Record]:
-        """The change streams records of checked reads: the documents written in one pass, each record
-        the value template's bytes (one pair per marker) around its ``after``."""
+        """The records of checked reads: the documents written (in one pass where the format can), each
+        record the value template's bytes (one pair per marker) around its ``after``."""
         fields = ctx.fields
-        afters = ejson.dumps_strings([fields.document(doc) for doc in documents] if fields else documents)
+        afters = self._values.afters([fields.document(doc) for doc in documents] if fields else documents)
         around = self._read_templates(ctx, markers, position, ts_ns)
         key_template, topic, namespace = ctx.key_template, ctx.topic, ctx.namespace
         if len(around) == 1:
@@ -523,13 +561,13 @@ class EventConverter:
     ) -> Sequence[Record]:
         """:meth:`_reads` of a raw batch, written by the compiled module (:func:`raw.read_records`)."""
         around = self._read_templates(ctx, markers, position, ts_ns)
-        fields = ctx.fields
+        fields, afters = ctx.fields, self._values.afters
 
         def left_read(doc: Mapping[str, Any]) -> tuple[bytes, bytes]:
-            return key_id_json(doc["_id"]), ejson.dumps_string(fields.document(doc) if fields is not None else doc)
+            return key_id_json(doc["_id"]), afters([fields.document(doc) if fields is not None else doc])[0]
 
         return raw.read_records(documents, markers, around, ctx.key_template, ctx.topic, ctx.namespace, position,
-                                None, ctx.native_rules, left_read, ctx.heads)  # fmt: skip
+                                self.options.event_format, ctx.native_rules, left_read, ctx.heads)  # fmt: skip
 
     def heartbeat_record(self, position: Position, ts_ms: int) -> Record:
         """A heartbeat on ``<topic.heartbeat.prefix><delimiter><topic.prefix>``.

@@ -367,6 +367,8 @@ class _Collection:
     native_rules: raw.FieldRules | None
     #: The compiled writer of its change records (None: no compiled module, or rules only the Python path applies).
     writer: raw.ChangeWriter | None
+    #: The schema parts every change record's key and value start with (None without schemas): ``Record.heads``.
+    heads: tuple[bytes, bytes] | None
 
 
 def _constant(value: str) -> bytes:
@@ -427,7 +429,6 @@ class Debezium3Events:
         self._skipped = options.skipped_operations
         self._tombstones = options.tombstones_on_delete
         self._now_ns = options.now_ns
-        self._printable = javajson.printable_bitmap() if raw.native is not None else b""
 
     def _collection(self, db: str, coll: str) -> _Collection:
         ctx = self._collections.get((db, coll))
@@ -450,10 +451,11 @@ class Debezium3Events:
                 value_prefix=value_prefix,
                 fields=fields,
                 native_rules=native_rules,
+                heads=(key_prefix, value_prefix) if schemas else None,
                 key_template=key_template_,
                 change_template=change_template,
                 writer=raw.change_writer(change_template, _WRITER_SLOTS, key_template_, self._pre_image,
-                                         self._update_full, self._printable, native_rules)
+                                         self._update_full, "debezium_3x", native_rules)
                 if fields is None or native_rules is not None else None,  # fmt: skip
             )
         return ctx
@@ -529,9 +531,9 @@ class Debezium3Events:
             "transaction": block,
         }
         key = self._key(ctx, parsed.document_id)
-        records.append(Record(ctx.topic, key, self._value(ctx, payload), position, ctx.namespace, parsed.op))
+        records.append(Record(ctx.topic, key, self._value(ctx, payload), position, ctx.namespace, parsed.op, ctx.heads))
         if parsed.op == "d" and o.tombstones_on_delete:
-            records.append(Record(ctx.topic, key, None, position, ctx.namespace, None))
+            records.append(Record(ctx.topic, key, None, position, ctx.namespace, None, ctx.heads))
         return records
 
     def convert_raw(self, change: RawChange, header: raw.Header, position: Position) -> list[Record] | None:
@@ -568,9 +570,9 @@ class Debezium3Events:
             records, block = transactions.observe(txn_id, ctx.namespace, position, ts_ms)
             head, _, tail = value.rpartition(raw.BLOCK_MARK)
             value = head + (NULL if block is None else orjson.dumps(block)) + tail
-        records.append(Record(ctx.topic, key, value, position, ctx.namespace, op))
+        records.append(Record(ctx.topic, key, value, position, ctx.namespace, op, ctx.heads))
         if op == "d" and self._tombstones:
-            records.append(Record(ctx.topic, key, None, position, ctx.namespace, None))
+            records.append(Record(ctx.topic, key, None, position, ctx.namespace, None, ctx.heads))
         return records
 
     def _lsid(self, change: RawChange, lsid_bson: bytes) -> tuple[str, bytes]:
@@ -604,7 +606,7 @@ class Debezium3Events:
                 return orjson.dumps(key_id(doc["_id"])), orjson.dumps(document_json(doc, fields))
 
             return raw.read_records(documents, markers, around, ctx.key_template, ctx.topic, ctx.namespace, position,
-                                    javajson.printable_bitmap(), ctx.native_rules, left_read)  # fmt: skip
+                                    "debezium_3x", ctx.native_rules, left_read, ctx.heads)  # fmt: skip
         return [self.convert_read(doc, db, coll, position, marker, ts) for doc, marker in zip(documents, markers, strict=True)]
 
     def _read_templates(

@@ -5,7 +5,7 @@ The change streams envelope is written in one pass: everything that depends only
 serialised once per collection into a bytes template with ``%`` slots, and each event fills the
 slots with its own bytes (document texts, numbers). The bytes equal what JsonConverter writes
 (and orjson would write for the same payload dict): fields in the value schema's order, absent
-optional fields present as ``null``. The 1.x envelope is built as a dict (a compatibility format).
+optional fields present as ``null``. The 1.x envelope is written the same way from its own template.
 """
 
 from __future__ import annotations
@@ -55,6 +55,31 @@ def value_template(*, schema_prefix: bytes, version: str, name: str, rs: str, db
         + _constant(collection)
         + b',"ord":%d,"h":null,"tord":null,"stxnid":null,"lsid":%b,"txnNumber":%b,"wallTime":%b},'
         + b'"op":%b,"ts_ms":%d,"ts_us":%d,"ts_ns":%d,"transaction":%b}'
+        + (b"}" if schema_prefix else b"")
+    )
+
+
+def legacy_value_template(*, schema_prefix: bytes, version: str, name: str, rs: str, db: str, collection: str) -> bytes:
+    """One collection's 1.x value with slots, in this order: ``after``, ``patch``, ``filter`` (JSON
+    bytes, :func:`legacy_parts`), ``source.ts_ms`` (int), ``source.snapshot`` (JSON bytes),
+    ``source.ord`` (int), ``source.stxnid``, ``op`` (JSON bytes), ``ts_ms`` (int), ``transaction``
+    (JSON bytes). ``source`` is in the 1.x shape (``h``, an oplog hash change streams do not expose,
+    is null)."""
+    return (
+        schema_prefix.replace(b"%", b"%%")
+        + b'{"after":%b,"patch":%b,"filter":%b,"source":{"version":'
+        + _constant(version)
+        + b',"connector":'
+        + _constant(CONNECTOR)
+        + b',"name":'
+        + _constant(name)
+        + b',"ts_ms":%d,"snapshot":%b,"db":'
+        + _constant(db)
+        + b',"rs":'
+        + _constant(rs)
+        + b',"collection":'
+        + _constant(collection)
+        + b',"ord":%d,"h":null,"stxnid":%b},"op":%b,"ts_ms":%d,"transaction":%b}'
         + (b"}" if schema_prefix else b"")
     )
 
@@ -114,79 +139,37 @@ def update_description(desc: Mapping[str, Any], fields: CollectionFields | None)
     )
 
 
-def legacy_payload(
-    *,
-    op: str,
-    change: Mapping[str, Any] | None,
-    document: Mapping[str, Any] | None,
-    fields: CollectionFields | None,
-    source: dict[str, Any],
-    now_ns: int,
-    transaction: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The 1.x envelope: inserts/reads carry ``after``, updates ``patch`` + ``filter``, deletes ``filter``.
+def legacy_after(document: Mapping[str, Any]) -> bytes:
+    """The 1.x ``after`` (of an insert or a read; field rules applied): its ``LEGACY_STYLE`` text as a
+    JSON string."""
+    return orjson.dumps(ejson.dumps(document, LEGACY_STYLE))
 
-    ``document`` is the inserted/read document; ``change`` the raw change event for updates,
-    replaces and deletes. An update's patch is the ``$set``/``$unset`` document rebuilt from the
-    update description; a replace's patch is the replacement document, as in the oplog.
+
+def legacy_parts(op: str, change: Mapping[str, Any], fields: CollectionFields | None) -> tuple[bytes, bytes, bytes]:
+    """The 1.x ``after``, ``patch`` and ``filter`` of a change event, as JSON: inserts carry ``after``,
+    updates ``patch`` + ``filter``, deletes ``filter`` (the others null).
+
+    An update's patch is the ``$set``/``$unset`` document rebuilt from the update description; a
+    replace's patch is the replacement document, as in the oplog.
     """
-    after = patch = filter_ = None
-    if op in ("c", "r"):
-        assert document is not None
-        after = ejson.dumps(fields.document(document) if fields else document, LEGACY_STYLE)
+    if op == "c":
+        document = change["fullDocument"]
+        return legacy_after(fields.document(document) if fields else document), NULL, NULL
+    filter_ = orjson.dumps(ejson.dumps(change["documentKey"], LEGACY_STYLE))
+    if op != "u":
+        return NULL, NULL, filter_
+    desc = change.get("updateDescription")
+    if desc is None:
+        replacement = change.get("fullDocument") or {}
+        patch_doc: Mapping[str, Any] = fields.document(replacement) if fields else replacement
     else:
-        assert change is not None
-        filter_ = ejson.dumps(change["documentKey"], LEGACY_STYLE)
-        if op == "u":
-            desc = change.get("updateDescription")
-            if desc is None:
-                replacement = change.get("fullDocument") or {}
-                patch_doc: Mapping[str, Any] = fields.document(replacement) if fields else replacement
-            else:
-                updated = desc.get("updatedFields") or {}
-                removed = list(desc.get("removedFields") or ())
-                if fields is not None:
-                    updated, removed = fields.updated_fields(updated), fields.field_paths(removed)
-                patch_doc = {}
-                if updated:
-                    patch_doc["$set"] = updated
-                if removed:
-                    patch_doc["$unset"] = dict.fromkeys(removed, True)
-            patch = ejson.dumps(patch_doc, COMPACT_STYLE)
-    return {
-        "after": after,
-        "patch": patch,
-        "filter": filter_,
-        "source": source,
-        "op": op,
-        "ts_ms": now_ns // 1_000_000,
-        "transaction": transaction,
-    }
-
-
-def legacy_source_block(
-    *,
-    version: str,
-    name: str,
-    rs: str,
-    db: str,
-    collection: str,
-    ts_ms: int,
-    ord: int,
-    snapshot: bool,
-    stxnid: str | None,
-) -> dict[str, Any]:
-    """``source`` in the 1.x shape (``h`` is an oplog hash that change streams do not expose)."""
-    return {
-        "version": version,
-        "connector": CONNECTOR,
-        "name": name,
-        "ts_ms": ts_ms,
-        "snapshot": snapshot,
-        "db": db,
-        "rs": rs,
-        "collection": collection,
-        "ord": ord,
-        "h": None,
-        "stxnid": stxnid,
-    }
+        updated = desc.get("updatedFields") or {}
+        removed = list(desc.get("removedFields") or ())
+        if fields is not None:
+            updated, removed = fields.updated_fields(updated), fields.field_paths(removed)
+        patch_doc = {}
+        if updated:
+            patch_doc["$set"] = updated
+        if removed:
+            patch_doc["$unset"] = dict.fromkeys(removed, True)
+    return NULL, orjson.dumps(ejson.dumps(patch_doc, COMPACT_STYLE)), filter_

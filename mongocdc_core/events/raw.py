@@ -23,6 +23,7 @@ from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from mongocdc_core.events import javajson
 from mongocdc_core.events.changes import short
 from mongocdc_core.events.envelope import AFTER_SLOT
 from mongocdc_core.events.records import Record, RecordRun
@@ -150,7 +151,7 @@ class ChangeWriter(Protocol):
         """(key, value, ``wallTime`` ms) of an ordinary change event; None when the Python path writes it."""
 
 #: Template slots written with ``%d`` (the others with ``%b``); see ``ChangeWriter`` for the letters.
-_INT_SLOTS = frozenset("iEFGMUN")
+_INT_SLOTS = frozenset("iSEFGMUN")
 _SLOT_MARK = b"\x00slot\x00"  # a NUL byte: never in JSON text
 _INT_SLOT_MARK = 918_273_645_918_273_645
 _SLOT_SPLIT = re.compile(re.escape(_SLOT_MARK) + b"|" + str(_INT_SLOT_MARK).encode())
@@ -159,11 +160,19 @@ _SLOT_SPLIT = re.compile(re.escape(_SLOT_MARK) + b"|" + str(_INT_SLOT_MARK).enco
 BLOCK_MARK = b"\x00block\x00"
 
 
+def _parts_format(event_format: str) -> dict[str, Any]:
+    """How the compiled module is told to write the parts of ``mongocdc.event.format``'s records."""
+    if event_format == "debezium_3x":
+        return {"printable": javajson.printable_bitmap()}
+    return {"legacy": True} if event_format == "oplog_1x" else {}
+
+
 def change_writer(
     value_template: bytes, slots: Sequence[str | bytes], key_template: bytes, pre_image: bool, update_full: bool,
-    printable: bytes | None, rules: FieldRules | None,
+    event_format: str, rules: FieldRules | None,
 ) -> ChangeWriter | None:
-    """The compiled writer of a collection's change records (None without the compiled module).
+    """The compiled writer of a collection's change records in ``event_format`` (None without the
+    compiled module).
 
     ``value_template`` is the format's value template; ``slots`` names what fills each of its slots
     in order: a letter of ``mongocdc_native.ChangeWriter``, or the bytes of a constant.
@@ -178,17 +187,17 @@ def change_writer(
     if len(pieces) != len(letters) + 1:
         raise ValueError(f"value template of {len(pieces) - 1} slots for {letters!r}")
     key_head, _, key_tail = (key_template % AFTER_SLOT).partition(AFTER_SLOT)
-    return native.ChangeWriter(pieces, letters, key_head, key_tail, pre_image, update_full, printable, rules)
+    return native.ChangeWriter(pieces, letters, key_head, key_tail, pre_image, update_full, rules=rules,
+                               **_parts_format(event_format))
 
 
 def read_records(
     documents: RawDocuments, markers: Sequence[str], around: Mapping[str, tuple[bytes, bytes]], key_template: bytes,
-    topic: str, namespace: str, position: Position, printable: bytes | None, rules: FieldRules | None,
+    topic: str, namespace: str, position: Position, event_format: str, rules: FieldRules | None,
     left_read: Callable[[Mapping[str, Any]], tuple[bytes, bytes]], heads: tuple[bytes, bytes] | None = None,
 ) -> Sequence[Record]:
-    """The ``r`` records of a raw batch, written from the BSON by the compiled module in one
-    format (the default one, or Debezium 3.x's with ``printable``, see ``debezium3_change_parts``),
-    with the collection's field ``rules`` (:func:`field_rules`).
+    """The ``r`` records of a raw batch, written from the BSON by the compiled module in
+    ``event_format`` (``mongocdc.event.format``), with the collection's field ``rules`` (:func:`field_rules`).
 
     Each value is the template bytes ``around`` its ``after`` (a pair per marker), each key the
     ``key_template`` around its id. Every record is written with the pair of the chunk's inner
@@ -203,7 +212,8 @@ def read_records(
     head, tail = around[common]
     key_head, _, key_tail = (key_template % AFTER_SLOT).partition(AFTER_SLOT)
     keys, key_ends, values, value_ends, left = native.convert_reads(
-        documents.data, documents.bounds, documents.lo, documents.hi, key_head, key_tail, head, tail, printable, rules
+        documents.data, documents.bounds, documents.lo, documents.hi, key_head, key_tail, head, tail, rules=rules,
+        **_parts_format(event_format),
     )
     run = RecordRun(topic, keys, key_ends, values, value_ends, position, namespace, "r", heads=heads)
     if not left and markers.count(common) == len(markers):

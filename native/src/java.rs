@@ -11,7 +11,7 @@ use base64::Engine as _;
 use crate::rules::{DocumentWriter, FieldRules};
 use crate::{
     decimal128_text, element_end, le_i32, le_i64, members, optional_members, removed_fields, repeats, truncated_arrays,
-    PartsFormat, Shortest, Unsupported, Written, BASE64, HEX, MAX_DEPTH,
+    envelope_parts, EnvelopeFormat, Parts, PartsFormat, Shortest, Unsupported, Written, BASE64, HEX, MAX_DEPTH,
 };
 
 /// A JSON string's delimiter inside the enclosing literal.
@@ -82,6 +82,12 @@ impl PartsFormat for Debezium3<'_> {
         written
     }
 
+    fn change_parts(&self, raw: &[u8], op: &str, pre_image: bool, update_full: bool) -> Result<Parts, Unsupported> {
+        envelope_parts(self, raw, op, pre_image, update_full)
+    }
+}
+
+impl EnvelopeFormat for Debezium3<'_> {
     /// `debezium3.update_description`: `updatedFields` always (`"{}"` when absent or empty), the
     /// lists null when empty.
     fn update_description(&self, desc: &[u8]) -> Result<Vec<u8>, Unsupported> {

@@ -225,12 +225,74 @@ fn decimal128_text(out: &mut Vec<u8>, bid: &[u8]) -> Written {
     Ok(())
 }
 
-/// Writes Extended JSON text already escaped as the contents of a JSON string literal.
-struct Writer {
-    out: Vec<u8>,
+/// The separators of one textual style of `mongocdc_core.events.ejson` (its `JsonStyle`), and the
+/// openings of the Extended JSON wrappers spelled with them, as the contents of a JSON string
+/// literal. Constants, so that each style compiles to its own writer (no flag read per value).
+trait Style {
+    /// After a member's name.
+    const NAME: &'static [u8];
+    /// Between array elements (members are always separated by `,`).
+    const ARRAY: &'static [u8];
+    const OID: &'static [u8];
+    const DATE: &'static [u8];
+    const LONG: &'static [u8];
+    const DECIMAL: &'static [u8];
+    const BINARY: &'static [u8];
+    /// Between a binary's base64 and its subtype.
+    const BINARY_TYPE: &'static [u8];
 }
 
-impl Writer {
+/// `DOCUMENT_STYLE`: the default format's `before`, `after` and `updatedFields`.
+struct DocumentStyle;
+/// `LEGACY_STYLE`: the 1.x format's `after` and `filter`.
+struct LegacyStyle;
+/// `COMPACT_STYLE`: the 1.x format's `patch`.
+struct CompactStyle;
+
+impl Style for DocumentStyle {
+    const NAME: &'static [u8] = b": ";
+    const ARRAY: &'static [u8] = b", ";
+    const OID: &'static [u8] = b"{\\\"$oid\\\": \\\"";
+    const DATE: &'static [u8] = b"{\\\"$date\\\": ";
+    const LONG: &'static [u8] = b"{\\\"$numberLong\\\": \\\"";
+    const DECIMAL: &'static [u8] = b"{\\\"$numberDecimal\\\": \\\"";
+    const BINARY: &'static [u8] = b"{\\\"$binary\\\": \\\"";
+    const BINARY_TYPE: &'static [u8] = b"\\\",\\\"$type\\\": \\\"";
+}
+
+impl Style for LegacyStyle {
+    const NAME: &'static [u8] = b" : ";
+    const ARRAY: &'static [u8] = b", ";
+    const OID: &'static [u8] = b"{\\\"$oid\\\" : \\\"";
+    const DATE: &'static [u8] = b"{\\\"$date\\\" : ";
+    const LONG: &'static [u8] = b"{\\\"$numberLong\\\" : \\\"";
+    const DECIMAL: &'static [u8] = b"{\\\"$numberDecimal\\\" : \\\"";
+    const BINARY: &'static [u8] = b"{\\\"$binary\\\" : \\\"";
+    const BINARY_TYPE: &'static [u8] = b"\\\",\\\"$type\\\" : \\\"";
+}
+
+impl Style for CompactStyle {
+    const NAME: &'static [u8] = b":";
+    const ARRAY: &'static [u8] = b",";
+    const OID: &'static [u8] = b"{\\\"$oid\\\":\\\"";
+    const DATE: &'static [u8] = b"{\\\"$date\\\":";
+    const LONG: &'static [u8] = b"{\\\"$numberLong\\\":\\\"";
+    const DECIMAL: &'static [u8] = b"{\\\"$numberDecimal\\\":\\\"";
+    const BINARY: &'static [u8] = b"{\\\"$binary\\\":\\\"";
+    const BINARY_TYPE: &'static [u8] = b"\\\",\\\"$type\\\":\\\"";
+}
+
+/// Writes Extended JSON text in style `S`, already escaped as the contents of a JSON string literal.
+struct Writer<S: Style = DocumentStyle> {
+    out: Vec<u8>,
+    style: std::marker::PhantomData<S>,
+}
+
+impl<S: Style> Writer<S> {
+    fn new(out: Vec<u8>) -> Self {
+        Writer { out, style: std::marker::PhantomData }
+    }
+
     /// A string value or member name: orjson's escapes, then those of the enclosing literal.
     fn string(&mut self, text: &[u8]) -> Written {
         json_string::<true>(&mut self.out, text)
@@ -273,12 +335,12 @@ impl Writer {
         if subtype == 2 || subtype == 3 {
             return Err(Unsupported);
         }
-        self.out.extend_from_slice(b"{\\\"$binary\\\": \\\"");
+        self.out.extend_from_slice(S::BINARY);
         let start = self.out.len();
         self.out.resize(start + base64::encoded_len(data.len(), true).ok_or(Unsupported)?, 0);
         let written = BASE64.encode_slice(data, &mut self.out[start..]).map_err(|_| Unsupported)?;
         self.out.truncate(start + written);
-        self.out.extend_from_slice(b"\\\",\\\"$type\\\": \\\"");
+        self.out.extend_from_slice(S::BINARY_TYPE);
         self.out.push(HEX[(subtype >> 4) as usize]);
         self.out.push(HEX[(subtype & 15) as usize]);
         self.out.extend_from_slice(b"\\\"}");
@@ -287,14 +349,14 @@ impl Writer {
 
     /// `{"$numberDecimal": <text>}` (see `decimal128_text`).
     fn decimal128(&mut self, bid: &[u8]) -> Written {
-        self.out.extend_from_slice(b"{\\\"$numberDecimal\\\": \\\"");
+        self.out.extend_from_slice(S::DECIMAL);
         decimal128_text(&mut self.out, bid)?;
         self.out.extend_from_slice(b"\\\"}");
         Ok(())
     }
 
     fn object_id(&mut self, id: &[u8]) {
-        self.out.extend_from_slice(b"{\\\"$oid\\\": \\\"");
+        self.out.extend_from_slice(S::OID);
         for &byte in id {
             self.out.push(HEX[(byte >> 4) as usize]);
             self.out.push(HEX[(byte & 15) as usize]);
@@ -318,13 +380,13 @@ impl Writer {
             let name = &data[at + 1..name_end];
             at = name_end + 1;
             if count > 0 {
-                self.out.extend_from_slice(if array { b", " } else { b"," });
+                self.out.extend_from_slice(if array { S::ARRAY } else { b"," });
             }
             count += 1;
             if !array {
                 names.push(name);
                 self.string(name)?;
-                self.out.extend_from_slice(b": ");
+                self.out.extend_from_slice(S::NAME);
             }
             at = self.value(kind, data, at, end, depth)?;
         }
@@ -398,7 +460,7 @@ impl Writer {
             }
             0x09 => {
                 let next = fixed(8)?;
-                self.out.extend_from_slice(b"{\\\"$date\\\": ");
+                self.out.extend_from_slice(S::DATE);
                 self.integer(le_i64(data, at).ok_or(Unsupported)?);
                 self.out.push(b'}');
                 Ok(next)
@@ -414,7 +476,7 @@ impl Writer {
             }
             0x12 => {
                 let next = fixed(8)?;
-                self.out.extend_from_slice(b"{\\\"$numberLong\\\": \\\"");
+                self.out.extend_from_slice(S::LONG);
                 self.integer(le_i64(data, at).ok_or(Unsupported)?);
                 self.out.extend_from_slice(b"\\\"}");
                 Ok(next)
@@ -472,14 +534,14 @@ impl Writer {
     }
 }
 
-impl rules::DocumentWriter for Writer {
+impl<S: Style> rules::DocumentWriter for Writer<S> {
     fn out(&mut self) -> &mut Vec<u8> {
         &mut self.out
     }
 
     fn separator(&self, array: bool) -> &'static [u8] {
         if array {
-            b", "
+            S::ARRAY
         } else {
             b","
         }
@@ -487,7 +549,7 @@ impl rules::DocumentWriter for Writer {
 
     fn name(&mut self, name: &[u8]) -> Written {
         self.string(name)?;
-        self.out.extend_from_slice(b": ");
+        self.out.extend_from_slice(S::NAME);
         Ok(())
     }
 
@@ -632,9 +694,10 @@ fn ends_bytes(ends: &[u64]) -> Vec<u8> {
 /// document's key id and `after` string), and the indexes (counted from `lo`) of the documents the
 /// Python path converts, whose key and value are left empty. No Python object per document, and
 /// the conversion runs without the GIL, so the copier's threads convert at the same time. With
-/// `printable` (see `debezium3_change_parts`), the key id and `after` are Debezium 3.x's texts.
+/// `printable` (see `java`), the key id and `after` are Debezium 3.x's texts; with `legacy`, the
+/// 1.x format's (`LegacyFormat`).
 #[pyfunction]
-#[pyo3(signature = (data, bounds, lo, hi, key_head, key_tail, value_head, value_tail, printable=None, rules=None))]
+#[pyo3(signature = (data, bounds, lo, hi, key_head, key_tail, value_head, value_tail, printable=None, rules=None, legacy=false))]
 #[allow(clippy::too_many_arguments)]
 #[allow(clippy::type_complexity)]
 fn convert_reads<'py>(
@@ -649,6 +712,7 @@ fn convert_reads<'py>(
     value_tail: &[u8],
     printable: Option<&[u8]>,
     rules: Option<Bound<'py, rules::FieldRules>>,
+    legacy: bool,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Vec<usize>)> {
     if lo > hi || hi >= bounds.len() || bounds[hi] > data.len() || bounds[lo..=hi].windows(2).any(|w| w[0] > w[1]) {
         return Err(PyValueError::new_err(format!(
@@ -657,10 +721,14 @@ fn convert_reads<'py>(
             data.len()
         )));
     }
+    if legacy && printable.is_some() {
+        return Err(PyValueError::new_err("reads of the 1.x format take no printable bitmap"));
+    }
     let templates = [key_head, key_tail, value_head, value_tail];
     let rules = rules.as_ref().map(|r| r.get());
     let debezium3 = printable.map(|p| java::Debezium3::new(p, rules)).transpose().map_err(PyValueError::new_err)?;
     let (keys, key_ends, values, value_ends, left) = py.allow_threads(|| match &debezium3 {
+        None if legacy => reads_run(&LegacyFormat { rules }, data, &bounds, lo, hi, &templates),
         None => reads_run(&DefaultFormat { rules }, data, &bounds, lo, hi, &templates),
         Some(format) => reads_run(format, data, &bounds, lo, hi, &templates),
     });
@@ -915,20 +983,29 @@ fn truncated_arrays(out: &mut Vec<u8>, truncated: Vec<Member<'_>>, rules: Option
     Ok(())
 }
 
-/// The parts of one change event's record: the key's `id` string, then `before`, `after` and
-/// `updateDescription` as their JSON, and `wallTime` in milliseconds.
-type ChangeParts = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>, Option<i64>);
+/// The parts of one change event's record, written from its BSON in the record's format: the key's
+/// `id` string, then `before`, `after` and `update` as their JSON (`update`: `updateDescription`, or
+/// the 1.x format's `patch`), the 1.x format's `filter` (empty in the others), and `wallTime` in
+/// milliseconds.
+struct Parts {
+    key_id: Vec<u8>,
+    before: Vec<u8>,
+    after: Vec<u8>,
+    update: Vec<u8>,
+    filter: Vec<u8>,
+    wall_ms: Option<i64>,
+}
 
-/// How one record format writes the parts of a change event taken from its BSON (the rest of the
-/// record, the same BSON fields in every format, is the Python converter's template).
+/// How one record format writes what it takes from a document's or an event's BSON (the rest of the
+/// record, the same in every event of a collection, is the format's template).
 trait PartsFormat {
     /// The key's `id` as a JSON string into `out`, from the `_id` of a document (an event's
     /// `documentKey` or a read document).
     fn key_id(&self, out: &mut Vec<u8>, document: &[u8]) -> Written;
     /// A document as the JSON string of its text (`before`, `after`) into `out`.
     fn document(&self, out: &mut Vec<u8>, document: &[u8]) -> Written;
-    /// An update's `updateDescription` as JSON.
-    fn update_description(&self, desc: &[u8]) -> Result<Vec<u8>, Unsupported>;
+    /// The parts of an ordinary change event of operation `op` (insert, update, replace, delete).
+    fn change_parts(&self, raw: &[u8], op: &str, pre_image: bool, update_full: bool) -> Result<Parts, Unsupported>;
 
     /// `document` of a member, or `null` when absent or null.
     fn document_or_null(&self, member: Option<(u8, &[u8])>) -> Result<Vec<u8>, Unsupported> {
@@ -944,22 +1021,107 @@ trait PartsFormat {
     }
 }
 
+/// A format of the change streams envelope (`before`, `after`, `updateDescription`): the default
+/// one and Debezium 3.x's.
+trait EnvelopeFormat: PartsFormat {
+    /// An update's `updateDescription` as JSON.
+    fn update_description(&self, desc: &[u8]) -> Result<Vec<u8>, Unsupported>;
+}
+
+/// The members of a change event the formats write from: `documentKey`, `fullDocument`,
+/// `updateDescription`, `fullDocumentBeforeChange`, `wallTime` (the last of a repeated name, as a
+/// decoded dict keeps it).
+struct EventMembers<'a> {
+    key: Option<(u8, &'a [u8])>,
+    full: Option<(u8, &'a [u8])>,
+    desc: Option<(u8, &'a [u8])>,
+    before: Option<(u8, &'a [u8])>,
+    wall: Option<(u8, &'a [u8])>,
+}
+
+impl<'a> EventMembers<'a> {
+    fn of(raw: &'a [u8]) -> Result<Self, Unsupported> {
+        let mut found = EventMembers { key: None, full: None, desc: None, before: None, wall: None };
+        for (name, kind, value) in members(raw).ok_or(Unsupported)? {
+            match name {
+                b"documentKey" => found.key = Some((kind, value)),
+                b"fullDocument" => found.full = Some((kind, value)),
+                b"updateDescription" => found.desc = Some((kind, value)),
+                b"fullDocumentBeforeChange" => found.before = Some((kind, value)),
+                b"wallTime" => found.wall = Some((kind, value)),
+                _ => {}
+            }
+        }
+        Ok(found)
+    }
+
+    /// The `documentKey` document, whose `_id` the key's `id` is written from.
+    fn document_key(&self) -> Result<&'a [u8], Unsupported> {
+        match self.key {
+            Some((0x03, document)) => {
+                let names = members(document).ok_or(Unsupported)?;
+                if repeats(&mut names.iter().map(|(n, _, _)| *n).collect::<Vec<_>>()) {
+                    return Err(Unsupported); // decoded as a dict, the last `_id` would win
+                }
+                Ok(document)
+            }
+            _ => Err(Unsupported),
+        }
+    }
+
+    fn key_id<F: PartsFormat>(&self, format: &F) -> Result<Vec<u8>, Unsupported> {
+        let mut key_id = Vec::with_capacity(48);
+        format.key_id(&mut key_id, self.document_key()?)?;
+        Ok(key_id)
+    }
+}
+
+/// `PartsFormat::change_parts` of a change streams envelope format.
+fn envelope_parts<F: EnvelopeFormat>(format: &F, raw: &[u8], op: &str, pre_image: bool, update_full: bool) -> Result<Parts, Unsupported> {
+    let event = EventMembers::of(raw)?;
+    let key_id = event.key_id(format)?;
+    let before = format.document_or_null(if pre_image { event.before } else { None })?;
+    let (after, update) = match op {
+        "update" => {
+            let update = match event.desc {
+                Some((0x03, description)) => format.update_description(description)?,
+                _ => return Err(Unsupported), // Python names the missing updateDescription
+            };
+            (format.document_or_null(if update_full { event.full } else { None })?, update)
+        }
+        "insert" | "replace" => {
+            if !matches!(event.full, Some((0x03, _))) {
+                return Err(Unsupported); // Python names the missing fullDocument
+            }
+            (format.document_or_null(event.full)?, b"null".to_vec())
+        }
+        "delete" => (b"null".to_vec(), b"null".to_vec()),
+        _ => return Err(Unsupported),
+    };
+    let wall_ms = match event.wall {
+        None | Some((0x0a, _)) => None,
+        Some((0x09, value)) => Some(le_i64(value, 0).ok_or(Unsupported)?),
+        Some(_) => return Err(Unsupported),
+    };
+    Ok(Parts { key_id, before, after, update, filter: Vec::new(), wall_ms })
+}
+
 /// mongocdc's default format (`mongocdc_core.events.envelope`): strict Extended JSON as orjson
-/// spells it; with field rules, applied to whole documents (an update is the Python path's then).
+/// spells it; with field rules, applied to whole documents and to an update's paths.
 struct DefaultFormat<'a> {
     rules: Option<&'a rules::FieldRules>,
 }
 
 impl PartsFormat for DefaultFormat<'_> {
     fn key_id(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
-        let mut writer = Writer { out: std::mem::take(out) };
+        let mut writer: Writer = Writer::new(std::mem::take(out));
         let written = writer.key_id(document);
         *out = writer.out;
         written
     }
 
     fn document(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
-        let mut writer = Writer { out: std::mem::take(out) };
+        let mut writer: Writer = Writer::new(std::mem::take(out));
         writer.out.push(b'"');
         let written = match self.rules {
             None => writer.document(document, false, 0),
@@ -970,126 +1132,155 @@ impl PartsFormat for DefaultFormat<'_> {
         written
     }
 
+    fn change_parts(&self, raw: &[u8], op: &str, pre_image: bool, update_full: bool) -> Result<Parts, Unsupported> {
+        envelope_parts(self, raw, op, pre_image, update_full)
+    }
+}
+
+impl EnvelopeFormat for DefaultFormat<'_> {
     fn update_description(&self, desc: &[u8]) -> Result<Vec<u8>, Unsupported> {
-        let mut update = Writer { out: Vec::new() };
+        let mut update: Writer = Writer::new(Vec::new());
         update_description(&mut update, desc, self.rules)?;
         Ok(update.out)
     }
 }
 
-fn change_parts_of<F: PartsFormat>(
-    format: &F,
-    raw: &[u8],
-    op: &str,
-    pre_image: bool,
-    update_full: bool,
-) -> Result<ChangeParts, Unsupported> {
-    let (mut key, mut full, mut desc, mut before, mut wall) = (None, None, None, None, None);
-    for (name, kind, value) in members(raw).ok_or(Unsupported)? {
-        match name {
-            b"documentKey" => key = Some((kind, value)),
-            b"fullDocument" => full = Some((kind, value)),
-            b"updateDescription" => desc = Some((kind, value)),
-            b"fullDocumentBeforeChange" => before = Some((kind, value)),
-            b"wallTime" => wall = Some((kind, value)),
-            _ => {}
-        }
+/// The 1.x oplog format (`mongocdc.event.format=oplog_1x`, `envelope.legacy_payload`): `after` of
+/// an insert or read and an event's `filter` (its `documentKey`) in `LEGACY_STYLE`, an update's or
+/// replace's `patch` in `COMPACT_STYLE`, the key as the default format's; the field rules apply to
+/// `after` and `patch`.
+struct LegacyFormat<'a> {
+    rules: Option<&'a rules::FieldRules>,
+}
+
+impl LegacyFormat<'_> {
+    /// A whole document in style `S` (rules applied) as a JSON string into `out`.
+    fn styled<S: Style>(out: &mut Vec<u8>, document: &[u8], rules: Option<&rules::FieldRules>) -> Written {
+        let mut writer: Writer<S> = Writer::new(std::mem::take(out));
+        writer.out.push(b'"');
+        let written = match rules {
+            None => writer.document(document, false, 0),
+            Some(rules) => rules.document(&mut writer, document),
+        };
+        writer.out.push(b'"');
+        *out = writer.out;
+        written
     }
-    let key_id = match key {
-        Some((0x03, document)) => {
-            let names = members(document).ok_or(Unsupported)?;
-            if repeats(&mut names.iter().map(|(n, _, _)| *n).collect::<Vec<_>>()) {
-                return Err(Unsupported); // decoded as a dict, the last `_id` would win
+
+    /// `styled` into a new buffer.
+    fn styled_new<S: Style>(document: &[u8], rules: Option<&rules::FieldRules>) -> Result<Vec<u8>, Unsupported> {
+        let mut out = Vec::with_capacity(document.len() * 2);
+        Self::styled::<S>(&mut out, document, rules)?;
+        Ok(out)
+    }
+
+    /// An update's `patch`: `{"$set": <updatedFields>, "$unset": {<removed>: true}}`, each only when
+    /// not empty (`truncatedArrays` has no place in it).
+    fn update_patch(&self, desc: &[u8]) -> Result<Vec<u8>, Unsupported> {
+        let (mut updated, mut removed) = (None, None);
+        for (name, kind, value) in members(desc).ok_or(Unsupported)? {
+            match (name, kind) {
+                (b"updatedFields", 0x03) => updated = Some(value),
+                (b"removedFields", 0x04) => removed = Some(value),
+                (b"updatedFields", 0x0a) => updated = None,
+                (b"removedFields", 0x0a) => removed = None,
+                (b"updatedFields" | b"removedFields", _) => return Err(Unsupported),
+                _ => {}
             }
-            let mut key_id = Vec::with_capacity(48);
-            format.key_id(&mut key_id, document)?;
-            key_id
         }
-        _ => return Err(Unsupported),
-    };
-    let before_json = format.document_or_null(if pre_image { before } else { None })?;
-    let (after, update) = match op {
-        "update" => {
-            let update = match desc {
-                Some((0x03, description)) => format.update_description(description)?,
-                _ => return Err(Unsupported), // Python names the missing updateDescription
+        let mut patch: Writer<CompactStyle> = Writer::new(Vec::with_capacity(desc.len() * 2));
+        patch.out.extend_from_slice(b"\"{");
+        let mut count = 0;
+        if let Some(fields) = updated {
+            patch.out.extend_from_slice(b"\\\"$set\\\":");
+            let mark = patch.out.len();
+            let kept = match self.rules {
+                None => {
+                    patch.document(fields, false, 0)?;
+                    usize::from(patch.out.len() > mark + 2)
+                }
+                Some(rules) => rules.updated_fields(&mut patch, fields)?,
             };
-            (format.document_or_null(if update_full { full } else { None })?, update)
-        }
-        "insert" | "replace" => {
-            if !matches!(full, Some((0x03, _))) {
-                return Err(Unsupported); // Python names the missing fullDocument
+            if kept == 0 {
+                patch.out.truncate(mark - b"\\\"$set\\\":".len());
+            } else {
+                count += 1;
             }
-            (format.document_or_null(full)?, b"null".to_vec())
         }
-        "delete" => (b"null".to_vec(), b"null".to_vec()),
-        _ => return Err(Unsupported),
-    };
-    let wall_ms = match wall {
-        None | Some((0x0a, _)) => None,
-        Some((0x09, value)) => Some(le_i64(value, 0).ok_or(Unsupported)?),
-        Some(_) => return Err(Unsupported),
-    };
-    Ok((key_id, before_json, after, update, wall_ms))
+        let mut paths: Vec<Vec<u8>> = Vec::new();
+        for (_, kind, value) in optional_members(removed)? {
+            if kind != 0x02 || value.len() < 5 {
+                return Err(Unsupported);
+            }
+            let text = &value[4..value.len() - 1];
+            let path = match self.rules {
+                None => Some(text.to_vec()),
+                Some(rules) => rules.field_path(text)?,
+            };
+            match path {
+                Some(path) if !paths.contains(&path) => paths.push(path), // a dict keeps the first of each
+                _ => {}
+            }
+        }
+        if !paths.is_empty() {
+            if count > 0 {
+                patch.out.push(b',');
+            }
+            patch.out.extend_from_slice(b"\\\"$unset\\\":{");
+            for (i, path) in paths.iter().enumerate() {
+                if i > 0 {
+                    patch.out.push(b',');
+                }
+                patch.string(path)?;
+                patch.out.extend_from_slice(b":true");
+            }
+            patch.out.push(b'}');
+        }
+        patch.out.extend_from_slice(b"}\"");
+        Ok(patch.out)
+    }
 }
 
-/// Python's view of `ChangeParts`.
-type PyChangeParts<'py> = (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<i64>);
+impl PartsFormat for LegacyFormat<'_> {
+    fn key_id(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
+        DefaultFormat { rules: None }.key_id(out, document)
+    }
 
-fn py_parts(py: Python<'_>, parts: Result<ChangeParts, Unsupported>) -> Option<PyChangeParts<'_>> {
-    let (key, before, after, update, wall) = parts.ok()?;
-    Some((PyBytes::new(py, &key), PyBytes::new(py, &before), PyBytes::new(py, &after), PyBytes::new(py, &update), wall))
-}
+    fn document(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
+        Self::styled::<LegacyStyle>(out, document, self.rules)
+    }
 
-/// The parts of the record of an ordinary change event of operation `op` (insert, update,
-/// replace, delete), written from its BSON as the Python converter writes them without field
-/// transforms: (key `id` string, `before`, `after`, `updateDescription`, `wallTime` ms or None).
-/// None when the event needs the Python path (a type or shape not written here, or an error the
-/// Python path reports with its own message).
-/// With `rules`, the collection's field rules apply to `before` and `after`, and to the paths of an
-/// update's `updateDescription` (array indexes kept).
-#[pyfunction]
-#[pyo3(signature = (raw, op, pre_image, update_full, rules=None))]
-fn change_parts<'py>(
-    py: Python<'py>,
-    raw: &[u8],
-    op: &str,
-    pre_image: bool,
-    update_full: bool,
-    rules: Option<Bound<'py, rules::FieldRules>>,
-) -> Option<PyChangeParts<'py>> {
-    let format = DefaultFormat { rules: rules.as_ref().map(|r| r.get()) };
-    py_parts(py, change_parts_of(&format, raw, op, pre_image, update_full))
-}
-
-/// `change_parts` in `mongocdc.event.format=debezium_3x` (`mongocdc_core.events.debezium3`
-/// without field transforms): the texts as the Java driver writes them. `printable` is the bitmap
-/// of the BMP code points the driver writes as they are (`javajson.printable_bitmap`).
-#[pyfunction]
-#[pyo3(signature = (raw, op, pre_image, update_full, printable, rules=None))]
-fn debezium3_change_parts<'py>(
-    py: Python<'py>,
-    raw: &[u8],
-    op: &str,
-    pre_image: bool,
-    update_full: bool,
-    printable: &[u8],
-    rules: Option<Bound<'py, rules::FieldRules>>,
-) -> PyResult<Option<PyChangeParts<'py>>> {
-    let format = java::Debezium3::new(printable, rules.as_ref().map(|r| r.get())).map_err(PyValueError::new_err)?;
-    Ok(py_parts(py, change_parts_of(&format, raw, op, pre_image, update_full)))
+    fn change_parts(&self, raw: &[u8], op: &str, _pre_image: bool, _update_full: bool) -> Result<Parts, Unsupported> {
+        let event = EventMembers::of(raw)?;
+        let key_id = event.key_id(self)?;
+        let null = || b"null".to_vec();
+        let filter = || Self::styled_new::<LegacyStyle>(event.document_key()?, None);
+        let (after, update, filter) = match (op, event.full, event.desc) {
+            ("insert", Some((0x03, document)), _) => (self.document_or_null(Some((0x03, document)))?, null(), null()),
+            ("update", _, Some((0x03, desc))) => (null(), self.update_patch(desc)?, filter()?),
+            ("replace", Some((0x03, document)), None | Some((0x0a, _))) => {
+                (null(), Self::styled_new::<CompactStyle>(document, self.rules)?, filter()?)
+            }
+            ("delete", _, _) => (null(), null(), filter()?),
+            _ => return Err(Unsupported), // a missing part: Python names it
+        };
+        Ok(Parts { key_id, before: null(), after, update, filter, wall_ms: None })
+    }
 }
 
 /// One collection's change records in one format, whole: the key and the value written from an
 /// event's BSON into the format's value template, so that Python makes no bytes of its own per event.
 ///
 /// The template is given as its `pieces` around the slots, `slots` naming what each slot holds:
-/// `b`, `a`, `u` (`before`, `after`, `updateDescription`), `w` (`wallTime` ms or null), `o` (`op`),
-/// `i` (`source.ord`: the position's increment), `l` (`lsid`, given as JSON or null), `x`
-/// (`txnNumber` or null), `k` (`transaction` block, given as JSON or null), `t` (the default format's
-/// `source.ts_ms,"ts_us":…,"ts_ns":…` of the clusterTime's seconds), `E`, `F`, `G` (Debezium 3.x's
-/// `source.ts_ms`, `ts_us`, `ts_ns` of the wallTime, else of the clusterTime), `M`, `U`, `N` (the
-/// processing time in ms, us, ns). With `printable` the parts are Debezium 3.x's (`java`).
+/// `b`, `a`, `u` (`before`, `after`, `updateDescription` or the 1.x `patch`), `f` (the 1.x `filter`),
+/// `w` (`wallTime` ms or null), `o` (`op`), `i` (`source.ord`: the position's increment), `l`
+/// (`lsid`, or the 1.x `stxnid`, given as JSON or null), `x` (`txnNumber` or null), `k`
+/// (`transaction` block, given as JSON or null), `t` (the default format's
+/// `source.ts_ms,"ts_us":…,"ts_ns":…` of the clusterTime's seconds), `S` (the clusterTime's seconds
+/// in ms: the 1.x `source.ts_ms`), `E`, `F`, `G` (Debezium 3.x's `source.ts_ms`, `ts_us`, `ts_ns` of
+/// the wallTime, else of the clusterTime), `M`, `U`, `N` (the processing time in ms, us, ns). The
+/// parts are the default format's, Debezium 3.x's with `printable` (`java`), the 1.x format's with
+/// `legacy` (`LegacyFormat`).
 #[pyclass(frozen, module = "mongocdc_native")]
 struct ChangeWriter {
     pieces: Vec<Vec<u8>>,
@@ -1097,6 +1288,7 @@ struct ChangeWriter {
     key_head: Vec<u8>,
     key_tail: Vec<u8>,
     printable: Option<Vec<u8>>,
+    legacy: bool,
     rules: Option<Py<rules::FieldRules>>,
     pre_image: bool,
     update_full: bool,
@@ -1129,7 +1321,7 @@ struct Event<'a> {
 
 impl ChangeWriter {
     fn write_with<F: PartsFormat>(&self, format: &F, raw: &[u8], event: &Event<'_>) -> Result<(Vec<u8>, Vec<u8>, Option<i64>), Unsupported> {
-        let (key_id, before, after, update, wall_ms) = change_parts_of(format, raw, event.op, self.pre_image, self.update_full)?;
+        let Parts { key_id, before, after, update, filter, wall_ms } = format.change_parts(raw, event.op, self.pre_image, self.update_full)?;
         let op_json: &[u8] = match event.op {
             "insert" => b"\"c\"",
             "update" | "replace" => b"\"u\"",
@@ -1137,7 +1329,7 @@ impl ChangeWriter {
             _ => return Err(Unsupported),
         };
         let ts_ms = wall_ms.unwrap_or(event.seconds * 1000);
-        let size = self.pieces.iter().map(Vec::len).sum::<usize>() + before.len() + after.len() + update.len() + 160;
+        let size = self.pieces.iter().map(Vec::len).sum::<usize>() + before.len() + after.len() + update.len() + filter.len() + 160;
         let mut out = Vec::with_capacity(size);
         for (piece, slot) in self.pieces.iter().zip(self.slots.iter()) {
             out.extend_from_slice(piece);
@@ -1145,6 +1337,7 @@ impl ChangeWriter {
                 b'b' => out.extend_from_slice(&before),
                 b'a' => out.extend_from_slice(&after),
                 b'u' => out.extend_from_slice(&update),
+                b'f' => out.extend_from_slice(&filter),
                 b'w' => push_int_or_null(&mut out, wall_ms),
                 b'o' => out.extend_from_slice(op_json),
                 b'i' => push_int(&mut out, event.increment),
@@ -1159,6 +1352,7 @@ impl ChangeWriter {
                     out.extend_from_slice(b",\"ts_ns\":");
                     push_int(&mut out, ns);
                 }
+                b'S' => push_int(&mut out, event.seconds * 1000),
                 b'E' | b'F' | b'G' => {
                     if !(-NS_MS_LIMIT..NS_MS_LIMIT).contains(&ts_ms) {
                         return Err(Unsupported); // source.ts_ns past 64 bits: the Python path refuses it
@@ -1183,7 +1377,7 @@ impl ChangeWriter {
 #[pymethods]
 impl ChangeWriter {
     #[new]
-    #[pyo3(signature = (pieces, slots, key_head, key_tail, pre_image, update_full, printable=None, rules=None))]
+    #[pyo3(signature = (pieces, slots, key_head, key_tail, pre_image, update_full, printable=None, rules=None, legacy=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         pieces: Vec<Vec<u8>>,
@@ -1194,14 +1388,19 @@ impl ChangeWriter {
         update_full: bool,
         printable: Option<Vec<u8>>,
         rules: Option<Py<rules::FieldRules>>,
+        legacy: bool,
     ) -> PyResult<Self> {
         if pieces.len() != slots.len() + 1 {
             return Err(PyValueError::new_err(format!("{} template pieces for {} slots", pieces.len(), slots.len())));
         }
         if let Some(bitmap) = &printable {
+            if legacy {
+                return Err(PyValueError::new_err("a writer of the 1.x format takes no printable bitmap"));
+            }
             java::Debezium3::new(bitmap, None).map_err(PyValueError::new_err)?;
         }
-        Ok(ChangeWriter { pieces, slots: slots.as_bytes().to_vec(), key_head, key_tail, printable, rules, pre_image, update_full })
+        let slots = slots.as_bytes().to_vec();
+        Ok(ChangeWriter { pieces, slots, key_head, key_tail, printable, legacy, rules, pre_image, update_full })
     }
 
     /// (key, value, `wallTime` ms or None) of an ordinary change event (its `ChangeHeader`: operation
@@ -1224,6 +1423,7 @@ impl ChangeWriter {
         let event = Event { op, seconds, increment, txn_number, lsid, now_ns, block };
         let rules = self.rules.as_ref().map(|r| r.get());
         let written = match &self.printable {
+            None if self.legacy => self.write_with(&LegacyFormat { rules }, raw, &event),
             None => self.write_with(&DefaultFormat { rules }, raw, &event),
             Some(printable) => {
                 let format = java::Debezium3::new(printable, rules).map_err(PyValueError::new_err)?;
@@ -1248,8 +1448,6 @@ fn mongocdc_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(convert_reads, module)?)?;
     module.add_function(wrap_pyfunction!(cursor_batch, module)?)?;
     module.add_function(wrap_pyfunction!(change_header, module)?)?;
-    module.add_function(wrap_pyfunction!(change_parts, module)?)?;
-    module.add_function(wrap_pyfunction!(debezium3_change_parts, module)?)?;
     module.add_function(wrap_pyfunction!(document_member, module)?)?;
     module.add_function(wrap_pyfunction!(landing::landing_columns, module)?)?;
     module.add_function(wrap_pyfunction!(landing::run_landing_columns, module)?)?;

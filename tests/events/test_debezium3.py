@@ -11,6 +11,7 @@ import math
 import uuid
 from typing import Any
 
+import bson
 import orjson
 import pytest
 from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
@@ -18,8 +19,10 @@ from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Rege
 from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.events import javajson
 from mongocdc_core.events.debezium3 import java_hash_map_order, key_id
+from mongocdc_core.events.raw import RawChange, RawDocuments
 from mongocdc_core.positions import Position
 from tests.events.helpers import LSID, POSITION, WALL_TIME, change, converter, insert, payload, update
+from tests.events.test_raw_reads import ENGINE_OPTIONS
 
 #: The value schema Debezium 3.6.1 wrote for inventory.customers (schemas on).
 ENVELOPE_SCHEMA = '{"type":"struct","fields":[{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1,"field":"before"},{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1,"field":"after"},{"type":"struct","fields":[{"type":"array","items":{"type":"string","optional":false},"optional":true,"field":"removedFields"},{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1,"field":"updatedFields"},{"type":"array","items":{"type":"struct","fields":[{"type":"string","optional":false,"field":"field"},{"type":"int32","optional":false,"field":"size"}],"optional":false,"name":"io.debezium.connector.mongodb.changestream.truncatedarray","version":1},"optional":true,"field":"truncatedArrays"}],"optional":true,"name":"io.debezium.connector.mongodb.changestream.updatedescription","version":1,"field":"updateDescription"},{"type":"struct","fields":[{"type":"string","optional":false,"field":"version"},{"type":"string","optional":false,"field":"connector"},{"type":"string","optional":false,"field":"name"},{"type":"int64","optional":false,"field":"ts_ms"},{"type":"string","optional":true,"name":"io.debezium.data.Enum","version":1,"parameters":{"allowed":"true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"},"default":"false","field":"snapshot"},{"type":"string","optional":false,"field":"db"},{"type":"string","optional":true,"field":"sequence"},{"type":"int64","optional":true,"field":"ts_us"},{"type":"int64","optional":true,"field":"ts_ns"},{"type":"string","optional":false,"field":"collection"},{"type":"int32","optional":false,"field":"ord"},{"type":"string","optional":true,"field":"lsid"},{"type":"int64","optional":true,"field":"txnNumber"},{"type":"int64","optional":true,"field":"wallTime"}],"optional":false,"name":"io.debezium.connector.mongo.Source","version":1,"field":"source"},{"type":"string","optional":true,"field":"op"},{"type":"int64","optional":true,"field":"ts_ms"},{"type":"struct","fields":[{"type":"string","optional":false,"field":"id"},{"type":"int64","optional":false,"field":"total_order"},{"type":"int64","optional":false,"field":"data_collection_order"}],"optional":true,"name":"event.block","version":1,"field":"transaction"}],"optional":false,"name":"fulfillment.inventory.customers.Envelope"}'
@@ -241,3 +244,24 @@ def test_heartbeats_as_debezium_writes_them() -> None:
         b'{"schema":{"type":"struct","fields":[{"type":"int64","optional":false,"field":"ts_ms"}],'
         b'"optional":false,"name":"io.debezium.connector.common.Heartbeat","version":1},"payload":{"ts_ms":1795691282942}}'
     )
+
+
+@pytest.mark.parametrize("schemas", [True, False])
+def test_records_carry_the_schema_parts_they_were_written_after(schemas: bool) -> None:
+    """As in the default format (``Record.heads``): every change record, tombstone and raw snapshot run
+    of a collection shares one pair, the key's and the value's schema parts, which its bytes start
+    with; without the schema part there is none."""
+    conv = d3(schemas_enable=schemas)
+    decoded = conv.convert_change(change("delete"), POSITION)
+    raw_event = RawChange(bson.encode(insert()), ENGINE_OPTIONS.with_options(document_class=RawChange))
+    written = conv.convert_change(raw_event, POSITION)
+    run = conv.convert_reads(RawDocuments(bson.encode({"_id": 1}) * 3, ENGINE_OPTIONS), ["true"] * 3,
+                             "inventory", "customers", POSITION)  # fmt: skip
+    heads = [r.heads for r in (*decoded, *written)] + [getattr(run, "heads", None)]
+    if not schemas:
+        assert heads == [None] * 4
+        return
+    assert len(heads) == 4 and heads[0] is not None and all(h is heads[0] for h in heads)
+    key_head, value_head = heads[0]
+    assert all(r.key is not None and r.key.startswith(key_head) for r in (*decoded, *written, *run))
+    assert all(r.value is None or r.value.startswith(value_head) for r in (*decoded, *written, *run))

@@ -2,9 +2,10 @@
 
 The change stream reader receives each event as a :class:`RawChange`. An ordinary event (a
 data event, in a transaction or not, with a plain resume token, not split) keeps its BSON: its
-header is read by the compiled module and its record written from the BSON, in the default format
-and in ``debezium_3x``; every other event, and every use other than the conversion, sees it decoded
-as pymongo decodes it. Each test converts the same events both ways.
+header is read by the compiled module and its record written from the BSON by the collection's
+writer, in each format (the default, ``debezium_3x`` and ``oplog_1x``); every other event, and every
+use other than the conversion, sees it decoded as pymongo decodes it. Each test converts the same
+events both ways.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 import copy
 import datetime
 from typing import Any
+from unittest import mock
 
 import bson
-import mongocdc_native
 import pytest
 from bson.binary import Binary
 from bson.code import Code
@@ -28,7 +29,6 @@ from bson.timestamp import Timestamp
 from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from mongocdc_core.events import javajson
 from mongocdc_core.events.dates import datetime_millis
 from mongocdc_core.events.raw import RawChange, change_namespace, plain
 from mongocdc_core.events.records import Record
@@ -40,7 +40,7 @@ from .test_raw_reads import ENGINE_OPTIONS, STANDARD_UUIDS, _members, awkward_te
 
 RAW_OPTIONS: CodecOptions[RawChange] = ENGINE_OPTIONS.with_options(document_class=RawChange)
 #: The formats the compiled path writes.
-FORMATS = ["change_streams", "debezium_3x"]
+FORMATS = ["change_streams", "debezium_3x", "oplog_1x"]
 CAPTURE_MODES = ["change_streams", "change_streams_update_full", "change_streams_with_pre_image",
                  "change_streams_update_full_with_pre_image"]  # fmt: skip
 
@@ -56,11 +56,21 @@ def _event(op: str, key: Any, full: dict[str, Any] | None, **extra: Any) -> dict
     return event
 
 
-def _compiled_parts(raw: bytes, op: str, event_format: str, pre_image: bool = False, update_full: bool = True) -> Any:
-    """What the compiled module makes of an event in ``event_format`` (None: the Python path's)."""
-    if event_format == "debezium_3x":
-        return mongocdc_native.debezium3_change_parts(raw, op, pre_image, update_full, javajson.printable_bitmap())
-    return mongocdc_native.change_parts(raw, op, pre_image, update_full)
+class _Decoded(Exception):
+    """The converter decoded an event: the Python path converts it."""
+
+
+def compiled(event: dict[str, Any] | RawChange, event_format: str, options: CodecOptions[dict[str, Any]] = ENGINE_OPTIONS,
+             capture_mode: str = "change_streams_update_full", **settings_: Any) -> bool:  # fmt: skip
+    """Whether the collection's compiled writer writes an event's records whole, in ``event_format``
+    (the Python path decodes the event: it does, when the writer leaves the event to it)."""
+    raw = event if isinstance(event, RawChange) else _raw(event, options)
+    with mock.patch.object(RawChange, "document", side_effect=_Decoded):
+        try:
+            converter(event_format=event_format, capture_mode=capture_mode, **settings_).convert_change(raw, POSITION)
+        except _Decoded:
+            return False
+    return True
 
 
 def _raw(event: dict[str, Any], options: CodecOptions[dict[str, Any]] = ENGINE_OPTIONS) -> RawChange:
@@ -108,7 +118,7 @@ def test_ordinary_events_are_written_by_the_compiled_path_byte_for_byte(
     assert header is not None
     assert (header.token, header.op_type, header.db, header.coll, header.seconds, header.increment, header.txn_number,
             header.lsid) == ("8263" + "0" * 30, op, "inventory", "customers", CLUSTER_TIME.time, CLUSTER_TIME.inc, None, None)
-    assert _compiled_parts(raw.raw, op, event_format, "pre_image" in capture_mode, "update_full" in capture_mode)
+    assert compiled(raw, event_format, capture_mode=capture_mode)
     from_raw, from_dicts = _both_ways(event, schemas_enable=schemas, capture_mode=capture_mode, event_format=event_format,
                                       tombstones_on_delete=tombstones, provide_transaction_metadata=transactions)  # fmt: skip
     assert from_raw == from_dicts and from_raw
@@ -154,7 +164,7 @@ def test_every_type_the_debezium3_writer_takes_is_its_own_and_the_python_paths_b
     extra: dict[str, Any] = {"updateDescription": {"updatedFields": updated, "removedFields": ["a"], "truncatedArrays": []},
                              "fullDocumentBeforeChange": {"_id": key, **updated}}  # fmt: skip
     event = _event(op, key, full if op != "delete" else None, **(extra if op != "insert" else {}))
-    assert _compiled_parts(_raw(event, options).raw, op, "debezium_3x", pre_image=True) is not None
+    assert compiled(event, "debezium_3x", options, "change_streams_update_full_with_pre_image")
     from_raw, from_dicts = _both_ways(event, options, schemas_enable=schemas, event_format="debezium_3x",
                                       capture_mode="change_streams_update_full_with_pre_image")  # fmt: skip
     assert from_raw == from_dicts and from_raw
@@ -167,7 +177,7 @@ def test_every_character_is_escaped_as_the_java_driver_escapes_it() -> None:
     texts = ["".join(map(chr, codes[i : i + 997])) for i in range(0, len(codes), 997)]
     for text in texts:
         event = _event("update", text[:40], {text[40:80]: text}, updateDescription={"updatedFields": {text[80:120]: text}})
-        assert _compiled_parts(bson.encode(event), "update", "debezium_3x") is not None
+        assert compiled(event, "debezium_3x")
         from_raw, from_dicts = _both_ways(event, event_format="debezium_3x", capture_mode="change_streams_update_full")
         assert from_raw == from_dicts
 
@@ -224,14 +234,15 @@ def test_transactions_are_written_by_the_compiled_path_as_the_python_path(metada
                  Position.from_timestamp(events[3]["clusterTime"])]  # fmt: skip
     conv, reference = (converter(provide_transaction_metadata=metadata, event_format=event_format) for _ in range(2))
     raws = [_raw(event, options) for event in events]
-    assert all(_compiled_parts(raw.raw, raw.header.op_type, event_format) for raw in raws if raw.header)
+    assert all(compiled(raw, event_format) for raw in raws)
     header = raws[0].header
     assert header is not None and (header.txn_number, header.lsid) == (3, bson.encode(LSID, codec_options=options))
     ours = [r for raw, p in zip(raws, positions, strict=True) for r in conv.convert_change(raw, p)] + conv.flush()
     theirs = [r for raw, p in zip(raws, positions, strict=True) for r in reference.convert_change(raw.document(), p)]
     assert ours == theirs + reference.flush()
     assert [r.topic for r in ours].count("fulfillment.transaction") == (4 if metadata else 0)
-    assert b'"txnNumber":3' in (ours[1 if metadata else 0].value or b"")
+    session = b'"stxnid":"140ed813-35e0-4174-97f4-ec66ce5947db:3"' if event_format == "oplog_1x" else b'"txnNumber":3'
+    assert session in (ours[1 if metadata else 0].value or b"")
 
 
 @pytest.mark.parametrize("event_format", FORMATS)
@@ -247,7 +258,7 @@ def test_a_transactions_event_left_to_python_is_counted_once(event_format: str) 
     positions = [Position.from_timestamp(CLUSTER_TIME, i) for i in range(3)]
     conv, reference = (converter(provide_transaction_metadata=True, event_format=event_format) for _ in range(2))
     raws = [_raw(event) for event in events]
-    assert _compiled_parts(raws[1].raw, "insert", event_format) is None  # the writer leaves it to Python
+    assert not compiled(raws[1], event_format)  # the writer leaves it to Python
     ours = [r for raw, p in zip(raws, positions, strict=True) for r in conv.convert_change(raw, p)] + conv.flush()
     theirs = [r for raw, p in zip(raws, positions, strict=True) for r in reference.convert_change(raw.document(), p)]
     assert ours == theirs + reference.flush()
@@ -255,11 +266,12 @@ def test_a_transactions_event_left_to_python_is_counted_once(event_format: str) 
 
 
 @pytest.mark.parametrize("event_format", FORMATS)
-def test_the_oplog_format_and_field_rules_decode_the_raw_event(event_format: str) -> None:
+def test_field_renames_are_written_by_the_compiled_path(event_format: str) -> None:
     event = _event("insert", 1, {"a": 1, "b": "x"})
-    assert _both_ways(event, event_format="oplog_1x")[0] == _both_ways(event, event_format="oplog_1x")[1]
-    renamed, reference = _both_ways(event, field_renames=("inventory.customers.a:z",), event_format=event_format)
-    assert renamed == reference and b'\\"z\\": 1' in (renamed[0].value or b"")
+    rename = ("inventory.customers.a:z",)
+    renamed, reference = _both_ways(event, field_renames=rename, event_format=event_format)
+    assert renamed == reference and compiled(event, event_format, field_renames=rename)
+    assert (b'\\"z\\" : 1' if event_format == "oplog_1x" else b'\\"z\\": 1') in (renamed[0].value or b"")
 
 
 @pytest.mark.parametrize("event_format", FORMATS)
@@ -270,7 +282,7 @@ def test_malformed_events_fail_with_the_python_paths_message(event_format: str) 
     no_full = _event("insert", 1, None)
     no_key = {k: v for k, v in _event("delete", 1, None).items() if k != "documentKey"}
     for event, message in ((no_desc, "no 'updateDescription'"), (no_full, "no 'fullDocument'"), (no_key, "no 'documentKey._id'")):
-        assert _compiled_parts(bson.encode(event), event["operationType"], event_format) is None
+        assert not compiled(event, event_format)
         with pytest.raises(ValueError, match=message):
             converter(event_format=event_format).convert_change(_raw(event), POSITION)
 

@@ -2,7 +2,7 @@
 
 The compiled module applies ``field.exclude.list`` and ``field.renames`` while it writes a
 document (``before``, ``after``, a snapshot read) or an update's dotted paths (``updatedFields``,
-``removedFields``, ``truncatedArrays``), in both formats it writes, when the rules' result does not
+``removedFields``, ``truncatedArrays``), in every format it writes, when the rules' result does not
 depend on the order they apply in (``CollectionFields.compiled_rules``); rule sets of another kind
 stay on the Python path. Each test converts the same events or reads both ways.
 """
@@ -11,17 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import bson
-import mongocdc_native
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from mongocdc_core.events import javajson, raw
+from mongocdc_core.events import raw
 from mongocdc_core.events.transforms import FieldTransforms
 
 from .helpers import POSITION, converter
-from .test_raw_changes import FORMATS, _both_ways, _event
-from .test_raw_reads import TS, _raw, plain_scalars
+from .test_raw_changes import FORMATS, _both_ways, _event, compiled
+from .test_raw_reads import TS, _left, _raw, plain_scalars
 
 #: Document names; rename targets are others, so that a rename never meets a name the document has.
 NAMES = ["a", "b", "c"]
@@ -66,18 +64,14 @@ def test_events_with_field_rules_are_the_python_paths_bytes(
     if op == "update":
         extra["updateDescription"] = desc
     event = _event(op, 1, full if op != "delete" else None, **extra)
-    rules = _compiled(exclude, rename, event_format)
-    if rules is not None:
-        raw_event = bson.encode(event)
-        parts = (
-            mongocdc_native.debezium3_change_parts(raw_event, op, True, True, javajson.printable_bitmap(), rules)
-            if event_format == "debezium_3x"
-            else mongocdc_native.change_parts(raw_event, op, True, True, rules)
+    settings_: dict[str, Any] = {"field_exclude_list": tuple(exclude), "field_renames": tuple(rename)}
+    capture_mode = "change_streams_update_full_with_pre_image"
+    if _compiled(exclude, rename, event_format) is not None:
+        assert compiled(event, event_format, capture_mode=capture_mode, **settings_), (
+            "rules the compiled module takes left an event to Python"
         )
-        assert parts is not None, "rules the compiled module takes left an event to Python"
-    from_raw, from_dicts = _both_ways(event, field_exclude_list=tuple(exclude), field_renames=tuple(rename),
-                                      event_format=event_format, schemas_enable=schemas,
-                                      capture_mode="change_streams_update_full_with_pre_image")  # fmt: skip
+    from_raw, from_dicts = _both_ways(event, event_format=event_format, schemas_enable=schemas,
+                                      capture_mode=capture_mode, **settings_)  # fmt: skip
     assert from_raw == from_dicts and from_raw
 
 
@@ -90,9 +84,7 @@ def test_reads_with_field_rules_are_the_python_paths_bytes(
     batch = _raw(docs)
     rules = _compiled(exclude, rename, event_format)
     if rules is not None:
-        printable = javajson.printable_bitmap() if event_format == "debezium_3x" else None
-        left = mongocdc_native.convert_reads(batch.data, batch.bounds, 0, len(batch), b"", b"", b"", b"", printable, rules)[4]
-        assert not left, "rules the compiled module takes left a read to Python"
+        assert not _left(batch, event_format, rules), "rules the compiled module takes left a read to Python"
     conv = converter(field_exclude_list=tuple(exclude), field_renames=tuple(rename), event_format=event_format)
     markers = ["true"] * len(docs)
     from_raw = conv.convert_reads(batch, markers, "inventory", "customers", POSITION, TS)
@@ -115,4 +107,4 @@ def test_rules_whose_result_depends_on_their_order_stay_on_the_python_path() -> 
         assert _compiled([], onto, event_format) is not None
         from_raw, from_dicts = _both_ways(event, field_renames=tuple(onto), event_format=event_format)
         assert from_raw == from_dicts
-    assert mongocdc_native.change_parts(bson.encode(event), "insert", False, True, _compiled([], onto, "x")) is None
+        assert not compiled(event, event_format, field_renames=tuple(onto))
