@@ -77,6 +77,7 @@ from mongocdc_core.events.options import EventOptions
 from mongocdc_core.events.raw import RawDocuments
 from mongocdc_core.events.records import Record
 from mongocdc_core.positions import Position
+from mongocdc_core.sinks.base import takes_landing_columns
 from mongocdc_core.sinks.jsonl import JsonlSink
 from mongocdc_core.sinks.kafka import POSITION_HEADER, KafkaSink, KafkaSinkSettings
 from mongocdc_core.sinks.parquet import LANDING_SCHEMA, PAYLOAD_SCHEMA, WRITE_OPTIONS, ParquetSink
@@ -182,17 +183,17 @@ def _convert_reads(converter: EventConverter, raw: RawDocuments) -> Sequence[Rec
     return converter.convert_reads(raw, ["true"] * len(raw), "bench", "items", Position(1_714_564_800, 1))
 
 
-def snapshot_chunks(count: int, schemas: bool) -> list[Sequence[Record]]:
+def snapshot_chunks(count: int, schemas: bool, landing: bool = False) -> list[Sequence[Record]]:
     """Snapshot reads of the conversion benchmark's documents, converted from raw BSON in chunks of
     ``BATCH`` as the snapshot copier delivers them (each chunk one :class:`RecordRun`)."""
-    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0", schemas_enable=schemas))
+    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0", schemas_enable=schemas), landing=landing)
     return [_convert_reads(converter, raw) for raw in raw_chunks(count)]
 
 
 def _land_snapshot(chunks: list[RawDocuments], sink: JsonlSink | ParquetSink) -> None:
     """A snapshot landed: each raw chunk converted (compiled, as the copier's workers do) and written, then
     the sink closed (its files on disk)."""
-    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0"))
+    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0"), landing=takes_landing_columns(sink))
     for raw in chunks:
         sink.write(_convert_reads(converter, raw))
     sink.close()
@@ -201,7 +202,7 @@ def _land_snapshot(chunks: list[RawDocuments], sink: JsonlSink | ParquetSink) ->
 def _land_changes(batches: list[tuple[bytes, list[Position]]], sink: JsonlSink | ParquetSink) -> None:
     """Change events landed: each raw event (undecoded, as the stream reads it) converted and its records
     written in batches of ``BATCH``, then the sink closed (its files on disk)."""
-    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0"))
+    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0"), landing=takes_landing_columns(sink))
     pending: list[Record] = []
     for raw, positions in batches:
         for change, position in zip(bson.decode_all(raw, STREAM_OPTIONS), positions, strict=True):
@@ -464,7 +465,7 @@ def run(small: bool) -> list[harness.Row]:
     work = Path(tempfile.mkdtemp(prefix="bench-sinks-"))
     try:
         rows = jsonl_rows(recs, work, schemas_off)
-        rows += parquet_rows(recs, snapshot_chunks(count, schemas=True), work)
+        rows += parquet_rows(recs, snapshot_chunks(count, schemas=True, landing=True), work)
         rows += landing_rows(count, work)
         rows += kafka_rows(recs, work)
     finally:

@@ -14,9 +14,12 @@ def convert_reads(
     value_tail: bytes,
     printable: bytes | None = None,
     rules: FieldRules | None = None,
-) -> tuple[bytes, bytes, bytes, bytes, list[int]]:
+    landing: bool = False,
+) -> tuple[bytes, bytes, bytes, bytes, list[int], tuple[Buffer, Buffer] | None]:
     """The reads ``lo..hi`` as one run: keys end to end, their end offsets (native-endian u64), values
-    end to end, their end offsets, and the indexes (from ``lo``) left to the Python path (empty).
+    end to end, their end offsets, the indexes (from ``lo``) left to the Python path (empty), and with
+    ``landing`` the landing ``after`` column (i32 offsets, data: each read's document text, unescaped as
+    it is written; an empty row for a read left to Python; None when a column cannot hold it).
     With ``printable`` (``javajson.printable_bitmap()``) the key ids and ``after`` are Debezium 3.x's."""
 
 def cursor_batch(reply: bytes) -> tuple[int, bytes, list[int], tuple[int, int] | None]:
@@ -137,3 +140,17 @@ def run_landing_columns(
 ) -> LandingColumns | None:
     """``landing_columns`` of records ``lo..hi`` laid end to end (a snapshot chunk's run), each record's end
     offset given as native-endian u64 bytes."""
+
+def run_payloads(
+    keys: bytes,
+    key_ends: bytes,
+    values: bytes,
+    value_ends: bytes,
+    lo: int,
+    hi: int,
+    key_head: int,
+    value_head: int,
+) -> tuple[_Strings, _Strings] | None:
+    """The key and value payload columns of records ``lo..hi`` of a run the converter wrote: each cut after
+    its schema part of ``key_head`` / ``value_head`` bytes (not compared) and before its closing brace; None
+    when a record is too short for that."""

@@ -116,10 +116,16 @@ _WRITER_SLOTS = ("b", "a", "u", "t", _NOT_SNAPSHOT, "i", "l", "x", "w", "o", "M"
 
 
 class EventConverter:
-    """Turns one change stream document or snapshot document at a time into records."""
+    """Turns one change stream document or snapshot document at a time into records.
 
-    def __init__(self, options: EventOptions) -> None:
+    ``landing``: the records go to the Parquet landing (:func:`mongocdc_core.sinks.base.takes_landing_columns`),
+    so snapshot chunks also carry their landing ``after`` column, written with the records
+    (:attr:`RecordRun.afters`) rather than read back out of them by the sink.
+    """
+
+    def __init__(self, options: EventOptions, *, landing: bool = False) -> None:
         self.options = options
+        self._landing = landing
         self._serializer = Serializer(options.schemas_enable)
         self._transforms = FieldTransforms(
             options.field_exclude_list, options.field_renames, options.field_name_adjustment_mode
@@ -529,7 +535,7 @@ class EventConverter:
             return key_id_json(doc["_id"]), ejson.dumps_string(fields.document(doc) if fields is not None else doc)
 
         return raw.read_records(documents, markers, around, ctx.key_template, ctx.topic, ctx.namespace, position,
-                                None, ctx.native_rules, left_read, ctx.heads)  # fmt: skip
+                                None, ctx.native_rules, left_read, ctx.heads, self._landing)  # fmt: skip
 
     def heartbeat_record(self, position: Position, ts_ms: int) -> Record:
         """A heartbeat on ``<topic.heartbeat.prefix><delimiter><topic.prefix>``.

@@ -185,6 +185,7 @@ def read_records(
     documents: RawDocuments, markers: Sequence[str], around: Mapping[str, tuple[bytes, bytes]], key_template: bytes,
     topic: str, namespace: str, position: Position, printable: bytes | None, rules: FieldRules | None,
     left_read: Callable[[Mapping[str, Any]], tuple[bytes, bytes]], heads: tuple[bytes, bytes] | None = None,
+    landing: bool = False,
 ) -> Sequence[Record]:
     """The ``r`` records of a raw batch, written from the BSON by the compiled module in one
     format (the default one, or Debezium 3.x's with ``printable``, see ``debezium3_change_parts``),
@@ -196,16 +197,18 @@ def read_records(
     marker (a collection's first or last) or a read the module leaves to Python (a type it does
     not write) becomes a list: those reads get their own pair around the same ``after``, or are
     decoded and written by ``left_read`` (key id and ``after`` as JSON strings). ``heads``: the schema
-    parts the templates start with (:attr:`Record.heads`), given to the run.
+    parts the templates start with (:attr:`Record.heads`), given to the run. With ``landing``, the run also
+    carries its landing ``after`` column (:attr:`RecordRun.afters`), written with the records.
     """
     assert native is not None
     common = markers[len(markers) // 2]  # the copier marks only a chunk's first and last reads
     head, tail = around[common]
     key_head, _, key_tail = (key_template % AFTER_SLOT).partition(AFTER_SLOT)
-    keys, key_ends, values, value_ends, left = native.convert_reads(
-        documents.data, documents.bounds, documents.lo, documents.hi, key_head, key_tail, head, tail, printable, rules
+    keys, key_ends, values, value_ends, left, afters = native.convert_reads(
+        documents.data, documents.bounds, documents.lo, documents.hi, key_head, key_tail, head, tail, printable, rules,
+        landing,
     )
-    run = RecordRun(topic, keys, key_ends, values, value_ends, position, namespace, "r", heads=heads)
+    run = RecordRun(topic, keys, key_ends, values, value_ends, position, namespace, "r", heads=heads, afters=afters)
     if not left and markers.count(common) == len(markers):
         return run
     key_list: list[bytes] = run.keys()

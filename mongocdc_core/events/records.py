@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 from mongocdc_core.positions import Position
+
+if TYPE_CHECKING:
+    from mongocdc_native import Buffer
 
 
 @dataclass(slots=True)
@@ -41,18 +44,21 @@ class RecordRun(Sequence[Record]):
     at the same time only where no GIL is held, so a per-read object there would serialise them;
     a sink that only counts, or writes in bulk, never pays for the objects at all.
     ``key_ends``/``value_ends`` are each record's end offset (native-endian u64 bytes). ``heads``: as
-    :attr:`Record.heads`, for every record of the run.
+    :attr:`Record.heads`, for every record of the run. ``afters``, when given (a converter built for the
+    Parquet landing), are the landing ``after`` column of the whole run as Arrow string buffers (i32
+    offsets, data): each read's document text, which the converter wrote unescaped with the record.
     """
 
-    __slots__ = ("topic", "position", "collection", "op", "heads", "_keys", "_values", "_key_ends", "_value_ends",
-                 "_lo", "_hi")  # fmt: skip
+    __slots__ = ("topic", "position", "collection", "op", "heads", "afters", "_keys", "_values", "_key_ends",
+                 "_value_ends", "_lo", "_hi")  # fmt: skip
 
     def __init__(
         self, topic: str, keys: bytes, key_ends: bytes | memoryview, values: bytes, value_ends: bytes | memoryview,
         position: Position, collection: str, op: str, lo: int = 0, hi: int | None = None,
-        heads: tuple[bytes, bytes] | None = None,
+        heads: tuple[bytes, bytes] | None = None, afters: tuple[Buffer, Buffer] | None = None,
     ) -> None:  # fmt: skip
         self.topic, self.position, self.collection, self.op, self.heads = topic, position, collection, op, heads
+        self.afters = afters
         self._keys, self._values = keys, values
         self._key_ends = key_ends if isinstance(key_ends, memoryview) else memoryview(key_ends).cast("Q")
         self._value_ends = value_ends if isinstance(value_ends, memoryview) else memoryview(value_ends).cast("Q")
@@ -75,7 +81,8 @@ class RecordRun(Sequence[Record]):
             if step != 1:
                 return [self[i] for i in range(start, stop, step)]
             return RecordRun(self.topic, self._keys, self._key_ends, self._values, self._value_ends, self.position,
-                             self.collection, self.op, self._lo + start, self._lo + max(start, stop), self.heads)  # fmt: skip
+                             self.collection, self.op, self._lo + start, self._lo + max(start, stop), self.heads,
+                             self.afters)  # fmt: skip
         n = len(self)
         if not -n <= index < n:
             raise IndexError(f"record {index} of a run of {n}")

@@ -159,6 +159,55 @@ impl Buffer {
     }
 }
 
+/// The `after` column of a snapshot chunk's reads, written by the converter as it writes their records
+/// (`convert_reads` with `landing`): each read's document text, the JSON string it just wrote unescaped
+/// while its bytes are still in the processor's cache, so the Parquet sink takes the column as it is
+/// instead of walking every record's payload again.
+pub(crate) struct Afters {
+    offsets: Vec<i32>,
+    data: Vec<u8>,
+    /// Whether the column can still be given (false past Arrow's 2 GiB of a string column).
+    whole: bool,
+}
+
+impl Afters {
+    pub(crate) fn new(rows: usize, bytes: usize) -> Self {
+        let mut offsets = Vec::with_capacity(rows + 1);
+        offsets.push(0);
+        Afters { offsets, data: spare(bytes), whole: true }
+    }
+
+    /// Appends the text of the JSON string `literal` (quotes included), as the walk resolves its escapes;
+    /// an empty row for a read the converter left to Python (its chunk then becomes a list, not a run,
+    /// and the column is not used).
+    pub(crate) fn push(&mut self, literal: Option<&[u8]>) {
+        if let Some(literal) = literal {
+            let mark = self.data.len();
+            let mut json = Json { b: literal, i: 0, sources: 0, ops: 0, high: 0 };
+            if json.string_into(&mut self.data).is_err() || json.i != literal.len() {
+                self.data.truncate(mark);
+                self.whole = false; // not a string the walk reads: the sink walks the chunk instead
+            }
+        }
+        match i32::try_from(self.data.len()) {
+            Ok(end) => self.offsets.push(end),
+            Err(_) => {
+                self.whole = false;
+                self.offsets.push(0);
+            }
+        }
+    }
+
+    /// (offsets, data) for Python, or None when the column could not be written whole.
+    pub(crate) fn into_py(self, py: Python<'_>) -> PyResult<Option<(Bound<'_, Buffer>, Bound<'_, Buffer>)>> {
+        if !self.whole {
+            give_back(self.data);
+            return Ok(None);
+        }
+        Ok(Some((Buffer::new(py, Words::I32(self.offsets))?, Buffer::new(py, Words::U8(self.data))?)))
+    }
+}
+
 impl Drop for Buffer {
     fn drop(&mut self) {
         if let Words::U8(data) = &mut self.0 {
@@ -1022,6 +1071,43 @@ pub fn run_landing_columns<'py>(
     let value_items = run_items(values, value_ends, lo, hi)?;
     let walked = py.allow_threads(|| columns(&key_items, key_head, &value_items, value_head, framed));
     walked.ok().map(|out| out.into_py(py)).transpose()
+}
+
+/// The payload texts of records `lo..hi` of a run the converter wrote (see `Afters`): each key and value
+/// cut after its schema part of `key_head` / `value_head` bytes and before its closing brace, as (key
+/// strings, value strings); the converter vouches for the heads, so their bytes are not compared. None
+/// when a record is too short to hold its head and brace (not a record the converter wrote so).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn run_payloads<'py>(
+    py: Python<'py>,
+    keys: &[u8],
+    key_ends: &[u8],
+    values: &[u8],
+    value_ends: &[u8],
+    lo: usize,
+    hi: usize,
+    key_head: usize,
+    value_head: usize,
+) -> PyResult<Option<(StringsOut<'py>, StringsOut<'py>)>> {
+    let key_items = run_items(keys, key_ends, lo, hi)?;
+    let value_items = run_items(values, value_ends, lo, hi)?;
+    let cut = |items: &[Option<&[u8]>], head: usize| -> Parsed<Strings> {
+        let bytes = items.iter().flatten().map(|item| item.len().saturating_sub(head + 1)).sum();
+        let mut column = Strings::new(items.len(), bytes);
+        for item in items.iter().flatten() {
+            if item.len() <= head || item.last() != Some(&b'}') {
+                return Err(Fallback);
+            }
+            column.push(Some(&item[head..item.len() - 1]))?;
+        }
+        Ok(column)
+    };
+    let cut = py.allow_threads(|| Ok::<_, Fallback>((cut(&key_items, key_head)?, cut(&value_items, value_head)?)));
+    match cut {
+        Ok((keys, values)) => Ok(Some((keys.into_py(py)?, values.into_py(py)?))),
+        Err(Fallback) => Ok(None),
+    }
 }
 
 /// The columns for Python, in `landing_columns`'s order.

@@ -634,7 +634,7 @@ fn ends_bytes(ends: &[u64]) -> Vec<u8> {
 /// the conversion runs without the GIL, so the copier's threads convert at the same time. With
 /// `printable` (see `debezium3_change_parts`), the key id and `after` are Debezium 3.x's texts.
 #[pyfunction]
-#[pyo3(signature = (data, bounds, lo, hi, key_head, key_tail, value_head, value_tail, printable=None, rules=None))]
+#[pyo3(signature = (data, bounds, lo, hi, key_head, key_tail, value_head, value_tail, printable=None, rules=None, landing=false))]
 #[allow(clippy::too_many_arguments)]
 #[allow(clippy::type_complexity)]
 fn convert_reads<'py>(
@@ -649,7 +649,8 @@ fn convert_reads<'py>(
     value_tail: &[u8],
     printable: Option<&[u8]>,
     rules: Option<Bound<'py, rules::FieldRules>>,
-) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Vec<usize>)> {
+    landing: bool,
+) -> PyResult<ReadsOut<'py>> {
     if lo > hi || hi >= bounds.len() || bounds[hi] > data.len() || bounds[lo..=hi].windows(2).any(|w| w[0] > w[1]) {
         return Err(PyValueError::new_err(format!(
             "reads {lo}..{hi} do not fit {} ascending bounds within {} bytes",
@@ -660,18 +661,42 @@ fn convert_reads<'py>(
     let templates = [key_head, key_tail, value_head, value_tail];
     let rules = rules.as_ref().map(|r| r.get());
     let debezium3 = printable.map(|p| java::Debezium3::new(p, rules)).transpose().map_err(PyValueError::new_err)?;
-    let (keys, key_ends, values, value_ends, left) = py.allow_threads(|| match &debezium3 {
-        None => reads_run(&DefaultFormat { rules }, data, &bounds, lo, hi, &templates),
-        Some(format) => reads_run(format, data, &bounds, lo, hi, &templates),
+    let (keys, key_ends, values, value_ends, left, afters) = py.allow_threads(|| match &debezium3 {
+        None => reads_run(&DefaultFormat { rules }, data, &bounds, lo, hi, &templates, landing),
+        Some(format) => reads_run(format, data, &bounds, lo, hi, &templates, landing),
     });
-    Ok((PyBytes::new(py, &keys), PyBytes::new(py, &key_ends), PyBytes::new(py, &values), PyBytes::new(py, &value_ends), left))
+    let afters = match afters {
+        Some(afters) => afters.into_py(py)?,
+        None => None,
+    };
+    Ok((PyBytes::new(py, &keys), PyBytes::new(py, &key_ends), PyBytes::new(py, &values), PyBytes::new(py, &value_ends), left, afters))
 }
 
-/// The keys, key ends, values, value ends and left reads of `convert_reads`, in one format.
-type Run = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>, Vec<usize>);
+/// `convert_reads` for Python: keys, key ends, values, value ends, left reads and the `after` column.
+type ReadsOut<'py> = (
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Vec<usize>,
+    Option<(Bound<'py, landing::Buffer>, Bound<'py, landing::Buffer>)>,
+);
 
-fn reads_run<F: PartsFormat>(format: &F, data: &[u8], bounds: &[usize], lo: usize, hi: usize, templates: &[&[u8]; 4]) -> Run {
+/// The keys, key ends, values, value ends, left reads and (with `landing`) the `after` column of
+/// `convert_reads`, in one format.
+type Run = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>, Vec<usize>, Option<landing::Afters>);
+
+fn reads_run<F: PartsFormat>(
+    format: &F,
+    data: &[u8],
+    bounds: &[usize],
+    lo: usize,
+    hi: usize,
+    templates: &[&[u8]; 4],
+    landing: bool,
+) -> Run {
     let [key_head, key_tail, value_head, value_tail] = *templates;
+    let mut afters = landing.then(|| landing::Afters::new(hi - lo, bounds[hi] - bounds[lo]));
     let mut key = Vec::with_capacity((hi - lo) * (key_head.len() + key_tail.len() + 48));
     let mut value = Vec::with_capacity(bounds[hi] - bounds[lo] + (hi - lo) * (value_head.len() + value_tail.len() + 64));
     let mut key_ends: Vec<u64> = Vec::with_capacity(hi - lo);
@@ -679,15 +704,20 @@ fn reads_run<F: PartsFormat>(format: &F, data: &[u8], bounds: &[usize], lo: usiz
     let mut left: Vec<usize> = Vec::new();
     for i in lo..hi {
         let (key_mark, value_mark) = (key.len(), value.len());
-        if read_record(format, &data[bounds[i]..bounds[i + 1]], templates, &mut key, &mut value).is_err() {
+        let written = read_record(format, &data[bounds[i]..bounds[i + 1]], templates, &mut key, &mut value).is_ok();
+        if !written {
             key.truncate(key_mark);
             value.truncate(value_mark);
             left.push(i - lo);
         }
+        if let Some(afters) = afters.as_mut() {
+            let after = value_mark + value_head.len()..value.len() - value_tail.len();
+            afters.push(written.then(|| &value[after]));
+        }
         key_ends.push(key.len() as u64);
         value_ends.push(value.len() as u64);
     }
-    (key, ends_bytes(&key_ends), value, ends_bytes(&value_ends), left)
+    (key, ends_bytes(&key_ends), value, ends_bytes(&value_ends), left, afters)
 }
 
 /// One member of a document: its name, BSON type and value bytes.
@@ -1253,6 +1283,7 @@ fn mongocdc_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(document_member, module)?)?;
     module.add_function(wrap_pyfunction!(landing::landing_columns, module)?)?;
     module.add_function(wrap_pyfunction!(landing::run_landing_columns, module)?)?;
+    module.add_function(wrap_pyfunction!(landing::run_payloads, module)?)?;
     module.add_class::<landing::Buffer>()?;
     module.add_class::<rules::FieldRules>()?;
     module.add_class::<ChangeWriter>()?;
