@@ -229,7 +229,8 @@ def read_records(
         key_list[i] = key_template % key_id
         value_list[i] = other_head + after + other_tail
     # map over the lists (not a comprehension): a third less time per record, most of it GIL-held
-    return list(map(Record, repeat(topic), key_list, value_list, repeat(position), repeat(namespace), repeat("r")))
+    return list(map(Record, repeat(topic), key_list, value_list, repeat(position), repeat(namespace), repeat("r"),
+                    repeat(heads)))  # every template starts with the same schema parts
 
 
 class Header(Protocol):

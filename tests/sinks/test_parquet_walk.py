@@ -440,3 +440,16 @@ def test_the_converter_writes_landing_columns_for_a_parquet_sink_alone_or_in_a_t
     parquet_sink, jsonl_sink = parquet.ParquetSink(tmp_path / "p"), JsonlSink(tmp_path / "j")
     assert takes_landing_columns(parquet_sink) and not takes_landing_columns(jsonl_sink)
     assert takes_landing_columns(TeeSink([jsonl_sink, parquet_sink])) and not takes_landing_columns(TeeSink([jsonl_sink]))
+
+
+def test_a_snapshot_chunk_with_first_and_last_reads_carries_its_heads() -> None:
+    """A chunk holding a collection's first or last read becomes a list of records, each still written after
+    the collection's schema parts: they carry them (the sink then cuts there without comparing)."""
+    conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7))
+    docs = [{"_id": i} for i in range(4)]
+    raw = RawDocuments(b"".join(bson.encode(doc) for doc in docs), CodecOptions(tz_aware=True))
+    records = conv.convert_reads(raw, _markers(False), "inventory", "orders", POSITION)
+    assert not isinstance(records, RecordRun)
+    heads = records[0].heads
+    assert heads is not None and all(r.heads == heads and r.key.startswith(heads[0]) and r.value.startswith(heads[1])
+                                     for r in records if r.key is not None and r.value is not None)  # fmt: skip
