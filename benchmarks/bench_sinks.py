@@ -93,12 +93,15 @@ BATCH = 2048
 ROUNDS = 5
 
 
-def records(count: int, schemas: bool) -> list[Record]:
-    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0", schemas_enable=schemas))
+def records(count: int, schemas: bool, landing: bool = False) -> list[Record]:
+    """The records; with ``landing``, converted from the raw events (as the stream reads them) by a converter
+    built for the Parquet landing (the same bytes, with their landing parts)."""
+    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0", schemas_enable=schemas), landing=landing)
     out: list[Record] = []
     for workload in ("inserts", "updates"):
         for raw, positions in generate(workload, count // 2):
-            for doc, position in zip(bson.decode_all(raw), positions, strict=True):
+            changes = bson.decode_all(raw, STREAM_OPTIONS) if landing else bson.decode_all(raw)
+            for doc, position in zip(changes, positions, strict=True):
                 out += converter.convert_change(doc, position)
     return out
 
@@ -465,7 +468,8 @@ def run(small: bool) -> list[harness.Row]:
     work = Path(tempfile.mkdtemp(prefix="bench-sinks-"))
     try:
         rows = jsonl_rows(recs, work, schemas_off)
-        rows += parquet_rows(recs, snapshot_chunks(count, schemas=True, landing=True), work)
+        rows += parquet_rows(records(count, schemas=True, landing=True), snapshot_chunks(count, schemas=True, landing=True),
+                             work)  # fmt: skip
         rows += landing_rows(count, work)
         rows += kafka_rows(recs, work)
     finally:

@@ -84,6 +84,19 @@ class ChangeWriter:
     ) -> tuple[bytes, bytes, int | None] | None:
         """(key, value, ``wallTime`` ms) of an ordinary change event at a position of ``increment``;
         None when the Python path writes it."""
+    def write_landing(
+        self,
+        raw: bytes,
+        header: ChangeHeader,
+        increment: int,
+        lsid: bytes | None,
+        now_ns: int,
+        block: bytes | None,
+    ) -> tuple[bytes, bytes, int | None, bytes] | None:
+        """``write`` of the default format (None in Debezium 3.x's), with the record's landing parts packed
+        into bytes: where ``updateDescription`` and ``source`` start and end in the value (four u32), ``ts_ms``
+        (i64), the lengths of the ``before`` and ``after`` texts (u32, 2**32-1 for null), then those texts
+        (each part's JSON string unescaped); numbers in the machine's byte order."""
 
 class FieldRules:
     """One collection's field exclusions and renames (``CollectionFields.compiled_rules``)."""
@@ -140,6 +153,17 @@ def run_landing_columns(
 ) -> LandingColumns | None:
     """``landing_columns`` of records ``lo..hi`` laid end to end (a snapshot chunk's run), each record's end
     offset given as native-endian u64 bytes."""
+
+def parts_landing_columns(
+    keys: list[bytes | None],
+    key_head: bytes,
+    values: list[bytes | None],
+    value_head: bytes,
+    parts: list[bytes | None],
+) -> LandingColumns | None:
+    """``landing_columns`` of change records from the parts their converter gave (``ChangeWriter.write_landing``;
+    None for a tombstone), keys and values cut after their heads (not compared); None when a record has no
+    parts or they do not read so."""
 
 def run_payloads(
     keys: bytes,

@@ -36,7 +36,7 @@ from mongocdc_core.events.envelope import (
 )
 from mongocdc_core.events.options import EventOptions
 from mongocdc_core.events.raw import RawChange, RawDocuments
-from mongocdc_core.events.records import Record
+from mongocdc_core.events.records import LandingParts, Record
 from mongocdc_core.events.schema import (
     Serializer,
     adjust_schema_name,
@@ -119,8 +119,9 @@ class EventConverter:
     """Turns one change stream document or snapshot document at a time into records.
 
     ``landing``: the records go to the Parquet landing (:func:`mongocdc_core.sinks.base.takes_landing_columns`),
-    so snapshot chunks also carry their landing ``after`` column, written with the records
-    (:attr:`RecordRun.afters`) rather than read back out of them by the sink.
+    so the compiled writers also give the landing columns they write: snapshot chunks their ``after`` column
+    (:attr:`RecordRun.afters`), change records their parts (:attr:`Record.parts`); the sink then takes them
+    as they are rather than reading them back out of the records' bytes.
     """
 
     def __init__(self, options: EventOptions, *, landing: bool = False) -> None:
@@ -350,10 +351,11 @@ class EventConverter:
         )  # fmt: skip
 
     def _change_records(
-        self, records: list[Record], ctx: _Collection, op: str, key: bytes, value: bytes, position: Position
+        self, records: list[Record], ctx: _Collection, op: str, key: bytes, value: bytes, position: Position,
+        parts: LandingParts | None = None,
     ) -> list[Record]:
         """``records`` (transaction boundaries) then the event's record and, after a delete, its tombstone."""
-        records.append(Record(ctx.topic, key, value, position, ctx.namespace, op, ctx.heads))
+        records.append(Record(ctx.topic, key, value, position, ctx.namespace, op, ctx.heads, parts))
         if op == "d" and self._tombstones:
             records.append(Record(ctx.topic, key, None, position, ctx.namespace, None, ctx.heads))
         return records
@@ -390,21 +392,27 @@ class EventConverter:
             return None
         lsid = None if header.lsid is None else self.session_of(change)
         tracker = self._tracker
-        written = writer.write(
-            change.raw, header, position.increment, None if lsid is None else self._lsid_json(lsid), self._now_ns(),
-            None if tracker is None else raw.BLOCK_MARK,
-        )  # fmt: skip
-        if written is None:
-            return None
-        key, value, _ = written
+        event = (change.raw, header, position.increment, None if lsid is None else self._lsid_json(lsid),
+                 self._now_ns(), None if tracker is None else raw.BLOCK_MARK)  # fmt: skip
+        parts: LandingParts | None = None
+        if self._landing:  # the same bytes, and the parts the Parquet landing takes as its columns
+            landed = writer.write_landing(*event)
+            if landed is None:
+                return None
+            key, value, _, parts = landed
+        else:
+            written = writer.write(*event)
+            if written is None:
+                return None
+            key, value, _ = written
         if tracker is None:
             records: list[Record] = []
         else:
             records, block = tracker.observe(self.transaction_id(lsid, header.txn_number), ctx.data_collection, position,
                                              header.seconds * 1000)  # fmt: skip
             head, _, tail = value.rpartition(raw.BLOCK_MARK)
-            value = head + (NULL if block is None else orjson.dumps(block)) + tail
-        return self._change_records(records, ctx, op, key, value, position)
+            value = head + (NULL if block is None else orjson.dumps(block)) + tail  # after the parts' ranges
+        return self._change_records(records, ctx, op, key, value, position, parts)
 
     def convert_read(
         self,

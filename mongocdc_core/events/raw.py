@@ -25,7 +25,7 @@ from bson.timestamp import Timestamp
 
 from mongocdc_core.events.changes import short
 from mongocdc_core.events.envelope import AFTER_SLOT
-from mongocdc_core.events.records import Record, RecordRun
+from mongocdc_core.events.records import LandingParts, Record, RecordRun
 from mongocdc_core.events.transforms import CollectionFields
 from mongocdc_core.positions import Position
 
@@ -148,6 +148,10 @@ class ChangeWriter(Protocol):
     def write(self, raw: bytes | memoryview, header: Header, increment: int, lsid: bytes | None, now_ns: int,
               block: bytes | None) -> tuple[bytes, bytes, int | None] | None:
         """(key, value, ``wallTime`` ms) of an ordinary change event; None when the Python path writes it."""
+
+    def write_landing(self, raw: bytes | memoryview, header: Header, increment: int, lsid: bytes | None, now_ns: int,
+                      block: bytes | None) -> tuple[bytes, bytes, int | None, LandingParts] | None:
+        """``write`` of the default format, with the record's landing parts (:data:`LandingParts`)."""
 
 #: Template slots written with ``%d`` (the others with ``%b``); see ``ChangeWriter`` for the letters.
 _INT_SLOTS = frozenset("iEFGMUN")

@@ -12,6 +12,13 @@ if TYPE_CHECKING:
     from mongocdc_native import Buffer
 
 
+#: A change record's landing parts, as a converter built for the Parquet landing gives them with the record
+#: (``EventConverter(landing=True)``), packed into one byte string by the compiled writer: where the value's
+#: ``updateDescription`` and ``source`` objects lie, the payload's ``ts_ms``, and the ``before`` and
+#: ``after`` texts (``mongocdc_native.ChangeWriter.write_landing``); only the compiled sink reads them.
+LandingParts = bytes
+
+
 @dataclass(slots=True)
 class Record:
     """A serialized change, tombstone, transaction or heartbeat record; treat it as immutable.
@@ -24,7 +31,8 @@ class Record:
     tombstones and metadata records). ``heads``, when given, are the schema parts the converter wrote
     the key and the value after (one tuple per collection, shared by its records): a sink that takes
     records apart (the Parquet landing) cuts their payloads there without comparing those bytes again.
-    They say how the bytes were written, not what the record is: equality leaves them out.
+    They say how the bytes were written, not what the record is: equality leaves them out, as it leaves out
+    ``parts`` (:data:`LandingParts`), which a converter built for the Parquet landing gives change records.
     """
 
     topic: str
@@ -34,6 +42,7 @@ class Record:
     collection: str | None
     op: str | None
     heads: tuple[bytes, bytes] | None = field(default=None, compare=False, repr=False)
+    parts: LandingParts | None = field(default=None, compare=False, repr=False)
 
 
 class RecordRun(Sequence[Record]):

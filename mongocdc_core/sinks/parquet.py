@@ -227,7 +227,7 @@ class _Columns:
             heads = records[0].heads
             if heads is not None and [r.heads for r in records].count(heads) != n:
                 heads = None  # not every record written after the same schema parts: each is compared
-            walked = self._walked(keys, values, payloads, heads)
+            walked = self._parts(records, keys, values, payloads, heads) or self._walked(keys, values, payloads, heads)
             batch.update(walked or self._parsed(keys, values, payloads))
         if self._first is None:
             self._first = position
@@ -242,6 +242,20 @@ class _Columns:
             chunks = [c for p in parts for c in (p.chunks if isinstance(p, pa.ChunkedArray) else [p])]
             columns[name] = pa.chunked_array(chunks, LANDING_SCHEMA.field(name).type)
         return pa.Table.from_pydict(columns, schema=LANDING_SCHEMA)
+
+    def _parts(self, records: Sequence[Record], keys: list[bytes | None], values: list[bytes | None],
+               payloads: _PayloadText, heads: tuple[bytes, bytes] | None) -> dict[str, pa.Array] | None:  # fmt: skip
+        """The payload columns of change records whose converter gave their landing parts (:attr:`Record.parts`):
+        ``before`` and ``after`` as given, ``updateDescription`` and ``source`` read where the parts say, keys
+        and values cut at their heads; None when a record has none (the walk then decides)."""
+        if native is None or heads is None:
+            return None
+        parts = [r.parts for r in records]
+        if parts[-1] is None and values[-1] is not None:
+            return None  # not written for the landing (the compiled call would say so after a pass)
+        if heads != (payloads.head(self.topic, True, keys), payloads.head(self.topic, False, values)):
+            return None
+        return _walk_columns(len(values), native.parts_landing_columns(keys, heads[0], values, heads[1], parts))
 
     def _walked(self, keys: list[bytes | None], values: list[bytes | None], payloads: _PayloadText,
                 heads: tuple[bytes, bytes] | None = None) -> dict[str, pa.Array] | None:  # fmt: skip

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from mongocdc_core.events.convert import EventConverter
 from mongocdc_core.events.options import EventOptions
-from mongocdc_core.events.raw import RawDocuments
+from mongocdc_core.events.raw import RawChange, RawDocuments
 from mongocdc_core.events.records import Record, RecordRun
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks import parquet
@@ -453,3 +453,49 @@ def test_a_snapshot_chunk_with_first_and_last_reads_carries_its_heads() -> None:
     heads = records[0].heads
     assert heads is not None and all(r.heads == heads and r.key.startswith(heads[0]) and r.value.startswith(heads[1])
                                      for r in records if r.key is not None and r.value is not None)  # fmt: skip
+
+
+_STREAM = CodecOptions(document_class=RawChange, tz_aware=True)
+
+
+def _raw_change_records(landing: bool, session: bool, **options: Any) -> list[Record]:
+    """:func:`_change_records`'s events as the stream reads them: raw, written by the compiled writer, with
+    their landing parts when the converter is built for the landing; with ``session``, one more in a
+    transaction (its ``source.lsid`` text holds braces: the sink leaves such a batch to the walk)."""
+    conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7, **options), landing=landing)
+    doc = {"_id": 1, "name": 'a "quoted"\\ name\n\t\x01', "emoji": "\U0001f600 é", "n": [1, {"x": None}]}
+    shrunk = {"updatedFields": {"n": [1]}, "removedFields": ["old"], "truncatedArrays": [{"field": "n", "newSize": 1}]}
+    lsid = {"id": bson.Binary(bytes(range(16)), 4), "uid": bson.Binary(bytes(32), 0)}
+    events = [insert(doc), update(), update(updateDescription=shrunk), change("delete"), insert({"_id": "two"}),
+              insert({"_id": 3, "text": "\u2028/" * 30}, **({"lsid": lsid, "txnNumber": bson.Int64(4)} if session else {}))]  # fmt: skip
+    records = [r for ev in events for r in conv.convert_change(bson.decode(bson.encode(ev), _STREAM), POSITION)]
+    return records + conv.flush()
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"capture_mode": "change_streams_update_full_with_pre_image"}, {"provide_transaction_metadata": True},
+    {"field_exclude_list": ("inventory.customers.emoji",)}, {"event_format": "oplog_1x"},
+])  # fmt: skip
+def test_change_records_converted_for_the_landing_bring_their_parts(
+    options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A converter built for the Parquet landing gives each change record its landing parts with the same
+    bytes: the sink takes them as its columns without walking the values, and lands exactly the rows the
+    walk and Arrow's reader land from those records (the oplog format has no compiled writer: no parts)."""
+    records, plain = _raw_change_records(True, False, **options), _raw_change_records(False, False, **options)
+    assert records == plain and all(r.parts is None for r in plain)
+    data = [r for r in records if r.collection is not None and r.value is not None]
+    assert data and all((r.parts is not None) == (options.get("event_format") != "oplog_1x") for r in data)
+    spy = _WalkedRows()
+    monkeypatch.setattr(parquet, "native", spy)
+    landed = landing_table(records)
+    walked_rows = spy.rows
+    monkeypatch.undo()
+    both = _both(plain, monkeypatch)
+    assert both is not None and landed.to_pylist() == both[0].to_pylist() == both[1].to_pylist()
+    change_topic = [r for r in records if r.collection is not None]
+    assert walked_rows == len(records) - (len(change_topic) if data[0].parts is not None else 0)
+    mixed = [*change_topic[:2], plain[2], *change_topic[3:]]  # one record without parts: the walk lands them all
+    assert landing_table(mixed).to_pylist() == landing_table([r for r in plain if r.collection is not None]).to_pylist()
+    in_session, plain = _raw_change_records(True, True, **options), _raw_change_records(False, True, **options)
+    assert in_session == plain and landing_table(in_session).to_pylist() == landing_table(plain).to_pylist()
