@@ -30,7 +30,10 @@ on: ~3.3 KB each, Debezium's default; sizes per record are also reported with sc
 - Landing, Parquet against JSON Lines: the same events converted the same way (a snapshot's raw chunks
   by the compiled reads path, change events from raw undecoded events) and written into
   ``ParquetSink.to_file`` or ``JsonlSink``, closed; conversion and sink together in CPU, the ratio being
-  Parquet's CPU over JSON Lines' (goal <= 1.2). Both sinks are handed serialized records.
+  Parquet's CPU over JSON Lines' (goal <= 1.2). Each converter is built for its sink: for Parquet it also
+  gives the landing columns its compiled writers wrote with the records (``EventConverter(landing=True)``).
+- The Parquet sink rows take records so converted (change records from the raw events, as the stream
+  reads them; the same bytes as the other rows' records), as the pipeline hands them to a Parquet sink.
 - Kafka (real local broker): ``KafkaSink`` against a bare ``confluent_kafka.Producer`` with the
   sink's own settings (idempotent, acks=all, linger 5 ms, same queue bound), producing the same
   records (key, value and the position header every record carries) after fetching its topic's
