@@ -392,16 +392,16 @@ class EventConverter:
             return None
         lsid = None if header.lsid is None else self.session_of(change)
         tracker = self._tracker
-        event = (change.raw, header, position.increment, None if lsid is None else self._lsid_json(lsid),
-                 self._now_ns(), None if tracker is None else raw.BLOCK_MARK)  # fmt: skip
+        lsid_json = None if lsid is None else self._lsid_json(lsid)
+        mark = None if tracker is None else raw.BLOCK_MARK
         parts: LandingParts | None = None
         if self._landing:  # the same bytes, and the parts the Parquet landing takes as its columns
-            landed = writer.write_landing(*event)
+            landed = writer.write_landing(change.raw, header, position.increment, lsid_json, self._now_ns(), mark)
             if landed is None:
                 return None
             key, value, _, parts = landed
         else:
-            written = writer.write(*event)
+            written = writer.write(change.raw, header, position.increment, lsid_json, self._now_ns(), mark)
             if written is None:
                 return None
             key, value, _ = written
