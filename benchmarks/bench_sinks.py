@@ -30,7 +30,10 @@ on: ~3.3 KB each, Debezium's default; sizes per record are also reported with sc
 - Landing, Parquet against JSON Lines: the same events converted the same way (a snapshot's raw chunks
   by the compiled reads path, change events from raw undecoded events) and written into
   ``ParquetSink.to_file`` or ``JsonlSink``, closed; conversion and sink together in CPU, the ratio being
-  Parquet's CPU over JSON Lines' (goal <= 1.2). Both sinks are handed serialized records.
+  Parquet's CPU over JSON Lines' (goal <= 1.2). Each converter is built for its sink: for Parquet it also
+  gives the landing columns its compiled writers wrote with the records (``EventConverter(landing=True)``).
+- The Parquet sink rows take records so converted (change records from the raw events, as the stream
+  reads them; the same bytes as the other rows' records), as the pipeline hands them to a Parquet sink.
 - Kafka (real local broker): ``KafkaSink`` against a bare ``confluent_kafka.Producer`` with the
   sink's own settings (idempotent, acks=all, linger 5 ms, same queue bound), producing the same
   records (key, value and the position header every record carries) after fetching its topic's
@@ -77,6 +80,7 @@ from mongocdc_core.events.options import EventOptions
 from mongocdc_core.events.raw import RawDocuments
 from mongocdc_core.events.records import Record
 from mongocdc_core.positions import Position
+from mongocdc_core.sinks.base import takes_landing_columns
 from mongocdc_core.sinks.jsonl import JsonlSink
 from mongocdc_core.sinks.kafka import POSITION_HEADER, KafkaSink, KafkaSinkSettings
 from mongocdc_core.sinks.parquet import LANDING_SCHEMA, PAYLOAD_SCHEMA, WRITE_OPTIONS, ParquetSink
@@ -92,12 +96,15 @@ BATCH = 2048
 ROUNDS = 5
 
 
-def records(count: int, schemas: bool) -> list[Record]:
-    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0", schemas_enable=schemas))
+def records(count: int, schemas: bool, landing: bool = False) -> list[Record]:
+    """The records; with ``landing``, converted from the raw events (as the stream reads them) by a converter
+    built for the Parquet landing (the same bytes, with their landing parts)."""
+    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0", schemas_enable=schemas), landing=landing)
     out: list[Record] = []
     for workload in ("inserts", "updates"):
         for raw, positions in generate(workload, count // 2):
-            for doc, position in zip(bson.decode_all(raw), positions, strict=True):
+            changes = bson.decode_all(raw, STREAM_OPTIONS) if landing else bson.decode_all(raw)
+            for doc, position in zip(changes, positions, strict=True):
                 out += converter.convert_change(doc, position)
     return out
 
@@ -182,17 +189,17 @@ def _convert_reads(converter: EventConverter, raw: RawDocuments) -> Sequence[Rec
     return converter.convert_reads(raw, ["true"] * len(raw), "bench", "items", Position(1_714_564_800, 1))
 
 
-def snapshot_chunks(count: int, schemas: bool) -> list[Sequence[Record]]:
+def snapshot_chunks(count: int, schemas: bool, landing: bool = False) -> list[Sequence[Record]]:
     """Snapshot reads of the conversion benchmark's documents, converted from raw BSON in chunks of
     ``BATCH`` as the snapshot copier delivers them (each chunk one :class:`RecordRun`)."""
-    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0", schemas_enable=schemas))
+    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0", schemas_enable=schemas), landing=landing)
     return [_convert_reads(converter, raw) for raw in raw_chunks(count)]
 
 
 def _land_snapshot(chunks: list[RawDocuments], sink: JsonlSink | ParquetSink) -> None:
     """A snapshot landed: each raw chunk converted (compiled, as the copier's workers do) and written, then
     the sink closed (its files on disk)."""
-    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0"))
+    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0"), landing=takes_landing_columns(sink))
     for raw in chunks:
         sink.write(_convert_reads(converter, raw))
     sink.close()
@@ -201,7 +208,7 @@ def _land_snapshot(chunks: list[RawDocuments], sink: JsonlSink | ParquetSink) ->
 def _land_changes(batches: list[tuple[bytes, list[Position]]], sink: JsonlSink | ParquetSink) -> None:
     """Change events landed: each raw event (undecoded, as the stream reads it) converted and its records
     written in batches of ``BATCH``, then the sink closed (its files on disk)."""
-    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0"))
+    converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0"), landing=takes_landing_columns(sink))
     pending: list[Record] = []
     for raw, positions in batches:
         for change, position in zip(bson.decode_all(raw, STREAM_OPTIONS), positions, strict=True):
@@ -464,7 +471,8 @@ def run(small: bool) -> list[harness.Row]:
     work = Path(tempfile.mkdtemp(prefix="bench-sinks-"))
     try:
         rows = jsonl_rows(recs, work, schemas_off)
-        rows += parquet_rows(recs, snapshot_chunks(count, schemas=True), work)
+        rows += parquet_rows(records(count, schemas=True, landing=True), snapshot_chunks(count, schemas=True, landing=True),
+                             work)  # fmt: skip
         rows += landing_rows(count, work)
         rows += kafka_rows(recs, work)
     finally:

@@ -39,7 +39,7 @@ from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.offsets import Offset, OffsetStore, SnapshotState
 from mongocdc_core.positions import Position, token_timestamp
 from mongocdc_core.receiver import ConnectionState, ProgressListener, SnapshotChunk
-from mongocdc_core.sinks.base import Sink
+from mongocdc_core.sinks.base import Sink, takes_landing_columns
 from mongocdc_core.source.blocking import BlockingSnapshot
 from mongocdc_core.source.connection import Topology, connect
 from mongocdc_core.source.errors import CdcError, HistoryLostError
@@ -198,7 +198,8 @@ class CapturePipeline:
         if self._dispatcher is None:
             rs = self.topology.set_name if self.topology is not None else None
             source = self.topology.source_name if self.topology is not None else ""
-            converter = EventConverter(EventOptions.from_config(self.cfg, rs=source))
+            converter = EventConverter(EventOptions.from_config(self.cfg, rs=source),
+                                       landing=takes_landing_columns(self.sink))  # fmt: skip
             say_if_python_path()
             self._dispatcher = Dispatcher(
                 self.cfg, converter, self.sink, self.offsets, self.metrics, offset,

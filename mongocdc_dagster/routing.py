@@ -37,6 +37,9 @@ class RouteTarget:
 class WindowRouter:
     """A sink: ``targets[(namespace, window index)]``; ``window_starts`` are sorted and contiguous."""
 
+    #: Every target is a Parquet landing file (``mongocdc_core.sinks.base.takes_landing_columns``).
+    landing_columns = True
+
     def __init__(self, window_starts: Sequence[Position], targets: Mapping[tuple[str, int], RouteTarget]) -> None:
         self.window_starts = list(window_starts)
         self.targets = dict(targets)

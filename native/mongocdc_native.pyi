@@ -15,9 +15,12 @@ def convert_reads(
     printable: bytes | None = None,
     rules: FieldRules | None = None,
     legacy: bool = False,
-) -> tuple[bytes, bytes, bytes, bytes, list[int]]:
+    landing: bool = False,
+) -> tuple[bytes, bytes, bytes, bytes, list[int], tuple[Buffer, Buffer] | None]:
     """The reads ``lo..hi`` as one run: keys end to end, their end offsets (native-endian u64), values
-    end to end, their end offsets, and the indexes (from ``lo``) left to the Python path (empty).
+    end to end, their end offsets, the indexes (from ``lo``) left to the Python path (empty), and with
+    ``landing`` the landing ``after`` column (i32 offsets, data: each read's document text, unescaped as
+    it is written; an empty row for a read left to Python; None when a column cannot hold it).
     With ``printable`` (``javajson.printable_bitmap()``) the key ids and ``after`` are Debezium 3.x's,
     with ``legacy`` the 1.x format's."""
 
@@ -72,6 +75,19 @@ class ChangeWriter:
     ) -> tuple[bytes, bytes, int | None] | None:
         """(key, value, ``wallTime`` ms) of an ordinary change event at a position of ``increment``;
         None when the Python path writes it."""
+    def write_landing(
+        self,
+        raw: bytes,
+        header: ChangeHeader,
+        increment: int,
+        lsid: bytes | None,
+        now_ns: int,
+        block: bytes | None,
+    ) -> tuple[bytes, bytes, int | None, bytes] | None:
+        """``write`` of the default format (None in Debezium 3.x's), with the record's landing parts packed
+        into bytes: where ``updateDescription`` and ``source`` start and end in the value (four u32), ``ts_ms``
+        (i64), the lengths of the ``before`` and ``after`` texts (u32, 2**32-1 for null), then those texts
+        (each part's JSON string unescaped); numbers in the machine's byte order."""
 
 class FieldRules:
     """One collection's field exclusions and renames (``CollectionFields.compiled_rules``)."""
@@ -128,3 +144,28 @@ def run_landing_columns(
 ) -> LandingColumns | None:
     """``landing_columns`` of records ``lo..hi`` laid end to end (a snapshot chunk's run), each record's end
     offset given as native-endian u64 bytes."""
+
+def parts_landing_columns(
+    keys: list[bytes | None],
+    key_head: bytes,
+    values: list[bytes | None],
+    value_head: bytes,
+    parts: list[bytes | None],
+) -> LandingColumns | None:
+    """``landing_columns`` of change records from the parts their converter gave (``ChangeWriter.write_landing``;
+    None for a tombstone), keys and values cut after their heads (not compared); None when a record has no
+    parts or they do not read so."""
+
+def run_payloads(
+    keys: bytes,
+    key_ends: bytes,
+    values: bytes,
+    value_ends: bytes,
+    lo: int,
+    hi: int,
+    key_head: int,
+    value_head: int,
+) -> tuple[_Strings, _Strings] | None:
+    """The key and value payload columns of records ``lo..hi`` of a run the converter wrote: each cut after
+    its schema part of ``key_head`` / ``value_head`` bytes (not compared) and before its closing brace; None
+    when a record is too short for that."""

@@ -37,7 +37,7 @@ from mongocdc_core.events.envelope import (
 )
 from mongocdc_core.events.options import EventOptions
 from mongocdc_core.events.raw import RawChange, RawDocuments
-from mongocdc_core.events.records import Record
+from mongocdc_core.events.records import LandingParts, Record
 from mongocdc_core.events.schema import (
     Serializer,
     adjust_schema_name,
@@ -259,10 +259,19 @@ class _OplogValues:
 
 
 class EventConverter:
-    """Turns one change stream document or snapshot document at a time into records."""
+    """Turns one change stream document or snapshot document at a time into records.
 
-    def __init__(self, options: EventOptions) -> None:
+    ``landing``: the records go to the Parquet landing (:func:`mongocdc_core.sinks.base.takes_landing_columns`),
+    so the compiled writers also give the landing columns they write: snapshot chunks their ``after`` column
+    (:attr:`RecordRun.afters`), change records their parts (:attr:`Record.parts`); the sink then takes them
+    as they are rather than reading them back out of the records' bytes.
+    """
+
+    def __init__(self, options: EventOptions, *, landing: bool = False) -> None:
         self.options = options
+        self._landing = landing
+        # Change records' landing parts: the compiled writer lays them out as the default format's only.
+        self._landing_parts = landing and options.event_format == "change_streams"
         self._serializer = Serializer(options.schemas_enable)
         self._transforms = FieldTransforms(
             options.field_exclude_list, options.field_renames, options.field_name_adjustment_mode
@@ -416,10 +425,11 @@ class EventConverter:
         return self._tracker.observe(txn_id, ctx.data_collection, position, seconds * 1000)
 
     def _change_records(
-        self, records: list[Record], ctx: _Collection, op: str, key: bytes, value: bytes, position: Position
+        self, records: list[Record], ctx: _Collection, op: str, key: bytes, value: bytes, position: Position,
+        parts: LandingParts | None = None,
     ) -> list[Record]:
         """``records`` (transaction boundaries) then the event's record and, after a delete, its tombstone."""
-        records.append(Record(ctx.topic, key, value, position, ctx.namespace, op, ctx.heads))
+        records.append(Record(ctx.topic, key, value, position, ctx.namespace, op, ctx.heads, parts))
         if op == "d" and self._tombstones:
             records.append(Record(ctx.topic, key, None, position, ctx.namespace, None, ctx.heads))
         return records
@@ -457,20 +467,26 @@ class EventConverter:
         lsid = None if header.lsid is None else self.session_of(change)
         session = None if lsid is None else self._values.session(lsid, header.txn_number)
         tracker = self._tracker
-        written = writer.write(
-            change.raw, header, position.increment, session, self._now_ns(), None if tracker is None else raw.BLOCK_MARK
-        )
-        if written is None:
-            return None
-        key, value, _ = written
+        mark = None if tracker is None else raw.BLOCK_MARK
+        parts: LandingParts | None = None
+        if self._landing_parts:  # the same bytes, and the parts the Parquet landing takes as its columns
+            landed = writer.write_landing(change.raw, header, position.increment, session, self._now_ns(), mark)
+            if landed is None:
+                return None
+            key, value, _, parts = landed
+        else:
+            written = writer.write(change.raw, header, position.increment, session, self._now_ns(), mark)
+            if written is None:
+                return None
+            key, value, _ = written
         if tracker is None:
             records: list[Record] = []
         else:
             records, block = tracker.observe(self.transaction_id(lsid, header.txn_number), ctx.data_collection, position,
                                              header.seconds * 1000)  # fmt: skip
             head, _, tail = value.rpartition(raw.BLOCK_MARK)
-            value = head + (NULL if block is None else orjson.dumps(block)) + tail
-        return self._change_records(records, ctx, op, key, value, position)
+            value = head + (NULL if block is None else orjson.dumps(block)) + tail  # after the parts' ranges
+        return self._change_records(records, ctx, op, key, value, position, parts)
 
     def convert_read(
         self,
@@ -567,7 +583,7 @@ class EventConverter:
             return key_id_json(doc["_id"]), afters([fields.document(doc) if fields is not None else doc])[0]
 
         return raw.read_records(documents, markers, around, ctx.key_template, ctx.topic, ctx.namespace, position,
-                                self.options.event_format, ctx.native_rules, left_read, ctx.heads)  # fmt: skip
+                                self.options.event_format, ctx.native_rules, left_read, ctx.heads, self._landing)  # fmt: skip
 
     def heartbeat_record(self, position: Position, ts_ms: int) -> Record:
         """A heartbeat on ``<topic.heartbeat.prefix><delimiter><topic.prefix>``.

@@ -26,7 +26,7 @@ from bson.timestamp import Timestamp
 from mongocdc_core.events import javajson
 from mongocdc_core.events.changes import short
 from mongocdc_core.events.envelope import AFTER_SLOT
-from mongocdc_core.events.records import Record, RecordRun
+from mongocdc_core.events.records import LandingParts, Record, RecordRun
 from mongocdc_core.events.transforms import CollectionFields
 from mongocdc_core.positions import Position
 
@@ -150,6 +150,10 @@ class ChangeWriter(Protocol):
               block: bytes | None) -> tuple[bytes, bytes, int | None] | None:
         """(key, value, ``wallTime`` ms) of an ordinary change event; None when the Python path writes it."""
 
+    def write_landing(self, raw: bytes | memoryview, header: Header, increment: int, lsid: bytes | None, now_ns: int,
+                      block: bytes | None) -> tuple[bytes, bytes, int | None, LandingParts] | None:
+        """``write`` of the default format, with the record's landing parts (:data:`LandingParts`)."""
+
 #: Template slots written with ``%d`` (the others with ``%b``); see ``ChangeWriter`` for the letters.
 _INT_SLOTS = frozenset("iSEFGMUN")
 _SLOT_MARK = b"\x00slot\x00"  # a NUL byte: never in JSON text
@@ -195,6 +199,7 @@ def read_records(
     documents: RawDocuments, markers: Sequence[str], around: Mapping[str, tuple[bytes, bytes]], key_template: bytes,
     topic: str, namespace: str, position: Position, event_format: str, rules: FieldRules | None,
     left_read: Callable[[Mapping[str, Any]], tuple[bytes, bytes]], heads: tuple[bytes, bytes] | None = None,
+    landing: bool = False,
 ) -> Sequence[Record]:
     """The ``r`` records of a raw batch, written from the BSON by the compiled module in
     ``event_format`` (``mongocdc.event.format``), with the collection's field ``rules`` (:func:`field_rules`).
@@ -205,17 +210,18 @@ def read_records(
     marker (a collection's first or last) or a read the module leaves to Python (a type it does
     not write) becomes a list: those reads get their own pair around the same ``after``, or are
     decoded and written by ``left_read`` (key id and ``after`` as JSON strings). ``heads``: the schema
-    parts the templates start with (:attr:`Record.heads`), given to the run.
+    parts the templates start with (:attr:`Record.heads`), given to the run. With ``landing``, the run also
+    carries its landing ``after`` column (:attr:`RecordRun.afters`), written with the records.
     """
     assert native is not None
     common = markers[len(markers) // 2]  # the copier marks only a chunk's first and last reads
     head, tail = around[common]
     key_head, _, key_tail = (key_template % AFTER_SLOT).partition(AFTER_SLOT)
-    keys, key_ends, values, value_ends, left = native.convert_reads(
+    keys, key_ends, values, value_ends, left, afters = native.convert_reads(
         documents.data, documents.bounds, documents.lo, documents.hi, key_head, key_tail, head, tail, rules=rules,
-        **_parts_format(event_format),
+        landing=landing, **_parts_format(event_format),
     )
-    run = RecordRun(topic, keys, key_ends, values, value_ends, position, namespace, "r", heads=heads)
+    run = RecordRun(topic, keys, key_ends, values, value_ends, position, namespace, "r", heads=heads, afters=afters)
     if not left and markers.count(common) == len(markers):
         return run
     key_list: list[bytes] = run.keys()
@@ -236,7 +242,8 @@ def read_records(
         key_list[i] = key_template % key_id
         value_list[i] = other_head + after + other_tail
     # map over the lists (not a comprehension): a third less time per record, most of it GIL-held
-    return list(map(Record, repeat(topic), key_list, value_list, repeat(position), repeat(namespace), repeat("r")))
+    return list(map(Record, repeat(topic), key_list, value_list, repeat(position), repeat(namespace), repeat("r"),
+                    repeat(heads)))  # every template starts with the same schema parts
 
 
 class Header(Protocol):

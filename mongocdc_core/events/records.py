@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 from mongocdc_core.positions import Position
+
+if TYPE_CHECKING:
+    from mongocdc_native import Buffer
+
+
+#: A change record's landing parts, as a converter built for the Parquet landing gives them with the record
+#: (``EventConverter(landing=True)``), packed into one byte string by the compiled writer: where the value's
+#: ``updateDescription`` and ``source`` objects lie, the payload's ``ts_ms``, and the ``before`` and
+#: ``after`` texts (``mongocdc_native.ChangeWriter.write_landing``); only the compiled sink reads them.
+LandingParts = bytes
 
 
 @dataclass(slots=True)
@@ -21,7 +31,8 @@ class Record:
     tombstones and metadata records). ``heads``, when given, are the schema parts the converter wrote
     the key and the value after (one tuple per collection, shared by its records): a sink that takes
     records apart (the Parquet landing) cuts their payloads there without comparing those bytes again.
-    They say how the bytes were written, not what the record is: equality leaves them out.
+    They say how the bytes were written, not what the record is: equality leaves them out, as it leaves out
+    ``parts`` (:data:`LandingParts`), which a converter built for the Parquet landing gives change records.
     """
 
     topic: str
@@ -31,6 +42,7 @@ class Record:
     collection: str | None
     op: str | None
     heads: tuple[bytes, bytes] | None = field(default=None, compare=False, repr=False)
+    parts: LandingParts | None = field(default=None, compare=False, repr=False)
 
 
 class RecordRun(Sequence[Record]):
@@ -41,18 +53,21 @@ class RecordRun(Sequence[Record]):
     at the same time only where no GIL is held, so a per-read object there would serialise them;
     a sink that only counts, or writes in bulk, never pays for the objects at all.
     ``key_ends``/``value_ends`` are each record's end offset (native-endian u64 bytes). ``heads``: as
-    :attr:`Record.heads`, for every record of the run.
+    :attr:`Record.heads`, for every record of the run. ``afters``, when given (a converter built for the
+    Parquet landing), are the landing ``after`` column of the whole run as Arrow string buffers (i32
+    offsets, data): each read's document text, which the converter wrote unescaped with the record.
     """
 
-    __slots__ = ("topic", "position", "collection", "op", "heads", "_keys", "_values", "_key_ends", "_value_ends",
-                 "_lo", "_hi")  # fmt: skip
+    __slots__ = ("topic", "position", "collection", "op", "heads", "afters", "_keys", "_values", "_key_ends",
+                 "_value_ends", "_lo", "_hi")  # fmt: skip
 
     def __init__(
         self, topic: str, keys: bytes, key_ends: bytes | memoryview, values: bytes, value_ends: bytes | memoryview,
         position: Position, collection: str, op: str, lo: int = 0, hi: int | None = None,
-        heads: tuple[bytes, bytes] | None = None,
+        heads: tuple[bytes, bytes] | None = None, afters: tuple[Buffer, Buffer] | None = None,
     ) -> None:  # fmt: skip
         self.topic, self.position, self.collection, self.op, self.heads = topic, position, collection, op, heads
+        self.afters = afters
         self._keys, self._values = keys, values
         self._key_ends = key_ends if isinstance(key_ends, memoryview) else memoryview(key_ends).cast("Q")
         self._value_ends = value_ends if isinstance(value_ends, memoryview) else memoryview(value_ends).cast("Q")
@@ -75,7 +90,8 @@ class RecordRun(Sequence[Record]):
             if step != 1:
                 return [self[i] for i in range(start, stop, step)]
             return RecordRun(self.topic, self._keys, self._key_ends, self._values, self._value_ends, self.position,
-                             self.collection, self.op, self._lo + start, self._lo + max(start, stop), self.heads)  # fmt: skip
+                             self.collection, self.op, self._lo + start, self._lo + max(start, stop), self.heads,
+                             self.afters)  # fmt: skip
         n = len(self)
         if not -n <= index < n:
             raise IndexError(f"record {index} of a run of {n}")

@@ -34,6 +34,12 @@ class RecordRejected(SinkError):
         self.accepted = accepted
 
 
+def takes_landing_columns(sink: object) -> bool:
+    """Whether ``sink`` builds landing columns from the records (the Parquet landing, alone or in a tee):
+    its converter then writes the columns it can with the records (``EventConverter(landing=True)``)."""
+    return getattr(sink, "landing_columns", False) is True
+
+
 class Sink(Protocol):
     """Where the engine delivers records, in order."""
 

@@ -86,6 +86,8 @@ _SOURCE_END = b'},"op":'
 #: The landing columns taken from the key and value bytes (the walk's and the reader's alike).
 _PAYLOAD_COLUMNS = ("key", "value", "ts_ms", "before", "after", "updated_fields", "removed_fields",
                     "truncated_arrays", "snapshot", "source")  # fmt: skip
+#: The payload columns whose cells differ between a snapshot chunk's reads (the others are its first read's).
+_RUN_OWN = frozenset({"key", "value", "after"})
 
 
 def _text(value: Any) -> str | None:
@@ -170,79 +172,90 @@ def _source(value: bytes | None) -> bytes | None:
 
 
 class _Columns:
-    """One topic's pending landing rows: what Python must take from each record (position, op), kept
-    column by column, and the payload columns of each batch, parsed as it arrives (while its bytes
-    are still in the processor's cache; a whole table's bytes are not).
+    """One topic's pending landing rows, batch by batch as Arrow arrays: what Python takes from each
+    record (collection, op, position) and the payload columns, parsed as each batch arrives (while its
+    bytes are still in the processor's cache; a whole table's bytes are not).
     """
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
-        self.collections: list[str | None] = []
-        self.ops: list[str | None] = []
-        self.payloads: list[dict[str, pa.Array | pa.ChunkedArray]] = []
-        self.seconds: list[int] = []
-        self.increments: list[int] = []
-        self.ordinals: list[int] = []
-
-    @property
-    def rows(self) -> int:
-        return len(self.ops)
+        self.batches: list[dict[str, pa.Array | pa.ChunkedArray]] = []
+        self.rows = 0
+        self._first: Position | None = None
 
     def first_position(self) -> str:
-        return f"{self.seconds[0]:013d}.{self.increments[0]:010d}.{self.ordinals[0]:06d}"
+        assert self._first is not None
+        return self._first.to_str()
 
     def add(self, records: Sequence[Record], payloads: _PayloadText) -> None:
         """Append a batch of this topic's records, one list comprehension per column (a loop calling a
         method per record cost as much as Arrow's whole write)."""
+        n = len(records)
         if isinstance(records, RecordRun):  # a snapshot chunk: one position, collection and op, no Record needed
-            n, position = len(records), records.position
-            self.collections += [records.collection] * n
-            self.ops += [records.op] * n
-            self.seconds += [position.seconds] * n
-            self.increments += [position.increment] * n
-            self.ordinals += [position.ordinal] * n
-            walked = self._run_walked(records, payloads)
-            self.payloads.append(walked or self._parsed(list(records.keys()), list(records.values()), payloads))
+            position = records.position
+            batch: dict[str, pa.Array | pa.ChunkedArray] = {
+                "collection": pa.repeat(pa.scalar(records.collection, pa.string()), n),
+                "op": pa.repeat(pa.scalar(records.op, pa.string()), n),
+                "position": pa.repeat(pa.scalar(position.to_str(), pa.string()), n),
+                "pos_seconds": pa.repeat(pa.scalar(position.seconds, pa.int64()), n),
+                "pos_increment": pa.repeat(pa.scalar(position.increment, pa.int64()), n),
+                "pos_ordinal": pa.repeat(pa.scalar(position.ordinal, pa.int64()), n),
+            }
+            walked = self._run_parts(records, payloads) or self._run_walked(records, payloads)
+            batch.update(walked or self._parsed(list(records.keys()), list(records.values()), payloads))
         else:
             keys: list[bytes | None] = [r.key for r in records]
             values = [r.value for r in records]
-            self.collections += [r.collection for r in records]
-            self.ops += [r.op if r.value is not None else None for r in records]
             positions = [r.position for r in records]
-            self.seconds += [p.seconds for p in positions]
-            self.increments += [p.increment for p in positions]
-            self.ordinals += [p.ordinal for p in positions]
+            position = positions[0]
+            seconds = pa.array([p.seconds for p in positions], pa.int64())
+            increments = pa.array([p.increment for p in positions], pa.int64())
+            ordinals = pa.array([p.ordinal for p in positions], pa.int64())
+            batch = {
+                "collection": pa.array([r.collection for r in records], pa.string()),
+                "op": pa.array([r.op if r.value is not None else None for r in records], pa.string()),
+                "position": pc.binary_join_element_wise(
+                    pc.utf8_lpad(pc.cast(seconds, pa.string()), 13, "0"),
+                    pc.utf8_lpad(pc.cast(increments, pa.string()), 10, "0"),
+                    pc.utf8_lpad(pc.cast(ordinals, pa.string()), 6, "0"),
+                    ".",
+                ),
+                "pos_seconds": seconds,
+                "pos_increment": increments,
+                "pos_ordinal": ordinals,
+            }
             heads = records[0].heads
-            if heads is not None and [r.heads for r in records].count(heads) != len(records):
+            if heads is not None and [r.heads for r in records].count(heads) != n:
                 heads = None  # not every record written after the same schema parts: each is compared
-            walked = self._walked(keys, values, payloads, heads)
-            self.payloads.append(walked or self._parsed(keys, values, payloads))
+            walked = self._parts(records, keys, values, payloads, heads) or self._walked(keys, values, payloads, heads)
+            batch.update(walked or self._parsed(keys, values, payloads))
+        if self._first is None:
+            self._first = position
+        self.batches.append(batch)
+        self.rows += n
 
     def table(self) -> pa.Table:
         """The landing rows of every batch added."""
-        rows = self.rows
-        seconds = pa.array(self.seconds, pa.int64())
-        increments = pa.array(self.increments, pa.int64())
-        ordinals = pa.array(self.ordinals, pa.int64())
-        columns = {
-            "topic": pa.repeat(pa.scalar(self.topic, pa.string()), rows),
-            "collection": pa.array(self.collections, pa.string()),
-            "op": pa.array(self.ops, pa.string()),
-            "position": pc.binary_join_element_wise(
-                pc.utf8_lpad(pc.cast(seconds, pa.string()), 13, "0"),
-                pc.utf8_lpad(pc.cast(increments, pa.string()), 10, "0"),
-                pc.utf8_lpad(pc.cast(ordinals, pa.string()), 6, "0"),
-                ".",
-            ),
-            "pos_seconds": seconds,
-            "pos_increment": increments,
-            "pos_ordinal": ordinals,
-        }
-        for name in _PAYLOAD_COLUMNS:
-            parts = [batch[name] for batch in self.payloads]
+        columns = {"topic": pa.repeat(pa.scalar(self.topic, pa.string()), self.rows)}
+        for name in _COLUMNS[1:]:
+            parts = [batch[name] for batch in self.batches]
             chunks = [c for p in parts for c in (p.chunks if isinstance(p, pa.ChunkedArray) else [p])]
             columns[name] = pa.chunked_array(chunks, LANDING_SCHEMA.field(name).type)
         return pa.Table.from_pydict(columns, schema=LANDING_SCHEMA)
+
+    def _parts(self, records: Sequence[Record], keys: list[bytes | None], values: list[bytes | None],
+               payloads: _PayloadText, heads: tuple[bytes, bytes] | None) -> dict[str, pa.Array] | None:  # fmt: skip
+        """The payload columns of change records whose converter gave their landing parts (:attr:`Record.parts`):
+        ``before`` and ``after`` as given, ``updateDescription`` and ``source`` read where the parts say, keys
+        and values cut at their heads; None when a record has none (the walk then decides)."""
+        if native is None or heads is None:
+            return None
+        parts = [r.parts for r in records]
+        if parts[-1] is None and values[-1] is not None:
+            return None  # not written for the landing (the compiled call would say so after a pass)
+        if heads != (payloads.head(self.topic, True, keys), payloads.head(self.topic, False, values)):
+            return None
+        return _walk_columns(len(values), native.parts_landing_columns(keys, heads[0], values, heads[1], parts))
 
     def _walked(self, keys: list[bytes | None], values: list[bytes | None], payloads: _PayloadText,
                 heads: tuple[bytes, bytes] | None = None) -> dict[str, pa.Array] | None:  # fmt: skip
@@ -256,6 +269,31 @@ class _Columns:
         value_head = payloads.head(self.topic, False, values)
         framed = heads is not None and heads == (key_head, value_head)
         return _walk_columns(len(values), native.landing_columns(keys, key_head, values, value_head, framed))
+
+    def _run_parts(self, run: RecordRun, payloads: _PayloadText) -> dict[str, pa.Array] | None:
+        """The payload columns of a snapshot chunk whose converter wrote its ``after`` column
+        (:attr:`RecordRun.afters`): that column as it is, the keys' and values' payloads cut at their heads,
+        and every other column the first read's (a run's reads share every byte around their ``after``).
+        No record is walked but the first; None when the run has no such column or other heads."""
+        if native is None or run.afters is None or not len(run):
+            return None
+        first = run[0]
+        key_head = payloads.head(self.topic, True, [first.key])
+        value_head = payloads.head(self.topic, False, [first.value])
+        if key_head is None or value_head is None or run.heads != (key_head, value_head):
+            return None
+        keys, key_ends, values, value_ends, lo, hi = run.buffers()
+        cut = native.run_payloads(keys, key_ends, values, value_ends, lo, hi, len(key_head), len(value_head))
+        one = _walk_columns(1, native.landing_columns([first.key], key_head, [first.value], value_head, True))
+        if cut is None or one is None:
+            return None
+        rows = len(run)
+        offsets, data = run.afters
+        after = pa.Array.from_buffers(pa.string(), rows, [None, pa.py_buffer(offsets), pa.py_buffer(data)], offset=lo)
+        if after[0] != one["after"][0]:
+            return None  # not the column of these records' values: the walk decides
+        columns = {name: pa.repeat(one[name][0], rows) for name in _PAYLOAD_COLUMNS if name not in _RUN_OWN}
+        return {**columns, "key": _strings(rows, cut[0]), "value": _strings(rows, cut[1]), "after": after}
 
     def _run_walked(self, run: RecordRun, payloads: _PayloadText) -> dict[str, pa.Array] | None:
         """``_walked`` of a snapshot chunk, read from the run's buffers (no bytes object per record)."""
@@ -449,6 +487,9 @@ def _fsync_dir(directory: Path) -> None:
 
 class ParquetSink:
     """Writes records as landing-zone Parquet (see the module docstring for the two layouts)."""
+
+    #: Its converter writes the landing columns it can with the records (``base.takes_landing_columns``).
+    landing_columns = True
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory: Path | None = Path(directory)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mongocdc_core.events.records import Record
-from mongocdc_core.sinks.base import Sink
+from mongocdc_core.sinks.base import Sink, takes_landing_columns
 
 
 class TeeSink:
@@ -15,6 +15,11 @@ class TeeSink:
         if not sinks:
             raise ValueError("a tee sink needs at least one sink")
         self.sinks = list(sinks)
+
+    @property
+    def landing_columns(self) -> bool:
+        """Whether one of the sinks builds landing columns (see :func:`takes_landing_columns`)."""
+        return any(takes_landing_columns(sink) for sink in self.sinks)
 
     def write(self, records: Sequence[Record]) -> None:
         for sink in self.sinks:

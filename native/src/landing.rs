@@ -159,6 +159,64 @@ impl Buffer {
     }
 }
 
+/// The text of the JSON string `literal` (quotes included) appended to `out`, its escapes resolved as
+/// the walk resolves them; false (and `out` as it was) when it is not one string the walk reads.
+pub(crate) fn unescape_into(literal: &[u8], out: &mut Vec<u8>) -> bool {
+    let mark = out.len();
+    let mut json = Json { b: literal, i: 0, sources: 0, ops: 0, high: 0 };
+    if json.string_into(out).is_err() || json.i != literal.len() {
+        out.truncate(mark);
+        return false;
+    }
+    true
+}
+
+/// The `after` column of a snapshot chunk's reads, written by the converter as it writes their records
+/// (`convert_reads` with `landing`): each read's document text, the JSON string it just wrote unescaped
+/// while its bytes are still in the processor's cache, so the Parquet sink takes the column as it is
+/// instead of walking every record's payload again.
+pub(crate) struct Afters {
+    offsets: Vec<i32>,
+    data: Vec<u8>,
+    /// Whether the column can still be given (false past Arrow's 2 GiB of a string column).
+    whole: bool,
+}
+
+impl Afters {
+    pub(crate) fn new(rows: usize, bytes: usize) -> Self {
+        let mut offsets = Vec::with_capacity(rows + 1);
+        offsets.push(0);
+        Afters { offsets, data: spare(bytes), whole: true }
+    }
+
+    /// Appends the text of the JSON string `literal` (quotes included), as the walk resolves its escapes;
+    /// an empty row for a read the converter left to Python (its chunk then becomes a list, not a run,
+    /// and the column is not used).
+    pub(crate) fn push(&mut self, literal: Option<&[u8]>) {
+        if let Some(literal) = literal {
+            if !unescape_into(literal, &mut self.data) {
+                self.whole = false; // not a string the walk reads: the sink walks the chunk instead
+            }
+        }
+        match i32::try_from(self.data.len()) {
+            Ok(end) => self.offsets.push(end),
+            Err(_) => {
+                self.whole = false;
+                self.offsets.push(0);
+            }
+        }
+    }
+
+    /// (offsets, data) for Python, or None when the column could not be written whole.
+    pub(crate) fn into_py(self, py: Python<'_>) -> PyResult<Option<(Bound<'_, Buffer>, Bound<'_, Buffer>)>> {
+        if !self.whole {
+            give_back(self.data);
+            return Ok(None);
+        }
+        Ok(Some((Buffer::new(py, Words::I32(self.offsets))?, Buffer::new(py, Words::U8(self.data))?)))
+    }
+}
+
 impl Drop for Buffer {
     fn drop(&mut self) {
         if let Words::U8(data) = &mut self.0 {
@@ -1022,6 +1080,210 @@ pub fn run_landing_columns<'py>(
     let value_items = run_items(values, value_ends, lo, hi)?;
     let walked = py.allow_threads(|| columns(&key_items, key_head, &value_items, value_head, framed));
     walked.ok().map(|out| out.into_py(py)).transpose()
+}
+
+/// The bytes before the texts of a change record's packed landing parts (`lib.rs`'s `landing_parts`).
+pub(crate) const PARTS_HEAD: usize = 32;
+
+/// A change record's landing parts as the converter gave them (`ChangeWriter.write_landing`): `before`
+/// and `after` texts (None: null), the `updateDescription` and `source` ranges in the value, `ts_ms`.
+type Parts<'a> = (Option<&'a [u8]>, Option<&'a [u8]>, (usize, usize), (usize, usize), i64);
+
+/// How many records ahead `parts_columns` asks for the bytes it will copy.
+const AHEAD: usize = 4;
+
+/// Asks the processor for the cache line of `bytes[at]` (a hint: nothing when out of range or elsewhere
+/// than on x86-64).
+#[inline]
+fn prefetch(bytes: &[u8], at: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(byte) = bytes.get(at) {
+        // SAFETY: a prefetch reads nothing and cannot fault; the address is within `bytes`.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(std::ptr::from_ref(byte).cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (bytes, at);
+}
+
+/// Packed landing parts read back (see `lib.rs`'s `landing_parts`).
+fn unpack(parts: &[u8]) -> Parsed<Parts<'_>> {
+    let word = |at: usize| -> Parsed<u32> {
+        Ok(u32::from_ne_bytes(parts.get(at..at + 4).ok_or(Fallback)?.try_into().map_err(|_| Fallback)?))
+    };
+    let ts = i64::from_ne_bytes(parts.get(16..24).ok_or(Fallback)?.try_into().map_err(|_| Fallback)?);
+    let mut at = PARTS_HEAD;
+    let mut text = |length: u32| -> Parsed<Option<&[u8]>> {
+        if length == u32::MAX {
+            return Ok(None);
+        }
+        let end = at + length as usize;
+        let text = parts.get(at..end).ok_or(Fallback)?;
+        at = end;
+        Ok(Some(text))
+    };
+    let (before, after) = (text(word(24)?)?, text(word(28)?)?);
+    if at != parts.len() {
+        return Err(Fallback);
+    }
+    let span = |i: usize| -> Parsed<(usize, usize)> { Ok((word(i)? as usize, word(i + 4)? as usize)) };
+    Ok((before, after, span(0)?, span(8)?, ts))
+}
+
+fn parts_columns(keys: &[Option<&[u8]>], key_head: &[u8], values: &[Option<&[u8]>], value_head: &[u8],
+                 parts: &[Option<&[u8]>]) -> Parsed<Columns> {  // fmt: skip
+    let parts: Vec<Option<Parts<'_>>> = parts.iter().map(|p| p.map(unpack).transpose()).collect::<Parsed<_>>()?;
+    let rows = values.len();
+    let bytes: usize = values.iter().flatten().map(|v| v.len()).sum();
+    let mut out = Columns {
+        keys: Strings::new(rows, keys.iter().flatten().map(|k| k.len()).sum()),
+        values: Strings::new(rows, bytes),
+        ts_ms: Vec::with_capacity(rows),
+        ts_valid: Vec::with_capacity(rows.div_ceil(8)),
+        ts_nulls: 0,
+        before: Strings::new(rows, parts.iter().flatten().map(|p| p.0.map_or(0, <[u8]>::len)).sum()),
+        after: Strings::new(rows, parts.iter().flatten().map(|p| p.1.map_or(0, <[u8]>::len)).sum()),
+        updated: Strings::new(rows, 0),
+        removed: Lists { offsets: vec![0], valid: Vec::new(), nulls: 0, items: Strings::new(0, 0) },
+        truncated: Strings::new(rows, 0),
+        snapshot: Strings::new(rows, rows * 5),
+        source: Strings::new(rows, bytes / 3),
+    };
+    for (row, ((&key, &value), part)) in keys.iter().zip(values).zip(&parts).enumerate() {
+        // The records' bytes were written long before and lie apart: asking for a later row's lines while
+        // this one is copied keeps the copies from waiting on memory one record at a time.
+        if let Some(&(Some(ahead), Some(ahead_value))) = keys.get(row + AHEAD).zip(values.get(row + AHEAD)).as_ref() {
+            prefetch(ahead, 0);
+            prefetch(ahead_value, value_head.len());
+            prefetch(ahead_value, ahead_value.len() - 1);
+            if let Some(Some((_, after, _, (s0, _), _))) = parts.get(row + AHEAD) {
+                prefetch(ahead_value, *s0);
+                prefetch(after.unwrap_or_default(), 0);
+            }
+        }
+        out.keys.push(key.map(|k| cut(k, Some(key_head), true)).transpose()?)?;
+        let (Some(value), Some((before, after, update_span, source_span, ts))) = (value, part) else {
+            if value.is_some() || part.is_some() {
+                return Err(Fallback); // a record the converter gave no parts (or a tombstone with some)
+            }
+            out.values.push(None)?;
+            out.push_ts(None);
+            for column in [&mut out.before, &mut out.after, &mut out.updated, &mut out.truncated, &mut out.snapshot, &mut out.source] {
+                column.end(false)?;
+            }
+            out.removed.end(false)?;
+            continue;
+        };
+        out.values.push(Some(cut(value, Some(value_head), true)?))?;
+        out.push_ts(Some(*ts));
+        out.before.push(*before)?;
+        out.after.push(*after)?;
+        let ((u0, u1), (s0, s1)) = (*update_span, *source_span);
+        if u1 > value.len() || s1 > value.len() || u0 > u1 || s0 > s1 {
+            return Err(Fallback);
+        }
+        let mut json = Json { b: &value[..u1], i: u0, sources: 0, ops: 0, high: 0 };
+        let update = json.nullable(|json| update(json, &mut out))?.unwrap_or_default();
+        if json.i != u1 {
+            return Err(Fallback);
+        }
+        out.updated.end(update.updated == Some(true))?;
+        out.removed.end(update.removed == Some(true))?;
+        out.truncated.push(update.truncated.flatten())?;
+        let text = &value[s0..s1];
+        out.snapshot.push(snapshot_of(text)?)?;
+        out.source.push(Some(text))?;
+    }
+    Ok(out)
+}
+
+/// The `snapshot` member of a `source` block the converter wrote (one flat object, its text taken as it
+/// is): the marker's text, or None when the block has none; a marker written with an escape or a block
+/// of another shape goes to the walk.
+fn snapshot_of(text: &[u8]) -> Parsed<Option<&[u8]>> {
+    const NAME: &[u8] = b"\"snapshot\":";
+    if text.first() != Some(&b'{') || text.last() != Some(&b'}') || text[1..].contains(&b'{') {
+        return Err(Fallback);
+    }
+    let Some(at) = text.windows(NAME.len()).position(|w| w[0] == b'"' && w == NAME) else { return Ok(None) };
+    if !matches!(text[at - 1], b'{' | b',') {
+        return Err(Fallback); // inside a string
+    }
+    let rest = &text[at + NAME.len()..];
+    let Some(quoted) = rest.strip_prefix(b"\"") else { return Err(Fallback) };
+    let end = quoted.iter().position(|&c| c == b'"' || c == b'\\').ok_or(Fallback)?;
+    if quoted[end] != b'"' {
+        return Err(Fallback);
+    }
+    Ok(Some(&quoted[..end]))
+}
+
+/// The landing columns of one topic's change records from the parts their converter gave with them
+/// (`ChangeWriter.write_landing`; None for a tombstone): `landing_columns`'s columns, without walking
+/// the values: `before` and `after` are taken as given, `updateDescription` and `source` read where the
+/// parts say they lie, keys and values cut after their heads (the converter wrote them after those).
+/// None when a record has no parts or they do not read so (the walk then decides).
+#[pyfunction]
+pub fn parts_landing_columns<'py>(
+    py: Python<'py>,
+    keys: &Bound<'py, PyList>,
+    key_head: &[u8],
+    values: &Bound<'py, PyList>,
+    value_head: &[u8],
+    parts: &Bound<'py, PyList>,
+) -> PyResult<Option<LandingOut<'py>>> {
+    if keys.len() != values.len() || parts.len() != values.len() {
+        return Err(PyValueError::new_err(format!(
+            "one key and parts per value: {} keys, {} parts and {} values",
+            keys.len(),
+            parts.len(),
+            values.len()
+        )));
+    }
+    let key_items = byte_items(keys)?;
+    let value_items = byte_items(values)?;
+    let part_items = byte_items(parts)?;
+    let key_bytes: Vec<Option<&[u8]>> = key_items.iter().map(|k| k.as_ref().map(|k| k.as_bytes())).collect();
+    let value_bytes: Vec<Option<&[u8]>> = value_items.iter().map(|v| v.as_ref().map(|v| v.as_bytes())).collect();
+    let part_refs: Vec<Option<&[u8]>> = part_items.iter().map(|p| p.as_ref().map(|p| p.as_bytes())).collect();
+    let walked = py.allow_threads(|| parts_columns(&key_bytes, key_head, &value_bytes, value_head, &part_refs));
+    walked.ok().map(|out| out.into_py(py)).transpose()
+}
+
+/// The payload texts of records `lo..hi` of a run the converter wrote (see `Afters`): each key and value
+/// cut after its schema part of `key_head` / `value_head` bytes and before its closing brace, as (key
+/// strings, value strings); the converter vouches for the heads, so their bytes are not compared. None
+/// when a record is too short to hold its head and brace (not a record the converter wrote so).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn run_payloads<'py>(
+    py: Python<'py>,
+    keys: &[u8],
+    key_ends: &[u8],
+    values: &[u8],
+    value_ends: &[u8],
+    lo: usize,
+    hi: usize,
+    key_head: usize,
+    value_head: usize,
+) -> PyResult<Option<(StringsOut<'py>, StringsOut<'py>)>> {
+    let key_items = run_items(keys, key_ends, lo, hi)?;
+    let value_items = run_items(values, value_ends, lo, hi)?;
+    let cut = |items: &[Option<&[u8]>], head: usize| -> Parsed<Strings> {
+        let bytes = items.iter().flatten().map(|item| item.len().saturating_sub(head + 1)).sum();
+        let mut column = Strings::new(items.len(), bytes);
+        for item in items.iter().flatten() {
+            if item.len() <= head || item.last() != Some(&b'}') {
+                return Err(Fallback);
+            }
+            column.push(Some(&item[head..item.len() - 1]))?;
+        }
+        Ok(column)
+    };
+    let cut = py.allow_threads(|| Ok::<_, Fallback>((cut(&key_items, key_head)?, cut(&value_items, value_head)?)));
+    match cut {
+        Ok((keys, values)) => Ok(Some((keys.into_py(py)?, values.into_py(py)?))),
+        Err(Fallback) => Ok(None),
+    }
 }
 
 /// The columns for Python, in `landing_columns`'s order.

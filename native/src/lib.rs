@@ -697,7 +697,7 @@ fn ends_bytes(ends: &[u64]) -> Vec<u8> {
 /// `printable` (see `java`), the key id and `after` are Debezium 3.x's texts; with `legacy`, the
 /// 1.x format's (`LegacyFormat`).
 #[pyfunction]
-#[pyo3(signature = (data, bounds, lo, hi, key_head, key_tail, value_head, value_tail, printable=None, rules=None, legacy=false))]
+#[pyo3(signature = (data, bounds, lo, hi, key_head, key_tail, value_head, value_tail, printable=None, rules=None, legacy=false, landing=false))]
 #[allow(clippy::too_many_arguments)]
 #[allow(clippy::type_complexity)]
 fn convert_reads<'py>(
@@ -713,7 +713,8 @@ fn convert_reads<'py>(
     printable: Option<&[u8]>,
     rules: Option<Bound<'py, rules::FieldRules>>,
     legacy: bool,
-) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Vec<usize>)> {
+    landing: bool,
+) -> PyResult<ReadsOut<'py>> {
     if lo > hi || hi >= bounds.len() || bounds[hi] > data.len() || bounds[lo..=hi].windows(2).any(|w| w[0] > w[1]) {
         return Err(PyValueError::new_err(format!(
             "reads {lo}..{hi} do not fit {} ascending bounds within {} bytes",
@@ -727,19 +728,43 @@ fn convert_reads<'py>(
     let templates = [key_head, key_tail, value_head, value_tail];
     let rules = rules.as_ref().map(|r| r.get());
     let debezium3 = printable.map(|p| java::Debezium3::new(p, rules)).transpose().map_err(PyValueError::new_err)?;
-    let (keys, key_ends, values, value_ends, left) = py.allow_threads(|| match &debezium3 {
-        None if legacy => reads_run(&LegacyFormat { rules }, data, &bounds, lo, hi, &templates),
-        None => reads_run(&DefaultFormat { rules }, data, &bounds, lo, hi, &templates),
-        Some(format) => reads_run(format, data, &bounds, lo, hi, &templates),
+    let (keys, key_ends, values, value_ends, left, afters) = py.allow_threads(|| match &debezium3 {
+        None if legacy => reads_run(&LegacyFormat { rules }, data, &bounds, lo, hi, &templates, landing),
+        None => reads_run(&DefaultFormat { rules }, data, &bounds, lo, hi, &templates, landing),
+        Some(format) => reads_run(format, data, &bounds, lo, hi, &templates, landing),
     });
-    Ok((PyBytes::new(py, &keys), PyBytes::new(py, &key_ends), PyBytes::new(py, &values), PyBytes::new(py, &value_ends), left))
+    let afters = match afters {
+        Some(afters) => afters.into_py(py)?,
+        None => None,
+    };
+    Ok((PyBytes::new(py, &keys), PyBytes::new(py, &key_ends), PyBytes::new(py, &values), PyBytes::new(py, &value_ends), left, afters))
 }
 
-/// The keys, key ends, values, value ends and left reads of `convert_reads`, in one format.
-type Run = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>, Vec<usize>);
+/// `convert_reads` for Python: keys, key ends, values, value ends, left reads and the `after` column.
+type ReadsOut<'py> = (
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Vec<usize>,
+    Option<(Bound<'py, landing::Buffer>, Bound<'py, landing::Buffer>)>,
+);
 
-fn reads_run<F: PartsFormat>(format: &F, data: &[u8], bounds: &[usize], lo: usize, hi: usize, templates: &[&[u8]; 4]) -> Run {
+/// The keys, key ends, values, value ends, left reads and (with `landing`) the `after` column of
+/// `convert_reads`, in one format.
+type Run = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>, Vec<usize>, Option<landing::Afters>);
+
+fn reads_run<F: PartsFormat>(
+    format: &F,
+    data: &[u8],
+    bounds: &[usize],
+    lo: usize,
+    hi: usize,
+    templates: &[&[u8]; 4],
+    landing: bool,
+) -> Run {
     let [key_head, key_tail, value_head, value_tail] = *templates;
+    let mut afters = landing.then(|| landing::Afters::new(hi - lo, bounds[hi] - bounds[lo]));
     let mut key = Vec::with_capacity((hi - lo) * (key_head.len() + key_tail.len() + 48));
     let mut value = Vec::with_capacity(bounds[hi] - bounds[lo] + (hi - lo) * (value_head.len() + value_tail.len() + 64));
     let mut key_ends: Vec<u64> = Vec::with_capacity(hi - lo);
@@ -747,15 +772,20 @@ fn reads_run<F: PartsFormat>(format: &F, data: &[u8], bounds: &[usize], lo: usiz
     let mut left: Vec<usize> = Vec::new();
     for i in lo..hi {
         let (key_mark, value_mark) = (key.len(), value.len());
-        if read_record(format, &data[bounds[i]..bounds[i + 1]], templates, &mut key, &mut value).is_err() {
+        let written = read_record(format, &data[bounds[i]..bounds[i + 1]], templates, &mut key, &mut value).is_ok();
+        if !written {
             key.truncate(key_mark);
             value.truncate(value_mark);
             left.push(i - lo);
         }
+        if let Some(afters) = afters.as_mut() {
+            let after = value_mark + value_head.len()..value.len() - value_tail.len();
+            afters.push(written.then(|| &value[after]));
+        }
         key_ends.push(key.len() as u64);
         value_ends.push(value.len() as u64);
     }
-    (key, ends_bytes(&key_ends), value, ends_bytes(&value_ends), left)
+    (key, ends_bytes(&key_ends), value, ends_bytes(&value_ends), left, afters)
 }
 
 /// One member of a document: its name, BSON type and value bytes.
@@ -1319,8 +1349,30 @@ struct Event<'a> {
     block: Option<&'a [u8]>,
 }
 
+/// Where a change record's landing parts lie in its value (`ChangeWriter.write_landing`): the
+/// `updateDescription` object (or `null`) and the `source` object, as byte ranges.
+#[derive(Default)]
+struct LandingSpans {
+    update: (usize, usize),
+    source: (usize, usize),
+}
+
 impl ChangeWriter {
     fn write_with<F: PartsFormat>(&self, format: &F, raw: &[u8], event: &Event<'_>) -> Result<(Vec<u8>, Vec<u8>, Option<i64>), Unsupported> {
+        self.write_parts(format, raw, event, None).map(|(key, value, wall_ms, _)| (key, value, wall_ms))
+    }
+
+    /// `write_with`, also giving the record's `before` and `after` parts as written (JSON string literals
+    /// or `null`) and, with `spans`, where its `updateDescription` and `source` lie in the value (Err when
+    /// the template does not lay them out as the default format does).
+    #[allow(clippy::type_complexity)]
+    fn write_parts<F: PartsFormat>(
+        &self,
+        format: &F,
+        raw: &[u8],
+        event: &Event<'_>,
+        mut spans: Option<&mut LandingSpans>,
+    ) -> Result<(Vec<u8>, Vec<u8>, Option<i64>, (Vec<u8>, Vec<u8>)), Unsupported> {
         let Parts { key_id, before, after, update, filter, wall_ms } = format.change_parts(raw, event.op, self.pre_image, self.update_full)?;
         let op_json: &[u8] = match event.op {
             "insert" => b"\"c\"",
@@ -1331,12 +1383,34 @@ impl ChangeWriter {
         let ts_ms = wall_ms.unwrap_or(event.seconds * 1000);
         let size = self.pieces.iter().map(Vec::len).sum::<usize>() + before.len() + after.len() + update.len() + filter.len() + 160;
         let mut out = Vec::with_capacity(size);
+        let mut after_update = false;
         for (piece, slot) in self.pieces.iter().zip(self.slots.iter()) {
+            if let Some(spans) = spans.as_deref_mut() {
+                if after_update {
+                    if !piece.starts_with(b",\"source\":{") {
+                        return Err(Unsupported);
+                    }
+                    spans.source.0 = out.len() + 10;
+                    after_update = false;
+                }
+                if *slot == b'o' {
+                    if !piece.ends_with(b"},\"op\":") {
+                        return Err(Unsupported);
+                    }
+                    spans.source.1 = out.len() + piece.len() - 6;
+                }
+            }
             out.extend_from_slice(piece);
             match slot {
                 b'b' => out.extend_from_slice(&before),
                 b'a' => out.extend_from_slice(&after),
-                b'u' => out.extend_from_slice(&update),
+                b'u' => {
+                    if let Some(spans) = spans.as_deref_mut() {
+                        spans.update = (out.len(), out.len() + update.len());
+                        after_update = true;
+                    }
+                    out.extend_from_slice(&update)
+                }
                 b'f' => out.extend_from_slice(&filter),
                 b'w' => push_int_or_null(&mut out, wall_ms),
                 b'o' => out.extend_from_slice(op_json),
@@ -1370,8 +1444,41 @@ impl ChangeWriter {
         key.extend_from_slice(&self.key_head);
         key.extend_from_slice(&key_id);
         key.extend_from_slice(&self.key_tail);
-        Ok((key, out, wall_ms))
+        if let Some(spans) = spans {
+            if spans.source.0 == 0 || spans.source.1 <= spans.source.0 {
+                return Err(Unsupported);
+            }
+        }
+        Ok((key, out, wall_ms, (before, after)))
     }
+}
+
+/// The landing parts of a change record for Python, packed into one byte string (one object per record
+/// to make and to read): the `updateDescription` and `source` ranges in the value (four u32), `ts_ms` (the
+/// processing time in ms, i64), the lengths of the `before` and `after` texts (u32 each, `u32::MAX` for
+/// null), then those texts: each part's JSON string unescaped. All numbers in the machine's byte order.
+/// None when a part is not `null` or a JSON string the walk reads.
+fn landing_parts(before: &[u8], after: &[u8], spans: &LandingSpans, ts_ms: i64) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(landing::PARTS_HEAD + before.len() + after.len());
+    let ranges = [spans.update.0, spans.update.1, spans.source.0, spans.source.1];
+    for at in ranges {
+        out.extend_from_slice(&u32::try_from(at).ok()?.to_ne_bytes());
+    }
+    out.extend_from_slice(&ts_ms.to_ne_bytes());
+    out.extend_from_slice(&[0; 8]);
+    for (slot, part) in [(24, before), (28, after)] {
+        let length = if part == b"null" {
+            u32::MAX
+        } else {
+            let mark = out.len();
+            if !landing::unescape_into(part, &mut out) {
+                return None;
+            }
+            u32::try_from(out.len() - mark).ok().filter(|&n| n != u32::MAX)?
+        };
+        out[slot..slot + 4].copy_from_slice(&length.to_ne_bytes());
+    }
+    Some(out)
 }
 
 #[pymethods]
@@ -1433,6 +1540,38 @@ impl ChangeWriter {
         let Ok((key, value, wall_ms)) = written else { return Ok(None) };
         Ok(Some((PyBytes::new(py, &key), PyBytes::new(py, &value), wall_ms)))
     }
+
+    /// `write` of the default format, also giving the record's landing parts (see `landing_parts`), which
+    /// the Parquet landing takes as its columns without walking the value; None when `write` would give
+    /// None, or the record's parts are not laid out as the default format's.
+    #[pyo3(signature = (raw, header, increment, lsid, now_ns, block))]
+    #[allow(clippy::type_complexity)]
+    #[allow(clippy::too_many_arguments)]
+    fn write_landing<'py>(
+        &self,
+        py: Python<'py>,
+        raw: &[u8],
+        header: &Bound<'py, ChangeHeader>,
+        increment: i64,
+        lsid: Option<&[u8]>,
+        now_ns: i64,
+        block: Option<&[u8]>,
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<i64>, Bound<'py, PyBytes>)>> {
+        if self.printable.is_some() || self.legacy {
+            return Ok(None);
+        }
+        let header = header.get();
+        let op = header.op_type.bind(py).to_str()?;
+        let (seconds, txn_number) = (i64::from(header.seconds), header.txn_number);
+        let event = Event { op, seconds, increment, txn_number, lsid, now_ns, block };
+        let rules = self.rules.as_ref().map(|r| r.get());
+        let mut spans = LandingSpans::default();
+        let Ok((key, value, wall_ms, (before, after))) = self.write_parts(&DefaultFormat { rules }, raw, &event, Some(&mut spans)) else {
+            return Ok(None);
+        };
+        let Some(parts) = landing_parts(&before, &after, &spans, now_ns.div_euclid(1_000_000)) else { return Ok(None) };
+        Ok(Some((PyBytes::new(py, &key), PyBytes::new(py, &value), wall_ms, PyBytes::new(py, &parts))))
+    }
 }
 
 /// The BSON of the top-level embedded document `name` of `raw` (the last, when repeated), or None.
@@ -1451,6 +1590,8 @@ fn mongocdc_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(document_member, module)?)?;
     module.add_function(wrap_pyfunction!(landing::landing_columns, module)?)?;
     module.add_function(wrap_pyfunction!(landing::run_landing_columns, module)?)?;
+    module.add_function(wrap_pyfunction!(landing::run_payloads, module)?)?;
+    module.add_function(wrap_pyfunction!(landing::parts_landing_columns, module)?)?;
     module.add_class::<landing::Buffer>()?;
     module.add_class::<rules::FieldRules>()?;
     module.add_class::<ChangeWriter>()?;

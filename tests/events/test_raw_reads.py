@@ -244,8 +244,8 @@ def test_a_malformed_batch_is_named() -> None:
         with pytest.raises(ValueError, match="ascending bounds"):
             mongocdc_native.convert_reads(good, bounds, 0, len(bounds) - 1, b"", b"", b"", b"")
     empty = bytes(8)  # one end offset, 0: the read is left to Python with an empty key and value
-    assert mongocdc_native.convert_reads(good, [0, 0], 0, 1, b"", b"", b"", b"") == (b"", empty, b"", empty, [0])
-    assert mongocdc_native.convert_reads(good[:3], [0, 3], 0, 1, b"", b"", b"", b"") == (b"", empty, b"", empty, [0])
+    assert mongocdc_native.convert_reads(good, [0, 0], 0, 1, b"", b"", b"", b"") == (b"", empty, b"", empty, [0], None)
+    assert mongocdc_native.convert_reads(good[:3], [0, 3], 0, 1, b"", b"", b"", b"") == (b"", empty, b"", empty, [0], None)
 
 
 def test_a_cursor_reply_is_cut_into_its_batch_or_named() -> None:

@@ -19,11 +19,14 @@ from hypothesis import strategies as st
 
 from mongocdc_core.events.convert import EventConverter
 from mongocdc_core.events.options import EventOptions
-from mongocdc_core.events.raw import RawDocuments
+from mongocdc_core.events.raw import RawChange, RawDocuments
 from mongocdc_core.events.records import Record, RecordRun
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks import parquet
+from mongocdc_core.sinks.base import takes_landing_columns
+from mongocdc_core.sinks.jsonl import JsonlSink
 from mongocdc_core.sinks.parquet import landing_table
+from mongocdc_core.sinks.tee import TeeSink
 from tests.events.helpers import POSITION, change, insert, update
 
 TOPIC = "p.inventory.orders"
@@ -388,3 +391,111 @@ def test_a_snapshot_run_is_cut_at_the_heads_its_reads_were_written_after(rules: 
     assert spy.framed[2:] == [False]
     assert framed.to_pylist() == compared.to_pylist() and sliced.to_pylist() == compared.slice(1).to_pylist()
     assert landing_table(list(run)).to_pylist() == compared.to_pylist() and spy.framed[3:] == [True]
+
+
+class _WalkedRows(_FramedSpy):
+    """``_FramedSpy`` that also counts the records the walk was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows = 0
+
+    def landing_columns(self, keys: Any, key_head: Any, values: Any, value_head: Any, framed: bool = False) -> Any:
+        self.rows += len(values)
+        return super().landing_columns(keys, key_head, values, value_head, framed)
+
+    def run_landing_columns(self, keys: bytes, key_ends: bytes, values: bytes, value_ends: bytes, lo: int, hi: int,
+                            key_head: bytes | None, value_head: bytes | None, framed: bool = False) -> Any:  # fmt: skip
+        self.rows += hi - lo
+        return super().run_landing_columns(keys, key_ends, values, value_ends, lo, hi, key_head, value_head, framed)
+
+
+@pytest.mark.parametrize("rules", [False, True])
+def test_a_snapshot_run_converted_for_the_landing_brings_its_after_column(rules: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A converter built for the Parquet landing writes each read's ``after`` text with its record: the sink
+    takes that column as it is and walks only the chunk's first read (the others share its bytes around
+    ``after``), and lands the rows the walk and Arrow's reader land from the same records, slices included."""
+    options = EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7,
+                           **({"field_exclude_list": ("inventory.orders.emoji",)} if rules else {}))  # fmt: skip
+    docs = [{"_id": 1, "name": 'a "quoted"\\ name\n\t\x01', "emoji": "\U0001f600 é"}, {"_id": "two", "n": [1.5, None]},
+            {"_id": 3, "text": "\u2028\u00e9/" * 40}, {"_id": 4}]  # fmt: skip
+    raw = RawDocuments(b"".join(bson.encode(doc) for doc in docs), CodecOptions(tz_aware=True))
+    run = EventConverter(options, landing=True).convert_reads(raw, ["true"] * 4, "inventory", "orders", POSITION)
+    plain = EventConverter(options).convert_reads(raw, ["true"] * 4, "inventory", "orders", POSITION)
+    assert isinstance(run, RecordRun) and run.afters is not None
+    assert isinstance(plain, RecordRun) and plain.afters is None and list(plain) == list(run)
+    spy = _WalkedRows()
+    monkeypatch.setattr(parquet, "native", spy)
+    landed, part = landing_table(run), landing_table(run[1:3])
+    assert spy.rows == 2  # the first read of each
+    monkeypatch.undo()
+    both = _both(plain, monkeypatch)
+    assert both is not None and landed.to_pylist() == both[0].to_pylist() == both[1].to_pylist()
+    assert part.to_pylist() == landed.slice(1, 2).to_pylist()
+    assert [orjson.loads(a)["_id"] for a in landed.column("after").to_pylist()] == [1, "two", 3, 4]
+
+
+def test_the_converter_writes_landing_columns_for_a_parquet_sink_alone_or_in_a_tee(tmp_path: Any) -> None:
+    """``takes_landing_columns``: what the pipeline builds its converter with."""
+    parquet_sink, jsonl_sink = parquet.ParquetSink(tmp_path / "p"), JsonlSink(tmp_path / "j")
+    assert takes_landing_columns(parquet_sink) and not takes_landing_columns(jsonl_sink)
+    assert takes_landing_columns(TeeSink([jsonl_sink, parquet_sink])) and not takes_landing_columns(TeeSink([jsonl_sink]))
+
+
+def test_a_snapshot_chunk_with_first_and_last_reads_carries_its_heads() -> None:
+    """A chunk holding a collection's first or last read becomes a list of records, each still written after
+    the collection's schema parts: they carry them (the sink then cuts there without comparing)."""
+    conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7))
+    docs = [{"_id": i} for i in range(4)]
+    raw = RawDocuments(b"".join(bson.encode(doc) for doc in docs), CodecOptions(tz_aware=True))
+    records = conv.convert_reads(raw, _markers(False), "inventory", "orders", POSITION)
+    assert not isinstance(records, RecordRun)
+    heads = records[0].heads
+    assert heads is not None and all(r.heads == heads and r.key.startswith(heads[0]) and r.value.startswith(heads[1])
+                                     for r in records if r.key is not None and r.value is not None)  # fmt: skip
+
+
+_STREAM = CodecOptions(document_class=RawChange, tz_aware=True)
+
+
+def _raw_change_records(landing: bool, session: bool, **options: Any) -> list[Record]:
+    """:func:`_change_records`'s events as the stream reads them: raw, written by the compiled writer, with
+    their landing parts when the converter is built for the landing; with ``session``, one more in a
+    transaction (its ``source.lsid`` text holds braces: the sink leaves such a batch to the walk)."""
+    conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7, **options), landing=landing)
+    doc = {"_id": 1, "name": 'a "quoted"\\ name\n\t\x01', "emoji": "\U0001f600 é", "n": [1, {"x": None}]}
+    shrunk = {"updatedFields": {"n": [1]}, "removedFields": ["old"], "truncatedArrays": [{"field": "n", "newSize": 1}]}
+    lsid = {"id": bson.Binary(bytes(range(16)), 4), "uid": bson.Binary(bytes(32), 0)}
+    events = [insert(doc), update(), update(updateDescription=shrunk), change("delete"), insert({"_id": "two"}),
+              insert({"_id": 3, "text": "\u2028/" * 30}, **({"lsid": lsid, "txnNumber": bson.Int64(4)} if session else {}))]  # fmt: skip
+    records = [r for ev in events for r in conv.convert_change(bson.decode(bson.encode(ev), _STREAM), POSITION)]
+    return records + conv.flush()
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"capture_mode": "change_streams_update_full_with_pre_image"}, {"provide_transaction_metadata": True},
+    {"field_exclude_list": ("inventory.customers.emoji",)}, {"event_format": "oplog_1x"},
+])  # fmt: skip
+def test_change_records_converted_for_the_landing_bring_their_parts(
+    options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A converter built for the Parquet landing gives each change record its landing parts with the same
+    bytes: the sink takes them as its columns without walking the values, and lands exactly the rows the
+    walk and Arrow's reader land from those records (the oplog format has no compiled writer: no parts)."""
+    records, plain = _raw_change_records(True, False, **options), _raw_change_records(False, False, **options)
+    assert records == plain and all(r.parts is None for r in plain)
+    data = [r for r in records if r.collection is not None and r.value is not None]
+    assert data and all((r.parts is not None) == (options.get("event_format") != "oplog_1x") for r in data)
+    spy = _WalkedRows()
+    monkeypatch.setattr(parquet, "native", spy)
+    landed = landing_table(records)
+    walked_rows = spy.rows
+    monkeypatch.undo()
+    both = _both(plain, monkeypatch)
+    assert both is not None and landed.to_pylist() == both[0].to_pylist() == both[1].to_pylist()
+    change_topic = [r for r in records if r.collection is not None]
+    assert walked_rows == len(records) - (len(change_topic) if data[0].parts is not None else 0)
+    mixed = [*change_topic[:2], plain[2], *change_topic[3:]]  # one record without parts: the walk lands them all
+    assert landing_table(mixed).to_pylist() == landing_table([r for r in plain if r.collection is not None]).to_pylist()
+    in_session, plain = _raw_change_records(True, True, **options), _raw_change_records(False, True, **options)
+    assert in_session == plain and landing_table(in_session).to_pylist() == landing_table(plain).to_pylist()
