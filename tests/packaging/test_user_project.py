@@ -5,8 +5,10 @@ The wheels are built from this checkout (``make wheels``: mongocdc and mongocdc-
 from the package index), and a ``dg`` project of the user's is scaffolded there with ``dg scaffold defs
 mongocdc_dagster.MongoCdcComponent``. Against the emulator that the same install provides, one
 collection goes end to end by the command line (snapshot, then the slice windows up to a cluster time
-taken after the writes, then its tables) and ``mongocdc check`` passes. Nothing imports this checkout:
-PYTHONPATH is cleared and every command runs from the user's project.
+taken after the writes, then its tables) and ``mongocdc check`` passes. The local Kafka broker of the
+same install says how to get its jars when it has none, gets them with ``mongocdc kafka jars`` from Maven
+Central into the user cache, and starts from there. Nothing imports this checkout: PYTHONPATH is cleared
+and every command runs outside it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from bson.timestamp import Timestamp
+from confluent_kafka import Consumer, Producer
 from pymongo import MongoClient
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,6 +75,61 @@ def test_the_installed_package_has_the_compiled_module(user: dict[str, Path]) ->
     assert probe.stderr == "", "no 'converting in Python' line: the compiled module is there"
     for path in probe.stdout.split():
         assert path.startswith(str(user["venv"])), path
+
+
+def _user_env(user: dict[str, Path]) -> dict[str, str]:
+    """A pip user's environment: the new venv first on PATH, nothing of this checkout, an empty user cache."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("MONGOCDC_")}
+    return env | {"VIRTUAL_ENV": str(user["venv"]), "PATH": f"{user['env_path']}:{env['PATH']}",
+                  "XDG_CACHE_HOME": str(user["root"] / "cache")}
+
+
+def test_the_installed_kafka_broker_gets_its_jars_and_starts(user: dict[str, Path]) -> None:
+    root, mongocdc = user["root"], str(user["env_path"] / "mongocdc")
+    env = _user_env(user)
+    port = _free_port()
+    broker = [mongocdc, "kafka", "--port", str(port), "--data-dir", str(root / "kafka")]
+    without = subprocess.run(broker, cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert without.returncode == 1, without.stderr
+    cache = root / "cache" / "mongocdc" / "kafka-jars"
+    assert f"MONGOCDC_KAFKA_JARS is not set and {cache} does not hold them" in without.stderr, without.stderr
+    for way in (f"run `mongocdc kafka jars` (downloads them from https://repo1.maven.org/maven2 into {cache}",
+                "or set MONGOCDC_KAFKA_JARS to a directory holding them"):
+        assert way in without.stderr, without.stderr
+    assert "make setup" not in without.stderr, "a wheel is not a checkout"
+    assert len(without.stderr.splitlines()) == 1, "one event, one line"
+
+    fetched = _run([mongocdc, "kafka", "jars"], root, env, timeout=600)
+    count = len(list(cache.glob("*.jar")))
+    assert count == 45 and f"[{count}/{count}] " in fetched.stderr and not list(cache.glob("*.part"))
+    checkout = REPO / ".jars" / "kafka"
+    if checkout.is_dir():  # `make setup`'s Maven copied the very same files from the same pom
+        assert sorted(p.name for p in checkout.glob("*.jar")) == sorted(p.name for p in cache.glob("*.jar"))
+        for jar in cache.glob("*.jar"):
+            assert jar.read_bytes() == (checkout / jar.name).read_bytes(), jar.name
+
+    proc = subprocess.Popen(broker, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline()  # the broker prints this line once it answers, or exits
+        assert ready.startswith(f"Kafka broker ready at 127.0.0.1:{port}"), proc.stderr.read() if proc.stderr else ""
+        bootstrap = f"127.0.0.1:{port}"
+        producer = Producer({"bootstrap.servers": bootstrap, "compression.type": "zstd"})
+        producer.produce("users-topic", key=b"k", value=b"from the cache's jars")
+        assert producer.flush(60) == 0
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "user", "auto.offset.reset": "earliest"})
+        consumer.subscribe(["users-topic"])
+        message = None
+        while message is None:  # bounded by the test's timeout; the broker holds the record
+            message = consumer.poll(5)
+        assert message.error() is None and message.value() == b"from the cache's jars"
+        consumer.close()
+        proc.terminate()
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 PROJECT_TOML = """[project]
