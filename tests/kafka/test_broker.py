@@ -381,3 +381,4 @@ def test_cli_reports_a_taken_port(held_port: int, tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert f"port {held_port}" in result.stderr and "already in use" in result.stderr
+    assert len(result.stderr.splitlines()) == 1 and " ERROR mongocdc.kafka: mongocdc kafka: " in result.stderr
