@@ -47,7 +47,7 @@ from mongocdc_core.tables import CollectionTables
 from mongocdc_core.tables.changelog import POSITION_PROPERTY
 from mongocdc_core.tables.session import spark_session
 from mongocdc_core.tables.streaming import StreamSettings, start_stream
-from mongocdc_devstack.kafka_broker import KafkaBroker, default_jars_dir
+from mongocdc_devstack.kafka_broker import KafkaBroker
 
 NAME = "tables_stream"
 BASELINE = (
@@ -233,7 +233,7 @@ def run(small: bool) -> list[harness.Row]:
     spark = spark_session("local[2]", app_name="mongocdc-bench-tables-stream")
     with tempfile.TemporaryDirectory(prefix="mongocdc-bench-stream-") as tmp:
         work = Path(tmp)
-        with KafkaBroker(None, work / "broker", default_jars_dir()) as broker:
+        with KafkaBroker(None, work / "broker") as broker:
             bootstrap = broker.bootstrap_servers
             # every collection's first documents, so the timed window refreshes tables that exist (not first builds)
             events = Events(bootstrap, collections)

@@ -18,7 +18,7 @@ CORE_COMMANDS: dict[str, tuple[str, str]] = {
 }
 DEV_SUMMARIES = {
     "emulator": "run the emulated MongoDB replica set or sharded cluster (development stand-in)",
-    "kafka": "run a local single-node Kafka broker (development)",
+    "kafka": "run a local single-node Kafka broker (development; jars)",
     "check": "run the Dagster asset checks of selected collections (exit 1 on a blocking failure)",
 }
 #: The extra (``pip install 'mongocdc[<extra>]'``) a command needs beyond the core.

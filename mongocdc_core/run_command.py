@@ -269,10 +269,16 @@ class _Stopper:
         self.engine.stop()
 
 
-def _report(engine: Engine, summary: RunSummary) -> None:
-    """The closing summary: one event per line of it, the metrics as fields of the last one."""
+def _report_metrics(engine: Engine) -> None:
+    """The metrics' lines of the closing summary, also when the run ends in an error (an outage that
+    outlasted the retries still shows the disconnects it counted)."""
     for line in engine.metrics.summary().splitlines():
         log.info(line)
+
+
+def _report(engine: Engine, summary: RunSummary) -> None:
+    """The closing summary: one event per line of it, the metrics as fields of the last one."""
+    _report_metrics(engine)
     if summary.stopped_because == "snapshot_only" and not summary.snapshot_performed:
         log.info(f"snapshot already complete (snapshot.mode={engine.cfg.snapshot_mode} takes it once and does not "
                  "stream): nothing to do", extra=fields(metrics=engine.metrics.contexts()))
@@ -332,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             summary = engine.run(**bounds)
     except (CdcError, SinkError, OffsetError, EventProcessingError) as exc:
-        log.error(str(exc))
+        _report_metrics(engine)
+        log.error(str(exc), extra=fields(metrics=engine.metrics.contexts()))
         return exit_code(exc)
     finally:
         if exporter is not None:

@@ -1,9 +1,11 @@
 """A real single-node Apache Kafka broker (KRaft) for development, demos and tests.
 
-The jars come from Maven Central through ``make setup`` (see ``devstack/kafka/pom.xml``); this module
-only runs them: it formats KRaft storage once per data directory, starts ``kafka.Kafka`` in a JVM
-subprocess on loopback ports, waits until the broker answers metadata requests, and stops it with
-SIGTERM (then SIGKILL). Nothing is downloaded at run time.
+The jars are the ones ``kafka/pom.xml`` lists (:data:`KAFKA_JARS`), found as :mod:`mongocdc_core.maven`
+finds every set: in ``--jars-dir`` or ``$MONGOCDC_KAFKA_JARS``, a checkout's ``.jars/kafka`` (``make setup``),
+or the user cache that ``mongocdc kafka jars`` fills from Maven Central. This module runs them: it formats
+KRaft storage once per data directory, starts ``kafka.Kafka`` in a JVM subprocess on loopback ports with
+exactly those jars on its class path, waits until the broker answers metadata requests, and stops it with
+SIGTERM (then SIGKILL). Nothing is downloaded when a broker starts.
 """
 
 from __future__ import annotations
@@ -29,31 +31,34 @@ from types import TracebackType
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
-from rich.console import Console
-from rich.markup import escape
+
+from mongocdc_core.logs import add_log_format_option, command_logging
+from mongocdc_core.maven import JarsError, JarSet, add_download_arguments, download_command
 
 __all__ = [
     "JARS_ENV",
+    "KAFKA_JARS",
     "KafkaBroker",
     "KafkaBrokerError",
-    "check_jars",
-    "default_jars_dir",
+    "find_jars",
     "find_java",
     "main",
 ]
 
 JARS_ENV = "MONGOCDC_KAFKA_JARS"
-"""Environment variable that overrides where the Kafka jars are looked for."""
+"""Environment variable naming a directory that holds the Kafka jars."""
+KAFKA_JARS = JarSet(name="kafka", what="the Kafka broker's jars", pom=Path(__file__).with_name("kafka") / "pom.xml",
+                    env=JARS_ENV, command="mongocdc kafka jars")
 
 NODE_ID = 1
 LOOPBACK = "127.0.0.1"
 LOG_FILE_NAME = "kafka.log"
 _KAFKA_MAIN = "kafka.Kafka"
 _STORAGE_TOOL_MAIN = "kafka.tools.StorageTool"
-_SETUP_HINT = f"run `make setup` (it fetches them from Maven Central) or set {JARS_ENV}"
 _LOG_TAIL_LINES = 40
 
 _log = logging.getLogger(__name__)
+_cli_log = logging.getLogger("mongocdc.kafka")
 
 # Broker settings for a throwaway single node: every internal topic has one replica and one partition so
 # the first transactional producer or consumer group does not wait for 50 partitions to be created.
@@ -110,12 +115,13 @@ class KafkaBrokerError(RuntimeError):
     """The local broker could not be set up, started or stopped; the message says what to do."""
 
 
-def default_jars_dir() -> Path:
-    """Where ``make setup`` puts the jars: ``$MONGOCDC_KAFKA_JARS`` or ``<repo root>/.jars/kafka``."""
-    override = os.environ.get(JARS_ENV)
-    if override:
-        return Path(override).expanduser()
-    return Path(__file__).resolve().parents[1] / ".jars" / "kafka"
+def find_jars(named: Path | None = None) -> Path:
+    """The directory holding every jar of ``kafka/pom.xml`` (see the module docstring for where it is looked
+    for); KafkaBrokerError naming the ways to get them when none does (clearer than a ClassNotFound)."""
+    try:
+        return KAFKA_JARS.require(named)
+    except JarsError as exc:
+        raise KafkaBrokerError(f"cannot start the Kafka broker: {exc}") from exc
 
 
 def find_java() -> str:
@@ -132,14 +138,6 @@ def find_java() -> str:
             "install Java 17 or newer"
         )
     return found
-
-
-def check_jars(jars_dir: Path) -> None:
-    """Raise KafkaBrokerError unless ``jars_dir`` holds the broker jars (clearer than a ClassNotFound)."""
-    if not jars_dir.is_dir():
-        raise KafkaBrokerError(f"Kafka jars directory {jars_dir} does not exist; {_SETUP_HINT}")
-    if not any(jars_dir.glob("kafka_2.13-*.jar")):
-        raise KafkaBrokerError(f"no Kafka broker jar (kafka_2.13-*.jar) in {jars_dir}; {_SETUP_HINT}")
 
 
 #: Starts on freshly chosen ports when one was taken between choosing it and the JVM binding it.
@@ -226,7 +224,9 @@ class KafkaBroker:
         self._port: int | None = port
         self._controller_port: int | None = None
         self.data_dir = Path(data_dir).expanduser().resolve()
-        self.jars_dir = Path(jars_dir).expanduser().resolve() if jars_dir is not None else default_jars_dir()
+        self._named_jars = Path(jars_dir).expanduser().resolve() if jars_dir is not None else None
+        self.jars_dir: Path | None = self._named_jars
+        """The jars' directory: the one named, else the one :func:`find_jars` finds at ``start()``."""
         self._overrides = dict(properties or {})
         self._heap = heap
         self._startup_timeout = startup_timeout
@@ -284,7 +284,8 @@ class KafkaBroker:
             raise KafkaBrokerError(f"the Kafka broker on {self.bootstrap_servers} is already running")
         self._terminate()  # reap a JVM that died on its own and release its data dir lock
         java = find_java()
-        check_jars(self.jars_dir)
+        self.jars_dir = find_jars(self._named_jars)
+        jvm = self._java_command(java, self.jars_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # Ports picked here are free when checked, but the JVM binds them a few seconds later: another
         # process may take one meanwhile. Then the broker starts again on other ports (only on a first
@@ -296,9 +297,9 @@ class KafkaBroker:
                 self._choose_ports()
                 config_path = self._write_config()
                 if not (self.log_dirs / "meta.properties").exists():
-                    self._format_storage(java, config_path)
+                    self._format_storage(jvm, config_path)
                 started = time.monotonic()
-                self._launch(java, config_path)
+                self._launch(jvm, config_path)
                 self._wait_until_ready(started)
             except KafkaBrokerError as exc:
                 self.stop()
@@ -389,13 +390,13 @@ class KafkaBroker:
             ) from None
         self._lock_fd = fd
 
-    def _launch(self, java: str, config_path: Path) -> None:
+    def _launch(self, jvm: list[str], config_path: Path) -> None:
         assert self._lock_fd is not None
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== mongocdc: starting Kafka broker on {self.bootstrap_servers} ===\n".encode())
             log.flush()
             self._process = subprocess.Popen(
-                [*self._java_command(java), _KAFKA_MAIN, str(config_path)],
+                [*jvm, _KAFKA_MAIN, str(config_path)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -407,7 +408,8 @@ class KafkaBroker:
         os.pwrite(self._lock_fd, f"{self._process.pid}\n".encode("ascii"), 0)
         atexit.register(self._stop_at_exit)
 
-    def _java_command(self, java: str) -> list[str]:
+    def _java_command(self, java: str, jars_dir: Path) -> list[str]:
+        """The JVM and its options, with exactly the pom's jars on the class path."""
         return [
             java,
             f"-Xmx{self._heap}",
@@ -421,13 +423,13 @@ class KafkaBroker:
             f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
             f"-Dkafka.logs.dir={self.data_dir}",
             "-cp",
-            str(self.jars_dir / "*"),
+            os.pathsep.join(str(p) for p in KAFKA_JARS.paths(jars_dir)),
         ]
 
-    def _format_storage(self, java: str, config_path: Path) -> None:
+    def _format_storage(self, jvm: list[str], config_path: Path) -> None:
         """``kafka-storage format`` equivalent: writes meta.properties and the bootstrap metadata."""
         command = [
-            *self._java_command(java),
+            *jvm,
             _STORAGE_TOOL_MAIN,
             "format",
             "--config",
@@ -528,22 +530,42 @@ class KafkaBroker:
         self._terminate()
 
 
+def _jars_main(argv: list[str]) -> int:
+    """``mongocdc kafka jars``: download the broker's jars from Maven Central (see :data:`KAFKA_JARS`)."""
+    parser = argparse.ArgumentParser(
+        prog="mongocdc kafka jars",
+        description="Download the local Kafka broker's jars (kafka/pom.xml) from Maven Central into the user "
+                    f"cache, where `mongocdc kafka` looks for them, or into --dir (then set {JARS_ENV}).")
+    add_download_arguments(parser, KAFKA_JARS)
+    add_log_format_option(parser)
+    args = parser.parse_args(argv)
+    command_logging("mongocdc kafka jars", args.log_format, "INFO")
+    return download_command(KAFKA_JARS, args.dir, args.repository, _cli_log)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``mongocdc kafka``: run a broker in the foreground until SIGTERM or SIGINT, then stop it cleanly."""
+    """``mongocdc kafka``: run a broker in the foreground until SIGTERM or SIGINT, then stop it cleanly;
+    ``mongocdc kafka jars`` downloads its jars."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["jars"]:
+        return _jars_main(args_list[1:])
     parser = argparse.ArgumentParser(
         prog="mongocdc kafka",
         description="Run a local single-node Apache Kafka broker (KRaft) for development and tests.",
+        epilog="`mongocdc kafka jars` downloads the broker's jars from Maven Central (see its --help).",
     )
     parser.add_argument(
         "--port", type=int, default=9092, help="client (PLAINTEXT) port on 127.0.0.1 (default 9092)"
     )
     parser.add_argument("--data-dir", type=Path, required=True, help="broker data; reused across restarts")
     parser.add_argument(
-        "--jars-dir", type=Path, default=None, help=f"Kafka jars (default: ${JARS_ENV} or <repo>/.jars/kafka)"
+        "--jars-dir", type=Path, default=None,
+        help=f"Kafka jars (default: ${JARS_ENV}, a checkout's .jars/kafka, then {KAFKA_JARS.user_cache()})",
     )
     parser.add_argument("--heap", default="512m", help="JVM maximum heap, as for -Xmx (default 512m)")
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    console = Console(stderr=True, highlight=False)
+    add_log_format_option(parser)
+    args = parser.parse_args(args_list)
+    command_logging("mongocdc kafka", args.log_format, "INFO")
 
     stop_requested = threading.Event()
 
@@ -556,21 +578,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             broker.start()
         except KafkaBrokerError as exc:
-            console.print(f"[red]error:[/red] {escape(str(exc))}")
+            _cli_log.error(f"mongocdc kafka: {exc}")
             return 1
         # Plain stdout line so scripts (and tests) can wait for it.
         print(f"Kafka broker ready at {broker.bootstrap_servers} (pid {broker.pid})", flush=True)
-        console.print(
-            escape(f"data in {broker.data_dir}, log in {broker.log_path}; Ctrl-C or SIGTERM stops it")
-        )
+        _cli_log.info(f"data in {broker.data_dir}, log in {broker.log_path}; Ctrl-C or SIGTERM stops it")
         while not stop_requested.wait(0.5):
             if not broker.is_running:
-                console.print(
-                    "[red]error:[/red] the Kafka broker exited unexpectedly; last lines of "
-                    + escape(f"{broker.log_path}:\n{_tail(broker.log_path)}")
-                )
+                _cli_log.error(f"mongocdc kafka: the Kafka broker exited unexpectedly; last lines of "
+                               f"{broker.log_path}:\n{_tail(broker.log_path)}")
                 return 1
-        console.print("stopping the Kafka broker")
+        _cli_log.info("stopping the Kafka broker")
         broker.stop()
         return 0
     finally:

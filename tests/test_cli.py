@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -208,8 +209,14 @@ def test_log_channel_notifications_are_shown(tmp_path: Path, mongo_uri: str, fre
 def test_demo_rebuilds_the_source(tmp_path: Path) -> None:
     result = subprocess.run(
         [PY, "-m", "mongocdc_devstack.demo", "--home", str(tmp_path / "demo"), "--steps", "60"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rebuilds exactly the source collections" in result.stdout
     assert result.stdout.count("identical") == 3
+    # Spark's start-up warnings and log lines are in the log file the demo names, not in its console
+    spark_log = Path(next(line for line in result.stdout.splitlines()
+                          if line.startswith("Spark's own log: ")).split(": ", 1)[1])
+    assert spark_log.stat().st_size > 0, "Spark's output went to its log file"
+    console = result.stdout + result.stderr
+    assert "WARN" not in console and "log4j" not in console and "SLF4J" not in console, console

@@ -104,8 +104,11 @@ def test_json_logs_are_one_object_per_line(tmp_path: Path, mongo_uri: str, fresh
 @pytest.mark.parametrize("command", [["mongocdc_core.cli", "run", "--config", "c", "--sink", "jsonl:x", "--offsets", "o"],
                                      ["mongocdc_core.cli", "tables", "maintain", "--tables", "t"],
                                      ["mongocdc_dagster.check_cli"],
-                                     ["mongocdc_dagster.local_stack"]],
-                         ids=["mongocdc-run", "mongocdc-tables", "mongocdc-check", "make-dev"])
+                                     ["mongocdc_dagster.local_stack"],
+                                     ["mongocdc_devstack.kafka_broker", "--data-dir", "d"],
+                                     ["mongocdc_devstack.kafka_broker", "jars", "--dir", "d"]],
+                         ids=["mongocdc-run", "mongocdc-tables", "mongocdc-check", "make-dev", "mongocdc-kafka",
+                              "mongocdc-kafka-jars"])
 def test_a_bad_log_format_in_the_environment_is_a_usage_error(command: list[str]) -> None:
     result = subprocess.run([PY, "-m", *command], capture_output=True, text=True, timeout=60,
                             env={**os.environ, "MONGOCDC_LOG_FORMAT": "xml"})

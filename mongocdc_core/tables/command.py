@@ -32,6 +32,7 @@ from pyspark.sql import SparkSession
 from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.config.filters import matches_any
 from mongocdc_core.logs import add_log_format_option, command_logging, fields
+from mongocdc_core.maven import add_download_arguments, download_command
 from mongocdc_core.source.errors import CdcError
 from mongocdc_core.tables.changelog import (
     COLLECTION_PROPERTY,
@@ -48,7 +49,7 @@ from mongocdc_core.tables.collection import (
     reconcile_at_position,
     refresh_collections,
 )
-from mongocdc_core.tables.jars import ENV_JARS, Artifact, SparkSetupError, download, user_cache
+from mongocdc_core.tables.jars import SPARK_JARS, SparkSetupError
 from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE, coverage_share
 from mongocdc_core.tables.session import DEFAULT_MASTER, ENV_MASTER, ENV_SPARK_LOG, spark_session
 
@@ -58,21 +59,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNVERIFIED = 0, 1, 2, 3
 
 
 def _jars(args: argparse.Namespace) -> int:
-    target = args.dir if args.dir is not None else user_cache()
-
-    def report(done: int, total: int, artifact: Artifact) -> None:
-        log.info(f"[{done}/{total}] {artifact.coordinate}")
-
-    try:
-        paths = download(target, args.repository, report)
-    except SparkSetupError as exc:
-        log.error(f"mongocdc tables jars: {exc}")
-        return EXIT_FAILED
-    size = sum(p.stat().st_size for p in paths)
-    log.info(f"{len(paths)} jars ({size / 1e6:.1f} MB) in {target}")
-    if args.dir is not None:
-        log.info(f"point the tables at them with {ENV_JARS}={target}")
-    return EXIT_OK
+    return download_command(SPARK_JARS, args.dir, args.repository, log)
 
 
 class SelectionError(ValueError):
@@ -299,10 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     maintain.add_argument("--retention-hours", type=int, default=168, help="VACUUM's retention (default 168)")
     collections(maintain)
     jars = commands.add_parser("jars", help="download the Delta Lake and Kafka jars Spark needs (Maven Central)")
-    jars.add_argument("--dir", type=Path, default=None,
-                      help=f"put them here (default: {user_cache()}, where the tables look without {ENV_JARS})")
-    jars.add_argument("--repository", default=None,
-                      help="a Maven repository to fetch from (default: MONGOCDC_MAVEN_REPOSITORY or Maven Central)")
+    add_download_arguments(jars, SPARK_JARS)
     return parser
 
 

@@ -17,7 +17,7 @@ from dagster import AssetsDefinition, DagsterInstance, materialize
 from pymongo.database import Database
 
 from mongocdc_dagster.resources import MongoCdcKafkaResource
-from mongocdc_devstack.kafka_broker import KafkaBroker, KafkaBrokerError, check_jars, default_jars_dir
+from mongocdc_devstack.kafka_broker import KafkaBroker, KafkaBrokerError, find_jars
 from tests.dagster.cdc_helpers import make_env, materialization_metadata
 
 
@@ -25,12 +25,12 @@ from tests.dagster.cdc_helpers import make_env, materialization_metadata
 def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real single-node broker; missing jars skip locally and fail under CI (as tests/kafka does)."""
     try:
-        check_jars(default_jars_dir())
+        jars_dir = find_jars()
     except KafkaBrokerError as exc:
         if os.environ.get("CI"):
             pytest.fail(f"CI is set but the Kafka jars are missing: {exc}", pytrace=False)
-        pytest.skip(f"Kafka jars missing (run `make setup`): {exc}")
-    with KafkaBroker(None, tmp_path_factory.mktemp("kafka"), default_jars_dir()) as broker:
+        pytest.skip(f"Kafka jars missing: {exc}")
+    with KafkaBroker(None, tmp_path_factory.mktemp("kafka"), jars_dir) as broker:
         yield broker.bootstrap_servers
 
 

@@ -1,6 +1,7 @@
 """``NumberOfDisconnects`` and ``NumberOfPrimaryElections`` count the same events the same way whatever
 the fault: a step-down and a restart of the replica set (short, or long enough for the connector to
-restart with a new client) are each one loss of the primary and one election.
+restart with a new client) are each one loss of the primary and one election; an outage that ends the
+run is one disconnect, in the closing summary as in the metrics file.
 
 Each test has a replica set of its own (with a data directory, so a restart keeps the data and, as
 mongod, elects its member again with a new term).
@@ -8,6 +9,8 @@ mongod, elects its member again with a new term).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ from pymongo.errors import PyMongoError
 from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import MemoryOffsetStore
 from mongocdc_core.receiver import ConnectionState, ProgressListener
+from mongocdc_core.run_command import EXIT_UNREACHABLE
 from mongocdc_devstack.fixture import EmulatedReplicaSet
 from tests.engine.engine_support import Background, MemorySink, make_config, wait_for
 
@@ -103,3 +107,41 @@ def test_each_loss_of_the_primary_is_one_disconnect_and_one_election(
     assert streaming.NumberOfPrimaryElections == losses
     assert (f"connection: {losses} disconnects (snapshot 0, streaming {losses}), {losses} primary elections"
             in engine.metrics.summary())
+
+
+def test_a_run_an_outage_ends_closes_with_its_disconnect(replica_set: EmulatedReplicaSet, tmp_path: Path) -> None:
+    """``mongocdc run`` ended by an outage that outlasts its retries still closes with the metrics' summary:
+    the loss is one disconnect (and no election), in the summary, in the last event's fields and in the
+    metrics file, which carries ``custom.metric.tags`` as the Prometheus endpoint does."""
+    with MongoClient(replica_set.uri, serverSelectionTimeoutMS=30_000) as writer:
+        writer.metrics.warmup.insert_one({})
+    config = tmp_path / "connector.properties"
+    config.write_text("\n".join([
+        f"mongodb.connection.string={replica_set.uri}", "topic.prefix=outage", "collection.include.list=metrics\\..*",
+        "snapshot.mode=no_data", "custom.metric.tags=env=test", "connect.max.attempts=2",
+        "mongodb.server.selection.timeout.ms=300", "retriable.restart.connector.wait.ms=100", "errors.max.retries=1",
+    ]) + "\n")
+    metrics_file = tmp_path / "metrics.json"
+    with (tmp_path / "stderr.log").open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mongocdc_core.cli", "run", "--config", str(config), "--sink",
+             f"jsonl:{tmp_path / 'out'}", "--offsets", str(tmp_path / "offsets.json"), "--no-progress",
+             "--metrics-file", str(metrics_file), "--log-format", "json"],
+            stdout=subprocess.PIPE, stderr=stderr, text=True)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().startswith("mongocdc: streaming after")
+            replica_set.stop()
+            assert proc.wait(timeout=180) == EXIT_UNREACHABLE
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    events = [orjson.loads(line) for line in (tmp_path / "stderr.log").read_bytes().splitlines()]
+    messages = [event["message"] for event in events]
+    assert "connection: 1 disconnects (snapshot 0, streaming 1), 0 primary elections" in messages
+    last = events[-1]
+    assert last["level"] == "ERROR" and "unreachable" in last["message"]
+    assert last["metrics"]["streaming"]["NumberOfDisconnects"] == 1
+    written = orjson.loads(metrics_file.read_bytes())
+    streaming = written["debezium.mongodb:type=connector-metrics,context=streaming,server=outage,task=0,env=test"]
+    assert (streaming["NumberOfDisconnects"], streaming["NumberOfPrimaryElections"]) == (1, 0)

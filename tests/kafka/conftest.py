@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mongocdc_devstack.kafka_broker import KafkaBroker, KafkaBrokerError, check_jars, default_jars_dir
+from mongocdc_devstack.kafka_broker import KafkaBroker, KafkaBrokerError, find_jars
 
 
 @pytest.fixture(scope="session")
@@ -17,13 +17,12 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
     Missing jars skip the Kafka tests on a developer machine that has not run ``make setup``; under CI
     (env ``CI`` set) they are a failure, so a broken setup can never pass as "all skipped".
     """
-    jars_dir = default_jars_dir()
     try:
-        check_jars(jars_dir)
+        jars_dir = find_jars()
     except KafkaBrokerError as exc:
         if os.environ.get("CI"):
             pytest.fail(f"CI is set but the Kafka jars are missing: {exc}", pytrace=False)
-        pytest.skip(f"Kafka jars missing (run `make setup`): {exc}")
+        pytest.skip(f"Kafka jars missing: {exc}")
     with KafkaBroker(None, tmp_path_factory.mktemp("kafka-broker"), jars_dir) as broker:
         yield broker
 

@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from mongocdc_core import maven
 from mongocdc_core.sinks.kafka import create_topics
 from mongocdc_devstack import kafka_broker as kb
 from mongocdc_devstack.kafka_broker import KafkaBroker, KafkaBrokerError
@@ -196,27 +197,80 @@ def test_a_chosen_port_taken_before_the_broker_binds_it_is_replaced(
         assert kb.NODE_ID in metadata.brokers
 
 
-def test_missing_jars_dir_says_run_make_setup(tmp_path: Path) -> None:
+def _jars_named_by_the_pom(folder: Path, leave_out: str = "") -> Path:
+    """A directory with a (empty) file of every jar the pom names: where the jars are is decided by names."""
+    folder.mkdir(parents=True)
+    for artifact in kb.KAFKA_JARS.artifacts():
+        if artifact.file_name != leave_out:
+            (folder / artifact.file_name).write_bytes(b"")
+    return folder
+
+
+@pytest.fixture()
+def no_jars_anywhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A pip user's machine: no MONGOCDC_KAFKA_JARS, no checkout's .jars, an empty user cache (returned)."""
+    monkeypatch.delenv(kb.JARS_ENV, raising=False)
+    monkeypatch.setattr(maven, "CHECKOUT_JARS", tmp_path / "no-checkout" / ".jars")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "mongocdc" / "kafka-jars"
+
+
+def test_no_jars_anywhere_names_the_ways_to_get_them(no_jars_anywhere: Path, tmp_path: Path) -> None:
+    with pytest.raises(KafkaBrokerError) as excinfo:
+        KafkaBroker(None, tmp_path / "data").start()
+    message = str(excinfo.value)
+    assert message.startswith("cannot start the Kafka broker: the Kafka broker's jars are missing: "
+                              f"{kb.JARS_ENV} is not set and {no_jars_anywhere} does not hold them; ")
+    assert message.endswith(f"run `mongocdc kafka jars` (downloads them from https://repo1.maven.org/maven2 into "
+                            f"{no_jars_anywhere}; `--dir DIR` for a copy to carry to a machine without network), "
+                            f"or set {kb.JARS_ENV} to a directory holding them")  # a pip user has no `make setup`
+    (maven.CHECKOUT_JARS.parent).mkdir(parents=True)
+    (maven.CHECKOUT_JARS.parent / "Makefile").write_text("")
+    with pytest.raises(KafkaBrokerError) as excinfo:
+        KafkaBroker(None, tmp_path / "data").start()
+    assert f"neither {maven.CHECKOUT_JARS / 'kafka'} nor {no_jars_anywhere} holds them" in str(excinfo.value)
+    assert str(excinfo.value).endswith(f", or run `make setup` (Maven, into {maven.CHECKOUT_JARS / 'kafka'})")
+
+
+def test_jars_are_found_in_the_named_directory_then_the_checkout_then_the_user_cache(
+        no_jars_anywhere: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cache = _jars_named_by_the_pom(no_jars_anywhere)
+    assert kb.find_jars() == cache
+    checkout = _jars_named_by_the_pom(maven.CHECKOUT_JARS / "kafka")
+    assert kb.find_jars() == checkout  # `make setup`'s jars come before the cache
+    named = _jars_named_by_the_pom(tmp_path / "named")
+    monkeypatch.setenv(kb.JARS_ENV, str(named))
+    assert kb.find_jars() == named
+    argument = _jars_named_by_the_pom(tmp_path / "argument")
+    assert kb.find_jars(argument) == argument
+
+
+def test_the_checkouts_jars_are_the_poms(no_jars_anywhere: Path) -> None:
+    """What Maven copies for `make setup` is the pom's list, so the user cache and .jars/kafka agree."""
+    checkout = REPO_ROOT / ".jars" / "kafka"
+    if not checkout.is_dir():
+        pytest.skip("no .jars/kafka: `make setup` has not run")
+    assert {p.name for p in checkout.glob("*.jar")} == {a.file_name for a in kb.KAFKA_JARS.artifacts()}
+    assert len(kb.KAFKA_JARS.artifacts()) == 45 and kb.KAFKA_JARS.artifacts()[0].file_name == "kafka_2.13-4.4.0.jar"
+
+
+def test_a_named_directory_that_does_not_exist_says_what_to_do(no_jars_anywhere: Path, tmp_path: Path) -> None:
     missing = tmp_path / "no-jars-here"
-    with pytest.raises(KafkaBrokerError, match=r"does not exist; run `make setup`") as excinfo:
+    with pytest.raises(KafkaBrokerError, match=r"is not a directory; run `mongocdc kafka jars`") as excinfo:
         KafkaBroker(None, tmp_path / "data", missing).start()
     assert str(missing) in str(excinfo.value)
 
 
-def test_jars_dir_without_kafka_jar_says_run_make_setup(tmp_path: Path) -> None:
-    jars = tmp_path / "jars"
-    jars.mkdir()
-    (jars / "slf4j-api-1.7.36.jar").write_bytes(b"")
-    with pytest.raises(KafkaBrokerError, match=r"no Kafka broker jar .* run `make setup`"):
-        KafkaBroker(None, tmp_path / "data", jars).start()
-
-
-def test_jars_dir_defaults_to_env_then_repo(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv(kb.JARS_ENV, raising=False)
-    assert kb.default_jars_dir() == REPO_ROOT / ".jars" / "kafka"
-    monkeypatch.setenv(kb.JARS_ENV, str(tmp_path))
-    assert kb.default_jars_dir() == tmp_path
-    assert KafkaBroker(None, tmp_path / "data").jars_dir == tmp_path
+def test_a_named_directory_lacking_a_jar_names_it(no_jars_anywhere: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    """A directory that lacks one jar is not used, even though the cache would have them all."""
+    _jars_named_by_the_pom(no_jars_anywhere)
+    lacking = _jars_named_by_the_pom(tmp_path / "jars", leave_out="kafka-raft-4.4.0.jar")
+    monkeypatch.setenv(kb.JARS_ENV, str(lacking))
+    with pytest.raises(KafkaBrokerError) as excinfo:
+        KafkaBroker(None, tmp_path / "data").start()
+    assert f"{kb.JARS_ENV}={lacking} lacks kafka-raft-4.4.0.jar (the Kafka broker's jars); run `mongocdc kafka jars`" \
+        in str(excinfo.value)
 
 
 def test_no_java_on_path_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -327,3 +381,4 @@ def test_cli_reports_a_taken_port(held_port: int, tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert f"port {held_port}" in result.stderr and "already in use" in result.stderr
+    assert len(result.stderr.splitlines()) == 1 and " ERROR mongocdc.kafka: mongocdc kafka: " in result.stderr

@@ -20,11 +20,11 @@ BIN = Path(sys.executable).parent
 
 
 def test_the_pom_names_every_jar_with_its_version() -> None:
-    found = jars.artifacts()
+    found = jars.SPARK_JARS.artifacts()
     assert len(found) == 11 and all("${" not in a.coordinate for a in found)
     assert {a.file_name for a in found} >= {"delta-spark_4.2_2.13-4.4.0.jar", "spark-sql-kafka-0-10_2.13-4.2.0.jar"}
-    if jars.CHECKOUT_JARS.is_dir():  # what Maven copied for `make setup` is exactly the same list
-        assert {p.name for p in jars.CHECKOUT_JARS.glob("*.jar")} == {a.file_name for a in found}
+    if jars.SPARK_JARS.checkout.is_dir():  # what Maven copied for `make setup` is exactly the same list
+        assert {p.name for p in jars.SPARK_JARS.checkout.glob("*.jar")} == {a.file_name for a in found}
 
 
 def test_jars_command_fetches_what_maven_fetches(tmp_path: Path) -> None:
@@ -33,10 +33,10 @@ def test_jars_command_fetches_what_maven_fetches(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr
     assert "[11/11]" in run.stderr and f"MONGOCDC_SPARK_JARS={target}" in run.stderr  # the command's log lines
-    assert jars.missing(target) == [] and not list(target.glob("*.part"))
-    if jars.CHECKOUT_JARS.is_dir():
+    assert jars.SPARK_JARS.missing(target) == [] and not list(target.glob("*.part"))
+    if jars.SPARK_JARS.checkout.is_dir():
         for jar in target.glob("*.jar"):
-            assert jar.read_bytes() == (jars.CHECKOUT_JARS / jar.name).read_bytes(), jar.name
+            assert jar.read_bytes() == (jars.SPARK_JARS.checkout / jar.name).read_bytes(), jar.name
     again = subprocess.run([str(BIN / "mongocdc"), "tables", "jars", "--dir", str(target),
                             "--repository", "http://127.0.0.1:9"], capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, "jars already there are not fetched again"
@@ -65,8 +65,9 @@ def test_a_named_directory_without_the_jars_says_what_to_do(tmp_path: Path,
 _SESSION = textwrap.dedent("""
     import sys
     from pathlib import Path
+    from mongocdc_core import maven
     from mongocdc_core.tables import jars, session
-    jars.CHECKOUT_JARS = Path(sys.argv[1]) / "no-checkout"
+    maven.CHECKOUT_JARS = Path(sys.argv[1]) / "no-checkout"
     try:
         spark = session.spark_session("local[1]")
     except jars.SparkSetupError as exc:
@@ -99,7 +100,7 @@ def test_spark_resolves_exactly_the_pom_jars_from_maven_central(tmp_path: Path) 
     assert "ROWS 5" in run.stdout
     listed = next(line for line in run.stdout.splitlines() if line.startswith("JARS ")).split(" ", 1)[1].split(",")
     # Ivy names a jar <group>_<artifact>-<version>.jar: the pom's jars and nothing pyspark already ships
-    assert sorted(listed) == sorted(f"{a.group}_{a.file_name}" for a in jars.artifacts())
+    assert sorted(listed) == sorted(f"{a.group}_{a.file_name}" for a in jars.SPARK_JARS.artifacts())
 
 
 @pytest.mark.slow

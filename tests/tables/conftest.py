@@ -9,7 +9,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from mongocdc_core.tables.session import spark_session
-from mongocdc_devstack.kafka_broker import KafkaBroker, KafkaBrokerError, check_jars, default_jars_dir
+from mongocdc_devstack.kafka_broker import KafkaBroker, KafkaBrokerError, find_jars
 
 
 @pytest.fixture(scope="session")
@@ -22,12 +22,11 @@ def spark() -> Iterator[SparkSession]:
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real single-node broker (same set-up as tests/kafka/conftest.py, which this directory cannot import)."""
-    jars_dir = default_jars_dir()
     try:
-        check_jars(jars_dir)
+        jars_dir = find_jars()
     except KafkaBrokerError as exc:
         if os.environ.get("CI"):
             pytest.fail(f"CI is set but the Kafka jars are missing: {exc}", pytrace=False)
-        pytest.skip(f"Kafka jars missing (run `make setup`): {exc}")
+        pytest.skip(f"Kafka jars missing: {exc}")
     with KafkaBroker(None, tmp_path_factory.mktemp("kafka-broker"), jars_dir) as broker:
         yield broker.bootstrap_servers
