@@ -24,7 +24,8 @@ numbers, a decimal, a date, an array and a sub-document.
 
 3. Many collections, few changes: a refresh cycle (``refresh_collections``, several collections at once)
    over 20 and 100 collections that got one change each, against one collection's refresh of as many
-   changes (goal <= 3x); then the same cycle with nothing new: seconds, and Spark jobs started (goal: none).
+   changes (goal <= 3x), and the Spark jobs each collection's refresh started against that one refresh's; then
+   the same cycle with nothing new: seconds, and Spark jobs started (goal: none).
 
 ``--only build|refresh|cycle`` (repeatable) measures only those sections.
 ``MONGOCDC_BENCH_SMALL=1``: 20k records, tables of 5k and 20k rows, 500 changes, 20 collections only.
@@ -326,10 +327,14 @@ def many_collections(spark: SparkSession, root: Path, count: int) -> list[harnes
 
     cycle([one, *namespaces])  # the first builds, untimed
     files[one].append(_changes(home / "one.parquet", range(count), CYCLE_KEYS, 1_700_002_000, namespace=one))
+    started = _jobs_started(spark)
     single = _timed(lambda: cycle([one]))
+    single_jobs = _jobs_started(spark) - started
     for ns in namespaces:
         files[ns].append(_changes(home / f"{ns}.parquet", range(1), CYCLE_KEYS, 1_700_002_000, namespace=ns))
+    started = _jobs_started(spark)
     many = _timed(lambda: cycle(namespaces))
+    many_jobs = _jobs_started(spark) - started
     started = _jobs_started(spark)
     quiet = _timed(lambda: cycle(namespaces))
     jobs = _jobs_started(spark) - started
@@ -338,6 +343,9 @@ def many_collections(spark: SparkSession, root: Path, count: int) -> list[harnes
     return [
         harness.Row(NAME, f"cycle over {count} collections x 1 change against 1 collection x {count} changes",
                     baseline, many, single, "s", many / single, 3.0, "<="),
+        harness.Row(NAME, f"Spark jobs per collection in a cycle over {count} collections x 1 change",
+                    f"the Spark jobs of one collection's refresh of {count} changes", many_jobs / count, single_jobs,
+                    "jobs", many_jobs / count / single_jobs),
         harness.Row(NAME, f"nothing new: a cycle over {count} collections", baseline, quiet, single, "s",
                     quiet / single),
         harness.Row(NAME, f"nothing new: Spark jobs per collection in a cycle over {count} collections",
