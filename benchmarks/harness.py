@@ -14,7 +14,7 @@ import argparse
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -113,12 +113,15 @@ def read_json(path: Path) -> tuple[list[Row], dict[str, str]]:
     return [Row(**{k: v for k, v in row.items() if k in fields}) for row in document["rows"]], document["baselines"]
 
 
-def main(name: str, baseline: str, run: Callable[[bool], list[Row]]) -> None:
-    """Command line of one benchmark module: print its rows; ``--json PATH`` also writes them."""
+def main(name: str, baseline: str, run: Callable[..., list[Row]], parts: Sequence[str] = ()) -> None:
+    """Command line of one benchmark module: print its rows; ``--json PATH`` also writes them. A module
+    with ``parts`` (its groups of rows) takes ``--only PART`` (repeatable), handed to ``run`` as a list."""
     parser = argparse.ArgumentParser(description=baseline)
     parser.add_argument("--json", type=Path, help="write the rows here (benchmarks.run uses this)")
+    if parts:
+        parser.add_argument("--only", action="append", choices=parts, help="measure only these parts (all by default)")
     args = parser.parse_args()
-    rows = run(small())
+    rows = run(small(), args.only) if parts and args.only else run(small())
     console = Console(width=180)
     console.print(f"[bold]{name}[/]: baseline = {baseline}")
     console.print(table(rows, name))

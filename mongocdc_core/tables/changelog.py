@@ -441,13 +441,14 @@ def may_repeat(files: Sequence[str]) -> bool:
 
 
 def append_events(
-    spark: SparkSession, location: str, namespace: str, rows: DataFrame, *, unique: bool = False
+    spark: SparkSession, location: str, namespace: str, rows: DataFrame, *, unique: bool = False, new: bool = False
 ) -> Appended:
     """Append the events of ``rows`` the changelog does not hold yet (by ``__key, __position, __op``).
-    ``unique``: the caller knows ``rows`` holds each event once (no deduplication among them)."""
+    ``unique``: the caller knows ``rows`` holds each event once (no deduplication among them); ``new``:
+    the caller knows the changelog holds none of them (no look at the table's events)."""
     exists = table_exists(spark, location)
     bounds = None
-    if exists:  # the positions and dates the batch spans (the same before and after deduplication)
+    if exists and not new:  # the positions and dates the batch spans (the same before and after deduplication)
         rows = rows.localCheckpoint()
         bounds = rows.agg(
             F.min("__position").alias("lo"), F.max("__position").alias("hi"),
@@ -480,6 +481,15 @@ def append_events(
     metrics = observation.get
     counts = {op: int(metrics[f"op_{op}"]) for op in DATA_OPS if metrics.get(f"op_{op}")}
     return Appended(int(metrics.get("rows") or 0), counts, metrics.get("max_position"))
+
+
+def later_than(files: Sequence[str], position: str | None) -> bool:
+    """Whether every event of ``files`` is later than ``position``, by their Parquet footers (no Spark job;
+    False when a footer cannot tell). Given a table's highest position, the table holds none of them."""
+    if position is None or not files:
+        return False
+    spans = [_span(f) for f in files]
+    return all(span is not None and span[0] > position for span in spans)
 
 
 def _repeats(rows: DataFrame) -> bool:
@@ -604,7 +614,10 @@ def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[
     if todo:
         landing = spark.read.schema(LANDING_SPARK_SCHEMA).parquet(*todo)
         rows = changelog_rows(landing, F.col("_metadata.file_path"), namespace)
-        appended = append_events(spark, location, namespace, rows, unique=not may_repeat(todo))
+        # files later than the highest position the table recorded, in the commit that is still its latest
+        # (no writer appended since), hold no event the table has: nothing to look up in it
+        fresh = before.recorded_rows is not None and later_than(todo, properties.get(POSITION_PROPERTY))
+        appended = append_events(spark, location, namespace, rows, unique=not may_repeat(todo), new=fresh)
         positions = _snapshot_positions(spark, namespace, todo, landing)
         now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
         entries = []

@@ -146,3 +146,34 @@ def test_members_read_without_a_parser_are_those_a_parser_reads(spark: SparkSess
     for row in got:
         assert (row["fast_key"], row["fast_ts"], row["fast_txn"]) == (row["key"], row["ts"], row["txn"]), row
     assert {r["fast_txn"] for r in got} >= {"t1:2", "t2", "t3", "t4"} and {r["fast_ts"] for r in got} >= {"1700000000000", "2", "17", "8", "5"}
+
+def test_later_files_skip_the_lookup_only_while_the_recorded_position_is_the_tables(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A file later than the position the changelog recorded is appended without looking up its events in
+    the table; once a writer has appended without recording (the streaming job, a refresh stopped before
+    its properties commit), the recorded position may be older than the table's events: looked up again."""
+    wl = Workload(random.Random(5), collections=("orders",), full_document=True)
+    conv = converter("change_streams_update_full")
+    wl.run(12)
+    total = len(wl.events)
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    s0 = write_landing(tmp_path / "s0.parquet", slice_records(conv, wl.events[:6]))
+    assert refresh_changelog(spark, tables, [str(s0)]).row_count == 6
+    s1 = write_landing(tmp_path / "s1.parquet", slice_records(conv, wl.events[6:9]))
+    assert changelog.later_than([str(s1)], table_properties(spark, tables.changelog)["mongocdc.position"])
+    assert not changelog.later_than([str(s0), str(s1)], table_properties(spark, tables.changelog)["mongocdc.position"])
+    later = refresh_changelog(spark, tables, [str(s0), str(s1)])
+    assert (later.files_read, later.rows_added, later.row_count) == (1, 3, 9)
+
+    # events appended as the streaming job appends them, not recorded in the table's properties; then a
+    # landing file holding them and more: each event once
+    s2 = write_landing(tmp_path / "s2.parquet", slice_records(conv, wl.events[9:]))
+    rows = changelog.changelog_rows(
+        spark.read.schema(changelog.LANDING_SPARK_SCHEMA).parquet(str(s2)), F.lit("kafka:t:0"), f"{DB}.orders",
+    ).orderBy("__position").limit(2)
+    assert changelog.append_events(spark, tables.changelog, f"{DB}.orders", rows).rows == 2
+    caught_up = refresh_changelog(spark, tables, [str(s0), str(s1), str(s2)])
+    assert (caught_up.files_read, caught_up.rows_added, caught_up.row_count) == (1, total - 11, total)
+    log = read_changelog(spark, tables.changelog)
+    assert log.count() == log.dropDuplicates(["__key", "__position", "__op"]).count() == total
