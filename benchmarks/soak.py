@@ -143,14 +143,19 @@ class Process:
     def __init__(self, name: str, args: list[str], env: dict[str, str], logs: Path) -> None:
         self.name, self.args, self.env, self.log = name, args, env, logs / f"{name}.log"
         self.popen: subprocess.Popen[bytes] | None = None
-        self.groups: list[int] = []  # every start's process group: a SIGKILLed one leaves its children there
         self.start()
 
     def start(self) -> None:
+        """Start it; a restart first ends what the previous start left in its group (a daemon killed with
+        SIGKILL leaves its code server there, serving the code it loaded beside the new daemon's)."""
+        from mongocdc_dagster.local_stack import stop_group
+
+        if self.popen is not None:
+            self.popen.wait()
+            stop_group(self.popen.pid)
         with open(self.log, "ab") as out:
             self.popen = subprocess.Popen(self.args, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                           start_new_session=True)
-        self.groups.append(self.popen.pid)
 
     def kill(self) -> None:
         """SIGKILL to the process alone (its children are left, as after a crash)."""
@@ -159,18 +164,18 @@ class Process:
         self.popen.wait()
 
     def stop(self) -> None:
-        """SIGTERM to every group this process ever had, SIGKILL to what is left after a minute."""
-        if self.popen is not None and self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                pass
-        for group in self.groups:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        """SIGTERM to its group, SIGKILL to what is left after a minute."""
+        from mongocdc_dagster.local_stack import stop_group
+
+        if self.popen is not None:
+            if self.popen.poll() is None:
+                os.killpg(self.popen.pid, signal.SIGTERM)
+                try:
+                    self.popen.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    self.popen.kill()
+                    self.popen.wait()
+            stop_group(self.popen.pid, grace_s=0.0)
 
 
 # ----------------------------------------------------------------------------------------------- the source

@@ -28,7 +28,7 @@ import asyncio
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Self
 
@@ -42,6 +42,7 @@ from dagster import (
 )
 from dagster._core.definitions.definitions_load_context import DefinitionsLoadContext, DefinitionsLoadType
 from dagster._core.storage.defs_state.base import DefsStateStorage, set_defs_state_storage
+from dagster._core.storage.defs_state.blob_storage_state_storage import UPathDefsStateStorage
 from dagster.components import DefsStateConfig, DefsStateConfigArgs, ResolvedDefsStateConfig
 from dagster.components.scaffold.scaffold import Scaffolder, ScaffoldRequest, scaffold_with
 from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
@@ -84,6 +85,33 @@ class MongoCdcScaffolder(Scaffolder[BaseModel]):
 def _translation_scope(props: MongoCdcAssetProps) -> Mapping[str, Any]:
     return {"props": props, "kind": props.kind, "namespace": props.namespace, "database": props.database,
             "collection": props.collection}
+
+
+#: Stored versions of a component's defs state kept: the newest few, and every one younger than a day (a
+#: code location loaded before and not reloaded since builds its runs from the version it pinned then).
+KEPT_STATE_VERSIONS = 10
+KEPT_STATE_AGE = timedelta(days=1)
+
+
+def prune_stored_versions(storage: DefsStateStorage | None, key: str) -> list[str]:
+    """Delete the stored versions of ``key`` beyond the newest :data:`KEPT_STATE_VERSIONS` and older than
+    :data:`KEPT_STATE_AGE`; returns them. Every load of a code location (a code server, ``dg``, a command-line
+    launch) and every change the discovery sensor stores writes a version, and Dagster deletes none. Only a
+    storage whose versions can be listed (the instance's files, or a blob store's ``base_path``) is pruned;
+    the latest version is always kept."""
+    if not isinstance(storage, UPathDefsStateStorage):
+        return []
+    folder = storage.base_path / storage._sanitize_key(key)  # the storage's own layout: <base>/<key>/<version>
+    if not folder.exists():
+        return []
+    latest = storage.get_latest_version(key)
+    by_age = sorted(((entry.stat().st_mtime, entry) for entry in folder.iterdir() if entry.is_file()),
+                    key=lambda item: item[0], reverse=True)
+    cutoff = (datetime.now(UTC) - KEPT_STATE_AGE).timestamp()
+    pruned = [entry for mtime, entry in by_age[KEPT_STATE_VERSIONS:] if mtime < cutoff and entry.name != latest]
+    for entry in pruned:
+        entry.unlink()
+    return [entry.name for entry in pruned]
 
 
 class StoredDefsStateWarning(UserWarning):
@@ -204,6 +232,8 @@ class MongoCdcComponent(StateBackedComponent, Resolvable):
                 load_context.add_defs_state_info(config.key, version)
             except DiscoveryError as exc:
                 error = str(exc)
+            else:
+                prune_stored_versions(storage, config.key)
         with load_context.state_path(config, storage, context.project_root) as state_path:
             return self.build_defs_from_state(context, state_path, error)
 
@@ -229,3 +259,4 @@ class MongoCdcComponent(StateBackedComponent, Resolvable):
         collections changed); raises :class:`DiscoveryError` when MongoDB cannot be listed."""
         with set_defs_state_storage(instance.defs_state_storage):
             asyncio.run(self.refresh_state(getattr(self, "_project_root", Path.cwd())))
+        prune_stored_versions(instance.defs_state_storage, self.defs_state_config.key)

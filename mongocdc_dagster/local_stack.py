@@ -215,9 +215,9 @@ def _signal_group(pgid: int, signum: int) -> bool:
     return True
 
 
-def _stop_group(pgid: int, grace_s: float = 15.0) -> None:
-    """End what is left of `dagster dev`'s process group after it exited (code servers, run workers): SIGTERM,
-    then SIGKILL for what is still there after ``grace_s``."""
+def stop_group(pgid: int, grace_s: float = 15.0) -> None:
+    """End what is left in a process group whose leader exited (`dagster dev`'s code servers and run workers,
+    a killed daemon's code server): SIGTERM, then SIGKILL for what is still there after ``grace_s``."""
     if not _signal_group(pgid, signal.SIGTERM):
         return
     deadline = time.monotonic() + grace_s
@@ -226,6 +226,15 @@ def _stop_group(pgid: int, grace_s: float = 15.0) -> None:
             return
         time.sleep(0.2)
     _signal_group(pgid, signal.SIGKILL)
+
+
+def _first_to_end(*children: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    """The first of ``children`` to exit (checked every second: a launcher's supervision, not a test's)."""
+    while True:
+        for child in children:
+            if child.poll() is not None:
+                return child
+        time.sleep(1.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,14 +274,23 @@ def main(argv: list[str] | None = None) -> int:
         )
         shutdown.dagster = dagster
         shutdown.forward()  # a signal that came while it was starting
-        code = dagster.wait()
-        return 0 if shutdown.requested else code  # `dagster dev` ends an interrupt with click's "Aborted!" (1)
+        ended = _first_to_end(dagster, emulator)
+        if shutdown.requested:
+            dagster.wait()
+            return 0  # `dagster dev` ends an interrupt with click's "Aborted!" (1)
+        if ended is emulator:
+            log.error(f"the emulated MongoDB on {emulator_uri(args.port)} exited with code {emulator.returncode} "
+                      "(its output is above): stopping make dev")
+        else:  # its daemon or webserver ended (a daemon killed, say): `dagster dev` stops itself, code 0
+            log.error(f"`dagster dev` ended with code {dagster.returncode} without being asked to (its output is "
+                      "above): stopping make dev")
+        return 1
     finally:
         if dagster is not None:
             if dagster.poll() is None:  # left running by an error here: stopped as a signal stops it
                 dagster.send_signal(signal.SIGINT)
                 dagster.wait()
-            _stop_group(dagster.pid)
+            stop_group(dagster.pid)
         emulator.terminate()
         try:
             emulator.wait(timeout=15)

@@ -178,11 +178,14 @@ class MongoCdcTranslator:
             # eager() without "no dependency missing": a table depends on every window of the slices,
             # and old windows are never all materialised; nor "no dependency in progress": the next
             # window's slice run is nearly always queued or running on a busy deployment, so a refresh
-            # reads what has landed and the next landing asks for the next (one at a time: not in progress)
-            return (
-                (AutomationCondition.newly_missing() | AutomationCondition.any_deps_updated()).since_last_handled()
-                & ~AutomationCondition.in_progress()
-            ).with_label("refresh when upstream lands")
+            # reads what has landed and the next landing asks for the next (one at a time: not in progress).
+            # Handled by a request, not by the table's update (since_last_handled): a refresh that ends
+            # materialised what had landed when it started, so what landed while it ran is refreshed after
+            # it (its materialisations of the tables it selected are no dependency update, Dagster's rule).
+            # A landing seen on the tick after the request (its run under way) is not handled by it either.
+            landed = AutomationCondition.newly_missing() | AutomationCondition.any_deps_updated()
+            handled = (AutomationCondition.newly_requested() & ~landed) | AutomationCondition.initial_evaluation()
+            return (landed.since(handled) & ~AutomationCondition.in_progress()).with_label("refresh when upstream lands")
         return None
 
     def get_asset_spec(self, props: MongoCdcAssetProps) -> AssetSpec:

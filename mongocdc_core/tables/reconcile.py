@@ -8,7 +8,12 @@
    blocking snapshot's reads: that position is where the snapshot's change stream starts, and a write
    may take it); where the server no longer holds it (or cannot), the collection is read now and the
    keys the change stream shows changed since are left out of the comparison, and counted. Either way
-   the check holds while writes continue.
+   the check holds while writes continue. A blocking snapshot's copy is fuzzy, as Debezium's is (it
+   reads while writers write, so a document may show a write made after the snapshot's position; the
+   stream from that position makes it exact): where the table still holds a key as the copy read it, or
+   lacks it, and the key changed after the table's time, a difference there is uncertain: the key is left
+   out and counted too (equal, it is verified). Once a change event wrote a key, the table holds it
+   exactly at its position.
 2. **The metadata columns** (``__position``, ``__op``, ``__source_ts_ms``, ``__deleted``) against the
    winning event of each key in the changelog version the table reflects.
 
@@ -125,29 +130,68 @@ def _reflected_time(log: DataFrame, position: str) -> tuple[Timestamp, str]:
     return before, f"{before.time}.{before.inc} (the tick before the snapshot's position {at.time}.{at.inc}, where its stream starts)"
 
 
-def _source(cfg: ConnectorConfig, namespace: str, position: str | None, log: DataFrame) -> tuple[_Rows, set[str], str]:
-    """The collection at ``position``: its read rows, the keys to leave out, and how it was read."""
-    rows = _Rows()
-    if position is None:
-        api.snapshot_collection(cfg, namespace, rows, filter={})
-        return rows, set(), "read now (the table has no position yet)"
-    at, said = _reflected_time(log, position)
-    try:
-        api.snapshot_collection(cfg, namespace, rows, filter={}, at_cluster_time=at)
-        return rows, set(), f"snapshot read at {said}"
-    except api.SnapshotReadUnavailable as exc:
-        reason = str(exc)
-    rows = _Rows()
-    api.snapshot_collection(cfg, namespace, rows, filter={})
+def _changed_since(cfg: ConnectorConfig, namespace: str, at: Timestamp) -> set[str]:
+    """The keys of every change event after cluster time ``at`` up to now (from the change stream)."""
     now = api.current_cluster_time(cfg)
-    # changed since: every event after the time the table holds (the snapshot's own position included)
     start = Timestamp(at.time, at.inc + 1) if at.inc < 0xFFFFFFFF else Timestamp(at.time + 1, 0)
     end = Timestamp(now.time, now.inc + 1)
     changed = _Rows()
     if (start.time, start.inc) < (end.time, end.inc):
         api.stream_window(cfg, namespace, start, end, changed)
-    keys = changed.keys()
-    return rows, keys, f"keys changed since {position} left out ({len(keys)} keys; {reason})"
+    return changed.keys()
+
+
+@dataclass(frozen=True)
+class _Left:
+    """Keys changed since the table's time, to leave out of the comparison. ``fuzzy``: only those a blocking
+    snapshot's copy may have read after that time, where they differ from the source at that time."""
+
+    changed: set[str]
+    fuzzy: bool
+
+
+def _source(cfg: ConnectorConfig, namespace: str, position: str | None, log: DataFrame) -> tuple[_Rows, _Left, str]:
+    """The collection at ``position``: its read rows, the keys to leave out, and how it was read."""
+    rows = _Rows()
+    if position is None:
+        api.snapshot_collection(cfg, namespace, rows, filter={})
+        return rows, _Left(set(), fuzzy=False), "read now (the table has no position yet)"
+    at, said = _reflected_time(log, position)
+    try:
+        api.snapshot_collection(cfg, namespace, rows, filter={}, at_cluster_time=at)
+    except api.SnapshotReadUnavailable as exc:
+        reason = str(exc)
+    else:
+        changed = _changed_since(cfg, namespace, at) if _blocking_reads_win(log) else set()
+        return rows, _Left(changed, fuzzy=True), f"snapshot read at {said}" + (
+            "; keys changed since that differ where the table holds them as a blocking snapshot's copy read them, "
+            "or lacks them, left out (the copy may have read them after that time)" if changed else "")
+    rows = _Rows()
+    api.snapshot_collection(cfg, namespace, rows, filter={})
+    # changed since: every event after the time the table holds (the snapshot's own position included)
+    changed = _changed_since(cfg, namespace, at)
+    return rows, _Left(changed, fuzzy=False), f"keys changed since {position} left out ({len(changed)} keys; {reason})"
+
+
+def _blocking_reads(log: DataFrame) -> DataFrame:
+    """The keys whose winning event in ``log`` is a blocking snapshot's read (``__key``)."""
+    order = F.struct(F.col("__position"), F.when(F.col("__op") == "r", 0).otherwise(1))
+    blocking_read = (F.col("__op") == "r") & ~F.coalesce(F.col("snapshot") == "incremental", F.lit(False))
+    winners = log.groupBy("__key").agg(F.max_by(blocking_read, order).alias("read"))
+    return winners.where(F.col("read")).select("__key")
+
+
+def _uncertain(log: DataFrame, changed: DataFrame) -> DataFrame:
+    """Of the keys ``changed`` since the table's time (``__key``), those a fuzzy copy may have read after it:
+    the table holds them as a blocking snapshot read them, or lacks them (a copy may miss a key deleted before
+    it came to it). A key a change event wrote is exact at the table's position."""
+    written = log.select("__key").distinct().join(_blocking_reads(log), "__key", "left_anti")
+    return changed.join(written, "__key", "left_anti")
+
+
+def _blocking_reads_win(log: DataFrame) -> bool:
+    """Whether any key of the table is still as a blocking snapshot's copy read it."""
+    return bool(_blocking_reads(log).limit(1).count())
 
 
 def _signature(frame: DataFrame, names: list[str]) -> Column:
@@ -205,8 +249,12 @@ def compare(spark: SparkSession, namespace: str, changelog: str, state: str, cfg
     right = source.select("__key", _signature(source, names).alias("s"))
     joined = left.join(right, "__key", "full_outer")
     keys_excluded = 0
-    if excluded:
-        leave_out = spark.createDataFrame([(k,) for k in excluded], T.StructType([T.StructField("__key", T.StringType())]))
+    if excluded.changed:
+        leave_out = spark.createDataFrame([(k,) for k in excluded.changed],
+                                          T.StructType([T.StructField("__key", T.StringType())]))
+        if excluded.fuzzy:  # of those, the ones that differ: a key equal to the source is verified
+            differing = joined.where(~F.col("t").eqNullSafe(F.col("s")))
+            leave_out = _uncertain(log, leave_out).join(differing, "__key", "left_semi")
         keys_excluded = leave_out.join(joined, "__key", "left_semi").count()
         joined = joined.join(leave_out, "__key", "left_anti")
     keys_compared = joined.count()

@@ -8,11 +8,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dagster import AssetKey, DagsterInstance, instance_for_test, load_from_defs_folder
+from dagster._core.storage.defs_state.blob_storage_state_storage import UPathDefsStateStorage
 from pymongo.database import Database
 
 from mongocdc_dagster import local_stack
@@ -190,3 +192,30 @@ def test_two_connectors_with_the_same_name_are_refused_with_what_to_do(
     assert checked.returncode != 0
     assert "2 MongoCdcComponents are unnamed: give each connector of the project its own `name`" in (
         checked.stdout + checked.stderr)
+
+
+def test_old_stored_versions_of_the_defs_state_are_pruned(tmp_path: Path, mongo_uri: str, db: Database[Any]) -> None:
+    """Every load and every change the discovery sensor stores writes a version of the defs state: the newest
+    10 and every one younger than a day are kept, older ones beyond those deleted, the latest never."""
+    db.create_collection("alpha")
+    write_config(tmp_path / "connector.json", mongo_uri, db.name)
+    component = MongoCdcComponent(connector_config=str(tmp_path / "connector.json"), home=str(tmp_path / "home"))
+    key = component.defs_state_config.key
+    with instance_for_test() as instance:
+        storage = instance.defs_state_storage
+        assert isinstance(storage, UPathDefsStateStorage)
+        folder = Path(str(storage.base_path)) / storage._sanitize_key(key)
+        for _ in range(12):
+            component.store_state(instance)
+        versions = sorted(folder.iterdir(), key=lambda p: p.stat().st_mtime)
+        assert len(versions) == 12  # all younger than a day: none pruned
+        two_days_ago = time.time() - 2 * 86400
+        for i, path in enumerate(versions):  # as if stored two days ago, one second apart, in the same order
+            os.utime(path, (two_days_ago + i, two_days_ago + i))
+        component.store_state(instance)
+        latest = storage.get_latest_version(key)
+        left = {p.name for p in folder.iterdir()}
+        assert left == {latest} | {p.name for p in versions[-9:]}, (len(left), latest)
+        state_file = tmp_path / "state"
+        storage.download_state_to_path(key, latest, state_file)  # type: ignore[arg-type]
+        assert DiscoveryState.from_json(state_file.read_text()).namespaces == (f"{db.name}.alpha",)

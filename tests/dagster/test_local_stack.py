@@ -112,3 +112,48 @@ def test_sigterm_from_a_non_interactive_shell_stops_the_whole_stack(tmp_path: Pa
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+@pytest.mark.parametrize("victim", ["emulator", "daemon"])
+def test_a_part_of_the_stack_that_dies_stops_make_dev_and_nothing_is_left(tmp_path: Path, victim: str) -> None:
+    """The emulated MongoDB killed (Dagster's sensors and runs then only retry), or Dagster's daemon killed with
+    SIGKILL (`dagster dev` then stops itself): `make dev` notices, says which part ended, exits 1, and leaves no
+    process behind (what was left in `dagster dev`'s process group, code servers included)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MONGOCDC_HOME", "MONGOCDC_CONFIG", "DAGSTER_HOME")}
+    port, ui_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    log = tmp_path / "make-dev.log"
+    with open(log, "wb") as out:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "mongocdc_dagster.local_stack", "--port", str(port), "--dagster-port", str(ui_port),
+             "--home", str(tmp_path / "home"), "--dagster-home", str(tmp_path / "dagster")],
+            cwd=local_stack.REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    seen: list[Proc] = []
+    try:
+        deadline = time.monotonic() + 600  # a guard for a stack that never comes up, not what is tested
+        while not all(any(part in p.command for p in seen) for part in PARTS.values()):
+            assert launcher.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, f"the stack did not start: {[p.command[:80] for p in seen]}"
+            time.sleep(1.0)
+            seen = _tree(launcher.pid)
+        groups = {p.pgid for p in seen}
+        target = next(p for p in seen if PARTS[victim] in p.command)
+        os.kill(target.pid, signal.SIGKILL)
+        try:
+            code = launcher.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"make dev kept running without its {victim}:\n" + log.read_text(errors="replace")[-3000:])
+        now = _processes()
+        left = [p.command[:100] for p in seen if _alive(p, now)]
+        in_groups = [p.command[:100] for p in now.values() if p.pgid in groups and p.state != "Z"]
+        assert not left and not in_groups, (left, in_groups)
+        text = log.read_text(errors="replace")
+        said = {"emulator": f"the emulated MongoDB on {local_stack.emulator_uri(port)} exited with code -9",
+                "daemon": "`dagster dev` ended with code"}[victim]
+        assert code == 1 and said in text and "stopping make dev" in text, text[-3000:]
+    finally:
+        for proc in reversed(seen):
+            if _alive(proc, _processes()):
+                os.kill(proc.pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()

@@ -15,6 +15,7 @@ from dagster import (
     AssetCheckKey,
     AssetCheckSeverity,
     AssetKey,
+    AssetMaterialization,
     AssetSelection,
     DagsterInstance,
     DagsterRunStatus,
@@ -22,6 +23,7 @@ from dagster import (
     define_asset_job,
     evaluate_automation_conditions,
 )
+from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
 from delta.tables import DeltaTable
 from pymongo import MongoClient
 from pymongo.database import Database
@@ -233,6 +235,40 @@ def test_the_table_automation_refreshes_what_landed_once_and_queues_none_behind_
         quiet.description or "")
     code, said = _cli(env, capsys, "--collection", env.ns("quiet"), "--check", "matches_source")
     assert code == 0 and f"WARN  {db.name}/quiet/current_state  matches_source  blocking" in said, said
+
+
+def test_a_landing_during_a_refresh_is_refreshed_once_the_refresh_ends(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    """Data that lands while a refresh runs is refreshed when that refresh ends, having materialised the
+    tables from what had landed before (it was picked up only after the next landing: the refresh's
+    own materialisation counted as handling it), and no second refresh is queued while it runs."""
+    db.orders.insert_many([{"_id": i, "qty": i} for i in range(5)])
+    env = make_env(tmp_path, mongo_uri, db, ["orders"])
+    orders = [env.key("orders", "changelog"), env.key("orders", "current_state")]
+    first = evaluate_automation_conditions(defs=env.defs, instance=instance)
+    env.materialize(instance, [env.key("orders", "snapshot")])
+    landed = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=first.cursor)
+    assert {k for k in orders if landed.get_num_requested(k)} == set(orders)
+
+    job = Definitions.merge(env.defs, Definitions(jobs=[define_asset_job("refresh", AssetSelection.assets(*orders))]))
+    running = instance.create_run_for_job(job.resolve_job_def("refresh"), status=DagsterRunStatus.STARTED,
+                                          asset_selection=frozenset(orders))
+    env.materialize(instance, [env.key("orders", "snapshot")])  # lands while the refresh runs
+    behind = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=landed.cursor)
+    assert behind.total_requested == 0, "a second refresh was queued behind the running one"
+    for key in orders:  # the running refresh ends, having materialised the tables
+        instance.report_dagster_event(DagsterEvent(
+            event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value, job_name=running.job_name,
+            event_specific_data=StepMaterializationData(AssetMaterialization(key))), run_id=running.run_id)
+    instance.report_dagster_event(DagsterEvent(event_type_value=DagsterEventType.RUN_SUCCESS.value,
+                                               job_name=running.job_name), run_id=running.run_id)
+    assert instance.get_run_by_id(running.run_id).status == DagsterRunStatus.SUCCESS  # type: ignore[union-attr]
+    after = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=behind.cursor)
+    assert {k for k in orders if after.get_num_requested(k)} == set(orders)  # what landed during it, once
+    instance.create_run_for_job(job.resolve_job_def("refresh"), status=DagsterRunStatus.STARTED,
+                                asset_selection=frozenset(orders))
+    again = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=after.cursor)
+    assert again.total_requested == 0  # requested once: that refresh handles it
 
 
 def test_a_landing_is_refreshed_while_the_next_window_is_being_landed(
