@@ -36,7 +36,7 @@ from rich.text import Text
 from mongocdc_core.config import ConfigError, ConnectorConfig
 from mongocdc_core.coordinator import Engine, RunSummary
 from mongocdc_core.failures import EventProcessingError
-from mongocdc_core.logs import add_log_format_option, command_logging, fields, signal_safe_line
+from mongocdc_core.logs import LogFormat, add_log_format_option, command_logging, fields, signal_safe_line
 from mongocdc_core.metrics.prometheus import PrometheusExporter
 from mongocdc_core.offsets import OffsetError, open_offset_store
 from mongocdc_core.positions import Position
@@ -90,6 +90,12 @@ class ReadyLine(ProgressListener):
 
     def connecting(self, state: ConnectionState) -> None:
         log.warning(state.line())
+
+    def __enter__(self) -> ReadyLine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Nothing drawn, nothing to stop (a bar that is drawn stops here)."""
 
 
 class RateColumn(ProgressColumn):
@@ -184,6 +190,14 @@ class RichProgress(ReadyLine):
             if self._stream_task is not None:
                 detail = " ".join(f"{op}={n}" for op, n in sorted(counts.items()))
                 self.progress.update(self._stream_task, completed=events, description=f"streaming events {detail}")
+
+
+def progress_listener(console: Console, fmt: LogFormat) -> ReadyLine:
+    """Bars on a terminal; elsewhere (a file, a log shipper, JSON logs) counts, rate and ETA as log lines
+    of ``mongocdc.progress``, one event a line, never a bar's control codes."""
+    if fmt == "text" and console.is_terminal:
+        return RichProgress(console)
+    return LineProgress(logging.getLogger("mongocdc.progress"))
 
 
 def _port(text: str) -> int:
@@ -308,13 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         sink.close()
         log.error(f"cannot open offsets {args.offsets}: {exc}")
         return EXIT_USAGE
-    listener: ReadyLine
-    if args.no_progress:
-        listener = ReadyLine()
-    elif fmt == "text" and console.is_terminal:
-        listener = RichProgress(console)
-    else:
-        listener = LineProgress(logging.getLogger("mongocdc.progress"))
+    listener = ReadyLine() if args.no_progress else progress_listener(console, fmt)
     engine = Engine(cfg, sink, offsets, progress=listener, metrics_file=args.metrics_file)
     port = cfg.mongocdc_metrics_port if args.metrics_port is None else args.metrics_port
     exporter = PrometheusExporter(engine.metrics, port) if port else None
@@ -332,10 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, stopper)
     bounds = {"max_events": args.max_events, "until_idle": args.until_idle, "stop_at": args.stop_at}
     try:
-        if isinstance(listener, RichProgress):
-            with listener:
-                summary = engine.run(**bounds)
-        else:
+        with listener:
             summary = engine.run(**bounds)
     except (CdcError, SinkError, OffsetError, EventProcessingError) as exc:
         _report_metrics(engine)

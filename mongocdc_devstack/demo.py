@@ -11,6 +11,7 @@ every current_state with its collection at the table's position.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import sys
@@ -28,9 +29,10 @@ from rich.table import Table
 from mongocdc_core.api import current_cluster_time
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.coordinator import Engine
+from mongocdc_core.logs import command_logging
 from mongocdc_core.offsets import FileOffsetStore
 from mongocdc_core.replay import Replayer, differences
-from mongocdc_core.run_command import RichProgress
+from mongocdc_core.run_command import progress_listener
 from mongocdc_core.sinks.jsonl import JsonlSink
 from mongocdc_core.sinks.parquet import ParquetSink
 from mongocdc_core.sinks.tee import TeeSink
@@ -128,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tables", action="store_true", help="skip the Spark tables and their reconciliation")
     args = parser.parse_args(argv)
     console = Console()
+    # The run's warnings and progress on stderr: bars on a terminal, one line per event elsewhere.
+    errors = Console(stderr=True)
+    fmt, _ = command_logging("mongocdc demo", None, "WARNING", errors)
+    logging.getLogger("mongocdc.progress").setLevel(logging.INFO)
     home = Path(args.home)
     shutil.rmtree(home, ignore_errors=True)
     out = home / "out"
@@ -153,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         landing = home / "landing"
         sink = TeeSink([JsonlSink(out), ParquetSink(landing)])
         offsets = FileOffsetStore(home / "offsets.json")
-        with RichProgress(Console(stderr=True)) as progress:
+        with progress_listener(errors, fmt) as progress:
             # Capture runs while the workload writes; once it is done, the run stops and a second one
             # resumes from the stored offsets up to a cluster time taken after the last write, so the
             # records hold every write by position, not by waiting for quiet.

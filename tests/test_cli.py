@@ -220,3 +220,6 @@ def test_demo_rebuilds_the_source(tmp_path: Path) -> None:
     assert spark_log.stat().st_size > 0, "Spark's output went to its log file"
     console = result.stdout + result.stderr
     assert "WARN" not in console and "log4j" not in console and "SLF4J" not in console, console
+    # stderr is a pipe here: progress as log lines, never a bar or its control codes
+    assert "\x1b[" not in result.stderr and "━" not in result.stderr, result.stderr
+    assert "mongocdc.progress" in result.stderr, result.stderr
