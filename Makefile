@@ -39,10 +39,12 @@ $(STAMP): pyproject.toml $(NATIVE_STAMP)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# The wheels a user installs (`pip install --find-links dist 'mongocdc[all]'`): mongocdc and mongocdc-native.
+# The wheels a user installs (`pip install --find-links dist 'mongocdc[all]'`): mongocdc and mongocdc-native,
+# and mongocdc-native's sdist (pip builds it where no wheel fits and Rust is present).
 wheels: $(VENV)/bin/python
 	rm -rf dist
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist . ./native
+	$(PY) -m build --sdist --outdir dist native
 
 # Kafka broker jars from Maven Central; re-fetched only when the pom changes.
 $(KAFKA_STAMP): $(KAFKA_POM)

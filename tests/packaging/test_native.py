@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 _WITHOUT_NATIVE = textwrap.dedent("""
     import sys
@@ -30,3 +37,24 @@ def test_with_the_compiled_module_nothing_is_said() -> None:
                           "raw.say_if_python_path()"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stderr == "", run.stderr
+
+
+def test_the_sdist_builds_the_compiled_module_where_rust_is_present(tmp_path: Path) -> None:
+    """``make wheels``' sdist of mongocdc-native, installed from source as pip does on a platform with no
+    wheel: the Rust crate compiles (maturin, from the package index) and the installed module converts."""
+    if shutil.which("cargo") is None:
+        pytest.skip("no Rust toolchain (cargo) on this machine: the sdist has nothing to build with")
+    subprocess.run([sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path / "dist"), str(REPO / "native")],
+                   check=True, capture_output=True, timeout=600)
+    (sdist,) = (tmp_path / "dist").glob("mongocdc_native-*.tar.gz")
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(sdist)],
+                   check=True, capture_output=True, timeout=1200)
+    probe = ("import mongocdc_native, sys; print(mongocdc_native.__file__); "
+             "print(mongocdc_native.document_bounds(bytes.fromhex('0500000000') * 2))")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(target)}, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    where, bounds = run.stdout.splitlines()
+    assert Path(where).is_relative_to(target), where
+    assert bounds == "[0, 5, 10]", bounds
