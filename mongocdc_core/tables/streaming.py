@@ -1,10 +1,13 @@
 """Structured Streaming from the connector's Kafka topics into the same per-collection tables.
 
 One query reads all of a connector's topics (best by pattern, so a collection captured later is read
-too): a deployment's tens of collections share one checkpoint and one micro-batch loop. Each micro-batch (``foreachBatch``) flattens the Debezium records (JsonConverter values with or
-without their ``schema`` part) into landing-zone columns, appends each collection's events to its
-changelog (append-only per event identity, so a batch replayed after a restart adds nothing) and
-refreshes that collection's current_state: exactly once into the tables, across restarts.
+too): a deployment's tens of collections share one checkpoint and one micro-batch loop. Each micro-batch
+(``foreachBatch``) flattens the Debezium records (JsonConverter values with or without their ``schema``
+part) into landing-zone columns, appends each collection's events to its changelog (append-only per
+event identity, so a batch replayed after a restart adds nothing) and refreshes that collection's
+current_state, the collections it touched several at once as a refresh cycle does: exactly once into
+the tables, across restarts. A batch in which any collection failed fails the query before its offsets
+are committed, so a restart processes it again.
 
 Positions: mongocdc's Kafka sink puts every record's position in the header ``mongocdc.position``,
 so a record read here sorts exactly as the same record read from the landing zone, and both paths
@@ -15,9 +18,13 @@ no position and lose to every change event of their key.
 
 from __future__ import annotations
 
+import logging
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -26,8 +33,14 @@ from pyspark.sql.streaming import StreamingQuery
 from mongocdc_core.sinks.kafka import POSITION_HEADER
 from mongocdc_core.tables import changelog as _changelog
 from mongocdc_core.tables.changelog import TableInputError, changelog_rows
-from mongocdc_core.tables.collection import CollectionTables, TableOptions, refresh_current_state
+from mongocdc_core.tables.collection import (
+    CollectionTables,
+    TableOptions,
+    concurrently,
+    refresh_current_state,
+)
 
+log = logging.getLogger(__name__)
 _NO_POSITION = "0000000000000.0000000000.000000"
 
 
@@ -40,7 +53,8 @@ class StreamSettings:
     runs gets its tables). Transaction, heartbeat and signal topics may be included — their records
     are skipped, as are tombstones. Each collection's tables are ``CollectionTables.under(root, ns)``
     unless ``tables`` names them. ``kafka_options`` pass through to the Kafka source (``kafka.*``
-    settings such as security).
+    settings such as security). ``concurrency``: collections of one micro-batch written at once (as
+    ``refresh_collections``'s; default :func:`.collection.default_concurrency`).
     """
 
     bootstrap_servers: str
@@ -55,6 +69,11 @@ class StreamSettings:
     options: TableOptions = field(default_factory=TableOptions)
     tables: Callable[[str], CollectionTables] | None = None
     kafka_options: Mapping[str, str] = field(default_factory=dict)
+    concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrency is not None and self.concurrency < 1:
+            raise TableInputError(f"StreamSettings.concurrency must be at least 1, got {self.concurrency}")
 
     def tables_for(self, namespace: str) -> CollectionTables:
         return self.tables(namespace) if self.tables is not None else CollectionTables.under(self.root, namespace)
@@ -118,17 +137,63 @@ def kafka_changelog_rows(records: DataFrame) -> DataFrame:
     return changelog_rows(kafka_to_landing(records), F.col("_origin"))
 
 
-def process_batch(spark: SparkSession, settings: StreamSettings, batch: DataFrame) -> None:
-    """One micro-batch: each collection's new events into its changelog, then its current_state."""
+class BatchWriteError(RuntimeError):
+    """Collections of a micro-batch whose tables could not be written (the others were): the query
+    stops without committing the batch's offsets, and a restart writes it again."""
+
+    def __init__(self, batch_id: int, failures: Mapping[str, Exception]) -> None:
+        self.failures = dict(failures)
+        lines = [f"{namespace}: {_summary(exc)}" for namespace, exc in sorted(self.failures.items())]
+        super().__init__(
+            f"micro-batch {batch_id}: the tables of {len(lines)} collection(s) failed (the batch's offsets are not "
+            "committed; a restart writes it again):\n" + "\n".join(lines)
+        )
+
+
+def _summary(exc: Exception) -> str:
+    """One line saying what failed: for an error raised in the JVM, the Java exception (py4j's own first
+    line only names the call, such as ``o734.save``)."""
+    java = getattr(exc, "java_exception", None)
+    text = str(java.toString()) if isinstance(exc, Py4JJavaError) and java is not None else str(exc)
+    first = (text.strip().splitlines() or [""])[0]
+    return first if isinstance(exc, Py4JJavaError) else f"{type(exc).__name__}: {first}"
+
+
+def _write_collection(settings: StreamSettings, view: str, spark: SparkSession, namespace: str) -> None:
+    """One collection's part of a micro-batch, in ``spark`` (a session of its own): its events, read from
+    the batch's global view, appended to its changelog, then its current_state refreshed."""
+    tables = settings.tables_for(namespace)
+    rows = spark.table(view).where(F.col("__collection") == namespace)
+    appended = _changelog.append_events(spark, tables.changelog, namespace, rows)
+    _changelog.record(spark, tables.changelog, namespace, appended)
+    refresh_current_state(spark, tables, settings.options)
+
+
+def process_batch(spark: SparkSession, settings: StreamSettings, batch: DataFrame, batch_id: int) -> None:
+    """One micro-batch: each collection's new events into its changelog, then its current_state, several
+    collections at once (:func:`.collection.concurrently`, the refresh cycle's way: each in a Spark session
+    and scheduler pool of its own, so the SQL settings a refresh sizes do not race). A DataFrame belongs
+    to the session that made it, so the batch's rows reach those sessions as a global temporary view
+    (shared by every session of the SparkContext; dropped when the batch ends). Every collection is
+    attempted; if any failed, :class:`BatchWriteError` names them all."""
     rows = kafka_changelog_rows(batch).localCheckpoint()
     namespaces = sorted(r[0] for r in rows.select("__collection").distinct().collect())
-    for namespace in namespaces:
-        tables = settings.tables_for(namespace)
-        appended = _changelog.append_events(
-            spark, tables.changelog, namespace, rows.where(F.col("__collection") == namespace)
-        )
-        _changelog.record(spark, tables.changelog, namespace, appended)
-        refresh_current_state(spark, tables, settings.options)
+    if not namespaces:
+        return
+    view = f"mongocdc_batch_{uuid.uuid4().hex}"
+    rows.createGlobalTempView(view)
+    shared = f"{spark.conf.get('spark.sql.globalTempDatabase', 'global_temp')}.{view}"
+    failures: dict[str, Exception] = {}
+    try:
+        write = partial(_write_collection, settings, shared)
+        for namespace, outcome in concurrently(spark, namespaces, write, concurrency=settings.concurrency):
+            if isinstance(outcome, Exception):
+                log.error("micro-batch %d: the tables of %s failed: %s", batch_id, namespace, _summary(outcome))
+                failures[namespace] = outcome
+    finally:
+        spark.catalog.dropGlobalTempView(view)
+    if failures:
+        raise BatchWriteError(batch_id, failures) from next(iter(failures.values()))
 
 
 def start_stream(spark: SparkSession, settings: StreamSettings, query_name: str = "mongocdc-tables") -> StreamingQuery:
@@ -156,7 +221,7 @@ def start_stream(spark: SparkSession, settings: StreamSettings, query_name: str 
         reader.load()
         .writeStream.queryName(query_name)
         .option("checkpointLocation", settings.checkpoint_location)
-        .foreachBatch(lambda batch, batch_id: process_batch(spark, settings, batch))
+        .foreachBatch(lambda batch, batch_id: process_batch(spark, settings, batch, batch_id))
     )
     if settings.available_now:
         writer = writer.trigger(availableNow=True)

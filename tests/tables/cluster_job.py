@@ -1,10 +1,12 @@
 """The driver of the standalone-cluster test (run as its own process: one SparkContext per process).
 
 ``python -m tests.tables.cluster_job <master> <landing> <out> <blocker dir> <bootstrap> <topic>`` builds
-every collection of the landing zone (one folder per topic) under ``<out>/landing`` and streams
-``<topic>`` from Kafka into ``<out>/kafka``. The executors run Python with ``<blocker dir>`` on their
-path, whose ``sitecustomize`` makes mongocdc, pymongo, bson and orjson unimportable there: whatever the
-tables need on executors must travel with the job.
+every collection of the landing zone (one folder per topic) under ``<out>/landing`` in one refresh cycle
+(``refresh_collections``: several collections at once) and streams ``<topic>`` from Kafka into
+``<out>/kafka``. The executors run Python with ``<blocker dir>`` on their path, whose ``sitecustomize``
+makes mongocdc, pymongo, bson and orjson unimportable there: whatever the tables need on executors must
+travel with the job. Spark's event log goes to ``<out>/events`` (uncompressed JSON lines), from which
+the test reads which jobs ran when and which executors ran their tasks.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from mongocdc_core.tables import CollectionTables, landing_files, refresh_changelog, refresh_current_state
+from mongocdc_core.tables import CollectionTables, landing_files, refresh_collections
 from mongocdc_core.tables.session import spark_conf
 from mongocdc_core.tables.streaming import StreamSettings, start_stream
 
@@ -42,13 +44,16 @@ def collection_folders(landing: Path) -> list[Path]:
     return [p for p in sorted(landing.iterdir()) if p.is_dir() and p.name.count(".") >= 2]
 
 
-def session(master: str, blocker: str) -> SparkSession:
+def session(master: str, blocker: str, events: str) -> SparkSession:
     builder = SparkSession.builder.master(master).appName("mongocdc-cluster-test")
     conf = spark_conf(local_tuning=False) | {
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
-        "spark.executor.memory": "1g",
+        "spark.executor.memory": "768m",
         "spark.cores.max": "2",
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": Path(events).resolve().as_uri(),
+        "spark.eventLog.compress": "false",
         "spark.pyspark.python": sys.executable,
         "spark.executorEnv.PYTHONPATH": blocker,
         "spark.ui.enabled": "false",
@@ -61,7 +66,8 @@ def session(master: str, blocker: str) -> SparkSession:
 
 
 def main(master: str, landing: str, out: str, blocker: str, bootstrap: str, topic: str) -> None:
-    spark = session(master, blocker)
+    Path(out, "events").mkdir(parents=True)
+    spark = session(master, blocker, f"{out}/events")
     try:
         probe = spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("importlib").util.find_spec("bson"))
         try:
@@ -70,11 +76,11 @@ def main(master: str, landing: str, out: str, blocker: str, bootstrap: str, topi
         except Exception as exc:  # noqa: BLE001 - the import must fail on the executor
             if "not installed on this executor" not in str(exc):
                 raise
-        for folder in collection_folders(Path(landing)):
-            namespace = folder.name.split(".", 1)[1]
-            tables = CollectionTables.under(f"{out}/landing", namespace)
-            refresh_changelog(spark, tables, landing_files([folder]))
-            refresh_current_state(spark, tables)
+        work = [(CollectionTables.under(f"{out}/landing", folder.name.split(".", 1)[1]), landing_files([folder]))
+                for folder in collection_folders(Path(landing))]  # fmt: skip
+        failed = [done for done in refresh_collections(spark, work) if done.error is not None]
+        if failed:
+            raise SystemExit(f"refresh failed: {[(done.namespace, done.error) for done in failed]}")
         settings = StreamSettings(
             bootstrap_servers=bootstrap, topics=[topic], root=f"{out}/kafka",
             checkpoint_location=f"{out}/checkpoint", available_now=True,

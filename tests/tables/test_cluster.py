@@ -1,11 +1,15 @@
-"""The demo's tables built on a Spark standalone cluster (master + worker on loopback) equal local mode.
+"""The demo's tables built on a Spark standalone cluster (a master and two workers on loopback) equal local mode.
 
 The cluster's executors have no mongocdc installed (see ``cluster_job.py``); the Kafka -> Structured
 Streaming path runs there too, against the real broker, and builds the same tables as the landing zone.
+The refresh cycle's collections refresh concurrently on the cluster, shown by Spark's event log (facts,
+not timings): a Spark job of one collection starts while another collection's job runs, and their tasks
+run on the executors of both workers.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
@@ -14,7 +18,9 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pyarrow.parquet as pq
 import pytest
@@ -63,9 +69,16 @@ def _wait_for(log: Path, text: str, process: subprocess.Popen[bytes]) -> None:
     raise AssertionError(f"{log.name}: no {text!r} within {_STARTUP_S}s:\n{log.read_text(errors='replace')[-3000:]}")
 
 
+@dataclass(frozen=True)
+class Cluster:
+    master: str
+    #: the web UI port of each worker (its executors' log URLs point there: which worker ran an executor)
+    worker_ports: tuple[int, ...]
+
+
 @contextmanager
-def standalone_cluster(home: Path) -> Iterator[str]:
-    """A master and one worker, started with ``spark-class`` on 127.0.0.1; yields the master URL."""
+def standalone_cluster(home: Path, workers: int = 2) -> Iterator[Cluster]:
+    """A master and ``workers`` workers of one core each, started with ``spark-class`` on 127.0.0.1."""
     import pyspark
 
     spark_home = Path(pyspark.__file__).parent
@@ -83,15 +96,17 @@ def standalone_cluster(home: Path) -> Iterator[str]:
         )
         processes.append(master)
         _wait_for(master_log, "I have been elected leader", master)
-        worker_log = home / "worker.log"
-        worker = subprocess.Popen(
-            [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "2",
-             "--memory", "1500m", "--webui-port", str(_port()), "--work-dir", str(home / "work"), master_url],
-            stdout=worker_log.open("wb"), stderr=subprocess.STDOUT, env=env,
-        )
-        processes.append(worker)
-        _wait_for(worker_log, "Successfully registered with master", worker)
-        yield master_url
+        ports = tuple(_port() for _ in range(workers))
+        for n, ui_port in enumerate(ports):
+            worker_log = home / f"worker-{n}.log"
+            worker = subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
+                 "--memory", "1g", "--webui-port", str(ui_port), "--work-dir", str(home / f"work-{n}"), master_url],
+                stdout=worker_log.open("wb"), stderr=subprocess.STDOUT, env=env,
+            )
+            processes.append(worker)
+            _wait_for(worker_log, "Successfully registered with master", worker)
+        yield Cluster(master_url, ports)
     finally:
         for process in reversed(processes):
             process.terminate()
@@ -100,6 +115,55 @@ def standalone_cluster(home: Path) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+@dataclass
+class _Job:
+    collection: str
+    pool: str | None
+    overlapped: set[str]  # collections whose jobs started while this one ran
+
+
+def _cycle_facts(events_dir: Path, collections: set[str]) -> tuple[dict[int, _Job], dict[str, int]]:
+    """From the application's event log: the Spark jobs of the refresh cycle (run in a ``mongocdc-<n>``
+    scheduler pool; the job group's description names the collection: ``changelog of <ns>``,
+    ``current_state of <ns>``), each with the collections
+    whose jobs started while it ran (in the log's order: the scheduler posts job starts and ends in the
+    order they happen), and the number of those jobs' tasks per worker (an executor's log URL names its
+    worker's web UI port)."""
+    # Spark 4's event log: a folder per application, its events in numbered files
+    files = sorted(events_dir.glob("eventlog_v2_*/events_*"), key=lambda p: int(p.name.split("_")[1]))
+    assert files, f"no event log under {events_dir}"
+    jobs: dict[int, _Job] = {}
+    running: set[int] = set()
+    stage_job: dict[int, int] = {}
+    executor_port: dict[str, int] = {}
+    tasks: dict[str, int] = {}
+    for line in (line for path in files for line in path.read_text().splitlines()):
+        event = json.loads(line)
+        kind = event["Event"]
+        if kind == "SparkListenerExecutorAdded":
+            url = event["Executor Info"]["Log Urls"]["stdout"]
+            executor_port[event["Executor ID"]] = int(urlparse(url).port or 0)
+        elif kind == "SparkListenerJobStart":
+            properties = event.get("Properties") or {}
+            described, pool = properties.get("spark.job.description") or "", properties.get("spark.scheduler.pool")
+            collection = described.split(" of ", 1)[1] if " of " in described else ""
+            if collection not in collections or not (pool or "").startswith("mongocdc-"):
+                continue  # not a job of the cycle (the Kafka stream's single collection runs in no pool)
+            job = _Job(collection, pool, set())
+            for other in running:
+                jobs[other].overlapped.add(collection)
+                job.overlapped.add(jobs[other].collection)
+            jobs[event["Job ID"]] = job
+            running.add(event["Job ID"])
+            stage_job |= {stage: event["Job ID"] for stage in event["Stage IDs"]}
+        elif kind == "SparkListenerJobEnd":
+            running.discard(event["Job ID"])
+        elif kind == "SparkListenerTaskEnd" and event["Stage ID"] in stage_job:
+            port = str(executor_port[event["Task Info"]["Executor ID"]])
+            tasks[port] = tasks.get(port, 0) + 1
+    return jobs, tasks
 
 
 def _demo_landing(uri: str, database: str, landing: Path) -> None:
@@ -156,9 +220,9 @@ def test_tables_on_a_standalone_cluster_equal_local_mode(
     blocker.mkdir()
     (blocker / "sitecustomize.py").write_text(BLOCKER)
     out = tmp_path / "cluster"
-    with standalone_cluster(tmp_path) as master:
+    with standalone_cluster(tmp_path, workers=2) as cluster:
         done = subprocess.run(
-            [sys.executable, "-m", "tests.tables.cluster_job", master, str(landing), str(out), str(blocker),
+            [sys.executable, "-m", "tests.tables.cluster_job", cluster.master, str(landing), str(out), str(blocker),
              kafka_bootstrap, topic],
             cwd=REPO, capture_output=True, text=True, timeout=3000,
         )
@@ -173,6 +237,15 @@ def test_tables_on_a_standalone_cluster_equal_local_mode(
         assert expected
         compared += 1
     assert compared == 4
+
+    # the cycle's collections refreshed concurrently, on both workers
+    namespaces = {folder.name.split(".", 1)[1] for folder in collection_folders(landing)}
+    jobs, tasks_per_worker = _cycle_facts(out / "events", namespaces)
+    assert {job.collection for job in jobs.values()} == namespaces  # every collection's jobs are in the log
+    overlapping = {job.collection for job in jobs.values() if job.overlapped - {job.collection}}
+    assert len(overlapping) >= 2, "no Spark job of one collection started while another collection's job ran"
+    assert len({job.pool for job in jobs.values()}) > 1  # each collection at once in a scheduler pool of its own
+    assert set(tasks_per_worker) == {str(port) for port in cluster.worker_ports}, tasks_per_worker
     customers = CollectionTables.under(str(out / "kafka"), f"{fresh_db.name}.customers")
     local_customers = CollectionTables.under(str(local), f"{fresh_db.name}.customers")
     assert comparable(read_current_state(spark, customers.current_state)) == comparable(

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import datetime
 import random
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from bson.timestamp import Timestamp
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -153,3 +155,64 @@ def test_one_query_builds_every_collections_tables_and_picks_up_a_new_topic(
         events = sum(1 for r in first + later if r.topic == f"multi.shop.{coll}" and r.op is not None)
         assert events and read_changelog(spark, tables.changelog).count() == events, coll  # exactly once
         assert read_current_state(spark, tables.current_state).count() == len(wl.docs[coll]), coll
+
+
+@pytest.mark.timeout(2400)
+def test_a_micro_batch_writes_its_collections_at_once_and_one_failing_keeps_the_batch(
+    spark: SparkSession, tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """One micro-batch touching three collections writes them at the same time (each waits at a barrier
+    until all three are being written: one after another, the first would wait alone and fail). One
+    collection's tables cannot be written: the others are, the query fails naming it, and the batch's
+    offsets are not committed, so a restart over the checkpoint writes that collection, the others once."""
+    colls = ("orders", "users", "items")
+    wl = Workload(random.Random(21), collections=colls, full_document=True)
+    conv = EventConverter(EventOptions(topic_prefix="conc", capture_mode="change_streams_update_full", rs="rs0",
+                                       now_ns=lambda: 1))
+    wl.run(24)
+    records = slice_records(conv, wl.events)
+    assert {r.topic for r in records} == {f"conc.shop.{c}" for c in colls}
+    _produce(kafka_bootstrap, records)
+
+    root, checkpoint = tmp_path / "kafka", tmp_path / "checkpoint"
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("the users tables cannot be made under a file")
+    together = threading.Barrier(len(colls), timeout=300)
+
+    def tables(namespace: str) -> CollectionTables:
+        together.wait()  # BrokenBarrierError (a failed collection) unless all three are written at once
+        return CollectionTables.under(str(blocked if namespace == f"{DB}.users" else root), namespace)
+
+    settings = StreamSettings(bootstrap_servers=kafka_bootstrap, topics=[r"conc\.shop\..*"], pattern=True,
+                              root=str(root), checkpoint_location=str(checkpoint), available_now=True,
+                              tables=tables, concurrency=len(colls))
+    query = start_stream(spark, settings)
+    with pytest.raises(StreamingQueryException) as failed:
+        query.awaitTermination(900)
+    failure = str(failed.value)
+    assert "BatchWriteError: micro-batch 0: the tables of 1 collection(s) failed" in failure, failure[-3000:]
+    assert f"\n{DB}.users: org.apache.spark.sql.delta.DeltaIOException: [DELTA_CANNOT_CREATE_LOG_PATH]" in failure
+    assert f"{DB}.orders: " not in failure and f"{DB}.items: " not in failure
+    assert sorted(p.name for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()) == ["0"]
+    assert not [p for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]  # batch 0 not committed
+
+    def events(coll: str) -> int:
+        return sum(1 for r in records if r.topic == f"conc.shop.{coll}" and r.op is not None)
+
+    for coll in ("orders", "items"):  # written although users failed
+        written = CollectionTables.under(str(root), f"{DB}.{coll}")
+        assert events(coll) and read_changelog(spark, written.changelog).count() == events(coll), coll
+        assert read_current_state(spark, written.current_state).count() == len(wl.docs[coll]), coll
+
+    blocked.unlink()
+    _stream(spark, kafka_bootstrap, [r"conc\.shop\..*"], root, checkpoint, pattern=True)
+    assert sorted(p.name for p in (checkpoint / "commits").iterdir() if p.name.isdigit()) == ["0"]  # batch 0 again
+    for coll in colls:  # the same tables as the landing path builds from the same events
+        written = CollectionTables.under(str(root), f"{DB}.{coll}")
+        assert events(coll) and read_changelog(spark, written.changelog).count() == events(coll), coll  # once
+        landing = CollectionTables.under(str(tmp_path / "landing"), f"{DB}.{coll}")
+        build(spark, landing, write_landing(tmp_path / f"{coll}.parquet", [r for r in records if r.topic.endswith(coll)]))
+        assert read_current_state(spark, written.current_state).count() == len(wl.docs[coll]), coll
+        assert comparable(read_current_state(spark, written.current_state)) == comparable(
+            read_current_state(spark, landing.current_state)
+        ), coll
