@@ -2,10 +2,11 @@
 
 Starts the emulator as a separate process (so this process holds only the connector), writes N
 inserts and N updates (``updateLookup``) into one collection, then streams the 2N events through
-``Engine`` into a JSON Lines sink under cProfile (schemas on, Debezium's default) and prints the
-``--top`` functions by self time. Not a benchmark (no ratio): it says what to work on next.
+``Engine`` into a JSON Lines sink (or ``--sink parquet``: the Parquet landing) under cProfile (schemas
+on, Debezium's default) and prints the ``--top`` functions by self time. Not a benchmark (no ratio): it
+says what to work on next.
 
-Usage: ``python -m benchmarks.profile_streaming [--docs 20000] [--top 10]``
+Usage: ``python -m benchmarks.profile_streaming [--docs 20000] [--top 10] [--sink jsonl|parquet]``
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from pymongo import MongoClient, UpdateOne
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.coordinator import Engine
 from mongocdc_core.offsets import MemoryOffsetStore
+from mongocdc_core.sinks.base import Sink
 from mongocdc_core.sinks.jsonl import JsonlSink
+from mongocdc_core.sinks.parquet import ParquetSink
 from mongocdc_devstack.fixture import EmulatedReplicaSet
 
 
@@ -30,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--docs", type=int, default=20_000)
     parser.add_argument("--top", type=int, default=10)
+    parser.add_argument("--sink", choices=("jsonl", "parquet"), default="jsonl")
     args = parser.parse_args(argv)
     with EmulatedReplicaSet(in_process=False, oplog_size_mb=1024, noop_interval=1.0) as rs, \
             tempfile.TemporaryDirectory() as out:
@@ -48,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
             coll.bulk_write([UpdateOne({"_id": i}, {"$set": {"qty": -i, "seen": True}})
                              for i in range(base, min(args.docs, base + 1000))])
         client.close()
-        sink = JsonlSink(out)
+        sink: Sink = JsonlSink(out) if args.sink == "jsonl" else ParquetSink(out)
         profile = cProfile.Profile()
         profile.enable()
         summary = Engine(cfg, sink, offsets).run(max_events=2 * args.docs)
