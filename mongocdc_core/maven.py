@@ -166,7 +166,10 @@ class JarSet:
         already there; returns the jars' paths. Each file appears whole or not at all."""
         source = repository(repo)
         wanted = self.artifacts()
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise JarsError(f"cannot make the directory {folder} for {self.what}: {exc.strerror or exc}") from exc
         lacking = set(self.missing(folder))
         for done, artifact in enumerate(wanted, 1):
             if artifact in lacking:
@@ -178,7 +181,10 @@ class JarSet:
 
 def _fetch(artifact: Artifact, repo: str, folder: Path) -> None:
     url = artifact.url(repo)
-    handle, name = tempfile.mkstemp(dir=folder, prefix=artifact.file_name, suffix=".part")
+    try:
+        handle, name = tempfile.mkstemp(dir=folder, prefix=artifact.file_name, suffix=".part")
+    except OSError as exc:
+        raise JarsError(f"cannot write {artifact.file_name} into {folder}: {exc.strerror or exc}") from exc
     os.close(handle)
     part = Path(name)
     try:

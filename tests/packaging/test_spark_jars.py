@@ -50,6 +50,14 @@ def test_a_download_that_fails_keeps_nothing_and_says_so(tmp_path: Path) -> None
     assert "Traceback" not in run.stderr and list(tmp_path.iterdir()) == []
 
 
+def test_a_directory_that_cannot_be_made_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    run = subprocess.run([str(BIN / "mongocdc"), "tables", "jars", "--dir", str(tmp_path / "file" / "jars")],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stderr
+    assert "mongocdc tables jars: cannot make the directory" in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
 def test_a_named_directory_without_the_jars_says_what_to_do(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "delta-storage-4.4.0.jar").write_bytes(b"")
