@@ -28,6 +28,7 @@ the definitions (the run's worker); ``RUN_CONFIG`` names it for runs mongocdc re
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -128,11 +129,24 @@ def _default_system_loggers(instance: DagsterInstance | None) -> Sequence[tuple[
     return [(console_logger, {"name": "dagster", "log_level": level})]
 
 
+#: Set to ``dagster`` to keep Dagster's own coloured console for runs whose config names no logger.
+KEEP_DAGSTER_CONSOLE_ENV = "MONGOCDC_DAGSTER_RUN_LOGS"
+
+
 def use_for_runs_without_loggers() -> None:
     """Make ``console`` the logger of every run of this process whose config names no logger.
 
     Dagster (``context_creation_job.create_log_manager``, private) falls back to ``default_system_loggers``
-    there; this process loads a mongocdc code location, so its runs log as mongocdc does. Pinned by
-    tests/dagster/test_run_logs.py (a run launched with no run config writes mongocdc's lines).
+    there; this process loads a mongocdc code location, so its runs (other assets of the same code location
+    too) log as mongocdc does, from the instance's ``python_log_level`` (INFO when unset, where Dagster's
+    own starts at DEBUG). ``MONGOCDC_DAGSTER_RUN_LOGS=dagster`` keeps Dagster's. Pinned by
+    tests/dagster/test_run_logs.py; a Dagster without that function keeps its console and says so once.
     """
+    if os.environ.get(KEEP_DAGSTER_CONSOLE_ENV, "").strip().lower() == "dagster":
+        return
+    if not callable(getattr(context_creation_job, "default_system_loggers", None)):
+        logging.getLogger(__name__).warning(
+            "this Dagster has no context_creation_job.default_system_loggers, which mongocdc replaces so that runs "
+            "without logger config log in its format: those runs keep Dagster's console")
+        return
     context_creation_job.default_system_loggers = _default_system_loggers

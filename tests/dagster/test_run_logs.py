@@ -54,10 +54,11 @@ def _deployment(tmp_path: Path, uri: str, db: Database[Any], log_format: str | N
 
 
 def _materialise_snapshot(tmp_path: Path, uri: str, db: Database[Any], log_format: str | None = None,
-                          run_config: dict[str, Any] | None = None) -> tuple[str, str]:
+                          run_config: dict[str, Any] | None = None,
+                          extra_env: dict[str, str] | None = None) -> tuple[str, str]:
     """Materialise the collection's incremental snapshot (``_deployment``) with ``dagster asset materialize``
     (``run_config`` naming mongocdc's console logger); return the run's id and what its process wrote to stderr."""
-    env = _deployment(tmp_path, uri, db, log_format)
+    env = {**_deployment(tmp_path, uri, db, log_format), **(extra_env or {})}
     dagster_home = Path(env["DAGSTER_HOME"])
     stderr_path = tmp_path / "stderr.log"
     with stderr_path.open("wb") as stderr:
@@ -111,6 +112,15 @@ def test_a_runs_console_lines_to_a_file_are_one_line_per_event(tmp_path: Path, m
     assert [n["type"] for n in notifications][-1] == "COMPLETED", lines
     # from INFO on by default: the run's own messages, not Dagster's DEBUG events
     assert not any(" - RUN_SUCCESS - " in line for line in lines), lines
+
+
+def test_dagsters_own_console_is_kept_when_the_deployment_asks(tmp_path: Path, mongo_uri: str,
+                                                               fresh_db: Database[Any]) -> None:
+    run_id, text = _materialise_snapshot(tmp_path, mongo_uri, fresh_db,
+                                         extra_env={"MONGOCDC_DAGSTER_RUN_LOGS": "dagster"})
+    lines = _from_the_run_on(text, run_id)
+    assert any(f" - dagster - INFO - __ASSET_JOB - {run_id} - " in line for line in lines), lines
+    assert not any(EVENT_HEAD.match(line) for line in lines), lines
 
 
 def test_a_runs_json_console_lines_carry_the_run_and_the_notifications_fields(
