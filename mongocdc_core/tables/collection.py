@@ -254,8 +254,9 @@ def concurrently(
     Independent tables' Spark jobs then run side by side: each item runs in its own Spark session (its
     own SQL settings, such as the shuffle partitions a refresh sizes, over the shared SparkContext) and
     its own scheduler pool, which Spark's FAIR scheduler serves in turn (:func:`.session.spark_conf`
-    turns it on). Sessions made this way take the SparkContext's configuration, not settings made at
-    run time on ``spark``. With a concurrency of 1 the items run one after another in ``spark``.
+    turns it on). Each such session starts with the SQL settings ``spark`` has, those set at run time
+    too (credentials such as ``fs.s3a.*`` given with ``spark.conf.set``). With a concurrency of 1 the
+    items run one after another in ``spark``.
     """
     if concurrency is not None and concurrency < 1:
         raise TableInputError(f"concurrency must be at least 1, got {concurrency}")
@@ -269,13 +270,17 @@ def concurrently(
         return
     context = spark.sparkContext
     slots = list(range(width))
+    settings = _run_time_settings(spark)
 
     def run(item: _T) -> _R:
         slot = slots.pop()
         kept = context.getLocalProperty("spark.scheduler.pool")
         context.setLocalProperty("spark.scheduler.pool", f"mongocdc-{slot}")
         try:
-            return action(spark.newSession(), item)
+            session = spark.newSession()
+            for key, value in settings.items():
+                session.conf.set(key, value)
+            return action(session, item)
         finally:
             context.setLocalProperty("spark.scheduler.pool", kept)  # type: ignore[arg-type]  # None removes it
             slots.append(slot)
@@ -295,6 +300,14 @@ def concurrently(
         # an interrupt, a caller that stops early or a run terminated: the queued collections never start
         # (the running ones finish their Spark jobs), instead of the whole cycle running to its end first
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _run_time_settings(spark: SparkSession) -> dict[str, str]:
+    """The SQL settings of ``spark`` a new session over its SparkContext would not start with (those set at
+    run time, Hadoop's ``fs.*`` keys among them), found once per cycle: one new session compared with
+    ``spark`` (static settings are the SparkContext's, the same in both)."""
+    fresh = spark.newSession().conf
+    return {key: value for key, value in spark.conf.getAll.items() if fresh.get(key, None) != value}
 
 
 def refresh_collections(

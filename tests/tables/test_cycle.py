@@ -16,6 +16,7 @@ from pyspark.sql import SparkSession
 
 from mongocdc_core.tables import CollectionRefresh, CollectionTables, read_current_state, refresh_collections
 from mongocdc_core.tables.changelog import landing_by_collection
+from mongocdc_core.tables.collection import concurrently
 
 from .workload import DB, Workload, converter, slice_records, snapshot_records, write_landing
 
@@ -77,3 +78,18 @@ def test_a_cycle_with_nothing_new_starts_no_spark_job(spark: SparkSession, tmp_p
     assert c02.current_state.position == changed.position.to_str()
     state = read_current_state(spark, CollectionTables.under(root, f"{DB}.c02").current_state)
     assert state.count() == 3 and state.where(f"__position = '{changed.position.to_str()}'").count() == 1
+
+
+def test_concurrent_sessions_keep_the_settings_made_at_run_time(spark: SparkSession) -> None:
+    """A cycle's sessions (and a micro-batch's) start with what the user set on their session at run time,
+    credentials as ``fs.s3a.*`` say, not only the SparkContext's configuration."""
+    spark.conf.set("fs.mongocdc-probe.key", "secret")
+    spark.conf.set("spark.sql.session.timeZone", "Asia/Tokyo")
+    try:
+        seen = dict(concurrently(spark, ["a", "b"], lambda session, _: (
+            session is not spark, session.conf.get("fs.mongocdc-probe.key", None),
+            session.conf.get("spark.sql.session.timeZone")), concurrency=2))
+    finally:
+        spark.conf.unset("fs.mongocdc-probe.key")
+        spark.conf.unset("spark.sql.session.timeZone")
+    assert seen == {"a": (True, "secret", "Asia/Tokyo"), "b": (True, "secret", "Asia/Tokyo")}
