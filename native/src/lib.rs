@@ -1175,7 +1175,7 @@ impl EnvelopeFormat for DefaultFormat<'_> {
     }
 }
 
-/// The 1.x oplog format (`mongocdc.event.format=oplog_1x`, `envelope.legacy_payload`): `after` of
+/// The 1.x oplog format (`mongocdc.event.format=oplog_1x`): `after` of
 /// an insert or read and an event's `filter` (its `documentKey`) in `LEGACY_STYLE`, an update's or
 /// replace's `patch` in `COMPACT_STYLE`, the key as the default format's; the field rules apply to
 /// `after` and `patch`.
