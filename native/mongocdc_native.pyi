@@ -84,7 +84,7 @@ class ChangeWriter:
         now_ns: int,
         block: bytes | None,
     ) -> tuple[bytes, bytes, int | None, bytes] | None:
-        """``write`` of the default format (None in Debezium 3.x's and the 1.x format), with the record's landing parts packed
+        """``write`` of the default format (ValueError in Debezium 3.x's and the 1.x format), with the record's landing parts packed
         into bytes: where ``updateDescription`` and ``source`` start and end in the value (four u32), ``ts_ms``
         (i64), the lengths of the ``before`` and ``after`` texts (u32, 2**32-1 for null), then those texts
         (each part's JSON string unescaped); numbers in the machine's byte order."""

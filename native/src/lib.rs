@@ -1543,7 +1543,7 @@ impl ChangeWriter {
 
     /// `write` of the default format, also giving the record's landing parts (see `landing_parts`), which
     /// the Parquet landing takes as its columns without walking the value; None when `write` would give
-    /// None, or the record's parts are not laid out as the default format's.
+    /// None, or the record's parts are not laid out as the default format's; a ValueError in another format.
     #[pyo3(signature = (raw, header, increment, lsid, now_ns, block))]
     #[allow(clippy::type_complexity)]
     #[allow(clippy::too_many_arguments)]
@@ -1558,7 +1558,7 @@ impl ChangeWriter {
         block: Option<&[u8]>,
     ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<i64>, Bound<'py, PyBytes>)>> {
         if self.printable.is_some() || self.legacy {
-            return Ok(None);
+            return Err(PyValueError::new_err("write_landing writes the default format's records only (see EventConverter)"));
         }
         let header = header.get();
         let op = header.op_type.bind(py).to_str()?;
