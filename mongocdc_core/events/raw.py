@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, ItemsView, Iterator, Mapping, Sequence
 from itertools import repeat
 from types import ModuleType
-from typing import Any, Protocol, overload
+from typing import Any, Protocol, TypedDict, overload
 
 import bson
 from bson.codec_options import CodecOptions
@@ -164,7 +164,14 @@ _SLOT_SPLIT = re.compile(re.escape(_SLOT_MARK) + b"|" + str(_INT_SLOT_MARK).enco
 BLOCK_MARK = b"\x00block\x00"
 
 
-def _parts_format(event_format: str) -> dict[str, Any]:
+class _PartsFormat(TypedDict, total=False):
+    """The keywords that tell the compiled module a format other than the default."""
+
+    printable: bytes
+    legacy: bool
+
+
+def _parts_format(event_format: str) -> _PartsFormat:
     """How the compiled module is told to write the parts of ``mongocdc.event.format``'s records."""
     if event_format == "debezium_3x":
         return {"printable": javajson.printable_bitmap()}
