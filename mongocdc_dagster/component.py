@@ -15,7 +15,8 @@
 Collections are discovered from MongoDB each time the code location loads and kept as Dagster defs state
 (``VERSIONED_STATE_STORAGE`` by default: on the Dagster instance, ``$DAGSTER_HOME/defs_state`` or
 the ``base_path`` its ``defs_state_storage`` names; ``LOCAL_FILESYSTEM``: the project's
-``.local_defs_state``). Run workers build from the stored version their code location loaded; a load
+``.local_defs_state``). Run workers build from the stored version their code location loaded (the latest,
+with a warning, if old versions were pruned since); a load
 (code server, ``dg``, ``dagster asset materialize``) while MongoDB cannot be reached builds the last
 stored collections and warns. Attributes left out fall back to ``MONGOCDC_*`` environment variables, then to the local stack
 of ``make dev``. Several connectors in one project each need a ``name`` (see ``naming.py``). ``dg
@@ -88,7 +89,8 @@ def _translation_scope(props: MongoCdcAssetProps) -> Mapping[str, Any]:
 
 
 #: Stored versions of a component's defs state kept: the newest few, and every one younger than a day (a
-#: code location loaded before and not reloaded since builds its runs from the version it pinned then).
+#: code location loaded before and not reloaded since builds its runs from the version it pinned then; an older
+#: pinned version pruned meanwhile is replaced by the latest, see :func:`repin_pruned_version`).
 KEPT_STATE_VERSIONS = 10
 KEPT_STATE_AGE = timedelta(days=1)
 
@@ -112,6 +114,33 @@ def prune_stored_versions(storage: DefsStateStorage | None, key: str) -> list[st
     for entry in pruned:
         entry.unlink()
     return [entry.name for entry in pruned]
+
+
+def repin_pruned_version(load_context: DefinitionsLoadContext, storage: DefsStateStorage | None, key: str) -> None:
+    """A reconstruction (a run worker) whose pinned version of ``key`` was pruned builds from the latest stored
+    version instead, and warns naming both. A code server up longer than :data:`KEPT_STATE_AGE` still launches
+    runs at the version it pinned at load, and :func:`prune_stored_versions` may have deleted it since: with this
+    fallback a run never fails for it (the collections are the same or, discovered later, a superset). Simpler
+    than keeping every pinned version alive, which a code server whose discovery sensor is off could not do."""
+    pinned = load_context.get_defs_key_state_info(key)
+    if pinned is None or not isinstance(storage, UPathDefsStateStorage):
+        return  # only a storage prune_stored_versions prunes can have lost the pinned version
+    if pinned.management_type != DefsStateManagementType.VERSIONED_STATE_STORAGE:
+        return
+    if storage._get_state_path(key, pinned.version).exists():  # the storage's own layout: <base>/<key>/<version>
+        return
+    latest = storage.get_latest_version(key)
+    if latest is None:
+        return  # nothing stored at all: the storage's own error says so
+    warnings.warn(
+        f"defs state {key!r}: version {pinned.version} (pinned when the code location loaded) is no longer stored "
+        f"(pruned); the definitions are built from the latest stored version, {latest}", PrunedDefsStateWarning,
+        stacklevel=2)
+    load_context.add_defs_state_info(key, latest)
+
+
+class PrunedDefsStateWarning(UserWarning):
+    """A run worker's pinned defs state version was pruned: the latest stored version stood in for it."""
 
 
 class StoredDefsStateWarning(UserWarning):
@@ -206,7 +235,8 @@ class MongoCdcComponent(StateBackedComponent, Resolvable):
     def build_defs(self, context: ComponentLoadContext) -> Definitions:
         """Discovers and stores the collections when the code location initialises (falling back to the last
         stored ones when MongoDB cannot be listed); a reconstruction (run worker) builds from the version the
-        code location pinned. Replaces the base class's flow, which drops the last good state on an outage."""
+        code location pinned, or the latest if that one was pruned since. Replaces the base class's flow, which
+        drops the last good state on an outage."""
         names = [c.name for c in context.component_tree.get_all_components(of_type=MongoCdcComponent)]
         if names.count(self.name) > 1:
             raise SettingsError(
@@ -234,6 +264,8 @@ class MongoCdcComponent(StateBackedComponent, Resolvable):
                 error = str(exc)
             else:
                 prune_stored_versions(storage, config.key)
+        elif config.management_type == DefsStateManagementType.VERSIONED_STATE_STORAGE:
+            repin_pruned_version(load_context, storage, config.key)
         with load_context.state_path(config, storage, context.project_root) as state_path:
             return self.build_defs_from_state(context, state_path, error)
 

@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 from dagster import AssetKey, DagsterInstance, instance_for_test, load_from_defs_folder
+from dagster._core.definitions.definitions_load_context import DefinitionsLoadContext, DefinitionsLoadType
+from dagster._core.definitions.repository_definition.repository_definition import RepositoryLoadData
 from dagster._core.storage.defs_state.blob_storage_state_storage import UPathDefsStateStorage
 from pymongo.database import Database
 
 from mongocdc_dagster import local_stack
-from mongocdc_dagster.component import MongoCdcComponent
+from mongocdc_dagster.component import MongoCdcComponent, PrunedDefsStateWarning, prune_stored_versions
 from mongocdc_dagster.discovery import DiscoveryState
 from mongocdc_dagster.resources import MongoCdcResource
 from mongocdc_dagster.sensors import build_discovery_sensor
@@ -219,3 +221,45 @@ def test_old_stored_versions_of_the_defs_state_are_pruned(tmp_path: Path, mongo_
         state_file = tmp_path / "state"
         storage.download_state_to_path(key, latest, state_file)  # type: ignore[arg-type]
         assert DiscoveryState.from_json(state_file.read_text()).namespaces == (f"{db.name}.alpha",)
+
+
+def test_a_run_worker_whose_pinned_version_was_pruned_builds_from_the_latest_and_says_so(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A code server up for days launches its runs at the version it pinned at load; once 10 newer versions are
+    stored and it is older than a day, pruning deletes it, and the run worker builds from the latest instead."""
+    db.create_collection("alpha")
+    project = _project(tmp_path / "p", {"cdc": "  connector_config: connector.json\n  home: home\n"})
+    config = project / "proj" / "defs" / "cdc" / "connector.json"
+    write_config(config, mongo_uri, db.name)
+    monkeypatch.syspath_prepend(str(project))
+    for module in [name for name in sys.modules if name == "proj" or name.startswith("proj.")]:
+        monkeypatch.delitem(sys.modules, module)  # another test's project of the same name
+    component = MongoCdcComponent(connector_config=str(config), home=str(project / "proj" / "defs" / "cdc" / "home"))
+    key = component.defs_state_config.key
+    with instance_for_test() as instance:
+        storage = instance.defs_state_storage
+        assert isinstance(storage, UPathDefsStateStorage)
+        with DefinitionsLoadContext.scoped(DefinitionsLoadContext(DefinitionsLoadType.INITIALIZATION)) as loaded:
+            initial = load_from_defs_folder(path_within_project=project / "proj")
+        pinned = loaded.accessed_defs_state_info
+        assert pinned is not None
+        version = pinned.get_version(key)
+        assert version is not None
+        for _ in range(11):  # dg commands, checks, replicas, discovery sensor changes
+            component.store_state(instance)
+        folder = Path(str(storage.base_path)) / storage._sanitize_key(key)
+        two_days_ago = time.time() - 2 * 86400
+        os.utime(folder / version, (two_days_ago, two_days_ago))
+        assert prune_stored_versions(storage, key) == [version]
+        latest = storage.get_latest_version(key)
+        assert latest is not None and latest != version
+        reconstruction = DefinitionsLoadContext(DefinitionsLoadType.RECONSTRUCTION,
+                                                RepositoryLoadData(defs_state_info=pinned))
+        with DefinitionsLoadContext.scoped(reconstruction), pytest.warns(PrunedDefsStateWarning) as said:
+            rebuilt = load_from_defs_folder(path_within_project=project / "proj")
+    message = str(said[0].message)
+    assert f"version {version} (pinned when the code location loaded) is no longer stored" in message
+    assert f"built from the latest stored version, {latest}" in message
+    keys = set(rebuilt.resolve_all_asset_keys())
+    assert keys == set(initial.resolve_all_asset_keys())
+    assert AssetKey([db.name, "alpha", "snapshot"]) in keys
