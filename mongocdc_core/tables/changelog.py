@@ -553,38 +553,77 @@ def _manifest(spark: SparkSession, location: str) -> DataFrame | None:
 
 
 def _snapshot_positions(spark: SparkSession, namespace: str, files: list[str], landing: DataFrame) -> dict[str, str]:
-    """The read position of each full-snapshot file among ``files`` (one aggregation)."""
-    parts = [f for f in files if snapshot_part(f, namespace) is not None]
-    if not parts:
-        return {}
+    """The read position of each full-snapshot file among ``files``: from its Parquet footer where the
+    file holds reads only (as the snapshot assets write them), so a build reads its landing files
+    once; one aggregation over the landing rows for the files whose footers cannot tell."""
+    out: dict[str, str] = {}
+    unknown: list[str] = []
+    for given in (f for f in files if snapshot_part(f, namespace) is not None):
+        told, position = _footer_read_position(given)
+        if not told:
+            unknown.append(given)
+        elif position is not None:
+            out[given] = position
+    if not unknown:
+        return out
     found = (
         landing.where(F.col("op") == "r")
         .groupBy(F.col("_metadata.file_path").alias("file"))
         .agg(F.min("position").alias("position"))
         .collect()
     )
-    out: dict[str, str] = {}
-    for given in parts:
+    for given in unknown:
         for row in found:
             if _same_file(row["file"], given):
                 out[given] = row["position"]
     return out
 
 
-def _completed_snapshot(manifest: DataFrame) -> str | None:
-    """The position of the latest full snapshot all of whose files were read (None: none yet).
+def _footer_read_position(path: str) -> tuple[bool, str | None]:
+    """(whether the footer tells, the lowest position) of a local landing file all of whose rows are
+    reads (``op`` 'r' in every row group, no NULL); a file without rows tells: no position."""
+    if "://" in path:
+        return False, None
+    meta = pq.read_metadata(path)
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    if "op" not in names or "position" not in names:
+        return False, None
+    lowest: str | None = None
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        op, position = group.column(names.index("op")).statistics, group.column(names.index("position")).statistics
+        if group.num_rows == 0:
+            continue
+        if op is None or position is None or not op.has_min_max or op.null_count or not _text(op.min) == _text(op.max) == "r":
+            return False, None
+        if position.has_min_max:
+            low = _text(position.min)
+            lowest = low if lowest is None else min(lowest, low)
+    return True, lowest
+
+
+def _text(value: str | bytes) -> str:
+    """A string column's footer statistic as text (pyarrow gives bytes where no UTF-8 annotation says)."""
+    return value if isinstance(value, str) else bytes(value).decode()
+
+
+def _completed_snapshot(entries: Sequence[tuple[str | None, int | None, int | None, str | None]]) -> str | None:
+    """The position of the latest full snapshot all of whose files were read (None: none yet), from the
+    manifest's ``(plan, part, parts, position)`` entries (a few per snapshot: no Spark job).
 
     A snapshot that read no document at all carries no position, so it cannot count.
     """
-    best = (
-        manifest.where(F.col("plan").isNotNull())
-        .groupBy("plan", "parts")
-        .agg(F.countDistinct("part").alias("read"), F.min("position").alias("position"))
-        .where(F.col("read") >= F.col("parts"))
-        .agg(F.max("position"))
-        .first()
-    )
-    return best[0] if best is not None else None
+    plans: dict[tuple[str, int | None], tuple[set[int | None], list[str]]] = {}
+    for plan, part, parts, position in entries:
+        if plan is None:
+            continue
+        read, positions = plans.setdefault((plan, parts), (set(), []))
+        read.add(part)
+        if position is not None:
+            positions.append(position)
+    complete = [min(positions) for (_, parts), (read, positions) in plans.items()
+                if positions and parts is not None and len(read) >= parts]  # fmt: skip
+    return max(complete, default=None)
 
 
 def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[str]) -> ChangelogResult:
@@ -603,9 +642,10 @@ def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[
                                before.recorded_rows, before.schema)  # fmt: skip
     new_table = before.version < 0
     manifest = _manifest(spark, location)
-    seen: set[tuple[str, str]] = set()
+    listed: list[tuple[str, str, str | None, int | None, int | None, str | None]] = []
     if manifest is not None and files:
-        seen = {(r["path"], r["version"]) for r in manifest.select("path", "version").collect()}
+        listed = [tuple(r) for r in manifest.select("path", "version", "plan", "part", "parts", "position").collect()]
+    seen = {(path, version) for path, version, *_ in listed}
     todo = [f for f in files if (f, versions[f]) not in seen]
     appended = Appended(0, {}, None)
     properties = before.properties
@@ -626,7 +666,7 @@ def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[
             entries.append((f, versions[f], *(part or (None, None, None)), positions.get(f), now))
         read = spark.createDataFrame(entries, _MANIFEST_SCHEMA)
         if any(e[2] is not None for e in entries):
-            completed = _completed_snapshot(read if manifest is None else manifest.unionByName(read))
+            completed = _completed_snapshot([e[2:6] for e in [*listed, *entries]])
             if completed is not None and (snapshot_position is None or completed > snapshot_position):
                 snapshot_position = completed
     elif new_table:  # no landing data yet: an empty table, so readers find one

@@ -6,6 +6,7 @@ import os
 import random
 from pathlib import Path
 
+from bson import Timestamp
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -15,7 +16,7 @@ from mongocdc_core.tables import CollectionTables, changelog, read_changelog, re
 from mongocdc_core.tables.changelog import may_repeat, snapshot_part, table_properties
 
 from .support import read_file
-from .workload import DB, Workload, converter, slice_records, write_landing
+from .workload import DB, Event, Workload, converter, slice_records, write_landing
 
 
 def test_delivering_the_same_files_twice_adds_nothing(spark: SparkSession, tmp_path: Path) -> None:
@@ -68,6 +69,30 @@ def test_full_snapshots_are_recognised_by_name_and_complete_plans(spark: SparkSe
     assert "mongocdc.snapshot.position" not in table_properties(spark, tables.changelog)  # 1 of 2: incomplete
     two = read_file(plan / "2-of-2.parquet", "db", "c", [{"_id": 9}], Position(100, 2))
     refresh_changelog(spark, tables, [one, two])
+    assert table_properties(spark, tables.changelog)["mongocdc.snapshot.position"] == Position(100, 2).to_str()
+
+
+def test_a_snapshot_files_read_position_is_read_from_its_footer_or_else_from_its_rows(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A snapshot file of reads only (as the snapshot assets write it) tells its position in its footer,
+    so a build reads its landing files once; one whose footer cannot tell (it also holds a change) is
+    aggregated, with the same answer."""
+    plan = tmp_path / "landing" / "snapshot" / f"{DB}.c" / "ranges-p1"
+    reads = read_file(plan / "1-of-2.parquet", DB, "c", [{"_id": 1}, {"_id": 2}], Position(100, 3))
+    assert changelog._footer_read_position(str(reads)) == (True, Position(100, 3).to_str())
+    conv = converter("change_streams_update_full")
+    insert = {"operationType": "insert", "ns": {"db": DB, "coll": "c"}, "documentKey": {"_id": 7},
+              "clusterTime": Timestamp(150, 1), "fullDocument": {"_id": 7}}  # fmt: skip
+    mixed = write_landing(plan / "2-of-2.parquet", [
+        conv.convert_read({"_id": 9}, DB, "c", Position(100, 2), "true"),
+        *slice_records(conv, [Event(insert, Position(150, 1))]),
+    ])  # fmt: skip
+    assert changelog._footer_read_position(str(mixed)) == (False, None)
+    empty = write_landing(tmp_path / "landing" / "snapshot" / f"{DB}.c" / "snapshot.parquet", [])
+    assert changelog._footer_read_position(str(empty)) == (True, None)
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.c")
+    refresh_changelog(spark, tables, [reads, mixed])
     assert table_properties(spark, tables.changelog)["mongocdc.snapshot.position"] == Position(100, 2).to_str()
 
 
