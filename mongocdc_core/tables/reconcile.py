@@ -10,10 +10,12 @@
    keys the change stream shows changed since are left out of the comparison, and counted. Either way
    the check holds while writes continue. A blocking snapshot's copy is fuzzy, as Debezium's is (it
    reads while writers write, so a document may show a write made after the snapshot's position; the
-   stream from that position makes it exact): where the table still holds a key as the copy read it, or
-   lacks it, and the key changed after the table's time, a difference there is uncertain: the key is left
-   out and counted too (equal, it is verified). Once a change event wrote a key, the table holds it
-   exactly at its position.
+   stream from that position makes it exact). A read can only show a write made after the table's time
+   if the copy made it after that time, so where the table still holds a key as a read made then (its
+   processing time, ``__ts_ms``, :func:`_read_late`) and the key changed after the table's time, or lacks
+   a key while the copy's newest read was made then, a difference there is uncertain: the key is left
+   out and counted too (equal, it is verified). A read made before the table's time, and a key a change
+   event wrote, are exact at its position: a difference there is one.
 2. **The metadata columns** (``__position``, ``__op``, ``__source_ts_ms``, ``__deleted``) against the
    winning event of each key in the changelog version the table reflects.
 
@@ -143,11 +145,12 @@ def _changed_since(cfg: ConnectorConfig, namespace: str, at: Timestamp) -> set[s
 
 @dataclass(frozen=True)
 class _Left:
-    """Keys changed since the table's time, to leave out of the comparison. ``fuzzy``: only those a blocking
-    snapshot's copy may have read after that time, where they differ from the source at that time."""
+    """Keys changed since the table's time, to leave out of the comparison. ``fuzzy_at`` (the table's time,
+    where the source was read at it): only those a blocking snapshot's copy may have read after that time,
+    where they differ from the source at that time."""
 
     changed: set[str]
-    fuzzy: bool
+    fuzzy_at: Timestamp | None
 
 
 def _source(cfg: ConnectorConfig, namespace: str, position: str | None, log: DataFrame) -> tuple[_Rows, _Left, str]:
@@ -155,43 +158,70 @@ def _source(cfg: ConnectorConfig, namespace: str, position: str | None, log: Dat
     rows = _Rows()
     if position is None:
         api.snapshot_collection(cfg, namespace, rows, filter={})
-        return rows, _Left(set(), fuzzy=False), "read now (the table has no position yet)"
+        return rows, _Left(set(), fuzzy_at=None), "read now (the table has no position yet)"
     at, said = _reflected_time(log, position)
     try:
         api.snapshot_collection(cfg, namespace, rows, filter={}, at_cluster_time=at)
     except api.SnapshotReadUnavailable as exc:
         reason = str(exc)
     else:
-        changed = _changed_since(cfg, namespace, at) if _blocking_reads_win(log) else set()
-        return rows, _Left(changed, fuzzy=True), f"snapshot read at {said}" + (
-            "; keys changed since that differ where the table holds them as a blocking snapshot's copy read them, "
-            "or lacks them, left out (the copy may have read them after that time)" if changed else "")
+        changed = _changed_since(cfg, namespace, at) if _copy_read_late(log, at) else set()
+        return rows, _Left(changed, fuzzy_at=at), f"snapshot read at {said}" + (
+            "; keys changed since that differ where the table holds them as a blocking snapshot's copy read them "
+            "after that time, or lacks them while the copy read after it, left out (the copy may have read them "
+            "after that time)" if changed else "")
     rows = _Rows()
     api.snapshot_collection(cfg, namespace, rows, filter={})
     # changed since: every event after the time the table holds (the snapshot's own position included)
     changed = _changed_since(cfg, namespace, at)
-    return rows, _Left(changed, fuzzy=False), f"keys changed since {position} left out ({len(changed)} keys; {reason})"
+    return rows, _Left(changed, fuzzy_at=None), f"keys changed since {position} left out ({len(changed)} keys; {reason})"
 
 
-def _blocking_reads(log: DataFrame) -> DataFrame:
-    """The keys whose winning event in ``log`` is a blocking snapshot's read (``__key``)."""
+#: How far the connector's clock, which stamps a read's processing time (``__ts_ms``), may run behind the
+#: clock mongod takes cluster times from: a read stamped up to this long before the table's time is still
+#: taken as one that may have been made after it (:func:`_read_late`).
+CLOCK_SKEW_MS = 2000
+_UNKNOWN_TIME = 2**63 - 1
+
+
+def _read_late(at: Timestamp) -> Column:
+    """Whether a blocking snapshot's read (a changelog row) may have been made after cluster time ``at``,
+    and so may show a write made after it: its processing time (``__ts_ms``, the connector's clock when it
+    made the record, after the server answered the read) is at or after the start of ``at``'s second,
+    less :data:`CLOCK_SKEW_MS`. A write after ``at`` takes a cluster time of ``at``'s second or later,
+    from mongod's clock, and a read showing it came after it. Conservative at the boundary: the second's
+    start (``at``'s milliseconds are unknown) and the skew take a read made up to about three seconds before
+    ``at`` as late (a difference there is uncertain, counted against the coverage, never a false DIFFERS
+    from a fuzzy read), and a read without a processing time is late; a read made earlier than that
+    cannot show a later write, so a difference there is reported."""
+    return F.coalesce(F.col("__ts_ms"), F.lit(_UNKNOWN_TIME)) >= F.lit(at.time * 1000 - CLOCK_SKEW_MS)
+
+
+def _blocking_read() -> Column:
+    return (F.col("__op") == "r") & ~F.coalesce(F.col("snapshot") == "incremental", F.lit(False))
+
+
+def _late_blocking_reads(log: DataFrame, at: Timestamp) -> DataFrame:
+    """The keys whose winning event in ``log`` is a blocking snapshot's read made late (:func:`_read_late`)."""
     order = F.struct(F.col("__position"), F.when(F.col("__op") == "r", 0).otherwise(1))
-    blocking_read = (F.col("__op") == "r") & ~F.coalesce(F.col("snapshot") == "incremental", F.lit(False))
-    winners = log.groupBy("__key").agg(F.max_by(blocking_read, order).alias("read"))
-    return winners.where(F.col("read")).select("__key")
+    winners = log.groupBy("__key").agg(F.max_by(_blocking_read() & _read_late(at), order).alias("late"))
+    return winners.where(F.col("late")).select("__key")
 
 
-def _uncertain(log: DataFrame, changed: DataFrame) -> DataFrame:
-    """Of the keys ``changed`` since the table's time (``__key``), those a fuzzy copy may have read after it:
-    the table holds them as a blocking snapshot read them, or lacks them (a copy may miss a key deleted before
-    it came to it). A key a change event wrote is exact at the table's position."""
-    written = log.select("__key").distinct().join(_blocking_reads(log), "__key", "left_anti")
-    return changed.join(written, "__key", "left_anti")
+def _uncertain(log: DataFrame, changed: DataFrame, at: Timestamp) -> DataFrame:
+    """Of the keys ``changed`` since the table's time ``at`` (``__key``), those a fuzzy copy may have read
+    after it: the table holds them as a blocking snapshot's read made late, or lacks them (a copy may miss
+    a key deleted before it came to it; only asked where the copy's newest read was late,
+    :func:`_copy_read_late`). A key a change event wrote, or a read made before ``at``, is exact at the
+    table's position."""
+    late = changed.join(_late_blocking_reads(log, at), "__key", "left_semi")
+    return late.union(changed.join(log.select("__key").distinct(), "__key", "left_anti"))
 
 
-def _blocking_reads_win(log: DataFrame) -> bool:
-    """Whether any key of the table is still as a blocking snapshot's copy read it."""
-    return bool(_blocking_reads(log).limit(1).count())
+def _copy_read_late(log: DataFrame, at: Timestamp) -> bool:
+    """Whether any blocking snapshot's read in ``log`` was made late (:func:`_read_late`): the newest read's
+    processing time. Where none was, no key is uncertain (no key changed since is asked for)."""
+    return bool(log.where(_blocking_read() & _read_late(at)).limit(1).count())
 
 
 def _signature(frame: DataFrame, names: list[str]) -> Column:
@@ -252,9 +282,9 @@ def compare(spark: SparkSession, namespace: str, changelog: str, state: str, cfg
     if excluded.changed:
         leave_out = spark.createDataFrame([(k,) for k in excluded.changed],
                                           T.StructType([T.StructField("__key", T.StringType())]))
-        if excluded.fuzzy:  # of those, the ones that differ: a key equal to the source is verified
+        if excluded.fuzzy_at is not None:  # of those, the ones that differ: a key equal to the source is verified
             differing = joined.where(~F.col("t").eqNullSafe(F.col("s")))
-            leave_out = _uncertain(log, leave_out).join(differing, "__key", "left_semi")
+            leave_out = _uncertain(log, leave_out, excluded.fuzzy_at).join(differing, "__key", "left_semi")
         keys_excluded = leave_out.join(joined, "__key", "left_semi").count()
         joined = joined.join(leave_out, "__key", "left_anti")
     keys_compared = joined.count()

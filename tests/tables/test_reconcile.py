@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from bson import json_util
@@ -22,6 +24,7 @@ from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.sinks.parquet import ParquetSink
 from mongocdc_core.tables import (
     CollectionTables,
+    reconcile,
     reconcile_at_position,
     refresh_changelog,
     refresh_current_state,
@@ -246,6 +249,54 @@ def test_a_fuzzy_blocking_snapshot_is_no_difference(
     exact = reconcile_at_position(spark, tables, cfg)
     assert exact.passed and exact.keys_excluded == 0 and exact.coverage == 1.0, exact
     assert exact.keys_compared == exact.source_rows == exact.table_rows == fresh_db.orders.count_documents({}), exact
+
+
+def test_a_blocking_read_made_before_the_tables_time_is_exact_there(
+    spark: SparkSession, tmp_path: Path, mongo_client: MongoClient, mongo_uri: str, fresh_db: Database,
+) -> None:
+    """A copy can only show a write made after the table's time if it read after that time: a table whose
+    snapshot finished before its time holds those reads exactly there. A corrupted value of a key it holds
+    as the copy read it, and a key the copy lost (in neither the changelog nor the table), are differences
+    even when the key changed after the table's time (they were left out as uncertain, and with 2 of 20
+    keys left out the check passed). The table's time is a write whose cluster time's second is past the
+    copy's newest read by more than the clock skew allowed (decided by the write's operationTime)."""
+    namespace = f"{fresh_db.name}.orders"
+    cfg = ConnectorConfig.from_dict({
+        "mongodb.connection.string": mongo_uri, "topic.prefix": "dbz", "collection.include.list": namespace,
+    })
+    fresh_db.orders.insert_many([{"_id": i, "qty": i} for i in range(19)] + [{"_id": 19, "qty": "x"}])
+    landing = tmp_path / "landing"
+    snap_path = landing / "snapshot" / namespace / "snapshot.parquet"
+    sink = ParquetSink.to_file(snap_path)
+    snap = api.snapshot_collection(cfg, namespace, sink)
+    sink.close()
+    reads = pq.read_table(snap_path)
+    newest_read_ms = max(reads["ts_ms"].to_pylist())
+    ids = [json_util.loads(a)["_id"] for a in reads["after"].to_pylist()]
+    pq.write_table(reads.filter(pa.array([i != 5 for i in ids])), snap_path)  # the copy lost _id 5
+    while True:  # the table's time: a write a whole clock skew past the copy's newest read
+        with mongo_client.start_session() as session:
+            mongo_client[fresh_db.name].orders.update_one({"_id": 0}, {"$inc": {"qty": 1}}, session=session)
+            written_at = session.operation_time
+        assert written_at is not None
+        if written_at.time * 1000 - reconcile.CLOCK_SKEW_MS > newest_read_ms:
+            break
+        time.sleep(0.1)  # not a synchronisation: the write's cluster time decides
+    slice_path = landing / "stream_slice" / namespace / "1.parquet"
+    out = ParquetSink.to_file(slice_path)
+    api.stream_window(cfg, namespace, snap.position.timestamp, _after(written_at), out)
+    out.close()
+    tables = CollectionTables.under(str(tmp_path / "tables"), namespace)
+    build(spark, tables, snap_path, slice_path)
+    assert table_properties(spark, tables.current_state)["mongocdc.position"].startswith(
+        f"{written_at.time:013d}.{written_at.inc:010d}.")
+    spark.sql(f"UPDATE delta.`{tables.current_state}` SET qty = parse_json('999') WHERE _id = '4'")
+    fresh_db.orders.update_many({"_id": {"$in": [4, 5]}}, {"$inc": {"qty": 1}})  # after the table's time
+
+    result = reconcile_at_position(spark, tables, cfg)
+    assert result.method.startswith("snapshot read at"), result
+    assert not result.matches and not result.passed and set(result.mismatching_keys) == {"4", "5"}, result
+    assert (result.keys_compared, result.keys_excluded) == (20, 0), result
 
 
 def _history_lost(snapshot_collection: Any) -> Any:
