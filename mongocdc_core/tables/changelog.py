@@ -16,6 +16,7 @@ only new or re-written files. The manifest also decides when a full snapshot is 
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -395,30 +396,43 @@ def read_changelog(spark: SparkSession, location: str) -> DataFrame:
 
 
 def _span(path: str) -> tuple[str, str, bool, bool] | None:
-    """(lowest position, highest position, has reads, has changes) of a local landing file, from its
-    Parquet footer statistics (None when they cannot tell)."""
+    """(lowest position, highest position, has reads, may have other rows) of a local landing file, from
+    its Parquet footer statistics (None when they cannot tell; an ``op`` that is NULL somewhere counts as
+    other rows). A refresh asks this of each new file several times: the footer is read once per version
+    of the file."""
     if "://" in path:
         return None
+    stat = os.stat(path)
+    return _footer_span(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _footer_span(path: str, mtime_ns: int, size: int) -> tuple[str, str, bool, bool] | None:
+    """:func:`_span` of one version of the file (``mtime_ns`` and ``size`` tell a rewritten file apart)."""
     meta = pq.read_metadata(path)
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
     bounds: dict[str, tuple[str, str]] = {}
+    op_nulls = False
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
+        if group.num_rows == 0:
+            continue
         for name in ("position", "op", "snapshot"):
             stats = group.column(names.index(name)).statistics if name in names else None
             if stats is None:
                 return None
+            op_nulls = op_nulls or (name == "op" and bool(stats.null_count))
             if not stats.has_min_max:
                 if stats.null_count != group.num_rows:
                     return None
                 continue
-            low, high = bounds.get(name, (stats.min, stats.max))
-            bounds[name] = (min(low, stats.min), max(high, stats.max))
+            low, high = bounds.get(name, (_text(stats.min), _text(stats.max)))
+            bounds[name] = (min(low, _text(stats.min)), max(high, _text(stats.max)))
     if "position" not in bounds:
         return ("", "", False, False)  # no rows with a position
     snapshot, op = bounds.get("snapshot"), bounds.get("op")
     reads = snapshot is not None and snapshot != ("false", "false")
-    changes = op is not None and op != ("r", "r")
+    changes = op_nulls or (op is not None and op != ("r", "r"))
     return (*bounds["position"], reads, changes)
 
 
@@ -581,25 +595,11 @@ def _snapshot_positions(spark: SparkSession, namespace: str, files: list[str], l
 
 def _footer_read_position(path: str) -> tuple[bool, str | None]:
     """(whether the footer tells, the lowest position) of a local landing file all of whose rows are
-    reads (``op`` 'r' in every row group, no NULL); a file without rows tells: no position."""
-    if "://" in path:
+    reads (:func:`_span`); a file without rows tells: no position."""
+    span = _span(path)
+    if span is None or span[3]:
         return False, None
-    meta = pq.read_metadata(path)
-    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
-    if "op" not in names or "position" not in names:
-        return False, None
-    lowest: str | None = None
-    for g in range(meta.num_row_groups):
-        group = meta.row_group(g)
-        op, position = group.column(names.index("op")).statistics, group.column(names.index("position")).statistics
-        if group.num_rows == 0:
-            continue
-        if op is None or position is None or not op.has_min_max or op.null_count or not _text(op.min) == _text(op.max) == "r":
-            return False, None
-        if position.has_min_max:
-            low = _text(position.min)
-            lowest = low if lowest is None else min(lowest, low)
-    return True, lowest
+    return True, span[0] or None
 
 
 def _text(value: str | bytes) -> str:
