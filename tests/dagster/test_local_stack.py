@@ -5,11 +5,13 @@ Linux only (processes are read from /proc), like the rest of the local stack's p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,46 +74,67 @@ def test_runpy_does_not_warn_when_the_launcher_starts() -> None:
     assert result.returncode == 0 and "RuntimeWarning" not in result.stderr, result.stderr
 
 
-def test_sigterm_from_a_non_interactive_shell_stops_the_whole_stack(tmp_path: Path) -> None:
-    """Started as a non-interactive shell starts a background command (own session, SIGINT ignored), SIGTERM
-    stops the emulator, `dagster dev`, its webserver, daemon and code server: none of them is left."""
+@dataclass
+class _Stack:
+    """A `make dev` being tested: its launcher, its log, its ports and its processes once all parts run."""
+
+    launcher: subprocess.Popen[bytes]
+    log: Path
+    port: int
+    seen: list[Proc]
+
+    def left_behind(self) -> tuple[list[str], list[str]]:
+        """Its processes still alive, and any process still in one of their process groups."""
+        groups = {p.pgid for p in self.seen}
+        now = _processes()
+        return ([p.command[:100] for p in self.seen if _alive(p, now)],
+                [p.command[:100] for p in now.values() if p.pgid in groups and p.state != "Z"])
+
+
+@contextlib.contextmanager
+def _make_dev(tmp_path: Path, prefix: list[str]) -> Iterator[_Stack]:
+    """`make dev` (the launcher after ``prefix``) on free ports, once every part of its stack runs; whatever
+    the test did, nothing of it is left after."""
     env = {k: v for k, v in os.environ.items() if k not in ("MONGOCDC_HOME", "MONGOCDC_CONFIG", "DAGSTER_HOME")}
     port, ui_port = free_port("127.0.0.1"), free_port("127.0.0.1")
     log = tmp_path / "make-dev.log"
     with open(log, "wb") as out:
         launcher = subprocess.Popen(
-            ["sh", "-c", 'trap "" INT; exec "$0" "$@"', sys.executable, "-m", "mongocdc_dagster.local_stack",
-             "--port", str(port), "--dagster-port", str(ui_port), "--home", str(tmp_path / "home"),
-             "--dagster-home", str(tmp_path / "dagster")],
+            [*prefix, sys.executable, "-m", "mongocdc_dagster.local_stack", "--port", str(port),
+             "--dagster-port", str(ui_port), "--home", str(tmp_path / "home"), "--dagster-home", str(tmp_path / "dagster")],
             cwd=local_stack.REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    seen: list[Proc] = []
+    stack = _Stack(launcher, log, port, [])
     try:
         deadline = time.monotonic() + 600  # a guard for a stack that never comes up, not what is tested
-        while not all(any(part in p.command for p in seen) for part in PARTS.values()):
+        while not all(any(part in p.command for p in stack.seen) for part in PARTS.values()):
             assert launcher.poll() is None, log.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, f"the stack did not start: {[p.command[:80] for p in seen]}"
+            assert time.monotonic() < deadline, f"the stack did not start: {[p.command[:80] for p in stack.seen]}"
             time.sleep(1.0)
-            seen = _tree(launcher.pid)
-        groups = {p.pgid for p in seen}
-        os.kill(launcher.pid, signal.SIGTERM)
-        try:
-            code = launcher.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            pytest.fail("SIGTERM did not stop `make dev`:\n" + log.read_text(errors="replace")[-3000:])
-        now = _processes()
-        left = [p.command[:100] for p in seen if _alive(p, now)]
-        in_groups = [p.command[:100] for p in now.values() if p.pgid in groups and p.state != "Z"]
-        assert not left and not in_groups, (left, in_groups)
-        assert code == 0
-        text = log.read_text(errors="replace")
-        assert "Dagster services shut down." in text and "RuntimeWarning" not in text
+            stack.seen = _tree(launcher.pid)
+        yield stack
     finally:
-        for proc in reversed(seen):  # a failed run leaves nothing behind either
+        for proc in reversed(stack.seen):  # a failed run leaves nothing behind either
             if _alive(proc, _processes()):
                 os.kill(proc.pid, signal.SIGKILL)
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+def test_sigterm_from_a_non_interactive_shell_stops_the_whole_stack(tmp_path: Path) -> None:
+    """Started as a non-interactive shell starts a background command (own session, SIGINT ignored), SIGTERM
+    stops the emulator, `dagster dev`, its webserver, daemon and code server: none of them is left."""
+    with _make_dev(tmp_path, ["sh", "-c", 'trap "" INT; exec "$0" "$@"']) as stack:
+        os.kill(stack.launcher.pid, signal.SIGTERM)
+        try:
+            code = stack.launcher.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            pytest.fail("SIGTERM did not stop `make dev`:\n" + stack.log.read_text(errors="replace")[-3000:])
+        left, in_groups = stack.left_behind()
+        assert not left and not in_groups, (left, in_groups)
+        assert code == 0
+        text = stack.log.read_text(errors="replace")
+        assert "Dagster services shut down." in text and "RuntimeWarning" not in text
 
 
 @pytest.mark.parametrize("victim", ["emulator", "daemon"])
@@ -119,41 +142,16 @@ def test_a_part_of_the_stack_that_dies_stops_make_dev_and_nothing_is_left(tmp_pa
     """The emulated MongoDB killed (Dagster's sensors and runs then only retry), or Dagster's daemon killed with
     SIGKILL (`dagster dev` then stops itself): `make dev` notices, says which part ended, exits 1, and leaves no
     process behind (what was left in `dagster dev`'s process group, code servers included)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MONGOCDC_HOME", "MONGOCDC_CONFIG", "DAGSTER_HOME")}
-    port, ui_port = free_port("127.0.0.1"), free_port("127.0.0.1")
-    log = tmp_path / "make-dev.log"
-    with open(log, "wb") as out:
-        launcher = subprocess.Popen(
-            [sys.executable, "-m", "mongocdc_dagster.local_stack", "--port", str(port), "--dagster-port", str(ui_port),
-             "--home", str(tmp_path / "home"), "--dagster-home", str(tmp_path / "dagster")],
-            cwd=local_stack.REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    seen: list[Proc] = []
-    try:
-        deadline = time.monotonic() + 600  # a guard for a stack that never comes up, not what is tested
-        while not all(any(part in p.command for p in seen) for part in PARTS.values()):
-            assert launcher.poll() is None, log.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, f"the stack did not start: {[p.command[:80] for p in seen]}"
-            time.sleep(1.0)
-            seen = _tree(launcher.pid)
-        groups = {p.pgid for p in seen}
-        target = next(p for p in seen if PARTS[victim] in p.command)
+    with _make_dev(tmp_path, []) as stack:
+        target = next(p for p in stack.seen if PARTS[victim] in p.command)
         os.kill(target.pid, signal.SIGKILL)
         try:
-            code = launcher.wait(timeout=300)
+            code = stack.launcher.wait(timeout=300)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"make dev kept running without its {victim}:\n" + log.read_text(errors="replace")[-3000:])
-        now = _processes()
-        left = [p.command[:100] for p in seen if _alive(p, now)]
-        in_groups = [p.command[:100] for p in now.values() if p.pgid in groups and p.state != "Z"]
+            pytest.fail(f"make dev kept running without its {victim}:\n" + stack.log.read_text(errors="replace")[-3000:])
+        left, in_groups = stack.left_behind()
         assert not left and not in_groups, (left, in_groups)
-        text = log.read_text(errors="replace")
-        said = {"emulator": f"the emulated MongoDB on {local_stack.emulator_uri(port)} exited with code -9",
+        text = stack.log.read_text(errors="replace")
+        said = {"emulator": f"the emulated MongoDB on {local_stack.emulator_uri(stack.port)} exited with code -9",
                 "daemon": "`dagster dev` ended with code"}[victim]
         assert code == 1 and said in text and "stopping make dev" in text, text[-3000:]
-    finally:
-        for proc in reversed(seen):
-            if _alive(proc, _processes()):
-                os.kill(proc.pid, signal.SIGKILL)
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
