@@ -37,7 +37,7 @@ from mongocdc_core.events.envelope import (
 )
 from mongocdc_core.events.options import EventOptions
 from mongocdc_core.events.raw import RawChange, RawDocuments
-from mongocdc_core.events.records import LandingParts, Record
+from mongocdc_core.events.records import ChangeColumns, LandingParts, Record
 from mongocdc_core.events.schema import (
     Serializer,
     adjust_schema_name,
@@ -263,15 +263,18 @@ class EventConverter:
 
     ``landing``: the records go to the Parquet landing (:func:`mongocdc_core.sinks.base.takes_landing_columns`),
     so the compiled writers also give the landing columns they write: snapshot chunks their ``after`` column
-    (:attr:`RecordRun.afters`), change records their parts (:attr:`Record.parts`); the sink then takes them
-    as they are rather than reading them back out of the records' bytes.
+    (:attr:`RecordRun.afters`), change records their landing rows (:attr:`Record.parts`), appended to their
+    collection's chunk of rows as the bytes are written; the sink then takes them as they are rather than
+    reading them back out of the records' bytes.
     """
 
     def __init__(self, options: EventOptions, *, landing: bool = False) -> None:
         self.options = options
         self._landing = landing
-        # Change records' landing parts: the compiled writer lays them out as the default format's only.
+        # Change records' landing rows: the compiled writer writes them in the default format only.
         self._landing_parts = landing and options.event_format == "change_streams"
+        #: Each collection's chunk of landing rows being written (``raw.change_columns``), a new one once taken.
+        self._landing_columns: dict[str, ChangeColumns] = {}
         self._serializer = Serializer(options.schemas_enable)
         self._transforms = FieldTransforms(
             options.field_exclude_list, options.field_renames, options.field_name_adjustment_mode
@@ -426,12 +429,15 @@ class EventConverter:
 
     def _change_records(
         self, records: list[Record], ctx: _Collection, op: str, key: bytes, value: bytes, position: Position,
-        parts: LandingParts | None = None,
+        parts: LandingParts | None = None, columns: ChangeColumns | None = None,
     ) -> list[Record]:
-        """``records`` (transaction boundaries) then the event's record and, after a delete, its tombstone."""
+        """``records`` (transaction boundaries) then the event's record and, after a delete, its tombstone
+        (whose landing row follows the delete's in ``columns`` when the delete has one there)."""
         records.append(Record(ctx.topic, key, value, position, ctx.namespace, op, ctx.heads, parts))
         if op == "d" and self._tombstones:
-            records.append(Record(ctx.topic, key, None, position, ctx.namespace, None, ctx.heads))
+            row = None if parts is None or columns is None else columns.push_tombstone(
+                key, position.seconds, position.increment, position.ordinal)  # fmt: skip
+            records.append(Record(ctx.topic, key, None, position, ctx.namespace, None, ctx.heads, row))
         return records
 
     def session_of(self, change: RawChange) -> Any:
@@ -469,8 +475,13 @@ class EventConverter:
         tracker = self._tracker
         mark = None if tracker is None else raw.BLOCK_MARK
         parts: LandingParts | None = None
-        if self._landing_parts:  # the same bytes, and the parts the Parquet landing takes as its columns
-            landed = writer.write_landing(change.raw, header, position.increment, session, self._now_ns(), mark)
+        columns: ChangeColumns | None = None
+        if self._landing_parts:  # the same bytes, and their landing row, which the Parquet landing takes as it is
+            columns = self._landing_columns.get(ctx.namespace)
+            if columns is None or not columns.open:
+                columns = self._landing_columns[ctx.namespace] = raw.change_columns(ctx.namespace, ctx.heads)
+            landed = writer.write_landing(change.raw, header, position.increment, session, self._now_ns(), mark, columns,
+                                          position.seconds, position.ordinal)  # fmt: skip
             if landed is None:
                 return None
             key, value, _, parts = landed
@@ -486,7 +497,9 @@ class EventConverter:
                                              header.seconds * 1000)  # fmt: skip
             head, _, tail = value.rpartition(raw.BLOCK_MARK)
             value = head + (NULL if block is None else orjson.dumps(block)) + tail  # after the parts' ranges
-        return self._change_records(records, ctx, op, key, value, position, parts)
+            if parts is not None and columns is not None:  # its row is the last: its value with the block
+                columns.replace_value(value)
+        return self._change_records(records, ctx, op, key, value, position, parts, columns)
 
     def convert_read(
         self,

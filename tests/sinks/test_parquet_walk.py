@@ -499,3 +499,38 @@ def test_change_records_converted_for_the_landing_bring_their_parts(
     assert landing_table(mixed).to_pylist() == landing_table([r for r in plain if r.collection is not None]).to_pylist()
     in_session, plain = _raw_change_records(True, True, **options), _raw_change_records(False, True, **options)
     assert in_session == plain and landing_table(in_session).to_pylist() == landing_table(plain).to_pylist()
+
+
+def test_change_rows_are_taken_by_runs_across_chunks_again_and_with_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A converter built for the landing appends each change record's row to its collection's chunk, which the
+    first take freezes (later records start another): a batch across two chunks, the same records taken again
+    (records are shared: a tee may hold two Parquet sinks) and a batch missing a record land, without walking a
+    record, exactly the rows the walk and Arrow's reader land from the same bytes, positions and tombstones
+    included."""
+    conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7), landing=True)
+    plain_conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7))
+    events = [insert({"_id": i, "text": "é\n" * i}) if i % 3 else change("delete", documentKey={"_id": i})
+              for i in range(8)]  # fmt: skip
+    records: list[Record] = []
+    plain: list[Record] = []
+    for i, event in enumerate(events):
+        position = Position(1_714_564_800 + i // 2, 7 + i // 2, i % 2)
+        raw = bson.decode(bson.encode(event), _STREAM)
+        records += conv.convert_change(raw, position)
+        plain += plain_conv.convert_change(bson.decode(bson.encode(event), _STREAM), position)
+        if i == 3:
+            first = len(records)
+            landing_table(records[:2])  # freezes the first chunk: the next records go to another
+    assert records == plain and all(r.parts is not None for r in records) and first < len(records)
+    spy = _WalkedRows()
+    monkeypatch.setattr(parquet, "native", spy)
+    batches = [records, records, records[first - 2 : first + 2], [*records[:2], *records[3:]]]
+    landed = [landing_table(batch) for batch in batches]
+    assert spy.rows == 0
+    monkeypatch.undo()
+    expected = [plain, plain, plain[first - 2 : first + 2], [*plain[:2], *plain[3:]]]
+    for table, batch in zip(landed, expected, strict=True):
+        both = _both(batch, monkeypatch)
+        assert both is not None and table.to_pylist() == both[0].to_pylist() == both[1].to_pylist()
+    assert landed[0].column("pos_ordinal").to_pylist()[:3] == [0, 0, 1]  # a delete's tombstone shares its position
+    assert landed[0].column("op").to_pylist()[:3] == ["d", None, "c"]
