@@ -1353,11 +1353,14 @@ impl LandingRow {
     }
 }
 
+/// Runs of rows as `take_rows` gives them: (a chunk's `take`, first row, end row).
+type Runs = Vec<(Py<PyAny>, usize, usize)>;
+
 /// The landing rows of a batch of one topic's change records (each record's `LandingRow`) as runs of
 /// consecutive rows of one chunk: (the chunk's `take`, first row, end row) each, in the records' order.
 /// None when a record has no row (None) or a chunk is broken: the sink then walks the records' bytes.
 #[pyfunction]
-pub fn take_rows(py: Python<'_>, parts: &Bound<'_, PyList>) -> PyResult<Option<Vec<(Py<PyAny>, usize, usize)>>> {
+pub fn take_rows(py: Python<'_>, parts: &Bound<'_, PyList>) -> PyResult<Option<Runs>> {
     let mut runs: Vec<(Py<ChangeColumns>, usize, usize)> = Vec::new();
     for part in parts.iter() {
         let Ok(part) = part.downcast::<LandingRow>() else { return Ok(None) };
@@ -1377,10 +1380,16 @@ pub fn take_rows(py: Python<'_>, parts: &Bound<'_, PyList>) -> PyResult<Option<V
 
 /// The `snapshot` member of a `source` block the converter wrote (one flat object, its text taken as it
 /// is): the marker's text, or None when the block has none; a marker written with an escape or a block
-/// of another shape goes to the walk.
+/// of another shape goes to the walk. A block holding a brace in a string (a transaction's `lsid`, the
+/// session document's text) is landed, by the reader path that decides such blocks, as orjson writes it
+/// again once parsed: it is taken as it is only where that gives back its bytes ([`reads_back_the_same`]).
 fn snapshot_of(text: &[u8]) -> Parsed<Option<&[u8]>> {
     const NAME: &[u8] = b"\"snapshot\":";
-    if text.first() != Some(&b'{') || text.last() != Some(&b'}') || text[1..].contains(&b'{') {
+    if text.len() < 2 || text[0] != b'{' || text[text.len() - 1] != b'}' {
+        return Err(Fallback);
+    }
+    let inner = &text[1..text.len() - 1];
+    if (inner.contains(&b'{') || inner.contains(&b'}')) && !reads_back_the_same(text) {
         return Err(Fallback);
     }
     let Some(at) = text.windows(NAME.len()).position(|w| w[0] == b'"' && w == NAME) else { return Ok(None) };
@@ -1394,6 +1403,69 @@ fn snapshot_of(text: &[u8]) -> Parsed<Option<&[u8]>> {
         return Err(Fallback);
     }
     Ok(Some(&quoted[..end]))
+}
+
+/// Whether orjson, given `text` parsed, writes exactly `text` again: one flat object, compact, with
+/// distinct member names, valid UTF-8, strings escaping only `"` and `\\` (orjson writes every other
+/// character but the controls as it is) and numbers that are integers written as orjson writes them; true,
+/// false and null. Anything else (a nested value, another escape, a fraction) is not vouched for.
+fn reads_back_the_same(text: &[u8]) -> bool {
+    if std::str::from_utf8(text).is_err() {
+        return false;
+    }
+    // The end of the string starting at `at` (its opening quote), or None when it escapes otherwise.
+    let string = |at: usize| -> Option<usize> {
+        let mut i = at + 1;
+        loop {
+            match *text.get(i)? {
+                b'"' => return Some(i + 1),
+                b'\\' if matches!(text.get(i + 1), Some(b'"' | b'\\')) => i += 2,
+                c if c < 0x20 || c == b'\\' => return None,
+                _ => i += 1,
+            }
+        }
+    };
+    let mut names: Vec<&[u8]> = Vec::new();
+    let mut i = 1;
+    if text.get(i) == Some(&b'}') {
+        return i + 1 == text.len();
+    }
+    loop {
+        let Some(end) = text.get(i).filter(|&&c| c == b'"').and_then(|_| string(i)) else { return false };
+        if names.contains(&&text[i..end]) || text.get(end) != Some(&b':') {
+            return false;
+        }
+        names.push(&text[i..end]);
+        i = end + 1;
+        i = match text.get(i) {
+            Some(b'"') => match string(i) {
+                Some(end) => end,
+                None => return false,
+            },
+            Some(b'-' | b'0'..=b'9') => {
+                let negative = text[i] == b'-';
+                let digits = &text[i + usize::from(negative)..];
+                let count = digits.iter().take_while(|c| c.is_ascii_digit()).count();
+                // orjson reads integers of 64 bits (signed, or unsigned when positive) and writes them without
+                // leading zeros or a sign on zero.
+                let magnitude = std::str::from_utf8(&digits[..count]).ok().and_then(|d| d.parse::<u128>().ok());
+                let limit = if negative { 1u128 << 63 } else { u128::from(u64::MAX) };
+                if count == 0 || (digits[0] == b'0' && (count > 1 || negative)) || magnitude.is_none_or(|m| m > limit) {
+                    return false;
+                }
+                i + usize::from(negative) + count
+            }
+            _ => match [&b"true"[..], b"false", b"null"].into_iter().find(|word| text[i..].starts_with(word)) {
+                Some(word) => i + word.len(),
+                None => return false,
+            },
+        };
+        match text.get(i) {
+            Some(b',') => i += 1,
+            Some(b'}') => return i + 1 == text.len(),
+            _ => return false,
+        }
+    }
 }
 
 /// The payload texts of records `lo..hi` of a run the converter wrote (see `Afters`): each key and value

@@ -460,8 +460,9 @@ _STREAM = CodecOptions(document_class=RawChange, tz_aware=True)
 
 def _raw_change_records(landing: bool, session: bool, **options: Any) -> list[Record]:
     """:func:`_change_records`'s events as the stream reads them: raw, written by the compiled writer, with
-    their landing parts when the converter is built for the landing; with ``session``, one more in a
-    transaction (its ``source.lsid`` text holds braces: the sink leaves such a batch to the walk)."""
+    their landing rows when the converter is built for the landing; with ``session``, one more in a
+    transaction (its ``source.lsid`` text holds braces in a string: see
+    ``test_change_rows_in_a_transaction_are_taken_where_their_source_reads_back_the_same``)."""
     conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7, **options), landing=landing)
     doc = {"_id": 1, "name": 'a "quoted"\\ name\n\t\x01', "emoji": "\U0001f600 é", "n": [1, {"x": None}]}
     shrunk = {"updatedFields": {"n": [1]}, "removedFields": ["old"], "truncatedArrays": [{"field": "n", "newSize": 1}]}
@@ -534,3 +535,29 @@ def test_change_rows_are_taken_by_runs_across_chunks_again_and_with_gaps(monkeyp
         assert both is not None and table.to_pylist() == both[0].to_pylist() == both[1].to_pylist()
     assert landed[0].column("pos_ordinal").to_pylist()[:3] == [0, 0, 1]  # a delete's tombstone shares its position
     assert landed[0].column("op").to_pylist()[:3] == ["d", None, "c"]
+
+
+@pytest.mark.parametrize("coll", ["customers", "clients é/ü", "a}b", "a\nb}"])
+def test_change_rows_in_a_transaction_are_taken_where_their_source_reads_back_the_same(
+    coll: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event in a transaction has ``source.lsid``, the session document's text: braces inside a string,
+    whose block the reader path lands as orjson writes it again once parsed. Its row is taken as written where
+    that gives back the same bytes (a flat block escaping only quotes and backslashes); otherwise (a newline
+    in the collection's name, escaped) the batch is walked from its bytes. Either way the same rows land."""
+    lsid = {"id": bson.Binary(bytes(range(16)), 4), "uid": bson.Binary(bytes(32), 0)}
+    events = [insert({"_id": i, "v": "x" * i}, lsid=lsid, txnNumber=bson.Int64(4), ns={"db": "inventory", "coll": coll})
+              for i in range(3)]  # fmt: skip
+    conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7), landing=True)
+    plain_conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7))
+    records = [r for ev in events for r in conv.convert_change(bson.decode(bson.encode(ev), _STREAM), POSITION)]
+    plain = [r for ev in events for r in plain_conv.convert_change(bson.decode(bson.encode(ev), _STREAM), POSITION)]
+    assert records == plain and all(b"{" in r.value.partition(b',"source":')[2] for r in records if r.value)
+    spy = _WalkedRows()
+    monkeypatch.setattr(parquet, "native", spy)
+    landed = landing_table(records)
+    assert spy.rows == (len(records) if "\n" in coll else 0)
+    monkeypatch.undo()
+    both = _both(plain, monkeypatch)
+    assert both is not None and landed.to_pylist() == both[0].to_pylist() == both[1].to_pylist()
+    assert all("lsid" in orjson.loads(s) for s in landed.column("source").to_pylist())
