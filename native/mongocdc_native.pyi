@@ -83,7 +83,7 @@ class ChangeWriter:
         lsid: bytes | None,
         now_ns: int,
         block: bytes | None,
-        into: ChangeColumns,
+        into: ChangeLanding,
         seconds: int,
         ordinal: int,
     ) -> tuple[bytes, bytes, int | None, LandingRow | None] | None:
@@ -155,20 +155,17 @@ ChangeRows = tuple[int, str, LandingColumns, tuple[Buffer, Buffer, Buffer], _Str
 class LandingRow:
     """A change record's landing row (``Record.parts``): its chunk and its number there."""
 
-class ChangeColumns:
-    """One collection's landing rows (``collection``: ``db.coll``), appended by ``ChangeWriter.write_landing``
-    as it writes the change records (and ``push_tombstone``), taken by the Parquet sink as Arrow buffers
-    (``take_rows``, which freezes the chunk). ``key_head``/``value_head``: the schema parts' lengths (None:
-    no schemas)."""
+class ChangeLanding:
+    """One collection's landing rows (``collection``: ``db.coll``), appended chunk after chunk by
+    ``ChangeWriter.write_landing`` as it writes the change records (and ``push_tombstone``), taken by the
+    Parquet sink as Arrow buffers (``take_rows``, which freezes a chunk: the next rows go to a new one of its
+    size). ``key_head``/``value_head``: the schema parts' lengths (None: no schemas)."""
 
     def __init__(self, collection: str, key_head: int | None, value_head: int | None) -> None: ...
-    @property
-    def open(self) -> bool:
-        """Whether the chunk takes more rows (not taken yet, not broken, not near Arrow's 2 GiB)."""
     def push_tombstone(self, key: bytes, seconds: int, increment: int, ordinal: int) -> LandingRow | None:
         """Appends a tombstone's row; it, or None when the chunk cannot take it."""
     def replace_value(self, value: bytes) -> None:
-        """Writes ``value`` over the value of the last row (the transaction block written in)."""
+        """Writes ``value`` over the value of the last row written (the transaction block written in)."""
 
 def take_rows(parts: list[object]) -> list[tuple[ChangeRows, int, int]] | None:
     """The landing rows of a batch of one topic's change records (their ``LandingRow``) as runs of consecutive

@@ -37,7 +37,7 @@ from mongocdc_core.events.envelope import (
 )
 from mongocdc_core.events.options import EventOptions
 from mongocdc_core.events.raw import RawChange, RawDocuments
-from mongocdc_core.events.records import ChangeColumns, LandingParts, Record
+from mongocdc_core.events.records import ChangeLanding, LandingParts, Record
 from mongocdc_core.events.schema import (
     Serializer,
     adjust_schema_name,
@@ -110,6 +110,9 @@ class _Collection:
     #: The compiled writer of its change records (None: no compiled module, or field rules only the
     #: Python path applies).
     writer: raw.ChangeWriter | None
+    #: Its change records' landing rows, which ``writer`` appends to (a converter built for the Parquet landing
+    #: in the default format; else None).
+    landing: ChangeLanding | None
 
 
 #: What fills the default value template's slots (``envelope.value_template``) in the compiled writer.
@@ -273,8 +276,6 @@ class EventConverter:
         self._landing = landing
         # Change records' landing rows: the compiled writer writes them in the default format only.
         self._landing_parts = landing and options.event_format == "change_streams"
-        #: Each collection's chunk of landing rows being written (``raw.change_columns``), a new one once taken.
-        self._landing_columns: dict[str, ChangeColumns] = {}
         self._serializer = Serializer(options.schemas_enable)
         self._transforms = FieldTransforms(
             options.field_exclude_list, options.field_renames, options.field_name_adjustment_mode
@@ -362,6 +363,8 @@ class EventConverter:
             heads=(key_prefix, value_prefix) if o.schemas_enable else None,
             writer=raw.change_writer(value_template_, self._values.slots, key_template_, self._pre_image,
                                      self._update_full, o.event_format, native_rules) if compiled else None,  # fmt: skip
+            landing=raw.change_landing(f"{db}.{coll}", (key_prefix, value_prefix) if o.schemas_enable else None)
+            if self._landing_parts and compiled else None,
         )
         self._collections[(db, coll)] = ctx
         return ctx
@@ -429,13 +432,14 @@ class EventConverter:
 
     def _change_records(
         self, records: list[Record], ctx: _Collection, op: str, key: bytes, value: bytes, position: Position,
-        parts: LandingParts | None = None, columns: ChangeColumns | None = None,
+        parts: LandingParts | None = None,
     ) -> list[Record]:
         """``records`` (transaction boundaries) then the event's record and, after a delete, its tombstone
-        (whose landing row follows the delete's in ``columns`` when the delete has one there)."""
+        (whose landing row follows the delete's when the delete has one)."""
         records.append(Record(ctx.topic, key, value, position, ctx.namespace, op, ctx.heads, parts))
         if op == "d" and self._tombstones:
-            row = None if parts is None or columns is None else columns.push_tombstone(
+            landing = ctx.landing
+            row = None if parts is None or landing is None else landing.push_tombstone(
                 key, position.seconds, position.increment, position.ordinal)  # fmt: skip
             records.append(Record(ctx.topic, key, None, position, ctx.namespace, None, ctx.heads, row))
         return records
@@ -475,12 +479,9 @@ class EventConverter:
         tracker = self._tracker
         mark = None if tracker is None else raw.BLOCK_MARK
         parts: LandingParts | None = None
-        columns: ChangeColumns | None = None
-        if self._landing_parts:  # the same bytes, and their landing row, which the Parquet landing takes as it is
-            columns = self._landing_columns.get(ctx.namespace)
-            if columns is None or not columns.open:
-                columns = self._landing_columns[ctx.namespace] = raw.change_columns(ctx.namespace, ctx.heads)
-            landed = writer.write_landing(change.raw, header, position.increment, session, self._now_ns(), mark, columns,
+        landing = ctx.landing
+        if landing is not None:  # the same bytes, and their landing row, which the Parquet landing takes as it is
+            landed = writer.write_landing(change.raw, header, position.increment, session, self._now_ns(), mark, landing,
                                           position.seconds, position.ordinal)  # fmt: skip
             if landed is None:
                 return None
@@ -497,9 +498,9 @@ class EventConverter:
                                              header.seconds * 1000)  # fmt: skip
             head, _, tail = value.rpartition(raw.BLOCK_MARK)
             value = head + (NULL if block is None else orjson.dumps(block)) + tail  # after the parts' ranges
-            if parts is not None and columns is not None:  # its row is the last: its value with the block
-                columns.replace_value(value)
-        return self._change_records(records, ctx, op, key, value, position, parts, columns)
+            if parts is not None and landing is not None:  # its row is the last: its value with the block
+                landing.replace_value(value)
+        return self._change_records(records, ctx, op, key, value, position, parts)
 
     def convert_read(
         self,

@@ -12,14 +12,10 @@ if TYPE_CHECKING:
     from mongocdc_native import Buffer
 
 
-class ChangeColumns(Protocol):
-    """``mongocdc_native.ChangeColumns`` as the converter and the Parquet sink use it: one collection's
-    landing rows, appended by its compiled writer as it writes the change records
-    (``ChangeWriter.write_landing``), taken by the sink as Arrow buffers (the first ``take`` freezes it)."""
-
-    @property
-    def open(self) -> bool:
-        """Whether it takes more rows."""
+class ChangeLanding(Protocol):
+    """``mongocdc_native.ChangeLanding`` as the converter uses it: one collection's landing rows, appended
+    chunk after chunk by its compiled writer as it writes the change records (``ChangeWriter.write_landing``)
+    and taken by the Parquet sink as Arrow buffers (``mongocdc_native.take_rows``)."""
 
     def push_tombstone(self, key: bytes, seconds: int, increment: int, ordinal: int) -> LandingParts | None:
         """Appends a tombstone's row: its row, or None when it cannot take it."""

@@ -350,7 +350,7 @@ def _taken(records: Sequence[Record]) -> dict[str, pa.Array | pa.ChunkedArray] |
 
 
 def _chunk_columns(taken: ChangeRows) -> dict[str, pa.Array] | None:
-    """Every landing column of a chunk of change rows (``ChangeColumns.take``), over its buffers."""
+    """Every landing column of a chunk of change rows (as ``take_rows`` gives it), over its buffers."""
     rows, collection, walked, (seconds, increments, ordinals), positions, ops = taken
     columns = _walk_columns(rows, walked)
     if columns is None:

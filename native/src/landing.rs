@@ -1124,30 +1124,43 @@ fn push_padded(out: &mut Vec<u8>, number: i64, width: usize) {
     out.extend_from_slice(&digits[at..]);
 }
 
+/// How large a chunk grew (rows; bytes of keys, values, before, after, source): the next chunk of its
+/// collection is made that large at once, from the vectors dropped buffers left ([`spare`]), instead of
+/// growing into fresh memory (a page fault per 4 KiB first written) batch after batch.
+#[derive(Clone, Copy, Default)]
+struct ChunkSizes([usize; 6]);
+
 impl ChangeRows {
-    fn new() -> Self {
-        let strings = || Strings::new(0, 0);
+    fn new(sizes: ChunkSizes) -> Self {
+        let [rows, keys, values, before, after, source] = sizes.0;
+        let strings = |bytes: usize| Strings::new(rows, bytes);
         ChangeRows {
             cols: Columns {
-                keys: strings(),
-                values: strings(),
-                ts_ms: Vec::new(),
-                ts_valid: Vec::new(),
+                keys: strings(keys),
+                values: strings(values),
+                ts_ms: Vec::with_capacity(rows),
+                ts_valid: Vec::with_capacity(rows.div_ceil(8)),
                 ts_nulls: 0,
-                before: strings(),
-                after: strings(),
-                updated: strings(),
-                removed: Lists { offsets: vec![0], valid: Vec::new(), nulls: 0, items: strings() },
-                truncated: strings(),
-                snapshot: strings(),
-                source: strings(),
+                before: strings(before),
+                after: strings(after),
+                updated: strings(0),
+                removed: Lists { offsets: vec![0], valid: Vec::new(), nulls: 0, items: Strings::new(0, 0) },
+                truncated: strings(0),
+                snapshot: strings(rows * 5),
+                source: strings(source),
             },
-            seconds: Vec::new(),
-            increments: Vec::new(),
-            ordinals: Vec::new(),
-            position: strings(),
-            op: strings(),
+            seconds: Vec::with_capacity(rows),
+            increments: Vec::with_capacity(rows),
+            ordinals: Vec::with_capacity(rows),
+            position: strings(rows * 31),
+            op: strings(rows),
         }
+    }
+
+    fn sizes(&self) -> ChunkSizes {
+        let c = &self.cols;
+        ChunkSizes([self.seconds.len(), c.keys.data.len(), c.values.data.len(), c.before.data.len(), c.after.data.len(),
+                    c.source.data.len()])
     }
 
     /// Ends the row with its position and operation (None: a tombstone).
@@ -1167,16 +1180,18 @@ impl ChangeRows {
     }
 }
 
-/// One collection's landing rows as its converter writes its change records, for the Parquet sink: each
-/// record carries its [`LandingRow`] (`Record.parts`), and the sink takes the rows of a batch in one call
-/// (`take_rows`), as Arrow buffers, instead of a Python object and a walk per record. Rows are appended
-/// until the first `take`, which freezes the chunk (its buffers are lent to Arrow from then on, and may be
-/// taken again: records are shared, a tee may hold two Parquet sinks); the converter then starts another.
-/// A row that cannot be written (a part of a form only the walk or Arrow's reader decides) breaks the
-/// chunk: `take` then gives None and the sink walks those records' bytes, which are the same.
+/// A chunk of one collection's landing rows as its converter writes its change records, for the Parquet
+/// sink: each record carries its [`LandingRow`] (`Record.parts`), and the sink takes the rows of a batch in
+/// one call (`take_rows`), as Arrow buffers, instead of a Python object and a walk per record. Rows are
+/// appended until the first `take`, which freezes the chunk (its buffers are lent to Arrow from then on, and
+/// may be taken again: records are shared, a tee may hold two Parquet sinks); its [`ChangeLanding`] then
+/// starts another. A row that cannot be written (a part of a form only the walk or Arrow's reader decides)
+/// breaks the chunk: `take` then gives None and the sink walks those records' bytes, which are the same.
 #[pyclass(module = "mongocdc_native")]
 pub struct ChangeColumns {
     collection: String,
+    /// How large it grew, once frozen (see [`ChunkSizes`]).
+    sizes: ChunkSizes,
     open: Option<Box<ChangeRows>>,
     frozen: Option<Py<PyAny>>,
     key_head: Option<usize>,
@@ -1262,28 +1277,21 @@ impl ChangeColumns {
     }
 }
 
-#[pymethods]
 impl ChangeColumns {
-    /// An empty chunk of `collection` (``db.coll``), whose keys and values are written after schema parts
-    /// of `key_head` and `value_head` bytes (None: without schemas).
-    #[new]
-    #[pyo3(signature = (collection, key_head, value_head))]
-    fn new(collection: String, key_head: Option<usize>, value_head: Option<usize>) -> Self {
-        let open = Some(Box::new(ChangeRows::new()));
-        ChangeColumns { collection, open, frozen: None, key_head, value_head, rows: 0, broken: false }
+    fn new(collection: String, key_head: Option<usize>, value_head: Option<usize>, sizes: ChunkSizes) -> Self {
+        let open = Some(Box::new(ChangeRows::new(sizes)));
+        ChangeColumns { collection, sizes, open, frozen: None, key_head, value_head, rows: 0, broken: false }
     }
 
     /// Whether the chunk takes more rows (not yet taken, not broken, not near Arrow's limit).
-    #[getter]
     fn open(&self) -> bool {
         self.open.as_ref().is_some_and(|rows| rows.cols.values.data.len() + rows.cols.after.data.len() < CHUNK_BYTES)
     }
 
     /// Appends the row of a tombstone (its key; every other payload column null, no operation).
-    fn push_tombstone(slf: &Bound<'_, Self>, key: &[u8], seconds: i64, increment: i64, ordinal: i64) -> Option<LandingRow> {
-        let mut chunk = slf.borrow_mut();
-        let key_head = chunk.key_head;
-        let row = chunk.append(|rows| {
+    fn push_tombstone(&mut self, key: &[u8], position: [i64; 3]) -> Option<usize> {
+        let key_head = self.key_head;
+        self.append(|rows| {
             let out = &mut rows.cols;
             out.keys.push(Some(Self::payload(key, key_head)?))?;
             out.values.push(None)?;
@@ -1292,9 +1300,8 @@ impl ChangeColumns {
                 column.end(false)?;
             }
             out.removed.end(false)?;
-            rows.end([seconds, increment, ordinal], None)
-        })?;
-        Some(LandingRow { chunk: slf.clone().unbind(), row })
+            rows.end(position, None)
+        })
     }
 
     /// Writes `value` over the value of the last row (a value completed after its writer wrote it: the
@@ -1326,6 +1333,7 @@ impl ChangeColumns {
             return Ok(None);
         }
         if let Some(rows) = self.open.take() {
+            self.sizes = rows.sizes();
             let ChangeRows { cols, seconds, increments, ordinals, position, op } = *rows;
             let numbers = (
                 Buffer::new(py, Words::I64(seconds))?,
@@ -1339,18 +1347,79 @@ impl ChangeColumns {
     }
 }
 
+/// One collection's landing rows, chunk after chunk, as its compiled writer writes its change records
+/// (`ChangeWriter.write_landing`): the chunk being written, replaced by a new one of the same size once the
+/// sink took it. `collection` is ``db.coll``; `key_head`/`value_head` the lengths of the schema parts its
+/// keys and values are written after (None: without schemas).
+#[pyclass(module = "mongocdc_native")]
+pub struct ChangeLanding {
+    chunk: Py<ChangeColumns>,
+}
+
+impl ChangeLanding {
+    /// The chunk to append to: the current one, or a new one when it was taken (or broken, or is full).
+    fn chunk<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, ChangeColumns>> {
+        let chunk = self.chunk.bind(py);
+        if chunk.borrow().open() {
+            return Ok(chunk.clone());
+        }
+        let fresh = {
+            let old = chunk.borrow();
+            ChangeColumns::new(old.collection.clone(), old.key_head, old.value_head, old.sizes)
+        };
+        self.chunk = Py::new(py, fresh)?;
+        Ok(self.chunk.bind(py).clone())
+    }
+
+    /// Appends a change record's row (see `ChangeColumns::push_change`): its `LandingRow`, or None.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn push_change(
+        &mut self,
+        py: Python<'_>,
+        key: &[u8],
+        value: &[u8],
+        before: &[u8],
+        after: &[u8],
+        spans: ((usize, usize), (usize, usize)),
+        ts_ms: i64,
+        position: [i64; 3],
+        op: &[u8],
+    ) -> PyResult<Option<LandingRow>> {
+        let chunk = self.chunk(py)?;
+        let row = chunk.borrow_mut().push_change(key, value, before, after, spans.0, spans.1, ts_ms, position, op);
+        Ok(row.map(|row| LandingRow { chunk: chunk.unbind(), row }))
+    }
+}
+
+#[pymethods]
+impl ChangeLanding {
+    #[new]
+    #[pyo3(signature = (collection, key_head, value_head))]
+    fn new(py: Python<'_>, collection: String, key_head: Option<usize>, value_head: Option<usize>) -> PyResult<Self> {
+        let chunk = ChangeColumns::new(collection, key_head, value_head, ChunkSizes::default());
+        Ok(ChangeLanding { chunk: Py::new(py, chunk)? })
+    }
+
+    /// Appends the row of a tombstone at its position (its key; every other payload column null, no
+    /// operation): its `LandingRow`, or None when the chunk cannot take it.
+    fn push_tombstone(&mut self, py: Python<'_>, key: &[u8], seconds: i64, increment: i64, ordinal: i64) -> PyResult<Option<LandingRow>> {
+        let chunk = self.chunk(py)?;
+        let row = chunk.borrow_mut().push_tombstone(key, [seconds, increment, ordinal]);
+        Ok(row.map(|row| LandingRow { chunk: chunk.unbind(), row }))
+    }
+
+    /// Writes `value` over the value of the last row written (the transaction block written in).
+    fn replace_value(&self, py: Python<'_>, value: &[u8]) {
+        self.chunk.bind(py).borrow_mut().replace_value(value);
+    }
+}
+
 /// A change record's landing row: the chunk its converter appended it to, and its number there. Not a tuple:
 /// one is made per record, and a tuple is an object Python's garbage collector tracks (and runs for).
 #[pyclass(frozen, module = "mongocdc_native")]
 pub struct LandingRow {
     chunk: Py<ChangeColumns>,
     row: usize,
-}
-
-impl LandingRow {
-    pub(crate) fn new(chunk: &Bound<'_, ChangeColumns>, row: usize) -> Self {
-        LandingRow { chunk: chunk.clone().unbind(), row }
-    }
 }
 
 /// Runs of rows as `take_rows` gives them: (a chunk's `take`, first row, end row).

@@ -1514,7 +1514,7 @@ impl ChangeWriter {
     }
 
     /// `write` of the default format, also appending the record's landing row to `into` (see
-    /// `landing::ChangeColumns`) at its position (`seconds`, `increment`, `ordinal`), taken from the parts as
+    /// `landing::ChangeLanding`) at its position (`seconds`, `increment`, `ordinal`), taken from the parts as
     /// they are written: (key, value, `wallTime` ms or None, its `LandingRow`, or None when `into` could not
     /// take it); None when `write` would give None; a ValueError in another format.
     #[pyo3(signature = (raw, header, increment, lsid, now_ns, block, into, seconds, ordinal))]
@@ -1529,7 +1529,7 @@ impl ChangeWriter {
         lsid: Option<&[u8]>,
         now_ns: i64,
         block: Option<&[u8]>,
-        into: &Bound<'py, landing::ChangeColumns>,
+        into: &Bound<'py, landing::ChangeLanding>,
         seconds: i64,
         ordinal: i64,
     ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<i64>, Option<landing::LandingRow>)>> {
@@ -1544,9 +1544,10 @@ impl ChangeWriter {
         let (key, value, wall_ms, row) = match self.write_parts(&DefaultFormat { rules }, raw, &event, Some(&mut spans)) {
             Ok((key, value, wall_ms, (before, after))) => {
                 let letter: &[u8] = if op == "insert" { b"c" } else if op == "delete" { b"d" } else { b"u" };
-                let row = into.borrow_mut().push_change(&key, &value, &before, &after, spans.update, spans.source,
-                                                        now_ns.div_euclid(1_000_000), [seconds, increment, ordinal], letter);
-                (key, value, wall_ms, row.map(|row| landing::LandingRow::new(into, row)))
+                let spans = (spans.update, spans.source);
+                let row = into.borrow_mut().push_change(py, &key, &value, &before, &after, spans, now_ns.div_euclid(1_000_000),
+                                                        [seconds, increment, ordinal], letter)?;
+                (key, value, wall_ms, row)
             }
             // A template not laid out as the default format's: the record as `write` writes it, without a row.
             Err(_) => match self.write_with(&DefaultFormat { rules }, raw, &event) {
@@ -1576,7 +1577,7 @@ fn mongocdc_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(landing::run_landing_columns, module)?)?;
     module.add_function(wrap_pyfunction!(landing::run_payloads, module)?)?;
     module.add_class::<landing::Buffer>()?;
-    module.add_class::<landing::ChangeColumns>()?;
+    module.add_class::<landing::ChangeLanding>()?;
     module.add_class::<landing::LandingRow>()?;
     module.add_function(wrap_pyfunction!(landing::take_rows, module)?)?;
     module.add_class::<rules::FieldRules>()?;
