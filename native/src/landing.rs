@@ -1305,10 +1305,15 @@ impl ChangeColumns {
     }
 
     /// Writes `value` over the value of the last row (a value completed after its writer wrote it: the
-    /// transaction block); the other columns stay, as they lie before the block.
+    /// transaction block); the other columns stay, as they lie before the block. A chunk taken in between
+    /// (its rows lent to Arrow, that row's with the value unfinished) is broken: later takes walk instead.
     fn replace_value(&mut self, value: &[u8]) {
         let value_head = self.value_head;
-        let Some(rows) = self.open.as_deref_mut().filter(|_| !self.broken && self.rows > 0) else { return };
+        let Some(rows) = self.open.as_deref_mut().filter(|_| !self.broken && self.rows > 0) else {
+            self.broken = true;
+            self.open = None;
+            return;
+        };
         let values = &mut rows.cols.values;
         let start = values.offsets[values.offsets.len() - 2] as usize;
         values.data.truncate(start);
