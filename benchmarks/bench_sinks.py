@@ -33,7 +33,12 @@ on: ~3.3 KB each, Debezium's default; sizes per record are also reported with sc
   Parquet's CPU over JSON Lines' (goal <= 1.2). Each converter is built for its sink: for Parquet it also
   gives the landing columns its compiled writers wrote with the records (``EventConverter(landing=True)``).
 - The Parquet sink rows take records so converted (change records from the raw events, as the stream
-  reads them; the same bytes as the other rows' records), as the pipeline hands them to a Parquet sink.
+  reads them; the same bytes as the other rows' records), as the pipeline hands them to a Parquet sink:
+  each change record carries its landing row, which its converter's compiled writer appended to its
+  collection's column chunk as it wrote the record (``Record.parts``), and the sink takes a batch's rows
+  as Arrow buffers in one call (``mongocdc_native.take_rows``), parsing nothing. That work is the
+  converter's now, so it shows in the landing rows (conversion and sink together), not in the sink's;
+  the floor rows bound a sink handed the records' bytes alone.
 - Kafka (real local broker): ``KafkaSink`` against a bare ``confluent_kafka.Producer`` with the
   sink's own settings (idempotent, acks=all, linger 5 ms, same queue bound), producing the same
   records (key, value and the position header every record carries) after fetching its topic's
@@ -98,7 +103,7 @@ ROUNDS = 5
 
 def records(count: int, schemas: bool, landing: bool = False) -> list[Record]:
     """The records; with ``landing``, converted from the raw events (as the stream reads them) by a converter
-    built for the Parquet landing (the same bytes, with their landing parts)."""
+    built for the Parquet landing (the same bytes, with their landing rows)."""
     converter = EventConverter(EventOptions(topic_prefix="bench", rs="rs0", schemas_enable=schemas), landing=landing)
     out: list[Record] = []
     for workload in ("inserts", "updates"):

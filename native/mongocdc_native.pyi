@@ -83,11 +83,14 @@ class ChangeWriter:
         lsid: bytes | None,
         now_ns: int,
         block: bytes | None,
-    ) -> tuple[bytes, bytes, int | None, bytes] | None:
-        """``write`` of the default format (ValueError in Debezium 3.x's and the 1.x format), with the record's landing parts packed
-        into bytes: where ``updateDescription`` and ``source`` start and end in the value (four u32), ``ts_ms``
-        (i64), the lengths of the ``before`` and ``after`` texts (u32, 2**32-1 for null), then those texts
-        (each part's JSON string unescaped); numbers in the machine's byte order."""
+        into: ChangeLanding,
+        seconds: int,
+        ordinal: int,
+    ) -> tuple[bytes, bytes, int | None, LandingRow | None] | None:
+        """``write`` of the default format (ValueError in Debezium 3.x's and the 1.x format), also appending
+        the record's landing row at position (``seconds``, ``increment``, ``ordinal``) to ``into``, taken from
+        the parts as they are written: (key, value, ``wallTime`` ms, its row or None when ``into`` could not
+        take it)."""
 
 class FieldRules:
     """One collection's field exclusions and renames (``CollectionFields.compiled_rules``)."""
@@ -145,16 +148,29 @@ def run_landing_columns(
     """``landing_columns`` of records ``lo..hi`` laid end to end (a snapshot chunk's run), each record's end
     offset given as native-endian u64 bytes."""
 
-def parts_landing_columns(
-    keys: list[bytes | None],
-    key_head: bytes,
-    values: list[bytes | None],
-    value_head: bytes,
-    parts: list[bytes | None],
-) -> LandingColumns | None:
-    """``landing_columns`` of change records from the parts their converter gave (``ChangeWriter.write_landing``;
-    None for a tombstone), keys and values cut after their heads (not compared); None when a record has no
-    parts or they do not read so."""
+#: A chunk's rows as ``take_rows`` gives them: the chunk's row count, its collection, its payload columns,
+#: its positions' seconds, increments and ordinals (i64 buffers), their texts and the operations (strings).
+ChangeRows = tuple[int, str, LandingColumns, tuple[Buffer, Buffer, Buffer], _Strings, _Strings]
+
+class LandingRow:
+    """A change record's landing row (``Record.parts``): its chunk and its number there."""
+
+class ChangeLanding:
+    """One collection's landing rows (``collection``: ``db.coll``), appended chunk after chunk by
+    ``ChangeWriter.write_landing`` as it writes the change records (and ``push_tombstone``), taken by the
+    Parquet sink as Arrow buffers (``take_rows``, which freezes a chunk: the next rows go to a new one of its
+    size). ``key_head``/``value_head``: the schema parts' lengths (None: no schemas)."""
+
+    def __init__(self, collection: str, key_head: int | None, value_head: int | None) -> None: ...
+    def push_tombstone(self, key: bytes, seconds: int, increment: int, ordinal: int) -> LandingRow | None:
+        """Appends a tombstone's row; it, or None when the chunk cannot take it."""
+    def replace_value(self, value: bytes) -> None:
+        """Writes ``value`` over the value of the last row written (the transaction block written in)."""
+
+def take_rows(parts: list[object]) -> list[tuple[ChangeRows, int, int]] | None:
+    """The landing rows of a batch of one topic's change records (their ``LandingRow``) as runs of consecutive
+    rows of one chunk: (the chunk's rows, first row, end row), in the records' order; None when a record has
+    none or a chunk could not write one (the sink then walks the records)."""
 
 def run_payloads(
     keys: bytes,

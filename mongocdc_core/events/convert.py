@@ -37,7 +37,7 @@ from mongocdc_core.events.envelope import (
 )
 from mongocdc_core.events.options import EventOptions
 from mongocdc_core.events.raw import RawChange, RawDocuments
-from mongocdc_core.events.records import LandingParts, Record
+from mongocdc_core.events.records import ChangeLanding, LandingParts, Record
 from mongocdc_core.events.schema import (
     Serializer,
     adjust_schema_name,
@@ -110,6 +110,9 @@ class _Collection:
     #: The compiled writer of its change records (None: no compiled module, or field rules only the
     #: Python path applies).
     writer: raw.ChangeWriter | None
+    #: Its change records' landing rows, which ``writer`` appends to (a converter built for the Parquet landing
+    #: in the default format; else None).
+    landing: ChangeLanding | None
 
 
 #: What fills the default value template's slots (``envelope.value_template``) in the compiled writer.
@@ -263,14 +266,15 @@ class EventConverter:
 
     ``landing``: the records go to the Parquet landing (:func:`mongocdc_core.sinks.base.takes_landing_columns`),
     so the compiled writers also give the landing columns they write: snapshot chunks their ``after`` column
-    (:attr:`RecordRun.afters`), change records their parts (:attr:`Record.parts`); the sink then takes them
-    as they are rather than reading them back out of the records' bytes.
+    (:attr:`RecordRun.afters`), change records their landing rows (:attr:`Record.parts`), appended to their
+    collection's chunk of rows as the bytes are written; the sink then takes them as they are rather than
+    reading them back out of the records' bytes.
     """
 
     def __init__(self, options: EventOptions, *, landing: bool = False) -> None:
         self.options = options
         self._landing = landing
-        # Change records' landing parts: the compiled writer lays them out as the default format's only.
+        # Change records' landing rows: the compiled writer writes them in the default format only.
         self._landing_parts = landing and options.event_format == "change_streams"
         self._serializer = Serializer(options.schemas_enable)
         self._transforms = FieldTransforms(
@@ -359,6 +363,8 @@ class EventConverter:
             heads=(key_prefix, value_prefix) if o.schemas_enable else None,
             writer=raw.change_writer(value_template_, self._values.slots, key_template_, self._pre_image,
                                      self._update_full, o.event_format, native_rules) if compiled else None,  # fmt: skip
+            landing=raw.change_landing(f"{db}.{coll}", (key_prefix, value_prefix) if o.schemas_enable else None)
+            if self._landing_parts and compiled else None,
         )
         self._collections[(db, coll)] = ctx
         return ctx
@@ -428,10 +434,14 @@ class EventConverter:
         self, records: list[Record], ctx: _Collection, op: str, key: bytes, value: bytes, position: Position,
         parts: LandingParts | None = None,
     ) -> list[Record]:
-        """``records`` (transaction boundaries) then the event's record and, after a delete, its tombstone."""
+        """``records`` (transaction boundaries) then the event's record and, after a delete, its tombstone
+        (whose landing row follows the delete's when the delete has one)."""
         records.append(Record(ctx.topic, key, value, position, ctx.namespace, op, ctx.heads, parts))
         if op == "d" and self._tombstones:
-            records.append(Record(ctx.topic, key, None, position, ctx.namespace, None, ctx.heads))
+            landing = ctx.landing
+            row = None if parts is None or landing is None else landing.push_tombstone(
+                key, position.seconds, position.increment, position.ordinal)  # fmt: skip
+            records.append(Record(ctx.topic, key, None, position, ctx.namespace, None, ctx.heads, row))
         return records
 
     def session_of(self, change: RawChange) -> Any:
@@ -469,8 +479,10 @@ class EventConverter:
         tracker = self._tracker
         mark = None if tracker is None else raw.BLOCK_MARK
         parts: LandingParts | None = None
-        if self._landing_parts:  # the same bytes, and the parts the Parquet landing takes as its columns
-            landed = writer.write_landing(change.raw, header, position.increment, session, self._now_ns(), mark)
+        landing = ctx.landing
+        if landing is not None:  # the same bytes, and their landing row, which the Parquet landing takes as it is
+            landed = writer.write_landing(change.raw, header, position.increment, session, self._now_ns(), mark, landing,
+                                          position.seconds, position.ordinal)  # fmt: skip
             if landed is None:
                 return None
             key, value, _, parts = landed
@@ -486,6 +498,8 @@ class EventConverter:
                                              header.seconds * 1000)  # fmt: skip
             head, _, tail = value.rpartition(raw.BLOCK_MARK)
             value = head + (NULL if block is None else orjson.dumps(block)) + tail  # after the parts' ranges
+            if parts is not None and landing is not None:  # its row is the last: its value with the block
+                landing.replace_value(value)
         return self._change_records(records, ctx, op, key, value, position, parts)
 
     def convert_read(

@@ -26,7 +26,7 @@ from bson.timestamp import Timestamp
 from mongocdc_core.events import javajson
 from mongocdc_core.events.changes import short
 from mongocdc_core.events.envelope import AFTER_SLOT
-from mongocdc_core.events.records import LandingParts, Record, RecordRun
+from mongocdc_core.events.records import ChangeLanding, LandingParts, Record, RecordRun
 from mongocdc_core.events.transforms import CollectionFields
 from mongocdc_core.positions import Position
 
@@ -151,8 +151,19 @@ class ChangeWriter(Protocol):
         """(key, value, ``wallTime`` ms) of an ordinary change event; None when the Python path writes it."""
 
     def write_landing(self, raw: bytes | memoryview, header: Header, increment: int, lsid: bytes | None, now_ns: int,
-                      block: bytes | None) -> tuple[bytes, bytes, int | None, LandingParts] | None:
-        """``write`` of the default format, with the record's landing parts (:data:`LandingParts`)."""
+                      block: bytes | None, into: ChangeLanding, seconds: int, ordinal: int,
+                      ) -> tuple[bytes, bytes, int | None, LandingParts | None] | None:  # fmt: skip
+        """``write`` of the default format, also appending the record's landing row at position (``seconds``,
+        ``increment``, ``ordinal``) to ``into``: that row, or None when ``into`` could not take it."""
+
+
+def change_landing(collection: str, heads: tuple[bytes, bytes] | None) -> ChangeLanding | None:
+    """The landing rows of ``collection`` (``db.coll``), whose keys and values are written after ``heads``
+    (their schema parts; None: no schemas), for its compiled writer to fill (None without the module)."""
+    if native is None:
+        return None
+    key_head, value_head = (None, None) if heads is None else (len(heads[0]), len(heads[1]))
+    return native.ChangeLanding(collection, key_head, value_head)
 
 #: Template slots written with ``%d`` (the others with ``%b``); see ``ChangeWriter`` for the letters.
 _INT_SLOTS = frozenset("iSEFGMUN")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, Protocol, overload
 
 from mongocdc_core.positions import Position
 
@@ -12,11 +12,23 @@ if TYPE_CHECKING:
     from mongocdc_native import Buffer
 
 
-#: A change record's landing parts, as a converter built for the Parquet landing gives them with the record
-#: (``EventConverter(landing=True)``), packed into one byte string by the compiled writer: where the value's
-#: ``updateDescription`` and ``source`` objects lie, the payload's ``ts_ms``, and the ``before`` and
-#: ``after`` texts (``mongocdc_native.ChangeWriter.write_landing``); only the compiled sink reads them.
-LandingParts = bytes
+class ChangeLanding(Protocol):
+    """``mongocdc_native.ChangeLanding`` as the converter uses it: one collection's landing rows, appended
+    chunk after chunk by its compiled writer as it writes the change records (``ChangeWriter.write_landing``)
+    and taken by the Parquet sink as Arrow buffers (``mongocdc_native.take_rows``)."""
+
+    def push_tombstone(self, key: bytes, seconds: int, increment: int, ordinal: int) -> LandingParts | None:
+        """Appends a tombstone's row: its row, or None when it cannot take it."""
+
+    def replace_value(self, value: bytes) -> None:
+        """Writes ``value`` over the value of the last row (the transaction block written in)."""
+
+
+#: A change record's landing row (``mongocdc_native.LandingRow``), as a converter built for the Parquet
+#: landing gives it with the record (``EventConverter(landing=True)``): the chunk of its collection's rows its
+#: compiled writer appended it to, and its number there. Only the compiled sink reads it
+#: (``mongocdc_native.take_rows``: a batch's consecutive rows of one chunk in one call).
+LandingParts = object
 
 
 @dataclass(slots=True)

@@ -28,7 +28,7 @@ from mongocdc_core.sinks.base import KeyScan, SinkError
 from mongocdc_core.sinks.readback import KeyScanBuilder, key_id
 
 if TYPE_CHECKING:
-    from mongocdc_native import Buffer, LandingColumns
+    from mongocdc_native import Buffer, ChangeRows, LandingColumns
 
 LANDING_SCHEMA = pa.schema(
     [
@@ -188,8 +188,8 @@ class _Columns:
         return self._first.to_str()
 
     def add(self, records: Sequence[Record], payloads: _PayloadText) -> None:
-        """Append a batch of this topic's records, one list comprehension per column (a loop calling a
-        method per record cost as much as Arrow's whole write)."""
+        """Append a batch of this topic's records: a snapshot chunk's run, change records whose landing rows
+        their converter wrote (taken as they are), or others (their columns listed from their bytes)."""
         n = len(records)
         if isinstance(records, RecordRun):  # a snapshot chunk: one position, collection and op, no Record needed
             position = records.position
@@ -204,35 +204,41 @@ class _Columns:
             walked = self._run_parts(records, payloads) or self._run_walked(records, payloads)
             batch.update(walked or self._parsed(list(records.keys()), list(records.values()), payloads))
         else:
-            keys: list[bytes | None] = [r.key for r in records]
-            values = [r.value for r in records]
-            positions = [r.position for r in records]
-            position = positions[0]
-            seconds = pa.array([p.seconds for p in positions], pa.int64())
-            increments = pa.array([p.increment for p in positions], pa.int64())
-            ordinals = pa.array([p.ordinal for p in positions], pa.int64())
-            batch = {
-                "collection": pa.array([r.collection for r in records], pa.string()),
-                "op": pa.array([r.op if r.value is not None else None for r in records], pa.string()),
-                "position": pc.binary_join_element_wise(
-                    pc.utf8_lpad(pc.cast(seconds, pa.string()), 13, "0"),
-                    pc.utf8_lpad(pc.cast(increments, pa.string()), 10, "0"),
-                    pc.utf8_lpad(pc.cast(ordinals, pa.string()), 6, "0"),
-                    ".",
-                ),
-                "pos_seconds": seconds,
-                "pos_increment": increments,
-                "pos_ordinal": ordinals,
-            }
-            heads = records[0].heads
-            if heads is not None and [r.heads for r in records].count(heads) != n:
-                heads = None  # not every record written after the same schema parts: each is compared
-            walked = self._parts(records, keys, values, payloads, heads) or self._walked(keys, values, payloads, heads)
-            batch.update(walked or self._parsed(keys, values, payloads))
+            position = records[0].position
+            batch = _taken(records) or self._listed(records, payloads)
         if self._first is None:
             self._first = position
         self.batches.append(batch)
         self.rows += n
+
+    def _listed(self, records: Sequence[Record], payloads: _PayloadText) -> dict[str, pa.Array | pa.ChunkedArray]:
+        """The columns of records whose landing rows were not written with them, one list comprehension per
+        column (a loop calling a method per record cost as much as Arrow's whole write)."""
+        n = len(records)
+        keys: list[bytes | None] = [r.key for r in records]
+        values = [r.value for r in records]
+        positions = [r.position for r in records]
+        seconds = pa.array([p.seconds for p in positions], pa.int64())
+        increments = pa.array([p.increment for p in positions], pa.int64())
+        ordinals = pa.array([p.ordinal for p in positions], pa.int64())
+        batch: dict[str, pa.Array | pa.ChunkedArray] = {
+            "collection": pa.array([r.collection for r in records], pa.string()),
+            "op": pa.array([r.op if r.value is not None else None for r in records], pa.string()),
+            "position": pc.binary_join_element_wise(
+                pc.utf8_lpad(pc.cast(seconds, pa.string()), 13, "0"),
+                pc.utf8_lpad(pc.cast(increments, pa.string()), 10, "0"),
+                pc.utf8_lpad(pc.cast(ordinals, pa.string()), 6, "0"),
+                ".",
+            ),
+            "pos_seconds": seconds,
+            "pos_increment": increments,
+            "pos_ordinal": ordinals,
+        }
+        heads = records[0].heads
+        if heads is not None and [r.heads for r in records].count(heads) != n:
+            heads = None  # not every record written after the same schema parts: each is compared
+        batch.update(self._walked(keys, values, payloads, heads) or self._parsed(keys, values, payloads))
+        return batch
 
     def table(self) -> pa.Table:
         """The landing rows of every batch added."""
@@ -242,20 +248,6 @@ class _Columns:
             chunks = [c for p in parts for c in (p.chunks if isinstance(p, pa.ChunkedArray) else [p])]
             columns[name] = pa.chunked_array(chunks, LANDING_SCHEMA.field(name).type)
         return pa.Table.from_pydict(columns, schema=LANDING_SCHEMA)
-
-    def _parts(self, records: Sequence[Record], keys: list[bytes | None], values: list[bytes | None],
-               payloads: _PayloadText, heads: tuple[bytes, bytes] | None) -> dict[str, pa.Array] | None:  # fmt: skip
-        """The payload columns of change records whose converter gave their landing parts (:attr:`Record.parts`):
-        ``before`` and ``after`` as given, ``updateDescription`` and ``source`` read where the parts say, keys
-        and values cut at their heads; None when a record has none (the walk then decides)."""
-        if native is None or heads is None:
-            return None
-        parts = [r.parts for r in records]
-        if parts[-1] is None and values[-1] is not None:
-            return None  # not written for the landing (the compiled call would say so after a pass)
-        if heads != (payloads.head(self.topic, True, keys), payloads.head(self.topic, False, values)):
-            return None
-        return _walk_columns(len(values), native.parts_landing_columns(keys, heads[0], values, heads[1], parts))
 
     def _walked(self, keys: list[bytes | None], values: list[bytes | None], payloads: _PayloadText,
                 heads: tuple[bytes, bytes] | None = None) -> dict[str, pa.Array] | None:  # fmt: skip
@@ -330,6 +322,47 @@ class _Columns:
             "snapshot": pc.struct_field(payload.column("source"), "snapshot"),
             "source": pa.array(_sources(values, lines, payload.column("source")), pa.string()),
         }
+
+
+def _taken(records: Sequence[Record]) -> dict[str, pa.Array | pa.ChunkedArray] | None:
+    """The columns of change records whose converter wrote their landing rows (:attr:`Record.parts`), taken
+    as they are: each run of consecutive rows of one chunk sliced out of the chunk's buffers (no copy, nothing
+    per record but reading its parts). None when a record has no row (the walk then lands the batch from
+    the records' bytes: the same columns)."""
+    if native is None:
+        return None
+    runs = native.take_rows([r.parts for r in records])
+    if runs is None:
+        return None
+    chunks: dict[int, dict[str, pa.Array]] = {}
+    slices: list[dict[str, pa.Array | pa.ChunkedArray]] = []
+    for taken, lo, hi in runs:
+        columns = chunks.get(id(taken))
+        if columns is None:
+            columns = _chunk_columns(taken)
+            if columns is None:
+                return None
+            chunks[id(taken)] = columns
+        slices.append({name: column.slice(lo, hi - lo) for name, column in columns.items()})
+    if len(slices) == 1:
+        return slices[0]
+    return {name: pa.chunked_array([s[name] for s in slices]) for name in slices[0]}
+
+
+def _chunk_columns(taken: ChangeRows) -> dict[str, pa.Array] | None:
+    """Every landing column of a chunk of change rows (as ``take_rows`` gives it), over its buffers."""
+    rows, collection, walked, (seconds, increments, ordinals), positions, ops = taken
+    columns = _walk_columns(rows, walked)
+    if columns is None:
+        return None
+    return columns | {
+        "collection": pa.repeat(pa.scalar(collection, pa.string()), rows),
+        "op": _strings(rows, ops),
+        "position": _strings(rows, positions),
+        "pos_seconds": pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(seconds)]),
+        "pos_increment": pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(increments)]),
+        "pos_ordinal": pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(ordinals)]),
+    }
 
 
 def _walk_columns(rows: int, walked: LandingColumns | None) -> dict[str, pa.Array] | None:

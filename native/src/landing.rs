@@ -1082,126 +1082,388 @@ pub fn run_landing_columns<'py>(
     walked.ok().map(|out| out.into_py(py)).transpose()
 }
 
-/// The bytes before the texts of a change record's packed landing parts (`lib.rs`'s `landing_parts`).
-pub(crate) const PARTS_HEAD: usize = 32;
-
-/// A change record's landing parts as the converter gave them (`ChangeWriter.write_landing`): `before`
-/// and `after` texts (None: null), the `updateDescription` and `source` ranges in the value, `ts_ms`.
-type Parts<'a> = (Option<&'a [u8]>, Option<&'a [u8]>, (usize, usize), (usize, usize), i64);
-
-/// How many records ahead `parts_columns` asks for the bytes it will copy.
-const AHEAD: usize = 4;
-
-/// Asks the processor for the cache line of `bytes[at]` (a hint: nothing when out of range or elsewhere
-/// than on x86-64).
-#[inline]
-fn prefetch(bytes: &[u8], at: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(byte) = bytes.get(at) {
-        // SAFETY: a prefetch reads nothing and cannot fault; the address is within `bytes`.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(std::ptr::from_ref(byte).cast()) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (bytes, at);
+/// The landing rows a converter writes as it writes one collection's change records
+/// (`ChangeWriter.write_landing` into a [`ChangeColumns`]): the payload columns of `landing_columns` and the
+/// rows' positions and operations, taken from the parts as they are written, while their bytes are still in
+/// the processor's cache; no record is walked again.
+struct ChangeRows {
+    cols: Columns,
+    seconds: Vec<i64>,
+    increments: Vec<i64>,
+    ordinals: Vec<i64>,
+    position: Strings,
+    op: Strings,
 }
 
-/// Packed landing parts read back (see `lib.rs`'s `landing_parts`).
-fn unpack(parts: &[u8]) -> Parsed<Parts<'_>> {
-    let word = |at: usize| -> Parsed<u32> {
-        Ok(u32::from_ne_bytes(parts.get(at..at + 4).ok_or(Fallback)?.try_into().map_err(|_| Fallback)?))
-    };
-    let ts = i64::from_ne_bytes(parts.get(16..24).ok_or(Fallback)?.try_into().map_err(|_| Fallback)?);
-    let mut at = PARTS_HEAD;
-    let mut text = |length: u32| -> Parsed<Option<&[u8]>> {
-        if length == u32::MAX {
-            return Ok(None);
+/// The most data bytes a chunk takes before the converter starts another: far below Arrow's 2 GiB of
+/// a string column even after one more record of the largest size.
+const CHUNK_BYTES: usize = 512 << 20;
+
+/// The width of the digits of a position's text (`Position.to_str`): seconds, increment, ordinal.
+const POSITION_WIDTHS: [usize; 3] = [13, 10, 6];
+
+/// `number` in decimal, zero-padded to `width` as Python's `%0Nd` pads it (the sign first, counted in the width).
+fn push_padded(out: &mut Vec<u8>, number: i64, width: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = number.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
         }
-        let end = at + length as usize;
-        let text = parts.get(at..end).ok_or(Fallback)?;
-        at = end;
-        Ok(Some(text))
-    };
-    let (before, after) = (text(word(24)?)?, text(word(28)?)?);
-    if at != parts.len() {
-        return Err(Fallback);
     }
-    let span = |i: usize| -> Parsed<(usize, usize)> { Ok((word(i)? as usize, word(i + 4)? as usize)) };
-    Ok((before, after, span(0)?, span(8)?, ts))
+    let sign = usize::from(number < 0);
+    if sign == 1 {
+        out.push(b'-');
+    }
+    let written = digits.len() - at;
+    out.extend(std::iter::repeat_n(b'0', width.saturating_sub(written + sign)));
+    out.extend_from_slice(&digits[at..]);
 }
 
-fn parts_columns(keys: &[Option<&[u8]>], key_head: &[u8], values: &[Option<&[u8]>], value_head: &[u8],
-                 parts: &[Option<&[u8]>]) -> Parsed<Columns> {  // fmt: skip
-    let parts: Vec<Option<Parts<'_>>> = parts.iter().map(|p| p.map(unpack).transpose()).collect::<Parsed<_>>()?;
-    let rows = values.len();
-    let bytes: usize = values.iter().flatten().map(|v| v.len()).sum();
-    let mut out = Columns {
-        keys: Strings::new(rows, keys.iter().flatten().map(|k| k.len()).sum()),
-        values: Strings::new(rows, bytes),
-        ts_ms: Vec::with_capacity(rows),
-        ts_valid: Vec::with_capacity(rows.div_ceil(8)),
-        ts_nulls: 0,
-        before: Strings::new(rows, parts.iter().flatten().map(|p| p.0.map_or(0, <[u8]>::len)).sum()),
-        after: Strings::new(rows, parts.iter().flatten().map(|p| p.1.map_or(0, <[u8]>::len)).sum()),
-        updated: Strings::new(rows, 0),
-        removed: Lists { offsets: vec![0], valid: Vec::new(), nulls: 0, items: Strings::new(0, 0) },
-        truncated: Strings::new(rows, 0),
-        snapshot: Strings::new(rows, rows * 5),
-        source: Strings::new(rows, bytes / 3),
-    };
-    for (row, ((&key, &value), part)) in keys.iter().zip(values).zip(&parts).enumerate() {
-        // The records' bytes were written long before and lie apart: asking for a later row's lines while
-        // this one is copied keeps the copies from waiting on memory one record at a time.
-        if let Some(&(Some(ahead), Some(ahead_value))) = keys.get(row + AHEAD).zip(values.get(row + AHEAD)).as_ref() {
-            prefetch(ahead, 0);
-            prefetch(ahead_value, value_head.len());
-            prefetch(ahead_value, ahead_value.len() - 1);
-            if let Some(Some((_, after, _, (s0, _), _))) = parts.get(row + AHEAD) {
-                prefetch(ahead_value, *s0);
-                prefetch(after.unwrap_or_default(), 0);
-            }
+/// How large a chunk grew (rows; bytes of keys, values, before, after, source): the next chunk of its
+/// collection is made that large at once, from the vectors dropped buffers left ([`spare`]), instead of
+/// growing into fresh memory (a page fault per 4 KiB first written) batch after batch.
+#[derive(Clone, Copy, Default)]
+struct ChunkSizes([usize; 6]);
+
+impl ChangeRows {
+    fn new(sizes: ChunkSizes) -> Self {
+        let [rows, keys, values, before, after, source] = sizes.0;
+        let strings = |bytes: usize| Strings::new(rows, bytes);
+        ChangeRows {
+            cols: Columns {
+                keys: strings(keys),
+                values: strings(values),
+                ts_ms: Vec::with_capacity(rows),
+                ts_valid: Vec::with_capacity(rows.div_ceil(8)),
+                ts_nulls: 0,
+                before: strings(before),
+                after: strings(after),
+                updated: strings(0),
+                removed: Lists { offsets: vec![0], valid: Vec::new(), nulls: 0, items: Strings::new(0, 0) },
+                truncated: strings(0),
+                snapshot: strings(rows * 5),
+                source: strings(source),
+            },
+            seconds: Vec::with_capacity(rows),
+            increments: Vec::with_capacity(rows),
+            ordinals: Vec::with_capacity(rows),
+            position: strings(rows * 31),
+            op: strings(rows),
         }
-        out.keys.push(key.map(|k| cut(k, Some(key_head), true)).transpose()?)?;
-        let (Some(value), Some((before, after, update_span, source_span, ts))) = (value, part) else {
-            if value.is_some() || part.is_some() {
-                return Err(Fallback); // a record the converter gave no parts (or a tombstone with some)
+    }
+
+    fn sizes(&self) -> ChunkSizes {
+        let c = &self.cols;
+        ChunkSizes([self.seconds.len(), c.keys.data.len(), c.values.data.len(), c.before.data.len(), c.after.data.len(),
+                    c.source.data.len()])
+    }
+
+    /// Ends the row with its position and operation (None: a tombstone).
+    fn end(&mut self, position: [i64; 3], op: Option<&[u8]>) -> Parsed<()> {
+        let [seconds, increment, ordinal] = position;
+        self.seconds.push(seconds);
+        self.increments.push(increment);
+        self.ordinals.push(ordinal);
+        for (i, (number, width)) in position.iter().zip(POSITION_WIDTHS).enumerate() {
+            if i > 0 {
+                self.position.data.push(b'.');
             }
+            push_padded(&mut self.position.data, *number, width);
+        }
+        self.position.end(true)?;
+        self.op.push(op)
+    }
+}
+
+/// A chunk of one collection's landing rows as its converter writes its change records, for the Parquet
+/// sink: each record carries its [`LandingRow`] (`Record.parts`), and the sink takes the rows of a batch in
+/// one call (`take_rows`), as Arrow buffers, instead of a Python object and a walk per record. Rows are
+/// appended until the first `take`, which freezes the chunk (its buffers are lent to Arrow from then on, and
+/// may be taken again: records are shared, a tee may hold two Parquet sinks); its [`ChangeLanding`] then
+/// starts another. A row that cannot be written (a part of a form only the walk or Arrow's reader decides)
+/// breaks the chunk: `take` then gives None and the sink walks those records' bytes, which are the same.
+#[pyclass(module = "mongocdc_native")]
+pub struct ChangeColumns {
+    collection: String,
+    /// How large it grew, once frozen (see [`ChunkSizes`]).
+    sizes: ChunkSizes,
+    open: Option<Box<ChangeRows>>,
+    frozen: Option<Py<PyAny>>,
+    key_head: Option<usize>,
+    value_head: Option<usize>,
+    rows: usize,
+    broken: bool,
+}
+
+impl ChangeColumns {
+    /// The payload of a key or value: after the schema part of `head` bytes and before the closing brace
+    /// (the converter wrote it so), as it is without schemas.
+    fn payload(raw: &[u8], head: Option<usize>) -> Parsed<&[u8]> {
+        match head {
+            None => Ok(raw),
+            Some(head) if raw.len() > head && raw.ends_with(b"}") => Ok(&raw[head..raw.len() - 1]),
+            Some(_) => Err(Fallback),
+        }
+    }
+
+    /// Appends a row written by `write` (which may leave it half written only by failing: the chunk is
+    /// then broken); its number, or None.
+    fn append(&mut self, write: impl FnOnce(&mut ChangeRows) -> Parsed<()>) -> Option<usize> {
+        if self.broken {
+            return None;
+        }
+        let rows = self.open.as_deref_mut()?;
+        if write(rows).is_err() {
+            self.broken = true;
+            self.open = None;
+            return None;
+        }
+        self.rows += 1;
+        Some(self.rows - 1)
+    }
+
+    /// Appends a change record's row from the parts its writer wrote: the key and value, the `before` and
+    /// `after` parts (JSON string literals or `null`), where `updateDescription` and `source` lie in the
+    /// value, `ts_ms`, the position and the operation's letter. Its row, or None when the chunk cannot
+    /// take it (frozen, or broken by it).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn push_change(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        before: &[u8],
+        after: &[u8],
+        update_span: (usize, usize),
+        source_span: (usize, usize),
+        ts_ms: i64,
+        position: [i64; 3],
+        op: &[u8],
+    ) -> Option<usize> {
+        let (key_head, value_head) = (self.key_head, self.value_head);
+        self.append(|rows| {
+            let out = &mut rows.cols;
+            out.keys.push(Some(Self::payload(key, key_head)?))?;
+            out.values.push(Some(Self::payload(value, value_head)?))?;
+            out.push_ts(Some(ts_ms));
+            for (part, column) in [(before, &mut out.before), (after, &mut out.after)] {
+                let present = part != b"null";
+                if present && !unescape_into(part, &mut column.data) {
+                    return Err(Fallback);
+                }
+                column.end(present)?;
+            }
+            let ((u0, u1), (s0, s1)) = (update_span, source_span);
+            if u1 > value.len() || s1 > value.len() || u0 > u1 || s0 > s1 {
+                return Err(Fallback);
+            }
+            let mut json = Json { b: &value[..u1], i: u0, sources: 0, ops: 0, high: 0 };
+            let update = json.nullable(|json| update(json, out))?.unwrap_or_default();
+            if json.i != u1 {
+                return Err(Fallback);
+            }
+            out.updated.end(update.updated == Some(true))?;
+            out.removed.end(update.removed == Some(true))?;
+            out.truncated.push(update.truncated.flatten())?;
+            let text = &value[s0..s1];
+            out.snapshot.push(snapshot_of(text)?)?;
+            out.source.push(Some(text))?;
+            rows.end(position, Some(op))
+        })
+    }
+}
+
+impl ChangeColumns {
+    fn new(collection: String, key_head: Option<usize>, value_head: Option<usize>, sizes: ChunkSizes) -> Self {
+        let open = Some(Box::new(ChangeRows::new(sizes)));
+        ChangeColumns { collection, sizes, open, frozen: None, key_head, value_head, rows: 0, broken: false }
+    }
+
+    /// Whether the chunk takes more rows (not yet taken, not broken, not near Arrow's limit).
+    fn open(&self) -> bool {
+        self.open.as_ref().is_some_and(|rows| rows.cols.values.data.len() + rows.cols.after.data.len() < CHUNK_BYTES)
+    }
+
+    /// Appends the row of a tombstone (its key; every other payload column null, no operation).
+    fn push_tombstone(&mut self, key: &[u8], position: [i64; 3]) -> Option<usize> {
+        let key_head = self.key_head;
+        self.append(|rows| {
+            let out = &mut rows.cols;
+            out.keys.push(Some(Self::payload(key, key_head)?))?;
             out.values.push(None)?;
             out.push_ts(None);
             for column in [&mut out.before, &mut out.after, &mut out.updated, &mut out.truncated, &mut out.snapshot, &mut out.source] {
                 column.end(false)?;
             }
             out.removed.end(false)?;
-            continue;
-        };
-        out.values.push(Some(cut(value, Some(value_head), true)?))?;
-        out.push_ts(Some(*ts));
-        out.before.push(*before)?;
-        out.after.push(*after)?;
-        let ((u0, u1), (s0, s1)) = (*update_span, *source_span);
-        if u1 > value.len() || s1 > value.len() || u0 > u1 || s0 > s1 {
-            return Err(Fallback);
-        }
-        let mut json = Json { b: &value[..u1], i: u0, sources: 0, ops: 0, high: 0 };
-        let update = json.nullable(|json| update(json, &mut out))?.unwrap_or_default();
-        if json.i != u1 {
-            return Err(Fallback);
-        }
-        out.updated.end(update.updated == Some(true))?;
-        out.removed.end(update.removed == Some(true))?;
-        out.truncated.push(update.truncated.flatten())?;
-        let text = &value[s0..s1];
-        out.snapshot.push(snapshot_of(text)?)?;
-        out.source.push(Some(text))?;
+            rows.end(position, None)
+        })
     }
-    Ok(out)
+
+    /// Writes `value` over the value of the last row (a value completed after its writer wrote it: the
+    /// transaction block); the other columns stay, as they lie before the block. A chunk taken in between
+    /// (its rows lent to Arrow, that row's with the value unfinished) is broken: later takes walk instead.
+    fn replace_value(&mut self, value: &[u8]) {
+        let value_head = self.value_head;
+        let Some(rows) = self.open.as_deref_mut().filter(|_| !self.broken && self.rows > 0) else {
+            self.broken = true;
+            self.open = None;
+            return;
+        };
+        let values = &mut rows.cols.values;
+        let start = values.offsets[values.offsets.len() - 2] as usize;
+        values.data.truncate(start);
+        let written = Self::payload(value, value_head).ok().and_then(|payload| {
+            values.data.extend_from_slice(payload);
+            i32::try_from(values.data.len()).ok()
+        });
+        match written {
+            Some(end) => *values.offsets.last_mut().unwrap_or(&mut 0) = end,
+            None => {
+                self.broken = true;
+                self.open = None;
+            }
+        }
+    }
+
+    /// Every row of the chunk, which is frozen from now on: (its row count, its collection, the payload
+    /// columns as `landing_columns` gives them, (seconds, increments, ordinals) as i64 buffers, the
+    /// position texts, the operations); the same objects at every call. None when the chunk is broken.
+    fn take(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        if self.broken {
+            return Ok(None);
+        }
+        if let Some(rows) = self.open.take() {
+            self.sizes = rows.sizes();
+            let ChangeRows { cols, seconds, increments, ordinals, position, op } = *rows;
+            let numbers = (
+                Buffer::new(py, Words::I64(seconds))?,
+                Buffer::new(py, Words::I64(increments))?,
+                Buffer::new(py, Words::I64(ordinals))?,
+            );
+            let taken = (self.rows, &self.collection, cols.into_py(py)?, numbers, position.into_py(py)?, op.into_py(py)?);
+            self.frozen = Some(taken.into_pyobject(py)?.into_any().unbind());
+        }
+        Ok(self.frozen.as_ref().map(|taken| taken.clone_ref(py)))
+    }
+}
+
+/// One collection's landing rows, chunk after chunk, as its compiled writer writes its change records
+/// (`ChangeWriter.write_landing`): the chunk being written, replaced by a new one of the same size once the
+/// sink took it. `collection` is ``db.coll``; `key_head`/`value_head` the lengths of the schema parts its
+/// keys and values are written after (None: without schemas).
+#[pyclass(module = "mongocdc_native")]
+pub struct ChangeLanding {
+    chunk: Py<ChangeColumns>,
+}
+
+impl ChangeLanding {
+    /// The chunk to append to: the current one, or a new one when it was taken (or broken, or is full).
+    fn chunk<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, ChangeColumns>> {
+        let chunk = self.chunk.bind(py);
+        if chunk.borrow().open() {
+            return Ok(chunk.clone());
+        }
+        let fresh = {
+            let old = chunk.borrow();
+            ChangeColumns::new(old.collection.clone(), old.key_head, old.value_head, old.sizes)
+        };
+        self.chunk = Py::new(py, fresh)?;
+        Ok(self.chunk.bind(py).clone())
+    }
+
+    /// Appends a change record's row (see `ChangeColumns::push_change`): its `LandingRow`, or None.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn push_change(
+        &mut self,
+        py: Python<'_>,
+        key: &[u8],
+        value: &[u8],
+        before: &[u8],
+        after: &[u8],
+        spans: ((usize, usize), (usize, usize)),
+        ts_ms: i64,
+        position: [i64; 3],
+        op: &[u8],
+    ) -> PyResult<Option<LandingRow>> {
+        let chunk = self.chunk(py)?;
+        let row = chunk.borrow_mut().push_change(key, value, before, after, spans.0, spans.1, ts_ms, position, op);
+        Ok(row.map(|row| LandingRow { chunk: chunk.unbind(), row }))
+    }
+}
+
+#[pymethods]
+impl ChangeLanding {
+    #[new]
+    #[pyo3(signature = (collection, key_head, value_head))]
+    fn new(py: Python<'_>, collection: String, key_head: Option<usize>, value_head: Option<usize>) -> PyResult<Self> {
+        let chunk = ChangeColumns::new(collection, key_head, value_head, ChunkSizes::default());
+        Ok(ChangeLanding { chunk: Py::new(py, chunk)? })
+    }
+
+    /// Appends the row of a tombstone at its position (its key; every other payload column null, no
+    /// operation): its `LandingRow`, or None when the chunk cannot take it.
+    fn push_tombstone(&mut self, py: Python<'_>, key: &[u8], seconds: i64, increment: i64, ordinal: i64) -> PyResult<Option<LandingRow>> {
+        let chunk = self.chunk(py)?;
+        let row = chunk.borrow_mut().push_tombstone(key, [seconds, increment, ordinal]);
+        Ok(row.map(|row| LandingRow { chunk: chunk.unbind(), row }))
+    }
+
+    /// Writes `value` over the value of the last row written (the transaction block written in).
+    fn replace_value(&self, py: Python<'_>, value: &[u8]) {
+        self.chunk.bind(py).borrow_mut().replace_value(value);
+    }
+}
+
+/// A change record's landing row: the chunk its converter appended it to, and its number there. Not a tuple:
+/// one is made per record, and a tuple is an object Python's garbage collector tracks (and runs for).
+#[pyclass(frozen, module = "mongocdc_native")]
+pub struct LandingRow {
+    chunk: Py<ChangeColumns>,
+    row: usize,
+}
+
+/// Runs of rows as `take_rows` gives them: (a chunk's `take`, first row, end row).
+type Runs = Vec<(Py<PyAny>, usize, usize)>;
+
+/// The landing rows of a batch of one topic's change records (each record's `LandingRow`) as runs of
+/// consecutive rows of one chunk: (the chunk's `take`, first row, end row) each, in the records' order.
+/// None when a record has no row (None) or a chunk is broken: the sink then walks the records' bytes.
+#[pyfunction]
+pub fn take_rows(py: Python<'_>, parts: &Bound<'_, PyList>) -> PyResult<Option<Runs>> {
+    let mut runs: Vec<(Py<ChangeColumns>, usize, usize)> = Vec::new();
+    for part in parts.iter() {
+        let Ok(part) = part.downcast::<LandingRow>() else { return Ok(None) };
+        let LandingRow { chunk, row } = part.get();
+        match runs.last_mut() {
+            Some((last, _, end)) if last.as_ptr() == chunk.as_ptr() && *end == *row => *end += 1,
+            _ => runs.push((chunk.clone_ref(py), *row, row + 1)),
+        }
+    }
+    let mut taken = Vec::with_capacity(runs.len());
+    for (chunk, lo, hi) in runs {
+        let Some(rows) = chunk.bind(py).borrow_mut().take(py)? else { return Ok(None) };
+        taken.push((rows, lo, hi));
+    }
+    Ok(Some(taken))
 }
 
 /// The `snapshot` member of a `source` block the converter wrote (one flat object, its text taken as it
 /// is): the marker's text, or None when the block has none; a marker written with an escape or a block
-/// of another shape goes to the walk.
+/// of another shape goes to the walk. A block holding a brace in a string (a transaction's `lsid`, the
+/// session document's text) is landed, by the reader path that decides such blocks, as orjson writes it
+/// again once parsed: it is taken as it is only where that gives back its bytes ([`reads_back_the_same`]).
 fn snapshot_of(text: &[u8]) -> Parsed<Option<&[u8]>> {
     const NAME: &[u8] = b"\"snapshot\":";
-    if text.first() != Some(&b'{') || text.last() != Some(&b'}') || text[1..].contains(&b'{') {
+    if text.len() < 2 || text[0] != b'{' || text[text.len() - 1] != b'}' {
+        return Err(Fallback);
+    }
+    let inner = &text[1..text.len() - 1];
+    if (inner.contains(&b'{') || inner.contains(&b'}')) && !reads_back_the_same(text) {
         return Err(Fallback);
     }
     let Some(at) = text.windows(NAME.len()).position(|w| w[0] == b'"' && w == NAME) else { return Ok(None) };
@@ -1217,36 +1479,67 @@ fn snapshot_of(text: &[u8]) -> Parsed<Option<&[u8]>> {
     Ok(Some(&quoted[..end]))
 }
 
-/// The landing columns of one topic's change records from the parts their converter gave with them
-/// (`ChangeWriter.write_landing`; None for a tombstone): `landing_columns`'s columns, without walking
-/// the values: `before` and `after` are taken as given, `updateDescription` and `source` read where the
-/// parts say they lie, keys and values cut after their heads (the converter wrote them after those).
-/// None when a record has no parts or they do not read so (the walk then decides).
-#[pyfunction]
-pub fn parts_landing_columns<'py>(
-    py: Python<'py>,
-    keys: &Bound<'py, PyList>,
-    key_head: &[u8],
-    values: &Bound<'py, PyList>,
-    value_head: &[u8],
-    parts: &Bound<'py, PyList>,
-) -> PyResult<Option<LandingOut<'py>>> {
-    if keys.len() != values.len() || parts.len() != values.len() {
-        return Err(PyValueError::new_err(format!(
-            "one key and parts per value: {} keys, {} parts and {} values",
-            keys.len(),
-            parts.len(),
-            values.len()
-        )));
+/// Whether orjson, given `text` parsed, writes exactly `text` again: one flat object, compact, with
+/// distinct member names, valid UTF-8, strings escaping only `"` and `\\` (orjson writes every other
+/// character but the controls as it is) and numbers that are integers written as orjson writes them; true,
+/// false and null. Anything else (a nested value, another escape, a fraction) is not vouched for.
+fn reads_back_the_same(text: &[u8]) -> bool {
+    if std::str::from_utf8(text).is_err() {
+        return false;
     }
-    let key_items = byte_items(keys)?;
-    let value_items = byte_items(values)?;
-    let part_items = byte_items(parts)?;
-    let key_bytes: Vec<Option<&[u8]>> = key_items.iter().map(|k| k.as_ref().map(|k| k.as_bytes())).collect();
-    let value_bytes: Vec<Option<&[u8]>> = value_items.iter().map(|v| v.as_ref().map(|v| v.as_bytes())).collect();
-    let part_refs: Vec<Option<&[u8]>> = part_items.iter().map(|p| p.as_ref().map(|p| p.as_bytes())).collect();
-    let walked = py.allow_threads(|| parts_columns(&key_bytes, key_head, &value_bytes, value_head, &part_refs));
-    walked.ok().map(|out| out.into_py(py)).transpose()
+    // The end of the string starting at `at` (its opening quote), or None when it escapes otherwise.
+    let string = |at: usize| -> Option<usize> {
+        let mut i = at + 1;
+        loop {
+            match *text.get(i)? {
+                b'"' => return Some(i + 1),
+                b'\\' if matches!(text.get(i + 1), Some(b'"' | b'\\')) => i += 2,
+                c if c < 0x20 || c == b'\\' => return None,
+                _ => i += 1,
+            }
+        }
+    };
+    let mut names: Vec<&[u8]> = Vec::new();
+    let mut i = 1;
+    if text.get(i) == Some(&b'}') {
+        return i + 1 == text.len();
+    }
+    loop {
+        let Some(end) = text.get(i).filter(|&&c| c == b'"').and_then(|_| string(i)) else { return false };
+        if names.contains(&&text[i..end]) || text.get(end) != Some(&b':') {
+            return false;
+        }
+        names.push(&text[i..end]);
+        i = end + 1;
+        i = match text.get(i) {
+            Some(b'"') => match string(i) {
+                Some(end) => end,
+                None => return false,
+            },
+            Some(b'-' | b'0'..=b'9') => {
+                let negative = text[i] == b'-';
+                let digits = &text[i + usize::from(negative)..];
+                let count = digits.iter().take_while(|c| c.is_ascii_digit()).count();
+                // orjson reads integers of 64 bits (signed, or unsigned when positive) and writes them without
+                // leading zeros or a sign on zero.
+                let magnitude = std::str::from_utf8(&digits[..count]).ok().and_then(|d| d.parse::<u128>().ok());
+                let limit = if negative { 1u128 << 63 } else { u128::from(u64::MAX) };
+                if count == 0 || (digits[0] == b'0' && (count > 1 || negative)) || magnitude.is_none_or(|m| m > limit) {
+                    return false;
+                }
+                i + usize::from(negative) + count
+            }
+            _ => match [&b"true"[..], b"false", b"null"].into_iter().find(|word| text[i..].starts_with(word)) {
+                Some(word) => i + word.len(),
+                None => return false,
+            },
+        };
+        match text.get(i) {
+            Some(b',') => i += 1,
+            Some(b'}') => return i + 1 == text.len(),
+            _ => return false,
+        }
+    }
 }
 
 /// The payload texts of records `lo..hi` of a run the converter wrote (see `Afters`): each key and value

@@ -1453,34 +1453,6 @@ impl ChangeWriter {
     }
 }
 
-/// The landing parts of a change record for Python, packed into one byte string (one object per record
-/// to make and to read): the `updateDescription` and `source` ranges in the value (four u32), `ts_ms` (the
-/// processing time in ms, i64), the lengths of the `before` and `after` texts (u32 each, `u32::MAX` for
-/// null), then those texts: each part's JSON string unescaped. All numbers in the machine's byte order.
-/// None when a part is not `null` or a JSON string the walk reads.
-fn landing_parts(before: &[u8], after: &[u8], spans: &LandingSpans, ts_ms: i64) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(landing::PARTS_HEAD + before.len() + after.len());
-    let ranges = [spans.update.0, spans.update.1, spans.source.0, spans.source.1];
-    for at in ranges {
-        out.extend_from_slice(&u32::try_from(at).ok()?.to_ne_bytes());
-    }
-    out.extend_from_slice(&ts_ms.to_ne_bytes());
-    out.extend_from_slice(&[0; 8]);
-    for (slot, part) in [(24, before), (28, after)] {
-        let length = if part == b"null" {
-            u32::MAX
-        } else {
-            let mark = out.len();
-            if !landing::unescape_into(part, &mut out) {
-                return None;
-            }
-            u32::try_from(out.len() - mark).ok().filter(|&n| n != u32::MAX)?
-        };
-        out[slot..slot + 4].copy_from_slice(&length.to_ne_bytes());
-    }
-    Some(out)
-}
-
 #[pymethods]
 impl ChangeWriter {
     #[new]
@@ -1541,10 +1513,11 @@ impl ChangeWriter {
         Ok(Some((PyBytes::new(py, &key), PyBytes::new(py, &value), wall_ms)))
     }
 
-    /// `write` of the default format, also giving the record's landing parts (see `landing_parts`), which
-    /// the Parquet landing takes as its columns without walking the value; None when `write` would give
-    /// None, or the record's parts are not laid out as the default format's; a ValueError in another format.
-    #[pyo3(signature = (raw, header, increment, lsid, now_ns, block))]
+    /// `write` of the default format, also appending the record's landing row to `into` (see
+    /// `landing::ChangeLanding`) at its position (`seconds`, `increment`, `ordinal`), taken from the parts as
+    /// they are written: (key, value, `wallTime` ms or None, its `LandingRow`, or None when `into` could not
+    /// take it); None when `write` would give None; a ValueError in another format.
+    #[pyo3(signature = (raw, header, increment, lsid, now_ns, block, into, seconds, ordinal))]
     #[allow(clippy::type_complexity)]
     #[allow(clippy::too_many_arguments)]
     fn write_landing<'py>(
@@ -1556,21 +1529,33 @@ impl ChangeWriter {
         lsid: Option<&[u8]>,
         now_ns: i64,
         block: Option<&[u8]>,
-    ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<i64>, Bound<'py, PyBytes>)>> {
+        into: &Bound<'py, landing::ChangeLanding>,
+        seconds: i64,
+        ordinal: i64,
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<i64>, Option<landing::LandingRow>)>> {
         if self.printable.is_some() || self.legacy {
             return Err(PyValueError::new_err("write_landing writes the default format's records only (see EventConverter)"));
         }
         let header = header.get();
         let op = header.op_type.bind(py).to_str()?;
-        let (seconds, txn_number) = (i64::from(header.seconds), header.txn_number);
-        let event = Event { op, seconds, increment, txn_number, lsid, now_ns, block };
+        let event = Event { op, seconds: i64::from(header.seconds), increment, txn_number: header.txn_number, lsid, now_ns, block };
         let rules = self.rules.as_ref().map(|r| r.get());
         let mut spans = LandingSpans::default();
-        let Ok((key, value, wall_ms, (before, after))) = self.write_parts(&DefaultFormat { rules }, raw, &event, Some(&mut spans)) else {
-            return Ok(None);
+        let (key, value, wall_ms, row) = match self.write_parts(&DefaultFormat { rules }, raw, &event, Some(&mut spans)) {
+            Ok((key, value, wall_ms, (before, after))) => {
+                let letter: &[u8] = if op == "insert" { b"c" } else if op == "delete" { b"d" } else { b"u" };
+                let spans = (spans.update, spans.source);
+                let row = into.borrow_mut().push_change(py, &key, &value, &before, &after, spans, now_ns.div_euclid(1_000_000),
+                                                        [seconds, increment, ordinal], letter)?;
+                (key, value, wall_ms, row)
+            }
+            // A template not laid out as the default format's: the record as `write` writes it, without a row.
+            Err(_) => match self.write_with(&DefaultFormat { rules }, raw, &event) {
+                Ok((key, value, wall_ms)) => (key, value, wall_ms, None),
+                Err(_) => return Ok(None),
+            },
         };
-        let Some(parts) = landing_parts(&before, &after, &spans, now_ns.div_euclid(1_000_000)) else { return Ok(None) };
-        Ok(Some((PyBytes::new(py, &key), PyBytes::new(py, &value), wall_ms, PyBytes::new(py, &parts))))
+        Ok(Some((PyBytes::new(py, &key), PyBytes::new(py, &value), wall_ms, row)))
     }
 }
 
@@ -1591,8 +1576,10 @@ fn mongocdc_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(landing::landing_columns, module)?)?;
     module.add_function(wrap_pyfunction!(landing::run_landing_columns, module)?)?;
     module.add_function(wrap_pyfunction!(landing::run_payloads, module)?)?;
-    module.add_function(wrap_pyfunction!(landing::parts_landing_columns, module)?)?;
     module.add_class::<landing::Buffer>()?;
+    module.add_class::<landing::ChangeLanding>()?;
+    module.add_class::<landing::LandingRow>()?;
+    module.add_function(wrap_pyfunction!(landing::take_rows, module)?)?;
     module.add_class::<rules::FieldRules>()?;
     module.add_class::<ChangeWriter>()?;
     module.add_class::<ChangeHeader>()?;

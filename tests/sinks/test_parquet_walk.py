@@ -460,8 +460,9 @@ _STREAM = CodecOptions(document_class=RawChange, tz_aware=True)
 
 def _raw_change_records(landing: bool, session: bool, **options: Any) -> list[Record]:
     """:func:`_change_records`'s events as the stream reads them: raw, written by the compiled writer, with
-    their landing parts when the converter is built for the landing; with ``session``, one more in a
-    transaction (its ``source.lsid`` text holds braces: the sink leaves such a batch to the walk)."""
+    their landing rows when the converter is built for the landing; with ``session``, one more in a
+    transaction (its ``source.lsid`` text holds braces in a string: see
+    ``test_change_rows_in_a_transaction_are_taken_where_their_source_reads_back_the_same``)."""
     conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7, **options), landing=landing)
     doc = {"_id": 1, "name": 'a "quoted"\\ name\n\t\x01', "emoji": "\U0001f600 é", "n": [1, {"x": None}]}
     shrunk = {"updatedFields": {"n": [1]}, "removedFields": ["old"], "truncatedArrays": [{"field": "n", "newSize": 1}]}
@@ -499,3 +500,64 @@ def test_change_records_converted_for_the_landing_bring_their_parts(
     assert landing_table(mixed).to_pylist() == landing_table([r for r in plain if r.collection is not None]).to_pylist()
     in_session, plain = _raw_change_records(True, True, **options), _raw_change_records(False, True, **options)
     assert in_session == plain and landing_table(in_session).to_pylist() == landing_table(plain).to_pylist()
+
+
+def test_change_rows_are_taken_by_runs_across_chunks_again_and_with_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A converter built for the landing appends each change record's row to its collection's chunk, which the
+    first take freezes (later records start another): a batch across two chunks, the same records taken again
+    (records are shared: a tee may hold two Parquet sinks) and a batch missing a record land, without walking a
+    record, exactly the rows the walk and Arrow's reader land from the same bytes, positions and tombstones
+    included."""
+    conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7), landing=True)
+    plain_conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7))
+    events = [insert({"_id": i, "text": "é\n" * i}) if i % 3 else change("delete", documentKey={"_id": i})
+              for i in range(8)]  # fmt: skip
+    records: list[Record] = []
+    plain: list[Record] = []
+    for i, event in enumerate(events):
+        position = Position(1_714_564_800 + i // 2, 7 + i // 2, i % 2)
+        raw = bson.decode(bson.encode(event), _STREAM)
+        records += conv.convert_change(raw, position)
+        plain += plain_conv.convert_change(bson.decode(bson.encode(event), _STREAM), position)
+        if i == 3:
+            first = len(records)
+            landing_table(records[:2])  # freezes the first chunk: the next records go to another
+    assert records == plain and all(r.parts is not None for r in records) and first < len(records)
+    spy = _WalkedRows()
+    monkeypatch.setattr(parquet, "native", spy)
+    batches = [records, records, records[first - 2 : first + 2], [*records[:2], *records[3:]]]
+    landed = [landing_table(batch) for batch in batches]
+    assert spy.rows == 0
+    monkeypatch.undo()
+    expected = [plain, plain, plain[first - 2 : first + 2], [*plain[:2], *plain[3:]]]
+    for table, batch in zip(landed, expected, strict=True):
+        both = _both(batch, monkeypatch)
+        assert both is not None and table.to_pylist() == both[0].to_pylist() == both[1].to_pylist()
+    assert landed[0].column("pos_ordinal").to_pylist()[:3] == [0, 0, 1]  # a delete's tombstone shares its position
+    assert landed[0].column("op").to_pylist()[:3] == ["d", None, "c"]
+
+
+@pytest.mark.parametrize("coll", ["customers", "clients é/ü", "a}b", "a\nb}"])
+def test_change_rows_in_a_transaction_are_taken_where_their_source_reads_back_the_same(
+    coll: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event in a transaction has ``source.lsid``, the session document's text: braces inside a string,
+    whose block the reader path lands as orjson writes it again once parsed. Its row is taken as written where
+    that gives back the same bytes (a flat block escaping only quotes and backslashes); otherwise (a newline
+    in the collection's name, escaped) the batch is walked from its bytes. Either way the same rows land."""
+    lsid = {"id": bson.Binary(bytes(range(16)), 4), "uid": bson.Binary(bytes(32), 0)}
+    events = [insert({"_id": i, "v": "x" * i}, lsid=lsid, txnNumber=bson.Int64(4), ns={"db": "inventory", "coll": coll})
+              for i in range(3)]  # fmt: skip
+    conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7), landing=True)
+    plain_conv = EventConverter(EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7))
+    records = [r for ev in events for r in conv.convert_change(bson.decode(bson.encode(ev), _STREAM), POSITION)]
+    plain = [r for ev in events for r in plain_conv.convert_change(bson.decode(bson.encode(ev), _STREAM), POSITION)]
+    assert records == plain and all(b"{" in r.value.partition(b',"source":')[2] for r in records if r.value)
+    spy = _WalkedRows()
+    monkeypatch.setattr(parquet, "native", spy)
+    landed = landing_table(records)
+    assert spy.rows == (len(records) if "\n" in coll else 0)
+    monkeypatch.undo()
+    both = _both(plain, monkeypatch)
+    assert both is not None and landed.to_pylist() == both[0].to_pylist() == both[1].to_pylist()
+    assert all("lsid" in orjson.loads(s) for s in landed.column("source").to_pylist())
