@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 import yaml
+from pymongo.errors import PyMongoError
 
 from mongocdc_core.logs import command_logging
 
@@ -46,17 +47,28 @@ def emulator_uri(port: int = EMULATOR_PORT) -> str:
     return f"mongodb://{EMULATOR_HOST}:{port}/?replicaSet={REPLICA_SET}"
 
 
-def wait_for_port(host: str, port: int, timeout: float) -> None:
-    """Block until something accepts TCP connections on host:port (a started server), or fail."""
+def wait_for_port(host: str, port: int, timeout: float, server: subprocess.Popen[bytes] | None = None) -> None:
+    """Block until something accepts TCP connections on host:port (a started server), or fail; when the
+    ``server`` process is given, stop waiting as soon as it has exited (``ServerExited``)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             with socket.create_connection((host, port), timeout=1.0):
                 return
         except OSError:
+            if server is not None and server.poll() is not None:
+                raise ServerExited(server.returncode) from None
             if time.monotonic() > deadline:
                 raise TimeoutError(f"nothing is listening on {host}:{port} after {timeout:.0f}s") from None
             time.sleep(0.2)
+
+
+class ServerExited(Exception):
+    """The server being waited for exited (its exit code)."""
+
+    def __init__(self, returncode: int) -> None:
+        super().__init__(f"exited with code {returncode}")
+        self.returncode = returncode
 
 
 def seed_demo_data(uri: str) -> int:
@@ -250,17 +262,32 @@ def main(argv: list[str] | None = None) -> int:
     dagster_home = prepare_dagster_home(
         (args.dagster_home or Path(os.environ.get("DAGSTER_HOME") or home / "dagster")).resolve())
     # The emulator has its own session too; it is stopped after Dagster exits, letting sensors finish their
-    # calls while Dagster shuts down.
-    emulator = subprocess.Popen(
-        [sys.executable, "-m", "mongocdc_devstack.server", "--port", str(args.port),
-         "--replset", REPLICA_SET, "--dbpath", str(home / "mongo")],
-        cwd=REPO_ROOT, start_new_session=True,
-    )
+    # calls while Dagster shuts down. Its output goes to a log file, named when it ends unasked.
+    home.mkdir(parents=True, exist_ok=True)
+    emulator_log = home / "emulator.log"
+    with open(emulator_log, "ab") as out:
+        emulator = subprocess.Popen(
+            [sys.executable, "-m", "mongocdc_devstack.server", "--port", str(args.port),
+             "--replset", REPLICA_SET, "--dbpath", str(home / "mongo")],
+            cwd=REPO_ROOT, start_new_session=True, stdout=out, stderr=subprocess.STDOUT,
+        )
+    died = (f"the emulated MongoDB on {emulator_uri(args.port)} exited with code {{code}} {{when}} "
+            f"(its log: {emulator_log}): stopping make dev")
     dagster: subprocess.Popen[bytes] | None = None
     try:
-        wait_for_port(EMULATOR_HOST, args.port, timeout=60)
-        seeded = seed_demo_data(emulator_uri(args.port))
-        log.info(f"emulator on {emulator_uri(args.port)}; seeded {seeded} demo documents; "
+        try:
+            wait_for_port(EMULATOR_HOST, args.port, timeout=60, server=emulator)
+            seeded = seed_demo_data(emulator_uri(args.port))
+        except (ServerExited, PyMongoError, TimeoutError) as exc:
+            try:  # a dropped connection can come just before the process has ended
+                code = emulator.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # it runs but does not answer
+                log.error(f"the emulated MongoDB on {emulator_uri(args.port)} does not answer: {exc} "
+                          f"(its log: {emulator_log}): stopping make dev")
+                return 1
+            log.error(died.format(code=code, when="before `dagster dev` started"))
+            return 1
+        log.info(f"emulator on {emulator_uri(args.port)} (log {emulator_log}); seeded {seeded} demo documents; "
                  f"home {home}; DAGSTER_HOME {dagster_home}")
         if shutdown.requested:
             return 0
@@ -279,8 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             dagster.wait()
             return 0  # `dagster dev` ends an interrupt with click's "Aborted!" (1)
         if ended is emulator:
-            log.error(f"the emulated MongoDB on {emulator_uri(args.port)} exited with code {emulator.returncode} "
-                      "(its output is above): stopping make dev")
+            log.error(died.format(code=emulator.returncode, when="while `dagster dev` ran"))
         else:  # its daemon or webserver ended (a daemon killed, say): `dagster dev` stops itself, code 0
             log.error(f"`dagster dev` ended with code {dagster.returncode} without being asked to (its output is "
                       "above): stopping make dev")

@@ -101,9 +101,15 @@ class MongoCdcAssetProps:
 
 
 class MongoCdcTranslator:
-    """Default naming: keys ``<db>/<coll>/<kind>``, group ``<db>``, kinds mongodb+parquet or spark+delta."""
+    """Default naming: keys ``<db>/<coll>/<kind>``, group ``<db>``, kinds mongodb+parquet or spark+delta.
+
+    ``failed_refresh_retry_cron`` is the back-off of a failed table refresh: the automation requests it
+    again at the first tick of this schedule after its last request, so at most once per period (every
+    five minutes by default) while it keeps failing, and no longer once it succeeds.
+    """
 
     key_prefix: Sequence[str] = ()
+    failed_refresh_retry_cron: str = "*/5 * * * *"
 
     def get_asset_key(self, props: MongoCdcAssetProps) -> AssetKey:
         return AssetKey([*self.key_prefix, props.database, props.collection, props.kind])
@@ -173,7 +179,8 @@ class MongoCdcTranslator:
         return None
 
     def get_automation_condition(self, props: MongoCdcAssetProps) -> AutomationCondition | None:
-        """Tables refresh when what they read was updated (a slice landed, a snapshot finished)."""
+        """Tables refresh when what they read was updated (a slice landed, a snapshot finished), and again
+        after a failed refresh (``failed_refresh_retry_cron``)."""
         if props.kind in TABLE_KINDS:
             # eager() without "no dependency missing": a table depends on every window of the slices,
             # and old windows are never all materialised; nor "no dependency in progress": the next
@@ -183,9 +190,18 @@ class MongoCdcTranslator:
             # materialised what had landed when it started, so what landed while it ran is refreshed after
             # it (its materialisations of the tables it selected are no dependency update, Dagster's rule).
             # A landing seen on the tick after the request (its run under way) is not handled by it either.
+            # A refresh that failed is retried without waiting for the next landing (on a quiet collection
+            # that may never come): its latest execution failed and a tick of the back-off schedule passed
+            # since it was last requested or seen failing (a failed launch by hand waits too), so a refresh
+            # that always fails is requested once per period.
             landed = AutomationCondition.newly_missing() | AutomationCondition.any_deps_updated()
             handled = (AutomationCondition.newly_requested() & ~landed) | AutomationCondition.initial_evaluation()
-            return (landed.since(handled) & ~AutomationCondition.in_progress()).with_label("refresh when upstream lands")
+            failed = AutomationCondition.execution_failed()
+            backed_off = AutomationCondition.cron_tick_passed(self.failed_refresh_retry_cron).since(
+                AutomationCondition.newly_requested() | failed.newly_true())
+            retry = (failed & backed_off).with_label("retry a failed refresh")
+            return ((landed.since(handled) | retry) & ~AutomationCondition.in_progress()).with_label(
+                "refresh when upstream lands")
         return None
 
     def get_asset_spec(self, props: MongoCdcAssetProps) -> AssetSpec:

@@ -179,3 +179,28 @@ def test_a_named_connector_without_a_home_of_its_own_writes_under_its_name(tmp_p
     assert explicit.home == (tmp_path / "own").resolve()
     with pytest.raises(SettingsError, match="name='mongocdc' is what the project's default connector"):
         CdcSettings.resolve(connector_properties=props, environ=env, name="mongocdc")
+
+
+def test_a_pool_slot_a_killed_run_worker_held_is_freed_by_the_daemon(tmp_path: Path) -> None:
+    """A run worker killed inside its step (the sharded soak's fault) never gives back its pool slot, and the
+    run is failed from outside; with the project's dagster.yaml the daemon's monitoring frees the slot once
+    the run has ended (before, every later slice run waited for the slot of the one pool, for ever)."""
+    import datetime
+    from types import SimpleNamespace
+
+    from dagster import DagsterInstance, DagsterRunStatus
+    from dagster._core.test_utils import create_run_for_test, freeze_time
+    from dagster._daemon.monitoring.concurrency import execute_concurrency_slots_iteration
+
+    home = local_stack.prepare_dagster_home(tmp_path / "dagster")
+    with DagsterInstance.from_config(str(home)) as instance:
+        storage = instance.event_log_storage
+        run = create_run_for_test(instance, job_name="slices", status=DagsterRunStatus.STARTED)
+        assert storage.claim_concurrency_slot("mongocdc_slices", run.run_id, "mongocdc_slices").is_claimed
+        instance.report_run_failed(run, "the run worker was killed")  # as the code server reports it
+        assert [s.run_id for s in storage.get_concurrency_info("mongocdc_slices").claimed_slots] == [run.run_id]
+        later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+        with freeze_time(later):  # the monitoring daemon's iteration, after the run ended
+            list(execute_concurrency_slots_iteration(SimpleNamespace(instance=instance),  # type: ignore[arg-type]
+                                                     logging.getLogger("test")))
+        assert storage.get_concurrency_info("mongocdc_slices").claimed_slots == []

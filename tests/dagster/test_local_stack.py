@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,10 +91,15 @@ class _Stack:
                 [p.command[:100] for p in now.values() if p.pgid in groups and p.state != "Z"])
 
 
+def _all_parts_run(stack: _Stack) -> bool:
+    return all(any(part in p.command for p in stack.seen) for part in PARTS.values())
+
+
 @contextlib.contextmanager
-def _make_dev(tmp_path: Path, prefix: list[str]) -> Iterator[_Stack]:
-    """`make dev` (the launcher after ``prefix``) on free ports, once every part of its stack runs; whatever
-    the test did, nothing of it is left after."""
+def _make_dev(tmp_path: Path, prefix: list[str], ready: Callable[[_Stack], bool] = _all_parts_run,
+              poll_s: float = 1.0) -> Iterator[_Stack]:
+    """`make dev` (the launcher after ``prefix``) on free ports, once ``ready`` (by default: every part of its
+    stack runs); whatever the test did, nothing of it is left after."""
     env = {k: v for k, v in os.environ.items() if k not in ("MONGOCDC_HOME", "MONGOCDC_CONFIG", "DAGSTER_HOME")}
     port, ui_port = free_port("127.0.0.1"), free_port("127.0.0.1")
     log = tmp_path / "make-dev.log"
@@ -106,10 +111,10 @@ def _make_dev(tmp_path: Path, prefix: list[str]) -> Iterator[_Stack]:
     stack = _Stack(launcher, log, port, [])
     try:
         deadline = time.monotonic() + 600  # a guard for a stack that never comes up, not what is tested
-        while not all(any(part in p.command for p in stack.seen) for part in PARTS.values()):
+        while not ready(stack):
             assert launcher.poll() is None, log.read_text(errors="replace")[-3000:]
             assert time.monotonic() < deadline, f"the stack did not start: {[p.command[:80] for p in stack.seen]}"
-            time.sleep(1.0)
+            time.sleep(poll_s)
             stack.seen = _tree(launcher.pid)
         yield stack
     finally:
@@ -119,6 +124,24 @@ def _make_dev(tmp_path: Path, prefix: list[str]) -> Iterator[_Stack]:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+def _tcp(pid: int, port: int, state: str) -> set[int]:
+    """The socket inodes of ``pid``'s TCP sockets in ``state`` (kernel code: 01 established, 0A listening)
+    whose local (listening) or remote (established) port is ``port``."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(int(target[len("socket:["):-1]))
+    found = set()
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        address = fields[1] if state == "0A" else fields[2]
+        if fields[3] == state and int(address.split(":")[1], 16) == port and int(fields[9]) in inodes:
+            found.add(int(fields[9]))
+    return found
 
 
 def test_sigterm_from_a_non_interactive_shell_stops_the_whole_stack(tmp_path: Path) -> None:
@@ -155,3 +178,44 @@ def test_a_part_of_the_stack_that_dies_stops_make_dev_and_nothing_is_left(tmp_pa
         said = {"emulator": f"the emulated MongoDB on {local_stack.emulator_uri(stack.port)} exited with code -9",
                 "daemon": "`dagster dev` ended with code"}[victim]
         assert code == 1 and said in text and "stopping make dev" in text, text[-3000:]
+
+
+def test_an_emulator_that_dies_while_make_dev_seeds_it_is_one_line_and_nothing_is_left(tmp_path: Path) -> None:
+    """The emulated MongoDB killed while the launcher seeds the demo data (before `dagster dev` starts): one
+    error line naming it and its log file, no traceback, exit 1, no process left, `dagster dev` never started.
+    The launcher is held (SIGSTOP) until the emulator listens, which is then held while the launcher connects,
+    so the kill lands in the seeding whatever the machine's speed."""
+    def emulator_started(stack: _Stack) -> bool:
+        if any(PARTS["emulator"] in p.command for p in stack.seen):
+            os.kill(stack.launcher.pid, signal.SIGSTOP)
+            return True
+        return False
+
+    with _make_dev(tmp_path, [], ready=emulator_started, poll_s=0.02) as stack:
+        emulator = next(p for p in stack.seen if PARTS["emulator"] in p.command)
+        deadline = time.monotonic() + 300  # guards, not what is tested
+        while not _tcp(emulator.pid, stack.port, "0A"):
+            assert time.monotonic() < deadline, "the emulator never listened"
+            time.sleep(0.1)
+        os.kill(emulator.pid, signal.SIGSTOP)
+        os.kill(stack.launcher.pid, signal.SIGCONT)
+        held: set[int] = set()
+        while not held:  # a connection of the seeding's client (wait_for_port's closes at once): seen twice
+            assert time.monotonic() < deadline, "the launcher never connected to the emulator"
+            first = _tcp(stack.launcher.pid, stack.port, "01")
+            time.sleep(0.5)
+            held = first & _tcp(stack.launcher.pid, stack.port, "01")
+        os.kill(emulator.pid, signal.SIGKILL)
+        try:
+            code = stack.launcher.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            pytest.fail("make dev kept running without its emulator:\n" + stack.log.read_text(errors="replace")[-3000:])
+        stack.seen = [*stack.seen, *_tree(stack.launcher.pid)]
+        left, in_groups = stack.left_behind()
+        assert not left and not in_groups, (left, in_groups)
+        text = stack.log.read_text(errors="replace")
+        said = (f"the emulated MongoDB on {local_stack.emulator_uri(stack.port)} exited with code -9 before "
+                f"`dagster dev` started (its log: {tmp_path / 'home' / 'emulator.log'}): stopping make dev")
+        assert code == 1 and said in text, text[-3000:]
+        assert "Traceback" not in text and len(text.strip().splitlines()) == 1, text[-3000:]
+        assert not any(PARTS["dagster dev"] in p.command for p in stack.seen)

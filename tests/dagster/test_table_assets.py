@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import threading
 import types
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -310,3 +310,60 @@ def test_tables_built_before_the_first_snapshot_reconcile_once_it_lands(
     state = materialization_metadata(instance, env.key("customers", "current_state"))
     assert {c.name: c.type for c in state["dagster/column_schema"].columns}["_id"] == "bigint"
     assert state["dagster/row_count"] == 4
+
+
+def test_a_failed_refresh_is_retried_after_its_back_off_without_a_new_landing(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    """A refresh that failed (its landing file unreadable: a torn copy, then restored) is requested again
+    once its back-off passed, with nothing new landed (before, the failed request counted as handled: a
+    quiet collection's tables were never refreshed again); one that keeps failing is requested once per
+    back-off period (``*/5 * * * *``), not on every tick."""
+    db.orders.insert_many([{"_id": i, "qty": i} for i in range(5)])
+    env = make_env(tmp_path, mongo_uri, db, ["orders"])
+    orders = [env.key("orders", "changelog"), env.key("orders", "current_state")]
+    job = Definitions.merge(env.defs, Definitions(jobs=[define_asset_job("refresh", AssetSelection.assets(*orders))]))
+
+    def refresh() -> bool:  # the requested refresh, run as the automation's run is (selecting the tables)
+        return job.resolve_job_def("refresh").execute_in_process(
+            instance=instance, asset_selection=orders, raise_on_error=False).success
+
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    clock = now.replace(minute=now.minute - now.minute % 5) + timedelta(seconds=10)  # just after a back-off tick
+    tick = evaluate_automation_conditions(defs=env.defs, instance=instance, evaluation_time=clock)
+
+    def ticks(minutes: float) -> list[datetime]:
+        """Evaluate the automation every 30 s for ``minutes``; when it requests the tables, run that refresh.
+        The times of the requests."""
+        nonlocal tick, clock
+        requested = []
+        for _ in range(int(minutes * 2)):
+            clock += timedelta(seconds=30)
+            tick = evaluate_automation_conditions(defs=env.defs, instance=instance, evaluation_time=clock,
+                                                  cursor=tick.cursor)
+            if tick.total_requested:
+                assert {k for k in orders if tick.get_num_requested(k)} == set(orders)
+                requested.append(clock)
+                refresh()
+        return requested
+
+    env.materialize(instance, [env.key("orders", "snapshot")])
+    (landing,) = [Path(f) for f in env.mongocdc.landing_files(env.ns("orders"))]
+    good = landing.read_bytes()
+    landing.write_bytes(good[: len(good) // 2])  # torn: the refresh the landing requests fails
+    clock += timedelta(seconds=30)
+    tick = evaluate_automation_conditions(defs=env.defs, instance=instance, evaluation_time=clock, cursor=tick.cursor)
+    assert {k for k in orders if tick.get_num_requested(k)} == set(orders)
+    assert not refresh()
+    landing.write_bytes(good)  # restored; nothing new lands
+
+    assert ticks(4) == []  # within the back-off: not retried
+    (retried,) = ticks(1)  # the back-off's tick passed: retried, and the retry succeeds
+    assert (retried.minute % 5, retried.second) == (0, 10), retried
+    assert materialization_metadata(instance, env.key("orders", "current_state"))["dagster/row_count"] == 5
+    assert ticks(11) == []  # refreshed: nothing failed, nothing landed
+
+    landing.write_bytes(good[: len(good) // 2])  # the landing file turns unreadable for good
+    assert not refresh()  # a refresh launched by hand fails: retried after the back-off, not on the next tick
+    requested = ticks(20)
+    assert len(requested) == 4, requested  # once per back-off period of the 20 minutes, not every tick
+    assert all((at.minute % 5, at.second) == (0, 10) for at in requested), requested
