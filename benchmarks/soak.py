@@ -474,6 +474,7 @@ class Fault:
     at: float  # wall clock
     run_id: str | None = None  # the run it killed, for a killed run worker
     detail: str = ""
+    until: float = 0.0  # wall clock when it was over (a killed daemon: started again), 0 when at once
 
 
 def step_down(d: Deployment) -> Fault:
@@ -489,8 +490,8 @@ def kill_daemon(d: Deployment) -> Fault:
     at = time.time()
     d.processes["daemon"].kill()
     time.sleep(5)
-    d.processes["daemon"].start()
-    return Fault("daemon killed with SIGKILL and restarted", at)
+    d.processes["daemon"].start()  # which first ends what the killed daemon left in its group
+    return Fault("daemon killed with SIGKILL and restarted", at, until=time.time())
 
 
 def reload_location(d: Deployment) -> Fault:
@@ -766,8 +767,9 @@ def _catch_up(d: Deployment, events: dict[str, list[SourceEvent]], live: list[st
         time.sleep(5.0)
 
 
-def _explain(run: Any, record: Any, faults: list[Fault]) -> str:
-    """The injected fault that explains a failed run, "" when none does."""
+def _explain(run: Any, record: Any, launched: float | None, faults: list[Fault]) -> str:
+    """The injected fault that explains a failed run, "" when none does; ``launched``: when the run queue
+    launched it (its STARTING event), None when it never was."""
     for fault in faults:
         if fault.run_id == run.run_id:
             return fault.name
@@ -775,12 +777,22 @@ def _explain(run: Any, record: Any, faults: list[Fault]) -> str:
     end = record.end_time or time.time()
     for fault in faults:
         # a step-down fails the operations under way for a moment; a killed daemon takes the runs its own
-        # code server was executing with it (a deployment with a separate code server keeps them)
+        # code server launched with it, executing or still starting (their workers are in its process group,
+        # which its restart ends; a deployment with a separate code server keeps them)
         if fault.name == "primary step-down" and start - 5 <= fault.at + 60 and fault.at <= end:
             return fault.name
-        if fault.name.startswith("daemon killed") and start <= fault.at <= end + 5:
+        if (fault.name.startswith("daemon killed") and launched is not None
+                and launched <= (fault.until or fault.at) and fault.at <= end + 5):
             return fault.name
     return ""
+
+
+def _launched(instance: Any, run_id: str) -> float | None:
+    """When the run queue launched a run (its STARTING event), None when it never did."""
+    from dagster import DagsterEventType
+
+    records = instance.get_records_for_run(run_id, of_type=DagsterEventType.RUN_STARTING, limit=1).records
+    return records[0].timestamp if records else None
 
 
 def _table_figures(spark: Any, d: Deployment, name: str, events: list[SourceEvent], begin: Timestamp,
@@ -899,7 +911,7 @@ def _verdict(d: Deployment, live: list[str], dropped: str, begin: Timestamp, end
         failures = []
         for r in runs:
             if r.status in (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED):
-                reason = _explain(r, instance.get_run_record_by_id(r.run_id), faults)
+                reason = _explain(r, instance.get_run_record_by_id(r.run_id), _launched(instance, r.run_id), faults)
                 failures.append({"run": r.run_id, "job": r.job_name, "explained_by": reason})
                 if not reason:
                     problems.append(f"run {r.run_id} ({r.job_name}) failed and no injected fault explains it")
