@@ -20,8 +20,10 @@ from dagster import (
 from dagster._core.storage.tags import (
     ASSET_PARTITION_RANGE_END_TAG,
     ASSET_PARTITION_RANGE_START_TAG,
+    MAX_RETRIES_TAG,
     PARTITION_NAME_TAG,
     SCHEDULE_NAME_TAG,
+    WILL_RETRY_TAG,
 )
 
 from mongocdc_dagster.assets.cdc import ENVELOPE_CHECK, CdcAssets
@@ -32,6 +34,10 @@ from mongocdc_dagster.sensors import TAG_KIND
 
 #: The most windows one slice run lands: a deployment further behind catches up over several ticks, oldest first.
 MAX_WINDOWS_PER_RUN = 60
+#: A slice run that fails (its worker killed, the daemon restarted, a step-down under way) is run again by
+#: Dagster's run retries (``run_retries: enabled`` in dagster.yaml) up to this many times: the schedule goes
+#: on after its windows, so without a retry they would stay a gap until someone backfills them.
+SLICE_RUN_RETRIES = 2
 _IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
               DagsterRunStatus.STARTED]
 
@@ -41,7 +47,8 @@ def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
     previous run (one change stream for all of them): the window that just closed when that run's
     windows had landed by then, all of them when the deployment is behind. While its previous run is
     queued or running it requests none (a second slice run would only queue behind it for the same pool),
-    so a deployment that is behind catches up in fewer, larger runs instead of queueing one per window."""
+    so a deployment that is behind catches up in fewer, larger runs instead of queueing one per window.
+    A failed run is retried by Dagster (SLICE_RUN_RETRIES); the schedule waits for its retry too."""
     slices = list(cdc.keys_of("slices"))
     # the in-run envelope checks only: the continuity checks have a schedule of their own, and inside a
     # slice run they would count the windows closed since it was requested as gaps
@@ -61,10 +68,10 @@ def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
         keys = [latest]
         if previous is not None:
             landed_to = previous.tags.get(ASSET_PARTITION_RANGE_END_TAG) or previous.tags.get(PARTITION_NAME_TAG)
-            if previous.status in _IN_FLIGHT:
-                yield SkipReason(f"its run {previous.run_id} (windows to {landed_to}) is still "
-                                 f"{previous.status.value.lower()}: the windows closed meanwhile land in one run "
-                                 "on the first tick after it ends")
+            if previous.status in _IN_FLIGHT or previous.tags.get(WILL_RETRY_TAG) == "true":
+                state = "to be retried" if previous.status not in _IN_FLIGHT else previous.status.value.lower()
+                yield SkipReason(f"its run {previous.run_id} (windows to {landed_to}) is still {state}: the "
+                                 "windows closed meanwhile land in one run on the first tick after it ends")
                 return
             if landed_to is not None and cdc.windows.definition.has_partition_key(landed_to):
                 after = cdc.windows.window(landed_to).end
@@ -74,7 +81,7 @@ def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
                     return
         # The selection is named on the request so the run records it (the Runs page's Target column shows a
         # run of the schedule's implicit asset job by its asset selection, and shows nothing without one).
-        tags = {TAG_KIND: "slices"}
+        tags = {TAG_KIND: "slices", MAX_RETRIES_TAG: str(SLICE_RUN_RETRIES)}
         if len(keys) == 1:
             yield RunRequest(run_key=keys[0], partition_key=keys[0], asset_selection=slices,
                              asset_check_keys=envelopes, tags=tags, run_config=RUN_CONFIG)

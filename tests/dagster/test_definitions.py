@@ -162,6 +162,7 @@ def test_make_dev_keeps_an_existing_dagster_home_and_points_the_connector_at_its
         # no Spark JVM) idle beside the run that has the slot
         queue = instance.get_concurrency_config().run_queue_config  # what the run queue daemon goes by
         assert queue is not None and queue.op_concurrency_slot_buffer == 0
+        assert instance.run_retries_enabled and instance.run_retries_max_retries == 0  # only runs that ask
         instance.event_log_storage.set_concurrency_slots("mongocdc_snapshots", 5)
     local_stack.prepare_dagster_home(fresh)  # a limit the operator set is kept
     with DagsterInstance.from_config(str(fresh)) as instance:

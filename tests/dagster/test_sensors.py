@@ -25,7 +25,7 @@ from dagster import (
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluation
 from dagster._core.events import DagsterEvent, DagsterEventType
 from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteRepositoryOrigin
-from dagster._core.storage.tags import PARTITION_NAME_TAG, SCHEDULE_NAME_TAG
+from dagster._core.storage.tags import MAX_RETRIES_TAG, PARTITION_NAME_TAG, SCHEDULE_NAME_TAG, WILL_RETRY_TAG
 from dagster._core.test_utils import create_run_for_test
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from pymongo.database import Database
@@ -295,6 +295,7 @@ def test_schedule_waits_for_its_run_in_flight_then_lands_every_window_closed_mea
 
     first = tick(31)
     assert isinstance(first, RunRequest) and first.partition_key == "2026-11-22-10:30"
+    assert first.tags[MAX_RETRIES_TAG] == "2"  # a failed slice run is run again (dagster.yaml's run_retries)
     assert set(first.asset_check_keys or ()) == {AssetCheckKey(k, "landing_envelopes") for k in slices}
     running = launch(first, DagsterRunStatus.STARTED)
     for minute in (32, 33, 34):
@@ -310,6 +311,10 @@ def test_schedule_waits_for_its_run_in_flight_then_lands_every_window_closed_mea
     launch(behind, DagsterRunStatus.SUCCESS)
     caught_up = tick(36)  # the next run lands the one window that closed since
     assert isinstance(caught_up, RunRequest) and caught_up.partition_key == "2026-11-22-10:35"
+    failed = launch(caught_up, DagsterRunStatus.FAILURE)
+    instance.add_run_tags(failed, {WILL_RETRY_TAG: "true"})  # as Dagster marks a run it will retry
+    retrying = tick(37)
+    assert isinstance(retrying, SkipReason) and "to be retried" in str(retrying.skip_message), retrying
 
 
 def test_continuity_check_finds_windows_missing_since_the_snapshot(
