@@ -172,6 +172,32 @@ def test_make_dev_keeps_an_existing_dagster_home_and_points_the_connector_at_its
     assert config.mongodb_connection_string == local_stack.emulator_uri(27555)
 
 
+def test_the_instance_gives_back_the_pool_slot_of_a_run_whose_worker_was_killed(tmp_path: Path) -> None:
+    """A run worker killed mid-step keeps its pool slot claimed; with the project's dagster.yaml the daemon's
+    run monitoring gives it back a minute after the run was marked failed, so the pool (slices: one slot)
+    does not stay full with every later slice run queued behind a run that no longer exists."""
+    import logging
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from dagster import DagsterInstance, DagsterRunStatus
+    from dagster._core.test_utils import create_run_for_test, freeze_time
+    from dagster._daemon.monitoring import execute_concurrency_slots_iteration
+    from dagster._time import get_current_datetime
+
+    home = local_stack.prepare_dagster_home(tmp_path / "dagster")
+    with DagsterInstance.from_config(str(home)) as instance:
+        storage = instance.event_log_storage
+        storage.set_concurrency_slots("mongocdc_slices", 1)
+        run = create_run_for_test(instance, status=DagsterRunStatus.STARTED)
+        assert storage.claim_concurrency_slot("mongocdc_slices", run.run_id, "mongocdc_slices").is_claimed
+        instance.report_run_failed(run, "the run worker was killed")  # marked failed from outside, as Dagster does
+        context = SimpleNamespace(instance=instance)
+        with freeze_time(get_current_datetime() + timedelta(seconds=61)):
+            list(execute_concurrency_slots_iteration(context, logging.getLogger("test")))  # type: ignore[arg-type]
+        assert storage.get_concurrency_info("mongocdc_slices").claimed_slots == []
+
+
 def test_a_named_connector_without_a_home_of_its_own_writes_under_its_name(tmp_path: Path) -> None:
     """Two connectors of one project never share landing files or tables; ``mongocdc`` is the default's."""
     env = {"MONGOCDC_HOME": str(tmp_path / "home")}
