@@ -153,15 +153,16 @@ def test_make_dev_keeps_an_existing_dagster_home_and_points_the_connector_at_its
     fresh = local_stack.prepare_dagster_home(tmp_path / "fresh")
     assert (fresh / "dagster.yaml").read_text() == local_stack.DAGSTER_YAML.read_text()
     from dagster import DagsterInstance
+    from dagster._core.instance.config import PoolGranularity
 
     with DagsterInstance.from_config(str(fresh)) as instance:
         limits = {p: instance.event_log_storage.get_concurrency_info(p).slot_count
                   for p in ("mongocdc_snapshots", "mongocdc_snapshot_ranges", "mongocdc_slices")}
         assert limits == {"mongocdc_snapshots": 2, "mongocdc_snapshot_ranges": 4, "mongocdc_slices": 1}
-        # a run whose ops would wait for a pool is not launched: it stays queued, holding no run worker (and
-        # no Spark JVM) idle beside the run that has the slot
-        queue = instance.get_concurrency_config().run_queue_config  # what the run queue daemon goes by
-        assert queue is not None and queue.op_concurrency_slot_buffer == 0
+        # a run holds its pools from launch to end, and one whose pool is full stays queued: no run worker (and
+        # no Spark JVM) idle beside the run that has the slot, no refresh taking the slot between another's steps
+        pools = instance.get_concurrency_config().pool_config  # what the run queue daemon goes by
+        assert pools.pool_granularity == PoolGranularity.RUN and pools.default_pool_limit == 1
         assert instance.run_retries_enabled and instance.run_retries_max_retries == 0  # only runs that ask
         instance.event_log_storage.set_concurrency_slots("mongocdc_snapshots", 5)
     local_stack.prepare_dagster_home(fresh)  # a limit the operator set is kept
