@@ -41,8 +41,8 @@ keeps it from passing here is the tables: at load 40-50 a table refresh of 8 col
 and more (its Spark session alone 25 s to 2.5 minutes to start), and the automation splits the refresh
 into runs by collection that the pools' op granularity lets start side by side (three refresh runs, three
 JVMs, took turns at the tables pool's one slot between their steps, and filled the run queue's four
-places, so slice runs waited 2-4 minutes to start), so current_state had not caught up with the source
-10 minutes after the writers stopped. A catch-up that does not reach it by its deadline is a
+places, so slice runs waited 2-4 minutes to start; the instance's pools are by run since, not yet tried
+in a soak), so current_state had not caught up with the source 20 minutes after the writers stopped. A catch-up that does not reach it by its deadline is a
 FAILED verdict with the runs and figures, written to ``benchmarks/soak.json`` all the same.
 """
 
