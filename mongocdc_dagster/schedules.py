@@ -1,4 +1,4 @@
-"""Schedules: the latest closed window of every collection, and the cross-window checks on their own."""
+"""Schedules: the closed windows of every collection, and the cross-window checks on their own."""
 
 from __future__ import annotations
 
@@ -7,38 +7,88 @@ from collections.abc import Iterator
 from dagster import (
     AssetCheckKey,
     AssetSelection,
+    DagsterRunStatus,
     DefaultScheduleStatus,
     RunRequest,
+    RunsFilter,
     ScheduleDefinition,
     ScheduleEvaluationContext,
     SkipReason,
     define_asset_job,
     schedule,
 )
+from dagster._core.storage.tags import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+    MAX_RETRIES_TAG,
+    PARTITION_NAME_TAG,
+    SCHEDULE_NAME_TAG,
+    WILL_RETRY_TAG,
+)
 
-from mongocdc_dagster.assets.cdc import CdcAssets
+from mongocdc_dagster.assets.cdc import ENVELOPE_CHECK, CdcAssets
 from mongocdc_dagster.checks import GAP_CHECK
 from mongocdc_dagster.logs import RUN_CONFIG
 from mongocdc_dagster.partitions import SliceWindows
 from mongocdc_dagster.sensors import TAG_KIND
 
+#: The most windows one slice run lands: a deployment further behind catches up over several ticks, oldest first.
+MAX_WINDOWS_PER_RUN = 60
+#: A slice run that fails (its worker killed, the daemon restarted, a step-down under way) is run again by
+#: Dagster's run retries (``run_retries: enabled`` in dagster.yaml) up to this many times: the schedule goes
+#: on after its windows, so without a retry they would stay a gap until someone backfills them.
+SLICE_RUN_RETRIES = 2
+_IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+              DagsterRunStatus.STARTED]
+
 
 def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
-    """At each window boundary, one run landing the window that just closed for every collection (one
-    change stream for all of them)."""
+    """At each window boundary, one run landing every collection's windows closed since the schedule's
+    previous run (one change stream for all of them): the window that just closed when that run's
+    windows had landed by then, all of them when the deployment is behind. While its previous run is
+    queued or running it requests none (a second slice run would only queue behind it for the same pool),
+    so a deployment that is behind catches up in fewer, larger runs instead of queueing one per window.
+    A failed run is retried by Dagster (SLICE_RUN_RETRIES); the schedule waits for its retry too."""
     slices = list(cdc.keys_of("slices"))
+    # the in-run envelope checks only: the continuity checks have a schedule of their own, and inside a
+    # slice run they would count the windows closed since it was requested as gaps
+    envelopes = [AssetCheckKey(key, ENVELOPE_CHECK) for key in slices]
+    name = cdc.names.of("latest_window")
 
-    @schedule(name=cdc.names.of("latest_window"), cron_schedule=cdc.windows.cron, execution_timezone="UTC",
+    @schedule(name=name, cron_schedule=cdc.windows.cron, execution_timezone="UTC",
               target=AssetSelection.assets(*slices), default_status=DefaultScheduleStatus.RUNNING,
-              description="Lands the latest closed window of every collection's slices.")
+              description="Lands every collection's slices of the windows closed since its previous run.")
     def latest_window(context: ScheduleEvaluationContext) -> Iterator[RunRequest | SkipReason]:
-        window_key = cdc.windows.latest_closed(context.scheduled_execution_time)
-        if window_key is None:
+        latest = cdc.windows.latest_closed(context.scheduled_execution_time)
+        if latest is None:
             yield SkipReason("no window has closed since the slice windows start")
             return
+        previous = next(iter(context.instance.get_runs(filters=RunsFilter(tags={SCHEDULE_NAME_TAG: name}),
+                                                       limit=1)), None)
+        keys = [latest]
+        if previous is not None:
+            landed_to = previous.tags.get(ASSET_PARTITION_RANGE_END_TAG) or previous.tags.get(PARTITION_NAME_TAG)
+            if previous.status in _IN_FLIGHT or previous.tags.get(WILL_RETRY_TAG) == "true":
+                state = "to be retried" if previous.status not in _IN_FLIGHT else previous.status.value.lower()
+                yield SkipReason(f"its run {previous.run_id} (windows to {landed_to}) is still {state}: the "
+                                 "windows closed meanwhile land in one run on the first tick after it ends")
+                return
+            if landed_to is not None and cdc.windows.definition.has_partition_key(landed_to):
+                after = cdc.windows.window(landed_to).end
+                keys = cdc.windows.keys_between(after, cdc.windows.window(latest).end)[:MAX_WINDOWS_PER_RUN]
+                if not keys:
+                    yield SkipReason(f"its previous run already landed the windows to {landed_to}")
+                    return
         # The selection is named on the request so the run records it (the Runs page's Target column shows a
         # run of the schedule's implicit asset job by its asset selection, and shows nothing without one).
-        yield RunRequest(run_key=window_key, partition_key=window_key, asset_selection=slices, tags={TAG_KIND: "slices"},
+        tags = {TAG_KIND: "slices", MAX_RETRIES_TAG: str(SLICE_RUN_RETRIES)}
+        if len(keys) == 1:
+            yield RunRequest(run_key=keys[0], partition_key=keys[0], asset_selection=slices,
+                             asset_check_keys=envelopes, tags=tags, run_config=RUN_CONFIG)
+            return
+        context.log.info(f"{len(keys)} windows closed since the previous run's: {keys[0]} to {keys[-1]} in one run")
+        yield RunRequest(run_key=f"{keys[0]}...{keys[-1]}", asset_selection=slices, asset_check_keys=envelopes,
+                         tags={**tags, ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]},
                          run_config=RUN_CONFIG)
 
     return latest_window

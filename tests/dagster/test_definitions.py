@@ -153,11 +153,17 @@ def test_make_dev_keeps_an_existing_dagster_home_and_points_the_connector_at_its
     fresh = local_stack.prepare_dagster_home(tmp_path / "fresh")
     assert (fresh / "dagster.yaml").read_text() == local_stack.DAGSTER_YAML.read_text()
     from dagster import DagsterInstance
+    from dagster._core.instance.config import PoolGranularity
 
     with DagsterInstance.from_config(str(fresh)) as instance:
         limits = {p: instance.event_log_storage.get_concurrency_info(p).slot_count
                   for p in ("mongocdc_snapshots", "mongocdc_snapshot_ranges", "mongocdc_slices")}
         assert limits == {"mongocdc_snapshots": 2, "mongocdc_snapshot_ranges": 4, "mongocdc_slices": 1}
+        # a run holds its pools from launch to end, and one whose pool is full stays queued: no run worker (and
+        # no Spark JVM) idle beside the run that has the slot, no refresh taking the slot between another's steps
+        pools = instance.get_concurrency_config().pool_config  # what the run queue daemon goes by
+        assert pools.pool_granularity == PoolGranularity.RUN and pools.default_pool_limit == 1
+        assert instance.run_retries_enabled and instance.run_retries_max_retries == 0  # only runs that ask
         instance.event_log_storage.set_concurrency_slots("mongocdc_snapshots", 5)
     local_stack.prepare_dagster_home(fresh)  # a limit the operator set is kept
     with DagsterInstance.from_config(str(fresh)) as instance:
@@ -165,6 +171,32 @@ def test_make_dev_keeps_an_existing_dagster_home_and_points_the_connector_at_its
     config = CdcSettings.resolve(connector_config=str(local_stack.write_local_config(tmp_path / "c.json", 27555)),
                                  environ={}).load_config()
     assert config.mongodb_connection_string == local_stack.emulator_uri(27555)
+
+
+def test_the_instance_gives_back_the_pool_slot_of_a_run_whose_worker_was_killed(tmp_path: Path) -> None:
+    """A run worker killed mid-step keeps its pool slot claimed; with the project's dagster.yaml the daemon's
+    run monitoring gives it back a minute after the run was marked failed, so the pool (slices: one slot)
+    does not stay full with every later slice run queued behind a run that no longer exists."""
+    import logging
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from dagster import DagsterInstance, DagsterRunStatus
+    from dagster._core.test_utils import create_run_for_test, freeze_time
+    from dagster._daemon.monitoring import execute_concurrency_slots_iteration
+    from dagster._time import get_current_datetime
+
+    home = local_stack.prepare_dagster_home(tmp_path / "dagster")
+    with DagsterInstance.from_config(str(home)) as instance:
+        storage = instance.event_log_storage
+        storage.set_concurrency_slots("mongocdc_slices", 1)
+        run = create_run_for_test(instance, status=DagsterRunStatus.STARTED)
+        assert storage.claim_concurrency_slot("mongocdc_slices", run.run_id, "mongocdc_slices").is_claimed
+        instance.report_run_failed(run, "the run worker was killed")  # marked failed from outside, as Dagster does
+        context = SimpleNamespace(instance=instance)
+        with freeze_time(get_current_datetime() + timedelta(seconds=61)):
+            list(execute_concurrency_slots_iteration(context, logging.getLogger("test")))  # type: ignore[arg-type]
+        assert storage.get_concurrency_info("mongocdc_slices").claimed_slots == []
 
 
 def test_a_named_connector_without_a_home_of_its_own_writes_under_its_name(tmp_path: Path) -> None:
@@ -180,27 +212,3 @@ def test_a_named_connector_without_a_home_of_its_own_writes_under_its_name(tmp_p
     with pytest.raises(SettingsError, match="name='mongocdc' is what the project's default connector"):
         CdcSettings.resolve(connector_properties=props, environ=env, name="mongocdc")
 
-
-def test_a_pool_slot_a_killed_run_worker_held_is_freed_by_the_daemon(tmp_path: Path) -> None:
-    """A run worker killed inside its step (the sharded soak's fault) never gives back its pool slot, and the
-    run is failed from outside; with the project's dagster.yaml the daemon's monitoring frees the slot once
-    the run has ended (before, every later slice run waited for the slot of the one pool, for ever)."""
-    import datetime
-    from types import SimpleNamespace
-
-    from dagster import DagsterInstance, DagsterRunStatus
-    from dagster._core.test_utils import create_run_for_test, freeze_time
-    from dagster._daemon.monitoring.concurrency import execute_concurrency_slots_iteration
-
-    home = local_stack.prepare_dagster_home(tmp_path / "dagster")
-    with DagsterInstance.from_config(str(home)) as instance:
-        storage = instance.event_log_storage
-        run = create_run_for_test(instance, job_name="slices", status=DagsterRunStatus.STARTED)
-        assert storage.claim_concurrency_slot("mongocdc_slices", run.run_id, "mongocdc_slices").is_claimed
-        instance.report_run_failed(run, "the run worker was killed")  # as the code server reports it
-        assert [s.run_id for s in storage.get_concurrency_info("mongocdc_slices").claimed_slots] == [run.run_id]
-        later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
-        with freeze_time(later):  # the monitoring daemon's iteration, after the run ended
-            list(execute_concurrency_slots_iteration(SimpleNamespace(instance=instance),  # type: ignore[arg-type]
-                                                     logging.getLogger("test")))
-        assert storage.get_concurrency_info("mongocdc_slices").claimed_slots == []

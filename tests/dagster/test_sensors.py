@@ -9,10 +9,12 @@ from typing import Any, cast
 
 from bson import ObjectId, Timestamp
 from dagster import (
+    AssetCheckKey,
     AssetKey,
     AssetMaterialization,
     DagsterInstance,
     DagsterRunStatus,
+    PartitionKeyRange,
     RunRequest,
     RunsFilter,
     SensorResult,
@@ -21,7 +23,9 @@ from dagster import (
     build_sensor_context,
 )
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluation
+from dagster._core.events import DagsterEvent, DagsterEventType
 from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteRepositoryOrigin
+from dagster._core.storage.tags import MAX_RETRIES_TAG, PARTITION_NAME_TAG, SCHEDULE_NAME_TAG, WILL_RETRY_TAG
 from dagster._core.test_utils import create_run_for_test
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from pymongo.database import Database
@@ -265,6 +269,52 @@ def test_schedule_lands_the_latest_closed_window_of_every_collection_in_one_run(
     assert request.run_config == {"loggers": {"console": {}}}  # the run's console lines in mongocdc's format
     selection = schedule.target.job_def.selection  # type: ignore[union-attr]
     assert selection.resolve(env.defs.resolve_asset_graph()) == {env.key("a", "slices"), env.key("b", "slices")}
+
+
+def test_schedule_waits_for_its_run_in_flight_then_lands_every_window_closed_meanwhile_in_one_run(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    """A deployment that is behind catches up rather than queues more: while the schedule's slice run is
+    queued or running its ticks request none, and the first tick after it ends requests one run for every
+    window closed since; its runs check the envelopes, not the continuity (that has its own schedule)."""
+    env = make_env(tmp_path, mongo_uri, db, ["a", "b"])
+    schedule = build_latest_window_schedule(env.cdc)
+    slices = {env.key("a", "slices"), env.key("b", "slices")}
+
+    def tick(minute: int) -> RunRequest | SkipReason:
+        at = datetime(2026, 11, 22, 10, minute, tzinfo=UTC)
+        with build_schedule_context(instance=instance, scheduled_execution_time=at) as context:
+            (result,) = list(cast(Iterator[RunRequest | SkipReason], schedule(context)))
+        return result
+
+    def launch(request: RunRequest, status: DagsterRunStatus) -> str:  # as the daemon does, with its tags
+        tags = {**request.tags, SCHEDULE_NAME_TAG: schedule.name}
+        if request.partition_key:
+            tags[PARTITION_NAME_TAG] = request.partition_key
+        return create_run_for_test(instance, job_name="__ASSET_JOB", status=status, tags=tags,
+                                   asset_selection=frozenset(request.asset_selection or ())).run_id
+
+    first = tick(31)
+    assert isinstance(first, RunRequest) and first.partition_key == "2026-11-22-10:30"
+    assert first.tags[MAX_RETRIES_TAG] == "2"  # a failed slice run is run again (dagster.yaml's run_retries)
+    assert set(first.asset_check_keys or ()) == {AssetCheckKey(k, "landing_envelopes") for k in slices}
+    running = launch(first, DagsterRunStatus.STARTED)
+    for minute in (32, 33, 34):
+        waiting = tick(minute)
+        assert isinstance(waiting, SkipReason) and running in str(waiting.skip_message), waiting
+    instance.report_dagster_event(DagsterEvent(event_type_value=DagsterEventType.RUN_SUCCESS.value,
+                                               job_name="__ASSET_JOB"), run_id=running)
+    behind = tick(35)
+    assert isinstance(behind, RunRequest) and behind.partition_key is None
+    assert behind.partition_key_range == PartitionKeyRange("2026-11-22-10:31", "2026-11-22-10:34")
+    assert set(behind.asset_selection or ()) == slices
+    assert set(behind.asset_check_keys or ()) == {AssetCheckKey(k, "landing_envelopes") for k in slices}
+    launch(behind, DagsterRunStatus.SUCCESS)
+    caught_up = tick(36)  # the next run lands the one window that closed since
+    assert isinstance(caught_up, RunRequest) and caught_up.partition_key == "2026-11-22-10:35"
+    failed = launch(caught_up, DagsterRunStatus.FAILURE)
+    instance.add_run_tags(failed, {WILL_RETRY_TAG: "true"})  # as Dagster marks a run it will retry
+    retrying = tick(37)
+    assert isinstance(retrying, SkipReason) and "to be retried" in str(retrying.skip_message), retrying
 
 
 def test_continuity_check_finds_windows_missing_since_the_snapshot(

@@ -22,7 +22,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.daemon, pytest.mark.fault, pytest.ma
 def test_the_deployment_stays_green_under_writers_and_faults(tmp_path: Path) -> None:
     if os.environ.get("MONGOCDC_TEST_MONGODB_URI"):
         pytest.skip("the soak steps the emulated primary down and kills its processes")
-    result = soak.run(float(os.environ.get("SOAK_TEST_MINUTES", "4")), collections=8, root=tmp_path)
+    # the catch-up deadline leaves the verdict time inside the test's timeout (a timeout would print no figures)
+    result = soak.run(float(os.environ.get("SOAK_TEST_MINUTES", "4")), collections=8, root=tmp_path,
+                      catch_up_timeout=1200)
     print(soak.asdict(result))
     assert result.writes > 100 and result.runs["launched"] > 5
     assert len(result.faults) >= 8
