@@ -342,6 +342,7 @@ class _Debezium3Values:
         self._pre_image = options.pre_image
         self._update_full = options.update_full
         self._last_lsid: tuple[Any, str, bytes] = (None, "", b"")  # an lsid, its text, that text as a JSON string
+        self._last_txn: tuple[Any, Any, str] = (None, None, "")  # an lsid, a txnNumber, their transaction id
 
     @staticmethod
     def heartbeat_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -368,13 +369,19 @@ class _Debezium3Values:
 
     def session(self, lsid: Any, txn_number: Any) -> bytes:
         """``source.lsid``: the session id document's strict JSON as a JSON string."""
-        return self._lsid(lsid)[1]
+        last = self._last_lsid
+        return last[2] if lsid is last[0] else self._lsid(lsid)[1]
 
     def transaction_id(self, lsid: Any, txn_number: Any) -> str | None:
-        """``<lsid as strict JSON>:<txnNumber>``."""
+        """``<lsid as strict JSON>:<txnNumber>`` (cached for the consecutive events of one transaction)."""
         if lsid is None or txn_number is None:
             return None
-        return f"{self._lsid(lsid)[0]}:{int(txn_number)}"
+        last_lsid, last_number, last_id = self._last_txn
+        if lsid is last_lsid and txn_number == last_number:
+            return last_id
+        txn_id = f"{self._lsid(lsid)[0]}:{int(txn_number)}"
+        self._last_txn = (lsid, txn_number, txn_id)
+        return txn_id
 
     @staticmethod
     def transaction_ms(wall_ms: int | None, seconds: int) -> int:
@@ -578,26 +585,32 @@ class EventConverter:
         cluster_time = get("clusterTime")
         seconds = cluster_time.time if type(cluster_time) is Timestamp else position.seconds
         key = ctx.key_template % self._values.key_id(document_key["_id"])
+        tracker = self._tracker
         value, wall_ms = self._values.change_value(ctx, change, op, seconds, position,
-                                                   NULL if self._tracker is None else raw.BLOCK_MARK, self._now_ns())  # fmt: skip
-        return self._change_records(ctx, op, key, value, position, get("lsid"), get("txnNumber"), wall_ms, seconds)
+                                                   NULL if tracker is None else raw.BLOCK_MARK, self._now_ns())  # fmt: skip
+        if tracker is None:
+            return self._change_records([], ctx, op, key, value, position)
+        records, value = self._observed(tracker, ctx, value, position, get("lsid"), get("txnNumber"), wall_ms, seconds)
+        return self._change_records(records, ctx, op, key, value, position)
+
+    def _observed(
+        self, tracker: TransactionTracker, ctx: _Collection, value: bytes, position: Position, lsid: Any,
+        txn_number: Any, wall_ms: int | None, seconds: int,
+    ) -> tuple[list[Record], bytes]:
+        """With ``provide.transaction.metadata``: the transaction's BEGIN/END records before an event,
+        observed once its value is written, and that value with its block where :data:`raw.BLOCK_MARK`
+        stands for it."""
+        values = self._values
+        records, block = tracker.observe(values.transaction_id(lsid, txn_number), ctx.data_collection, position,
+                                         values.transaction_ms(wall_ms, seconds))  # fmt: skip
+        head, _, tail = value.rpartition(raw.BLOCK_MARK)
+        return records, head + (NULL if block is None else orjson.dumps(block)) + tail  # after the parts' ranges
 
     def _change_records(
-        self, ctx: _Collection, op: str, key: bytes, value: bytes, position: Position, lsid: Any, txn_number: Any,
-        wall_ms: int | None, seconds: int, parts: LandingParts | None = None,
+        self, records: list[Record], ctx: _Collection, op: str, key: bytes, value: bytes, position: Position,
+        parts: LandingParts | None = None,
     ) -> list[Record]:
-        """With ``provide.transaction.metadata``, the transaction's BEGIN/END records before this event
-        (observed once its value is written, where :data:`raw.BLOCK_MARK` stands for its block); then the
-        event's record and, after a delete, its tombstone."""
-        tracker = self._tracker
-        if tracker is None:
-            records: list[Record] = []
-        else:
-            values = self._values
-            records, block = tracker.observe(values.transaction_id(lsid, txn_number), ctx.data_collection, position,
-                                             values.transaction_ms(wall_ms, seconds))  # fmt: skip
-            head, _, tail = value.rpartition(raw.BLOCK_MARK)
-            value = head + (NULL if block is None else orjson.dumps(block)) + tail  # after the parts' ranges
+        """``records`` (transaction boundaries) then the event's record and, after a delete, its tombstone."""
         records.append(Record(ctx.topic, key, value, position, ctx.namespace, op, ctx.heads, parts))
         if op == "d" and self._tombstones:
             records.append(Record(ctx.topic, key, None, position, ctx.namespace, None, ctx.heads))
@@ -633,9 +646,9 @@ class EventConverter:
         if writer is None:
             return None
         lsid = None if header.lsid is None else self.session_of(change)
-        txn_number = header.txn_number
-        session = None if lsid is None else self._values.session(lsid, txn_number)
-        mark = None if self._tracker is None else raw.BLOCK_MARK
+        session = None if lsid is None else self._values.session(lsid, header.txn_number)
+        tracker = self._tracker
+        mark = None if tracker is None else raw.BLOCK_MARK
         parts: LandingParts | None = None
         if self._landing_parts:  # the same bytes, and the parts the Parquet landing takes as its columns
             landed = writer.write_landing(change.raw, header, position.increment, session, self._now_ns(), mark)
@@ -647,7 +660,10 @@ class EventConverter:
             if written is None:
                 return None
             key, value, wall_ms = written
-        return self._change_records(ctx, op, key, value, position, lsid, txn_number, wall_ms, header.seconds, parts)
+        if tracker is None:
+            return self._change_records([], ctx, op, key, value, position, parts)
+        records, value = self._observed(tracker, ctx, value, position, lsid, header.txn_number, wall_ms, header.seconds)
+        return self._change_records(records, ctx, op, key, value, position, parts)
 
     def convert_read(
         self,
