@@ -19,10 +19,9 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from mongocdc_core.events import ejson, raw
+from mongocdc_core.events import debezium3, ejson, raw
 from mongocdc_core.events.changes import DATA_OPERATIONS, short
 from mongocdc_core.events.dates import datetime_ns, since_epoch
-from mongocdc_core.events.debezium3 import Debezium3Events
 from mongocdc_core.events.envelope import (
     AFTER_SLOT,
     NULL,
@@ -47,7 +46,12 @@ from mongocdc_core.events.schema import (
     heartbeat_value_schema,
     key_schema,
 )
-from mongocdc_core.events.transactions import TransactionTracker, transaction_id
+from mongocdc_core.events.transactions import (
+    DEFAULT_FORMAT,
+    TransactionFormat,
+    TransactionTracker,
+    transaction_id,
+)
 from mongocdc_core.events.transforms import CollectionFields, FieldTransforms
 from mongocdc_core.positions import Position
 
@@ -62,14 +66,14 @@ _SNAPSHOT_JSON = {marker: orjson.dumps(marker) for marker in (*READ_SNAPSHOT_MAR
 _NOT_SNAPSHOT = _SNAPSHOT_JSON["false"]
 
 
-def _wall_time_json(value: Any) -> bytes:
-    """``source.wallTime``: milliseconds since the epoch, or null."""
+def _wall_time_ms(value: Any) -> int | None:
+    """``source.wallTime``: milliseconds since the epoch, or None."""
     if type(value) is datetime.datetime or isinstance(value, datetime.datetime):  # bson.decode's type first
-        return b"%d" % (since_epoch(value) // _MILLISECOND)
+        return since_epoch(value) // _MILLISECOND
     if value is None:
-        return NULL
+        return None
     if isinstance(value, DatetimeMS):
-        return b"%d" % int(value)
+        return int(value)
     raise ValueError(f"change event 'wallTime' must be a date, got {value!r}")
 
 
@@ -119,15 +123,29 @@ class _Collection:
 _WRITER_SLOTS = ("b", "a", "u", "t", _NOT_SNAPSHOT, "i", "l", "x", "w", "o", "M", "U", "N", "k")
 #: What fills the 1.x value template's slots (``envelope.legacy_value_template``) in the compiled writer.
 _LEGACY_WRITER_SLOTS = ("a", "u", "f", "S", b"false", "i", "l", "o", "M", "k")
+#: What fills the 3.x value template's slots (``debezium3.value_template``) in the compiled writer.
+_DEBEZIUM3_WRITER_SLOTS = ("b", "a", "u", "E", _NOT_SNAPSHOT, "F", "G", "i", "l", "x", "w", "o", "M", "k")
+#: A signed 64-bit number's range: ``source.ts_ns`` past it is refused (as the compiled writer and
+#: Kafka Connect's int64 refuse it).
+_INT64 = range(-(2**63), 2**63)
 
 
 class _Values(Protocol):
     """How one ``mongocdc.event.format`` spells a collection's values, the one place a format differs
     in :class:`EventConverter`: the value schema and template (per collection), what fills the
-    compiled writer's slots, and the values the Python path writes from the decoded parts."""
+    compiled writer's slots, the key's id, the session and transaction records, the heartbeat's
+    schemas, and the values the Python path writes from the decoded parts."""
 
     #: The compiled writer's slots of :meth:`template` (see ``raw.change_writer``).
     slots: tuple[str | bytes, ...]
+    #: Renamed fields go last in their document (``FieldTransforms``).
+    renamed_last: bool
+    #: The compiled writer lays out change records' landing parts (``ChangeWriter.write_landing``).
+    landing_parts: bool
+    #: The compiled module writes snapshot reads' landing ``after`` column (``raw.read_records``).
+    landing_afters: bool
+    #: The transaction topic's records (``provide.transaction.metadata``).
+    transactions: TransactionFormat
 
     def schema(self, name: str) -> dict[str, Any]:
         """The value schema."""
@@ -135,12 +153,28 @@ class _Values(Protocol):
     def template(self, *, schema_prefix: bytes, version: str, name: str, rs: str, db: str, collection: str) -> bytes:
         """One collection's value with ``%`` slots."""
 
+    def heartbeat_schemas(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The heartbeat's key and value schemas."""
+
+    def data_collection(self, rs: str, db: str, coll: str) -> str:
+        """A collection's name in transaction records."""
+
+    def key_id(self, document_id: Any) -> bytes:
+        """The key's ``id`` as a JSON string."""
+
     def session(self, lsid: Any, txn_number: Any) -> bytes:
         """The writer's ``l`` slot of an event of a transaction (``lsid`` decoded)."""
 
+    def transaction_id(self, lsid: Any, txn_number: Any) -> str | None:
+        """The transaction records' id of an event (None outside a transaction)."""
+
+    def transaction_ms(self, wall_ms: int | None, seconds: int) -> int:
+        """The time (ms) of an event in transaction records, from its ``wallTime`` (ms) and clusterTime."""
+
     def change_value(self, ctx: _Collection, change: Mapping[str, Any], op: str, seconds: int, position: Position,
-                     block: dict[str, Any] | None, now_ns: int) -> bytes:  # fmt: skip
-        """A checked change event's value, from its decoded parts (the Python path)."""
+                     block: bytes, now_ns: int) -> tuple[bytes, int | None]:  # fmt: skip
+        """A checked change event's value, from its decoded parts (the Python path), with ``block`` in its
+        ``transaction``; and its ``wallTime`` in ms (None when it has none)."""
 
     def read_around(self, template: bytes, markers: Iterable[str], position: Position, ts_ns: int,
                     now_ns: int) -> dict[str, tuple[bytes, bytes]]:  # fmt: skip
@@ -150,15 +184,39 @@ class _Values(Protocol):
         """Reads' ``after`` as JSON strings (field rules already applied)."""
 
 
+def _heartbeat_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The heartbeat's key and value schemas of the default and 1.x formats."""
+    return heartbeat_key_schema(), heartbeat_value_schema()
+
+
+def _data_collection(rs: str, db: str, coll: str) -> str:
+    """A collection in the default and 1.x formats' transaction records: ``<rs>.<db>.<coll>``."""
+    return f"{rs}.{db}.{coll}" if rs else f"{db}.{coll}"
+
+
+def _cluster_ms(wall_ms: int | None, seconds: int) -> int:
+    """The time of an event in the default and 1.x formats' transaction records: its clusterTime's."""
+    return seconds * 1000
+
+
 class _ChangeStreamsValues:
     """The default format (``envelope.value_template``): ``before``, ``after`` and ``updateDescription``
     in ``DOCUMENT_STYLE``, ``source`` with ``lsid``, ``txnNumber`` and ``wallTime``."""
 
     slots: tuple[str | bytes, ...] = _WRITER_SLOTS
+    renamed_last = False
+    landing_parts = True
+    landing_afters = True
+    transactions = DEFAULT_FORMAT
     schema = staticmethod(envelope_schema)
     template = staticmethod(value_template)
+    key_id = staticmethod(key_id_json)
+    heartbeat_schemas = staticmethod(_heartbeat_schemas)
+    data_collection = staticmethod(_data_collection)
+    transaction_ms = staticmethod(_cluster_ms)
 
-    def __init__(self, options: EventOptions) -> None:
+    def __init__(self, options: EventOptions, transaction_id: Callable[[Any, Any], str | None]) -> None:
+        self.transaction_id = transaction_id
         self._pre_image = options.pre_image
         self._update_full = options.update_full
         self._last_lsid: Any = None
@@ -182,7 +240,7 @@ class _ChangeStreamsValues:
         return self._times
 
     def change_value(self, ctx: _Collection, change: Mapping[str, Any], op: str, seconds: int, position: Position,
-                     block: dict[str, Any] | None, now_ns: int) -> bytes:  # fmt: skip
+                     block: bytes, now_ns: int) -> tuple[bytes, int | None]:  # fmt: skip
         get: Callable[[str], Any] = change.get
         fields = ctx.fields
         full = get("fullDocument")
@@ -193,7 +251,7 @@ class _ChangeStreamsValues:
         else:
             after = document_string(full, fields) if op != "d" else NULL
             update_desc = NULL
-        wall_time = _wall_time_json(get("wallTime"))
+        wall_ms = _wall_time_ms(get("wallTime"))
         lsid, txn_number = get("lsid"), get("txnNumber")
         return ctx.value_template % (
             before, after, update_desc,
@@ -201,10 +259,9 @@ class _ChangeStreamsValues:
             _NOT_SNAPSHOT, position.increment,
             NULL if lsid is None else self.session(lsid, txn_number),
             NULL if txn_number is None else b"%d" % txn_number,
-            wall_time,
-            _OP_JSON[op], now_ns // 1_000_000, now_ns // 1_000, now_ns,
-            NULL if block is None else orjson.dumps(block),
-        )  # fmt: skip
+            NULL if wall_ms is None else b"%d" % wall_ms,
+            _OP_JSON[op], now_ns // 1_000_000, now_ns // 1_000, now_ns, block,
+        ), wall_ms  # fmt: skip
 
     def read_around(self, template: bytes, markers: Iterable[str], position: Position, ts_ns: int,
                     now_ns: int) -> dict[str, tuple[bytes, bytes]]:  # fmt: skip
@@ -229,24 +286,33 @@ class _OplogValues:
     (:func:`legacy_parts`), ``source`` with ``stxnid``; every read is ``snapshot`` true."""
 
     slots: tuple[str | bytes, ...] = _LEGACY_WRITER_SLOTS
+    renamed_last = False
+    landing_parts = False
+    landing_afters = True
+    transactions = DEFAULT_FORMAT
     schema = staticmethod(envelope_schema_1x)
     template = staticmethod(legacy_value_template)
+    key_id = staticmethod(key_id_json)
+    heartbeat_schemas = staticmethod(_heartbeat_schemas)
+    data_collection = staticmethod(_data_collection)
+    transaction_ms = staticmethod(_cluster_ms)
 
     def __init__(self, transaction_id: Callable[[Any, Any], str | None]) -> None:
-        self._transaction_id = transaction_id
+        self.transaction_id = transaction_id
 
     def session(self, lsid: Any, txn_number: Any) -> bytes:
         """``source.stxnid``."""
-        return orjson.dumps(self._transaction_id(lsid, txn_number))
+        return orjson.dumps(self.transaction_id(lsid, txn_number))
 
     def change_value(self, ctx: _Collection, change: Mapping[str, Any], op: str, seconds: int, position: Position,
-                     block: dict[str, Any] | None, now_ns: int) -> bytes:  # fmt: skip
+                     block: bytes, now_ns: int) -> tuple[bytes, int | None]:  # fmt: skip
+        """The 1.x value has no ``wallTime``: None."""
         stxnid = self.session(change.get("lsid"), change.get("txnNumber"))
         after, patch, filter_ = legacy_parts(op, change, ctx.fields)
         return ctx.value_template % (
             after, patch, filter_, seconds * 1000, b"false", position.increment, stxnid, _OP_JSON[op],
-            now_ns // 1_000_000, NULL if block is None else orjson.dumps(block),
-        )  # fmt: skip
+            now_ns // 1_000_000, block,
+        ), None  # fmt: skip
 
     def read_around(self, template: bytes, markers: Iterable[str], position: Position, ts_ns: int,
                     now_ns: int) -> dict[str, tuple[bytes, bytes]]:  # fmt: skip
@@ -261,6 +327,123 @@ class _OplogValues:
         return [legacy_after(doc) for doc in documents]
 
 
+class _Debezium3Values:
+    """The Debezium 3.x format (``debezium3.value_template``): the Java driver's texts (``debezium3``),
+    ``source`` without ``rs`` and with ``ts_*`` of the event's ``wallTime``, reads marked as Debezium 3.x
+    marks them (:func:`debezium3.read_source`), its own transaction records (:data:`debezium3.TRANSACTIONS`)
+    and heartbeat schemas. The compiled module writes none of its landing parts."""
+
+    slots: tuple[str | bytes, ...] = _DEBEZIUM3_WRITER_SLOTS
+    renamed_last = True
+    landing_parts = False
+    landing_afters = False
+    transactions = debezium3.TRANSACTIONS
+    schema = staticmethod(debezium3.envelope_schema)
+    template = staticmethod(debezium3.value_template)
+
+    def __init__(self, options: EventOptions) -> None:
+        self._pre_image = options.pre_image
+        self._update_full = options.update_full
+        self._last_lsid: tuple[Any, str, bytes] = (None, "", b"")  # an lsid, its text, that text as a JSON string
+        self._last_txn: tuple[Any, Any, str] = (None, None, "")  # an lsid, a txnNumber, their transaction id
+
+    @staticmethod
+    def heartbeat_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
+        return debezium3.heartbeat_key_schema(), debezium3.heartbeat_value_schema()
+
+    @staticmethod
+    def data_collection(rs: str, db: str, coll: str) -> str:
+        """``<db>.<coll>``."""
+        return f"{db}.{coll}"
+
+    @staticmethod
+    def key_id(document_id: Any) -> bytes:
+        return orjson.dumps(debezium3.key_id(document_id))
+
+    def _lsid(self, lsid: Any) -> tuple[str, bytes]:
+        """:func:`debezium3.lsid_json` of a session and that text as a JSON string (cached: a transaction's
+        events share one session)."""
+        last, text, json = self._last_lsid
+        if lsid is not last and lsid != last:
+            text = debezium3.lsid_json(lsid)
+            json = orjson.dumps(text)
+            self._last_lsid = (lsid, text, json)
+        return text, json
+
+    def session(self, lsid: Any, txn_number: Any) -> bytes:
+        """``source.lsid``: the session id document's strict JSON as a JSON string."""
+        last = self._last_lsid
+        return last[2] if lsid is last[0] else self._lsid(lsid)[1]
+
+    def transaction_id(self, lsid: Any, txn_number: Any) -> str | None:
+        """``<lsid as strict JSON>:<txnNumber>`` (cached for the consecutive events of one transaction)."""
+        if lsid is None or txn_number is None:
+            return None
+        last_lsid, last_number, last_id = self._last_txn
+        if lsid is last_lsid and txn_number == last_number:
+            return last_id
+        txn_id = f"{self._lsid(lsid)[0]}:{int(txn_number)}"
+        self._last_txn = (lsid, txn_number, txn_id)
+        return txn_id
+
+    @staticmethod
+    def transaction_ms(wall_ms: int | None, seconds: int) -> int:
+        """The event's ``wallTime``, else its clusterTime's."""
+        return wall_ms if wall_ms is not None else seconds * 1000
+
+    def change_value(self, ctx: _Collection, change: Mapping[str, Any], op: str, seconds: int, position: Position,
+                     block: bytes, now_ns: int) -> tuple[bytes, int | None]:  # fmt: skip
+        get: Callable[[str], Any] = change.get
+        fields = ctx.fields
+        wall_ms = _wall_time_ms(get("wallTime"))
+        ts_ms = wall_ms if wall_ms is not None else seconds * 1000
+        ts_ns = ts_ms * 1_000_000
+        if ts_ns not in _INT64:
+            raise ValueError(f"change event 'wallTime' of {wall_ms} ms makes a source.ts_ns past 64 bits")
+        full = get("fullDocument")
+        full = full if _is_document(full) else None
+        before = debezium3.document_string(get("fullDocumentBeforeChange"), fields) if self._pre_image else NULL
+        if get("operationType") == "update":
+            after = debezium3.document_string(full, fields) if self._update_full else NULL
+            update_desc = orjson.dumps(debezium3.update_description(get("updateDescription"), fields))
+        else:
+            after = debezium3.document_string(full, fields) if op != "d" else NULL
+            update_desc = NULL
+        lsid, txn_number = get("lsid"), get("txnNumber")
+        return ctx.value_template % (
+            before, after, update_desc, ts_ms, _NOT_SNAPSHOT, ts_ns // 1_000, ts_ns, position.increment,
+            NULL if lsid is None else self.session(lsid, txn_number),
+            NULL if txn_number is None else b"%d" % int(txn_number),
+            NULL if wall_ms is None else b"%d" % wall_ms,
+            _OP_JSON[op], now_ns // 1_000_000, block,
+        ), wall_ms  # fmt: skip
+
+    def read_around(self, template: bytes, markers: Iterable[str], position: Position, ts_ns: int,
+                    now_ns: int) -> dict[str, tuple[bytes, bytes]]:  # fmt: skip
+        around: dict[str, tuple[bytes, bytes]] = {}
+        for marker in set(markers):
+            read_ns, snapshot, ord_ = debezium3.read_source(marker, position, ts_ns)
+            whole = template % (
+                NULL, AFTER_SLOT, NULL, read_ns // 1_000_000, orjson.dumps(snapshot), read_ns // 1_000, read_ns, ord_,
+                NULL, NULL, NULL, _OP_JSON["r"], now_ns // 1_000_000, NULL,
+            )  # fmt: skip
+            head, _, tail = whole.partition(AFTER_SLOT)
+            around[marker] = (head, tail)
+        return around
+
+    def afters(self, documents: Sequence[Mapping[str, Any]]) -> list[bytes]:
+        return [debezium3.document_string(doc, None) for doc in documents]
+
+
+def _values(options: EventOptions, transaction_id: Callable[[Any, Any], str | None]) -> _Values:
+    """The values writer of ``mongocdc.event.format``."""
+    if options.event_format == "debezium_3x":
+        return _Debezium3Values(options)
+    if options.event_format == "oplog_1x":
+        return _OplogValues(transaction_id)
+    return _ChangeStreamsValues(options, transaction_id)
+
+
 class EventConverter:
     """Turns one change stream document or snapshot document at a time into records.
 
@@ -273,32 +456,26 @@ class EventConverter:
 
     def __init__(self, options: EventOptions, *, landing: bool = False) -> None:
         self.options = options
-        self._landing = landing
-        # Change records' landing rows: the compiled writer writes them in the default format only.
-        self._landing_parts = landing and options.event_format == "change_streams"
+        self._values: _Values = _values(options, self.transaction_id)
+        self._landing = landing and self._values.landing_afters
+        self._landing_parts = landing and self._values.landing_parts
         self._serializer = Serializer(options.schemas_enable)
         self._transforms = FieldTransforms(
-            options.field_exclude_list, options.field_renames, options.field_name_adjustment_mode
+            options.field_exclude_list, options.field_renames, options.field_name_adjustment_mode,
+            renamed_last=self._values.renamed_last,
         )
         self._collections: dict[tuple[str, str], _Collection] = {}
-        self._tracker = TransactionTracker(options) if options.provide_transaction_metadata else None
-        self._values: _Values = (
-            _OplogValues(self.transaction_id) if options.event_format == "oplog_1x" else _ChangeStreamsValues(options)
+        self._tracker = (
+            TransactionTracker(options, self._values.transactions) if options.provide_transaction_metadata else None
         )
         self._skipped = options.skipped_operations
         self._topics = options.topics()
         self.heartbeat_topic = self._topics.heartbeat_topic()
+        heartbeat_key_schema_, heartbeat_value_schema_ = self._values.heartbeat_schemas()
         self._heartbeat_key = self._serializer.dumps(
-            Serializer.schema_prefix(heartbeat_key_schema()), {"serverName": options.topic_prefix}
+            Serializer.schema_prefix(heartbeat_key_schema_), {"serverName": options.topic_prefix}
         )
-        self._heartbeat_prefix = Serializer.schema_prefix(heartbeat_value_schema())
-        # mongocdc.event.format=debezium_3x: the released Debezium 3.x bytes, written by their own module.
-        self._debezium3 = Debezium3Events(options) if options.event_format == "debezium_3x" else None
-        # The writer of an ordinary raw event (one with a header) straight from its BSON, chosen once:
-        # None where the compiled module is missing.
-        self._write_raw: Callable[[RawChange, raw.Header, Position], list[Record] | None] | None = (
-            None if raw.native is None else self._raw_change if self._debezium3 is None else self._debezium3.convert_raw
-        )
+        self._heartbeat_prefix = Serializer.schema_prefix(heartbeat_value_schema_)
         self._last_session: tuple[bytes | None, Any] = (None, None)  # a raw lsid's BSON and its decoded form
         self._last_txn: tuple[Any, Any, str | None] = (None, None, None)
         self._pre_image = options.pre_image
@@ -353,7 +530,7 @@ class EventConverter:
             coll=coll,
             namespace=f"{db}.{coll}",
             topic=topic,
-            data_collection=f"{o.rs}.{db}.{coll}" if o.rs else f"{db}.{coll}",
+            data_collection=self._values.data_collection(o.rs, db, coll),
             key_prefix=key_prefix,
             value_prefix=value_prefix,
             key_template=key_template_,
@@ -379,13 +556,11 @@ class EventConverter:
         """
         if type(change) is RawChange:
             header = change.header
-            if header is not None and self._write_raw is not None:
-                written = self._write_raw(change, header, position)
+            if header is not None:
+                written = self._raw_change(change, header, position)
                 if written is not None:
                     return written
             change = change.document()
-        if self._debezium3 is not None:
-            return self._debezium3.convert_change(change, position)
         get: Callable[[str], Any] = change.get
         op_type = get("operationType")
         op = DATA_OPERATIONS.get(op_type) if type(op_type) is str else None
@@ -415,20 +590,27 @@ class EventConverter:
 
         cluster_time = get("clusterTime")
         seconds = cluster_time.time if type(cluster_time) is Timestamp else position.seconds
-        records, block = self._transaction(ctx, get("lsid"), get("txnNumber"), position, seconds)
-        now_ns = self._now_ns()
-        key = ctx.key_template % key_id_json(document_key["_id"])
-        value = self._values.change_value(ctx, change, op, seconds, position, block, now_ns)
+        key = ctx.key_template % self._values.key_id(document_key["_id"])
+        tracker = self._tracker
+        value, wall_ms = self._values.change_value(ctx, change, op, seconds, position,
+                                                   NULL if tracker is None else raw.BLOCK_MARK, self._now_ns())  # fmt: skip
+        if tracker is None:
+            return self._change_records([], ctx, op, key, value, position)
+        records, value = self._observed(tracker, ctx, value, position, get("lsid"), get("txnNumber"), wall_ms, seconds)
         return self._change_records(records, ctx, op, key, value, position)
 
-    def _transaction(
-        self, ctx: _Collection, lsid: Any, txn_number: Any, position: Position, seconds: int
-    ) -> tuple[list[Record], dict[str, Any] | None]:
-        """With ``provide.transaction.metadata``: the BEGIN/END records before this event and its block."""
-        if self._tracker is None:
-            return [], None
-        txn_id = self.transaction_id(lsid, txn_number)
-        return self._tracker.observe(txn_id, ctx.data_collection, position, seconds * 1000)
+    def _observed(
+        self, tracker: TransactionTracker, ctx: _Collection, value: bytes, position: Position, lsid: Any,
+        txn_number: Any, wall_ms: int | None, seconds: int,
+    ) -> tuple[list[Record], bytes]:
+        """With ``provide.transaction.metadata``: the transaction's BEGIN/END records before an event,
+        observed once its value is written, and that value with its block where :data:`raw.BLOCK_MARK`
+        stands for it."""
+        values = self._values
+        records, block = tracker.observe(values.transaction_id(lsid, txn_number), ctx.data_collection, position,
+                                         values.transaction_ms(wall_ms, seconds))  # fmt: skip
+        head, _, tail = value.rpartition(raw.BLOCK_MARK)
+        return records, head + (NULL if block is None else orjson.dumps(block)) + tail  # after the parts' ranges
 
     def _change_records(
         self, records: list[Record], ctx: _Collection, op: str, key: bytes, value: bytes, position: Position,
@@ -460,8 +642,7 @@ class EventConverter:
         """:meth:`convert_change` of a raw event with a header, its key and value written whole from
         the BSON by the collection's compiled writer; None when the Python path converts it (field
         rules only it applies, or a type or shape the writer leaves to Python, which also reports
-        malformed events with their own message). ``debezium_3x`` has its own:
-        :meth:`Debezium3Events.convert_raw`.
+        malformed events with their own message).
 
         Transaction BEGIN/END records are observed only once the writer has written the event (a
         fallback to the Python path must not count it twice): the writer leaves
@@ -485,21 +666,17 @@ class EventConverter:
                                           position.seconds, position.ordinal)  # fmt: skip
             if landed is None:
                 return None
-            key, value, _, parts = landed
+            key, value, wall_ms, parts = landed
         else:
             written = writer.write(change.raw, header, position.increment, session, self._now_ns(), mark)
             if written is None:
                 return None
-            key, value, _ = written
+            key, value, wall_ms = written
         if tracker is None:
-            records: list[Record] = []
-        else:
-            records, block = tracker.observe(self.transaction_id(lsid, header.txn_number), ctx.data_collection, position,
-                                             header.seconds * 1000)  # fmt: skip
-            head, _, tail = value.rpartition(raw.BLOCK_MARK)
-            value = head + (NULL if block is None else orjson.dumps(block)) + tail  # after the parts' ranges
-            if parts is not None and landing is not None:  # its row is the last: its value with the block
-                landing.replace_value(value)
+            return self._change_records([], ctx, op, key, value, position, parts)
+        records, value = self._observed(tracker, ctx, value, position, lsid, header.txn_number, wall_ms, header.seconds)
+        if parts is not None and landing is not None:  # its row is the last: its value with the block
+            landing.replace_value(value)
         return self._change_records(records, ctx, op, key, value, position, parts)
 
     def convert_read(
@@ -516,8 +693,6 @@ class EventConverter:
         ``position`` is the snapshot's position (``source.ord`` is its increment); ``ts`` is when the
         document was read (``source.ts_*``), defaulting to the position's clusterTime.
         """
-        if self._debezium3 is not None:
-            return self._debezium3.convert_read(document, db, coll, position, snapshot_marker, ts)
         if snapshot_marker not in READ_SNAPSHOT_MARKERS:
             raise ValueError(
                 f"snapshot marker must be one of {', '.join(sorted(READ_SNAPSHOT_MARKERS))}; got {snapshot_marker!r}"
@@ -547,8 +722,6 @@ class EventConverter:
         """
         if len(documents) != len(markers):
             raise ValueError(f"{len(documents)} snapshot documents of {db}.{coll} with {len(markers)} markers")
-        if self._debezium3 is not None:
-            return self._debezium3.convert_reads(documents, markers, db, coll, position, ts)
         plain = READ_SNAPSHOT_MARKERS.issuperset(markers)
         ts_ns = datetime_ns(ts) if ts is not None else position.seconds * 1_000_000_000
         if isinstance(documents, RawDocuments):
@@ -575,14 +748,14 @@ class EventConverter:
         fields = ctx.fields
         afters = self._values.afters([fields.document(doc) for doc in documents] if fields else documents)
         around = self._read_templates(ctx, markers, position, ts_ns)
-        key_template, topic, namespace = ctx.key_template, ctx.topic, ctx.namespace
+        key_template, topic, namespace, key_id = ctx.key_template, ctx.topic, ctx.namespace, self._values.key_id
         if len(around) == 1:
             head, tail = around[markers[0]]
             values = [head + after + tail for after in afters]
         else:
             values = [around[marker][0] + after + around[marker][1] for marker, after in zip(markers, afters, strict=True)]
         return [
-            Record(topic, key_template % key_id_json(doc["_id"]), value, position, namespace, "r")
+            Record(topic, key_template % key_id(doc["_id"]), value, position, namespace, "r")
             for doc, value in zip(documents, values, strict=True)
         ]
 
@@ -591,10 +764,10 @@ class EventConverter:
     ) -> Sequence[Record]:
         """:meth:`_reads` of a raw batch, written by the compiled module (:func:`raw.read_records`)."""
         around = self._read_templates(ctx, markers, position, ts_ns)
-        fields, afters = ctx.fields, self._values.afters
+        fields, afters, key_id = ctx.fields, self._values.afters, self._values.key_id
 
         def left_read(doc: Mapping[str, Any]) -> tuple[bytes, bytes]:
-            return key_id_json(doc["_id"]), afters([fields.document(doc) if fields is not None else doc])[0]
+            return key_id(doc["_id"]), afters([fields.document(doc) if fields is not None else doc])[0]
 
         return raw.read_records(documents, markers, around, ctx.key_template, ctx.topic, ctx.namespace, position,
                                 self.options.event_format, ctx.native_rules, left_read, ctx.heads, self._landing)  # fmt: skip
@@ -604,20 +777,14 @@ class EventConverter:
 
         Call :meth:`flush` first when transaction metadata is on, so an open transaction ends.
         """
-        if self._debezium3 is not None:
-            return self._debezium3.heartbeat_record(self.heartbeat_topic, position, ts_ms)
         value = self._serializer.dumps(self._heartbeat_prefix, {"ts_ms": int(ts_ms)})
         return Record(self.heartbeat_topic, self._heartbeat_key, value, position, None, None)
 
     def flush(self) -> list[Record]:
         """END of a transaction still open (nothing without ``provide.transaction.metadata``)."""
-        if self._debezium3 is not None:
-            return self._debezium3.flush()
         return self._tracker.flush() if self._tracker is not None else []
 
     def end_transaction_before(self, cluster_time: Timestamp) -> list[Record]:
         """END of an open transaction when the stream has scanned up to ``cluster_time``, past the
         transaction's own clusterTime (none of its events can follow any more)."""
-        if self._debezium3 is not None:
-            return self._debezium3.end_transaction_before(cluster_time)
         return self._tracker.end_before(cluster_time) if self._tracker is not None else []

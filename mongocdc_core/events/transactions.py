@@ -5,12 +5,14 @@ the session ``lsid`` and ``txnNumber``. The tracker sees the converted events in
 opens a transaction at its first event (BEGIN), numbers the events (``total_order``,
 ``data_collection_order``) and closes it (END, with per-collection counts) when an event from
 outside the transaction arrives or when the caller flushes (heartbeat, end of a slice).
+How a format writes those records (their schemas, the order of ``data_collections``, the time of
+an END that an event ends) is its :class:`TransactionFormat`.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +42,22 @@ def transaction_id(lsid: Any, txn_number: Any) -> str | None:
     return f"{session_text}:{int(txn_number)}"
 
 
+@dataclass(frozen=True, slots=True)
+class TransactionFormat:
+    """What differs between the formats' transaction records."""
+
+    key_schema: dict[str, Any]
+    value_schema: dict[str, Any]
+    #: The END record's ``data_collections`` in order, from the names in the order the events came.
+    order: Callable[[Iterable[str]], list[str]] = list
+    #: An END that the next event ends has that event's time (Debezium 3.x), else its last event's.
+    end_at_next: bool = False
+
+
+#: mongocdc's default and 1.x formats.
+DEFAULT_FORMAT = TransactionFormat(transaction_key_schema(), transaction_value_schema())
+
+
 @dataclass(slots=True)
 class _OpenTransaction:
     id: str
@@ -52,11 +70,13 @@ class _OpenTransaction:
 class TransactionTracker:
     """Stateful BEGIN/END emitter; feed it every emitted data event in stream order."""
 
-    def __init__(self, options: EventOptions) -> None:
+    def __init__(self, options: EventOptions, format_: TransactionFormat = DEFAULT_FORMAT) -> None:
         self.topic = options.topics().transaction_topic()
         self._serializer = Serializer(options.schemas_enable)
-        self._key_prefix = Serializer.schema_prefix(transaction_key_schema())
-        self._value_prefix = Serializer.schema_prefix(transaction_value_schema())
+        self._key_prefix = Serializer.schema_prefix(format_.key_schema)
+        self._value_prefix = Serializer.schema_prefix(format_.value_schema)
+        self._order = format_.order
+        self._end_at_next = format_.end_at_next
         self._open: _OpenTransaction | None = None
 
     @property
@@ -69,7 +89,7 @@ class TransactionTracker:
         """Boundary records to emit before this event, and the event's ``transaction`` block."""
         records: list[Record] = []
         if self._open is not None and self._open.id != txn_id:
-            records.extend(self.flush())
+            records.append(self._end(ts_ms if self._end_at_next else self._open.last_ts_ms))
         if txn_id is None:
             return records, None
         if self._open is None:
@@ -84,13 +104,9 @@ class TransactionTracker:
         return records, {"id": txn_id, "total_order": txn.event_count, "data_collection_order": order}
 
     def flush(self) -> list[Record]:
-        """END of the open transaction, if any (call before heartbeats and at the end of a slice)."""
-        txn = self._open
-        if txn is None:
-            return []
-        self._open = None
-        collections = [{"data_collection": c, "event_count": n} for c, n in txn.per_collection.items()]
-        return [self._record(txn.id, "END", txn.event_count, collections, txn.last_ts_ms, txn.last_position)]
+        """END of the open transaction, if any (call before heartbeats and at the end of a slice), at
+        its last event's time."""
+        return [self._end(self._open.last_ts_ms)] if self._open is not None else []
 
     def end_before(self, cluster_time: Timestamp) -> list[Record]:
         """END of the open transaction when ``cluster_time`` is past its events (none can follow)."""
@@ -98,6 +114,14 @@ class TransactionTracker:
         if txn is None or txn.last_position.timestamp >= cluster_time:
             return []
         return self.flush()
+
+    def _end(self, ts_ms: int) -> Record:
+        txn = self._open
+        assert txn is not None
+        self._open = None
+        per_collection = txn.per_collection
+        collections = [{"data_collection": c, "event_count": per_collection[c]} for c in self._order(per_collection)]
+        return self._record(txn.id, "END", txn.event_count, collections, ts_ms, txn.last_position)
 
     def _record(
         self,

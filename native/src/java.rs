@@ -8,10 +8,11 @@
 
 use base64::Engine as _;
 
-use crate::rules::{DocumentWriter, FieldRules};
+use crate::rules::FieldRules;
+use crate::walk::DocumentWriter;
 use crate::{
-    decimal128_text, element_end, le_i32, le_i64, members, optional_members, removed_fields, repeats, truncated_arrays,
-    envelope_parts, EnvelopeFormat, Parts, PartsFormat, Shortest, Unsupported, Written, BASE64, HEX, MAX_DEPTH,
+    decimal128_text, element_end, le_i32, le_i64, members, optional_members, removed_fields, truncated_arrays,
+    envelope_parts, EnvelopeFormat, Parts, PartsFormat, Shortest, Unsupported, Written, BASE64, HEX,
 };
 
 /// A JSON string's delimiter inside the enclosing literal.
@@ -158,8 +159,8 @@ impl DocumentWriter for JavaWriter<'_> {
         Ok(())
     }
 
-    fn value(&mut self, kind: u8, value: &[u8], depth: u32) -> Written {
-        JavaWriter::value(self, kind, value, depth)
+    fn scalar(&mut self, kind: u8, value: &[u8]) -> Written {
+        JavaWriter::scalar(self, kind, value)
     }
 }
 
@@ -320,46 +321,8 @@ impl JavaWriter<'_> {
         Ok(())
     }
 
-    /// One BSON document or array (`data` from its length to its terminating NUL).
-    fn document(&mut self, data: &[u8], array: bool, depth: u32) -> Written {
-        if depth > MAX_DEPTH || data.len() < 5 || data[data.len() - 1] != 0 {
-            return Err(Unsupported);
-        }
-        let end = data.len() - 1;
-        let mut names: Vec<&[u8]> = Vec::new();
-        let mut count = 0usize;
-        self.out.push(if array { b'[' } else { b'{' });
-        let mut at = 4;
-        while at < end {
-            let kind = data[at];
-            let name_end = at + 1 + data[at + 1..end].iter().position(|&b| b == 0).ok_or(Unsupported)?;
-            let name = &data[at + 1..name_end];
-            at = name_end + 1;
-            if count > 0 {
-                self.out.extend_from_slice(self.settings.sep);
-            }
-            count += 1;
-            if !array {
-                names.push(name);
-                self.string(name)?;
-                self.out.extend_from_slice(b": ");
-            }
-            let next = element_end(kind, data, at, end).ok_or(Unsupported)?;
-            self.value(kind, &data[at..next], depth)?;
-            at = next;
-        }
-        if at != end || repeats(&mut names) {
-            return Err(Unsupported); // a repeated name: decoded as a dict, its last value would win
-        }
-        if names.contains(&&b"$ref"[..]) && names.contains(&&b"$id"[..]) {
-            return Err(Unsupported); // decoded as a DBRef, written back as $ref, $id, $db, then the rest
-        }
-        self.out.push(if array { b']' } else { b'}' });
-        Ok(())
-    }
-
-    /// One value of type `kind` (`value` its bytes, as `members` cuts them).
-    fn value(&mut self, kind: u8, value: &[u8], depth: u32) -> Written {
+    /// One value of type `kind` other than a document or an array (`value` its bytes, as `element_end` cuts them).
+    fn scalar(&mut self, kind: u8, value: &[u8]) -> Written {
         match kind {
             0x01 => self.double(f64::from_bits(le_i64(value, 0).ok_or(Unsupported)? as u64))?,
             0x02 => {
@@ -368,7 +331,6 @@ impl JavaWriter<'_> {
                 }
                 self.string(&value[4..value.len() - 1])?
             }
-            0x03 | 0x04 => self.document(value, kind == 0x04, depth + 1)?,
             0x05 => self.binary(*value.get(4).ok_or(Unsupported)?, &value[5..])?,
             0x07 => {
                 self.out.extend_from_slice(b"{\\\"$oid\\\": \\\"");

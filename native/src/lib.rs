@@ -10,15 +10,19 @@
 //! doubles, duplicate names, DBRefs, ...) is reported back as `None` and converted by the Python
 //! path, so the two always agree. Change events are written the same way, in the default format
 //! (`DefaultFormat`) or in Debezium 3.x's (`java`), each a `PartsFormat` of the same event parts.
+//! Every format's documents are walked by one walk (`walk`), generic over the writer's spelling.
 
 mod java;
 mod landing;
 mod rules;
+mod walk;
 
 use base64::Engine as _;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
+
+use walk::DocumentWriter;
 
 /// The document needs the Python path (a type or form not written here).
 struct Unsupported;
@@ -364,127 +368,6 @@ impl<S: Style> Writer<S> {
         self.out.extend_from_slice(b"\\\"}");
     }
 
-    /// One BSON document or array (`data` from its length to its terminating NUL).
-    fn document(&mut self, data: &[u8], array: bool, depth: u32) -> Written {
-        if depth > MAX_DEPTH || data.len() < 5 || data[data.len() - 1] != 0 {
-            return Err(Unsupported);
-        }
-        let end = data.len() - 1;
-        let mut names: Vec<&[u8]> = Vec::new();
-        let mut count = 0usize;
-        self.out.push(if array { b'[' } else { b'{' });
-        let mut at = 4;
-        while at < end {
-            let kind = data[at];
-            let name_end = at + 1 + data[at + 1..end].iter().position(|&b| b == 0).ok_or(Unsupported)?;
-            let name = &data[at + 1..name_end];
-            at = name_end + 1;
-            if count > 0 {
-                self.out.extend_from_slice(if array { S::ARRAY } else { b"," });
-            }
-            count += 1;
-            if !array {
-                names.push(name);
-                self.string(name)?;
-                self.out.extend_from_slice(S::NAME);
-            }
-            at = self.value(kind, data, at, end, depth)?;
-        }
-        if at != end || repeats(&mut names) {
-            return Err(Unsupported); // a repeated name: decoded as a dict, its last value would win
-        }
-        if names.contains(&&b"$ref"[..]) && names.contains(&&b"$id"[..]) {
-            return Err(Unsupported); // decoded as a DBRef, written back as $ref, $id, $db, then the rest
-        }
-        self.out.push(if array { b']' } else { b'}' });
-        Ok(())
-    }
-
-    /// The value of type `kind` at `at`; returns where the next element starts.
-    fn value(&mut self, kind: u8, data: &[u8], at: usize, end: usize, depth: u32) -> Result<usize, Unsupported> {
-        let fixed = |size: usize| if at + size <= end { Ok(at + size) } else { Err(Unsupported) };
-        match kind {
-            0x01 => {
-                let next = fixed(8)?;
-                self.double(f64::from_bits(le_i64(data, at).ok_or(Unsupported)? as u64))?;
-                Ok(next)
-            }
-            0x02 => {
-                let size = le_i32(data, at).ok_or(Unsupported)?;
-                if size < 1 {
-                    return Err(Unsupported);
-                }
-                let next = at + 4 + size as usize;
-                if next > end || data[next - 1] != 0 {
-                    return Err(Unsupported);
-                }
-                self.string(&data[at + 4..next - 1])?;
-                Ok(next)
-            }
-            0x03 | 0x04 => {
-                let size = le_i32(data, at).ok_or(Unsupported)?;
-                if size < 5 || at + size as usize > end {
-                    return Err(Unsupported);
-                }
-                let next = at + size as usize;
-                self.document(&data[at..next], kind == 0x04, depth + 1)?;
-                Ok(next)
-            }
-            0x07 => {
-                let next = fixed(12)?;
-                self.object_id(&data[at..next]);
-                Ok(next)
-            }
-            0x05 => {
-                let size = usize::try_from(le_i32(data, at).ok_or(Unsupported)?).map_err(|_| Unsupported)?;
-                let next = at + 5 + size;
-                if next > end {
-                    return Err(Unsupported);
-                }
-                self.binary(data[at + 4], &data[at + 5..next])?;
-                Ok(next)
-            }
-            0x13 => {
-                let next = fixed(16)?;
-                self.decimal128(&data[at..next])?;
-                Ok(next)
-            }
-            0x08 => {
-                let next = fixed(1)?;
-                match data[at] {
-                    0 => self.out.extend_from_slice(b"false"),
-                    1 => self.out.extend_from_slice(b"true"),
-                    _ => return Err(Unsupported),
-                }
-                Ok(next)
-            }
-            0x09 => {
-                let next = fixed(8)?;
-                self.out.extend_from_slice(S::DATE);
-                self.integer(le_i64(data, at).ok_or(Unsupported)?);
-                self.out.push(b'}');
-                Ok(next)
-            }
-            0x0a => {
-                self.out.extend_from_slice(b"null");
-                Ok(at)
-            }
-            0x10 => {
-                let next = fixed(4)?;
-                self.integer(le_i32(data, at).ok_or(Unsupported)? as i64);
-                Ok(next)
-            }
-            0x12 => {
-                let next = fixed(8)?;
-                self.out.extend_from_slice(S::LONG);
-                self.integer(le_i64(data, at).ok_or(Unsupported)?);
-                self.out.extend_from_slice(b"\\\"}");
-                Ok(next)
-            }
-            _ => Err(Unsupported),
-        }
-    }
-
     /// The key's `id` string of the top-level `_id` (key-table style): ObjectId, int32, int64, string.
     fn key_id(&mut self, data: &[u8]) -> Written {
         if data.len() < 5 {
@@ -534,7 +417,7 @@ impl<S: Style> Writer<S> {
     }
 }
 
-impl<S: Style> rules::DocumentWriter for Writer<S> {
+impl<S: Style> DocumentWriter for Writer<S> {
     fn out(&mut self) -> &mut Vec<u8> {
         &mut self.out
     }
@@ -553,8 +436,39 @@ impl<S: Style> rules::DocumentWriter for Writer<S> {
         Ok(())
     }
 
-    fn value(&mut self, kind: u8, value: &[u8], depth: u32) -> Written {
-        Writer::value(self, kind, value, 0, value.len(), depth).map(|_| ())
+    #[inline]
+    fn scalar(&mut self, kind: u8, value: &[u8]) -> Written {
+        match kind {
+            0x01 => self.double(f64::from_bits(le_i64(value, 0).ok_or(Unsupported)? as u64))?,
+            0x02 => {
+                if value.len() < 5 || value[value.len() - 1] != 0 {
+                    return Err(Unsupported);
+                }
+                self.string(&value[4..value.len() - 1])?
+            }
+            0x07 => self.object_id(value),
+            0x05 => self.binary(*value.get(4).ok_or(Unsupported)?, &value[5..])?,
+            0x13 => self.decimal128(value)?,
+            0x08 => match value {
+                [0] => self.out.extend_from_slice(b"false"),
+                [1] => self.out.extend_from_slice(b"true"),
+                _ => return Err(Unsupported),
+            },
+            0x09 => {
+                self.out.extend_from_slice(S::DATE);
+                self.integer(le_i64(value, 0).ok_or(Unsupported)?);
+                self.out.push(b'}');
+            }
+            0x0a => self.out.extend_from_slice(b"null"),
+            0x10 => self.integer(le_i32(value, 0).ok_or(Unsupported)? as i64),
+            0x12 => {
+                self.out.extend_from_slice(S::LONG);
+                self.integer(le_i64(value, 0).ok_or(Unsupported)?);
+                self.out.extend_from_slice(b"\\\"}");
+            }
+            _ => return Err(Unsupported),
+        }
+        Ok(())
     }
 }
 
@@ -569,6 +483,7 @@ fn repeats(names: &mut [&[u8]]) -> bool {
 
 /// Where the element of type `kind` whose value starts at `at` ends (None: a type of no fixed or
 /// declared length here, or a length that leaves `..end`).
+#[inline]
 fn element_end(kind: u8, data: &[u8], at: usize, end: usize) -> Option<usize> {
     let declared = |minimum: usize| usize::try_from(le_i32(data, at)?).ok().filter(|&size| size >= minimum);
     let next = match kind {

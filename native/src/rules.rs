@@ -7,6 +7,7 @@
 
 use pyo3::prelude::*;
 
+use crate::walk::DocumentWriter;
 use crate::{element_end, repeats, Unsupported, Written, MAX_DEPTH};
 
 /// What the rules say about one member name at one level.
@@ -69,17 +70,6 @@ fn insert(node: &mut Node, path: &[String], rename: Option<(Vec<u8>, usize)>) {
     } else {
         rule.rename = rename;
     }
-}
-
-/// A writer of one text format, as the rules walk needs it.
-pub(crate) trait DocumentWriter {
-    fn out(&mut self) -> &mut Vec<u8>;
-    /// Between members (`array`: between elements).
-    fn separator(&self, array: bool) -> &'static [u8];
-    /// A member's name and what follows it before the value.
-    fn name(&mut self, name: &[u8]) -> Written;
-    /// One value of type `kind` (`value`: its bytes, as `members` cuts them), without rules.
-    fn value(&mut self, kind: u8, value: &[u8], depth: u32) -> Written;
 }
 
 impl FieldRules {

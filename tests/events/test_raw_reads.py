@@ -119,10 +119,11 @@ def test_any_documents_equal_the_python_path(
     assert from_raw == from_dicts
 
 
-@pytest.mark.parametrize("markers", [["true", "true", "last"], ["incremental"] * 3, ["first", "incremental", "x"]])
+@pytest.mark.parametrize("markers", [["true", "true", "last"], ["incremental"] * 3,
+                                     ["first", "incremental", "last_in_data_collection"]])
 def test_debezium3_reads_of_every_marker_are_the_python_paths(markers: list[str]) -> None:
     """Debezium 3.x reads: ``ord`` -1 and the read time, ``true`` or ``last``; incremental ones the
-    position's time and increment (any other marker is ``true``, as the Python path writes it)."""
+    position's time and increment (the other markers are ``true``, as the Python path writes them)."""
     docs = [{"_id": i, "a": float("inf"), "t": Timestamp(5, i), "k": MinKey()} for i in range(3)]
     raw = _raw(docs)
     assert not _left(raw, "debezium_3x")
@@ -130,6 +131,15 @@ def test_debezium3_reads_of_every_marker_are_the_python_paths(markers: list[str]
     from_raw = conv.convert_reads(raw, markers, "inventory", "customers", POSITION, TS)
     assert from_raw == conv.convert_reads(raw.decoded(), markers, "inventory", "customers", POSITION, TS)
     assert b'"snapshot":"incremental"' in (from_raw[1].value or b"") or markers[1] != "incremental"
+
+
+@pytest.mark.parametrize("event_format", FORMATS)
+def test_a_read_of_an_unknown_marker_is_refused_in_every_format(event_format: str) -> None:
+    docs = [{"_id": i} for i in range(3)]
+    conv = converter(event_format=event_format)
+    for chunk in (_raw(docs), docs):
+        with pytest.raises(ValueError, match="snapshot marker must be one of .*; got 'x'"):
+            conv.convert_reads(chunk, ["first", "true", "x"], "inventory", "customers", POSITION, TS)
 
 
 @pytest.mark.parametrize("event_format", FORMATS)
