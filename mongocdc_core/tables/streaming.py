@@ -7,7 +7,8 @@ part) into landing-zone columns, appends each collection's events to its changel
 event identity, so a batch replayed after a restart adds nothing) and refreshes that collection's
 current_state, the collections it touched several at once as a refresh cycle does: exactly once into
 the tables, across restarts. A batch in which any collection failed fails the query before its offsets
-are committed, so a restart processes it again.
+are committed, so a restart processes it again. What a collection's append would look up in its table
+per batch (its lowest position, repeated events) one aggregation of the batch finds for all of them.
 
 Positions: mongocdc's Kafka sink puts every record's position in the header ``mongocdc.position``,
 so a record read here sorts exactly as the same record read from the landing zone, and both paths
@@ -32,7 +33,14 @@ from pyspark.sql.streaming import StreamingQuery
 
 from mongocdc_core.sinks.kafka import POSITION_HEADER
 from mongocdc_core.tables import changelog as _changelog
-from mongocdc_core.tables.changelog import TableInputError, changelog_rows
+from mongocdc_core.tables.changelog import (
+    EVENT_IDENTITY,
+    POSITION_PROPERTY,
+    TableInputError,
+    changelog_rows,
+    latest_version,
+    look,
+)
 from mongocdc_core.tables.collection import (
     CollectionTables,
     TableOptions,
@@ -159,13 +167,49 @@ def _summary(exc: Exception) -> str:
     return first if isinstance(exc, Py4JJavaError) else f"{type(exc).__name__}: {first}"
 
 
-def _write_collection(settings: StreamSettings, view: str, spark: SparkSession, namespace: str) -> None:
+@dataclass(frozen=True)
+class _Part:
+    """One collection's events in a micro-batch: the lowest position among them and whether each
+    event occurs once."""
+
+    first: str
+    unique: bool
+
+
+def _parts(rows: DataFrame) -> dict[str, _Part]:
+    """Every collection of the batch with its :class:`_Part`, from one aggregation of the whole batch (an
+    append that had to find them itself would run three Spark jobs per collection). A 64-bit hash stands
+    for an event's identity: a collision only costs a deduplication."""
+    found = rows.groupBy("__collection").agg(
+        F.min("__position").alias("first"), F.count(F.lit(1)).alias("events"),
+        F.countDistinct(F.xxhash64(*EVENT_IDENTITY)).alias("identities"),
+    ).collect()  # fmt: skip
+    return {r["__collection"]: _Part(r["first"], r["events"] == r["identities"]) for r in found}
+
+
+def _write_collection(settings: StreamSettings, view: str, parts: Mapping[str, _Part], spark: SparkSession,
+                      namespace: str) -> None:  # fmt: skip
     """One collection's part of a micro-batch, in ``spark`` (a session of its own): its events, read from
-    the batch's global view, appended to its changelog, then its current_state refreshed."""
+    the batch's global view, appended to its changelog, then its current_state refreshed.
+
+    Events all later than the position the changelog recorded in its latest commit (the usual case: a
+    topic's records come in order) are appended without looking them up in the table; a batch replayed
+    after a crash, or records produced twice, are looked up. The row count is recorded with the
+    position, so the next batch can tell the recorded position is still the table's latest."""
     tables = settings.tables_for(namespace)
+    part = parts[namespace]
     rows = spark.table(view).where(F.col("__collection") == namespace)
-    appended = _changelog.append_events(spark, tables.changelog, namespace, rows)
-    _changelog.record(spark, tables.changelog, namespace, appended)
+    before = look(spark, tables.changelog)
+    recorded = before.properties.get(POSITION_PROPERTY)
+    fresh = before.version < 0 or (before.recorded_rows is not None and recorded is not None and part.first > recorded)
+    appended = _changelog.append_events(spark, tables.changelog, namespace, rows, unique=part.unique, new=fresh)
+    if before.version < 0:
+        count = appended.rows
+    elif before.recorded_rows is not None and latest_version(spark, tables.changelog) == before.version + 1:
+        count = before.recorded_rows + appended.rows
+    else:  # another writer committed, or a table from before row counts were recorded: counted once
+        count = spark.read.format("delta").load(tables.changelog).count()
+    _changelog.record(spark, tables.changelog, namespace, appended, properties=before.properties, rows=count)
     refresh_current_state(spark, tables, settings.options)
 
 
@@ -177,7 +221,8 @@ def process_batch(spark: SparkSession, settings: StreamSettings, batch: DataFram
     (shared by every session of the SparkContext; dropped when the batch ends). Every collection is
     attempted; if any failed, :class:`BatchWriteError` names them all."""
     rows = kafka_changelog_rows(batch).localCheckpoint()
-    namespaces = sorted(r[0] for r in rows.select("__collection").distinct().collect())
+    parts = _parts(rows)
+    namespaces = sorted(parts)
     if not namespaces:
         return
     view = f"mongocdc_batch_{uuid.uuid4().hex}"
@@ -185,7 +230,7 @@ def process_batch(spark: SparkSession, settings: StreamSettings, batch: DataFram
     shared = f"{spark.conf.get('spark.sql.globalTempDatabase', 'global_temp')}.{view}"
     failures: dict[str, Exception] = {}
     try:
-        write = partial(_write_collection, settings, shared)
+        write = partial(_write_collection, settings, shared, parts)
         for namespace, outcome in concurrently(spark, namespaces, write, concurrency=settings.concurrency):
             if isinstance(outcome, Exception):
                 log.error("micro-batch %d: the tables of %s failed: %s", batch_id, namespace, _summary(outcome))

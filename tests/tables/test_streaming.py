@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from bson.timestamp import Timestamp
+from delta.tables import DeltaTable
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -216,3 +217,40 @@ def test_a_micro_batch_writes_its_collections_at_once_and_one_failing_keeps_the_
         assert comparable(read_current_state(spark, written.current_state)) == comparable(
             read_current_state(spark, landing.current_state)
         ), coll
+
+
+@pytest.mark.timeout(2400)
+def test_a_micro_batch_of_later_events_is_appended_without_looking_them_up(
+    spark: SparkSession, tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """Events later than the position a changelog recorded in its latest commit are appended blind (Delta's
+    ``isBlindAppend``: the table was not read to find them): a steady micro-batch costs no lookup per
+    collection. Records produced again are looked up in the table, and add nothing."""
+    wl = Workload(random.Random(31), collections=("orders",), full_document=True)
+    conv = EventConverter(EventOptions(topic_prefix="blind", capture_mode="change_streams_update_full", rs="rs0",
+                                       now_ns=lambda: 1))
+    wl.run(10)
+    first = slice_records(conv, wl.events)
+    start = len(wl.events)
+    wl.run(10)
+    later = slice_records(conv, wl.events[start:])
+    root, checkpoint, topics = tmp_path / "kafka", tmp_path / "checkpoint", [r"blind\.shop\..*"]
+    tables = CollectionTables.under(str(root), f"{DB}.orders")
+
+    def appends() -> list[bool]:
+        history = DeltaTable.forPath(spark, tables.changelog).history().where("operation = 'WRITE'")
+        return [bool(r["isBlindAppend"]) for r in history.orderBy("version").collect()]
+
+    _produce(kafka_bootstrap, first)
+    _stream(spark, kafka_bootstrap, topics, root, checkpoint, pattern=True)
+    _produce(kafka_bootstrap, later)
+    _stream(spark, kafka_bootstrap, topics, root, checkpoint, pattern=True)
+    steady = appends()
+    assert len(steady) >= 2 and all(steady), steady  # the table's first write, then the later events': blind
+
+    _produce(kafka_bootstrap, first[-5:] + later[-5:])  # an at-least-once producer's repeats
+    _stream(spark, kafka_bootstrap, topics, root, checkpoint, pattern=True)
+    assert not any(appends()[len(steady):])  # looked up
+    events = sum(1 for r in first + later if r.op is not None)
+    assert read_changelog(spark, tables.changelog).count() == events  # exactly once
+    assert read_current_state(spark, tables.current_state).count() == len(wl.docs["orders"])
