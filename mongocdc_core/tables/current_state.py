@@ -29,7 +29,7 @@ import json
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from delta.tables import DeltaTable
@@ -240,6 +240,24 @@ class Shape:
         return self.id_kind.spark_type() if self.id_kind.typed else T.StringType()
 
 
+def _seen(observed: dict[str, Any]) -> tuple[Kind, kinds.Questions | None, Kind, kinds.Questions | None]:
+    """The document and ``_id`` kinds of a pass's merged variant schemas (``doc``, ``id``), each with
+    the questions it leaves open."""
+    doc, doc_questions = kinds.from_variant_schema(observed["doc"]) if observed["doc"] else (kinds.struct([]), None)
+    id_kind, id_questions = kinds.from_variant_schema(observed["id"]) if observed["id"] else (kinds.NULL, None)
+    if doc.tag == "null":  # every row a delete: no document to learn a field from
+        doc = kinds.struct([])
+    if doc.tag != "struct":
+        raise TableInputError(f"documents are not JSON objects (schema {observed['doc']})")
+    return kinds.struct((f.name, f.kind) for f in doc.fields if f.name != "_id"), doc_questions, id_kind, id_questions
+
+
+def _answered(observed: dict[str, Any], asked: tuple[kinds.Questions, kinds.Questions]) -> bool:
+    """Whether the pass that ``observed`` comes from answered every question its schemas raise."""
+    _, doc_questions, _, id_questions = _seen(observed)
+    return (not doc_questions or doc_questions.within(asked[0])) and (not id_questions or id_questions.within(asked[1]))
+
+
 def _infer(
     rows: DataFrame, observed: dict[str, Any], old: Shape | None, asked: tuple[kinds.Questions, kinds.Questions]
 ) -> Shape:
@@ -249,13 +267,7 @@ def _infer(
     ``asked`` in that pass (see :func:`_prepare`); only questions it did not ask (new dates, decimals,
     binaries or type conflicts) cost one more aggregation.
     """
-    doc, doc_questions = kinds.from_variant_schema(observed["doc"]) if observed["doc"] else (kinds.struct([]), None)
-    id_kind, id_questions = kinds.from_variant_schema(observed["id"]) if observed["id"] else (kinds.NULL, None)
-    if doc.tag == "null":  # every row a delete: no document to learn a field from
-        doc = kinds.struct([])
-    if doc.tag != "struct":
-        raise TableInputError(f"documents are not JSON objects (schema {observed['doc']})")
-    doc = kinds.struct((f.name, f.kind) for f in doc.fields if f.name != "_id")
+    doc, doc_questions, id_kind, id_questions = _seen(observed)
     known_doc, known_id = asked
     values = dict(observed)
     missing: list[Column] = []
@@ -280,44 +292,75 @@ def _infer(
     return Shape(kinds.as_id(merged_id), kinds.name_columns(merged_doc, old.doc if old else None, top=True))
 
 
-def _asked(old: Shape | None, events: DataFrame) -> tuple[kinds.Questions, kinds.Questions]:
+def _asked(old: Shape | None, events: DataFrame) -> tuple[tuple[kinds.Questions, kinds.Questions], Shape | None]:
     """The questions (document, ``_id``) to answer in the pass that reads the batch anyway: those about
     the fields the table holds, or for a new table those a sample of the documents raises. A field
-    the sample missed costs one more aggregation (:func:`_infer`), never a wrong type."""
+    the sample missed costs one more aggregation (:func:`_infer`), never a wrong type.
+
+    For a new table also the sample's own shape (its questions answered over the sample), the guess
+    a new table is written with in one pass (:func:`_build`)."""
     if old is not None:
-        return kinds.known_questions(old.doc), kinds.known_questions(old.id_kind)
-    sample = events.limit(_SAMPLE_ROWS).select(
-        F.schema_of_variant_agg(F.when(F.col("after").isNotNull(), typed_columns.document(F.col("after")))).alias("doc"),
-        F.schema_of_variant_agg(typed_columns.document(F.col("__key"))).alias("id"),
-    ).first()
-    found = []
-    for text in (sample["doc"], sample["id"]) if sample is not None else (None, None):
-        found.append(kinds.from_variant_schema(text)[1] if text else kinds.Questions())
-    return found[0], found[1]
+        return (kinds.known_questions(old.doc), kinds.known_questions(old.id_kind)), None
+    sample, schemas = _checkpoint(
+        events.limit(_SAMPLE_ROWS).select(
+            F.when(F.col("after").isNotNull(), typed_columns.document(F.col("after"))).alias("v"),
+            typed_columns.document(F.col("__key")).alias("idv"),
+        ),
+        doc=F.schema_of_variant_agg("v"), id=F.schema_of_variant_agg("idv"),
+    )
+    _, doc_questions, _, id_questions = _seen(schemas)
+    asked = (doc_questions or kinds.Questions(), id_questions or kinds.Questions())
+    answers = typed_columns.questions_aggregates(F.col("v"), asked[0], "kd_")
+    answers += typed_columns.questions_aggregates(F.col("idv"), asked[1], "ki_")
+    values = dict(schemas)
+    if answers:
+        row = sample.agg(*answers).first()
+        assert row is not None
+        values |= row.asDict()
+    return asked, _infer(sample, values, None, asked)
 
 
-def _prepare(
-    rows: DataFrame, snapshot: str | None, asked: tuple[kinds.Questions, kinds.Questions], **more: Column
-) -> tuple[DataFrame, dict[str, Any]]:
-    """State rows -> the live rows to merge, with their documents parsed (``v``, ``idv``), materialised
-    once (without the document text, which ``v`` holds); the same pass observes counts (``keys`` live,
-    ``pending``, ``deleted``), the merged variant schemas and the answers to the ``asked`` questions."""
+def _state_values() -> dict[str, Column]:
+    """The state columns :func:`columns` takes, from parsed state rows (:func:`_parsed`)."""
+    return {
+        "__position": F.col("__position"), "__op": F.col("__op"), "__source_ts_ms": F.col("__source_ts_ms"),
+        "__deleted": F.col("deleted"),
+    }
+
+
+def _parsed(rows: DataFrame, snapshot: str | None) -> DataFrame:
+    """State rows with ghosts marked deleted and their documents parsed (``v``, ``idv``)."""
     ghost = F.lit(snapshot).isNotNull() & (F.col("__position") < F.lit(snapshot))
-    prepared = rows.select(
+    return rows.select(
         *_STATE_COLUMNS[:6], ((F.col("deleted") | ghost) & ~F.col("pending")).alias("deleted"), "pending", "first",
     ).select(
         "*",
         F.when(~F.col("deleted") & ~F.col("pending"), typed_columns.document(F.col("after"))).alias("v"),
         F.when(~F.col("pending"), typed_columns.document(F.col("__key"))).alias("idv"),
     )
+
+
+def _observed(asked: tuple[kinds.Questions, kinds.Questions]) -> dict[str, Column]:
+    """What a pass over parsed state rows observes: counts (``keys`` live, ``pending``, ``deleted``), the
+    merged variant schemas and the answers to the ``asked`` questions."""
     known_doc, known_id = asked
     answers = typed_columns.question_columns(F.col("v"), known_doc, "kd_")
     answers += typed_columns.question_columns(F.col("idv"), known_id, "ki_")
+    return {
+        "keys": F.count(F.when(~F.col("pending"), 1)), "pending": F.count(F.when(F.col("pending"), 1)),
+        "deleted": F.count(F.when(F.col("deleted"), 1)),
+        "doc": F.schema_of_variant_agg("v"), "id": F.schema_of_variant_agg("idv"),
+    } | dict(answers)
+
+
+def _prepare(
+    rows: DataFrame, snapshot: str | None, asked: tuple[kinds.Questions, kinds.Questions], **more: Column
+) -> tuple[DataFrame, dict[str, Any]]:
+    """State rows -> the live rows to merge, with their documents parsed (``v``, ``idv``), materialised
+    once (without the document text, which ``v`` holds); the same pass observes :func:`_observed`."""
     done, observed = _checkpoint(
-        prepared, ("__key", "__op", "__position", "__source_ts_ms", "deleted", "pending", "v", "idv"), keys=F.count(F.when(~F.col("pending"), 1)), pending=F.count(F.when(F.col("pending"), 1)),
-        deleted=F.count(F.when(F.col("deleted"), 1)),
-        doc=F.schema_of_variant_agg("v"), id=F.schema_of_variant_agg("idv"),
-        **dict(answers), **more,
+        _parsed(rows, snapshot), ("__key", "__op", "__position", "__source_ts_ms", "deleted", "pending", "v", "idv"),
+        **_observed(asked), **more,
     )
     return done.where(~F.col("pending")), observed
 
@@ -530,7 +573,11 @@ def _merge(
     top = _per_key(events).select(
         *_STATE_COLUMNS[:6], (F.col("__op") == "d").alias("deleted"), (~_full_image()).alias("pending"), "first"
     )
-    asked = _asked(old, events)
+    asked, guess = _asked(old, events)
+    if guess is not None and not table_exists(spark, location):
+        shape = _build(spark, namespace, location, layout, top, snapshot, asked, guess, result)
+        if shape is not None:
+            return result, shape
     live, counts = _prepare(top, snapshot, asked, first=F.min("first"), last=F.max("__position"))
     out_of_order = table_position is not None and counts["first"] is not None and counts["first"] <= table_position
     last = counts["last"]
@@ -543,12 +590,8 @@ def _merge(
     if result.keys_merged == 0 and old is not None and not rebuild:
         return result, old
     shape = _infer(live, counts, old, asked)
-    state_columns = {
-        "__position": F.col("__position"), "__op": F.col("__op"), "__source_ts_ms": F.col("__source_ts_ms"),
-        "__deleted": F.col("deleted"),
-    }
     source = live.select(
-        *columns(shape, layout, namespace, F.col("v"), F.col("__key"), state_columns, key_value=F.col("idv")),
+        *columns(shape, layout, namespace, F.col("v"), F.col("__key"), _state_values(), key_value=F.col("idv")),
         F.col("__op").alias("__merge_op"), F.col("deleted").alias("__merge_deleted"),
     )
     if rebuild or old is None or not table_exists(spark, location):
@@ -575,6 +618,54 @@ def _merge(
         result.commits += _add_columns(spark, location, old, [(p, t) for p, t in added if p not in present])
     _apply(spark, location, layout, source, result)
     return result, shape
+
+
+def _build(
+    spark: SparkSession,
+    namespace: str,
+    location: str,
+    layout: Layout,
+    top: DataFrame,
+    snapshot: str | None,
+    asked: tuple[kinds.Questions, kinds.Questions],
+    guess: Shape,
+    result: StateResult,
+) -> Shape | None:
+    """A new table written in one pass over the winners ``top``, typed as ``guess`` (a sample's shape)
+    while the same pass observes the shape of every row written: when the two type every value alike,
+    the table is done, its shape the observed one. None when they do not (a field, type or decimal
+    scale the sample missed, or updates to fold): the caller writes the table again the general way.
+
+    The guess converts leniently (a value it does not fit becomes NULL instead of failing the pass);
+    such a value always shows as a different shape, so a table kept was typed as strictly as ever."""
+    observation = Observation(f"mongocdc-{next(_OBSERVATIONS)}")
+    metrics = _observed(asked) | {"last": F.max("__position")}
+    parsed = _parsed(top, snapshot).observe(observation, *[c.alias(k) for k, c in metrics.items()])
+    live = parsed.where(~F.col("pending") & ~F.col("deleted")) if layout.delete_handling == "drop" else (
+        parsed.where(~F.col("pending"))
+    )
+    _replace(spark, location, live.select(
+        *columns(guess, layout, namespace, F.col("v"), F.col("__key"), _state_values(), strict=False, key_value=F.col("idv"))
+    ))
+    counts = observation.get
+    if counts["pending"] or not _answered(counts, asked):
+        return None
+    shape = _infer(live, counts, None, asked)  # every question answered: no other pass
+    if (_typing(shape.id_kind), _typing(shape.doc)) != (_typing(guess.id_kind), _typing(guess.doc)):
+        return None
+    result.position = counts["last"]
+    result.keys_merged = int(counts["keys"])
+    result.upserted = int(counts["keys"]) - int(counts["deleted"])
+    result.row_count = result.upserted if layout.delete_handling == "drop" else int(counts["keys"])
+    return shape
+
+
+def _typing(kind: Kind) -> Kind:
+    """``kind`` without what does not change how values convert (a decimal's integer digits)."""
+    return replace(
+        kind, digits=0, fields=tuple(replace(f, kind=_typing(f.kind)) for f in kind.fields),
+        element=_typing(kind.element) if kind.element is not None else None,
+    )
 
 
 def _add_columns(spark: SparkSession, location: str, old: Shape, added: list[tuple[str, T.DataType]]) -> int:

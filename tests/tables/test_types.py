@@ -11,6 +11,7 @@ import uuid
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
 from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.binary import UuidRepresentation
 from bson.datetime_ms import DatetimeMS
@@ -21,13 +22,16 @@ from pyspark.sql import types as T
 from mongocdc_core.positions import Position
 from mongocdc_core.tables import (
     CollectionTables,
+    current_state,
     read_current_state,
     refresh_changelog,
     refresh_current_state,
     typed_columns,
 )
+from mongocdc_core.tables.changelog import latest_version, table_properties
+from mongocdc_core.tables.current_state import KINDS_PROPERTY
 
-from .support import build, read_file
+from .support import build, comparable, read_file
 
 OID = ObjectId("65f0a1b2c3d4e5f6a7b8c9d0")
 UUID = uuid.UUID("4571054c-0dba-4dfe-bd52-0478795099b4")
@@ -244,3 +248,41 @@ def test_empty_documents_and_arrays_get_a_column(spark: SparkSession, tmp_path: 
     rows = {r["_id"]: r for r in state.collect()}
     assert (rows[1]["meta"]["k"], rows[1]["tags"], rows[1]["holes"]["a"]) == (None, [], None)
     assert (rows[3]["meta"]["k"], rows[3]["tags"], rows[3]["holes"]["a"]) == (7, ["x"], "full")
+
+
+def test_a_new_table_written_in_one_pass_is_the_table_typed_from_all_its_rows(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new table is typed by a sample's shape while the same pass observes every row's: kept when the
+    two agree, written again the general way when the sample missed something. Both give the table,
+    and the ``mongocdc.kinds``, of the general way (two passes: the rows' shape first, then the write)."""
+    later = [  # what the first document alone does not predict: a new field, wider decimals, NaN, a new type
+        {"_id": "sku-0002", "int32": 9, "dec": Decimal128("3.141592"), "double": float("nan"), "added": {"k": 1}},
+        {"_id": "sku-0003", "int32": 10, "varies": [1], "year60": WHEN, "oid": "not an ObjectId"},
+        {"_id": "sku-0004", "int32": 11, "dec": Decimal128("123456.7")},  # more integer digits only
+    ]
+    docs = [ZOO, SECOND, *later]
+    built = {}
+    for name, sample, one_pass in (("one", None, True), ("sampled-one", 1, None), ("general", None, False)):
+        if sample is not None:
+            monkeypatch.setattr(current_state, "_SAMPLE_ROWS", sample)
+        if one_pass is False:
+            monkeypatch.setattr(current_state, "_build", lambda *args: None)
+        tables = CollectionTables.under(str(tmp_path / name), "shop.zoo")
+        landing = read_file(tmp_path / f"{name}.parquet", "shop", "zoo", docs, Position(1_700_000_000, 1))
+        state = build(spark, tables, landing)
+        built[name] = (comparable(state), table_properties(spark, tables.current_state)[KINDS_PROPERTY],
+                       latest_version(spark, tables.current_state))
+        monkeypatch.undo()
+    (rows, kinds_json, version), (sampled_rows, sampled_kinds, sampled_version), general = (
+        built["one"], built["sampled-one"], built["general"]
+    )
+    assert version == 2  # created, written, its properties recorded: one pass
+    assert sampled_version > 2  # the first document's shape did not hold: written again
+    assert rows == sampled_rows == general[0] and len(rows) == len(docs) + 1
+    assert kinds_json == sampled_kinds == general[1]
+    shape = current_state.Shape.from_json(kinds_json)
+    fields = {f.name: f.kind for f in shape.doc.fields}
+    assert (fields["dec"].tag, fields["dec"].scale, fields["dec"].digits) == ("decimal", 6, 6)
+    assert fields["double"].nonfinite and fields["added"].tag == "struct" and fields["varies"].tag == "variant"
+    assert fields["year60"].tag == "date" and fields["oid"].tag == "variant"
