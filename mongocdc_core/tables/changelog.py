@@ -626,6 +626,26 @@ def _completed_snapshot(entries: Sequence[tuple[str | None, int | None, int | No
     return max(complete, default=None)
 
 
+def _unread_by_properties(namespace: str, files: list[str], versions: dict[str, str], before: TableLook) -> list[str] | None:
+    """The files not read yet, decided by the table's properties alone (no read of the manifest, a
+    Delta table whose scan costs several Spark jobs), or None when they cannot tell.
+
+    They tell in the usual refresh: the table is at the version the last refresh left (no other
+    writer), the files later than its highest position are new (had one been read, that position
+    would be at least its events'), and the others are exactly the files (and versions) the last
+    refresh was given, which it read (its digest is recorded in the commit after its append). A new
+    part of a full snapshot needs the manifest's other parts, so it leaves the decision to it.
+    """
+    if before.recorded_rows is None or LANDING_PROPERTY not in before.properties:
+        return None
+    position = before.properties.get(POSITION_PROPERTY)
+    later = [f for f in files if later_than([f], position)]
+    if not later or any(snapshot_part(f, namespace) is not None for f in later):
+        return None
+    known = {f: versions[f] for f in files if f not in later}
+    return later if landing_digest(known) == before.properties[LANDING_PROPERTY] else None
+
+
 def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[str]) -> ChangelogResult:
     """Append the events of new or re-written landing files of ``namespace`` (see the module doc).
 
@@ -641,12 +661,14 @@ def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[
         return ChangelogResult(0, Appended(0, {}, None), props.get(POSITION_PROPERTY), props.get(SNAPSHOT_PROPERTY),
                                before.recorded_rows, before.schema)  # fmt: skip
     new_table = before.version < 0
-    manifest = _manifest(spark, location)
     listed: list[tuple[str, str, str | None, int | None, int | None, str | None]] = []
-    if manifest is not None and files:
-        listed = [tuple(r) for r in manifest.select("path", "version", "plan", "part", "parts", "position").collect()]
-    seen = {(path, version) for path, version, *_ in listed}
-    todo = [f for f in files if (f, versions[f]) not in seen]
+    todo = _unread_by_properties(namespace, files, versions, before)
+    if todo is None:  # the properties cannot tell: the manifest decides
+        manifest = _manifest(spark, location)
+        if manifest is not None and files:
+            listed = [tuple(r) for r in manifest.select("path", "version", "plan", "part", "parts", "position").collect()]
+        seen = {(path, version) for path, version, *_ in listed}
+        todo = [f for f in files if (f, versions[f]) not in seen]
     appended = Appended(0, {}, None)
     properties = before.properties
     snapshot_position = properties.get(SNAPSHOT_PROPERTY)

@@ -6,6 +6,7 @@ import os
 import random
 from pathlib import Path
 
+import pytest
 from bson import Timestamp
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
@@ -201,4 +202,40 @@ def test_later_files_skip_the_lookup_only_while_the_recorded_position_is_the_tab
     caught_up = refresh_changelog(spark, tables, [str(s0), str(s1), str(s2)])
     assert (caught_up.files_read, caught_up.rows_added, caught_up.row_count) == (1, total - 11, total)
     log = read_changelog(spark, tables.changelog)
+    assert log.count() == log.dropDuplicates(["__key", "__position", "__op"]).count() == total
+
+
+def test_files_later_than_the_table_are_told_new_by_its_properties_without_the_manifest(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usual refresh (the files the last one was given, unchanged, and files later than the table's
+    position) decides what is new from the table's properties, without reading the manifest; it still
+    records the new files there, so a refresh the properties cannot decide (an older file, a re-written
+    one) reads each file once and adds each event once."""
+    wl = Workload(random.Random(8), collections=("orders",), full_document=True)
+    conv = converter("change_streams_update_full")
+    wl.run(12)
+    total = len(wl.events)
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    s0 = str(write_landing(tmp_path / "s0.parquet", slice_records(conv, wl.events[:6])))
+    assert refresh_changelog(spark, tables, [s0]).row_count == 6
+    reads: list[str] = []
+    manifest = changelog._manifest
+    monkeypatch.setattr(changelog, "_manifest", lambda s, loc: reads.append(loc) or manifest(s, loc))
+
+    s1 = str(write_landing(tmp_path / "s1.parquet", slice_records(conv, wl.events[6:9])))
+    later = refresh_changelog(spark, tables, [s0, s1])
+    assert (later.files_read, later.rows_added, later.row_count, reads) == (1, 3, 9, [])
+    listed = spark.read.format("delta").load(f"{tables.changelog}/{changelog.MANIFEST_DIR}").select("path").collect()
+    assert sorted(r["path"] for r in listed) == [s0, s1]
+
+    # a late file of older events (some already in the table) and a later one: the manifest decides
+    late = str(write_landing(tmp_path / "late.parquet", slice_records(conv, wl.events[2:7])))
+    s2 = str(write_landing(tmp_path / "s2.parquet", slice_records(conv, wl.events[9:])))
+    mixed = refresh_changelog(spark, tables, [s0, s1, late, s2])
+    assert (mixed.files_read, mixed.rows_added, mixed.row_count, len(reads)) == (2, total - 9, total, 1)
+    os.utime(s1)  # a re-written file: the digest differs, the manifest decides (nothing new in it)
+    assert refresh_changelog(spark, tables, [s0, s1, late, s2]).files_read == 1
+    log = read_changelog(spark, tables.changelog)
+    assert sorted(r["__position"] for r in log.select("__position").collect()) == sorted(e.position.to_str() for e in wl.events)
     assert log.count() == log.dropDuplicates(["__key", "__position", "__op"]).count() == total

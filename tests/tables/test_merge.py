@@ -188,6 +188,39 @@ def test_no_ghosts_after_a_re_snapshot(spark: SparkSession, tmp_path: Path) -> N
     ]
 
 
+def test_a_tiny_batch_merges_deletes_replaces_a_key_changed_twice_and_a_new_field(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A refresh of a few changes (the usual one of a quiet collection) leaves the table equal, column for
+    column, to one built from a snapshot of the documents it should hold."""
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    docs: dict[int, dict[str, Any]] = {i: {"_id": i, "qty": i, "name": f"n{i}"} for i in range(6)}
+    snap = read_file(tmp_path / "snap.parquet", DB, "orders", list(docs.values()), Position(100, 1))
+    build(spark, tables, snap)
+    batch = [
+        _event("update", 1, Position(200, 1), {"_id": 1, "qty": 10, "name": "n1"}),
+        _event("update", 1, Position(200, 2), {"_id": 1, "qty": 11, "name": "n1"}),  # the same key twice
+        _event("replace", 2, Position(200, 3), {"_id": 2, "label": "two"}),  # fields gone, a new one
+        _event("delete", 3, Position(200, 4)),
+        _event("insert", 7, Position(200, 5), {"_id": 7, "qty": 7, "name": "n7", "tags": {"new": True}}),
+        _event("insert", 8, Position(200, 6), {"_id": 8, "qty": 8}),
+        _event("delete", 8, Position(200, 7)),  # inserted and deleted in the batch: never a row
+    ]
+    refresh_changelog(spark, tables, [str(snap), str(_changes(tmp_path, "tiny", batch))])
+    result = refresh_current_state(spark, tables)
+    assert (result.keys_merged, result.upserted, result.deleted, result.row_count) == (5, 3, 1, 6)
+    assert sorted(c.split(" (")[0] for c in result.schema_changes) == ["added column label", "added column tags"]
+    final = docs | {1: {"_id": 1, "qty": 11, "name": "n1"}, 2: {"_id": 2, "label": "two"},
+                    7: {"_id": 7, "qty": 7, "name": "n7", "tags": {"new": True}}}
+    del final[3]
+    expected = CollectionTables.under(str(tmp_path / "expected"), f"{DB}.orders")
+    want = build(spark, expected, read_file(tmp_path / "expected.parquet", DB, "orders", list(final.values()),
+                                            Position(300, 1)))
+    got = read_current_state(spark, tables.current_state)
+    assert comparable(got, drop=("__position",)) == comparable(want, drop=("__position",))
+    assert len(comparable(got)) == 7  # the column names and six rows were compared
+
+
 def test_deletes_kept_marked_and_metadata_columns(spark: SparkSession, tmp_path: Path) -> None:
     tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
     snap = read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": 1, "v": 1}, {"_id": 2, "v": 2}], Position(100, 1))
