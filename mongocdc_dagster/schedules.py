@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dagster import (
     AssetCheckKey,
     AssetSelection,
+    DagsterRun,
     DagsterRunStatus,
     DefaultScheduleStatus,
     RunRequest,
@@ -38,8 +39,15 @@ MAX_WINDOWS_PER_RUN = 60
 #: Dagster's run retries (``run_retries: enabled`` in dagster.yaml) up to this many times: the schedule goes
 #: on after its windows, so without a retry they would stay a gap until someone backfills them.
 SLICE_RUN_RETRIES = 2
+#: How many of the schedule's latest runs it looks at: its run in flight, and the furthest window landed.
+_RECENT_RUNS = 20
 _IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
               DagsterRunStatus.STARTED]
+
+
+def _landed_to(run: DagsterRun) -> str | None:
+    """The last window a slice run of the schedule lands (its partition, or its range's end)."""
+    return run.tags.get(ASSET_PARTITION_RANGE_END_TAG) or run.tags.get(PARTITION_NAME_TAG)
 
 
 def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
@@ -63,22 +71,26 @@ def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
         if latest is None:
             yield SkipReason("no window has closed since the slice windows start")
             return
-        previous = next(iter(context.instance.get_runs(filters=RunsFilter(tags={SCHEDULE_NAME_TAG: name}),
-                                                       limit=1)), None)
+        recent = context.instance.get_runs(filters=RunsFilter(tags={SCHEDULE_NAME_TAG: name}), limit=_RECENT_RUNS)
+        busy = next((run for run in recent if run.status in _IN_FLIGHT), None)
+        if busy is None and recent and recent[0].tags.get(WILL_RETRY_TAG) == "true":  # its retry is the next run
+            busy = recent[0]
+        if busy is not None:
+            state = "to be retried" if busy.status not in _IN_FLIGHT else busy.status.value.lower()
+            yield SkipReason(f"its run {busy.run_id} (windows to {_landed_to(busy)}) is still {state}: the "
+                             "windows closed meanwhile land in one run on the first tick after it ends")
+            return
+        # the furthest window its runs reached, not the newest run's: a schedule run re-executed from the UI
+        # carries its old windows, and going on after them would land every window since again
+        ends = [end for run in recent if (end := _landed_to(run)) and cdc.windows.definition.has_partition_key(end)]
         keys = [latest]
-        if previous is not None:
-            landed_to = previous.tags.get(ASSET_PARTITION_RANGE_END_TAG) or previous.tags.get(PARTITION_NAME_TAG)
-            if previous.status in _IN_FLIGHT or previous.tags.get(WILL_RETRY_TAG) == "true":
-                state = "to be retried" if previous.status not in _IN_FLIGHT else previous.status.value.lower()
-                yield SkipReason(f"its run {previous.run_id} (windows to {landed_to}) is still {state}: the "
-                                 "windows closed meanwhile land in one run on the first tick after it ends")
+        if ends:
+            landed_to = max(ends, key=lambda end: cdc.windows.window(end).end)
+            after = cdc.windows.window(landed_to).end
+            keys = cdc.windows.keys_between(after, cdc.windows.window(latest).end)[:MAX_WINDOWS_PER_RUN]
+            if not keys:
+                yield SkipReason(f"its previous run already landed the windows to {landed_to}")
                 return
-            if landed_to is not None and cdc.windows.definition.has_partition_key(landed_to):
-                after = cdc.windows.window(landed_to).end
-                keys = cdc.windows.keys_between(after, cdc.windows.window(latest).end)[:MAX_WINDOWS_PER_RUN]
-                if not keys:
-                    yield SkipReason(f"its previous run already landed the windows to {landed_to}")
-                    return
         # The selection is named on the request so the run records it (the Runs page's Target column shows a
         # run of the schedule's implicit asset job by its asset selection, and shows nothing without one).
         tags = {TAG_KIND: "slices", MAX_RETRIES_TAG: str(SLICE_RUN_RETRIES)}

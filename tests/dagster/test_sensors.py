@@ -315,6 +315,11 @@ def test_schedule_waits_for_its_run_in_flight_then_lands_every_window_closed_mea
     instance.add_run_tags(failed, {WILL_RETRY_TAG: "true"})  # as Dagster marks a run it will retry
     retrying = tick(37)
     assert isinstance(retrying, SkipReason) and "to be retried" in str(retrying.skip_message), retrying
+    launch(caught_up, DagsterRunStatus.SUCCESS)  # its retry (Dagster's copies the tags), which succeeds
+    launch(first, DagsterRunStatus.SUCCESS)  # an old run re-executed from the UI: its windows, its tags
+    going_on = tick(38)  # from the furthest window landed, not the re-executed run's
+    assert isinstance(going_on, RunRequest), going_on
+    assert going_on.partition_key_range == PartitionKeyRange("2026-11-22-10:36", "2026-11-22-10:37")
 
 
 def test_continuity_check_finds_windows_missing_since_the_snapshot(
