@@ -281,9 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         except (ServerExited, PyMongoError, TimeoutError) as exc:
             try:  # a dropped connection can come just before the process has ended
                 code = emulator.wait(timeout=5)
-            except subprocess.TimeoutExpired:  # it runs but does not answer
-                log.error(f"the emulated MongoDB on {emulator_uri(args.port)} does not answer: {exc} "
-                          f"(its log: {emulator_log}): stopping make dev")
+            except subprocess.TimeoutExpired:  # it runs, but did not answer or refused the seeding
+                log.error(f"the emulated MongoDB on {emulator_uri(args.port)} runs, but seeding it failed: "
+                          f"{type(exc).__name__}: {exc} (its log: {emulator_log}): stopping make dev")
                 return 1
             log.error(died.format(code=code, when="before `dagster dev` started"))
             return 1

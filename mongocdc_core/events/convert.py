@@ -11,7 +11,7 @@ import datetime
 from binascii import hexlify
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from bson.datetime_ms import DatetimeMS
@@ -36,7 +36,7 @@ from mongocdc_core.events.envelope import (
 )
 from mongocdc_core.events.options import EventOptions
 from mongocdc_core.events.raw import RawChange, RawDocuments
-from mongocdc_core.events.records import ChangeLanding, LandingParts, Record
+from mongocdc_core.events.records import LandingParts, Record
 from mongocdc_core.events.schema import (
     Serializer,
     adjust_schema_name,
@@ -54,6 +54,9 @@ from mongocdc_core.events.transactions import (
 )
 from mongocdc_core.events.transforms import CollectionFields, FieldTransforms
 from mongocdc_core.positions import Position
+
+if TYPE_CHECKING:
+    from mongocdc_native import ChangeLanding
 
 #: ``source.snapshot`` values of snapshot reads.
 READ_SNAPSHOT_MARKERS = frozenset(

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, ItemsView, Iterator, Mapping, Sequence
 from itertools import repeat
 from types import ModuleType
-from typing import Any, Protocol, TypedDict, overload
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, overload
 
 import bson
 from bson.codec_options import CodecOptions
@@ -26,9 +26,12 @@ from bson.timestamp import Timestamp
 from mongocdc_core.events import javajson
 from mongocdc_core.events.changes import short
 from mongocdc_core.events.envelope import AFTER_SLOT
-from mongocdc_core.events.records import ChangeLanding, LandingParts, Record, RecordRun
+from mongocdc_core.events.records import LandingParts, Record, RecordRun
 from mongocdc_core.events.transforms import CollectionFields
 from mongocdc_core.positions import Position
+
+if TYPE_CHECKING:
+    from mongocdc_native import ChangeLanding
 
 
 def _native() -> tuple[ModuleType | None, str]:

@@ -4,31 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, overload
+from typing import TYPE_CHECKING, TypeAlias, overload
 
 from mongocdc_core.positions import Position
 
 if TYPE_CHECKING:
-    from mongocdc_native import Buffer
-
-
-class ChangeLanding(Protocol):
-    """``mongocdc_native.ChangeLanding`` as the converter uses it: one collection's landing rows, appended
-    chunk after chunk by its compiled writer as it writes the change records (``ChangeWriter.write_landing``)
-    and taken by the Parquet sink as Arrow buffers (``mongocdc_native.take_rows``)."""
-
-    def push_tombstone(self, key: bytes, seconds: int, increment: int, ordinal: int) -> LandingParts | None:
-        """Appends a tombstone's row: its row, or None when it cannot take it."""
-
-    def replace_value(self, value: bytes) -> None:
-        """Writes ``value`` over the value of the last row (the transaction block written in)."""
+    from mongocdc_native import Buffer, LandingRow
 
 
 #: A change record's landing row (``mongocdc_native.LandingRow``), as a converter built for the Parquet
 #: landing gives it with the record (``EventConverter(landing=True)``): the chunk of its collection's rows its
-#: compiled writer appended it to, and its number there. Only the compiled sink reads it
-#: (``mongocdc_native.take_rows``: a batch's consecutive rows of one chunk in one call).
-LandingParts = object
+#: compiled writer appended it to (a ``mongocdc_native.ChangeLanding``), and its number there. Only the
+#: compiled sink reads it (``mongocdc_native.take_rows``: a batch's consecutive rows of one chunk in one call).
+LandingParts: TypeAlias = "LandingRow"
 
 
 @dataclass(slots=True)
