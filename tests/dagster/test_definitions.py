@@ -174,9 +174,10 @@ def test_make_dev_keeps_an_existing_dagster_home_and_points_the_connector_at_its
 
 
 def test_the_instance_gives_back_the_pool_slot_of_a_run_whose_worker_was_killed(tmp_path: Path) -> None:
-    """A run worker killed mid-step keeps its pool slot claimed; with the project's dagster.yaml the daemon's
-    run monitoring gives it back a minute after the run was marked failed, so the pool (slices: one slot)
-    does not stay full with every later slice run queued behind a run that no longer exists."""
+    """With pools by op (an instance switched from the project's pools by run), a run worker killed mid-step
+    keeps its op's pool slot claimed; with the project's run monitoring the daemon gives it back a minute
+    after the run was marked failed, so the pool (slices: one slot) does not stay full with every later
+    slice run queued behind a run that no longer exists."""
     import logging
     from datetime import timedelta
     from types import SimpleNamespace
