@@ -122,7 +122,9 @@ class TableInputError(ValueError):
 
 @dataclass(frozen=True)
 class Appended:
-    """What one append to a changelog did."""
+    """What one append to a changelog did. ``max_position``: the highest position of the rows it was
+    given, each of which the table now holds (appended, or found there: a replay appends nothing, yet
+    the table holds its events)."""
 
     rows: int
     counts: dict[str, int]
@@ -494,7 +496,17 @@ def append_events(
     writer.save(location)
     metrics = observation.get
     counts = {op: int(metrics[f"op_{op}"]) for op in DATA_OPS if metrics.get(f"op_{op}")}
-    return Appended(int(metrics.get("rows") or 0), counts, metrics.get("max_position"))
+    highest = bounds["hi"] if bounds is not None else metrics.get("max_position")  # given, not only appended
+    return Appended(int(metrics.get("rows") or 0), counts, highest)
+
+
+def held(spark: SparkSession, location: str) -> tuple[int, str | None]:
+    """The table's row count and highest position, read from the table (one Spark job): for a writer
+    whose look found the properties not describing the table's version (another writer, or one
+    stopped before :func:`record`, appended since), so the position it records covers those rows too."""
+    found = spark.read.format("delta").load(location).agg(F.count(F.lit(1)), F.max("__position")).first()
+    assert found is not None
+    return int(found[0]), found[1]
 
 
 def later_than(files: Sequence[str], position: str | None) -> bool:
@@ -524,14 +536,18 @@ def record(
     properties: dict[str, str] | None = None,
     *,
     rows: int | None = None,
+    highest: str | None = None,
     landing: str | None = None,
 ) -> str | None:
     """Keep the source collection, the highest position and the latest full snapshot as table
     properties (one commit, only when something changed); returns the highest position. ``rows``: the
-    table's row count now (recorded with the version of this commit); ``landing``: the digest of the
-    landing files this refresh was given (:func:`landing_digest`)."""
+    table's row count now (recorded with the version of this commit); ``highest``: the table's highest
+    position where it was read (:func:`held`); ``landing``: the digest of the landing files this refresh
+    was given (:func:`landing_digest`), ``""`` from a writer of other rows (the stream), so the landing
+    shortcuts cannot take its commit for the last landing refresh's."""
     properties = table_properties(spark, location) if properties is None else properties
-    position = max(filter(None, [properties.get(POSITION_PROPERTY), appended.max_position]), default=None)
+    given = [properties.get(POSITION_PROPERTY), appended.max_position, highest]
+    position = max(filter(None, given), default=None)
     updates = {COLLECTION_PROPERTY: namespace} | LOG_OPTIONS
     if position is not None:
         updates[POSITION_PROPERTY] = position
@@ -631,12 +647,13 @@ def _unread_by_properties(namespace: str, files: list[str], versions: dict[str, 
     Delta table whose scan costs several Spark jobs), or None when they cannot tell.
 
     They tell in the usual refresh: the table is at the version the last refresh left (no other
-    writer), the files later than its highest position are new (had one been read, that position
-    would be at least its events'), and the others are exactly the files (and versions) the last
+    writer: the stream's commits record an empty digest), the files later than its highest position
+    are new (had one been read, that position would be at least its events': a writer that found the
+    properties stale counted the table and recorded its highest position), and the others are exactly the files (and versions) the last
     refresh was given, which it read (its digest is recorded in the commit after its append). A new
     part of a full snapshot needs the manifest's other parts, so it leaves the decision to it.
     """
-    if before.recorded_rows is None or LANDING_PROPERTY not in before.properties:
+    if before.recorded_rows is None or not before.properties.get(LANDING_PROPERTY):
         return None
     position = before.properties.get(POSITION_PROPERTY)
     later = [f for f in files if later_than([f], position)]
@@ -695,16 +712,17 @@ def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[
         append_events(spark, location, namespace, spark.createDataFrame([], CHANGELOG_SCHEMA))
     # a new table holds just what was appended; one this refresh alone appended to, what it held and that
     known = before.recorded_rows
+    highest = None
     if new_table:
         row_count = appended.rows
     elif known is not None and latest_version(spark, location) == before.version + (1 if todo else 0):
         row_count = known + appended.rows
-    else:
-        row_count = spark.read.format("delta").load(location).count()
+    else:  # another writer committed, or one stopped before recording: its rows' positions count too
+        row_count, highest = held(spark, location)
     # the digest goes with the commit below, the manifest after it: a refresh stopped in between reads
     # the files again once new ones come (appending no event twice)
     position = record(spark, location, namespace, appended, snapshot_position, properties, rows=row_count,
-                      landing=digest)
+                      highest=highest, landing=digest)
     if read is not None:  # last: a refresh stopped before this reads the files again (appending no event twice)
         read.write.format("delta").mode("append").options(**LOG_OPTIONS).save(f"{location.rstrip('/')}/{MANIFEST_DIR}")
     return ChangelogResult(len(todo), appended, position, snapshot_position, row_count, look(spark, location).schema)

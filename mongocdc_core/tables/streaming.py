@@ -203,13 +203,16 @@ def _write_collection(settings: StreamSettings, view: str, parts: Mapping[str, _
     recorded = before.properties.get(POSITION_PROPERTY)
     fresh = before.version < 0 or (before.recorded_rows is not None and recorded is not None and part.first > recorded)
     appended = _changelog.append_events(spark, tables.changelog, namespace, rows, unique=part.unique, new=fresh)
+    highest = None
     if before.version < 0:
         count = appended.rows
     elif before.recorded_rows is not None and latest_version(spark, tables.changelog) == before.version + 1:
         count = before.recorded_rows + appended.rows
-    else:  # another writer committed, or a table from before row counts were recorded: counted once
-        count = spark.read.format("delta").load(tables.changelog).count()
-    _changelog.record(spark, tables.changelog, namespace, appended, properties=before.properties, rows=count)
+    else:  # another writer committed, or one stopped before recording, or a table from before row counts
+        count, highest = _changelog.held(spark, tables.changelog)  # were recorded: counted once
+    # landing="": the landing refresh's shortcuts must not take this commit for its own
+    _changelog.record(spark, tables.changelog, namespace, appended, properties=before.properties, rows=count,
+                      highest=highest, landing="")
     refresh_current_state(spark, tables, settings.options)
 
 

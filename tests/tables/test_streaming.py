@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import random
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from bson.timestamp import Timestamp
 from delta.tables import DeltaTable
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from mongocdc_core.events.convert import EventConverter
@@ -20,8 +22,15 @@ from mongocdc_core.events.options import EventOptions
 from mongocdc_core.events.records import Record
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.kafka import KafkaSink, KafkaSinkSettings
-from mongocdc_core.tables import CollectionTables, read_changelog, read_current_state
-from mongocdc_core.tables.streaming import StreamSettings, start_stream
+from mongocdc_core.tables import (
+    CollectionTables,
+    changelog,
+    read_changelog,
+    read_current_state,
+    refresh_changelog,
+)
+from mongocdc_core.tables.changelog import table_properties
+from mongocdc_core.tables.streaming import StreamSettings, _parts, _write_collection, start_stream
 
 from .support import build, comparable
 from .workload import DB, Workload, converter, slice_records, snapshot_records, write_landing
@@ -254,3 +263,81 @@ def test_a_micro_batch_of_later_events_is_appended_without_looking_them_up(
     events = sum(1 for r in first + later if r.op is not None)
     assert read_changelog(spark, tables.changelog).count() == events  # exactly once
     assert read_current_state(spark, tables.current_state).count() == len(wl.docs["orders"])
+
+
+def _micro_batch(spark: SparkSession, root: Path, landing: Path) -> None:
+    """The streaming path's write of one micro-batch holding ``landing``'s events (no Kafka: the rows the
+    batch would hold, through the same per-collection write)."""
+    rows = changelog.changelog_rows(
+        spark.read.schema(changelog.LANDING_SPARK_SCHEMA).parquet(str(landing)), F.lit("kafka:t:0"), f"{DB}.orders",
+    ).localCheckpoint()
+    view = f"mongocdc_batch_{uuid.uuid4().hex}"
+    rows.createGlobalTempView(view)
+    try:
+        settings = StreamSettings(bootstrap_servers="unused:9092", topics=["t"], root=str(root),
+                                  checkpoint_location=str(root / "checkpoint"))
+        _write_collection(settings, f"global_temp.{view}", _parts(rows), spark, f"{DB}.orders")
+    finally:
+        spark.catalog.dropGlobalTempView(view)
+
+
+def _once(spark: SparkSession, tables: CollectionTables, events: int) -> None:
+    log = read_changelog(spark, tables.changelog)
+    assert log.count() == log.dropDuplicates(["__key", "__position", "__op"]).count() == events
+
+
+def test_a_replayed_micro_batch_records_the_position_of_the_events_it_was_given(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A batch appended, then the job stopped before recording it: its replay appends nothing, yet the
+    table holds its events, so the position it records is theirs; records produced again after it are
+    looked up (not appended blind behind a stale position): each event once."""
+    wl = Workload(random.Random(41), collections=("orders",), full_document=True)
+    conv = converter("change_streams_update_full")
+    wl.run(12)
+    total = len(wl.events)
+    root = tmp_path / "kafka"
+    tables = CollectionTables.under(str(root), f"{DB}.orders")
+    a = write_landing(tmp_path / "a.parquet", slice_records(conv, wl.events[:6]))
+    b = write_landing(tmp_path / "b.parquet", slice_records(conv, wl.events[6:9]))
+    c = write_landing(tmp_path / "c.parquet", slice_records(conv, wl.events[7:]))
+    _micro_batch(spark, root, a)
+    stopped = changelog.changelog_rows(spark.read.schema(changelog.LANDING_SPARK_SCHEMA).parquet(str(b)),
+                                       F.lit("kafka:t:0"), f"{DB}.orders")
+    assert changelog.append_events(spark, tables.changelog, f"{DB}.orders", stopped).rows == 3  # no record
+    _micro_batch(spark, root, b)  # the replay: nothing appended
+    assert table_properties(spark, tables.changelog)["mongocdc.position"] == wl.events[8].position.to_str()
+    _micro_batch(spark, root, c)  # two records again, and later ones
+    _once(spark, tables, total)
+
+
+def test_a_landing_refresh_after_a_micro_batch_does_not_take_its_commit_for_its_own(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A landing refresh stopped between its append and its properties commit, then a micro-batch of
+    earlier events (the stream lagging the landing zone) recording its row count: the next landing
+    refresh neither takes the batch's commit for its own (the digest) nor the recorded position for the
+    table's highest (the batch counted the table, so its position covers the stopped append): the file
+    is looked up, each event once."""
+    wl = Workload(random.Random(43), collections=("orders",), full_document=True)
+    conv = converter("change_streams_update_full")
+    wl.run(9)
+    total = len(wl.events)
+    root = tmp_path / "tables"
+    tables = CollectionTables.under(str(root), f"{DB}.orders")
+    s0 = str(write_landing(tmp_path / "s0.parquet", slice_records(conv, wl.events[:6])))
+    s1 = str(write_landing(tmp_path / "s1.parquet", slice_records(conv, wl.events[6:])))
+    assert refresh_changelog(spark, tables, [s0]).row_count == 6
+
+    def stop(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt("stopped before the properties commit")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(changelog, "record", stop)
+        with pytest.raises(KeyboardInterrupt):
+            refresh_changelog(spark, tables, [s0, s1])
+    assert read_changelog(spark, tables.changelog).count() == total  # appended, not recorded
+    _micro_batch(spark, root, write_landing(tmp_path / "late.parquet", slice_records(conv, wl.events[3:6])))
+    again = refresh_changelog(spark, tables, [s0, s1])
+    assert (again.files_read, again.rows_added, again.row_count) == (1, 0, total)
+    _once(spark, tables, total)
