@@ -634,7 +634,8 @@ def _build(
     """A new table written in one pass over the winners ``top``, typed as ``guess`` (a sample's shape)
     while the same pass observes the shape of every row written: when the two type every value alike,
     the table is done, its shape the observed one. None when they do not (a field, type or decimal
-    scale the sample missed, or updates to fold): the caller writes the table again the general way.
+    scale the sample missed, or updates to fold): the table is removed again (see :func:`_remove`) and
+    the caller creates it afresh the general way.
 
     The guess converts leniently (a value it does not fit becomes NULL instead of failing the pass);
     such a value always shows as a different shape, so a table kept was typed as strictly as ever."""
@@ -648,16 +649,30 @@ def _build(
         *columns(guess, layout, namespace, F.col("v"), F.col("__key"), _state_values(), strict=False, key_value=F.col("idv"))
     ))
     counts = observation.get
-    if counts["pending"] or not _answered(counts, asked):
-        return None
-    shape = _infer(live, counts, None, asked)  # every question answered: no other pass
-    if (_typing(shape.id_kind), _typing(shape.doc)) != (_typing(guess.id_kind), _typing(guess.doc)):
+    # with every question answered, _infer runs no other pass
+    shape = _infer(live, counts, None, asked) if not counts["pending"] and _answered(counts, asked) else None
+    if shape is None or (_typing(shape.id_kind), _typing(shape.doc)) != (_typing(guess.id_kind), _typing(guess.doc)):
+        _remove(spark, location)
         return None
     result.position = counts["last"]
     result.keys_merged = int(counts["keys"])
     result.upserted = int(counts["keys"]) - int(counts["deleted"])
     result.row_count = result.upserted if layout.delete_handling == "drop" else int(counts["keys"])
     return shape
+
+
+def _remove(spark: SparkSession, location: str) -> None:
+    """Delete the table :func:`_build` created at ``location`` through Spark's file systems (a local
+    path, ``s3a://``, ``abfss://``, ...), and Delta's cached log of it.
+
+    Its mistyped rows must not stay in its history: a time-travel reader would see them, and a change
+    data feed reader from version 0 would get them as inserts and no feed for their fix (a rewrite of
+    an existing table has the feed off). Everything there is the table's: Delta creates a table only
+    where nothing is (no directory, or an empty one)."""
+    jvm: Any = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(location)
+    path.getFileSystem(spark._jsc.hadoopConfiguration()).delete(path, True)  # type: ignore[attr-defined]
+    jvm.org.apache.spark.sql.delta.DeltaLog.invalidateCache(spark._jsparkSession, path)  # type: ignore[attr-defined]
 
 
 def _typing(kind: Kind) -> Kind:

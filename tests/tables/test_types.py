@@ -10,6 +10,7 @@ import re
 import uuid
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
@@ -255,7 +256,9 @@ def test_a_new_table_written_in_one_pass_is_the_table_typed_from_all_its_rows(
 ) -> None:
     """A new table is typed by a sample's shape while the same pass observes every row's: kept when the
     two agree, written again the general way when the sample missed something. Both give the table,
-    and the ``mongocdc.kinds``, of the general way (two passes: the rows' shape first, then the write)."""
+    and the ``mongocdc.kinds``, of the general way (two passes: the rows' shape first, then the write).
+    A guess that did not hold leaves no trace: no version of the table holds its rows, and the change
+    data feed from version 0 is the final rows, inserted."""
     later = [  # what the first document alone does not predict: a new field, wider decimals, NaN, a new type
         {"_id": "sku-0002", "int32": 9, "dec": Decimal128("3.141592"), "double": float("nan"), "added": {"k": 1}},
         {"_id": "sku-0003", "int32": 10, "varies": [1], "year60": WHEN, "oid": "not an ObjectId"},
@@ -263,9 +266,17 @@ def test_a_new_table_written_in_one_pass_is_the_table_typed_from_all_its_rows(
     ]
     docs = [ZOO, SECOND, *later]
     built = {}
+    guesses: list[current_state.Shape | None] = []  # what each one-pass build of the sampled table kept
+    build_once = current_state._build
+
+    def watched_build(*args: Any) -> current_state.Shape | None:
+        guesses.append(build_once(*args))
+        return guesses[-1]
+
     for name, sample, one_pass in (("one", None, True), ("sampled-one", 1, None), ("general", None, False)):
         if sample is not None:
             monkeypatch.setattr(current_state, "_SAMPLE_ROWS", sample)
+            monkeypatch.setattr(current_state, "_build", watched_build)
         if one_pass is False:
             monkeypatch.setattr(current_state, "_build", lambda *args: None)
         tables = CollectionTables.under(str(tmp_path / name), "shop.zoo")
@@ -278,8 +289,15 @@ def test_a_new_table_written_in_one_pass_is_the_table_typed_from_all_its_rows(
         built["one"], built["sampled-one"], built["general"]
     )
     assert version == 2  # created, written, its properties recorded: one pass
-    assert sampled_version > 2  # the first document's shape did not hold: written again
+    assert guesses == [None]  # the first document's shape did not hold: written again
+    assert sampled_version == general[2] == 2  # created afresh, so its history is that of the general way
     assert rows == sampled_rows == general[0] and len(rows) == len(docs) + 1
+    sampled = CollectionTables.under(str(tmp_path / "sampled-one"), "shop.zoo").current_state
+    versions = [spark.read.format("delta").option("versionAsOf", v).load(sampled) for v in range(sampled_version + 1)]
+    assert [comparable(v) for v in versions if not v.isEmpty()] == [rows, rows]  # its rows, then its properties
+    feed = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(sampled)
+    assert [tuple(r) for r in feed.select("_change_type", "_commit_version").distinct().collect()] == [("insert", 1)]
+    assert comparable(feed.drop("_change_type", "_commit_version", "_commit_timestamp")) == rows
     assert kinds_json == sampled_kinds == general[1]
     shape = current_state.Shape.from_json(kinds_json)
     fields = {f.name: f.kind for f in shape.doc.fields}
