@@ -229,7 +229,8 @@ def _signal_group(pgid: int, signum: int) -> bool:
 
 def stop_group(pgid: int, grace_s: float = 15.0) -> None:
     """End what is left in a process group whose leader exited (`dagster dev`'s code servers and run workers,
-    a killed daemon's code server): SIGTERM, then SIGKILL for what is still there after ``grace_s``."""
+    a killed daemon's code server): SIGTERM, then SIGKILL for what is still there after ``grace_s``, and
+    returns once they are gone (a signal is delivered when the process next runs: on a busy machine, later)."""
     if not _signal_group(pgid, signal.SIGTERM):
         return
     deadline = time.monotonic() + grace_s
@@ -238,6 +239,9 @@ def stop_group(pgid: int, grace_s: float = 15.0) -> None:
             return
         time.sleep(0.2)
     _signal_group(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 10.0  # SIGKILL cannot be caught; only an unreaped zombie outlasts this
+    while _signal_group(pgid, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _first_to_end(*children: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
