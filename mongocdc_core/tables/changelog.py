@@ -649,9 +649,10 @@ def _unread_by_properties(namespace: str, files: list[str], versions: dict[str, 
     They tell in the usual refresh: the table is at the version the last refresh left (no other
     writer: the stream's commits record an empty digest), the files later than its highest position
     are new (had one been read, that position would be at least its events': a writer that found the
-    properties stale counted the table and recorded its highest position), and the others are exactly the files (and versions) the last
-    refresh was given, which it read (its digest is recorded in the commit after its append). A new
-    part of a full snapshot needs the manifest's other parts, so it leaves the decision to it.
+    properties stale counted the table and recorded its highest position), and the others are exactly
+    the files (and versions) the last refresh was given, which it read (its digest is recorded in the
+    commit after its append). A new part of a full snapshot needs the manifest's other parts, so it
+    leaves the decision to it.
     """
     if before.recorded_rows is None or not before.properties.get(LANDING_PROPERTY):
         return None
