@@ -9,7 +9,7 @@
 use base64::Engine as _;
 
 use crate::rules::FieldRules;
-use crate::walk::DocumentWriter;
+use crate::walk::{string_text, DocumentWriter};
 use crate::{
     decimal128_text, element_end, le_i32, le_i64, members, optional_members, removed_fields, truncated_arrays,
     envelope_parts, EnvelopeFormat, Parts, PartsFormat, Shortest, Unsupported, Written, BASE64, HEX,
@@ -325,12 +325,7 @@ impl JavaWriter<'_> {
     fn scalar(&mut self, kind: u8, value: &[u8]) -> Written {
         match kind {
             0x01 => self.double(f64::from_bits(le_i64(value, 0).ok_or(Unsupported)? as u64))?,
-            0x02 => {
-                if value.len() < 5 || value[value.len() - 1] != 0 {
-                    return Err(Unsupported);
-                }
-                self.string(&value[4..value.len() - 1])?
-            }
+            0x02 => self.string(string_text(value).ok_or(Unsupported)?)?,
             0x05 => self.binary(*value.get(4).ok_or(Unsupported)?, &value[5..])?,
             0x07 => {
                 self.out.extend_from_slice(b"{\\\"$oid\\\": \\\"");

@@ -22,7 +22,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
-use walk::DocumentWriter;
+use walk::{string_text, DocumentWriter};
 
 /// The document needs the Python path (a type or form not written here).
 struct Unsupported;
@@ -440,12 +440,7 @@ impl<S: Style> DocumentWriter for Writer<S> {
     fn scalar(&mut self, kind: u8, value: &[u8]) -> Written {
         match kind {
             0x01 => self.double(f64::from_bits(le_i64(value, 0).ok_or(Unsupported)? as u64))?,
-            0x02 => {
-                if value.len() < 5 || value[value.len() - 1] != 0 {
-                    return Err(Unsupported);
-                }
-                self.string(&value[4..value.len() - 1])?
-            }
+            0x02 => self.string(string_text(value).ok_or(Unsupported)?)?,
             0x07 => self.object_id(value),
             0x05 => self.binary(*value.get(4).ok_or(Unsupported)?, &value[5..])?,
             0x13 => self.decimal128(value)?,

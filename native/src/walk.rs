@@ -7,6 +7,16 @@
 
 use crate::{element_end, repeats, Unsupported, Written, MAX_DEPTH};
 
+/// A string element's text (`value` as `element_end` cuts it: its length, its bytes, a NUL), the same in
+/// every format; None when it is not framed so.
+#[inline]
+pub(crate) fn string_text(value: &[u8]) -> Option<&[u8]> {
+    if value.len() < 5 || value[value.len() - 1] != 0 {
+        return None;
+    }
+    Some(&value[4..value.len() - 1])
+}
+
 /// A writer of one text format.
 pub(crate) trait DocumentWriter: Sized {
     fn out(&mut self) -> &mut Vec<u8>;
