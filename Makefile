@@ -83,9 +83,11 @@ $(DRIVERS_NODE_STAMP): $(DRIVERS_NODE)/package.json $(DRIVERS_NODE)/package-lock
 $(CONFORMANCE_STAMP): $(STAMP)
 	$(PY) -m tests.conformance.pymongo_suite --fetch-only
 
-# The whole suite on two workers; a file, and all Spark tests, stay on one worker each. The soak's CI-size
-# test (marker soak, tests/soak) is left out until it passes reliably (see make soak below).
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
+# The whole suite on two workers. A file, and every test of tests/tables (the Spark tests), stay on one worker
+# each, and the longest of these groups are handed out first (tests/conftest.py groups and orders them;
+# --no-loadscope-reorder keeps that order). Every run prints its 30 slowest tests. The soak's CI-size test
+# (marker soak, tests/soak) is left out until it passes reliably (see make soak below).
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --no-loadscope-reorder --durations=30
 
 test: setup
 	$(PYTEST) -m "not soak" tests
