@@ -35,6 +35,9 @@ STAGE_FIXTURES = {"kafka_broker": "kafka", "kafka_bootstrap": "kafka", "spark": 
 #: short files fill in at the end and neither worker waits alone for a long group.
 STAGE_SECONDS = {"conformance": 600, "daemon": 120, "packaging": 120, "slow": 60, "bench": 40, "compat": 40,
                  "reliability": 30, "spark": 20, "kafka": 15}
+#: The same for a fixture that makes a test long without a stage: a Dagster instance (tests/dagster) runs jobs
+#: in the test's process, the table assets' jobs with Spark.
+FIXTURE_SECONDS = {"instance": 20}
 
 
 def xdist_group(nodeid: str) -> str:
@@ -85,7 +88,9 @@ def _longest_groups_first(items: list[pytest.Item]) -> None:
     of tests, would hand out the one-test pymongo suite last)."""
 
     def seconds(item: pytest.Item) -> int:
-        return max((s for stage, s in STAGE_SECONDS.items() if item.get_closest_marker(stage)), default=1)
+        fixtures = getattr(item, "fixturenames", ())
+        return max([1, *(s for stage, s in STAGE_SECONDS.items() if item.get_closest_marker(stage)),
+                    *(s for fixture, s in FIXTURE_SECONDS.items() if fixture in fixtures)])
 
     length: dict[str, int] = {}
     for item in items:
