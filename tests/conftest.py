@@ -33,8 +33,8 @@ STAGE_FIXTURES = {"kafka_broker": "kafka", "kafka_bootstrap": "kafka", "spark": 
 #: Rough seconds one test of a long stage takes in CI (2 workers on 2 cores); a test of no stage counts 1.
 #: Only the order in which groups are handed to the workers follows from these: the longest first, so that
 #: short files fill in at the end and neither worker waits alone for a long group.
-STAGE_SECONDS = {"conformance": 600, "daemon": 120, "packaging": 120, "slow": 60, "bench": 40, "compat": 40,
-                 "reliability": 30, "spark": 20, "kafka": 15}
+STAGE_SECONDS = {"soak": 600, "conformance": 600, "daemon": 120, "packaging": 120, "slow": 60, "bench": 40,
+                 "compat": 40, "reliability": 30, "spark": 20, "kafka": 15}
 #: The same for a fixture that makes a test long without a stage: a Dagster instance (tests/dagster) runs jobs
 #: in the test's process, the table assets' jobs with Spark.
 FIXTURE_SECONDS = {"instance": 20}
