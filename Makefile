@@ -46,6 +46,10 @@ wheels: $(VENV)/bin/python
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist . ./native
 	$(PY) -m build --sdist --outdir dist native
 
+# The Maven steps run one after another (order-only prerequisites chain them: Maven 3.8 does not lock its local
+# repository between processes); `make -j setup` (CI) builds the Python side, the compiled module and the Node
+# driver beside them.
+
 # Kafka broker jars from Maven Central; re-fetched only when the pom changes.
 $(KAFKA_STAMP): $(KAFKA_POM)
 	rm -rf $(KAFKA_JARS)
@@ -53,20 +57,21 @@ $(KAFKA_STAMP): $(KAFKA_POM)
 	touch $@
 
 # Delta Lake and the Spark Kafka source (pyspark ships Spark, Scala and Hadoop themselves).
-$(SPARK_JARS_STAMP): mongocdc_core/tables/pom.xml
+$(SPARK_JARS_STAMP): mongocdc_core/tables/pom.xml | $(KAFKA_STAMP)
 	rm -rf $(SPARK_JARS_DIR)
 	mvn -q -B -f mongocdc_core/tables/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(SPARK_JARS_DIR)
 	touch $@
 
 # The official Java and Node.js drivers' checks against the emulator (tests/drivers).
-$(DRIVERS_JAR): $(DRIVERS_JAVA)/pom.xml $(wildcard $(DRIVERS_JAVA)/src/main/java/mongocdc/drivers/*.java) $(wildcard $(DRIVERS_JAVA)/src/main/resources/*)
+$(DRIVERS_JAR): $(DRIVERS_JAVA)/pom.xml $(wildcard $(DRIVERS_JAVA)/src/main/java/mongocdc/drivers/*.java) $(wildcard $(DRIVERS_JAVA)/src/main/resources/*) \
+  | $(SPARK_JARS_STAMP)
 	rm -rf $(DRIVERS_JAVA)/target
 	mvn -q -B -ntp -f $(DRIVERS_JAVA)/pom.xml package
 	touch $@
 
 # The real Debezium MongoDB connector, embedded, for the compatibility suite (tests/compat) and
 # benchmarks/bench_debezium.py: the runner jar once, then one class path per pinned connector version.
-$(DEBEZIUM_STAMP): $(DEBEZIUM)/pom.xml $(wildcard $(DEBEZIUM)/src/main/java/mongocdc/compat/*.java)
+$(DEBEZIUM_STAMP): $(DEBEZIUM)/pom.xml $(wildcard $(DEBEZIUM)/src/main/java/mongocdc/compat/*.java) | $(DRIVERS_JAR)
 	rm -rf $(DEBEZIUM)/target
 	mvn -q -B -ntp -f $(DEBEZIUM)/pom.xml package
 	for v in $(DEBEZIUM_VERSIONS); do \
@@ -83,9 +88,11 @@ $(DRIVERS_NODE_STAMP): $(DRIVERS_NODE)/package.json $(DRIVERS_NODE)/package-lock
 $(CONFORMANCE_STAMP): $(STAMP)
 	$(PY) -m tests.conformance.pymongo_suite --fetch-only
 
-# The whole suite on two workers; a file, and all Spark tests, stay on one worker each. The soak's CI-size
-# test (marker soak, tests/soak) is left out until it passes reliably (see make soak below).
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
+# The whole suite on two workers. A file, and every test of tests/tables (the Spark tests), stay on one worker
+# each, and the longest of these groups are handed out first (tests/conftest.py groups and orders them;
+# --no-loadscope-reorder keeps that order). Every run prints its 30 slowest tests. The soak's CI-size test
+# (marker soak, tests/soak) is left out until it passes reliably (see make soak below).
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --no-loadscope-reorder --durations=30
 
 test: setup
 	$(PYTEST) -m "not soak" tests

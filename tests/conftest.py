@@ -11,6 +11,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from pymongo import MongoClient
@@ -18,12 +19,50 @@ from pymongo.database import Database
 
 from mongocdc_devstack.fixture import EmulatedReplicaSet
 
+if TYPE_CHECKING:
+    from xdist.remote import Producer
+    from xdist.scheduler import Scheduling
+
 REAL_URI_ENV = "MONGOCDC_TEST_MONGODB_URI"
 _RELIABILITY_ROWS: list[dict[str, object]] = []
 
 
 #: Fixtures that put a test in a stage of its own (``make test-fast`` leaves these stages out).
 STAGE_FIXTURES = {"kafka_broker": "kafka", "kafka_bootstrap": "kafka", "spark": "spark"}
+
+#: Rough seconds one test of a long stage takes in CI (2 workers on 2 cores); a test of no stage counts 1.
+#: Only the order in which groups are handed to the workers follows from these: the longest first, so that
+#: short files fill in at the end and neither worker waits alone for a long group.
+STAGE_SECONDS = {"soak": 600, "conformance": 600, "daemon": 120, "packaging": 120, "slow": 60, "bench": 40,
+                 "compat": 40, "reliability": 30, "spark": 20, "kafka": 15}
+#: The same for a fixture that makes a test long without a stage: a Dagster instance (tests/dagster) runs jobs
+#: in the test's process, the table assets' jobs with Spark.
+FIXTURE_SECONDS = {"instance": 20}
+
+
+def xdist_group(nodeid: str) -> str:
+    """The group a test runs in under pytest-xdist (``make test``): one worker runs a group's tests in order, so a
+    file's module fixtures are built once and its later tests see what its earlier ones did; every test of
+    tests/tables, where the ``spark`` fixture lives, is one group, so the run starts one Spark JVM for them."""
+    path = nodeid.split("::", 1)[0]
+    return "tests/tables" if path.startswith("tests/tables/") else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> Scheduling | None:
+    """``--dist loadgroup`` by :func:`xdist_group`. pytest-xdist 3.8 groups by the ``xdist_group`` mark through
+    the node id, which pytest 9.2 no longer lets a plugin change (pytest-xdist issue 1386): every test was its
+    own group, so a file's module fixtures (the Dagster stack, the packaging builds) were built on both
+    workers, and both started Spark."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return GroupScheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -33,16 +72,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for fixture, marker in STAGE_FIXTURES.items():
             if fixture in fixtures:
                 item.add_marker(marker)
-        # Under pytest-xdist (--dist loadgroup) a file stays on one worker, so its module fixtures are built
-        # once; every Spark test shares one worker, so the run starts one Spark JVM, not one per worker.
-        group = "spark" if "spark" in item.keywords else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its order is the order groups are handed out
+        _longest_groups_first(items)
     if not os.environ.get(REAL_URI_ENV):
         return
     skip = pytest.mark.skip(reason=f"needs the emulator's fault injection ({REAL_URI_ENV} is set)")
     for item in items:
         if "fault" in item.keywords:
             item.add_marker(skip)
+
+
+def _longest_groups_first(items: list[pytest.Item]) -> None:
+    """Order the items by their group's estimated length, longest first; a stable sort, so a group keeps its
+    order. ``make test`` passes ``--no-loadscope-reorder`` so that xdist keeps this order (its own, by number
+    of tests, would hand out the one-test pymongo suite last)."""
+
+    def seconds(item: pytest.Item) -> int:
+        fixtures = getattr(item, "fixturenames", ())
+        return max([1, *(s for stage, s in STAGE_SECONDS.items() if item.get_closest_marker(stage)),
+                    *(s for fixture, s in FIXTURE_SECONDS.items() if fixture in fixtures)])
+
+    length: dict[str, int] = {}
+    for item in items:
+        length[xdist_group(item.nodeid)] = length.get(xdist_group(item.nodeid), 0) + seconds(item)
+    items.sort(key=lambda item: -length[xdist_group(item.nodeid)])
 
 
 @pytest.fixture(scope="session")
