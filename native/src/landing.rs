@@ -100,9 +100,12 @@ impl Words {
 /// measured, those faults were a seventh of the sink's time, which reused vectors no longer pay. Small
 /// vectors (validity bitmaps, a quiet stream's batches) come from the allocator's own free lists.
 static SPARE: Mutex<Spare> = Mutex::new(Spare { vectors: Vec::new(), bytes: 0 });
-/// At most this many bytes in at most [`SPARE_COUNT`] vectors, each of at least [`SPARE_MIN`] bytes.
+/// At most this many bytes in at most [`SPARE_COUNT`] vectors, each of at least [`SPARE_MIN`] bytes. The
+/// bytes are the bound: a row group of change rows is chunks of five large columns each (keys, values,
+/// `after`, `source`, `updatedFields`), and 32 vectors, filled by the small ones dropped first, kept a
+/// quarter of those 64 MiB and left most values' columns to fresh memory.
 const SPARE_BYTES: usize = 64 << 20;
-const SPARE_COUNT: usize = 32;
+const SPARE_COUNT: usize = 128;
 const SPARE_MIN: usize = 64 << 10;
 
 struct Spare {
@@ -1125,14 +1128,15 @@ fn push_padded(out: &mut Vec<u8>, number: i64, width: usize) {
 }
 
 /// How large a chunk grew (rows; bytes of keys, values, before, after, source): the next chunk of its
-/// collection is made that large at once, from the vectors dropped buffers left ([`spare`]), instead of
-/// growing into fresh memory (a page fault per 4 KiB first written) batch after batch.
+/// collection is made that large at once, and a quarter more (batches of inserts and of updates differ by
+/// about a fifth; a column outgrowing its vector doubled it), from the vectors dropped buffers left
+/// ([`spare`]), instead of growing into fresh memory (a page fault per 4 KiB first written) batch after batch.
 #[derive(Clone, Copy, Default)]
 struct ChunkSizes([usize; 6]);
 
 impl ChangeRows {
     fn new(sizes: ChunkSizes) -> Self {
-        let [rows, keys, values, before, after, source] = sizes.0;
+        let [rows, keys, values, before, after, source] = sizes.0.map(|size| size + size / 4);
         let strings = |bytes: usize| Strings::new(rows, bytes);
         ChangeRows {
             cols: Columns {
