@@ -44,6 +44,7 @@ from mongocdc_dagster.logs import RUN_CONFIG
 from mongocdc_dagster.metadata import position_time
 from mongocdc_dagster.partitions import ranges_partitions_name
 from mongocdc_dagster.resources import MongoCdcResource, resource_of
+from mongocdc_dagster.retries import RUN_RETRY_TAGS
 from mongocdc_dagster.snapshot_requests import (
     EXECUTE,
     SignalError,
@@ -203,7 +204,7 @@ def _snapshot_run(signal: SnapshotSignal, position: Position, namespaces: list[s
     kind: CdcKind = "incremental_snapshot" if signal.snapshot_type == "incremental" else "snapshot"
     op = cdc.names.of(kind)  # the op of the snapshot multi-asset of that kind
     filters = {ns: text for ns in namespaces if (text := signal.condition_for(ns)) is not None}
-    tags = {TAG_KIND: kind, TAG_SIGNAL: signal.signal_id, TAG_SIGNAL_POSITION: position.to_str(),
+    tags = {TAG_KIND: kind, TAG_SIGNAL: signal.signal_id, TAG_SIGNAL_POSITION: position.to_str(), **RUN_RETRY_TAGS,
             TAG_SNAPSHOT_TYPE: signal.snapshot_type, TAG_COLLECTION: tag_value(_names(namespaces, 2))}
     config = {"filters": filters, "signal_id": signal.signal_id}
     plain = [ns for ns in namespaces if not (kind == "snapshot" and ns in cdc.ranged)]
@@ -388,7 +389,8 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
                 run_requests.append(RunRequest(
                     run_key=f"resnapshot:{namespace}:{int(needed.timestamp())}",
                     asset_selection=[cdc.key(namespace, "snapshot")], run_config=RUN_CONFIG,
-                    tags={TAG_KIND: "snapshot", TAG_COLLECTION: tag_value(namespace), "mongocdc/reason": "history_lost"},
+                    tags={TAG_KIND: "snapshot", TAG_COLLECTION: tag_value(namespace), "mongocdc/reason": "history_lost",
+                          **RUN_RETRY_TAGS},
                 ))
             elif risky := [name for name, start in sorted(firsts.items()) if needed - start < margins[name]]:
                 at_risk[namespace] = risky
