@@ -27,14 +27,12 @@ from dagster._core.storage.tags import (
 )
 
 from mongocdc_dagster.assets.cdc import ENVELOPE_CHECK, CdcAssets
-from mongocdc_dagster.checks import GAP_CHECK
+from mongocdc_dagster.gaps import GAP_CHECK
 from mongocdc_dagster.logs import RUN_CONFIG
-from mongocdc_dagster.partitions import SliceWindows
+from mongocdc_dagster.partitions import MAX_WINDOWS_PER_RUN, SliceWindows
 from mongocdc_dagster.retries import RUN_RETRY_TAGS
 from mongocdc_dagster.sensors import TAG_KIND
 
-#: The most windows one slice run lands: a deployment further behind catches up over several ticks, oldest first.
-MAX_WINDOWS_PER_RUN = 60
 #: How many of the schedule's latest runs it looks at: its run in flight, and the furthest window landed.
 _RECENT_RUNS = 20
 _IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,

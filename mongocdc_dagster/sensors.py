@@ -18,6 +18,8 @@ import orjson
 from bson import Timestamp, json_util
 from dagster import (
     AddDynamicPartitionsRequest,
+    AssetCheckEvaluation,
+    AssetCheckKey,
     AssetObservation,
     AssetSelection,
     DagsterInstance,
@@ -33,16 +35,18 @@ from dagster import (
     SkipReason,
     sensor,
 )
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from mongocdc_core.positions import Position
 from mongocdc_core.source.errors import CdcError, HistoryLostError
 from mongocdc_core.source.signals import SignalRead
-from mongocdc_dagster.assets.cdc import CdcAssets, write_plan
+from mongocdc_dagster.assets.cdc import ENVELOPE_CHECK, CdcAssets, write_plan
 from mongocdc_dagster.discovery import DiscoveryError, DiscoveryState
+from mongocdc_dagster.gaps import GAP, TAG_REASON, GapVerdict, failed_repairs, find_holes, since_text
 from mongocdc_dagster.landed_history import collection_history, needed_window_start
 from mongocdc_dagster.logs import RUN_CONFIG
 from mongocdc_dagster.metadata import position_time
-from mongocdc_dagster.partitions import ranges_partitions_name
+from mongocdc_dagster.partitions import MAX_WINDOWS_PER_RUN, ranges_partitions_name
 from mongocdc_dagster.resources import MongoCdcResource, resource_of
 from mongocdc_dagster.retries import RUN_RETRY_TAGS
 from mongocdc_dagster.snapshot_requests import (
@@ -340,13 +344,16 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
     stream through mongos needs the history of every shard.
     """
 
-    snapshots = list(cdc.keys_of("snapshot"))
+    # the snapshots it requests after a real gap, and the slices of windows it requests again
+    targets = [*cdc.keys_of("snapshot"), *cdc.keys_of("slices")]
 
     @sensor(name=cdc.names.of("oplog_window"), minimum_interval_seconds=interval_s,
-            default_status=DefaultSensorStatus.RUNNING, target=AssetSelection.assets(*snapshots) if snapshots else None,
+            default_status=DefaultSensorStatus.RUNNING, target=AssetSelection.assets(*targets) if targets else None,
             required_resource_keys={cdc.names.mongocdc},
             description="Oplog window size (each shard's on a sharded cluster) and per-collection lag; re-snapshots "
-                        "a collection only after a real gap.")
+                        "a collection only after a real gap; requests windows left behind by failed slice runs "
+                        "again while the oplog holds them, and fails their continuity check (ERROR) when it "
+                        "cannot.")
     def oplog_window(context: SensorEvaluationContext, **_direct: object) -> SensorResult:
         mongocdc = resource_of(context, cdc.names.mongocdc, MongoCdcResource)
         windows = mongocdc.oplog_windows()
@@ -372,10 +379,24 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
         at_risk: dict[str, list[str]] = {}
         lags: dict[str, float] = {}
         run_requests: list[RunRequest] = []
+        failed = failed_repairs(context.instance)
+        reported: dict[str, list[str]] = previous.get("lost", {}) if previous else {}
+        unlandable: dict[str, list[str]] = {}
+        landable: dict[str, tuple[str, ...]] = {}
+        verdicts: list[AssetCheckEvaluation] = []
         for namespace in cdc.namespaces:
             slices_key = cdc.key(namespace, "slices")
             history = collection_history(context.instance, namespace, cdc.snapshot_keys(namespace), slices_key,
                                          cdc.windows)
+            holes = find_holes(history, cdc.windows, slices_key, now, window.first, failed)
+            if holes.landable:
+                landable[namespace] = holes.landable
+            if holes.lost:
+                unlandable[namespace] = sorted(holes.lost)
+                if unlandable[namespace] != reported.get(namespace):  # once per change, not on every tick
+                    verdict = GapVerdict(holes, since_text(history), len(history.window_keys))
+                    context.log.error(verdict.description)
+                    verdicts.append(verdict.evaluation(slices_key))
             if history.window_keys:
                 lags[namespace] = round((now - cdc.windows.window(history.window_keys[-1]).end).total_seconds(), 1)
             needed = needed_window_start(history, cdc.windows)
@@ -389,7 +410,7 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
                 run_requests.append(RunRequest(
                     run_key=f"resnapshot:{namespace}:{int(needed.timestamp())}",
                     asset_selection=[cdc.key(namespace, "snapshot")], run_config=RUN_CONFIG,
-                    tags={TAG_KIND: "snapshot", TAG_COLLECTION: tag_value(namespace), "mongocdc/reason": "history_lost",
+                    tags={TAG_KIND: "snapshot", TAG_COLLECTION: tag_value(namespace), TAG_REASON: "history_lost",
                           **RUN_RETRY_TAGS},
                 ))
             elif risky := [name for name, start in sorted(firsts.items()) if needed - start < margins[name]]:
@@ -407,8 +428,11 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
             for name in names:
                 context.log.error(f"{namespace}: changes not landed have left the oplog{of(name)} (it starts at "
                                   f"{firsts[name].isoformat()}); requesting a new snapshot")
+        if landable and not context.instance.get_runs(filters=RunsFilter(tags={TAG_REASON: GAP}, statuses=_ACTIVE),
+                                                      limit=1):
+            run_requests.append(_gaps_request(landable, cdc, len(failed)))
         observe = previous is None or now.timestamp() - previous.get("observed", 0) >= OBSERVE_EVERY_S or lost or at_risk
-        events: list[AssetObservation] = []
+        events: list[AssetObservation | AssetCheckEvaluation] = list(verdicts)
         if observe:
             common: dict[str, Any] = {
                 "oplog_window_hours": round(window.hours, 4),
@@ -427,7 +451,7 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
                 events.append(AssetObservation(asset_key=cdc.key(namespace, "slices"), metadata={
                     **common, "lag_s": lags.get(namespace), "history_lost": namespace in lost,
                     "at_risk": namespace in at_risk}))
-        cursor = orjson.dumps({"at": now.timestamp(), "size": window.size_bytes,
+        cursor = orjson.dumps({"at": now.timestamp(), "size": window.size_bytes, "lost": unlandable,
                                "observed": now.timestamp() if observe else previous.get("observed", 0) if previous else 0
                                }).decode()
         if run_requests:
@@ -436,10 +460,30 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
         summary = (f"oplog window {window.hours:.2f} h{shards}; no collection lost history"
                    + (f"; at risk: {_names(list(at_risk))}" if at_risk else "")
                    + ("" if not lost else f"; lost (ranged, see log): {_names(list(lost))}")
+                   + ("" if not landable else f"; windows left behind to land again: {_names(list(landable))}")
+                   + ("" if not unlandable else f"; windows that cannot be landed: {_names(list(unlandable))}")
                    + ("" if not windows.unreadable else f"; unreadable: {_names(sorted(windows.unreadable))}"))
         return SensorResult(skip_reason=summary, asset_events=events, cursor=cursor)
 
     return oplog_window
+
+
+def _gaps_request(landable: dict[str, tuple[str, ...]], cdc: CdcAssets, failed: int) -> RunRequest:
+    """One run landing the windows left behind from the oldest on (every collection missing one of them); the
+    run key counts the failed such runs, so a window is requested again only after its last request failed."""
+    windows = cdc.windows
+    wanted = sorted({k for keys in landable.values() for k in keys}, key=lambda k: windows.window(k).start)
+    keys = windows.keys_between(windows.window(wanted[0]).start, windows.window(wanted[-1]).end)[:MAX_WINDOWS_PER_RUN]
+    span = set(keys)
+    selection = [cdc.key(ns, "slices") for ns, missing in sorted(landable.items()) if span & set(missing)]
+    tags = {TAG_KIND: "slices", TAG_REASON: GAP, **RUN_RETRY_TAGS}
+    checks = [AssetCheckKey(key, ENVELOPE_CHECK) for key in selection]
+    run_key = f"{GAP}:{keys[0]}...{keys[-1]}:{failed}"
+    if len(keys) == 1:
+        return RunRequest(run_key=run_key, partition_key=keys[0], asset_selection=selection, asset_check_keys=checks,
+                          tags=tags, run_config=RUN_CONFIG)
+    return RunRequest(run_key=run_key, asset_selection=selection, asset_check_keys=checks, run_config=RUN_CONFIG,
+                      tags={**tags, ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]})
 
 
 def build_sensors(interval_s: int, state: DiscoveryState, cdc: CdcAssets, ranged: dict[str, int],
