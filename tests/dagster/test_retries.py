@@ -11,6 +11,7 @@ from typing import Any, cast
 import orjson
 import pytest
 from dagster import DagsterInstance, RetryPolicy, RunRequest, build_schedule_context, instance_for_test
+from dagster._core.errors import DagsterExecutionInterruptedError
 from dagster._core.events import DagsterEventType, RunFailureReason
 from dagster._core.execution.retries import auto_reexecution_should_retry_run
 from dagster._core.storage.tags import RUN_FAILURE_REASON_TAG, WILL_RETRY_TAG
@@ -84,3 +85,26 @@ def test_a_transient_step_failure_is_retried_inside_its_run(
     assert len([e for e in result.all_events if e.event_type == DagsterEventType.STEP_UP_FOR_RETRY]) == 1
     assert retrying_instance.get_materialized_partitions(key) == {request.partition_key}
     assert len(calls) == 2
+
+
+def test_a_terminated_run_stops_instead_of_retrying_its_step(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], retrying_instance: DagsterInstance,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dagster turns a run's termination into an interrupt of its step, which a RetryPolicy would run again in
+    the terminated run (as a stop-snapshot signal's cancellation would be ignored): the step ends, once."""
+    monkeypatch.setattr(cdc, "STEP_RETRY_POLICY", RetryPolicy(max_retries=3, delay=0))
+    env = make_env(tmp_path, mongo_uri, db, ["a"])
+    request = _schedule_request(env, retrying_instance)
+    calls: list[int] = []
+
+    def terminated(self: MongoCdcResource, *args: Any, **kwargs: Any) -> OplogWindow:
+        calls.append(1)
+        (run,) = retrying_instance.get_runs()
+        retrying_instance.report_run_canceling(run)  # as the run launcher's terminate does, then interrupts
+        raise DagsterExecutionInterruptedError("terminated")
+
+    monkeypatch.setattr(MongoCdcResource, "oplog_window", terminated)
+    result = env.materialize(retrying_instance, [env.key("a", "slices")], partition_key=request.partition_key,
+                             tags=request.tags, raise_on_error=False)
+    assert not result.success and len(calls) == 1
+    assert [e for e in result.all_events if e.event_type == DagsterEventType.STEP_UP_FOR_RETRY] == []
