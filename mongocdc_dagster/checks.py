@@ -147,7 +147,8 @@ def build_gap_check(cdc: CdcAssets) -> AssetChecksDefinition | None:
             namespace = slices[check_key.asset_key]
             history = collection_history(context.instance, namespace, cdc.snapshot_keys(namespace),
                                          check_key.asset_key, cdc.windows)
-            holes = find_holes(history, cdc.windows, check_key.asset_key, now,
+            until = min(now, cdc.dropped.get(namespace, now))  # a dropped collection: until its drop
+            holes = find_holes(history, cdc.windows, check_key.asset_key, until,
                                None if common is None else common.first, failed)
             yield GapVerdict(holes, since_text(history), len(history.window_keys)).result(check_key.asset_key)
 

@@ -41,7 +41,7 @@ from mongocdc_core.positions import Position
 from mongocdc_core.source.errors import CdcError, HistoryLostError
 from mongocdc_core.source.signals import SignalRead
 from mongocdc_dagster.assets.cdc import ENVELOPE_CHECK, CdcAssets, write_plan
-from mongocdc_dagster.discovery import DiscoveryError, DiscoveryState
+from mongocdc_dagster.discovery import KEEP_DROPPED, DiscoveryError, DiscoveryState
 from mongocdc_dagster.gaps import GAP, TAG_REASON, GapVerdict, failed_repairs, find_holes, since_text
 from mongocdc_dagster.landed_history import collection_history, needed_window_start
 from mongocdc_dagster.logs import RUN_CONFIG
@@ -84,7 +84,8 @@ def build_discovery_sensor(interval_s: int, state: DiscoveryState, cdc: CdcAsset
     stored defs state current (``store``: when the captured collections differ from the stored ones, so a
     load while MongoDB is unreachable builds the latest), and plans the ``_id`` ranges of ranged collections
     that have none yet. The cursor holds the collections last stored."""
-    loaded = set(state.namespaces)
+    loaded = set(state.captured)  # the dropped collections' assets stay (discovery.KEEP_DROPPED)
+    dropped = set(state.dropped)
     names = cdc.names
 
     @sensor(name=names.of("collection_discovery"), minimum_interval_seconds=interval_s,
@@ -99,7 +100,7 @@ def build_discovery_sensor(interval_s: int, state: DiscoveryState, cdc: CdcAsset
         except CdcError as exc:
             unknown = f"MongoDB did not answer, so the captured collections are unknown this tick: {exc}"
             return SkipReason(f"{unknown}; {state.stored_note}" if state.error else unknown)
-        added, removed = sorted(now - loaded), sorted(loaded - now)
+        added, removed, back = sorted(now - loaded - dropped), sorted(loaded - now), sorted(now & dropped)
         stored = set(orjson.loads(context.cursor)) if context.cursor else loaded
         requests: list[AddDynamicPartitionsRequest | DeleteDynamicPartitionsRequest] = []
         planned: list[str] = []
@@ -119,8 +120,12 @@ def build_discovery_sensor(interval_s: int, state: DiscoveryState, cdc: CdcAsset
             words.append(f"{len(added)} captured collection(s) have no assets yet: {_names(added)}; reload the code "
                          "location to add them (snapshot signals for them are held until then)")
         if removed:
-            words.append(f"{len(removed)} collection(s) with assets are no longer captured: {_names(removed)}; "
-                         "reload the code location to remove them (their landed files stay)")
+            words.append(f"{len(removed)} collection(s) with assets are no longer captured: {_names(removed)}; a "
+                         "reload marks their assets dropped (they stay for their history and the retries of their "
+                         f"runs, {KEEP_DROPPED.days} days; no new slices are requested for them)")
+        if back:
+            words.append(f"{len(back)} dropped collection(s) are captured again: {_names(back)}; reload the code "
+                         "location to request their slices again")
         if store is not None and now != stored:
             try:
                 store(context.instance)
@@ -132,7 +137,7 @@ def build_discovery_sensor(interval_s: int, state: DiscoveryState, cdc: CdcAsset
         if planned:
             words.append(f"planned the snapshot ranges of {', '.join(planned)}")
         for line in words:
-            context.log.warning(line) if (added or removed or state.error) else context.log.info(line)
+            context.log.warning(line) if (added or removed or back or state.error) else context.log.info(line)
         if not words:
             words.append(f"no change: MongoDB captures the same {len(now)} collection(s) the definitions were built "
                          f"for ({_names(sorted(now))})" if now else
@@ -388,7 +393,9 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
             slices_key = cdc.key(namespace, "slices")
             history = collection_history(context.instance, namespace, cdc.snapshot_keys(namespace), slices_key,
                                          cdc.windows)
-            holes = find_holes(history, cdc.windows, slices_key, now, window.first, failed)
+            dropped = cdc.dropped.get(namespace)
+            holes = find_holes(history, cdc.windows, slices_key, now if dropped is None else min(now, dropped),
+                               window.first, failed)
             if holes.landable:
                 landable[namespace] = holes.landable
             if holes.lost:
@@ -400,7 +407,7 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
             if history.window_keys:
                 lags[namespace] = round((now - cdc.windows.window(history.window_keys[-1]).end).total_seconds(), 1)
             needed = needed_window_start(history, cdc.windows)
-            if needed is None:
+            if needed is None or dropped is not None:  # a dropped collection's history ended with it
                 continue
             if lost_on := [name for name, start in sorted(firsts.items()) if needed < start]:
                 lost[namespace] = lost_on

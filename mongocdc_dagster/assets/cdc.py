@@ -55,7 +55,7 @@ from mongocdc_core.sinks.parquet import ParquetSink
 from mongocdc_core.sinks.tee import TeeSink
 from mongocdc_core.source.errors import HistoryLostError
 from mongocdc_core.source.ranges import IdRange
-from mongocdc_dagster.discovery import DiscoveryState
+from mongocdc_dagster.discovery import KEEP_DROPPED, DiscoveryState
 from mongocdc_dagster.landed_history import COVERS_FROM, PARTIAL, snapshot_position
 from mongocdc_dagster.landing_checks import (
     EnvelopeReport,
@@ -82,6 +82,8 @@ from mongocdc_dagster.translator import CDC_KINDS, CdcKind, MongoCdcAssetProps, 
 
 ENVELOPE_CHECK = "landing_envelopes"
 COUNT_CHECK = "source_count"
+#: The metadata entry of a dropped collection's assets: when discovery found it gone.
+DROPPED_AT = "mongocdc/dropped_at"
 
 
 class SnapshotConfig(Config):  # type: ignore[misc]
@@ -159,7 +161,8 @@ def _require_captured(mongocdc: MongoCdcResource, cfg: ConnectorConfig, namespac
 
 def _require_included(mongocdc: MongoCdcResource, cfg: ConnectorConfig, namespaces: Sequence[str]) -> None:
     """Slices need the filters to capture a collection, not the collection to exist: one dropped inside a
-    window has its changes up to the drop there (and the schedule names it until the location reloads)."""
+    window has its changes up to the drop there (and the schedule names it for the windows begun before
+    discovery found it gone)."""
     excluded = [ns for ns in namespaces if not cfg.collection_included(*ns.split(".", 1))]
     if excluded:
         raise Failure(
@@ -336,6 +339,8 @@ class CdcAssets:
     incremental_snapshot: AssetsDefinition | None = None
     slices: AssetsDefinition | None = None
     names: ConnectorNames = DEFAULT_NAMES
+    #: Dropped collection -> when discovery found it gone (its assets stay, see discovery.py).
+    dropped: dict[str, datetime] = field(default_factory=dict)
 
     @property
     def pools(self) -> Pools:
@@ -395,12 +400,13 @@ def build_cdc_assets(
     """One asset per discovered collection and CDC kind; keys, groups, tags and metadata from ``translator``."""
     windows = SliceWindows.build(settings, state)
     names = settings.names
-    out = CdcAssets(windows, names=names)
+    out = CdcAssets(windows, names=names, dropped=state.dropped)
     specs: dict[CdcKind, list[AssetSpec]] = {kind: [] for kind in CDC_KINDS}
     ns_of: dict[AssetKey, str] = {}
     for namespace in state.namespaces:
         for kind in CDC_KINDS:
-            spec = translator.get_asset_spec(collection_props(kind, namespace, cfg, settings, state))
+            spec = mark_dropped(translator.get_asset_spec(collection_props(kind, namespace, cfg, settings, state)),
+                                state, namespace)
             out.keys[(namespace, kind)] = spec.key
             ns_of[spec.key] = namespace
             if kind == "snapshot" and namespace in settings.ranged:
@@ -418,6 +424,18 @@ def build_cdc_assets(
     out.definitions = [d for d in (out.snapshot, out.incremental_snapshot, out.slices) if d is not None]
     out.definitions += list(out.ranged.values())
     return out
+
+
+def mark_dropped(spec: AssetSpec, state: DiscoveryState, namespace: str) -> AssetSpec:
+    """A dropped collection's asset says so: in its description and its ``mongocdc/dropped_at``."""
+    dropped_at = state.dropped.get(namespace)
+    if dropped_at is None:
+        return spec
+    note = (f"DROPPED: {namespace} is no longer captured since {dropped_at.isoformat(timespec='seconds')}; its "
+            "assets stay for its history and the retries of its runs until "
+            f"{(dropped_at + KEEP_DROPPED).isoformat(timespec='seconds')}, and no new slices are requested for it.")
+    return spec.replace_attributes(description=f"{note}\n\n{spec.description or ''}".strip()).merge_attributes(
+        metadata={DROPPED_AT: dropped_at.isoformat()})
 
 
 def _collection_meta(key: AssetKey, namespace: str) -> dict[str, Any]:

@@ -51,7 +51,7 @@ from mongocdc_core.tables.collection import (
     refresh_current_state,
 )
 from mongocdc_core.tables.spark_progress import SparkWork
-from mongocdc_dagster.assets.cdc import CdcAssets, collection_props
+from mongocdc_dagster.assets.cdc import CdcAssets, collection_props, mark_dropped
 from mongocdc_dagster.discovery import DiscoveryState
 from mongocdc_dagster.metadata import position_metadata, spark_schema
 from mongocdc_dagster.naming import DEFAULT_NAMES, ConnectorNames
@@ -171,8 +171,8 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
     for namespace in state.namespaces:
         log_props = collection_props("changelog", namespace, cfg, settings, state)
         state_props = collection_props("current_state", namespace, cfg, settings, state)
-        log_spec = translator.get_asset_spec(log_props)
-        state_spec = translator.get_asset_spec(state_props)
+        log_spec = mark_dropped(translator.get_asset_spec(log_props), state, namespace)
+        state_spec = mark_dropped(translator.get_asset_spec(state_props), state, namespace)
         log_specs.append(log_spec)
         state_specs.append(state_spec)
         out.changelog_keys[log_spec.key] = namespace
