@@ -84,6 +84,15 @@ def build_reconciliation_check(tables: TableAssets) -> AssetChecksDefinition | N
         cfg = mongocdc.load_config()
         for check_key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.to_user_string()):
             namespace = tables.current_state_keys[check_key.asset_key]
+            if namespace in tables.dropped:
+                when = tables.dropped[namespace].isoformat(timespec="seconds")
+                yield AssetCheckResult(
+                    asset_key=check_key.asset_key, check_name=RECONCILE_CHECK, passed=False,
+                    severity=AssetCheckSeverity.WARN,
+                    description=f"{namespace}: dropped (no longer captured since {when}); no collection to compare "
+                                "the table with",
+                    metadata={"collection": namespace, "verdict": "dropped", "keys_compared": 0})
+                continue
             if (not table_exists(spark, tables.tables[namespace].current_state)
                     and not landed_anything(mongocdc.landing_files(namespace))):
                 yield AssetCheckResult(

@@ -21,6 +21,7 @@ No ``from __future__ import annotations``: Dagster resolves the resource annotat
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypeVar
 
 import pyarrow.parquet as pq
@@ -111,6 +112,8 @@ class TableAssets:
     #: ``dagster/table_name`` of each table asset, as its definition has it, repeated on its materialisations
     table_names: dict[AssetKey, str] = field(default_factory=dict)
     names: ConnectorNames = DEFAULT_NAMES
+    #: Dropped collection -> when discovery found it gone (``CdcAssets.dropped``).
+    dropped: dict[str, datetime] = field(default_factory=dict)
 
     def key(self, namespace: str, kind: str) -> AssetKey:
         keys = self.changelog_keys if kind == "changelog" else self.current_state_keys
@@ -165,7 +168,7 @@ def _each_finished(context: AssetExecutionContext, spark: SparkSession, items: S
 
 def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, translator: MongoCdcTranslator,
                        cdc: CdcAssets) -> TableAssets:
-    out = TableAssets(names=cdc.names)
+    out = TableAssets(names=cdc.names, dropped=cdc.dropped)
     log_specs: list[AssetSpec] = []
     state_specs: list[AssetSpec] = []
     for namespace in state.namespaces:

@@ -9,15 +9,21 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dagster import (
+    AssetCheckKey,
+    AssetCheckSeverity,
     AssetKey,
+    AssetSelection,
     DagsterInstance,
+    Definitions,
     build_schedule_context,
+    define_asset_job,
     instance_for_test,
     load_from_defs_folder,
 )
@@ -27,6 +33,7 @@ from dagster._core.storage.defs_state.blob_storage_state_storage import UPathDef
 from pymongo.database import Database
 
 from mongocdc_dagster import local_stack
+from mongocdc_dagster.build import build_definitions
 from mongocdc_dagster.component import MongoCdcComponent, PrunedDefsStateWarning, prune_stored_versions
 from mongocdc_dagster.discovery import DiscoveryState
 from mongocdc_dagster.resources import MongoCdcResource
@@ -318,3 +325,25 @@ def test_a_dropped_collection_keeps_its_assets_so_a_run_naming_it_can_be_retried
         assert selection(dropped_at + timedelta(minutes=3)) == {alpha}  # later windows: no new slices for it
         db.create_collection("gamma")
         assert {alpha, beta, AssetKey([db.name, "gamma", "slices"])} <= set(load().resolve_all_asset_keys())  # kept
+
+
+def test_a_dropped_collections_table_is_not_reconciled_with_a_collection_that_is_gone(
+        tmp_path: Path, mongo_uri: str, db: Database[Any]) -> None:
+    """A dropped collection's current_state stays (its assets are kept): the blocking ``matches_source`` says
+    there is no collection to compare it with (a warning), not that the table differs from an empty source."""
+    db.gone.insert_many([{"_id": i} for i in range(3)])
+    env = make_env(tmp_path, mongo_uri, db, ["gone"])
+    state_key = env.key("gone", "current_state")
+    with instance_for_test() as instance:
+        assert env.materialize(instance, [env.key("gone", k) for k in ("snapshot", "changelog", "current_state")]).success
+        db.drop_collection("gone")
+        dropped = replace(env.state, collections=tuple(replace(c, dropped_at=datetime.now(UTC))
+                                                       for c in env.state.collections))
+        check = AssetCheckKey(state_key, "matches_source")
+        defs = Definitions.merge(build_definitions(env.settings, dropped),
+                                 Definitions(jobs=[define_asset_job("reconcile", AssetSelection.checks(check))]))
+        result = defs.resolve_job_def("reconcile").execute_in_process(instance=instance, raise_on_error=False)
+    (evaluation,) = result.get_asset_check_evaluations()
+    assert not evaluation.passed and evaluation.severity == AssetCheckSeverity.WARN
+    assert evaluation.metadata["verdict"].value == "dropped" and "no collection to compare" in (
+        evaluation.description or "")
