@@ -36,6 +36,7 @@ from dagster import (
     sensor,
 )
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+from pymongo.errors import PyMongoError
 
 from mongocdc_core.positions import Position
 from mongocdc_core.source.errors import CdcError, HistoryLostError
@@ -349,16 +350,13 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
     stream through mongos needs the history of every shard.
     """
 
-    # the snapshots it requests after a real gap, and the slices of windows it requests again
-    targets = [*cdc.keys_of("snapshot"), *cdc.keys_of("slices")]
+    snapshots = list(cdc.keys_of("snapshot"))
 
     @sensor(name=cdc.names.of("oplog_window"), minimum_interval_seconds=interval_s,
-            default_status=DefaultSensorStatus.RUNNING, target=AssetSelection.assets(*targets) if targets else None,
+            default_status=DefaultSensorStatus.RUNNING, target=AssetSelection.assets(*snapshots) if snapshots else None,
             required_resource_keys={cdc.names.mongocdc},
             description="Oplog window size (each shard's on a sharded cluster) and per-collection lag; re-snapshots "
-                        "a collection only after a real gap; requests windows left behind by failed slice runs "
-                        "again while the oplog holds them, and fails their continuity check (ERROR) when it "
-                        "cannot.")
+                        "a collection only after a real gap.")
     def oplog_window(context: SensorEvaluationContext, **_direct: object) -> SensorResult:
         mongocdc = resource_of(context, cdc.names.mongocdc, MongoCdcResource)
         windows = mongocdc.oplog_windows()
@@ -384,30 +382,14 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
         at_risk: dict[str, list[str]] = {}
         lags: dict[str, float] = {}
         run_requests: list[RunRequest] = []
-        failed = failed_repairs(context.instance)
-        reported: dict[str, list[str]] = previous.get("lost", {}) if previous else {}
-        unlandable: dict[str, list[str]] = {}
-        landable: dict[str, tuple[str, ...]] = {}
-        verdicts: list[AssetCheckEvaluation] = []
         for namespace in cdc.namespaces:
             slices_key = cdc.key(namespace, "slices")
             history = collection_history(context.instance, namespace, cdc.snapshot_keys(namespace), slices_key,
                                          cdc.windows)
-            dropped = cdc.dropped.get(namespace)
-            holes = find_holes(history, cdc.windows, slices_key, now if dropped is None else min(now, dropped),
-                               window.first, failed)
-            if holes.landable:
-                landable[namespace] = holes.landable
-            if holes.lost:
-                unlandable[namespace] = sorted(holes.lost)
-                if unlandable[namespace] != reported.get(namespace):  # once per change, not on every tick
-                    verdict = GapVerdict(holes, since_text(history), len(history.window_keys))
-                    context.log.error(verdict.description)
-                    verdicts.append(verdict.evaluation(slices_key))
             if history.window_keys:
                 lags[namespace] = round((now - cdc.windows.window(history.window_keys[-1]).end).total_seconds(), 1)
             needed = needed_window_start(history, cdc.windows)
-            if needed is None or dropped is not None:  # a dropped collection's history ended with it
+            if needed is None or namespace in cdc.dropped:  # a dropped collection's history ended with it
                 continue
             if lost_on := [name for name, start in sorted(firsts.items()) if needed < start]:
                 lost[namespace] = lost_on
@@ -435,11 +417,8 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
             for name in names:
                 context.log.error(f"{namespace}: changes not landed have left the oplog{of(name)} (it starts at "
                                   f"{firsts[name].isoformat()}); requesting a new snapshot")
-        if landable and not context.instance.get_runs(filters=RunsFilter(tags={TAG_REASON: GAP}, statuses=_ACTIVE),
-                                                      limit=1):
-            run_requests.append(_gaps_request(landable, cdc, len(failed)))
         observe = previous is None or now.timestamp() - previous.get("observed", 0) >= OBSERVE_EVERY_S or lost or at_risk
-        events: list[AssetObservation | AssetCheckEvaluation] = list(verdicts)
+        events: list[AssetObservation] = []
         if observe:
             common: dict[str, Any] = {
                 "oplog_window_hours": round(window.hours, 4),
@@ -458,7 +437,7 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
                 events.append(AssetObservation(asset_key=cdc.key(namespace, "slices"), metadata={
                     **common, "lag_s": lags.get(namespace), "history_lost": namespace in lost,
                     "at_risk": namespace in at_risk}))
-        cursor = orjson.dumps({"at": now.timestamp(), "size": window.size_bytes, "lost": unlandable,
+        cursor = orjson.dumps({"at": now.timestamp(), "size": window.size_bytes,
                                "observed": now.timestamp() if observe else previous.get("observed", 0) if previous else 0
                                }).decode()
         if run_requests:
@@ -467,12 +446,64 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
         summary = (f"oplog window {window.hours:.2f} h{shards}; no collection lost history"
                    + (f"; at risk: {_names(list(at_risk))}" if at_risk else "")
                    + ("" if not lost else f"; lost (ranged, see log): {_names(list(lost))}")
-                   + ("" if not landable else f"; windows left behind to land again: {_names(list(landable))}")
-                   + ("" if not unlandable else f"; windows that cannot be landed: {_names(list(unlandable))}")
                    + ("" if not windows.unreadable else f"; unreadable: {_names(sorted(windows.unreadable))}"))
         return SensorResult(skip_reason=summary, asset_events=events, cursor=cursor)
 
     return oplog_window
+
+
+def build_slice_gaps_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefinition:
+    """Windows a failed slice run left behind (``gaps.py``): requests those the oplog still holds again, in one
+    run, a bounded number of times, and fails the collection's continuity check (ERROR) for those it cannot,
+    once per change (the cursor holds the windows reported). It targets the slices as the latest-window
+    schedule does (one partitions definition: a target mixing the snapshots' would not resolve its runs' windows)
+    and reads the oplog window with the oplog-window sensor's helper."""
+
+    slices = list(cdc.keys_of("slices"))
+
+    @sensor(name=cdc.names.of("slice_gaps"), minimum_interval_seconds=interval_s,
+            default_status=DefaultSensorStatus.RUNNING, target=AssetSelection.assets(*slices) if slices else None,
+            required_resource_keys={cdc.names.mongocdc},
+            description="Lands again the windows failed slice runs left behind while the oplog holds them (3 tries "
+                        "each), and fails no_gap_since_snapshot (ERROR) for those that cannot be landed.")
+    def slice_gaps(context: SensorEvaluationContext, **_direct: object) -> SensorResult:
+        mongocdc = resource_of(context, cdc.names.mongocdc, MongoCdcResource)
+        try:
+            common = mongocdc.oplog_windows().common
+        except (CdcError, PyMongoError) as exc:  # judged by the attempts alone this tick
+            context.log.warning(f"the oplog window cannot be read ({exc}): windows lost from it are not told apart")
+            common = None
+        now = datetime.now(UTC)
+        failed = failed_repairs(context.instance)
+        reported: dict[str, list[str]] = orjson.loads(context.cursor) if context.cursor else {}
+        unlandable: dict[str, list[str]] = {}
+        landable: dict[str, tuple[str, ...]] = {}
+        verdicts: list[AssetCheckEvaluation] = []
+        for namespace in cdc.namespaces:
+            key = cdc.key(namespace, "slices")
+            history = collection_history(context.instance, namespace, cdc.snapshot_keys(namespace), key, cdc.windows)
+            until = min(now, cdc.dropped.get(namespace, now))  # a dropped collection: until its drop
+            holes = find_holes(history, cdc.windows, key, until, None if common is None else common.first, failed)
+            if holes.landable:
+                landable[namespace] = holes.landable
+            if holes.lost:
+                unlandable[namespace] = sorted(holes.lost)
+                if unlandable[namespace] != reported.get(namespace):  # once per change, not on every tick
+                    verdict = GapVerdict(holes, since_text(history), len(history.window_keys))
+                    context.log.error(verdict.description)
+                    verdicts.append(verdict.evaluation(key))
+        cursor = orjson.dumps(unlandable).decode()
+        in_flight = context.instance.get_runs(filters=RunsFilter(tags={TAG_REASON: GAP}, statuses=_ACTIVE), limit=1)
+        if landable and not in_flight:
+            return SensorResult(run_requests=[_gaps_request(landable, cdc, len(failed))], asset_events=verdicts,
+                                cursor=cursor)
+        summary = ("no window left behind" if not landable and not unlandable else "; ".join(filter(None, (
+            f"windows left behind, requested again: {_names(list(landable))}" if landable else "",
+            f"a run landing them is in flight ({in_flight[0].run_id})" if landable and in_flight else "",
+            f"windows that cannot be landed: {_names(list(unlandable))}" if unlandable else ""))))
+        return SensorResult(skip_reason=summary, asset_events=verdicts, cursor=cursor)
+
+    return slice_gaps
 
 
 def _gaps_request(landable: dict[str, tuple[str, ...]], cdc: CdcAssets, failed: int) -> RunRequest:
@@ -499,5 +530,6 @@ def build_sensors(interval_s: int, state: DiscoveryState, cdc: CdcAssets, ranged
         build_discovery_sensor(interval_s, state, cdc, ranged, store),
         build_signal_sensor(interval_s, cdc),
         build_oplog_window_sensor(interval_s, cdc),
+        build_slice_gaps_sensor(interval_s, cdc),
     ]
 

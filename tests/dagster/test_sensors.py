@@ -43,6 +43,7 @@ from mongocdc_dagster.sensors import (
     build_discovery_sensor,
     build_oplog_window_sensor,
     build_signal_sensor,
+    build_slice_gaps_sensor,
 )
 from tests.dagster.cdc_helpers import CdcEnv, make_env
 
@@ -287,7 +288,7 @@ def test_windows_left_behind_are_landed_again_a_bounded_number_of_times_and_are_
         _slice(instance, env, "whole", now - timedelta(minutes=minutes_ago))
     resource = FixedOplog(config_path=env.mongocdc.config_path, home=env.mongocdc.home,
                           first_s=int((now - timedelta(minutes=30)).timestamp()), last_s=int(now.timestamp()))
-    sensor = build_oplog_window_sensor(30, env.cdc)
+    sensor = build_slice_gaps_sensor(30, env.cdc)
     result = _evaluate(sensor, instance, resource)
     (request,) = result.run_requests  # holey's two windows, in one run; nothing for the others
     assert request.asset_selection == [env.key("holey", "slices")]
@@ -299,6 +300,9 @@ def test_windows_left_behind_are_landed_again_a_bounded_number_of_times_and_are_
     assert key(35) in (lost.description or "") and "history lost" in (lost.description or "")
     assert "snapshot the collection again" in (lost.description or "")
     assert list(cast(dict[str, str], lost.metadata["lost_windows"].value)) == [key(35)]
+    with build_sensor_context(instance=instance, resources={"mongocdc": resource}, definitions=env.defs) as context:
+        (resolved,) = sensor.evaluate_tick(context).run_requests  # as the daemon resolves it against its target
+    assert resolved.partition_key_range == request.partition_key_range
     again = _evaluate(sensor, instance, resource, result.cursor)  # its repair not launched here: requested again,
     assert [r.run_key for r in again.run_requests] == [request.run_key]  # with the same key (launched once)
     assert not [e for e in again.asset_events if isinstance(e, AssetCheckEvaluation)]  # the error is reported once
@@ -442,6 +446,6 @@ def test_sensors_that_launch_runs_target_the_snapshot_assets(
     sensors = {s.name: s for s in env.defs.sensors or []}
     graph = env.defs.resolve_asset_graph()
     for name, kinds in (("mongocdc_signals", ("snapshot", "incremental_snapshot")),
-                        ("mongocdc_oplog_window", ("snapshot", "slices"))):
+                        ("mongocdc_oplog_window", ("snapshot",)), ("mongocdc_slice_gaps", ("slices",))):
         (target,) = sensors[name].targets  # type: ignore[union-attr]
         assert target.job_def.selection.resolve(graph) == {env.key("a", k) for k in kinds}  # type: ignore[union-attr]
