@@ -8,7 +8,8 @@
   still holds, so it compares every key even on a hot collection. Before anything of the collection
   landed there is no table to compare: a warning (not a pass, not blocking) says to snapshot it.
 - ``no_gap_since_snapshot`` on each collection's slices (not blocking, on its own schedule): every closed
-  window since the collection's snapshot is landed. Cross-window, so it reads the instance, not a run.
+  window since the collection's snapshot is landed. Cross-window, so it reads the instance, not a run. A
+  window that cannot be landed any more (see ``gaps.py``) is an ERROR, one still to land a WARN.
 
 The per-file checks (envelopes, snapshot counts) run inside the materialising run, see assets/cdc.py;
 freshness is the translator's ``FreshnessPolicy``.
@@ -32,20 +33,22 @@ from dagster import (
 )
 from dagster_pyspark import PySparkResource
 from pydantic import Field
+from pymongo.errors import PyMongoError
 from pyspark.sql import SparkSession
 
+from mongocdc_core.source.errors import CdcError
 from mongocdc_core.tables.changelog import table_exists
 from mongocdc_core.tables.collection import reconcile_at_position
 from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE
 from mongocdc_dagster.assets.cdc import CdcAssets
 from mongocdc_dagster.assets.tables import TableAssets, landed_anything
-from mongocdc_dagster.landed_history import collection_history, missing_windows
+from mongocdc_dagster.gaps import GAP_CHECK, GapVerdict, failed_repairs, find_holes, since_text
+from mongocdc_dagster.landed_history import collection_history
 from mongocdc_dagster.metadata import position_time
 from mongocdc_dagster.pools import Pools
 from mongocdc_dagster.resources import MongoCdcResource, resource_of
 
 RECONCILE_CHECK = "matches_source"
-GAP_CHECK = "no_gap_since_snapshot"
 
 
 class ReconcileConfig(Config):
@@ -81,6 +84,15 @@ def build_reconciliation_check(tables: TableAssets) -> AssetChecksDefinition | N
         cfg = mongocdc.load_config()
         for check_key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.to_user_string()):
             namespace = tables.current_state_keys[check_key.asset_key]
+            if namespace in tables.dropped:
+                when = tables.dropped[namespace].isoformat(timespec="seconds")
+                yield AssetCheckResult(
+                    asset_key=check_key.asset_key, check_name=RECONCILE_CHECK, passed=False,
+                    severity=AssetCheckSeverity.WARN,
+                    description=f"{namespace}: dropped (no longer captured since {when}); no collection to compare "
+                                "the table with",
+                    metadata={"collection": namespace, "verdict": "dropped", "keys_compared": 0})
+                continue
             if (not table_exists(spark, tables.tables[namespace].current_state)
                     and not landed_anything(mongocdc.landing_files(namespace))):
                 yield AssetCheckResult(
@@ -128,26 +140,26 @@ def build_gap_check(cdc: CdcAssets) -> AssetChecksDefinition | None:
         return None
 
     @multi_asset_check(name=cdc.names.of("continuity"), specs=specs, can_subset=True,
-                       description="Finds windows missing between each collection's snapshot and now.")
+                       required_resource_keys={cdc.names.mongocdc},
+                       description="Finds windows missing between each collection's snapshot and now, and fails "
+                                   "(ERROR) on those that cannot be landed any more.")
     def continuity(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
         now = datetime.now(UTC)
+        mongocdc = resource_of(context, cdc.names.mongocdc, MongoCdcResource)
+        try:
+            common = mongocdc.oplog_windows().common
+        except (CdcError, PyMongoError) as exc:  # judged by the attempts alone; the oplog-window sensor reports the rest
+            context.log.warning(f"the oplog window cannot be read ({exc}): windows lost from it are not told apart")
+            common = None
+        failed = failed_repairs(context.instance)
         for check_key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.to_user_string()):
             namespace = slices[check_key.asset_key]
             history = collection_history(context.instance, namespace, cdc.snapshot_keys(namespace),
                                          check_key.asset_key, cdc.windows)
-            missing = missing_windows(history, cdc.windows, now)
-            since = position_time(history.snapshot) if history.snapshot else "its first landed window"
-            shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
-            yield AssetCheckResult(
-                asset_key=check_key.asset_key,
-                check_name=GAP_CHECK,
-                passed=not missing,
-                severity=AssetCheckSeverity.WARN,
-                description=(f"{namespace}: every closed window since {since} is landed" if not missing else
-                             f"{namespace}: {len(missing)} closed window(s) since {since} not landed: {shown}"),
-                metadata={"collection": namespace, "snapshot": since, "windows_landed": len(history.window_keys),
-                          "missing_windows": MetadataValue.json(missing[:200]), "missing_count": len(missing)},
-            )
+            until = min(now, cdc.dropped.get(namespace, now))  # a dropped collection: until its drop
+            holes = find_holes(history, cdc.windows, check_key.asset_key, until,
+                               None if common is None else common.first, failed)
+            yield GapVerdict(holes, since_text(history), len(history.window_keys)).result(check_key.asset_key)
 
     return continuity
 

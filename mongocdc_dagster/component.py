@@ -26,6 +26,7 @@ No ``from __future__ import annotations``: the component's attributes are resolv
 """
 
 import asyncio
+import tempfile
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -46,6 +47,7 @@ from dagster._core.storage.defs_state.base import DefsStateStorage, set_defs_sta
 from dagster._core.storage.defs_state.blob_storage_state_storage import UPathDefsStateStorage
 from dagster.components import DefsStateConfig, DefsStateConfigArgs, ResolvedDefsStateConfig
 from dagster.components.scaffold.scaffold import Scaffolder, ScaffoldRequest, scaffold_with
+from dagster.components.utils.project_paths import get_local_state_path
 from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
 from dagster_shared.serdes.objects.models.defs_state_info import DefsStateManagementType
 from pydantic import BaseModel
@@ -229,8 +231,32 @@ class MongoCdcComponent(StateBackedComponent, Resolvable):
         base = MongoCdcTranslator.get_asset_spec(_ComponentTranslator(self), props)
         return self.translation(base, props) if self.translation is not None else base
 
+    async def refresh_state(self, project_root: Path) -> str:
+        """Dagster's refresh, reading the stored state first: the collections gone since stay in it as dropped."""
+        object.__setattr__(self, "_previous_state", self.stored_state(project_root))
+        return await super().refresh_state(project_root)
+
+    def stored_state(self, project_root: Path) -> DiscoveryState | None:
+        """The latest stored discovery state (None: nothing stored, or not readable as one)."""
+        config = self.defs_state_config
+        storage = DefsStateStorage.get()
+        with tempfile.TemporaryDirectory() as temp_dir:
+            if config.management_type == DefsStateManagementType.LOCAL_FILESYSTEM:
+                path = get_local_state_path(config.key, project_root)
+            else:
+                version = None if storage is None else storage.get_latest_version(config.key)
+                if storage is None or version is None:
+                    return None
+                path = Path(temp_dir) / "state"
+                storage.download_state_to_path(config.key, version, path)
+            try:
+                return DiscoveryState.from_json(path.read_text())
+            except (OSError, ValueError):
+                return None
+
     def write_state_to_path(self, state_path: Path) -> None:
-        state_path.write_text(discover_or_raise(MongoCdcResource.for_load(self.settings())).to_json())
+        state = discover_or_raise(MongoCdcResource.for_load(self.settings()))
+        state_path.write_text(state.keeping_dropped(getattr(self, "_previous_state", None)).to_json())
 
     def build_defs(self, context: ComponentLoadContext) -> Definitions:
         """Discovers and stores the collections when the code location initialises (falling back to the last

@@ -5,13 +5,18 @@ builds the same definitions from the stored version without reaching MongoDB, an
 MongoDB cannot be reached builds the last discovered collections (``from_store``, with the ``error``
 that forced it). With no stored state either, the definitions load with no collections rather than
 taking the whole code location down; the discovery sensor reports either case.
+
+A collection captured before and gone since (dropped, or left out by the filters) stays in the state for
+:data:`KEEP_DROPPED`, marked with when discovery found it gone (``dropped_at``): its assets stay in the
+definitions, so its history, its runs' graph and the retries of runs that name it keep working (Dagster
+cannot re-run a run whose assets left the definitions), and no new slices are requested for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 
 import orjson
 from pymongo.errors import PyMongoError
@@ -22,6 +27,8 @@ from mongocdc_dagster.resources import MongoCdcResource
 
 STATE_VERSION = 1
 DISCOVERY_TIMEOUT_MS = 5000
+#: How long a dropped collection's assets stay after discovery found it gone.
+KEEP_DROPPED = timedelta(days=7)
 
 
 class DiscoveryError(Exception):
@@ -30,10 +37,12 @@ class DiscoveryError(Exception):
 
 @dataclass(frozen=True)
 class CollectionInfo:
-    """One captured collection and its estimated size (for progress totals and range plans)."""
+    """One captured collection and its estimated size (for progress totals and range plans); ``dropped_at``:
+    no longer captured since then (its assets are kept, see the module's docstring)."""
 
     namespace: str
     estimated_documents: int | None = None
+    dropped_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,28 @@ class DiscoveryState:
         object.__setattr__(self, "namespaces", tuple(c.namespace for c in self.collections))
 
     @property
+    def captured(self) -> tuple[str, ...]:
+        """The collections captured when discovered (``namespaces`` without the dropped ones)."""
+        return tuple(c.namespace for c in self.collections if c.dropped_at is None)
+
+    @property
+    def dropped(self) -> dict[str, datetime]:
+        """Dropped collection -> when discovery found it gone."""
+        return {c.namespace: c.dropped_at for c in self.collections if c.dropped_at is not None}
+
+    def keeping_dropped(self, previous: DiscoveryState | None) -> DiscoveryState:
+        """This discovery with the collections of ``previous`` it no longer finds kept as dropped (since when
+        ``previous`` says, else since this discovery), for :data:`KEEP_DROPPED`."""
+        if previous is None:
+            return self
+        found = set(self.namespaces)
+        kept = [replace(c, dropped_at=c.dropped_at or self.discovered_at) for c in previous.collections
+                if c.namespace not in found]
+        kept = [c for c in kept if c.dropped_at is not None and self.discovered_at - c.dropped_at <= KEEP_DROPPED]
+        collections = tuple(sorted((*self.collections, *kept), key=lambda c: c.namespace))
+        return replace(self, collections=collections)
+
+    @property
     def stored_note(self) -> str:
         """What a load while MongoDB could not be listed says (a warning at load, and the discovery sensor)."""
         if not self.from_store:
@@ -65,7 +96,8 @@ class DiscoveryState:
     def to_json(self) -> str:
         return orjson.dumps({
             "version": STATE_VERSION,
-            "collections": [{"namespace": c.namespace, "estimated_documents": c.estimated_documents}
+            "collections": [{"namespace": c.namespace, "estimated_documents": c.estimated_documents,
+                             "dropped_at": c.dropped_at.isoformat() if c.dropped_at else None}
                             for c in self.collections],
             "discovered_at": self.discovered_at.isoformat(),
             "oplog_first": self.oplog_first.isoformat() if self.oplog_first else None,
@@ -78,7 +110,8 @@ class DiscoveryState:
         if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
             raise ValueError(f"not a mongocdc discovery state (version {STATE_VERSION}): {text[:200]!r}")
         return cls(
-            collections=tuple(CollectionInfo(c["namespace"], c.get("estimated_documents"))
+            collections=tuple(CollectionInfo(c["namespace"], c.get("estimated_documents"),
+                                             datetime.fromisoformat(c["dropped_at"]) if c.get("dropped_at") else None)
                               for c in data["collections"]),
             discovered_at=datetime.fromisoformat(data["discovered_at"]),
             oplog_first=datetime.fromisoformat(data["oplog_first"]) if data.get("oplog_first") else None,

@@ -12,6 +12,9 @@ from mongocdc_dagster.naming import DEFAULT_NAMES, ConnectorNames
 from mongocdc_dagster.settings import MAX_DEFAULT_WINDOWS, CdcSettings
 from mongocdc_dagster.translator import name_part
 
+#: The most windows one slice run lands: a deployment further behind catches up over several runs, oldest first.
+MAX_WINDOWS_PER_RUN = 60
+
 
 def floor_to(when: datetime, seconds: int) -> datetime:
     """The window boundary at or before ``when`` (windows are aligned to the epoch in UTC)."""

@@ -21,24 +21,18 @@ from dagster import (
 from dagster._core.storage.tags import (
     ASSET_PARTITION_RANGE_END_TAG,
     ASSET_PARTITION_RANGE_START_TAG,
-    MAX_RETRIES_TAG,
     PARTITION_NAME_TAG,
     SCHEDULE_NAME_TAG,
     WILL_RETRY_TAG,
 )
 
 from mongocdc_dagster.assets.cdc import ENVELOPE_CHECK, CdcAssets
-from mongocdc_dagster.checks import GAP_CHECK
+from mongocdc_dagster.gaps import GAP_CHECK
 from mongocdc_dagster.logs import RUN_CONFIG
-from mongocdc_dagster.partitions import SliceWindows
+from mongocdc_dagster.partitions import MAX_WINDOWS_PER_RUN, SliceWindows
+from mongocdc_dagster.retries import RUN_RETRY_TAGS
 from mongocdc_dagster.sensors import TAG_KIND
 
-#: The most windows one slice run lands: a deployment further behind catches up over several ticks, oldest first.
-MAX_WINDOWS_PER_RUN = 60
-#: A slice run that fails (its worker killed, the daemon restarted, a step-down under way) is run again by
-#: Dagster's run retries (``run_retries: enabled`` in dagster.yaml) up to this many times: the schedule goes
-#: on after its windows, so without a retry they would stay a gap until someone backfills them.
-SLICE_RUN_RETRIES = 2
 #: How many of the schedule's latest runs it looks at: its run in flight, and the furthest window landed.
 _RECENT_RUNS = 20
 _IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
@@ -56,11 +50,10 @@ def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
     windows had landed by then, all of them when the deployment is behind. While its previous run is
     queued or running it requests none (a second slice run would only queue behind it for the same pool),
     so a deployment that is behind catches up in fewer, larger runs instead of queueing one per window.
-    A failed run is retried by Dagster (SLICE_RUN_RETRIES); the schedule waits for its retry too."""
+    A run that failed as a whole is retried by Dagster (``retries.RUN_RETRY_TAGS``; a failed step has its own
+    ``RetryPolicy``); the schedule waits for its retry too."""
     slices = list(cdc.keys_of("slices"))
-    # the in-run envelope checks only: the continuity checks have a schedule of their own, and inside a
-    # slice run they would count the windows closed since it was requested as gaps
-    envelopes = [AssetCheckKey(key, ENVELOPE_CHECK) for key in slices]
+    namespaces = cdc.keys_of("slices")
     name = cdc.names.of("latest_window")
 
     @schedule(name=name, cron_schedule=cdc.windows.cron, execution_timezone="UTC",
@@ -91,15 +84,24 @@ def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
             if not keys:
                 yield SkipReason(f"its previous run already landed the windows to {landed_to}")
                 return
+        # a dropped collection only while its windows began before the drop
+        first = cdc.windows.window(keys[0]).start
+        selection = [key for key in slices if (dropped := cdc.dropped.get(namespaces[key])) is None or first < dropped]
+        if not selection:
+            yield SkipReason(f"every collection was dropped before the windows from {keys[0]}")
+            return
+        # the in-run envelope checks only: the continuity checks have a schedule of their own, and inside a
+        # slice run they would count the windows closed since it was requested as gaps
+        envelopes = [AssetCheckKey(key, ENVELOPE_CHECK) for key in selection]
         # The selection is named on the request so the run records it (the Runs page's Target column shows a
         # run of the schedule's implicit asset job by its asset selection, and shows nothing without one).
-        tags = {TAG_KIND: "slices", MAX_RETRIES_TAG: str(SLICE_RUN_RETRIES)}
+        tags = {TAG_KIND: "slices", **RUN_RETRY_TAGS}
         if len(keys) == 1:
-            yield RunRequest(run_key=keys[0], partition_key=keys[0], asset_selection=slices,
+            yield RunRequest(run_key=keys[0], partition_key=keys[0], asset_selection=selection,
                              asset_check_keys=envelopes, tags=tags, run_config=RUN_CONFIG)
             return
         context.log.info(f"{len(keys)} windows closed since the previous run's: {keys[0]} to {keys[-1]} in one run")
-        yield RunRequest(run_key=f"{keys[0]}...{keys[-1]}", asset_selection=slices, asset_check_keys=envelopes,
+        yield RunRequest(run_key=f"{keys[0]}...{keys[-1]}", asset_selection=selection, asset_check_keys=envelopes,
                          tags={**tags, ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]},
                          run_config=RUN_CONFIG)
 

@@ -18,6 +18,8 @@ import orjson
 from bson import Timestamp, json_util
 from dagster import (
     AddDynamicPartitionsRequest,
+    AssetCheckEvaluation,
+    AssetCheckKey,
     AssetObservation,
     AssetSelection,
     DagsterInstance,
@@ -33,17 +35,21 @@ from dagster import (
     SkipReason,
     sensor,
 )
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+from pymongo.errors import PyMongoError
 
 from mongocdc_core.positions import Position
 from mongocdc_core.source.errors import CdcError, HistoryLostError
 from mongocdc_core.source.signals import SignalRead
-from mongocdc_dagster.assets.cdc import CdcAssets, write_plan
-from mongocdc_dagster.discovery import DiscoveryError, DiscoveryState
+from mongocdc_dagster.assets.cdc import ENVELOPE_CHECK, CdcAssets, write_plan
+from mongocdc_dagster.discovery import KEEP_DROPPED, DiscoveryError, DiscoveryState
+from mongocdc_dagster.gaps import GAP, TAG_REASON, GapVerdict, failed_repairs, find_holes, since_text
 from mongocdc_dagster.landed_history import collection_history, needed_window_start
 from mongocdc_dagster.logs import RUN_CONFIG
 from mongocdc_dagster.metadata import position_time
-from mongocdc_dagster.partitions import ranges_partitions_name
+from mongocdc_dagster.partitions import MAX_WINDOWS_PER_RUN, ranges_partitions_name
 from mongocdc_dagster.resources import MongoCdcResource, resource_of
+from mongocdc_dagster.retries import RUN_RETRY_TAGS
 from mongocdc_dagster.snapshot_requests import (
     EXECUTE,
     SignalError,
@@ -79,7 +85,8 @@ def build_discovery_sensor(interval_s: int, state: DiscoveryState, cdc: CdcAsset
     stored defs state current (``store``: when the captured collections differ from the stored ones, so a
     load while MongoDB is unreachable builds the latest), and plans the ``_id`` ranges of ranged collections
     that have none yet. The cursor holds the collections last stored."""
-    loaded = set(state.namespaces)
+    loaded = set(state.captured)  # the dropped collections' assets stay (discovery.KEEP_DROPPED)
+    dropped = set(state.dropped)
     names = cdc.names
 
     @sensor(name=names.of("collection_discovery"), minimum_interval_seconds=interval_s,
@@ -94,7 +101,7 @@ def build_discovery_sensor(interval_s: int, state: DiscoveryState, cdc: CdcAsset
         except CdcError as exc:
             unknown = f"MongoDB did not answer, so the captured collections are unknown this tick: {exc}"
             return SkipReason(f"{unknown}; {state.stored_note}" if state.error else unknown)
-        added, removed = sorted(now - loaded), sorted(loaded - now)
+        added, removed, back = sorted(now - loaded - dropped), sorted(loaded - now), sorted(now & dropped)
         stored = set(orjson.loads(context.cursor)) if context.cursor else loaded
         requests: list[AddDynamicPartitionsRequest | DeleteDynamicPartitionsRequest] = []
         planned: list[str] = []
@@ -114,8 +121,12 @@ def build_discovery_sensor(interval_s: int, state: DiscoveryState, cdc: CdcAsset
             words.append(f"{len(added)} captured collection(s) have no assets yet: {_names(added)}; reload the code "
                          "location to add them (snapshot signals for them are held until then)")
         if removed:
-            words.append(f"{len(removed)} collection(s) with assets are no longer captured: {_names(removed)}; "
-                         "reload the code location to remove them (their landed files stay)")
+            words.append(f"{len(removed)} collection(s) with assets are no longer captured: {_names(removed)}; a "
+                         "reload marks their assets dropped (they stay for their history and the retries of their "
+                         f"runs, {KEEP_DROPPED.days} days; no new slices are requested for them)")
+        if back:
+            words.append(f"{len(back)} dropped collection(s) are captured again: {_names(back)}; reload the code "
+                         "location to request their slices again")
         if store is not None and now != stored:
             try:
                 store(context.instance)
@@ -127,7 +138,7 @@ def build_discovery_sensor(interval_s: int, state: DiscoveryState, cdc: CdcAsset
         if planned:
             words.append(f"planned the snapshot ranges of {', '.join(planned)}")
         for line in words:
-            context.log.warning(line) if (added or removed or state.error) else context.log.info(line)
+            context.log.warning(line) if (added or removed or back or state.error) else context.log.info(line)
         if not words:
             words.append(f"no change: MongoDB captures the same {len(now)} collection(s) the definitions were built "
                          f"for ({_names(sorted(now))})" if now else
@@ -203,7 +214,7 @@ def _snapshot_run(signal: SnapshotSignal, position: Position, namespaces: list[s
     kind: CdcKind = "incremental_snapshot" if signal.snapshot_type == "incremental" else "snapshot"
     op = cdc.names.of(kind)  # the op of the snapshot multi-asset of that kind
     filters = {ns: text for ns in namespaces if (text := signal.condition_for(ns)) is not None}
-    tags = {TAG_KIND: kind, TAG_SIGNAL: signal.signal_id, TAG_SIGNAL_POSITION: position.to_str(),
+    tags = {TAG_KIND: kind, TAG_SIGNAL: signal.signal_id, TAG_SIGNAL_POSITION: position.to_str(), **RUN_RETRY_TAGS,
             TAG_SNAPSHOT_TYPE: signal.snapshot_type, TAG_COLLECTION: tag_value(_names(namespaces, 2))}
     config = {"filters": filters, "signal_id": signal.signal_id}
     plain = [ns for ns in namespaces if not (kind == "snapshot" and ns in cdc.ranged)]
@@ -378,7 +389,7 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
             if history.window_keys:
                 lags[namespace] = round((now - cdc.windows.window(history.window_keys[-1]).end).total_seconds(), 1)
             needed = needed_window_start(history, cdc.windows)
-            if needed is None:
+            if needed is None or namespace in cdc.dropped:  # a dropped collection's history ended with it
                 continue
             if lost_on := [name for name, start in sorted(firsts.items()) if needed < start]:
                 lost[namespace] = lost_on
@@ -388,7 +399,8 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
                 run_requests.append(RunRequest(
                     run_key=f"resnapshot:{namespace}:{int(needed.timestamp())}",
                     asset_selection=[cdc.key(namespace, "snapshot")], run_config=RUN_CONFIG,
-                    tags={TAG_KIND: "snapshot", TAG_COLLECTION: tag_value(namespace), "mongocdc/reason": "history_lost"},
+                    tags={TAG_KIND: "snapshot", TAG_COLLECTION: tag_value(namespace), TAG_REASON: "history_lost",
+                          **RUN_RETRY_TAGS},
                 ))
             elif risky := [name for name, start in sorted(firsts.items()) if needed - start < margins[name]]:
                 at_risk[namespace] = risky
@@ -440,11 +452,84 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
     return oplog_window
 
 
+def build_slice_gaps_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefinition:
+    """Windows a failed slice run left behind (``gaps.py``): requests those the oplog still holds again, in one
+    run, a bounded number of times, and fails the collection's continuity check (ERROR) for those it cannot,
+    once per change (the cursor holds the windows reported). It targets the slices as the latest-window
+    schedule does (one partitions definition: a target mixing the snapshots' would not resolve its runs' windows)
+    and reads the oplog window with the oplog-window sensor's helper."""
+
+    slices = list(cdc.keys_of("slices"))
+
+    @sensor(name=cdc.names.of("slice_gaps"), minimum_interval_seconds=interval_s,
+            default_status=DefaultSensorStatus.RUNNING, target=AssetSelection.assets(*slices) if slices else None,
+            required_resource_keys={cdc.names.mongocdc},
+            description="Lands again the windows failed slice runs left behind while the oplog holds them (3 tries "
+                        "each), and fails no_gap_since_snapshot (ERROR) for those that cannot be landed.")
+    def slice_gaps(context: SensorEvaluationContext, **_direct: object) -> SensorResult:
+        mongocdc = resource_of(context, cdc.names.mongocdc, MongoCdcResource)
+        try:
+            common = mongocdc.oplog_windows().common
+        except (CdcError, PyMongoError) as exc:  # judged by the attempts alone this tick
+            context.log.warning(f"the oplog window cannot be read ({exc}): windows lost from it are not told apart")
+            common = None
+        now = datetime.now(UTC)
+        failed = failed_repairs(context.instance)
+        reported: dict[str, list[str]] = orjson.loads(context.cursor) if context.cursor else {}
+        unlandable: dict[str, list[str]] = {}
+        landable: dict[str, tuple[str, ...]] = {}
+        verdicts: list[AssetCheckEvaluation] = []
+        for namespace in cdc.namespaces:
+            key = cdc.key(namespace, "slices")
+            history = collection_history(context.instance, namespace, cdc.snapshot_keys(namespace), key, cdc.windows)
+            until = min(now, cdc.dropped.get(namespace, now))  # a dropped collection: until its drop
+            holes = find_holes(history, cdc.windows, key, until, None if common is None else common.first, failed)
+            if holes.landable:
+                landable[namespace] = holes.landable
+            if holes.lost:
+                unlandable[namespace] = sorted(holes.lost)
+                if unlandable[namespace] != reported.get(namespace):  # once per change, not on every tick
+                    verdict = GapVerdict(holes, since_text(history), len(history.window_keys))
+                    context.log.error(verdict.description)
+                    verdicts.append(verdict.evaluation(key))
+        cursor = orjson.dumps(unlandable).decode()
+        in_flight = context.instance.get_runs(filters=RunsFilter(tags={TAG_REASON: GAP}, statuses=_ACTIVE), limit=1)
+        if landable and not in_flight:
+            return SensorResult(run_requests=[_gaps_request(landable, cdc, len(failed))], asset_events=verdicts,
+                                cursor=cursor)
+        summary = ("no window left behind" if not landable and not unlandable else "; ".join(filter(None, (
+            f"windows left behind, requested again: {_names(list(landable))}" if landable else "",
+            f"a run landing them is in flight ({in_flight[0].run_id})" if landable and in_flight else "",
+            f"windows that cannot be landed: {_names(list(unlandable))}" if unlandable else ""))))
+        return SensorResult(skip_reason=summary, asset_events=verdicts, cursor=cursor)
+
+    return slice_gaps
+
+
+def _gaps_request(landable: dict[str, tuple[str, ...]], cdc: CdcAssets, failed: int) -> RunRequest:
+    """One run landing the windows left behind from the oldest on (every collection missing one of them); the
+    run key counts the failed such runs, so a window is requested again only after its last request failed."""
+    windows = cdc.windows
+    wanted = sorted({k for keys in landable.values() for k in keys}, key=lambda k: windows.window(k).start)
+    keys = windows.keys_between(windows.window(wanted[0]).start, windows.window(wanted[-1]).end)[:MAX_WINDOWS_PER_RUN]
+    span = set(keys)
+    selection = [cdc.key(ns, "slices") for ns, missing in sorted(landable.items()) if span & set(missing)]
+    tags = {TAG_KIND: "slices", TAG_REASON: GAP, **RUN_RETRY_TAGS}
+    checks = [AssetCheckKey(key, ENVELOPE_CHECK) for key in selection]
+    run_key = f"{GAP}:{keys[0]}...{keys[-1]}:{failed}"
+    if len(keys) == 1:
+        return RunRequest(run_key=run_key, partition_key=keys[0], asset_selection=selection, asset_check_keys=checks,
+                          tags=tags, run_config=RUN_CONFIG)
+    return RunRequest(run_key=run_key, asset_selection=selection, asset_check_keys=checks, run_config=RUN_CONFIG,
+                      tags={**tags, ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]})
+
+
 def build_sensors(interval_s: int, state: DiscoveryState, cdc: CdcAssets, ranged: dict[str, int],
                   store: Callable[[DagsterInstance], None] | None = None) -> list[SensorDefinition]:
     return [
         build_discovery_sensor(interval_s, state, cdc, ranged, store),
         build_signal_sensor(interval_s, cdc),
         build_oplog_window_sensor(interval_s, cdc),
+        build_slice_gaps_sensor(interval_s, cdc),
     ]
 

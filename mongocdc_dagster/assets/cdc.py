@@ -55,7 +55,7 @@ from mongocdc_core.sinks.parquet import ParquetSink
 from mongocdc_core.sinks.tee import TeeSink
 from mongocdc_core.source.errors import HistoryLostError
 from mongocdc_core.source.ranges import IdRange
-from mongocdc_dagster.discovery import DiscoveryState
+from mongocdc_dagster.discovery import KEEP_DROPPED, DiscoveryState
 from mongocdc_dagster.landed_history import COVERS_FROM, PARTIAL, snapshot_position
 from mongocdc_dagster.landing_checks import (
     EnvelopeReport,
@@ -75,12 +75,15 @@ from mongocdc_dagster.resources import (
     MongoCdcResource,
     resource_of,
 )
+from mongocdc_dagster.retries import STEP_RETRY_POLICY, stop_when_terminated
 from mongocdc_dagster.routing import RouteTarget, WindowRouter
 from mongocdc_dagster.settings import CdcSettings
 from mongocdc_dagster.translator import CDC_KINDS, CdcKind, MongoCdcAssetProps, MongoCdcTranslator, name_part
 
 ENVELOPE_CHECK = "landing_envelopes"
 COUNT_CHECK = "source_count"
+#: The metadata entry of a dropped collection's assets: when discovery found it gone.
+DROPPED_AT = "mongocdc/dropped_at"
 
 
 class SnapshotConfig(Config):  # type: ignore[misc]
@@ -158,7 +161,8 @@ def _require_captured(mongocdc: MongoCdcResource, cfg: ConnectorConfig, namespac
 
 def _require_included(mongocdc: MongoCdcResource, cfg: ConnectorConfig, namespaces: Sequence[str]) -> None:
     """Slices need the filters to capture a collection, not the collection to exist: one dropped inside a
-    window has its changes up to the drop there (and the schedule names it until the location reloads)."""
+    window has its changes up to the drop there (and the schedule names it for the windows begun before
+    discovery found it gone)."""
     excluded = [ns for ns in namespaces if not cfg.collection_included(*ns.split(".", 1))]
     if excluded:
         raise Failure(
@@ -335,6 +339,8 @@ class CdcAssets:
     incremental_snapshot: AssetsDefinition | None = None
     slices: AssetsDefinition | None = None
     names: ConnectorNames = DEFAULT_NAMES
+    #: Dropped collection -> when discovery found it gone (its assets stay, see discovery.py).
+    dropped: dict[str, datetime] = field(default_factory=dict)
 
     @property
     def pools(self) -> Pools:
@@ -394,12 +400,13 @@ def build_cdc_assets(
     """One asset per discovered collection and CDC kind; keys, groups, tags and metadata from ``translator``."""
     windows = SliceWindows.build(settings, state)
     names = settings.names
-    out = CdcAssets(windows, names=names)
+    out = CdcAssets(windows, names=names, dropped=state.dropped)
     specs: dict[CdcKind, list[AssetSpec]] = {kind: [] for kind in CDC_KINDS}
     ns_of: dict[AssetKey, str] = {}
     for namespace in state.namespaces:
         for kind in CDC_KINDS:
-            spec = translator.get_asset_spec(collection_props(kind, namespace, cfg, settings, state))
+            spec = mark_dropped(translator.get_asset_spec(collection_props(kind, namespace, cfg, settings, state)),
+                                state, namespace)
             out.keys[(namespace, kind)] = spec.key
             ns_of[spec.key] = namespace
             if kind == "snapshot" and namespace in settings.ranged:
@@ -417,6 +424,18 @@ def build_cdc_assets(
     out.definitions = [d for d in (out.snapshot, out.incremental_snapshot, out.slices) if d is not None]
     out.definitions += list(out.ranged.values())
     return out
+
+
+def mark_dropped(spec: AssetSpec, state: DiscoveryState, namespace: str) -> AssetSpec:
+    """A dropped collection's asset says so: in its description and its ``mongocdc/dropped_at``."""
+    dropped_at = state.dropped.get(namespace)
+    if dropped_at is None:
+        return spec
+    note = (f"DROPPED: {namespace} is no longer captured since {dropped_at.isoformat(timespec='seconds')}; its "
+            "assets stay for its history and the retries of its runs until "
+            f"{(dropped_at + KEEP_DROPPED).isoformat(timespec='seconds')}, and no new slices are requested for it.")
+    return spec.replace_attributes(description=f"{note}\n\n{spec.description or ''}".strip()).merge_attributes(
+        metadata={DROPPED_AT: dropped_at.isoformat()})
 
 
 def _collection_meta(key: AssetKey, namespace: str) -> dict[str, Any]:
@@ -525,33 +544,35 @@ def _copy_asset(copy: _CopyKind, specs: list[AssetSpec], ns_of: dict[AssetKey, s
 
     @multi_asset(name=names.of(copy.kind), specs=specs, check_specs=check_specs, can_subset=True,
                  pool=Pools.of(names).snapshots, required_resource_keys={names.mongocdc, names.kafka},
+                 retry_policy=STEP_RETRY_POLICY,
                  description=copy.description)
     def copy_asset(context: AssetExecutionContext, config: SnapshotConfig) -> Iterator[MaterializeResult | AssetCheckResult]:
-        mongocdc = resource_of(context, names.mongocdc, MongoCdcResource)
-        kafka = resource_of(context, names.kafka, MongoCdcKafkaResource)
-        cfg = mongocdc.load_config()
-        checks = _selected_checks(context)
-        for key, namespace, filter_text, filter_doc in _selected_copies(context, config, mongocdc, cfg, ns_of):
-            path = copy.path(mongocdc, namespace, snapshot_file_name(filter_text))
-            context.log.info(f"{copy.label} of {namespace} into {path}" + (f" with filter {filter_text}" if filter_doc else ""))
-            metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
-            landed = copy.land(mongocdc, kafka, cfg, namespace, path, filter_doc, metrics, LogProgress(context.log, totals))
-            yield MaterializeResult(
-                asset_key=key,
-                metadata={
-                    **_collection_meta(key, namespace),
-                    "dagster/uri": MetadataValue.path(str(path)),
-                    PARTIAL: filter_doc is not None,
-                    "filter": filter_text,
-                    "signal_id": config.signal_id,
-                    **landed.metadata,
-                },
-            )
-            if AssetCheckKey(key, ENVELOPE_CHECK) in checks:
-                yield envelope_result(key, validate_file(path, landed.expectation))
-            if AssetCheckKey(key, COUNT_CHECK) in checks:
-                yield source_count_result(key, mongocdc, cfg, namespace, landed.documents_in_file(), landed.position,
-                                          filter_doc)
+        with stop_when_terminated(context):
+            mongocdc = resource_of(context, names.mongocdc, MongoCdcResource)
+            kafka = resource_of(context, names.kafka, MongoCdcKafkaResource)
+            cfg = mongocdc.load_config()
+            checks = _selected_checks(context)
+            for key, namespace, filter_text, filter_doc in _selected_copies(context, config, mongocdc, cfg, ns_of):
+                path = copy.path(mongocdc, namespace, snapshot_file_name(filter_text))
+                context.log.info(f"{copy.label} of {namespace} into {path}" + (f" with filter {filter_text}" if filter_doc else ""))
+                metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
+                landed = copy.land(mongocdc, kafka, cfg, namespace, path, filter_doc, metrics, LogProgress(context.log, totals))
+                yield MaterializeResult(
+                    asset_key=key,
+                    metadata={
+                        **_collection_meta(key, namespace),
+                        "dagster/uri": MetadataValue.path(str(path)),
+                        PARTIAL: filter_doc is not None,
+                        "filter": filter_text,
+                        "signal_id": config.signal_id,
+                        **landed.metadata,
+                    },
+                )
+                if AssetCheckKey(key, ENVELOPE_CHECK) in checks:
+                    yield envelope_result(key, validate_file(path, landed.expectation))
+                if AssetCheckKey(key, COUNT_CHECK) in checks:
+                    yield source_count_result(key, mongocdc, cfg, namespace, landed.documents_in_file(), landed.position,
+                                              filter_doc)
 
     return copy_asset
 
@@ -618,60 +639,62 @@ def _ranged_snapshot_asset(spec: AssetSpec, namespace: str, state: DiscoveryStat
         specs=[spec.replace_attributes(partitions_def=partitions)],
         check_specs=[AssetCheckSpec(ENVELOPE_CHECK, asset=key, description="every record is a valid read event")],
         pool=Pools.of(names).snapshot_ranges,
+        retry_policy=STEP_RETRY_POLICY,
         required_resource_keys={names.mongocdc, names.kafka},
         backfill_policy=BackfillPolicy.multi_run(1),
         description=f"Blocking snapshot of {namespace}, one `_id` range per partition (backfill all ranges).",
     )
     def ranged_snapshot(context: AssetExecutionContext, config: SnapshotConfig) -> Iterator[MaterializeResult | AssetCheckResult]:
-        mongocdc = resource_of(context, names.mongocdc, MongoCdcResource)
-        kafka = resource_of(context, names.kafka, MongoCdcKafkaResource)
-        cfg = mongocdc.load_config()
-        _require_captured(mongocdc, cfg, [namespace])
-        range_key = RangeKey.parse(context.partition_key)
-        id_range = _plan_ranges(mongocdc, namespace, range_key)[range_key.index]
-        filter_text = config.filters.get(namespace)
-        filter_doc = parse_filter(filter_text)
-        path = mongocdc.range_path(namespace, range_key.plan, range_key.index, range_key.count)
-        context.log.info(f"snapshot of {namespace}, range {range_key.index + 1} of {range_key.count} "
-                         f"({id_range.describe()}) into {path}")
-        per_range = None if total is None else max(1, total // range_key.count)
-        metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
-        with landing_sink(path, kafka, cfg) as sink:
-            result = mongocdc.snapshot(cfg, namespace, sink, filter=filter_doc, id_range=id_range,
-                                       metrics=metrics, progress=LogProgress(context.log, {namespace: per_range}))
-        folder = path.parent
-        (folder / f"{path.stem}.done.json").write_bytes(orjson.dumps(
-            {"index": range_key.index, "position": result.position.to_str(), "documents": result.documents}))
-        done = _range_done_files(folder)
-        complete = len(done) == range_key.count
-        covers = min(done.values()) if complete else None
-        removed = remove_superseded(mongocdc, namespace, folder) if complete and not filter_doc else []
-        context.log.info(f"{namespace}: {len(done)} of {range_key.count} ranges of plan {range_key.plan} done"
-                         + (f"; the plan is complete and covers the collection from {position_time(covers)}"
-                            if covers is not None else ""))
-        yield MaterializeResult(
-            asset_key=key,
-            metadata={
-                **_collection_meta(key, namespace),
-                "plan": range_key.plan,
-                "range": f"{range_key.index + 1} of {range_key.count}: {id_range.describe()}",
-                "ranges_done": f"{len(done)} of {range_key.count}",
-                "ranges_done_count": len(done),
-                "ranges_total": range_key.count,
-                "dagster/row_count": result.documents,
-                "dagster/uri": MetadataValue.path(str(path)),
-                "duration_s": round(result.duration_s, 3),
-                **position_metadata("position", result.position),
-                # only the materialisation that completes the plan covers the collection
-                COVERS_FROM: covers.to_str() if covers is not None else None,
-                PARTIAL: covers is None or filter_doc is not None,
-                "superseded_snapshots_removed": MetadataValue.json(removed),
-                "signal_id": config.signal_id,
-                **metrics_metadata(metrics, ("snapshot",)),
-            },
-        )
-        if AssetCheckKey(key, ENVELOPE_CHECK) in _selected_checks(context):
-            yield envelope_result(key, validate_file(path, Expectation(namespace, snapshot=True, exact=result.position)))
+        with stop_when_terminated(context):
+            mongocdc = resource_of(context, names.mongocdc, MongoCdcResource)
+            kafka = resource_of(context, names.kafka, MongoCdcKafkaResource)
+            cfg = mongocdc.load_config()
+            _require_captured(mongocdc, cfg, [namespace])
+            range_key = RangeKey.parse(context.partition_key)
+            id_range = _plan_ranges(mongocdc, namespace, range_key)[range_key.index]
+            filter_text = config.filters.get(namespace)
+            filter_doc = parse_filter(filter_text)
+            path = mongocdc.range_path(namespace, range_key.plan, range_key.index, range_key.count)
+            context.log.info(f"snapshot of {namespace}, range {range_key.index + 1} of {range_key.count} "
+                             f"({id_range.describe()}) into {path}")
+            per_range = None if total is None else max(1, total // range_key.count)
+            metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
+            with landing_sink(path, kafka, cfg) as sink:
+                result = mongocdc.snapshot(cfg, namespace, sink, filter=filter_doc, id_range=id_range,
+                                           metrics=metrics, progress=LogProgress(context.log, {namespace: per_range}))
+            folder = path.parent
+            (folder / f"{path.stem}.done.json").write_bytes(orjson.dumps(
+                {"index": range_key.index, "position": result.position.to_str(), "documents": result.documents}))
+            done = _range_done_files(folder)
+            complete = len(done) == range_key.count
+            covers = min(done.values()) if complete else None
+            removed = remove_superseded(mongocdc, namespace, folder) if complete and not filter_doc else []
+            context.log.info(f"{namespace}: {len(done)} of {range_key.count} ranges of plan {range_key.plan} done"
+                             + (f"; the plan is complete and covers the collection from {position_time(covers)}"
+                                if covers is not None else ""))
+            yield MaterializeResult(
+                asset_key=key,
+                metadata={
+                    **_collection_meta(key, namespace),
+                    "plan": range_key.plan,
+                    "range": f"{range_key.index + 1} of {range_key.count}: {id_range.describe()}",
+                    "ranges_done": f"{len(done)} of {range_key.count}",
+                    "ranges_done_count": len(done),
+                    "ranges_total": range_key.count,
+                    "dagster/row_count": result.documents,
+                    "dagster/uri": MetadataValue.path(str(path)),
+                    "duration_s": round(result.duration_s, 3),
+                    **position_metadata("position", result.position),
+                    # only the materialisation that completes the plan covers the collection
+                    COVERS_FROM: covers.to_str() if covers is not None else None,
+                    PARTIAL: covers is None or filter_doc is not None,
+                    "superseded_snapshots_removed": MetadataValue.json(removed),
+                    "signal_id": config.signal_id,
+                    **metrics_metadata(metrics, ("snapshot",)),
+                },
+            )
+            if AssetCheckKey(key, ENVELOPE_CHECK) in _selected_checks(context):
+                yield envelope_result(key, validate_file(path, Expectation(namespace, snapshot=True, exact=result.position)))
 
     return ranged_snapshot
 
@@ -692,108 +715,110 @@ def _slices_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str], cdc: CdcAs
         check_specs=check_specs,
         can_subset=True,
         pool=cdc.pools.slices,
+        retry_policy=STEP_RETRY_POLICY,
         required_resource_keys={cdc.names.mongocdc, cdc.names.kafka},
         backfill_policy=BackfillPolicy.single_run(),
         description="Stream slices of the selected collections and windows, read from one change stream.",
     )
     def slices_asset(context: AssetExecutionContext) -> Iterator[MaterializeResult | AssetMaterialization | AssetCheckResult]:
-        mongocdc = resource_of(context, cdc.names.mongocdc, MongoCdcResource)
-        kafka = resource_of(context, cdc.names.kafka, MongoCdcKafkaResource)
-        cfg = mongocdc.load_config()
-        selected = sorted(context.selected_asset_keys, key=lambda k: ns_of[k])
-        namespaces = [ns_of[k] for k in selected]
-        ns_key = {ns_of[k]: k for k in selected}
-        _require_included(mongocdc, cfg, namespaces)
-        window_keys = sorted(context.partition_keys, key=lambda k: windows.window(k).start)
-        oplog_first = mongocdc.oplog_window().first
-        reads: dict[tuple[str, int], WindowRead] = {}
-        for namespace in namespaces:
-            snap = snapshot_position(context.instance, cdc.snapshot_keys(namespace))
-            # the collection's capture began with its first landed slice (when it has no snapshot)
-            landed = [] if snap is not None else [
-                windows.window(k).start for k in context.instance.get_materialized_partitions(ns_key[namespace])]
-            for index, window_key in enumerate(window_keys):
-                window = windows.window(window_key)
-                reads[(namespace, index)] = plan_window_read(
-                    window_key, window, oplog_first, snap, landed_before=any(t < window.start for t in landed))
-        gaps = {k: r for k, r in reads.items() if r.gap is not None}
-        todo = {k: r for k, r in reads.items() if r.gap is None}
-        starts = [Position.from_timestamp(_ts(windows.window(k).start)) for k in window_keys]
-        targets = {
-            (ns, i): RouteTarget(mongocdc.slice_path(ns, r.window.start), Position.from_timestamp(r.start))
-            for (ns, i), r in todo.items()
-        }
-        started = time.monotonic()
-        metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
-        readable = [r for r in todo.values() if _key(r.start) < _key(r.end)]
-        if readable:
-            first = min((r.start for r in readable), key=_key)
-            last = max((r.end for r in readable), key=_key)
-            streamed = sorted({ns for (ns, _), r in todo.items() if r in readable})
-            context.log.info(
-                f"stream of {', '.join(streamed)} over [{position_time(Position.from_timestamp(first))}, "
-                f"{position_time(Position.from_timestamp(last))}): {len(window_keys)} window(s), one change stream")
-            router = WindowRouter(starts, targets)
-            sink: Sink = TeeSink([router, kafka.open_sink(cfg)]) if kafka.enabled else router
-            try:
-                mongocdc.stream_window(cfg, streamed, first, last, sink, metrics=metrics,
-                                       progress=LogProgress(context.log))
-                sink.close()
-            except HistoryLostError as exc:
-                router.abort()
-                raise Failure(description=f"history lost while reading {', '.join(streamed)}: {exc}",
-                              metadata={"remedy": "snapshot the collection again"}, allow_retries=False) from exc
-            except BaseException:
-                router.abort()
-                raise
-        else:
-            WindowRouter(starts, targets).close()  # windows wholly covered by a snapshot: empty files
-        duration = time.monotonic() - started
-        now = datetime.now(UTC)
-        checks = _selected_checks(context)
-        single = len(window_keys) == 1
-        debezium = metrics_metadata(metrics, ("streaming",))
-        for key in selected:
-            namespace = ns_of[key]
-            reports: list[EnvelopeReport] = []
-            for index in range(len(window_keys)):
-                if (namespace, index) not in todo:
-                    continue
-                read, target = todo[(namespace, index)], targets[(namespace, index)]
-                metadata = {
-                    **_collection_meta(key, namespace),
-                    "window_start": MetadataValue.timestamp(read.window.start),
-                    "window_end": MetadataValue.timestamp(read.window.end),
-                    "read_from": read.read_from(),
-                    **position_metadata("read_start", Position.from_timestamp(read.start)),
-                    "dagster/row_count": target.events,
-                    "dagster/uri": MetadataValue.path(str(target.path)),
-                    **{f"op_{op}": count for op, count in sorted(target.counts.items())},
-                    **position_metadata("first_position", target.first),
-                    **position_metadata("last_position", target.last),
-                    "lag_s": round((now - read.window.end).total_seconds(), 3),
-                    "run_windows": len(window_keys),
-                    "run_duration_s": round(duration, 3),
-                    **debezium,
-                }
-                if single:
-                    yield MaterializeResult(asset_key=key, metadata=metadata)
-                else:
-                    yield AssetMaterialization(asset_key=key, partition=read.window_key, metadata=metadata)
-                reports.append(validate_file(target.path, Expectation(
-                    namespace, snapshot=False, low=Position.from_timestamp(read.start),
-                    high=Position.from_timestamp(read.end))))
-            if reports and AssetCheckKey(key, ENVELOPE_CHECK) in checks:
-                yield envelope_result(key, EnvelopeReport(
-                    sum(r.rows for r in reports), sum(r.reads for r in reports), sum(r.invalid for r in reports),
-                    [p for r in reports for p in r.problems][:20]), f" in {len(reports)} window(s)")
-        if gaps:
-            lines = sorted(f"{ns} {r.window_key}: {r.gap}" for (ns, _), r in gaps.items())
-            raise Failure(
-                description=f"{len(gaps)} window(s) cannot be read without a gap:\n" + "\n".join(lines[:20]),
-                metadata={"windows": MetadataValue.json(lines),
-                          "remedy": "snapshot the collection again: its snapshot then covers the lost windows"},
-                allow_retries=False,
-            )
+        with stop_when_terminated(context):
+            mongocdc = resource_of(context, cdc.names.mongocdc, MongoCdcResource)
+            kafka = resource_of(context, cdc.names.kafka, MongoCdcKafkaResource)
+            cfg = mongocdc.load_config()
+            selected = sorted(context.selected_asset_keys, key=lambda k: ns_of[k])
+            namespaces = [ns_of[k] for k in selected]
+            ns_key = {ns_of[k]: k for k in selected}
+            _require_included(mongocdc, cfg, namespaces)
+            window_keys = sorted(context.partition_keys, key=lambda k: windows.window(k).start)
+            oplog_first = mongocdc.oplog_window().first
+            reads: dict[tuple[str, int], WindowRead] = {}
+            for namespace in namespaces:
+                snap = snapshot_position(context.instance, cdc.snapshot_keys(namespace))
+                # the collection's capture began with its first landed slice (when it has no snapshot)
+                landed = [] if snap is not None else [
+                    windows.window(k).start for k in context.instance.get_materialized_partitions(ns_key[namespace])]
+                for index, window_key in enumerate(window_keys):
+                    window = windows.window(window_key)
+                    reads[(namespace, index)] = plan_window_read(
+                        window_key, window, oplog_first, snap, landed_before=any(t < window.start for t in landed))
+            gaps = {k: r for k, r in reads.items() if r.gap is not None}
+            todo = {k: r for k, r in reads.items() if r.gap is None}
+            starts = [Position.from_timestamp(_ts(windows.window(k).start)) for k in window_keys]
+            targets = {
+                (ns, i): RouteTarget(mongocdc.slice_path(ns, r.window.start), Position.from_timestamp(r.start))
+                for (ns, i), r in todo.items()
+            }
+            started = time.monotonic()
+            metrics = ConnectorMetrics(cfg.topic_prefix, cfg.custom_metric_tags)
+            readable = [r for r in todo.values() if _key(r.start) < _key(r.end)]
+            if readable:
+                first = min((r.start for r in readable), key=_key)
+                last = max((r.end for r in readable), key=_key)
+                streamed = sorted({ns for (ns, _), r in todo.items() if r in readable})
+                context.log.info(
+                    f"stream of {', '.join(streamed)} over [{position_time(Position.from_timestamp(first))}, "
+                    f"{position_time(Position.from_timestamp(last))}): {len(window_keys)} window(s), one change stream")
+                router = WindowRouter(starts, targets)
+                sink: Sink = TeeSink([router, kafka.open_sink(cfg)]) if kafka.enabled else router
+                try:
+                    mongocdc.stream_window(cfg, streamed, first, last, sink, metrics=metrics,
+                                           progress=LogProgress(context.log))
+                    sink.close()
+                except HistoryLostError as exc:
+                    router.abort()
+                    raise Failure(description=f"history lost while reading {', '.join(streamed)}: {exc}",
+                                  metadata={"remedy": "snapshot the collection again"}, allow_retries=False) from exc
+                except BaseException:
+                    router.abort()
+                    raise
+            else:
+                WindowRouter(starts, targets).close()  # windows wholly covered by a snapshot: empty files
+            duration = time.monotonic() - started
+            now = datetime.now(UTC)
+            checks = _selected_checks(context)
+            single = len(window_keys) == 1
+            debezium = metrics_metadata(metrics, ("streaming",))
+            for key in selected:
+                namespace = ns_of[key]
+                reports: list[EnvelopeReport] = []
+                for index in range(len(window_keys)):
+                    if (namespace, index) not in todo:
+                        continue
+                    read, target = todo[(namespace, index)], targets[(namespace, index)]
+                    metadata = {
+                        **_collection_meta(key, namespace),
+                        "window_start": MetadataValue.timestamp(read.window.start),
+                        "window_end": MetadataValue.timestamp(read.window.end),
+                        "read_from": read.read_from(),
+                        **position_metadata("read_start", Position.from_timestamp(read.start)),
+                        "dagster/row_count": target.events,
+                        "dagster/uri": MetadataValue.path(str(target.path)),
+                        **{f"op_{op}": count for op, count in sorted(target.counts.items())},
+                        **position_metadata("first_position", target.first),
+                        **position_metadata("last_position", target.last),
+                        "lag_s": round((now - read.window.end).total_seconds(), 3),
+                        "run_windows": len(window_keys),
+                        "run_duration_s": round(duration, 3),
+                        **debezium,
+                    }
+                    if single:
+                        yield MaterializeResult(asset_key=key, metadata=metadata)
+                    else:
+                        yield AssetMaterialization(asset_key=key, partition=read.window_key, metadata=metadata)
+                    reports.append(validate_file(target.path, Expectation(
+                        namespace, snapshot=False, low=Position.from_timestamp(read.start),
+                        high=Position.from_timestamp(read.end))))
+                if reports and AssetCheckKey(key, ENVELOPE_CHECK) in checks:
+                    yield envelope_result(key, EnvelopeReport(
+                        sum(r.rows for r in reports), sum(r.reads for r in reports), sum(r.invalid for r in reports),
+                        [p for r in reports for p in r.problems][:20]), f" in {len(reports)} window(s)")
+            if gaps:
+                lines = sorted(f"{ns} {r.window_key}: {r.gap}" for (ns, _), r in gaps.items())
+                raise Failure(
+                    description=f"{len(gaps)} window(s) cannot be read without a gap:\n" + "\n".join(lines[:20]),
+                    metadata={"windows": MetadataValue.json(lines),
+                              "remedy": "snapshot the collection again: its snapshot then covers the lost windows"},
+                    allow_retries=False,
+                )
 
     return slices_asset

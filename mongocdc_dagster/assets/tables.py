@@ -21,6 +21,7 @@ No ``from __future__ import annotations``: Dagster resolves the resource annotat
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypeVar
 
 import pyarrow.parquet as pq
@@ -51,7 +52,7 @@ from mongocdc_core.tables.collection import (
     refresh_current_state,
 )
 from mongocdc_core.tables.spark_progress import SparkWork
-from mongocdc_dagster.assets.cdc import CdcAssets, collection_props
+from mongocdc_dagster.assets.cdc import CdcAssets, collection_props, mark_dropped
 from mongocdc_dagster.discovery import DiscoveryState
 from mongocdc_dagster.metadata import position_metadata, spark_schema
 from mongocdc_dagster.naming import DEFAULT_NAMES, ConnectorNames
@@ -111,6 +112,8 @@ class TableAssets:
     #: ``dagster/table_name`` of each table asset, as its definition has it, repeated on its materialisations
     table_names: dict[AssetKey, str] = field(default_factory=dict)
     names: ConnectorNames = DEFAULT_NAMES
+    #: Dropped collection -> when discovery found it gone (``CdcAssets.dropped``).
+    dropped: dict[str, datetime] = field(default_factory=dict)
 
     def key(self, namespace: str, kind: str) -> AssetKey:
         keys = self.changelog_keys if kind == "changelog" else self.current_state_keys
@@ -165,14 +168,14 @@ def _each_finished(context: AssetExecutionContext, spark: SparkSession, items: S
 
 def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, translator: MongoCdcTranslator,
                        cdc: CdcAssets) -> TableAssets:
-    out = TableAssets(names=cdc.names)
+    out = TableAssets(names=cdc.names, dropped=cdc.dropped)
     log_specs: list[AssetSpec] = []
     state_specs: list[AssetSpec] = []
     for namespace in state.namespaces:
         log_props = collection_props("changelog", namespace, cfg, settings, state)
         state_props = collection_props("current_state", namespace, cfg, settings, state)
-        log_spec = translator.get_asset_spec(log_props)
-        state_spec = translator.get_asset_spec(state_props)
+        log_spec = mark_dropped(translator.get_asset_spec(log_props), state, namespace)
+        state_spec = mark_dropped(translator.get_asset_spec(state_props), state, namespace)
         log_specs.append(log_spec)
         state_specs.append(state_spec)
         out.changelog_keys[log_spec.key] = namespace

@@ -9,17 +9,31 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster import AssetKey, DagsterInstance, instance_for_test, load_from_defs_folder
+from dagster import (
+    AssetCheckKey,
+    AssetCheckSeverity,
+    AssetKey,
+    AssetSelection,
+    DagsterInstance,
+    Definitions,
+    build_schedule_context,
+    define_asset_job,
+    instance_for_test,
+    load_from_defs_folder,
+)
 from dagster._core.definitions.definitions_load_context import DefinitionsLoadContext, DefinitionsLoadType
 from dagster._core.definitions.repository_definition.repository_definition import RepositoryLoadData
 from dagster._core.storage.defs_state.blob_storage_state_storage import UPathDefsStateStorage
 from pymongo.database import Database
 
 from mongocdc_dagster import local_stack
+from mongocdc_dagster.build import build_definitions
 from mongocdc_dagster.component import MongoCdcComponent, PrunedDefsStateWarning, prune_stored_versions
 from mongocdc_dagster.discovery import DiscoveryState
 from mongocdc_dagster.resources import MongoCdcResource
@@ -263,3 +277,73 @@ def test_a_run_worker_whose_pinned_version_was_pruned_builds_from_the_latest_and
     keys = set(rebuilt.resolve_all_asset_keys())
     assert keys == set(initial.resolve_all_asset_keys())
     assert AssetKey([db.name, "alpha", "snapshot"]) in keys
+
+
+def test_a_dropped_collection_keeps_its_assets_so_a_run_naming_it_can_be_retried(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The schedule's slice run named every collection; one is dropped and the code location reloads before
+    Dagster retries the run. The retry resolves the run's asset selection against the reloaded definitions
+    (a ``DagsterInvalidSubsetError`` when a key left them, and the windows stay a gap): the dropped
+    collection's assets stay, marked dropped, and no slices of windows after the drop are requested for it."""
+    db.create_collection("alpha")
+    db.create_collection("beta")
+    start = (datetime.now(UTC) - timedelta(hours=1)).replace(second=0, microsecond=0).isoformat()
+    project = _project(tmp_path / "p", {"cdc": "  connector_config: connector.json\n  home: home\n"
+                                               f"  slice_granularity: 1min\n  slice_start: '{start}'\n"})
+    write_config(project / "proj" / "defs" / "cdc" / "connector.json", mongo_uri, db.name)
+    monkeypatch.syspath_prepend(str(project))
+    for module in [name for name in sys.modules if name == "proj" or name.startswith("proj.")]:
+        monkeypatch.delitem(sys.modules, module)  # another test's project of the same name
+    alpha, beta = AssetKey([db.name, "alpha", "slices"]), AssetKey([db.name, "beta", "slices"])
+    with instance_for_test() as instance:
+        def load() -> Any:
+            with DefinitionsLoadContext.scoped(DefinitionsLoadContext(DefinitionsLoadType.INITIALIZATION)):
+                return load_from_defs_folder(path_within_project=project / "proj")
+
+        assert {alpha, beta} <= set(load().resolve_all_asset_keys())
+        db.drop_collection("beta")
+        dropped_at = datetime.now(UTC)
+        reloaded = load()
+        # what Dagster's run retry does with the failed run's selection
+        job = reloaded.resolve_implicit_global_asset_job_def()
+        assert job.get_subset(asset_selection={alpha, beta}).asset_layer.executable_asset_keys == {alpha, beta}
+        spec = {s.key: s for s in reloaded.resolve_all_asset_specs()}[beta]
+        assert "DROPPED" in (spec.description or "")
+        assert datetime.fromisoformat(spec.metadata["mongocdc/dropped_at"]) >= dropped_at - timedelta(minutes=1)
+        assert "mongocdc/dropped_at" not in {s.key: s for s in reloaded.resolve_all_asset_specs()}[alpha].metadata
+        schedule = reloaded.resolve_schedule_def("mongocdc_latest_window")
+
+        def selection(at: datetime) -> set[AssetKey]:
+            with build_schedule_context(instance=instance, scheduled_execution_time=at,
+                                        repository_def=reloaded.get_repository_def()) as context:
+                result = schedule.evaluate_tick(context)
+                assert result.run_requests, result.skip_message
+                (request,) = result.run_requests
+            return set(request.asset_selection or ())
+
+        assert selection(dropped_at) == {alpha, beta}  # the window it was dropped in (or before) still lands it
+        assert selection(dropped_at + timedelta(minutes=3)) == {alpha}  # later windows: no new slices for it
+        db.create_collection("gamma")
+        assert {alpha, beta, AssetKey([db.name, "gamma", "slices"])} <= set(load().resolve_all_asset_keys())  # kept
+
+
+def test_a_dropped_collections_table_is_not_reconciled_with_a_collection_that_is_gone(
+        tmp_path: Path, mongo_uri: str, db: Database[Any]) -> None:
+    """A dropped collection's current_state stays (its assets are kept): the blocking ``matches_source`` says
+    there is no collection to compare it with (a warning), not that the table differs from an empty source."""
+    db.gone.insert_many([{"_id": i} for i in range(3)])
+    env = make_env(tmp_path, mongo_uri, db, ["gone"])
+    state_key = env.key("gone", "current_state")
+    with instance_for_test() as instance:
+        assert env.materialize(instance, [env.key("gone", k) for k in ("snapshot", "changelog", "current_state")]).success
+        db.drop_collection("gone")
+        dropped = replace(env.state, collections=tuple(replace(c, dropped_at=datetime.now(UTC))
+                                                       for c in env.state.collections))
+        check = AssetCheckKey(state_key, "matches_source")
+        defs = Definitions.merge(build_definitions(env.settings, dropped),
+                                 Definitions(jobs=[define_asset_job("reconcile", AssetSelection.checks(check))]))
+        result = defs.resolve_job_def("reconcile").execute_in_process(instance=instance, raise_on_error=False)
+    (evaluation,) = result.get_asset_check_evaluations()
+    assert not evaluation.passed and evaluation.severity == AssetCheckSeverity.WARN
+    assert evaluation.metadata["verdict"].value == "dropped" and "no collection to compare" in (
+        evaluation.description or "")

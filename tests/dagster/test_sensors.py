@@ -10,6 +10,7 @@ from typing import Any, cast
 from bson import ObjectId, Timestamp
 from dagster import (
     AssetCheckKey,
+    AssetCheckSeverity,
     AssetKey,
     AssetMaterialization,
     DagsterInstance,
@@ -33,6 +34,7 @@ from pymongo.database import Database
 from mongocdc_core.positions import Position
 from mongocdc_core.source.oplog import OplogWindow, OplogWindows
 from mongocdc_dagster.checks import build_gap_check
+from mongocdc_dagster.gaps import MAX_REPAIRS
 from mongocdc_dagster.landed_history import COVERS_FROM, PARTIAL
 from mongocdc_dagster.resources import MongoCdcResource
 from mongocdc_dagster.schedules import build_latest_window_schedule
@@ -41,6 +43,7 @@ from mongocdc_dagster.sensors import (
     build_discovery_sensor,
     build_oplog_window_sensor,
     build_signal_sensor,
+    build_slice_gaps_sensor,
 )
 from tests.dagster.cdc_helpers import CdcEnv, make_env
 
@@ -257,6 +260,71 @@ def test_oplog_sensor_resnapshots_only_after_a_real_gap(
     assert observed[env.key("fresh", "slices")]["history_lost"] is False
 
 
+def test_windows_left_behind_are_landed_again_a_bounded_number_of_times_and_are_an_error_once_they_cannot_be(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    """A slice run whose retries were used up left windows behind (the schedule went on after them): those the
+    oplog still holds are requested again, in one run; after MAX_REPAIRS failed such runs, or once the oplog no
+    longer holds a window, the collection's continuity check fails with ERROR severity, saying which windows,
+    why, and how to recover; reported once, not on every tick."""
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    env = make_env(tmp_path, mongo_uri, db, ["holey", "lost", "whole"], start=(now - timedelta(hours=4)).isoformat())
+    windows = env.cdc.windows
+
+    def key(minutes_ago: int) -> str:
+        found = windows.key_containing(now - timedelta(minutes=minutes_ago))
+        assert found is not None
+        return found
+
+    _snapshot(instance, env, "holey", now - timedelta(minutes=12, seconds=-20))
+    _snapshot(instance, env, "lost", now - timedelta(minutes=40, seconds=-20))
+    _snapshot(instance, env, "whole", now - timedelta(minutes=5, seconds=-20))
+    for minutes_ago in range(12, 1, -1):
+        if minutes_ago not in (8, 7):
+            _slice(instance, env, "holey", now - timedelta(minutes=minutes_ago))
+    for minutes_ago in range(40, 1, -1):
+        if minutes_ago != 35:  # before the oplog's start (30 minutes ago), and after the snapshot
+            _slice(instance, env, "lost", now - timedelta(minutes=minutes_ago))
+    for minutes_ago in range(5, 1, -1):
+        _slice(instance, env, "whole", now - timedelta(minutes=minutes_ago))
+    resource = FixedOplog(config_path=env.mongocdc.config_path, home=env.mongocdc.home,
+                          first_s=int((now - timedelta(minutes=30)).timestamp()), last_s=int(now.timestamp()))
+    sensor = build_slice_gaps_sensor(30, env.cdc)
+    result = _evaluate(sensor, instance, resource)
+    (request,) = result.run_requests  # holey's two windows, in one run; nothing for the others
+    assert request.asset_selection == [env.key("holey", "slices")]
+    assert request.partition_key_range == PartitionKeyRange(key(8), key(7))
+    assert request.tags["mongocdc/reason"] == "gap" and request.tags[MAX_RETRIES_TAG] == "2"
+    (lost,) = [e for e in result.asset_events if isinstance(e, AssetCheckEvaluation)]
+    assert (lost.asset_key, lost.check_name) == (env.key("lost", "slices"), "no_gap_since_snapshot")
+    assert not lost.passed and lost.severity == AssetCheckSeverity.ERROR
+    assert key(35) in (lost.description or "") and "history lost" in (lost.description or "")
+    assert "snapshot the collection again" in (lost.description or "")
+    assert list(cast(dict[str, str], lost.metadata["lost_windows"].value)) == [key(35)]
+    with build_sensor_context(instance=instance, resources={"mongocdc": resource}, definitions=env.defs) as context:
+        (resolved,) = sensor.evaluate_tick(context).run_requests  # as the daemon resolves it against its target
+    assert resolved.partition_key_range == request.partition_key_range
+    again = _evaluate(sensor, instance, resource, result.cursor)  # its repair not launched here: requested again,
+    assert [r.run_key for r in again.run_requests] == [request.run_key]  # with the same key (launched once)
+    assert not [e for e in again.asset_events if isinstance(e, AssetCheckEvaluation)]  # the error is reported once
+    for _ in range(MAX_REPAIRS):  # its repairs fail
+        create_run_for_test(instance, job_name="__ASSET_JOB", status=DagsterRunStatus.FAILURE,
+                            tags=request.tags, asset_selection=frozenset(request.asset_selection or ()))
+        retry = _evaluate(sensor, instance, resource, result.cursor)
+        assert len(retry.run_requests) <= 1 and all(r.run_key != request.run_key for r in retry.run_requests)
+    given_up = _evaluate(sensor, instance, resource, result.cursor)
+    assert not given_up.run_requests
+    (holey,) = [e for e in given_up.asset_events
+                if isinstance(e, AssetCheckEvaluation) and e.asset_key == env.key("holey", "slices")]
+    assert holey.severity == AssetCheckSeverity.ERROR and "given up" in (holey.description or "")
+    assert sorted(cast(dict[str, str], holey.metadata["lost_windows"].value)) == [key(8), key(7)]
+    # the continuity check, run on its own schedule, says the same (whatever this MongoDB's oplog holds)
+    evaluations = _run_checks(env, instance)
+    checked = evaluations[env.key("holey", "slices")]
+    assert not checked.passed and checked.severity == AssetCheckSeverity.ERROR
+    assert sorted(cast(dict[str, str], checked.metadata["lost_windows"].value)) == [key(8), key(7)]
+    assert evaluations[env.key("whole", "slices")].metadata["lost_count"].value == 0
+
+
 def test_schedule_lands_the_latest_closed_window_of_every_collection_in_one_run(
         tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
     env = make_env(tmp_path, mongo_uri, db, ["a", "b"])
@@ -377,6 +445,7 @@ def test_sensors_that_launch_runs_target_the_snapshot_assets(
     env = make_env(tmp_path, mongo_uri, db, ["a"])
     sensors = {s.name: s for s in env.defs.sensors or []}
     graph = env.defs.resolve_asset_graph()
-    for name, kinds in (("mongocdc_signals", ("snapshot", "incremental_snapshot")), ("mongocdc_oplog_window", ("snapshot",))):
+    for name, kinds in (("mongocdc_signals", ("snapshot", "incremental_snapshot")),
+                        ("mongocdc_oplog_window", ("snapshot",)), ("mongocdc_slice_gaps", ("slices",))):
         (target,) = sensors[name].targets  # type: ignore[union-attr]
         assert target.job_def.selection.resolve(graph) == {env.key("a", k) for k in kinds}  # type: ignore[union-attr]

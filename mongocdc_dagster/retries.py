@@ -1,0 +1,47 @@
+"""What is retried after a CDC run fails, and by whom: Dagster's split between steps and runs.
+
+- A step that fails on something transient (a primary step-down, MongoDB or the broker briefly out) is run
+  again inside its run by its ``RetryPolicy`` (:data:`STEP_RETRY_POLICY`, with a growing pause). A step
+  that raises ``Failure(allow_retries=False)`` ("history lost", a collection the filters leave out, a bad
+  filter) is not: Dagster's step retries skip it, and running it again would only fail the same way.
+- A run that fails as a whole (its worker killed, the daemon restarted under it, a run that never started)
+  is run again by Dagster's run retries (``run_retries: enabled`` in dagster.yaml) for the runs tagged with
+  :data:`RUN_RETRY_TAGS`: the latest-window schedule's slice runs and the sensors' snapshot runs. The tags
+  say "not after a step failure" (``dagster/retry_on_asset_or_op_failure: false``): the step's own policy has
+  already retried what was worth retrying, so a run failed by its step is not run twice more.
+- A run that is terminated (the UI, a stop-snapshot signal) stops: :func:`stop_when_terminated` turns the
+  interrupt Dagster raises in the step into a failure no policy retries (a ``RetryPolicy`` would otherwise
+  run the step again in the terminated run, since Dagster retries an interrupted step under it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from dagster import AssetExecutionContext, Backoff, DagsterRunStatus, Failure, Jitter, RetryPolicy
+from dagster._core.errors import DagsterExecutionInterruptedError
+from dagster._core.storage.tags import MAX_RETRIES_TAG, RETRY_ON_ASSET_OR_OP_FAILURE_TAG
+
+#: Step retries of the snapshot and slice assets: 15 s, 45 s, then 105 s (about) after the failure; together
+#: longer than a replica set's election and a broker restart, shorter than a few one-minute windows.
+STEP_RETRY_POLICY = RetryPolicy(max_retries=3, delay=15, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
+#: How often a run that failed as a whole is run again.
+RUN_RETRIES = 2
+#: The tags of the runs mongocdc requests (slices, snapshots): run retries for run-level failures only.
+RUN_RETRY_TAGS = {MAX_RETRIES_TAG: str(RUN_RETRIES), RETRY_ON_ASSET_OR_OP_FAILURE_TAG: "false"}
+
+_TERMINATING = (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED)
+
+
+@contextmanager
+def stop_when_terminated(context: AssetExecutionContext) -> Iterator[None]:
+    """Wraps a step's body: an interrupt of a run being terminated ends the step, never retried; any other
+    interrupt (the worker's process told to stop) stays an interrupt, for the step's policy and Dagster."""
+    try:
+        yield
+    except (DagsterExecutionInterruptedError, KeyboardInterrupt) as exc:
+        run = context.instance.get_run_by_id(context.run_id)
+        if run is not None and run.status in _TERMINATING:
+            raise Failure(f"run {context.run_id} was terminated", allow_retries=False) from exc
+        raise

@@ -1,0 +1,110 @@
+"""What happens after a CDC step or run fails: step retries for transient failures, run retries only for runs
+that failed as a whole, never a retry of a step that said it may not be retried."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import orjson
+import pytest
+from dagster import DagsterInstance, RetryPolicy, RunRequest, build_schedule_context, instance_for_test
+from dagster._core.errors import DagsterExecutionInterruptedError
+from dagster._core.events import DagsterEventType, RunFailureReason
+from dagster._core.execution.retries import auto_reexecution_should_retry_run
+from dagster._core.storage.tags import RUN_FAILURE_REASON_TAG, WILL_RETRY_TAG
+from pymongo.database import Database
+from pymongo.errors import AutoReconnect
+
+from mongocdc_core.source.oplog import OplogWindow
+from mongocdc_dagster.assets import cdc
+from mongocdc_dagster.resources import MongoCdcResource
+from mongocdc_dagster.schedules import build_latest_window_schedule
+from tests.dagster.cdc_helpers import CdcEnv, make_env
+
+
+@pytest.fixture
+def retrying_instance() -> Iterator[DagsterInstance]:
+    """An instance with run retries on and no retries by default, as the project's dagster.yaml."""
+    with instance_for_test(overrides={"run_retries": {"enabled": True, "max_retries": 0}}) as inst:
+        yield inst
+
+
+def _schedule_request(env: CdcEnv, instance: DagsterInstance) -> RunRequest:
+    """The latest-window schedule's request for the window closed last."""
+    schedule = build_latest_window_schedule(env.cdc)
+    with build_schedule_context(instance=instance, scheduled_execution_time=datetime.now(UTC)) as context:
+        (request,) = list(cast(Iterator[RunRequest], schedule(context)))
+    return request
+
+
+def test_a_slice_run_whose_step_may_not_be_retried_is_not_run_again(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], retrying_instance: DagsterInstance) -> None:
+    """A step that raises ``Failure(allow_retries=False)`` (here: a collection the filters leave out; "history
+    lost" alike) runs once, and its run is not retried either; the same run failing as a whole would be."""
+    env = make_env(tmp_path, mongo_uri, db, ["a"])
+    request = _schedule_request(env, retrying_instance)
+    config = Path(env.mongocdc.config_path)
+    connector = orjson.loads(config.read_bytes())
+    connector["config"]["collection.exclude.list"] = env.ns("a")
+    config.write_bytes(orjson.dumps(connector))
+    result = env.materialize(retrying_instance, [env.key("a", "slices")], partition_key=request.partition_key,
+                             tags=request.tags, raise_on_error=False)
+    assert not result.success
+    assert [e for e in result.all_events if e.event_type == DagsterEventType.STEP_UP_FOR_RETRY] == []
+    run = retrying_instance.get_run_by_id(result.run_id)
+    assert run is not None and run.tags[RUN_FAILURE_REASON_TAG] == RunFailureReason.STEP_FAILURE.value
+    assert run.tags[WILL_RETRY_TAG] == "false"  # Dagster's run retries leave it alone
+    # the same run killed with its worker is run again
+    assert auto_reexecution_should_retry_run(retrying_instance, run, RunFailureReason.UNEXPECTED_TERMINATION)
+
+
+def test_a_transient_step_failure_is_retried_inside_its_run(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], retrying_instance: DagsterInstance,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """MongoDB unreachable for a moment (as during a step-down): the step's RetryPolicy runs it again in the
+    same run (here without the pause), which lands the window."""
+    monkeypatch.setattr(cdc, "STEP_RETRY_POLICY", RetryPolicy(max_retries=3, delay=0))
+    env = make_env(tmp_path, mongo_uri, db, ["a"])
+    request = _schedule_request(env, retrying_instance)
+    real = MongoCdcResource.oplog_window
+    calls: list[int] = []
+
+    def once_unreachable(self: MongoCdcResource, *args: Any, **kwargs: Any) -> OplogWindow:
+        calls.append(1)
+        if len(calls) == 1:
+            raise AutoReconnect("primary stepped down")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(MongoCdcResource, "oplog_window", once_unreachable)
+    key = env.key("a", "slices")
+    result = env.materialize(retrying_instance, [key], partition_key=request.partition_key, tags=request.tags)
+    assert result.success
+    assert len([e for e in result.all_events if e.event_type == DagsterEventType.STEP_UP_FOR_RETRY]) == 1
+    assert retrying_instance.get_materialized_partitions(key) == {request.partition_key}
+    assert len(calls) == 2
+
+
+def test_a_terminated_run_stops_instead_of_retrying_its_step(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], retrying_instance: DagsterInstance,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dagster turns a run's termination into an interrupt of its step, which a RetryPolicy would run again in
+    the terminated run (as a stop-snapshot signal's cancellation would be ignored): the step ends, once."""
+    monkeypatch.setattr(cdc, "STEP_RETRY_POLICY", RetryPolicy(max_retries=3, delay=0))
+    env = make_env(tmp_path, mongo_uri, db, ["a"])
+    request = _schedule_request(env, retrying_instance)
+    calls: list[int] = []
+
+    def terminated(self: MongoCdcResource, *args: Any, **kwargs: Any) -> OplogWindow:
+        calls.append(1)
+        (run,) = retrying_instance.get_runs()
+        retrying_instance.report_run_canceling(run)  # as the run launcher's terminate does, then interrupts
+        raise DagsterExecutionInterruptedError("terminated")
+
+    monkeypatch.setattr(MongoCdcResource, "oplog_window", terminated)
+    result = env.materialize(retrying_instance, [env.key("a", "slices")], partition_key=request.partition_key,
+                             tags=request.tags, raise_on_error=False)
+    assert not result.success and len(calls) == 1
+    assert [e for e in result.all_events if e.event_type == DagsterEventType.STEP_UP_FOR_RETRY] == []
