@@ -118,7 +118,7 @@ class _Collection:
     #: Python path applies).
     writer: raw.ChangeWriter | None
     #: Its change records' landing rows, which ``writer`` appends to (a converter built for the Parquet landing
-    #: in the default format; else None).
+    #: in the default or the Debezium 3.x format; else None).
     landing: ChangeLanding | None
 
 
@@ -352,12 +352,12 @@ class _Debezium3Values:
     """The Debezium 3.x format (``debezium3.value_template``): the Java driver's texts (``debezium3``),
     ``source`` without ``rs`` and with ``ts_*`` of the event's ``wallTime``, reads marked as Debezium 3.x
     marks them (:func:`debezium3.read_source`), its own transaction records (:data:`debezium3.TRANSACTIONS`)
-    and heartbeat schemas. The compiled module writes none of its landing parts."""
+    and heartbeat schemas. The compiled module writes its landing parts, as in the default format."""
 
     slots: tuple[str | bytes, ...] = _DEBEZIUM3_WRITER_SLOTS
     renamed_last = True
-    landing_parts = False
-    landing_afters = False
+    landing_parts = True
+    landing_afters = True
     transactions = debezium3.TRANSACTIONS
     schema = staticmethod(debezium3.envelope_schema)
     template = staticmethod(debezium3.value_template)

@@ -1327,10 +1327,10 @@ impl ChangeWriter {
         Ok(Some((PyBytes::new(py, &key), PyBytes::new(py, &value), wall_ms)))
     }
 
-    /// `write` of the default format, also appending the record's landing row to `into` (see
-    /// `landing::ChangeLanding`) at its position (`seconds`, `increment`, `ordinal`), taken from the parts as
-    /// they are written: (key, value, `wallTime` ms or None, its `LandingRow`, or None when `into` could not
-    /// take it); None when `write` would give None; a ValueError in another format.
+    /// `write` of the default or the Debezium 3.x format, also appending the record's landing row to `into`
+    /// (see `landing::ChangeLanding`) at its position (`seconds`, `increment`, `ordinal`), taken from the parts
+    /// as they are written: (key, value, `wallTime` ms or None, its `LandingRow`, or None when `into` could not
+    /// take it); None when `write` would give None; a ValueError in the 1.x format (no such columns).
     #[pyo3(signature = (raw, header, increment, lsid, now_ns, block, into, seconds, ordinal))]
     #[allow(clippy::type_complexity)]
     #[allow(clippy::too_many_arguments)]
@@ -1347,29 +1347,56 @@ impl ChangeWriter {
         seconds: i64,
         ordinal: i64,
     ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<i64>, Option<landing::LandingRow>)>> {
-        if self.printable.is_some() || self.legacy {
-            return Err(PyValueError::new_err("write_landing writes the default format's records only (see EventConverter)"));
+        if self.legacy {
+            return Err(PyValueError::new_err("write_landing writes the default and Debezium 3.x formats' records only (see EventConverter)"));
         }
         let header = header.get();
         let op = header.op_type.bind(py).to_str()?;
         let event = Event { op, seconds: i64::from(header.seconds), increment, txn_number: header.txn_number, lsid, now_ns, block };
         let rules = self.rules.as_ref().map(|r| r.get());
-        let mut spans = LandingSpans::default();
-        let (key, value, wall_ms, row) = match self.write_parts(&DefaultFormat { rules }, raw, &event, Some(&mut spans)) {
-            Ok((key, value, wall_ms, (before, after))) => {
-                let letter: &[u8] = if op == "insert" { b"c" } else if op == "delete" { b"d" } else { b"u" };
-                let spans = (spans.update, spans.source);
-                let row = into.borrow_mut().push_change(py, &key, &value, &before, &after, spans, now_ns.div_euclid(1_000_000),
-                                                        [seconds, increment, ordinal], letter)?;
-                (key, value, wall_ms, row)
+        let position = [seconds, increment, ordinal];
+        let landed = match &self.printable {
+            None => self.landed(py, &DefaultFormat { rules }, raw, &event, into, position)?,
+            Some(printable) => {
+                let format = java::Debezium3::new(printable, rules).map_err(PyValueError::new_err)?;
+                self.landed(py, &format, raw, &event, into, position)?
             }
-            // A template not laid out as the default format's: the record as `write` writes it, without a row.
-            Err(_) => match self.write_with(&DefaultFormat { rules }, raw, &event) {
-                Ok((key, value, wall_ms)) => (key, value, wall_ms, None),
-                Err(_) => return Ok(None),
-            },
         };
+        let Some((key, value, wall_ms, row)) = landed else { return Ok(None) };
         Ok(Some((PyBytes::new(py, &key), PyBytes::new(py, &value), wall_ms, row)))
+    }
+}
+
+/// A record as `write_landing` writes it: key, value, `wallTime` ms, and its landing row (None: not taken).
+type Landed = (Vec<u8>, Vec<u8>, Option<i64>, Option<landing::LandingRow>);
+
+impl ChangeWriter {
+    /// `write_landing` in one format: the record and its row, or the record alone when its template is not
+    /// laid out as the landing reads it; None when `write` would give None.
+    fn landed<F: PartsFormat>(
+        &self,
+        py: Python<'_>,
+        format: &F,
+        raw: &[u8],
+        event: &Event<'_>,
+        into: &Bound<'_, landing::ChangeLanding>,
+        position: [i64; 3],
+    ) -> PyResult<Option<Landed>> {
+        let mut spans = LandingSpans::default();
+        Ok(match self.write_parts(format, raw, event, Some(&mut spans)) {
+            Ok((key, value, wall_ms, (before, after))) => {
+                let letter: &[u8] = match event.op {
+                    "insert" => b"c",
+                    "delete" => b"d",
+                    _ => b"u",
+                };
+                let spans = (spans.update, spans.source);
+                let ts_ms = event.now_ns.div_euclid(1_000_000);
+                let row = into.borrow_mut().push_change(py, &key, &value, &before, &after, spans, ts_ms, position, letter)?;
+                Some((key, value, wall_ms, row))
+            }
+            Err(_) => self.write_with(format, raw, event).ok().map(|(key, value, wall_ms)| (key, value, wall_ms, None)),
+        })
     }
 }
 
