@@ -411,7 +411,7 @@ impl<S: Style> DocumentWriter for Writer<S> {
 }
 
 /// Whether a document repeats a member name (`names` is reordered).
-fn repeats(names: &mut [&[u8]]) -> bool {
+fn repeats<T: Ord>(names: &mut [T]) -> bool {
     if names.len() <= LINEAR_NAMES {
         return names.iter().enumerate().any(|(i, name)| names[..i].contains(name));
     }

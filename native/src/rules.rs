@@ -100,21 +100,21 @@ impl<'a> Rules<'a> for NodeRules<'a> {
     fn place(self, name: &'a [u8]) -> Result<Option<Placed<'a, Self>>, Unsupported> {
         let inside = |node: &'a Node| Some(NodeRules { node, renamed_last: self.renamed_last });
         Ok(match self.node.rule(name) {
-            None => Some(Placed { name: Cow::Borrowed(name), inside: None, last: None }),
+            None => Some(Placed { name: Cow::Borrowed(name), inside: None, last: None, checked: false }),
             Some(rule) if rule.exclude => None,
-            Some(Rule { rename: Some((new_name, index)), inside: node, .. }) => {
-                Some(Placed { name: Cow::Borrowed(new_name), inside: inside(node), last: self.renamed_last.then_some(*index) })
-            }
-            Some(rule) => Some(Placed { name: Cow::Borrowed(name), inside: inside(&rule.inside), last: None }),
+            Some(Rule { rename: Some((new_name, index)), inside: node, .. }) => Some(Placed {
+                name: Cow::Borrowed(new_name),
+                inside: inside(node),
+                last: self.renamed_last.then_some(*index),
+                checked: true,
+            }),
+            Some(rule) => Some(Placed { name: Cow::Borrowed(name), inside: inside(&rule.inside), last: None, checked: false }),
         })
     }
 
-    /// A member renamed onto a name the document has: merged by a dict.
-    fn clash(self, names: &[&[u8]], _written: &mut [&[u8]]) -> bool {
-        names.iter().any(|name| match self.node.rule(name) {
-            Some(Rule { exclude: false, rename: Some((new_name, _)), .. }) => names.contains(&new_name.as_slice()),
-            _ => false,
-        })
+    /// A member renamed onto a name the document has (`written`: the new names): merged by a dict.
+    fn clash(self, names: &[&[u8]], written: &mut [Cow<'a, [u8]>]) -> bool {
+        written.iter().any(|new_name| names.contains(&new_name.as_ref()))
     }
 }
 
@@ -136,11 +136,12 @@ impl<'a> Rules<'a> for UpdatePaths<'a> {
             name: Cow::Owned(path),
             inside: Some(NodeRules { node, renamed_last }),
             last: renamed_by.filter(|_| renamed_last),
+            checked: true,
         }))
     }
 
-    /// Two paths made one: merged by a dict.
-    fn clash(self, _names: &[&[u8]], written: &mut [&[u8]]) -> bool {
+    /// Two paths made one (`written`: every path): merged by a dict.
+    fn clash(self, _names: &[&[u8]], written: &mut [Cow<'a, [u8]>]) -> bool {
         repeats(written)
     }
 }

@@ -74,12 +74,14 @@ pub(crate) fn string_text(value: &[u8]) -> Option<&[u8]> {
     Some(&value[4..value.len() - 1])
 }
 
-/// Where a member goes under field rules: its name as written, the rules inside its value (None: none)
-/// and, for a member written after the others (Debezium 3.x's renamed fields), its place among them.
+/// Where a member goes under field rules: its name as written, the rules inside its value (None: none),
+/// for a member written after the others (Debezium 3.x's renamed fields) its place among them, and
+/// whether its name is one `Rules::clash` checks.
 pub(crate) struct Placed<'a, R> {
     pub(crate) name: Cow<'a, [u8]>,
     pub(crate) inside: Option<R>,
     pub(crate) last: Option<usize>,
+    pub(crate) checked: bool,
 }
 
 /// Field rules at one level of a document: what each member becomes.
@@ -92,9 +94,9 @@ pub(crate) trait Rules<'a>: Copy {
     fn any(self) -> bool;
     /// Where member `name` goes; None when it is left out.
     fn place(self, name: &'a [u8]) -> Result<Option<Placed<'a, Self::Inside>>, Unsupported>;
-    /// Whether the names as written (`written`, reordered here) are not what a dict would make of the
-    /// document's own (`names`): the Python path's then.
-    fn clash(self, names: &[&[u8]], written: &mut [&[u8]]) -> bool;
+    /// Whether the checked names as written (`written`, reordered here) are not what a dict would make of
+    /// the document's own (`names`): the Python path's then.
+    fn clash(self, names: &[&[u8]], written: &mut [Cow<'a, [u8]>]) -> bool;
 }
 
 /// No rules: every member as it is.
@@ -112,17 +114,18 @@ impl<'a> Rules<'a> for Unruled {
 
     #[inline]
     fn place(self, name: &'a [u8]) -> Result<Option<Placed<'a, Unruled>>, Unsupported> {
-        Ok(Some(Placed { name: Cow::Borrowed(name), inside: None, last: None }))
+        Ok(Some(Placed { name: Cow::Borrowed(name), inside: None, last: None, checked: false }))
     }
 
     #[inline]
-    fn clash(self, _names: &[&[u8]], _written: &mut [&[u8]]) -> bool {
+    fn clash(self, _names: &[&[u8]], _written: &mut [Cow<'a, [u8]>]) -> bool {
         false
     }
 }
 
-/// A member written after the others: its place among them, name as written, type, value and inner rules.
-type Last<'a, R> = (usize, Cow<'a, [u8]>, u8, &'a [u8], Option<R>);
+/// A member written after the others: its place among them, name as written, type, value, inner rules and
+/// whether its name is checked.
+type Last<'a, R> = (usize, Cow<'a, [u8]>, u8, &'a [u8], Option<R>, bool);
 
 /// A writer of one text format.
 pub(crate) trait DocumentWriter: Sized {
@@ -217,11 +220,8 @@ pub(crate) trait DocumentWriter: Sized {
             }
             names.push(name);
             let Some(placed) = rules.place(name)? else { continue };
-            if R::RULED {
-                written.push(placed.name.clone());
-            }
             if let Some(place) = placed.last {
-                last.push((place, placed.name, kind, value, placed.inside));
+                last.push((place, placed.name, kind, value, placed.inside, placed.checked));
                 continue;
             }
             if count > 0 {
@@ -230,17 +230,23 @@ pub(crate) trait DocumentWriter: Sized {
             count += 1;
             self.name(&placed.name)?;
             self.ruled_value(kind, value, depth, placed.inside)?;
+            if R::RULED && placed.checked {
+                written.push(placed.name);
+            }
         }
         last.sort_by_key(|entry| entry.0);
-        for (_, name, kind, value, inside) in last {
+        for (_, name, kind, value, inside, checked) in last {
             if count > 0 {
                 self.out().extend_from_slice(separator);
             }
             count += 1;
             self.name(&name)?;
             self.ruled_value(kind, value, depth, inside)?;
+            if checked {
+                written.push(name);
+            }
         }
-        if R::RULED && rules.clash(&names, &mut written.iter().map(|name| name.as_ref()).collect::<Vec<_>>()) {
+        if R::RULED && rules.clash(&names, &mut written) {
             return Err(Unsupported);
         }
         if repeats(&mut names) {
