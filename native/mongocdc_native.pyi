@@ -87,7 +87,7 @@ class ChangeWriter:
         seconds: int,
         ordinal: int,
     ) -> tuple[bytes, bytes, int | None, LandingRow | None] | None:
-        """``write`` of the default format (ValueError in Debezium 3.x's and the 1.x format), also appending
+        """``write`` of the default or the Debezium 3.x format (ValueError in the 1.x format), also appending
         the record's landing row at position (``seconds``, ``increment``, ``ordinal``) to ``into``, taken from
         the parts as they are written: (key, value, ``wallTime`` ms, its row or None when ``into`` could not
         take it)."""

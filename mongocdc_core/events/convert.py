@@ -118,7 +118,7 @@ class _Collection:
     #: Python path applies).
     writer: raw.ChangeWriter | None
     #: Its change records' landing rows, which ``writer`` appends to (a converter built for the Parquet landing
-    #: in the default format; else None).
+    #: in the default or the Debezium 3.x format; else None).
     landing: ChangeLanding | None
 
 
@@ -202,6 +202,24 @@ def _cluster_ms(wall_ms: int | None, seconds: int) -> int:
     return seconds * 1000
 
 
+class _SessionTransactionIds:
+    """The default and 1.x formats' transaction ids (:func:`transaction_id`: ``<lsid id as UUID>:<txnNumber>``),
+    cached for the consecutive events of one transaction."""
+
+    def __init__(self) -> None:
+        self._last: tuple[Any, Any, str | None] = (None, None, None)
+
+    def __call__(self, lsid: Any, txn_number: Any) -> str | None:
+        if lsid is None or txn_number is None:
+            return None
+        last_lsid, last_number, last_id = self._last
+        if txn_number == last_number and lsid == last_lsid:
+            return last_id
+        txn_id = transaction_id(lsid, txn_number)
+        self._last = (lsid, txn_number, txn_id)
+        return txn_id
+
+
 class _ChangeStreamsValues:
     """The default format (``envelope.value_template``): ``before``, ``after`` and ``updateDescription``
     in ``DOCUMENT_STYLE``, ``source`` with ``lsid``, ``txnNumber`` and ``wallTime``."""
@@ -218,8 +236,8 @@ class _ChangeStreamsValues:
     data_collection = staticmethod(_data_collection)
     transaction_ms = staticmethod(_cluster_ms)
 
-    def __init__(self, options: EventOptions, transaction_id: Callable[[Any, Any], str | None]) -> None:
-        self.transaction_id = transaction_id
+    def __init__(self, options: EventOptions) -> None:
+        self.transaction_id = _SessionTransactionIds()
         self._pre_image = options.pre_image
         self._update_full = options.update_full
         self._last_lsid: Any = None
@@ -300,8 +318,8 @@ class _OplogValues:
     data_collection = staticmethod(_data_collection)
     transaction_ms = staticmethod(_cluster_ms)
 
-    def __init__(self, transaction_id: Callable[[Any, Any], str | None]) -> None:
-        self.transaction_id = transaction_id
+    def __init__(self) -> None:
+        self.transaction_id = _SessionTransactionIds()
 
     def session(self, lsid: Any, txn_number: Any) -> bytes:
         """``source.stxnid``."""
@@ -334,12 +352,12 @@ class _Debezium3Values:
     """The Debezium 3.x format (``debezium3.value_template``): the Java driver's texts (``debezium3``),
     ``source`` without ``rs`` and with ``ts_*`` of the event's ``wallTime``, reads marked as Debezium 3.x
     marks them (:func:`debezium3.read_source`), its own transaction records (:data:`debezium3.TRANSACTIONS`)
-    and heartbeat schemas. The compiled module writes none of its landing parts."""
+    and heartbeat schemas. The compiled module writes its landing parts, as in the default format."""
 
     slots: tuple[str | bytes, ...] = _DEBEZIUM3_WRITER_SLOTS
     renamed_last = True
-    landing_parts = False
-    landing_afters = False
+    landing_parts = True
+    landing_afters = True
     transactions = debezium3.TRANSACTIONS
     schema = staticmethod(debezium3.envelope_schema)
     template = staticmethod(debezium3.value_template)
@@ -438,13 +456,13 @@ class _Debezium3Values:
         return [debezium3.document_string(doc, None) for doc in documents]
 
 
-def _values(options: EventOptions, transaction_id: Callable[[Any, Any], str | None]) -> _Values:
+def _values(options: EventOptions) -> _Values:
     """The values writer of ``mongocdc.event.format``."""
     if options.event_format == "debezium_3x":
         return _Debezium3Values(options)
     if options.event_format == "oplog_1x":
-        return _OplogValues(transaction_id)
-    return _ChangeStreamsValues(options, transaction_id)
+        return _OplogValues()
+    return _ChangeStreamsValues(options)
 
 
 class EventConverter:
@@ -459,7 +477,7 @@ class EventConverter:
 
     def __init__(self, options: EventOptions, *, landing: bool = False) -> None:
         self.options = options
-        self._values: _Values = _values(options, self.transaction_id)
+        self._values: _Values = _values(options)
         self._landing = landing and self._values.landing_afters
         self._landing_parts = landing and self._values.landing_parts
         self._serializer = Serializer(options.schemas_enable)
@@ -480,22 +498,15 @@ class EventConverter:
         )
         self._heartbeat_prefix = Serializer.schema_prefix(heartbeat_value_schema_)
         self._last_session: tuple[bytes | None, Any] = (None, None)  # a raw lsid's BSON and its decoded form
-        self._last_txn: tuple[Any, Any, str | None] = (None, None, None)
         self._pre_image = options.pre_image
         self._update_full = options.update_full
         self._tombstones = options.tombstones_on_delete
         self._now_ns = options.now_ns
 
     def transaction_id(self, lsid: Any, txn_number: Any) -> str | None:
-        """:func:`transaction_id`, cached for the consecutive events of one transaction."""
-        if lsid is None or txn_number is None:
-            return None
-        last_lsid, last_number, last_id = self._last_txn
-        if txn_number == last_number and lsid == last_lsid:
-            return last_id
-        txn_id = transaction_id(lsid, txn_number)
-        self._last_txn = (lsid, txn_number, txn_id)
-        return txn_id
+        """The id of an event's transaction (None outside one), as the format writes it in its records: the
+        ``LastTransactionId`` metric's (Debezium's is the records' id: in 3.x ``source.lsid:txnNumber``)."""
+        return self._values.transaction_id(lsid, txn_number)
 
     @property
     def transaction_topic(self) -> str:

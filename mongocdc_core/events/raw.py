@@ -156,8 +156,8 @@ class ChangeWriter(Protocol):
     def write_landing(self, raw: bytes | memoryview, header: Header, increment: int, lsid: bytes | None, now_ns: int,
                       block: bytes | None, into: ChangeLanding, seconds: int, ordinal: int,
                       ) -> tuple[bytes, bytes, int | None, LandingParts | None] | None:  # fmt: skip
-        """``write`` of the default format, also appending the record's landing row at position (``seconds``,
-        ``increment``, ``ordinal``) to ``into``: that row, or None when ``into`` could not take it."""
+        """``write`` of the default or the Debezium 3.x format, also appending the record's landing row at position
+        (``seconds``, ``increment``, ``ordinal``) to ``into``: that row, or None when ``into`` could not take it."""
 
 
 def change_landing(collection: str, heads: tuple[bytes, bytes] | None) -> ChangeLanding | None:

@@ -9,10 +9,10 @@
 use base64::Engine as _;
 
 use crate::rules::FieldRules;
-use crate::walk::{string_text, DocumentWriter};
+use crate::walk::{self, DocumentWriter};
 use crate::{
-    decimal128_text, element_end, le_i32, le_i64, members, optional_members, removed_fields, truncated_arrays,
-    envelope_parts, EnvelopeFormat, Parts, PartsFormat, Shortest, Unsupported, Written, BASE64, HEX,
+    decimal128_text, document_string, envelope_parts, push_int, update_description, write_into, EnvelopeFormat, Parts,
+    PartsFormat, Shortest, Unsupported, Written, BASE64, HEX,
 };
 
 /// A JSON string's delimiter inside the enclosing literal.
@@ -62,25 +62,11 @@ impl<'a> Debezium3<'a> {
 
 impl PartsFormat for Debezium3<'_> {
     fn key_id(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
-        let (kind, value) = id_member(document).ok_or(Unsupported)?;
-        let mut key = self.writer(RELAXED_INDENTED, std::mem::take(out));
-        key.out.push(b'"');
-        let written = key.value(kind, value, 0);
-        key.out.push(b'"');
-        *out = key.out;
-        written
+        write_into(out, |out| self.writer(RELAXED_INDENTED, out), |writer| walk::key_id(writer, document, |_| true))
     }
 
     fn document(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
-        let mut writer = self.writer(STRICT_INDENTED, std::mem::take(out));
-        writer.out.push(b'"');
-        let written = match self.rules {
-            None => writer.document(document, false, 0),
-            Some(rules) => rules.document(&mut writer, document),
-        };
-        writer.out.push(b'"');
-        *out = writer.out;
-        written
+        write_into(out, |out| self.writer(STRICT_INDENTED, out), |writer| document_string(writer, document, self.rules))
     }
 
     fn change_parts(&self, raw: &[u8], op: &str, pre_image: bool, update_full: bool) -> Result<Parts, Unsupported> {
@@ -92,56 +78,25 @@ impl EnvelopeFormat for Debezium3<'_> {
     /// `debezium3.update_description`: `updatedFields` always (`"{}"` when absent or empty), the
     /// lists null when empty.
     fn update_description(&self, desc: &[u8]) -> Result<Vec<u8>, Unsupported> {
-        let (mut updated, mut removed, mut truncated) = (None, None, None);
-        for (name, kind, value) in members(desc).ok_or(Unsupported)? {
-            match (name, kind) {
-                (b"updatedFields", 0x03) => updated = Some(value),
-                (b"removedFields", 0x04) => removed = Some(value),
-                (b"truncatedArrays", 0x04) => truncated = Some(value),
-                (b"updatedFields", 0x0a) => updated = None,
-                (b"removedFields", 0x0a) => removed = None,
-                (b"truncatedArrays", 0x0a) => truncated = None,
-                (b"updatedFields" | b"removedFields" | b"truncatedArrays", _) => return Err(Unsupported),
-                _ => {}
-            }
-        }
-        let mut out = self.writer(RELAXED, Vec::with_capacity(desc.len() * 2));
-        out.out.extend_from_slice(b"{\"removedFields\":");
-        removed_fields(&mut out.out, optional_members(removed)?, self.rules)?;
-        out.out.extend_from_slice(b",\"updatedFields\":\"");
-        match (updated, self.rules) {
-            (Some(fields), None) => out.document(fields, false, 0)?,
-            (Some(fields), Some(rules)) => {
-                rules.updated_fields(&mut out, fields)?;
-            }
-            (None, _) => out.out.extend_from_slice(b"{}"),
-        }
-        out.out.extend_from_slice(b"\",\"truncatedArrays\":");
-        truncated_arrays(&mut out.out, optional_members(truncated)?, self.rules)?;
-        out.out.push(b'}');
-        Ok(out.out)
+        update_description(self.writer(RELAXED, Vec::with_capacity(desc.len() * 2)), desc, self.rules, false)
     }
 }
 
-/// The type and value bytes of a document's first `_id` (a repeated one fails the document's own walk).
-fn id_member(document: &[u8]) -> Option<(u8, &[u8])> {
-    if document.len() < 5 {
-        return None;
-    }
-    let end = document.len() - 1;
-    let mut at = 4;
-    while at < end {
-        let kind = document[at];
-        let name_end = at + 1 + document[at + 1..end].iter().position(|&b| b == 0)?;
-        let found = &document[at + 1..name_end] == b"_id";
-        at = name_end + 1;
-        let next = element_end(kind, document, at, end)?;
-        if found {
-            return Some((kind, &document[at..next]));
+/// Writes BSON values in one setting, as the contents of a JSON string literal.
+struct JavaWriter<'a> {
+    out: Vec<u8>,
+    settings: Settings,
+    printable: &'a [u8],
+}
+
+impl JavaWriter<'_> {
+    /// `\uXXXX` (lowercase hex) of one UTF-16 unit.
+    fn unit(&mut self, code: u32) {
+        self.out.extend_from_slice(b"\\\\u");
+        for shift in [12, 8, 4, 0] {
+            self.out.push(HEX[((code >> shift) & 15) as usize]);
         }
-        at = next;
     }
-    None
 }
 
 impl DocumentWriter for JavaWriter<'_> {
@@ -157,31 +112,6 @@ impl DocumentWriter for JavaWriter<'_> {
         self.string(name)?;
         self.out.extend_from_slice(b": ");
         Ok(())
-    }
-
-    fn scalar(&mut self, kind: u8, value: &[u8]) -> Written {
-        JavaWriter::scalar(self, kind, value)
-    }
-}
-
-/// Writes BSON values in one setting, as the contents of a JSON string literal.
-struct JavaWriter<'a> {
-    out: Vec<u8>,
-    settings: Settings,
-    printable: &'a [u8],
-}
-
-impl JavaWriter<'_> {
-    fn integer(&mut self, value: i64) {
-        self.out.extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
-    }
-
-    /// `\uXXXX` (lowercase hex) of one UTF-16 unit.
-    fn unit(&mut self, code: u32) {
-        self.out.extend_from_slice(b"\\\\u");
-        for shift in [12, 8, 4, 0] {
-            self.out.push(HEX[((code >> shift) & 15) as usize]);
-        }
     }
 
     /// A string as `StrictCharacterStreamJsonWriter.writeStringHelper` writes it: the short escapes,
@@ -283,14 +213,14 @@ impl JavaWriter<'_> {
     fn date(&mut self, millis: i64) {
         self.out.extend_from_slice(b"{\\\"$date\\\": ");
         if !self.settings.relaxed {
-            self.integer(millis);
+            push_int(&mut self.out, millis);
         } else if (0..=LAST_ISO_MILLIS).contains(&millis) {
             self.out.extend_from_slice(QUOTE);
             iso_millis(&mut self.out, millis);
             self.out.extend_from_slice(QUOTE);
         } else {
             self.out.extend_from_slice(b"{\\\"$numberLong\\\": \\\"");
-            self.integer(millis);
+            push_int(&mut self.out, millis);
             self.out.extend_from_slice(b"\\\"}");
         }
         self.out.push(b'}');
@@ -321,56 +251,45 @@ impl JavaWriter<'_> {
         Ok(())
     }
 
-    /// One value of type `kind` other than a document or an array (`value` its bytes, as `element_end` cuts them).
-    fn scalar(&mut self, kind: u8, value: &[u8]) -> Written {
-        match kind {
-            0x01 => self.double(f64::from_bits(le_i64(value, 0).ok_or(Unsupported)? as u64))?,
-            0x02 => self.string(string_text(value).ok_or(Unsupported)?)?,
-            0x05 => self.binary(*value.get(4).ok_or(Unsupported)?, &value[5..])?,
-            0x07 => {
-                self.out.extend_from_slice(b"{\\\"$oid\\\": \\\"");
-                for &byte in value {
-                    self.out.push(HEX[(byte >> 4) as usize]);
-                    self.out.push(HEX[(byte & 15) as usize]);
-                }
-                self.out.extend_from_slice(b"\\\"}");
-            }
-            0x08 => match value {
-                [0] => self.out.extend_from_slice(b"false"),
-                [1] => self.out.extend_from_slice(b"true"),
-                _ => return Err(Unsupported),
-            },
-            0x09 => self.date(le_i64(value, 0).ok_or(Unsupported)?),
-            0x0a => self.out.extend_from_slice(b"null"),
-            0x10 => self.integer(le_i32(value, 0).ok_or(Unsupported)? as i64),
-            0x11 => {
-                let (inc, time) = (le_i32(value, 0).ok_or(Unsupported)? as u32, le_i32(value, 4).ok_or(Unsupported)? as u32);
-                self.out.extend_from_slice(b"{\\\"$timestamp\\\": {\\\"t\\\": ");
-                self.integer(time as i64);
-                self.out.extend_from_slice(self.settings.sep);
-                self.out.extend_from_slice(b"\\\"i\\\": ");
-                self.integer(inc as i64);
-                self.out.extend_from_slice(b"}}");
-            }
-            0x12 => {
-                let number = le_i64(value, 0).ok_or(Unsupported)?;
-                if self.settings.relaxed {
-                    self.integer(number);
-                } else {
-                    self.out.extend_from_slice(b"{\\\"$numberLong\\\": \\\"");
-                    self.integer(number);
-                    self.out.extend_from_slice(b"\\\"}");
-                }
-            }
-            0x13 => {
-                self.out.extend_from_slice(b"{\\\"$numberDecimal\\\": \\\"");
-                decimal128_text(&mut self.out, value)?;
-                self.out.extend_from_slice(b"\\\"}");
-            }
-            0xff => self.out.extend_from_slice(b"{\\\"$minKey\\\": 1}"),
-            0x7f => self.out.extend_from_slice(b"{\\\"$maxKey\\\": 1}"),
-            _ => return Err(Unsupported),
+    fn object_id(&mut self, id: &[u8]) {
+        self.out.extend_from_slice(b"{\\\"$oid\\\": \\\"");
+        for &byte in id {
+            self.out.push(HEX[(byte >> 4) as usize]);
+            self.out.push(HEX[(byte & 15) as usize]);
         }
+        self.out.extend_from_slice(b"\\\"}");
+    }
+
+    /// Relaxed, a number; strict, `{"$numberLong": "<n>"}`.
+    fn int64(&mut self, value: i64) {
+        if self.settings.relaxed {
+            push_int(&mut self.out, value);
+        } else {
+            self.out.extend_from_slice(b"{\\\"$numberLong\\\": \\\"");
+            push_int(&mut self.out, value);
+            self.out.extend_from_slice(b"\\\"}");
+        }
+    }
+
+    fn decimal128(&mut self, bid: &[u8]) -> Written {
+        self.out.extend_from_slice(b"{\\\"$numberDecimal\\\": \\\"");
+        decimal128_text(&mut self.out, bid)?;
+        self.out.extend_from_slice(b"\\\"}");
+        Ok(())
+    }
+
+    fn timestamp(&mut self, time: u32, increment: u32) -> Written {
+        self.out.extend_from_slice(b"{\\\"$timestamp\\\": {\\\"t\\\": ");
+        push_int(&mut self.out, i64::from(time));
+        self.out.extend_from_slice(self.settings.sep);
+        self.out.extend_from_slice(b"\\\"i\\\": ");
+        push_int(&mut self.out, i64::from(increment));
+        self.out.extend_from_slice(b"}}");
+        Ok(())
+    }
+
+    fn key_bound(&mut self, max: bool) -> Written {
+        self.out.extend_from_slice(if max { b"{\\\"$maxKey\\\": 1}" } else { b"{\\\"$minKey\\\": 1}" });
         Ok(())
     }
 }

@@ -22,7 +22,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
-use walk::{string_text, DocumentWriter};
+use std::borrow::Cow;
+
+use walk::{first_member, string_text, DocumentWriter, Elements, Unruled};
 
 /// The document needs the Python path (a type or form not written here).
 struct Unsupported;
@@ -296,14 +298,31 @@ impl<S: Style> Writer<S> {
     fn new(out: Vec<u8>) -> Self {
         Writer { out, style: std::marker::PhantomData }
     }
+}
 
-    /// A string value or member name: orjson's escapes, then those of the enclosing literal.
-    fn string(&mut self, text: &[u8]) -> Written {
-        json_string::<true>(&mut self.out, text)
+impl<S: Style> DocumentWriter for Writer<S> {
+    fn out(&mut self) -> &mut Vec<u8> {
+        &mut self.out
     }
 
-    fn integer(&mut self, value: i64) {
-        self.out.extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
+    fn separator(&self, array: bool) -> &'static [u8] {
+        if array {
+            S::ARRAY
+        } else {
+            b","
+        }
+    }
+
+    fn name(&mut self, name: &[u8]) -> Written {
+        self.string(name)?;
+        self.out.extend_from_slice(S::NAME);
+        Ok(())
+    }
+
+    /// A string value or member name: orjson's escapes, then those of the enclosing literal.
+    #[inline]
+    fn string(&mut self, text: &[u8]) -> Written {
+        json_string::<true>(&mut self.out, text)
     }
 
     /// A finite double as orjson writes it: the shortest round-trip digits, positional from 1e-5
@@ -368,107 +387,31 @@ impl<S: Style> Writer<S> {
         self.out.extend_from_slice(b"\\\"}");
     }
 
-    /// The key's `id` string of the top-level `_id` (key-table style): ObjectId, int32, int64, string.
-    fn key_id(&mut self, data: &[u8]) -> Written {
-        if data.len() < 5 {
-            return Err(Unsupported);
-        }
-        let end = data.len() - 1;
-        let mut at = 4;
-        while at < end {
-            let kind = data[at];
-            let name_end = at + 1 + data[at + 1..end].iter().position(|&b| b == 0).ok_or(Unsupported)?;
-            let name = &data[at + 1..name_end];
-            at = name_end + 1;
-            if name != b"_id" {
-                at = element_end(kind, data, at, end).ok_or(Unsupported)?;
-                continue;
-            }
-            self.out.push(b'"');
-            match kind {
-                0x07 if at + 12 <= end => {
-                    self.out.extend_from_slice(b"{\\\"$oid\\\" : \\\"");
-                    for &byte in &data[at..at + 12] {
-                        self.out.push(HEX[(byte >> 4) as usize]);
-                        self.out.push(HEX[(byte & 15) as usize]);
-                    }
-                    self.out.extend_from_slice(b"\\\"}");
-                }
-                0x10 => self.integer(le_i32(data, at).ok_or(Unsupported)? as i64),
-                0x12 => {
-                    self.out.extend_from_slice(b"{\\\"$numberLong\\\" : \\\"");
-                    self.integer(le_i64(data, at).ok_or(Unsupported)?);
-                    self.out.extend_from_slice(b"\\\"}");
-                }
-                0x02 => {
-                    let size = le_i32(data, at).ok_or(Unsupported)?;
-                    let next = at + 4 + usize::try_from(size).map_err(|_| Unsupported)?;
-                    if size < 1 || next > end || data[next - 1] != 0 {
-                        return Err(Unsupported);
-                    }
-                    self.string(&data[at + 4..next - 1])?;
-                }
-                _ => return Err(Unsupported),
-            }
-            self.out.push(b'"');
-            return Ok(());
-        }
-        Err(Unsupported) // no _id: the Python path reports it
-    }
-}
-
-impl<S: Style> DocumentWriter for Writer<S> {
-    fn out(&mut self) -> &mut Vec<u8> {
-        &mut self.out
+    fn date(&mut self, millis: i64) {
+        self.out.extend_from_slice(S::DATE);
+        push_int(&mut self.out, millis);
+        self.out.push(b'}');
     }
 
-    fn separator(&self, array: bool) -> &'static [u8] {
-        if array {
-            S::ARRAY
-        } else {
-            b","
-        }
+    fn int64(&mut self, value: i64) {
+        self.out.extend_from_slice(S::LONG);
+        push_int(&mut self.out, value);
+        self.out.extend_from_slice(b"\\\"}");
     }
 
-    fn name(&mut self, name: &[u8]) -> Written {
-        self.string(name)?;
-        self.out.extend_from_slice(S::NAME);
-        Ok(())
+    /// Timestamps are the Python path's (json_util's spelling).
+    fn timestamp(&mut self, _time: u32, _increment: u32) -> Written {
+        Err(Unsupported)
     }
 
-    #[inline]
-    fn scalar(&mut self, kind: u8, value: &[u8]) -> Written {
-        match kind {
-            0x01 => self.double(f64::from_bits(le_i64(value, 0).ok_or(Unsupported)? as u64))?,
-            0x02 => self.string(string_text(value).ok_or(Unsupported)?)?,
-            0x07 => self.object_id(value),
-            0x05 => self.binary(*value.get(4).ok_or(Unsupported)?, &value[5..])?,
-            0x13 => self.decimal128(value)?,
-            0x08 => match value {
-                [0] => self.out.extend_from_slice(b"false"),
-                [1] => self.out.extend_from_slice(b"true"),
-                _ => return Err(Unsupported),
-            },
-            0x09 => {
-                self.out.extend_from_slice(S::DATE);
-                self.integer(le_i64(value, 0).ok_or(Unsupported)?);
-                self.out.push(b'}');
-            }
-            0x0a => self.out.extend_from_slice(b"null"),
-            0x10 => self.integer(le_i32(value, 0).ok_or(Unsupported)? as i64),
-            0x12 => {
-                self.out.extend_from_slice(S::LONG);
-                self.integer(le_i64(value, 0).ok_or(Unsupported)?);
-                self.out.extend_from_slice(b"\\\"}");
-            }
-            _ => return Err(Unsupported),
-        }
-        Ok(())
+    /// MinKey and MaxKey are the Python path's (json_util's spelling).
+    fn key_bound(&mut self, _max: bool) -> Written {
+        Err(Unsupported)
     }
 }
 
 /// Whether a document repeats a member name (`names` is reordered).
-fn repeats(names: &mut [&[u8]]) -> bool {
+fn repeats<T: Ord>(names: &mut [T]) -> bool {
     if names.len() <= LINEAR_NAMES {
         return names.iter().enumerate().any(|(i, name)| names[..i].contains(name));
     }
@@ -555,23 +498,7 @@ fn batch_of(reply: &[u8]) -> Result<Batch, String> {
 /// The value of the top-level member `name` of a document, when it has one of the types `kinds`
 /// (a nested document or array from its length to its NUL; a scalar as its bytes).
 fn member<'a>(document: &'a [u8], name: &[u8], kinds: &[u8]) -> Option<&'a [u8]> {
-    if document.len() < 5 {
-        return None;
-    }
-    let end = document.len() - 1;
-    let mut at = 4;
-    while at < end {
-        let kind = document[at];
-        let name_end = at + 1 + document[at + 1..end].iter().position(|&b| b == 0)?;
-        let found = &document[at + 1..name_end] == name;
-        at = name_end + 1;
-        let next = element_end(kind, document, at, end)?;
-        if found {
-            return kinds.contains(&kind).then(|| &document[at..next]);
-        }
-        at = next;
-    }
-    None
+    first_member(document, name).filter(|(kind, _)| kinds.contains(kind)).map(|(_, value)| value)
 }
 
 /// The cursor id of a raw `find`/`getMore` reply, its batch (the documents laid end to end, and
@@ -704,22 +631,11 @@ type Member<'a> = (&'a [u8], u8, &'a [u8]);
 /// The top-level members of a document as (name, BSON type, value bytes), in order; None when the
 /// document does not frame (or holds a type of no known length).
 fn members(document: &[u8]) -> Option<Vec<Member<'_>>> {
-    if document.len() < 5 || document[document.len() - 1] != 0 {
-        return None;
-    }
-    let end = document.len() - 1;
     let mut found = Vec::with_capacity(12);
-    let mut at = 4;
-    while at < end {
-        let kind = document[at];
-        let name_end = at + 1 + document[at + 1..end].iter().position(|&b| b == 0)?;
-        let name = &document[at + 1..name_end];
-        at = name_end + 1;
-        let next = element_end(kind, document, at, end)?;
-        found.push((name, kind, &document[at..next]));
-        at = next;
+    for element in Elements::of(document)? {
+        found.push(element.ok()?);
     }
-    (at == end).then_some(found)
+    Some(found)
 }
 
 /// A BSON string value's text (without its length and NUL).
@@ -823,64 +739,102 @@ fn optional_members(value: Option<&[u8]>) -> Result<Vec<Member<'_>>, Unsupported
     value.map_or(Ok(Vec::new()), |v| members(v).ok_or(Unsupported))
 }
 
-/// `updateDescription` as `envelope.update_description` writes it, with the collection's field rules.
-fn update_description(out: &mut Writer, desc: &[u8], rules: Option<&rules::FieldRules>) -> Written {
+/// The members of an `updateDescription` the formats write: `updatedFields`, `removedFields`,
+/// `truncatedArrays`, each None when absent or null (the last of a repeated name, as a decoded dict keeps it).
+type UpdateMembers<'a> = (Option<&'a [u8]>, Option<&'a [u8]>, Option<&'a [u8]>);
+
+fn update_members(desc: &[u8]) -> Result<UpdateMembers<'_>, Unsupported> {
     let (mut updated, mut removed, mut truncated) = (None, None, None);
     for (name, kind, value) in members(desc).ok_or(Unsupported)? {
-        match (name, kind) {
-            (b"updatedFields", 0x03) => updated = Some(value),
-            (b"removedFields", 0x04) => removed = Some(value),
-            (b"truncatedArrays", 0x04) => truncated = Some(value),
-            (b"updatedFields" | b"removedFields" | b"truncatedArrays", 0x0a) => {}
-            (b"updatedFields" | b"removedFields" | b"truncatedArrays", _) => return Err(Unsupported),
-            _ => {}
-        }
+        let (slot, wanted) = match name {
+            b"updatedFields" => (&mut updated, 0x03),
+            b"removedFields" => (&mut removed, 0x04),
+            b"truncatedArrays" => (&mut truncated, 0x04),
+            _ => continue,
+        };
+        *slot = match kind {
+            0x0a => None,
+            _ if kind == wanted => Some(value),
+            _ => return Err(Unsupported),
+        };
     }
-    out.out.extend_from_slice(b"{\"removedFields\":");
-    removed_fields(&mut out.out, optional_members(removed)?, rules)?;
-    out.out.extend_from_slice(b",\"updatedFields\":");
-    match (updated, rules) {
-        (Some(fields), None) if fields.len() > 5 => {
-            out.out.push(b'"');
-            out.document(fields, false, 0)?;
-            out.out.push(b'"');
-        }
-        (Some(fields), Some(rules)) => {
-            let mark = out.out.len();
-            out.out.push(b'"');
-            if rules.updated_fields(out, fields)? == 0 {
-                out.out.truncate(mark);
-                out.out.extend_from_slice(b"null");
-            } else {
-                out.out.push(b'"');
-            }
-        }
-        _ => out.out.extend_from_slice(b"null"),
+    Ok((updated, removed, truncated))
+}
+
+/// `updatedFields` as a document written by `writer`, with the collection's field rules; how many
+/// members it kept.
+fn updated_fields<W: DocumentWriter>(writer: &mut W, fields: &[u8], rules: Option<&rules::FieldRules>) -> Result<usize, Unsupported> {
+    match rules {
+        None => writer.ruled(fields, false, 0, Unruled),
+        Some(rules) => rules.updated_fields(writer, fields),
     }
-    out.out.extend_from_slice(b",\"truncatedArrays\":");
-    truncated_arrays(&mut out.out, optional_members(truncated)?, rules)?;
-    out.out.push(b'}');
+}
+
+/// `updateDescription` as JSON, its `updatedFields` a JSON string of the text `writer` writes, with the
+/// collection's field rules: as `envelope.update_description` writes it (`empty_null`: `updatedFields`
+/// absent or left empty is `null`) or `debezium3.update_description` (`"{}"`).
+fn update_description<W: DocumentWriter>(mut writer: W, desc: &[u8], rules: Option<&rules::FieldRules>, empty_null: bool) -> Result<Vec<u8>, Unsupported> {
+    let (updated, removed, truncated) = update_members(desc)?;
+    writer.out().extend_from_slice(b"{\"removedFields\":");
+    removed_fields(writer.out(), optional_members(removed)?, rules)?;
+    writer.out().extend_from_slice(b",\"updatedFields\":");
+    let mark = writer.out().len();
+    writer.out().push(b'"');
+    let kept = match updated {
+        Some(fields) => updated_fields(&mut writer, fields, rules)?,
+        None => {
+            writer.out().extend_from_slice(b"{}");
+            0
+        }
+    };
+    writer.out().push(b'"');
+    if kept == 0 && empty_null {
+        writer.out().truncate(mark);
+        writer.out().extend_from_slice(b"null");
+    }
+    writer.out().extend_from_slice(b",\"truncatedArrays\":");
+    truncated_arrays(writer.out(), optional_members(truncated)?, rules)?;
+    writer.out().push(b'}');
+    Ok(std::mem::take(writer.out()))
+}
+
+/// A whole document (`before`, `after`, a read) as a JSON string of the text `writer` writes, with the
+/// collection's field rules.
+fn document_string<W: DocumentWriter>(writer: &mut W, document: &[u8], rules: Option<&rules::FieldRules>) -> Written {
+    writer.out().push(b'"');
+    match rules {
+        None => writer.document(document, false, 0)?,
+        Some(rules) => rules.document(writer, document)?,
+    }
+    writer.out().push(b'"');
     Ok(())
+}
+
+/// `write` by the writer `make` makes of `out`'s bytes, which then hold what it wrote (also on Err).
+fn write_into<W: DocumentWriter>(out: &mut Vec<u8>, make: impl FnOnce(Vec<u8>) -> W, write: impl FnOnce(&mut W) -> Written) -> Written {
+    let mut writer = make(std::mem::take(out));
+    let written = write(&mut writer);
+    *out = std::mem::take(writer.out());
+    written
+}
+
+/// A `removedFields` or `truncatedArrays` path under the collection's field rules (None: excluded).
+fn ruled_path<'a>(text: &'a [u8], rules: Option<&rules::FieldRules>) -> Result<Option<Cow<'a, [u8]>>, Unsupported> {
+    match rules {
+        None => Ok(Some(Cow::Borrowed(text))),
+        Some(rules) => Ok(rules.field_path(text)?.map(Cow::Owned)),
+    }
 }
 
 /// `removedFields` as a JSON list of its paths under the rules, or `null` when none is left.
 fn removed_fields(out: &mut Vec<u8>, removed: Vec<Member<'_>>, rules: Option<&rules::FieldRules>) -> Written {
     let mut count = 0;
     for (_, kind, value) in removed {
-        if kind != 0x02 || value.len() < 5 {
-            return Err(Unsupported);
-        }
-        let text = &value[4..value.len() - 1];
-        let mapped = match rules {
-            None => None,
-            Some(rules) => match rules.field_path(text)? {
-                None => continue,
-                Some(path) => Some(path),
-            },
-        };
+        let text = if kind == 0x02 { string_text(value).ok_or(Unsupported)? } else { return Err(Unsupported) };
+        let Some(path) = ruled_path(text, rules)? else { continue };
         out.push(if count == 0 { b'[' } else { b',' });
         count += 1;
-        json_string::<false>(out, mapped.as_deref().unwrap_or(text))?;
+        json_string::<false>(out, &path)?;
     }
     out.extend_from_slice(if count == 0 { b"null" } else { b"]" });
     Ok(())
@@ -896,25 +850,16 @@ fn truncated_arrays(out: &mut Vec<u8>, truncated: Vec<Member<'_>>, rules: Option
         }
         let field = parts.iter().find(|(n, _, _)| *n == b"field").ok_or(Unsupported)?;
         let size = parts.iter().find(|(n, _, _)| *n == b"newSize").ok_or(Unsupported)?;
-        if field.1 != 0x02 || field.2.len() < 5 {
-            return Err(Unsupported);
-        }
+        let text = if field.1 == 0x02 { string_text(field.2).ok_or(Unsupported)? } else { return Err(Unsupported) };
         let size = match size.1 {
             0x10 => le_i32(size.2, 0).ok_or(Unsupported)? as i64,
             0x12 => le_i64(size.2, 0).ok_or(Unsupported)?,
             _ => return Err(Unsupported),
         };
-        let text = &field.2[4..field.2.len() - 1];
-        let mapped = match rules {
-            None => None,
-            Some(rules) => match rules.field_path(text)? {
-                None => continue,
-                Some(path) => Some(path),
-            },
-        };
+        let Some(path) = ruled_path(text, rules)? else { continue };
         out.extend_from_slice(if count == 0 { b"[{\"field\":" } else { b",{\"field\":" });
         count += 1;
-        json_string::<false>(out, mapped.as_deref().unwrap_or(text))?;
+        json_string::<false>(out, &path)?;
         out.extend_from_slice(b",\"size\":");
         out.extend_from_slice(itoa::Buffer::new().format(size).as_bytes());
         out.push(b'}');
@@ -1053,23 +998,16 @@ struct DefaultFormat<'a> {
 }
 
 impl PartsFormat for DefaultFormat<'_> {
+    /// ObjectId, int32, int64 and string `_id`s, in key-table style (`ejson.KEY_STYLE`, which spells
+    /// these types as `LEGACY_STYLE` does); the Python path writes the others.
     fn key_id(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
-        let mut writer: Writer = Writer::new(std::mem::take(out));
-        let written = writer.key_id(document);
-        *out = writer.out;
-        written
+        write_into(out, Writer::<LegacyStyle>::new, |writer| {
+            walk::key_id(writer, document, |kind| matches!(kind, 0x07 | 0x10 | 0x12 | 0x02))
+        })
     }
 
     fn document(&self, out: &mut Vec<u8>, document: &[u8]) -> Written {
-        let mut writer: Writer = Writer::new(std::mem::take(out));
-        writer.out.push(b'"');
-        let written = match self.rules {
-            None => writer.document(document, false, 0),
-            Some(rules) => rules.document(&mut writer, document),
-        };
-        writer.out.push(b'"');
-        *out = writer.out;
-        written
+        write_into(out, Writer::<DocumentStyle>::new, |writer| document_string(writer, document, self.rules))
     }
 
     fn change_parts(&self, raw: &[u8], op: &str, pre_image: bool, update_full: bool) -> Result<Parts, Unsupported> {
@@ -1079,9 +1017,7 @@ impl PartsFormat for DefaultFormat<'_> {
 
 impl EnvelopeFormat for DefaultFormat<'_> {
     fn update_description(&self, desc: &[u8]) -> Result<Vec<u8>, Unsupported> {
-        let mut update: Writer = Writer::new(Vec::new());
-        update_description(&mut update, desc, self.rules)?;
-        Ok(update.out)
+        update_description(Writer::<DocumentStyle>::new(Vec::with_capacity(desc.len() * 2)), desc, self.rules, true)
     }
 }
 
@@ -1096,15 +1032,7 @@ struct LegacyFormat<'a> {
 impl LegacyFormat<'_> {
     /// A whole document in style `S` (rules applied) as a JSON string into `out`.
     fn styled<S: Style>(out: &mut Vec<u8>, document: &[u8], rules: Option<&rules::FieldRules>) -> Written {
-        let mut writer: Writer<S> = Writer::new(std::mem::take(out));
-        writer.out.push(b'"');
-        let written = match rules {
-            None => writer.document(document, false, 0),
-            Some(rules) => rules.document(&mut writer, document),
-        };
-        writer.out.push(b'"');
-        *out = writer.out;
-        written
+        write_into(out, Writer::<S>::new, |writer| document_string(writer, document, rules))
     }
 
     /// `styled` into a new buffer.
@@ -1117,47 +1045,23 @@ impl LegacyFormat<'_> {
     /// An update's `patch`: `{"$set": <updatedFields>, "$unset": {<removed>: true}}`, each only when
     /// not empty (`truncatedArrays` has no place in it).
     fn update_patch(&self, desc: &[u8]) -> Result<Vec<u8>, Unsupported> {
-        let (mut updated, mut removed) = (None, None);
-        for (name, kind, value) in members(desc).ok_or(Unsupported)? {
-            match (name, kind) {
-                (b"updatedFields", 0x03) => updated = Some(value),
-                (b"removedFields", 0x04) => removed = Some(value),
-                (b"updatedFields", 0x0a) => updated = None,
-                (b"removedFields", 0x0a) => removed = None,
-                (b"updatedFields" | b"removedFields", _) => return Err(Unsupported),
-                _ => {}
-            }
-        }
+        let (updated, removed, _) = update_members(desc)?;
         let mut patch: Writer<CompactStyle> = Writer::new(Vec::with_capacity(desc.len() * 2));
         patch.out.extend_from_slice(b"\"{");
         let mut count = 0;
         if let Some(fields) = updated {
-            patch.out.extend_from_slice(b"\\\"$set\\\":");
             let mark = patch.out.len();
-            let kept = match self.rules {
-                None => {
-                    patch.document(fields, false, 0)?;
-                    usize::from(patch.out.len() > mark + 2)
-                }
-                Some(rules) => rules.updated_fields(&mut patch, fields)?,
-            };
-            if kept == 0 {
-                patch.out.truncate(mark - b"\\\"$set\\\":".len());
+            patch.out.extend_from_slice(b"\\\"$set\\\":");
+            if updated_fields(&mut patch, fields, self.rules)? == 0 {
+                patch.out.truncate(mark);
             } else {
                 count += 1;
             }
         }
-        let mut paths: Vec<Vec<u8>> = Vec::new();
+        let mut paths: Vec<Cow<'_, [u8]>> = Vec::new();
         for (_, kind, value) in optional_members(removed)? {
-            if kind != 0x02 || value.len() < 5 {
-                return Err(Unsupported);
-            }
-            let text = &value[4..value.len() - 1];
-            let path = match self.rules {
-                None => Some(text.to_vec()),
-                Some(rules) => rules.field_path(text)?,
-            };
-            match path {
+            let text = if kind == 0x02 { string_text(value).ok_or(Unsupported)? } else { return Err(Unsupported) };
+            match ruled_path(text, self.rules)? {
                 Some(path) if !paths.contains(&path) => paths.push(path), // a dict keeps the first of each
                 _ => {}
             }
@@ -1423,10 +1327,10 @@ impl ChangeWriter {
         Ok(Some((PyBytes::new(py, &key), PyBytes::new(py, &value), wall_ms)))
     }
 
-    /// `write` of the default format, also appending the record's landing row to `into` (see
-    /// `landing::ChangeLanding`) at its position (`seconds`, `increment`, `ordinal`), taken from the parts as
-    /// they are written: (key, value, `wallTime` ms or None, its `LandingRow`, or None when `into` could not
-    /// take it); None when `write` would give None; a ValueError in another format.
+    /// `write` of the default or the Debezium 3.x format, also appending the record's landing row to `into`
+    /// (see `landing::ChangeLanding`) at its position (`seconds`, `increment`, `ordinal`), taken from the parts
+    /// as they are written: (key, value, `wallTime` ms or None, its `LandingRow`, or None when `into` could not
+    /// take it); None when `write` would give None; a ValueError in the 1.x format (no such columns).
     #[pyo3(signature = (raw, header, increment, lsid, now_ns, block, into, seconds, ordinal))]
     #[allow(clippy::type_complexity)]
     #[allow(clippy::too_many_arguments)]
@@ -1443,29 +1347,56 @@ impl ChangeWriter {
         seconds: i64,
         ordinal: i64,
     ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<i64>, Option<landing::LandingRow>)>> {
-        if self.printable.is_some() || self.legacy {
-            return Err(PyValueError::new_err("write_landing writes the default format's records only (see EventConverter)"));
+        if self.legacy {
+            return Err(PyValueError::new_err("write_landing writes the default and Debezium 3.x formats' records only (see EventConverter)"));
         }
         let header = header.get();
         let op = header.op_type.bind(py).to_str()?;
         let event = Event { op, seconds: i64::from(header.seconds), increment, txn_number: header.txn_number, lsid, now_ns, block };
         let rules = self.rules.as_ref().map(|r| r.get());
-        let mut spans = LandingSpans::default();
-        let (key, value, wall_ms, row) = match self.write_parts(&DefaultFormat { rules }, raw, &event, Some(&mut spans)) {
-            Ok((key, value, wall_ms, (before, after))) => {
-                let letter: &[u8] = if op == "insert" { b"c" } else if op == "delete" { b"d" } else { b"u" };
-                let spans = (spans.update, spans.source);
-                let row = into.borrow_mut().push_change(py, &key, &value, &before, &after, spans, now_ns.div_euclid(1_000_000),
-                                                        [seconds, increment, ordinal], letter)?;
-                (key, value, wall_ms, row)
+        let position = [seconds, increment, ordinal];
+        let landed = match &self.printable {
+            None => self.landed(py, &DefaultFormat { rules }, raw, &event, into, position)?,
+            Some(printable) => {
+                let format = java::Debezium3::new(printable, rules).map_err(PyValueError::new_err)?;
+                self.landed(py, &format, raw, &event, into, position)?
             }
-            // A template not laid out as the default format's: the record as `write` writes it, without a row.
-            Err(_) => match self.write_with(&DefaultFormat { rules }, raw, &event) {
-                Ok((key, value, wall_ms)) => (key, value, wall_ms, None),
-                Err(_) => return Ok(None),
-            },
         };
+        let Some((key, value, wall_ms, row)) = landed else { return Ok(None) };
         Ok(Some((PyBytes::new(py, &key), PyBytes::new(py, &value), wall_ms, row)))
+    }
+}
+
+/// A record as `write_landing` writes it: key, value, `wallTime` ms, and its landing row (None: not taken).
+type Landed = (Vec<u8>, Vec<u8>, Option<i64>, Option<landing::LandingRow>);
+
+impl ChangeWriter {
+    /// `write_landing` in one format: the record and its row, or the record alone when its template is not
+    /// laid out as the landing reads it; None when `write` would give None.
+    fn landed<F: PartsFormat>(
+        &self,
+        py: Python<'_>,
+        format: &F,
+        raw: &[u8],
+        event: &Event<'_>,
+        into: &Bound<'_, landing::ChangeLanding>,
+        position: [i64; 3],
+    ) -> PyResult<Option<Landed>> {
+        let mut spans = LandingSpans::default();
+        Ok(match self.write_parts(format, raw, event, Some(&mut spans)) {
+            Ok((key, value, wall_ms, (before, after))) => {
+                let letter: &[u8] = match event.op {
+                    "insert" => b"c",
+                    "delete" => b"d",
+                    _ => b"u",
+                };
+                let spans = (spans.update, spans.source);
+                let ts_ms = event.now_ns.div_euclid(1_000_000);
+                let row = into.borrow_mut().push_change(py, &key, &value, &before, &after, spans, ts_ms, position, letter)?;
+                Some((key, value, wall_ms, row))
+            }
+            Err(_) => self.write_with(format, raw, event).ok().map(|(key, value, wall_ms)| (key, value, wall_ms, None)),
+        })
     }
 }
 

@@ -7,8 +7,10 @@
 
 use pyo3::prelude::*;
 
-use crate::walk::DocumentWriter;
-use crate::{element_end, repeats, Unsupported, Written, MAX_DEPTH};
+use std::borrow::Cow;
+
+use crate::walk::{DocumentWriter, Placed, Rules};
+use crate::{repeats, Unsupported, Written};
 
 /// What the rules say about one member name at one level.
 #[derive(Default)]
@@ -75,92 +77,73 @@ fn insert(node: &mut Node, path: &[String], rename: Option<(Vec<u8>, usize)>) {
 impl FieldRules {
     /// A whole document (`before`, `after`, a read) with the rules applied.
     pub(crate) fn document<W: DocumentWriter>(&self, writer: &mut W, data: &[u8]) -> Written {
-        walk(writer, data, false, 0, &self.root, self.renamed_last)
+        writer.ruled(data, false, 0, NodeRules { node: &self.root, renamed_last: self.renamed_last }).map(drop)
     }
 }
 
-/// A member's value under the rules `inside` it (none: as it is).
-fn member<W: DocumentWriter>(writer: &mut W, kind: u8, value: &[u8], depth: u32, inside: &Node, last: bool) -> Written {
-    match kind {
-        0x03 | 0x04 if !inside.names.is_empty() => walk(writer, value, kind == 0x04, depth + 1, inside, last),
-        _ => writer.value(kind, value, depth),
+/// The rules of one level of a document: its node, and where renamed members go.
+#[derive(Clone, Copy)]
+struct NodeRules<'a> {
+    node: &'a Node,
+    /// Debezium 3.x's order: renamed members last, in the order of their rules.
+    renamed_last: bool,
+}
+
+impl<'a> Rules<'a> for NodeRules<'a> {
+    const RULED: bool = true;
+    type Inside = NodeRules<'a>;
+
+    fn any(self) -> bool {
+        !self.node.names.is_empty()
+    }
+
+    fn place(self, name: &'a [u8]) -> Result<Option<Placed<'a, Self>>, Unsupported> {
+        let inside = |node: &'a Node| Some(NodeRules { node, renamed_last: self.renamed_last });
+        Ok(match self.node.rule(name) {
+            None => Some(Placed { name: Cow::Borrowed(name), inside: None, last: None, checked: false }),
+            Some(rule) if rule.exclude => None,
+            Some(Rule { rename: Some((new_name, index)), inside: node, .. }) => Some(Placed {
+                name: Cow::Borrowed(new_name),
+                inside: inside(node),
+                last: self.renamed_last.then_some(*index),
+                checked: true,
+            }),
+            Some(rule) => Some(Placed { name: Cow::Borrowed(name), inside: inside(&rule.inside), last: None, checked: false }),
+        })
+    }
+
+    /// A member renamed onto a name the document has (`written`: the new names): merged by a dict.
+    fn clash(self, names: &[&[u8]], written: &mut [Cow<'a, [u8]>]) -> bool {
+        written.iter().any(|new_name| names.contains(&new_name.as_ref()))
     }
 }
 
-/// A renamed member written last (Debezium 3.x): its rule's index, new name, type, value and inner rules.
-type Moved<'a> = (usize, &'a [u8], u8, &'a [u8], &'a Node);
+/// The rules of `updatedFields`: its members' names are dotted paths (`FieldRules::path`).
+#[derive(Clone, Copy)]
+struct UpdatePaths<'a>(&'a FieldRules);
 
-/// One document or array with the rules of `node` (an array's documents get its array's rules).
-fn walk<W: DocumentWriter>(writer: &mut W, data: &[u8], array: bool, depth: u32, node: &Node, last: bool) -> Written {
-    if depth > MAX_DEPTH || data.len() < 5 || data[data.len() - 1] != 0 {
-        return Err(Unsupported);
+impl<'a> Rules<'a> for UpdatePaths<'a> {
+    const RULED: bool = true;
+    type Inside = NodeRules<'a>;
+
+    fn any(self) -> bool {
+        true
     }
-    let end = data.len() - 1;
-    let mut found: Vec<(&[u8], u8, &[u8])> = Vec::new();
-    let mut at = 4;
-    while at < end {
-        let kind = data[at];
-        let name_end = at + 1 + data[at + 1..end].iter().position(|&b| b == 0).ok_or(Unsupported)?;
-        let name = &data[at + 1..name_end];
-        let next = element_end(kind, data, name_end + 1, end).ok_or(Unsupported)?;
-        found.push((name, kind, &data[name_end + 1..next]));
-        at = next;
+
+    fn place(self, name: &'a [u8]) -> Result<Option<Placed<'a, NodeRules<'a>>>, Unsupported> {
+        let renamed_last = self.0.renamed_last;
+        Ok(self.0.path(name)?.map(|(path, node, renamed_by)| Placed {
+            name: Cow::Owned(path),
+            inside: Some(NodeRules { node, renamed_last }),
+            last: renamed_by.filter(|_| renamed_last),
+            checked: true,
+        }))
     }
-    if at != end {
-        return Err(Unsupported);
+
+    /// Two paths made one (`written`: every path): merged by a dict.
+    fn clash(self, _names: &[&[u8]], written: &mut [Cow<'a, [u8]>]) -> bool {
+        repeats(written)
     }
-    let separator = writer.separator(array);
-    writer.out().push(if array { b'[' } else { b'{' });
-    if array {
-        for (i, (_, kind, value)) in found.iter().enumerate() {
-            if i > 0 {
-                writer.out().extend_from_slice(separator);
-            }
-            member(writer, *kind, value, depth, node, last)?;
-        }
-        writer.out().push(b']');
-        return Ok(());
-    }
-    let mut names: Vec<&[u8]> = found.iter().map(|(name, _, _)| *name).collect();
-    if repeats(&mut names) || (names.contains(&&b"$ref"[..]) && names.contains(&&b"$id"[..])) {
-        return Err(Unsupported); // decoded as a dict (the last value wins) or a DBRef: the Python path's
-    }
-    let mut count = 0;
-    let mut moved: Vec<Moved<'_>> = Vec::new();
-    for (name, kind, value) in &found {
-        let (name, inside): (&[u8], &Node) = match node.rule(name) {
-            None => (name, &EMPTY),
-            Some(rule) if rule.exclude => continue,
-            Some(Rule { rename: Some((new_name, index)), inside, .. }) => {
-                if names.contains(&new_name.as_slice()) {
-                    return Err(Unsupported); // renamed onto a name the document has: merged by a dict
-                }
-                if last {
-                    moved.push((*index, new_name, *kind, value, inside));
-                    continue;
-                }
-                (new_name, inside)
-            }
-            Some(rule) => (name, &rule.inside),
-        };
-        if count > 0 {
-            writer.out().extend_from_slice(separator);
-        }
-        count += 1;
-        writer.name(name)?;
-        member(writer, *kind, value, depth, inside, last)?;
-    }
-    moved.sort_by_key(|entry| entry.0);
-    for (_, name, kind, value, inside) in moved {
-        if count > 0 {
-            writer.out().extend_from_slice(separator);
-        }
-        count += 1;
-        writer.name(name)?;
-        member(writer, kind, value, depth, inside, last)?;
-    }
-    writer.out().push(b'}');
-    Ok(())
 }
 
 static EMPTY: Node = Node { names: Vec::new() };
@@ -171,9 +154,6 @@ static EMPTY: Node = Node { names: Vec::new() };
 /// when matching); a segment of non-ASCII characters and ASCII digits only is left to Python
 /// (`str.isdigit` counts other digits too).
 type UpdatePath<'a> = Option<(Vec<u8>, &'a Node, Option<usize>)>;
-
-/// An `updatedFields` member under the rules: its new path, type, value and the rules inside it.
-type Updated<'a> = (Vec<u8>, u8, &'a [u8], &'a Node);
 
 impl FieldRules {
     fn path(&self, dotted: &[u8]) -> Result<UpdatePath<'_>, Unsupported> {
@@ -223,36 +203,6 @@ impl FieldRules {
     /// `CollectionFields.updated_fields` makes it, written as a document into `writer`; returns how
     /// many members it kept.
     pub(crate) fn updated_fields<W: DocumentWriter>(&self, writer: &mut W, fields: &[u8]) -> Result<usize, Unsupported> {
-        let members = crate::members(fields).ok_or(Unsupported)?;
-        let mut names: Vec<&[u8]> = members.iter().map(|(name, _, _)| *name).collect();
-        if repeats(&mut names) || (names.contains(&&b"$ref"[..]) && names.contains(&&b"$id"[..])) {
-            return Err(Unsupported); // decoded as a dict (the last value wins) or a DBRef
-        }
-        let mut kept: Vec<Updated<'_>> = Vec::with_capacity(members.len());
-        let mut moved: Vec<(usize, Updated<'_>)> = Vec::new();
-        for (name, kind, value) in members {
-            let Some((path, inside, renamed_by)) = self.path(name)? else { continue };
-            match renamed_by {
-                Some(index) if self.renamed_last => moved.push((index, (path, kind, value, inside))),
-                _ => kept.push((path, kind, value, inside)),
-            }
-        }
-        moved.sort_by_key(|entry| entry.0);
-        kept.extend(moved.into_iter().map(|(_, entry)| entry));
-        let mut written: Vec<&[u8]> = kept.iter().map(|(path, _, _, _)| path.as_slice()).collect();
-        if repeats(&mut written) {
-            return Err(Unsupported); // two paths made one: merged by a dict
-        }
-        let separator = writer.separator(false);
-        writer.out().push(b'{');
-        for (i, (path, kind, value, inside)) in kept.iter().enumerate() {
-            if i > 0 {
-                writer.out().extend_from_slice(separator);
-            }
-            writer.name(path)?;
-            member(writer, *kind, value, 0, inside, self.renamed_last)?;
-        }
-        writer.out().push(b'}');
-        Ok(kept.len())
+        writer.ruled(fields, false, 0, UpdatePaths(self))
     }
 }

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import bson
+import orjson
 import pytest
 from bson import Binary, Int64, Timestamp
 from bson.codec_options import DEFAULT_CODEC_OPTIONS
@@ -276,6 +277,30 @@ def test_a_raw_event_that_does_not_decode_is_one_unprocessable_event(mode: str) 
     dispatcher.finish()
     assert [r.key for r in sink.written] == [b'{"id":"%d"}' % i for i in (1, 2, 4)]
     assert store.saved[-1].position == Position(1_700_000_000, 4, 0)
+
+
+@pytest.mark.parametrize("event_format", ["change_streams", "debezium_3x", "oplog_1x"])
+@pytest.mark.parametrize("as_raw", [False, True])
+def test_the_last_transaction_id_metric_is_the_id_the_records_carry(event_format: str, as_raw: bool) -> None:
+    """``LastTransactionId`` is the transaction's id as the format writes it in its BEGIN/END records and data
+    records' ``transaction`` block (Debezium 3.x: ``<lsid as JSON>:<txnNumber>``, as the connector's
+    ``MongoDbEventMetadataProvider`` reports it), the same whether the event is converted raw or decoded."""
+    sink = LedgerSink()
+    cfg = _config(**{"provide.transaction.metadata": "true", "mongocdc.event.format": event_format})
+    dispatcher = _dispatcher(sink, CheckingStore(sink), cfg)
+    lsid = {"id": Binary(bytes(range(16)), 4), "uid": Binary(bytes(32), 0)}
+    for i in (1, 2):
+        doc, token = _insert(i)
+        event = {**doc, "lsid": lsid, "txnNumber": Int64(9)}
+        dispatcher.change(_raw(event) if as_raw else event, token)
+    dispatcher.finish()
+    begin = orjson.loads(sink.written[0].value or b"")
+    data = [orjson.loads(r.value or b"") for r in sink.written if r.topic == "srv.shop.orders"]
+    assert begin["status"] == "BEGIN" and len(data) == 2
+    ids = {begin["id"], *(value["transaction"]["id"] for value in data)}
+    assert ids == {dispatcher.metrics.streaming.LastTransactionId}
+    if event_format == "debezium_3x":
+        assert begin["id"] == f"{data[0]['source']['lsid']}:9"
 
 
 class RefusingSink(LedgerSink):

@@ -28,6 +28,7 @@ from mongocdc_core.sinks.jsonl import JsonlSink
 from mongocdc_core.sinks.parquet import landing_table
 from mongocdc_core.sinks.tee import TeeSink
 from tests.events.helpers import POSITION, change, insert, update
+from tests.events.test_raw_changes import java_documents, java_scalars
 
 TOPIC = "p.inventory.orders"
 
@@ -410,12 +411,15 @@ class _WalkedRows(_FramedSpy):
         return super().run_landing_columns(keys, key_ends, values, value_ends, lo, hi, key_head, value_head, framed)
 
 
+@pytest.mark.parametrize("event_format", ["change_streams", "debezium_3x"])
 @pytest.mark.parametrize("rules", [False, True])
-def test_a_snapshot_run_converted_for_the_landing_brings_its_after_column(rules: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_snapshot_run_converted_for_the_landing_brings_its_after_column(
+    rules: bool, event_format: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A converter built for the Parquet landing writes each read's ``after`` text with its record: the sink
     takes that column as it is and walks only the chunk's first read (the others share its bytes around
     ``after``), and lands the rows the walk and Arrow's reader land from the same records, slices included."""
-    options = EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7,
+    options = EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7, event_format=event_format,
                            **({"field_exclude_list": ("inventory.orders.emoji",)} if rules else {}))  # fmt: skip
     docs = [{"_id": 1, "name": 'a "quoted"\\ name\n\t\x01', "emoji": "\U0001f600 é"}, {"_id": "two", "n": [1.5, None]},
             {"_id": 3, "text": "\u2028\u00e9/" * 40}, {"_id": 4}]  # fmt: skip
@@ -476,6 +480,8 @@ def _raw_change_records(landing: bool, session: bool, **options: Any) -> list[Re
 @pytest.mark.parametrize("options", [
     {}, {"capture_mode": "change_streams_update_full_with_pre_image"}, {"provide_transaction_metadata": True},
     {"field_exclude_list": ("inventory.customers.emoji",)}, {"event_format": "oplog_1x"},
+    {"event_format": "debezium_3x", "capture_mode": "change_streams_update_full_with_pre_image"},
+    {"event_format": "debezium_3x", "provide_transaction_metadata": True, "field_renames": ("inventory.customers.n:m",)},
 ])  # fmt: skip
 def test_change_records_converted_for_the_landing_bring_their_parts(
     options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
@@ -500,6 +506,41 @@ def test_change_records_converted_for_the_landing_bring_their_parts(
     assert landing_table(mixed).to_pylist() == landing_table([r for r in plain if r.collection is not None]).to_pylist()
     in_session, plain = _raw_change_records(True, True, **options), _raw_change_records(False, True, **options)
     assert in_session == plain and landing_table(in_session).to_pylist() == landing_table(plain).to_pylist()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(event_format=st.sampled_from(["change_streams", "debezium_3x"]), schemas=st.booleans(),
+       keys=st.lists(java_scalars, min_size=4, max_size=4), docs=st.lists(java_documents, min_size=4, max_size=4),
+       updated=java_documents, removed=st.lists(st.text(max_size=6), max_size=2))  # fmt: skip
+def test_change_rows_the_writers_lay_out_are_the_walks_on_events_of_every_type(
+    event_format: str, schemas: bool, keys: list[Any], docs: list[dict[str, Any]], updated: dict[str, Any],
+    removed: list[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Generated events of every BSON type the compiled Debezium 3.x writer takes, in its format and the default
+    one: the landing rows the writer lays out as it writes each record are taken without walking a record (in
+    3.x always), and are the columns the walk and Arrow's reader land from the same records' bytes."""
+    options = EventOptions(topic_prefix="p", rs="rs0", now_ns=lambda: 7, event_format=event_format, schemas_enable=schemas,
+                           capture_mode="change_streams_update_full_with_pre_image")  # fmt: skip
+    description = {"updatedFields": updated, "removedFields": removed, "truncatedArrays": [{"field": "n", "newSize": 1}]}
+    events = [
+        insert({"_id": keys[0], **docs[0]}),
+        update(documentKey={"_id": keys[1]}, updateDescription=description, fullDocument={"_id": keys[1], **docs[1]},
+               fullDocumentBeforeChange={"_id": keys[1], **docs[2]}),
+        change("replace", documentKey={"_id": keys[2]}, fullDocument={"_id": keys[2], **docs[3]}),
+        change("delete", documentKey={"_id": keys[3]}, fullDocumentBeforeChange={"_id": keys[3], **docs[0]}),
+    ]  # fmt: skip
+    records = [r for ev in events for r in EventConverter(options, landing=True).convert_change(
+        bson.decode(bson.encode(ev), _STREAM), POSITION)]  # fmt: skip
+    plain = [r for ev in events for r in EventConverter(options).convert_change(bson.decode(bson.encode(ev), _STREAM), POSITION)]
+    taken = all(r.parts is not None for r in records)  # the default writer leaves some types to Python
+    assert records == plain and (taken or event_format == "change_streams")
+    spy = _WalkedRows()
+    monkeypatch.setattr(parquet, "native", spy)
+    landed = landing_table(records)
+    assert spy.rows == (0 if taken else len(records))
+    monkeypatch.undo()
+    both = _both(plain, monkeypatch)
+    assert both is not None and landed.to_pylist() == both[0].to_pylist() == both[1].to_pylist()
 
 
 def test_change_rows_are_taken_by_runs_across_chunks_again_and_with_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
