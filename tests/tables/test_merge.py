@@ -254,24 +254,43 @@ def test_shuffle_partitions_are_sized_from_the_data(spark: SparkSession, tmp_pat
 
 
 def test_the_merge_leaves_the_sessions_settings_as_they_were(spark: SparkSession, tmp_path: Path) -> None:
-    """The MERGE skips Delta's copy of its (checkpointed) source for its own commit only: a user's setting
-    of it, or its absence, is the same after a refresh."""
-    key = "spark.databricks.delta.merge.materializeSource"
+    """The MERGE skips Delta's copy of its (checkpointed) source, and a small table's refresh plans without
+    adaptive execution and broadcasts, for its own work only: a user's setting of each, or its absence,
+    is the same after a refresh."""
+    keys = ("spark.databricks.delta.merge.materializeSource", *current_state._SMALL_PLANS)
+    user = {keys[0]: "auto", keys[1]: "true", keys[2]: "1048576"}
     tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
     snap = read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": i, "qty": i} for i in range(5)], Position(100, 1))
     build(spark, tables, snap)
     files = [str(snap)]
+    before = {key: spark.conf.get(key, None) for key in keys}
     try:
-        for round_, setting in enumerate((None, "auto")):
-            if setting is not None:
-                spark.conf.set(key, setting)
+        for round_, settings in enumerate(({key: None for key in keys}, user)):
+            for key, value in settings.items():
+                spark.conf.unset(key) if value is None else spark.conf.set(key, value)
             files.append(str(_changes(tmp_path, f"s{round_}", [_event("update", 1, Position(200 + round_, 1),
                                                                        {"_id": 1, "qty": 10 + round_})])))  # fmt: skip
             refresh_changelog(spark, tables, files)
             assert refresh_current_state(spark, tables).upserted == 1  # a MERGE ran
-            assert spark.conf.get(key, None) == setting
+            assert {key: spark.conf.get(key, None) for key in keys} == settings
     finally:
-        spark.conf.unset(key)
+        for key, value in before.items():
+            spark.conf.unset(key) if value is None else spark.conf.set(key, value)
+
+
+def test_a_few_changes_into_a_small_table_take_few_spark_jobs(spark: SparkSession, tmp_path: Path) -> None:
+    """Each adaptive query stage and each broadcast is a Spark job, paid in scheduling whatever it
+    carries: a quiet collection's refresh of a small table plans without them (19 jobs before, 8 now)."""
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    files = [read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": i, "qty": i} for i in range(200)], Position(100, 1))]
+    build(spark, tables, *files)
+    files.append(_changes(tmp_path, "one", [_event("update", 7, Position(200, 1), {"_id": 7, "qty": -7})]))
+    refresh_changelog(spark, tables, [str(f) for f in files])
+    before = spark._jsc.sc().dagScheduler().nextJobId()  # type: ignore[union-attr]
+    assert refresh_current_state(spark, tables).upserted == 1
+    assert spark._jsc.sc().dagScheduler().nextJobId() - before <= 10  # type: ignore[union-attr]
+    rows = read_current_state(spark, tables.current_state).where("_id BETWEEN 6 AND 8").collect()
+    assert {r["_id"]: r["qty"] for r in rows} == {6: 6, 7: -7, 8: 8}
 
 
 def test_every_core_gets_a_shuffle_partition_once_the_data_is_worth_it(spark: SparkSession) -> None:
