@@ -35,10 +35,10 @@ from pydantic import Field
 from pyspark.sql import SparkSession
 
 from mongocdc_core.tables.changelog import table_exists
-from mongocdc_core.tables.collection import reconcile_at_position
+from mongocdc_core.tables.collection import Reconciliation, reconcile_at_position
 from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE
 from mongocdc_dagster.assets.cdc import CdcAssets
-from mongocdc_dagster.assets.tables import TableAssets, landed_anything
+from mongocdc_dagster.assets.tables import TableAssets, each_finished, landed_anything
 from mongocdc_dagster.landed_history import collection_history, missing_windows
 from mongocdc_dagster.metadata import position_time
 from mongocdc_dagster.pools import Pools
@@ -79,6 +79,7 @@ def build_reconciliation_check(tables: TableAssets) -> AssetChecksDefinition | N
         pyspark = resource_of(context, names.pyspark, PySparkResource)
         spark: SparkSession = pyspark.spark_session
         cfg = mongocdc.load_config()
+        work: list[tuple[AssetCheckKey, str]] = []
         for check_key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.to_user_string()):
             namespace = tables.current_state_keys[check_key.asset_key]
             if (not table_exists(spark, tables.tables[namespace].current_state)
@@ -90,8 +91,15 @@ def build_reconciliation_check(tables: TableAssets) -> AssetChecksDefinition | N
                                 "collection to build its tables",
                     metadata={"collection": namespace, "verdict": "not_built", "keys_compared": 0})
                 continue
-            result = reconcile_at_position(spark, tables.tables[namespace], cfg, progress=context.log.info,
-                                           min_coverage=config.min_coverage)
+            work.append((check_key, namespace))
+
+        def reconcile(session: SparkSession, item: tuple[AssetCheckKey, str]) -> Reconciliation:
+            return reconcile_at_position(session, tables.tables[item[1]], cfg, progress=context.log.info,
+                                         min_coverage=config.min_coverage)
+
+        # several collections at once, as their refresh does: one after another, the last ones' positions
+        # left the server's snapshot history (5 minutes) on a loaded machine and were NOT VERIFIED
+        for (check_key, namespace), result in each_finished(context, spark, work, reconcile, lambda item: item[1]):
             where = position_time(result.position) or "no position (empty table)"
             yield AssetCheckResult(
                 asset_key=check_key.asset_key,

@@ -103,8 +103,8 @@ class MongoCdcAssetProps:
 
 
 class PoolInProgress(AutomationCondition[AssetKey]):
-    """True while a run is queued or running that materialises an asset of this asset's pool (any asset of it,
-    not only this one).
+    """True while a run is queued or running that is to materialise an asset of this asset's pool (any asset of
+    it, not only this one), until that run has materialised it (Dagster's ``in_progress`` of each asset).
 
     Dagster groups what one automation tick requests into one run, but ``~in_progress()`` excludes only
     the assets of the run in progress: a collection that landed while another's refresh ran was requested
