@@ -36,8 +36,11 @@ VERIFIED, blocking failures, while the next refresh waited for the pool (they no
 not yet through a soak). Freshness p50 / p95 / p99: 783 / 866 / 872 s (3008 writes); CPU share 1.0 of the machine, 0.23
 used by the deployment; a slice run's overhead in its run 1.6 s (median of 12), its queue and start
 65 s. Of the two failed runs, the killed run worker explains the slice run; the other, the first table
-refresh, was interrupted by a signal 6 s after the code location reload of the added collection, which the
-soak's rule attributes to the step-down 106 s earlier: what sent the signal is not established. A
+refresh, was interrupted by a signal (DagsterExecutionInterruptedError) 6 s after the code location reload
+of the added collection, and so were a table refresh and a slice run in the next trial (17:37): runs the
+daemon's own code server started do not survive the first reload of the location here. The soak put that
+refresh down to the step-down 106 s earlier; a step-down now explains only runs that end within 90 s of
+it, so these are failures no fault explains, as they should be until the cause is found. A
 catch-up that does not reach the source by its deadline is a FAILED verdict with the runs and figures,
 written to ``benchmarks/soak.json`` all the same.
 """
@@ -772,6 +775,11 @@ def _catch_up(d: Deployment, events: dict[str, list[SourceEvent]], live: list[st
         time.sleep(5.0)
 
 
+#: how long after a step-down a run it failed may end (the election, the driver's retries of the moment and
+#: the run's failure)
+STEP_DOWN_FAILS_S = 90.0
+
+
 def _explain(run: Any, record: Any, launched: float | None, faults: list[Fault]) -> str:
     """The injected fault that explains a failed run, "" when none does; ``launched``: when the run queue
     launched it (its STARTING event), None when it never was."""
@@ -781,10 +789,12 @@ def _explain(run: Any, record: Any, launched: float | None, faults: list[Fault])
     start = record.start_time or record.create_timestamp.timestamp()
     end = record.end_time or time.time()
     for fault in faults:
-        # a step-down fails the operations under way for a moment; a killed daemon takes the runs its own
-        # code server launched with it, executing or still starting (their workers are in its process group,
-        # which its restart ends; a deployment with a separate code server keeps them)
-        if fault.name == "primary step-down" and start - 5 <= fault.at + 60 and fault.at <= end:
+        # a step-down fails the operations under way for a moment (a run it failed ends soon after it, not
+        # minutes later: a table refresh interrupted by a signal 106 s after one was put down to it); a killed
+        # daemon takes the runs its own code server launched with it, executing or still starting (their
+        # workers are in its process group, which its restart ends; a deployment with a separate code server
+        # keeps them)
+        if fault.name == "primary step-down" and start - 5 <= fault.at + 60 and fault.at <= end <= fault.at + STEP_DOWN_FAILS_S:
             return fault.name
         if (fault.name.startswith("daemon killed") and launched is not None
                 and launched <= (fault.until or fault.at) and fault.at <= end + 5):
