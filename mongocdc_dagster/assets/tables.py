@@ -212,7 +212,7 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
                                      progress=context.log.info)
 
         for (key, files), done in each_finished(context, spark, work, refresh,
-                                                 lambda item: out.changelog_keys[item[0]]):
+                                                lambda item: out.changelog_keys[item[0]]):
             namespace = out.changelog_keys[key]
             if done.files_read:
                 context.log.info(f"{namespace}: {done.files_read} new or re-written landing file(s) of {len(files)}, "
