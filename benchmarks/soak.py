@@ -24,25 +24,25 @@ current_state version that holds it: p50, p95, p99), the machine's CPU share, an
 per slice run (the run's wall time less its one step's). ``SOAK_MINUTES`` (default 30) sets how long the
 writers write.
 
-Status: not passing yet, so ``make test`` leaves its CI-size test (marker ``soak``) out. The CI-size trial
-at 17:03 UTC on 2026-12-05 (4 minutes of writers and faults, 8 collections, load average 27-41 from other
-work on the shared 2-core machine; 26 minutes in all) did not catch up within its 20 minutes: 20 runs
-launched, 15 succeeded, 2 failed, 3 under way at the deadline. The table automation now refreshes every
-collection in one run per tick (it used to split them into runs of their own, each starting a Spark
-session); that one run still took 102 s to start Spark, 5 min 45 s for the changelogs and 6 min for the
-current_states of 9 collections, and its reconciliations, then one collection after another (1 to 1.5
-minutes each), ran when the tables' positions had left the server's 5-minute snapshot history: NOT
-VERIFIED, blocking failures, while the next refresh waited for the pool (they now run several at once;
-not yet through a soak). Freshness p50 / p95 / p99: 783 / 866 / 872 s (3008 writes); CPU share 1.0 of the machine, 0.23
-used by the deployment; a slice run's overhead in its run 1.6 s (median of 12), its queue and start
-65 s. Of the two failed runs, the killed run worker explains the slice run; the other, the first table
-refresh, was interrupted by a signal (DagsterExecutionInterruptedError) 6 s after the code location reload
-of the added collection, and so were a table refresh and a slice run in the next trial (17:37): runs the
-daemon's own code server started do not survive the first reload of the location here. The soak put that
-refresh down to the step-down 106 s earlier; a step-down now explains only runs that end within 90 s of
-it, so these are failures no fault explains, as they should be until the cause is found. A
-catch-up that does not reach the source by its deadline is a FAILED verdict with the runs and figures,
-written to ``benchmarks/soak.json`` all the same.
+Status: not passing yet, so ``make test`` leaves its CI-size test (marker ``soak``) out. The table
+automation now refreshes every collection with something new in one run per tick (it used to split them
+into runs of their own, each starting a Spark session), and a run's reconciliations run several at once.
+The best CI-size trial (17:37 UTC on 2026-12-05; 4 minutes of writers and faults, 8 collections, load
+average 12-20 from other work on the shared 2-core machine, 20.5 minutes in all) caught up in 574 s:
+every current_state equal to its collection with every key compared, every changelog the source's
+events (4005 on the hot collection), every blocking check passing at the end. It failed on one run: 29
+launched, 24 succeeded, 4 failed, 1 under way at the verdict. Three failures are the faults' (a run worker
+killed; two runs interrupted by a signal just after the code location reload of the added collection, put
+down to the killed daemon and the step-down by rules that have since been tightened: runs the daemon's own
+code server started do not survive the first reload of the location here, in both trials, and the cause
+is not found). The fourth is a refresh whose tables held positions of 17:39 and whose reconciliations ran
+at 17:46: outside the server's 5-minute snapshot history, too many keys changed since were left out, NOT
+VERIFIED, a blocking failure. Freshness p50 / p95 / p99: 572 / 677 / 687 s (4127 writes); CPU share 1.0
+of the machine, 0.25 used by the deployment; a slice run's overhead 0.9 s in its run (median of 18), 24 s
+queued and starting. The trial before (17:03, load 27-41, sequential reconciliations) did not catch up in
+20 minutes: one refresh of 9 collections took 102 s to start Spark, 6 minutes for the changelogs, 6 for the
+current_states and 10 for the reconciliations. A catch-up that does not reach the source by its deadline is
+a FAILED verdict with the runs and figures, written to ``benchmarks/soak.json`` all the same.
 """
 
 from __future__ import annotations
