@@ -58,6 +58,8 @@ def build_definitions(settings: CdcSettings, state: DiscoveryState, translator: 
             sensors.append(AutomationConditionSensorDefinition(
                 names.of("table_automation"), target=AssetSelection.assets(*tables.changelog_keys, *tables.current_state_keys),
                 default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=settings.sensor_interval_seconds,
+                # the tables' condition is the translator's own (PoolInProgress): the code location evaluates it
+                use_user_code_server=True,
                 description="Refreshes changelog and current_state when slices or snapshots land."))
     use_for_runs_without_loggers()  # the UI's and the automation's runs name no logger
     return Definitions(

@@ -31,6 +31,8 @@ from dagster import (
     AssetKey,
     AssetSpec,
     AutomationCondition,
+    AutomationContext,
+    AutomationResult,
     FreshnessPolicy,
     MetadataValue,
     TableColumn,
@@ -98,6 +100,45 @@ class MongoCdcAssetProps:
     def of_kind(self, kind: CdcKind) -> MongoCdcAssetProps:
         """The same collection's props for another kind (to name a dependency)."""
         return replace(self, kind=kind)
+
+
+class PoolInProgress(AutomationCondition[AssetKey]):
+    """True while a run is queued or running that is to materialise an asset of this asset's pool (any asset of
+    it, not only this one), until that run has materialised it (Dagster's ``in_progress`` of each asset).
+
+    Dagster groups what one automation tick requests into one run, but ``~in_progress()`` excludes only
+    the assets of the run in progress: a collection that landed while another's refresh ran was requested
+    alone, to queue behind it for the pool, and each such run kept its own collections apart from then on
+    (the soak's table refreshes ended up in runs of one collection each, each starting a Spark session). Waiting
+    while the pool is busy lets the next tick take every collection that landed meanwhile in one run.
+    Evaluated in the code location (a condition of our own: the automation sensor sets
+    ``use_user_code_server``)."""
+
+    @property
+    def name(self) -> str:
+        return "pool_in_progress"
+
+    @property
+    def description(self) -> str:
+        return "a run of an asset of this asset's pool is queued or running"
+
+    @property
+    def requires_cursor(self) -> bool:
+        return False
+
+    # Dagster awaits an evaluate that is a coroutine function (its in-progress look-ups are coroutines)
+    async def evaluate(self, context: AutomationContext[AssetKey]) -> AutomationResult[AssetKey]:  # type: ignore[override]
+        graph, view = context.asset_graph, context.asset_graph_view
+        pools = graph.get(context.key).pools or set()
+        if context.candidate_subset.is_empty or not pools:
+            return AutomationResult(context, context.get_empty_subset())
+        for key in sorted(graph.materializable_asset_keys, key=lambda k: k.to_user_string()):
+            if not pools & (graph.get(key).pools or set()):
+                continue
+            running = await view.compute_run_in_progress_subset(key=key, from_subset=view.get_full_subset(key=key))
+            if not running.is_empty:
+                return AutomationResult(context, context.candidate_subset)
+        return AutomationResult(context, context.get_empty_subset())
 
 
 class MongoCdcTranslator:
@@ -182,6 +223,9 @@ class MongoCdcTranslator:
         """Tables refresh when what they read was updated (a slice landed, a snapshot finished), and again
         after a failed refresh (``failed_refresh_retry_cron``)."""
         if props.kind in TABLE_KINDS:
+            # One run for every collection with something new: none is requested while a refresh of any
+            # collection is queued or running (the tables' pool, one run at a time), so the next tick takes
+            # all that landed meanwhile together (PoolInProgress), where each requested alone queued apart.
             # eager() without "no dependency missing": a table depends on every window of the slices,
             # and old windows are never all materialised; nor "no dependency in progress": the next
             # window's slice run is nearly always queued or running on a busy deployment, so a refresh
@@ -200,8 +244,8 @@ class MongoCdcTranslator:
             backed_off = AutomationCondition.cron_tick_passed(self.failed_refresh_retry_cron).since(
                 AutomationCondition.newly_requested() | failed.newly_true())
             retry = (failed & backed_off).with_label("retry a failed refresh")
-            return ((landed.since(handled) | retry) & ~AutomationCondition.in_progress()).with_label(
-                "refresh when upstream lands")
+            return ((landed.since(handled) | retry) & ~AutomationCondition.in_progress()
+                    & ~PoolInProgress()).with_label("refresh when upstream lands")
         return None
 
     def get_asset_spec(self, props: MongoCdcAssetProps) -> AssetSpec:

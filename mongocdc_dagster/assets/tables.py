@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import pyarrow.parquet as pq
 from dagster import (
+    AssetCheckExecutionContext,
     AssetExecutionContext,
     AssetKey,
     AssetsDefinition,
@@ -147,22 +148,22 @@ def not_built(namespace: str, why: str) -> dict[str, Any]:
                          "or a change lands; snapshot the collection to copy what it holds"}
 
 
-def _each_finished(context: AssetExecutionContext, spark: SparkSession, items: Sequence[_T],
-                   refresh: Callable[[SparkSession, _T], _R], namespace_of: Callable[[_T], str],
-                   ) -> Iterator[tuple[_T, _R]]:  # fmt: skip
-    """``refresh`` of every item, several collections at once (``concurrently``), as each finishes. A
-    collection's failure is logged with its name as it happens; once the others are done (their
-    materialisations recorded) the step fails naming every collection that failed."""
+def each_finished(context: AssetExecutionContext | AssetCheckExecutionContext, spark: SparkSession,
+                  items: Sequence[_T], refresh: Callable[[SparkSession, _T], _R], namespace_of: Callable[[_T], str],
+                  ) -> Iterator[tuple[_T, _R]]:  # fmt: skip
+    """``refresh`` (or a check) of every item, several collections at once (``concurrently``), as each
+    finishes. A collection's failure is logged with its name as it happens; once the others are done (their
+    materialisations or check results recorded) the step fails naming every collection that failed."""
     failures: list[tuple[str, Exception]] = []
     for item, outcome in concurrently(spark, items, refresh):
         if isinstance(outcome, Exception):
             failures.append((namespace_of(item), outcome))
-            context.log.error(f"{failures[-1][0]}: refresh failed: {type(outcome).__name__}: {outcome}")
+            context.log.error(f"{failures[-1][0]}: failed: {type(outcome).__name__}: {outcome}")
         else:
             yield item, outcome
     if failures:
         lines = [f"{namespace}: {type(exc).__name__}: {exc}" for namespace, exc in failures]
-        raise Failure(description=f"{len(failures)} collection(s) failed to refresh:\n" + "\n".join(lines),
+        raise Failure(description=f"{len(failures)} collection(s) failed:\n" + "\n".join(lines),
                       metadata={"failed": MetadataValue.json([ns for ns, _ in failures])}) from failures[0][1]
 
 
@@ -213,8 +214,8 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
             return refresh_changelog(session, out.tables[out.changelog_keys[item[0]]], item[1],
                                      progress=context.log.info)
 
-        for (key, files), done in _each_finished(context, spark, work, refresh,
-                                                 lambda item: out.changelog_keys[item[0]]):
+        for (key, files), done in each_finished(context, spark, work, refresh,
+                                                lambda item: out.changelog_keys[item[0]]):
             namespace = out.changelog_keys[key]
             if done.files_read:
                 context.log.info(f"{namespace}: {done.files_read} new or re-written landing file(s) of {len(files)}, "
@@ -256,7 +257,7 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
         def refresh(session: SparkSession, key: AssetKey) -> StateRefresh:
             return refresh_current_state(session, out.tables[out.current_state_keys[key]], progress=context.log.info)
 
-        for key, done in _each_finished(context, spark, work, refresh, lambda key: out.current_state_keys[key]):
+        for key, done in each_finished(context, spark, work, refresh, lambda key: out.current_state_keys[key]):
             namespace = out.current_state_keys[key]
             tables = out.tables[namespace]
             for change in done.schema_changes:

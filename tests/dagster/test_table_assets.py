@@ -20,6 +20,8 @@ from dagster import (
     DagsterInstance,
     DagsterRunStatus,
     Definitions,
+    RunRequest,
+    build_sensor_context,
     define_asset_job,
     evaluate_automation_conditions,
 )
@@ -269,6 +271,51 @@ def test_a_landing_during_a_refresh_is_refreshed_once_the_refresh_ends(
                                 asset_selection=frozenset(orders))
     again = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=after.cursor)
     assert again.total_requested == 0  # requested once: that refresh handles it
+
+
+def test_collections_that_land_during_another_refresh_are_refreshed_together_in_one_run(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    """A collection that lands while another's refresh runs waits for it, and the next tick refreshes both in
+    one run (their changelog and current_state, with their blocking checks). It was requested alone, to queue
+    behind the running refresh for the tables' pool, and from then on the two were refreshed in runs of their
+    own, each starting a Spark session."""
+    for coll in ("orders", "items"):
+        db[coll].insert_many([{"_id": i, "qty": i} for i in range(3)])
+    env = make_env(tmp_path, mongo_uri, db, ["orders", "items"])
+    sensor = env.defs.get_sensor_def("mongocdc_table_automation")
+    repository = env.defs.get_repository_def()
+
+    def tick(cursor: str | None) -> tuple[list[RunRequest], str | None]:
+        result = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=cursor,
+                                                           repository_def=repository))
+        return list(result.run_requests or []), result.cursor
+
+    requests, cursor = tick(None)
+    assert requests == []
+    env.materialize(instance, [env.key("orders", "snapshot")])
+    requests, cursor = tick(cursor)
+    orders = {env.key("orders", "changelog"), env.key("orders", "current_state")}
+    assert [set(r.asset_selection or ()) for r in requests] == [orders]
+    job = Definitions.merge(env.defs, Definitions(jobs=[define_asset_job("refresh", AssetSelection.assets(*orders))]))
+    running = instance.create_run_for_job(job.resolve_job_def("refresh"), status=DagsterRunStatus.STARTED,
+                                          asset_selection=frozenset(orders))
+
+    env.materialize(instance, [env.key("items", "snapshot")])  # lands while orders' refresh runs
+    requests, cursor = tick(cursor)
+    assert requests == [], "a refresh of items alone was queued behind orders' refresh"
+    for key in orders:  # orders' refresh ends, having materialised its tables
+        instance.report_dagster_event(DagsterEvent(
+            event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value, job_name=running.job_name,
+            event_specific_data=StepMaterializationData(AssetMaterialization(key))), run_id=running.run_id)
+    instance.report_dagster_event(DagsterEvent(event_type_value=DagsterEventType.RUN_SUCCESS.value,
+                                               job_name=running.job_name), run_id=running.run_id)
+    env.materialize(instance, [env.key("orders", "snapshot")])  # and orders lands again
+    requests, cursor = tick(cursor)
+    tables = {env.key(c, k) for c in ("orders", "items") for k in ("changelog", "current_state")}
+    assert [set(r.asset_selection or ()) for r in requests] == [tables], requests
+    checks = requests[0].asset_check_keys
+    assert checks is None or {AssetCheckKey(env.key(c, "current_state"), "matches_source")
+                              for c in ("orders", "items")} <= set(checks)
 
 
 def test_a_landing_is_refreshed_while_the_next_window_is_being_landed(
