@@ -1127,16 +1127,16 @@ fn push_padded(out: &mut Vec<u8>, number: i64, width: usize) {
     out.extend_from_slice(&digits[at..]);
 }
 
-/// How large a chunk grew (rows; bytes of keys, values, before, after, source): the next chunk of its
+/// How large a chunk grew (rows; bytes of keys, values, before, after, updatedFields, source): the next chunk of its
 /// collection is made that large at once, and a quarter more (batches of inserts and of updates differ by
 /// about a fifth; a column outgrowing its vector doubled it), from the vectors dropped buffers left
 /// ([`spare`]), instead of growing into fresh memory (a page fault per 4 KiB first written) batch after batch.
 #[derive(Clone, Copy, Default)]
-struct ChunkSizes([usize; 6]);
+struct ChunkSizes([usize; 7]);
 
 impl ChangeRows {
     fn new(sizes: ChunkSizes) -> Self {
-        let [rows, keys, values, before, after, source] = sizes.0.map(|size| size + size / 4);
+        let [rows, keys, values, before, after, updated, source] = sizes.0.map(|size| size + size / 4);
         let strings = |bytes: usize| Strings::new(rows, bytes);
         ChangeRows {
             cols: Columns {
@@ -1147,7 +1147,7 @@ impl ChangeRows {
                 ts_nulls: 0,
                 before: strings(before),
                 after: strings(after),
-                updated: strings(0),
+                updated: strings(updated),
                 removed: Lists { offsets: vec![0], valid: Vec::new(), nulls: 0, items: Strings::new(0, 0) },
                 truncated: strings(0),
                 snapshot: strings(rows * 5),
@@ -1164,7 +1164,7 @@ impl ChangeRows {
     fn sizes(&self) -> ChunkSizes {
         let c = &self.cols;
         ChunkSizes([self.seconds.len(), c.keys.data.len(), c.values.data.len(), c.before.data.len(), c.after.data.len(),
-                    c.source.data.len()])
+                    c.updated.data.len(), c.source.data.len()])
     }
 
     /// Ends the row with its position and operation (None: a tombstone).
