@@ -2,7 +2,8 @@
 
 - A step that fails on something transient (a primary step-down, MongoDB or the broker briefly out) is run
   again inside its run by its ``RetryPolicy`` (:data:`STEP_RETRY_POLICY`, with a growing pause). A step
-  that raises ``Failure(allow_retries=False)`` ("history lost", a bad snapshot filter) is not: Dagster's step retries skip it, and running it again would only fail the same way.
+  that raises ``Failure(allow_retries=False)`` ("history lost", a bad snapshot filter) is not: Dagster's
+  step retries skip it, and running it again would only fail the same way.
 - A run that fails as a whole (its worker killed, the daemon restarted under it, a run that never started)
   is run again by Dagster's run retries (``run_retries: enabled`` in dagster.yaml) for the runs tagged with
   :data:`RUN_RETRY_TAGS`: the latest-window schedule's slice runs and the sensors' snapshot runs. The tags
