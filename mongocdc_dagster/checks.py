@@ -6,10 +6,12 @@
   pass below ``min_coverage`` of them (run config). Having no automation condition of its own, it rides
   along in every run that refreshes its current_state, right after the refresh: at a position the server
   still holds, so it compares every key even on a hot collection. Before anything of the collection
-  landed there is no table to compare: a warning (not a pass, not blocking) says to snapshot it.
+  landed there is no table to compare: a warning (not a pass, not blocking) says to snapshot it. A dropped
+  collection's passes (``verdict: dropped``): nothing is wrong, there is nothing to compare with.
 - ``no_gap_since_snapshot`` on each collection's slices (not blocking, on its own schedule): every closed
   window since the collection's snapshot is landed. Cross-window, so it reads the instance, not a run. A
-  window that cannot be landed any more (see ``gaps.py``) is an ERROR, one still to land a WARN.
+  window that cannot be landed any more (see ``gaps.py``) is an ERROR, one behind the last landed window
+  still to land a WARN; windows closed since the last landed one (the schedule's next run's) pass.
 
 The per-file checks (envelopes, snapshot counts) run inside the materialising run, see assets/cdc.py;
 freshness is the translator's ``FreshnessPolicy``.
@@ -18,7 +20,6 @@ No ``from __future__ import annotations``: Dagster resolves the resource annotat
 """
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
 
 from dagster import (
     AssetCheckExecutionContext,
@@ -31,19 +32,17 @@ from dagster import (
     MetadataValue,
     multi_asset_check,
 )
+from dagster._time import get_current_datetime
 from dagster_pyspark import PySparkResource
 from pydantic import Field
-from pymongo.errors import PyMongoError
 from pyspark.sql import SparkSession
 
-from mongocdc_core.source.errors import CdcError
 from mongocdc_core.tables.changelog import table_exists
 from mongocdc_core.tables.collection import Reconciliation, reconcile_at_position
 from mongocdc_core.tables.reconcile import DEFAULT_MIN_COVERAGE
 from mongocdc_dagster.assets.cdc import CdcAssets
 from mongocdc_dagster.assets.tables import TableAssets, each_finished, landed_anything
-from mongocdc_dagster.gaps import GAP_CHECK, GapVerdict, failed_repairs, find_holes, since_text
-from mongocdc_dagster.landed_history import collection_history
+from mongocdc_dagster.gaps import GAP_CHECK, failed_repairs, judge, readable_oplog_start
 from mongocdc_dagster.metadata import position_time
 from mongocdc_dagster.pools import Pools
 from mongocdc_dagster.resources import MongoCdcResource, resource_of
@@ -87,9 +86,8 @@ def build_reconciliation_check(tables: TableAssets) -> AssetChecksDefinition | N
             namespace = tables.current_state_keys[check_key.asset_key]
             if namespace in tables.dropped:
                 when = tables.dropped[namespace].isoformat(timespec="seconds")
-                yield AssetCheckResult(
-                    asset_key=check_key.asset_key, check_name=RECONCILE_CHECK, passed=False,
-                    severity=AssetCheckSeverity.WARN,
+                yield AssetCheckResult(  # nothing wrong: the table keeps the collection's last state
+                    asset_key=check_key.asset_key, check_name=RECONCILE_CHECK, passed=True,
                     description=f"{namespace}: dropped (no longer captured since {when}); no collection to compare "
                                 "the table with",
                     metadata={"collection": namespace, "verdict": "dropped", "keys_compared": 0})
@@ -152,22 +150,13 @@ def build_gap_check(cdc: CdcAssets) -> AssetChecksDefinition | None:
                        description="Finds windows missing between each collection's snapshot and now, and fails "
                                    "(ERROR) on those that cannot be landed any more.")
     def continuity(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
-        now = datetime.now(UTC)
-        mongocdc = resource_of(context, cdc.names.mongocdc, MongoCdcResource)
-        try:
-            common = mongocdc.oplog_windows().common
-        except (CdcError, PyMongoError) as exc:  # judged by the attempts alone; the oplog-window sensor reports the rest
-            context.log.warning(f"the oplog window cannot be read ({exc}): windows lost from it are not told apart")
-            common = None
-        failed = failed_repairs(context.instance)
+        now = get_current_datetime()
+        # None: judged by the attempts alone; the oplog-window sensor reports the rest
+        oplog_first = readable_oplog_start(resource_of(context, cdc.names.mongocdc, MongoCdcResource))
+        failed = failed_repairs(context.instance, cdc.windows)
         for check_key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.to_user_string()):
-            namespace = slices[check_key.asset_key]
-            history = collection_history(context.instance, namespace, cdc.snapshot_keys(namespace),
-                                         check_key.asset_key, cdc.windows)
-            until = min(now, cdc.dropped.get(namespace, now))  # a dropped collection: until its drop
-            holes = find_holes(history, cdc.windows, check_key.asset_key, until,
-                               None if common is None else common.first, failed)
-            yield GapVerdict(holes, since_text(history), len(history.window_keys)).result(check_key.asset_key)
+            verdict = judge(context.instance, cdc, slices[check_key.asset_key], now, oplog_first, failed)
+            yield verdict.result(check_key.asset_key)
 
     return continuity
 

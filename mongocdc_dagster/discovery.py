@@ -25,7 +25,10 @@ from mongocdc_core.config import ConfigError
 from mongocdc_core.source.errors import CdcError
 from mongocdc_dagster.resources import MongoCdcResource
 
-STATE_VERSION = 1
+#: Version 2 added ``dropped_at``. A version-1 reader (an older mongocdc, after a rollback) rejects a version-2
+#: state, as it would otherwise read the dropped collections as captured; this one reads both.
+STATE_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 DISCOVERY_TIMEOUT_MS = 5000
 #: How long a dropped collection's assets stay after discovery found it gone.
 KEEP_DROPPED = timedelta(days=7)
@@ -107,7 +110,7 @@ class DiscoveryState:
     @classmethod
     def from_json(cls, text: str) -> DiscoveryState:
         data = orjson.loads(text)
-        if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+        if not isinstance(data, dict) or data.get("version") not in _READABLE_VERSIONS:
             raise ValueError(f"not a mongocdc discovery state (version {STATE_VERSION}): {text[:200]!r}")
         return cls(
             collections=tuple(CollectionInfo(c["namespace"], c.get("estimated_documents"),

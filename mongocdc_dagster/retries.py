@@ -2,13 +2,16 @@
 
 - A step that fails on something transient (a primary step-down, MongoDB or the broker briefly out) is run
   again inside its run by its ``RetryPolicy`` (:data:`STEP_RETRY_POLICY`, with a growing pause). A step
-  that raises ``Failure(allow_retries=False)`` ("history lost", a collection the filters leave out, a bad
-  filter) is not: Dagster's step retries skip it, and running it again would only fail the same way.
+  that raises ``Failure(allow_retries=False)`` ("history lost", a bad snapshot filter) is not: Dagster's
+  step retries skip it, and running it again would only fail the same way.
 - A run that fails as a whole (its worker killed, the daemon restarted under it, a run that never started)
   is run again by Dagster's run retries (``run_retries: enabled`` in dagster.yaml) for the runs tagged with
   :data:`RUN_RETRY_TAGS`: the latest-window schedule's slice runs and the sensors' snapshot runs. The tags
   say "not after a step failure" (``dagster/retry_on_asset_or_op_failure: false``): the step's own policy has
   already retried what was worth retrying, so a run failed by its step is not run twice more.
+- A run still to finish (:func:`in_flight`): queued, starting or running, or failed and marked to be retried
+  (Dagster's ``dagster/will_retry`` tag): the schedule and the gap sensor request nothing new behind it.
+- The gap sensor's repair runs get no run retries: the sensor is their retrier (``gaps.py``), with a back-off.
 - A run that is terminated (the UI, a stop-snapshot signal) stops: :func:`stop_when_terminated` turns the
   interrupt Dagster raises in the step into a failure no policy retries (a ``RetryPolicy`` would otherwise
   run the step again in the terminated run, since Dagster retries an interrupted step under it).
@@ -19,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from dagster import AssetExecutionContext, Backoff, DagsterRunStatus, Failure, Jitter, RetryPolicy
+from dagster import AssetExecutionContext, Backoff, DagsterRun, DagsterRunStatus, Failure, Jitter, RetryPolicy
 from dagster._core.errors import DagsterExecutionInterruptedError
-from dagster._core.storage.tags import MAX_RETRIES_TAG, RETRY_ON_ASSET_OR_OP_FAILURE_TAG
+from dagster._core.storage.tags import MAX_RETRIES_TAG, RETRY_ON_ASSET_OR_OP_FAILURE_TAG, WILL_RETRY_TAG
 
 #: Step retries of the snapshot and slice assets: 15 s, 45 s, then 105 s (about) after the failure; together
 #: longer than a replica set's election and a broker restart, shorter than a few one-minute windows.
@@ -32,6 +35,13 @@ RUN_RETRIES = 2
 RUN_RETRY_TAGS = {MAX_RETRIES_TAG: str(RUN_RETRIES), RETRY_ON_ASSET_OR_OP_FAILURE_TAG: "false"}
 
 _TERMINATING = (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED)
+#: The statuses of a run not ended yet.
+ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+
+
+def in_flight(run: DagsterRun) -> bool:
+    """The run, or the retry Dagster will launch of it, is still to finish."""
+    return run.status in ACTIVE or (run.status == DagsterRunStatus.FAILURE and run.tags.get(WILL_RETRY_TAG) == "true")
 
 
 @contextmanager

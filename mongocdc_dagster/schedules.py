@@ -7,8 +7,6 @@ from collections.abc import Iterator
 from dagster import (
     AssetCheckKey,
     AssetSelection,
-    DagsterRun,
-    DagsterRunStatus,
     DefaultScheduleStatus,
     RunRequest,
     RunsFilter,
@@ -18,30 +16,17 @@ from dagster import (
     define_asset_job,
     schedule,
 )
-from dagster._core.storage.tags import (
-    ASSET_PARTITION_RANGE_END_TAG,
-    ASSET_PARTITION_RANGE_START_TAG,
-    PARTITION_NAME_TAG,
-    SCHEDULE_NAME_TAG,
-    WILL_RETRY_TAG,
-)
+from dagster._core.storage.tags import SCHEDULE_NAME_TAG
 
-from mongocdc_dagster.assets.cdc import ENVELOPE_CHECK, CdcAssets
-from mongocdc_dagster.gaps import GAP_CHECK
+from mongocdc_dagster.assets.cdc import CdcAssets
+from mongocdc_dagster.gaps import GAP_CHECK, run_span, slice_request
 from mongocdc_dagster.logs import RUN_CONFIG
 from mongocdc_dagster.partitions import MAX_WINDOWS_PER_RUN, SliceWindows
-from mongocdc_dagster.retries import RUN_RETRY_TAGS
+from mongocdc_dagster.retries import ACTIVE, RUN_RETRY_TAGS, in_flight
 from mongocdc_dagster.sensors import TAG_KIND
 
 #: How many of the schedule's latest runs it looks at: its run in flight, and the furthest window landed.
 _RECENT_RUNS = 20
-_IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
-              DagsterRunStatus.STARTED]
-
-
-def _landed_to(run: DagsterRun) -> str | None:
-    """The last window a slice run of the schedule lands (its partition, or its range's end)."""
-    return run.tags.get(ASSET_PARTITION_RANGE_END_TAG) or run.tags.get(PARTITION_NAME_TAG)
 
 
 def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
@@ -52,8 +37,8 @@ def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
     so a deployment that is behind catches up in fewer, larger runs instead of queueing one per window.
     A run that failed as a whole is retried by Dagster (``retries.RUN_RETRY_TAGS``; a failed step has its own
     ``RetryPolicy``); the schedule waits for its retry too."""
-    slices = list(cdc.keys_of("slices"))
-    namespaces = cdc.keys_of("slices")
+    namespace_of = cdc.keys_of("slices")
+    slices = list(namespace_of)
     name = cdc.names.of("latest_window")
 
     @schedule(name=name, cron_schedule=cdc.windows.cron, execution_timezone="UTC",
@@ -65,17 +50,18 @@ def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
             yield SkipReason("no window has closed since the slice windows start")
             return
         recent = context.instance.get_runs(filters=RunsFilter(tags={SCHEDULE_NAME_TAG: name}), limit=_RECENT_RUNS)
-        busy = next((run for run in recent if run.status in _IN_FLIGHT), None)
-        if busy is None and recent and recent[0].tags.get(WILL_RETRY_TAG) == "true":  # its retry is the next run
+        busy = next((run for run in recent if run.status in ACTIVE), None)
+        if busy is None and recent and in_flight(recent[0]):  # its retry is the next run
             busy = recent[0]
         if busy is not None:
-            state = "to be retried" if busy.status not in _IN_FLIGHT else busy.status.value.lower()
-            yield SkipReason(f"its run {busy.run_id} (windows to {_landed_to(busy)}) is still {state}: the "
-                             "windows closed meanwhile land in one run on the first tick after it ends")
+            state = "to be retried" if busy.status not in ACTIVE else busy.status.value.lower()
+            span = run_span(busy, cdc.windows)
+            yield SkipReason(f"its run {busy.run_id} (windows to {span[1] if span else '?'}) is still {state}: "
+                             "the windows closed meanwhile land in one run on the first tick after it ends")
             return
         # the furthest window its runs reached, not the newest run's: a schedule run re-executed from the UI
         # carries its old windows, and going on after them would land every window since again
-        ends = [end for run in recent if (end := _landed_to(run)) and cdc.windows.definition.has_partition_key(end)]
+        ends = [span[1] for run in recent if (span := run_span(run, cdc.windows))]
         keys = [latest]
         if ends:
             landed_to = max(ends, key=lambda end: cdc.windows.window(end).end)
@@ -86,24 +72,16 @@ def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
                 return
         # a dropped collection only while its windows began before the drop
         first = cdc.windows.window(keys[0]).start
-        selection = [key for key in slices if (dropped := cdc.dropped.get(namespaces[key])) is None or first < dropped]
+        selection = [key for key in slices if (dropped := cdc.dropped.get(namespace_of[key])) is None or first < dropped]
         if not selection:
             yield SkipReason(f"every collection was dropped before the windows from {keys[0]}")
             return
         # the in-run envelope checks only: the continuity checks have a schedule of their own, and inside a
         # slice run they would count the windows closed since it was requested as gaps
-        envelopes = [AssetCheckKey(key, ENVELOPE_CHECK) for key in selection]
-        # The selection is named on the request so the run records it (the Runs page's Target column shows a
-        # run of the schedule's implicit asset job by its asset selection, and shows nothing without one).
-        tags = {TAG_KIND: "slices", **RUN_RETRY_TAGS}
-        if len(keys) == 1:
-            yield RunRequest(run_key=keys[0], partition_key=keys[0], asset_selection=selection,
-                             asset_check_keys=envelopes, tags=tags, run_config=RUN_CONFIG)
-            return
-        context.log.info(f"{len(keys)} windows closed since the previous run's: {keys[0]} to {keys[-1]} in one run")
-        yield RunRequest(run_key=f"{keys[0]}...{keys[-1]}", asset_selection=selection, asset_check_keys=envelopes,
-                         tags={**tags, ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]},
-                         run_config=RUN_CONFIG)
+        if len(keys) > 1:
+            context.log.info(f"{len(keys)} windows closed since the previous run's: {keys[0]} to {keys[-1]} in one run")
+        yield slice_request(keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}", keys, selection,
+                            {TAG_KIND: "slices", **RUN_RETRY_TAGS})
 
     return latest_window
 

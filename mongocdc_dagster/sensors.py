@@ -1,4 +1,4 @@
-"""Sensors: collection discovery, the signaling collection, and the oplog window.
+"""Sensors: collection discovery, the signaling collection, the oplog window, and slice windows left behind.
 
 Each is built by a factory from the assets it serves, like the sensors Dagster integration libraries
 ship, so a second connector gets its own set with its own keys. A sensor reads its connector's resources
@@ -19,11 +19,9 @@ from bson import Timestamp, json_util
 from dagster import (
     AddDynamicPartitionsRequest,
     AssetCheckEvaluation,
-    AssetCheckKey,
     AssetObservation,
     AssetSelection,
     DagsterInstance,
-    DagsterRunStatus,
     DefaultSensorStatus,
     DeleteDynamicPartitionsRequest,
     MetadataValue,
@@ -35,21 +33,29 @@ from dagster import (
     SkipReason,
     sensor,
 )
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
-from pymongo.errors import PyMongoError
+from dagster._time import get_current_datetime
 
 from mongocdc_core.positions import Position
 from mongocdc_core.source.errors import CdcError, HistoryLostError
 from mongocdc_core.source.signals import SignalRead
-from mongocdc_dagster.assets.cdc import ENVELOPE_CHECK, CdcAssets, write_plan
+from mongocdc_dagster.assets.cdc import CdcAssets, write_plan
 from mongocdc_dagster.discovery import KEEP_DROPPED, DiscoveryError, DiscoveryState
-from mongocdc_dagster.gaps import GAP, TAG_REASON, GapVerdict, failed_repairs, find_holes, since_text
+from mongocdc_dagster.gaps import (
+    GAP,
+    MAX_REPAIRS,
+    TAG_REASON,
+    Holes,
+    failed_repairs,
+    judge,
+    readable_oplog_start,
+    repair_request,
+)
 from mongocdc_dagster.landed_history import collection_history, needed_window_start
 from mongocdc_dagster.logs import RUN_CONFIG
 from mongocdc_dagster.metadata import position_time
-from mongocdc_dagster.partitions import MAX_WINDOWS_PER_RUN, ranges_partitions_name
+from mongocdc_dagster.partitions import ranges_partitions_name
 from mongocdc_dagster.resources import MongoCdcResource, resource_of
-from mongocdc_dagster.retries import RUN_RETRY_TAGS
+from mongocdc_dagster.retries import ACTIVE, RUN_RETRY_TAGS, in_flight
 from mongocdc_dagster.snapshot_requests import (
     EXECUTE,
     SignalError,
@@ -65,7 +71,6 @@ HOLD_FOR = timedelta(days=7)
 MAX_HELD = 200
 WARN_FRACTION = 0.25  # warn when a collection's next needed window is in the oldest quarter of the oplog
 OBSERVE_EVERY_S = 300
-_ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 
 TAG_KIND = "mongocdc/kind"
 TAG_COLLECTION = "mongocdc/collection"
@@ -196,7 +201,7 @@ def _stop_runs(context: SensorEvaluationContext, signal: SnapshotSignal, cdc: Cd
     """Cancel in-flight snapshot runs of the signal's type that snapshot a collection the signal matches."""
     owners = {**cdc.keys_of("snapshot"), **cdc.keys_of("incremental_snapshot")}
     stopped: list[str] = []
-    for run in context.instance.get_runs(filters=RunsFilter(statuses=_ACTIVE)):
+    for run in context.instance.get_runs(filters=RunsFilter(statuses=ACTIVE)):
         kind = _run_snapshot_type(dict(run.tags), run.asset_selection, cdc)
         if kind is None or kind != signal.snapshot_type:
             continue
@@ -453,75 +458,61 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
 
 
 def build_slice_gaps_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefinition:
-    """Windows a failed slice run left behind (``gaps.py``): requests those the oplog still holds again, in one
-    run, a bounded number of times, and fails the collection's continuity check (ERROR) for those it cannot,
-    once per change (the cursor holds the windows reported). It targets the slices as the latest-window
-    schedule does (one partitions definition: a target mixing the snapshots' would not resolve its runs' windows)
-    and reads the oplog window with the oplog-window sensor's helper."""
+    """Windows a failed slice run left behind (``gaps.py``): requests those the oplog still holds again, one hole
+    per run, with a back-off, a bounded number of times, and reports the collection's continuity check when the
+    windows it cannot land change (ERROR; passing again once they are gone; the cursor holds those reported).
+    Nothing is requested for a dropped collection or one the filters now leave out, nor while the oplog cannot
+    be read. It targets the slices as the latest-window schedule does (one partitions definition: a target
+    mixing the snapshots' would not resolve its runs' windows)."""
 
     slices = list(cdc.keys_of("slices"))
 
     @sensor(name=cdc.names.of("slice_gaps"), minimum_interval_seconds=interval_s,
             default_status=DefaultSensorStatus.RUNNING, target=AssetSelection.assets(*slices) if slices else None,
             required_resource_keys={cdc.names.mongocdc},
-            description="Lands again the windows failed slice runs left behind while the oplog holds them (3 tries "
-                        "each), and fails no_gap_since_snapshot (ERROR) for those that cannot be landed.")
-    def slice_gaps(context: SensorEvaluationContext, **_direct: object) -> SensorResult:
+            description=f"Lands again the windows failed slice runs left behind while the oplog holds them "
+                        f"({MAX_REPAIRS} tries each, spread out), and fails no_gap_since_snapshot (ERROR) for "
+                        "those that cannot be landed.")
+    def slice_gaps(context: SensorEvaluationContext, **_direct: object) -> SensorResult | SkipReason:
         mongocdc = resource_of(context, cdc.names.mongocdc, MongoCdcResource)
-        try:
-            common = mongocdc.oplog_windows().common
-        except (CdcError, PyMongoError) as exc:  # judged by the attempts alone this tick
-            context.log.warning(f"the oplog window cannot be read ({exc}): windows lost from it are not told apart")
-            common = None
-        now = datetime.now(UTC)
-        failed = failed_repairs(context.instance)
+        oplog_first = readable_oplog_start(mongocdc)
+        if oplog_first is None:  # an outage: repairs now would only use their attempts up
+            return SkipReason("the oplog cannot be read: no window is requested again, nor judged, this tick")
+        cfg = mongocdc.load_config()
+        now = get_current_datetime()
+        failed = failed_repairs(context.instance, cdc.windows)
         reported: dict[str, list[str]] = orjson.loads(context.cursor) if context.cursor else {}
         unlandable: dict[str, list[str]] = {}
-        landable: dict[str, tuple[str, ...]] = {}
+        due: dict[str, Holes] = {}
+        waiting: list[str] = []
         verdicts: list[AssetCheckEvaluation] = []
         for namespace in cdc.namespaces:
-            key = cdc.key(namespace, "slices")
-            history = collection_history(context.instance, namespace, cdc.snapshot_keys(namespace), key, cdc.windows)
-            until = min(now, cdc.dropped.get(namespace, now))  # a dropped collection: until its drop
-            holes = find_holes(history, cdc.windows, key, until, None if common is None else common.first, failed)
-            if holes.landable:
-                landable[namespace] = holes.landable
+            verdict = judge(context.instance, cdc, namespace, now, oplog_first, failed)
+            holes = verdict.holes
+            if holes.landable and cfg.collection_included(*namespace.split(".", 1)):
+                if holes.due:
+                    due[namespace] = holes
+                else:
+                    waiting.append(namespace)
             if holes.lost:
                 unlandable[namespace] = sorted(holes.lost)
-                if unlandable[namespace] != reported.get(namespace):  # once per change, not on every tick
-                    verdict = GapVerdict(holes, since_text(history), len(history.window_keys))
-                    context.log.error(verdict.description)
-                    verdicts.append(verdict.evaluation(key))
+            if unlandable.get(namespace, []) != reported.get(namespace, []):  # once per change, not every tick
+                (context.log.error if holes.lost else context.log.info)(verdict.description)
+                verdicts.append(verdict.evaluation(cdc.key(namespace, "slices")))
         cursor = orjson.dumps(unlandable).decode()
-        in_flight = context.instance.get_runs(filters=RunsFilter(tags={TAG_REASON: GAP}, statuses=_ACTIVE), limit=1)
-        if landable and not in_flight:
-            return SensorResult(run_requests=[_gaps_request(landable, cdc, len(failed))], asset_events=verdicts,
-                                cursor=cursor)
-        summary = ("no window left behind" if not landable and not unlandable else "; ".join(filter(None, (
-            f"windows left behind, requested again: {_names(list(landable))}" if landable else "",
-            f"a run landing them is in flight ({in_flight[0].run_id})" if landable and in_flight else "",
+        newest = context.instance.get_runs(filters=RunsFilter(tags={TAG_REASON: GAP}), limit=1)
+        busy = newest[0] if newest and in_flight(newest[0]) else None
+        if due and busy is None:
+            request = repair_request(due, cdc, newest[0].run_id if newest else None, {TAG_KIND: "slices"})
+            return SensorResult(run_requests=[request], asset_events=verdicts, cursor=cursor)
+        summary = ("no window left behind" if not due and not waiting and not unlandable else "; ".join(filter(None, (
+            f"windows left behind, requested again: {_names(list(due))}" if due else "",
+            f"windows whose repair failed, requested again after a pause: {_names(waiting)}" if waiting else "",
+            f"a run landing them is in flight ({busy.run_id})" if due and busy else "",
             f"windows that cannot be landed: {_names(list(unlandable))}" if unlandable else ""))))
         return SensorResult(skip_reason=summary, asset_events=verdicts, cursor=cursor)
 
     return slice_gaps
-
-
-def _gaps_request(landable: dict[str, tuple[str, ...]], cdc: CdcAssets, failed: int) -> RunRequest:
-    """One run landing the windows left behind from the oldest on (every collection missing one of them); the
-    run key counts the failed such runs, so a window is requested again only after its last request failed."""
-    windows = cdc.windows
-    wanted = sorted({k for keys in landable.values() for k in keys}, key=lambda k: windows.window(k).start)
-    keys = windows.keys_between(windows.window(wanted[0]).start, windows.window(wanted[-1]).end)[:MAX_WINDOWS_PER_RUN]
-    span = set(keys)
-    selection = [cdc.key(ns, "slices") for ns, missing in sorted(landable.items()) if span & set(missing)]
-    tags = {TAG_KIND: "slices", TAG_REASON: GAP, **RUN_RETRY_TAGS}
-    checks = [AssetCheckKey(key, ENVELOPE_CHECK) for key in selection]
-    run_key = f"{GAP}:{keys[0]}...{keys[-1]}:{failed}"
-    if len(keys) == 1:
-        return RunRequest(run_key=run_key, partition_key=keys[0], asset_selection=selection, asset_check_keys=checks,
-                          tags=tags, run_config=RUN_CONFIG)
-    return RunRequest(run_key=run_key, asset_selection=selection, asset_check_keys=checks, run_config=RUN_CONFIG,
-                      tags={**tags, ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]})
 
 
 def build_sensors(interval_s: int, state: DiscoveryState, cdc: CdcAssets, ranged: dict[str, int],

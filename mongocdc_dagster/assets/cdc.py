@@ -159,17 +159,16 @@ def _require_captured(mongocdc: MongoCdcResource, cfg: ConnectorConfig, namespac
         )
 
 
-def _require_included(mongocdc: MongoCdcResource, cfg: ConnectorConfig, namespaces: Sequence[str]) -> None:
+def _included(context: AssetExecutionContext, cfg: ConnectorConfig, namespaces: Sequence[str]) -> list[str]:
     """Slices need the filters to capture a collection, not the collection to exist: one dropped inside a
     window has its changes up to the drop there (and the schedule names it for the windows begun before
-    discovery found it gone)."""
-    excluded = [ns for ns in namespaces if not cfg.collection_included(*ns.split(".", 1))]
-    if excluded:
-        raise Failure(
-            f"collection(s) {', '.join(repr(ns) for ns in excluded)} not captured by {mongocdc.describe}: the "
-            "include/exclude lists leave them out; change the lists, or reload the code location",
-            allow_retries=False,
-        )
+    discovery found it gone). One the filters now leave out (the definitions not reloaded yet) is skipped with
+    a warning, so the others still land."""
+    included = [ns for ns in namespaces if cfg.collection_included(*ns.split(".", 1))]
+    if excluded := sorted(set(namespaces) - set(included)):
+        context.log.warning(f"skipped: {', '.join(excluded)}: the include/exclude lists leave them out (reload the "
+                            "code location to drop their assets)")
+    return included
 
 
 def _token_json(token: Mapping[str, Any] | None) -> str | None:
@@ -427,15 +426,17 @@ def build_cdc_assets(
 
 
 def mark_dropped(spec: AssetSpec, state: DiscoveryState, namespace: str) -> AssetSpec:
-    """A dropped collection's asset says so: in its description and its ``mongocdc/dropped_at``."""
+    """A dropped collection's asset says so (its description, ``mongocdc/dropped_at``), and has no freshness
+    policy nor automation: nothing lands for it any more, and that is not a failure."""
     dropped_at = state.dropped.get(namespace)
     if dropped_at is None:
         return spec
     note = (f"DROPPED: {namespace} is no longer captured since {dropped_at.isoformat(timespec='seconds')}; its "
-            "assets stay for its history and the retries of its runs until "
-            f"{(dropped_at + KEEP_DROPPED).isoformat(timespec='seconds')}, and no new slices are requested for it.")
-    return spec.replace_attributes(description=f"{note}\n\n{spec.description or ''}".strip()).merge_attributes(
-        metadata={DROPPED_AT: dropped_at.isoformat()})
+            "assets stay for its history and the retries of its runs, and are removed at the first reload of "
+            f"the definitions after {(dropped_at + KEEP_DROPPED).isoformat(timespec='seconds')}. No new slices "
+            "are requested for it (but for windows begun before the drop).")
+    return spec.replace_attributes(description=f"{note}\n\n{spec.description or ''}".strip(), freshness_policy=None,
+                                   automation_condition=None).merge_attributes(metadata={DROPPED_AT: dropped_at.isoformat()})
 
 
 def _collection_meta(key: AssetKey, namespace: str) -> dict[str, Any]:
@@ -725,10 +726,9 @@ def _slices_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str], cdc: CdcAs
             mongocdc = resource_of(context, cdc.names.mongocdc, MongoCdcResource)
             kafka = resource_of(context, cdc.names.kafka, MongoCdcKafkaResource)
             cfg = mongocdc.load_config()
-            selected = sorted(context.selected_asset_keys, key=lambda k: ns_of[k])
-            namespaces = [ns_of[k] for k in selected]
+            namespaces = _included(context, cfg, sorted(ns_of[k] for k in context.selected_asset_keys))
+            selected = [cdc.key(ns, "slices") for ns in namespaces]
             ns_key = {ns_of[k]: k for k in selected}
-            _require_included(mongocdc, cfg, namespaces)
             window_keys = sorted(context.partition_keys, key=lambda k: windows.window(k).start)
             oplog_first = mongocdc.oplog_window().first
             reads: dict[tuple[str, int], WindowRead] = {}

@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import yaml
 from pymongo.database import Database
 
 from mongocdc_dagster import local_stack
-from mongocdc_dagster.discovery import DiscoveryState, discover
+from mongocdc_dagster.discovery import CollectionInfo, DiscoveryState, discover
 from mongocdc_dagster.resources import MongoCdcResource
 from mongocdc_dagster.settings import CdcSettings, SettingsError
 from tests.dagster.cdc_helpers import write_config
@@ -60,6 +61,17 @@ def test_definitions_load_when_mongodb_is_down_and_say_why(tmp_path: Path) -> No
     state = discover(MongoCdcResource.for_load(CdcSettings.resolve(connector_config=str(config), environ={})))
     assert state.namespaces == () and state.error is not None and "127.0.0.1:9" in state.error
     assert DiscoveryState.from_json(state.to_json()) == state
+
+
+def test_the_stored_state_with_dropped_collections_is_a_version_older_readers_reject() -> None:
+    """``dropped_at`` came with version 2: a version-1 reader (after a rollback) would read the dropped
+    collections as captured, so it must reject the state; version-1 states still load."""
+    when = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+    state = DiscoveryState((CollectionInfo("db.a", 1), CollectionInfo("db.gone", 2, dropped_at=when)), when)
+    stored = orjson.loads(state.to_json())
+    assert stored["version"] == 2 and DiscoveryState.from_json(state.to_json()) == state
+    old = {**stored, "version": 1, "collections": [{"namespace": "db.a", "estimated_documents": 1}]}
+    assert DiscoveryState.from_json(orjson.dumps(old).decode()).namespaces == ("db.a",)
 
 
 def test_dg_scaffolds_the_component_and_lists_one_asset_per_collection(

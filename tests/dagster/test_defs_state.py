@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from dagster import (
     AssetCheckKey,
-    AssetCheckSeverity,
     AssetKey,
     AssetSelection,
     DagsterInstance,
@@ -309,6 +308,12 @@ def test_a_dropped_collection_keeps_its_assets_so_a_run_naming_it_can_be_retried
         assert job.get_subset(asset_selection={alpha, beta}).asset_layer.executable_asset_keys == {alpha, beta}
         spec = {s.key: s for s in reloaded.resolve_all_asset_specs()}[beta]
         assert "DROPPED" in (spec.description or "")
+        # nothing lands for it any more, and that is not a failure: no freshness policy, no automation
+        specs = {s.key: s for s in reloaded.resolve_all_asset_specs()}
+        for kind in ("slices", "changelog", "current_state"):
+            kept = specs[AssetKey([db.name, "beta", kind])]
+            assert kept.freshness_policy is None and kept.automation_condition is None, kind
+        assert specs[AssetKey([db.name, "alpha", "current_state"])].freshness_policy is not None
         assert datetime.fromisoformat(spec.metadata["mongocdc/dropped_at"]) >= dropped_at - timedelta(minutes=1)
         assert "mongocdc/dropped_at" not in {s.key: s for s in reloaded.resolve_all_asset_specs()}[alpha].metadata
         schedule = reloaded.resolve_schedule_def("mongocdc_latest_window")
@@ -329,8 +334,9 @@ def test_a_dropped_collection_keeps_its_assets_so_a_run_naming_it_can_be_retried
 
 def test_a_dropped_collections_table_is_not_reconciled_with_a_collection_that_is_gone(
         tmp_path: Path, mongo_uri: str, db: Database[Any]) -> None:
-    """A dropped collection's current_state stays (its assets are kept): the blocking ``matches_source`` says
-    there is no collection to compare it with (a warning), not that the table differs from an empty source."""
+    """A dropped collection's current_state stays (its assets are kept): the blocking ``matches_source`` passes
+    saying there is no collection to compare it with (nothing is wrong), not that the table differs from an
+    empty source, nor a warning for the days its assets stay."""
     db.gone.insert_many([{"_id": i} for i in range(3)])
     env = make_env(tmp_path, mongo_uri, db, ["gone"])
     state_key = env.key("gone", "current_state")
@@ -344,6 +350,6 @@ def test_a_dropped_collections_table_is_not_reconciled_with_a_collection_that_is
                                  Definitions(jobs=[define_asset_job("reconcile", AssetSelection.checks(check))]))
         result = defs.resolve_job_def("reconcile").execute_in_process(instance=instance, raise_on_error=False)
     (evaluation,) = result.get_asset_check_evaluations()
-    assert not evaluation.passed and evaluation.severity == AssetCheckSeverity.WARN
+    assert evaluation.passed
     assert evaluation.metadata["verdict"].value == "dropped" and "no collection to compare" in (
         evaluation.description or "")

@@ -4,11 +4,11 @@ that failed as a whole, never a retry of a step that said it may not be retried.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-import orjson
 import pytest
 from dagster import DagsterInstance, RetryPolicy, RunRequest, build_schedule_context, instance_for_test
 from dagster._core.errors import DagsterExecutionInterruptedError
@@ -41,15 +41,18 @@ def _schedule_request(env: CdcEnv, instance: DagsterInstance) -> RunRequest:
 
 
 def test_a_slice_run_whose_step_may_not_be_retried_is_not_run_again(
-        tmp_path: Path, mongo_uri: str, db: Database[Any], retrying_instance: DagsterInstance) -> None:
-    """A step that raises ``Failure(allow_retries=False)`` (here: a collection the filters leave out; "history
-    lost" alike) runs once, and its run is not retried either; the same run failing as a whole would be."""
+        tmp_path: Path, mongo_uri: str, db: Database[Any], retrying_instance: DagsterInstance,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that raises ``Failure(allow_retries=False)`` (here: a window whose history is lost) runs once, and
+    its run is not retried either; the same run failing as a whole would be."""
     env = make_env(tmp_path, mongo_uri, db, ["a"])
     request = _schedule_request(env, retrying_instance)
-    config = Path(env.mongocdc.config_path)
-    connector = orjson.loads(config.read_bytes())
-    connector["config"]["collection.exclude.list"] = env.ns("a")
-    config.write_bytes(orjson.dumps(connector))
+    real = cdc.plan_window_read
+
+    def lost(*args: Any, **kwargs: Any) -> cdc.WindowRead:
+        return replace(real(*args, **kwargs), gap="history lost: the oplog starts after the window")
+
+    monkeypatch.setattr(cdc, "plan_window_read", lost)
     result = env.materialize(retrying_instance, [env.key("a", "slices")], partition_key=request.partition_key,
                              tags=request.tags, raise_on_error=False)
     assert not result.success

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
+import orjson
 from bson import ObjectId, Timestamp
 from dagster import (
     AssetCheckKey,
@@ -27,14 +28,15 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetC
 from dagster._core.events import DagsterEvent, DagsterEventType
 from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteRepositoryOrigin
 from dagster._core.storage.tags import MAX_RETRIES_TAG, PARTITION_NAME_TAG, SCHEDULE_NAME_TAG, WILL_RETRY_TAG
-from dagster._core.test_utils import create_run_for_test
+from dagster._core.test_utils import create_run_for_test, freeze_time
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from pymongo.database import Database
 
 from mongocdc_core.positions import Position
+from mongocdc_core.source.errors import CdcError
 from mongocdc_core.source.oplog import OplogWindow, OplogWindows
 from mongocdc_dagster.checks import build_gap_check
-from mongocdc_dagster.gaps import MAX_REPAIRS
+from mongocdc_dagster.gaps import MAX_REPAIRS, REPAIR_BACKOFF, judge
 from mongocdc_dagster.landed_history import COVERS_FROM, PARTIAL
 from mongocdc_dagster.resources import MongoCdcResource
 from mongocdc_dagster.schedules import build_latest_window_schedule
@@ -217,10 +219,33 @@ class FixedOplog(MongoCdcResource):
 
     first_s: int
     last_s: int
+    unreadable: bool = False  # as during an outage
 
     def oplog_windows(self) -> OplogWindows:
+        if self.unreadable:
+            return OplogWindows({}, {"rs0": "connection refused"})
         first, last = Timestamp(self.first_s, 1), Timestamp(self.last_s, 1)
         return OplogWindows({"rs0": OplogWindow(first, last, 1000, 10_000, (self.last_s - self.first_s) / 3600)}, {})
+
+    def oplog_window(self, cfg: Any = None) -> OplogWindow:
+        window = self.oplog_windows().common
+        if window is None:
+            raise CdcError("the oplog window is unknown: rs0: connection refused")
+        return window
+
+
+def _launch(instance: DagsterInstance, request: RunRequest, status: DagsterRunStatus, **run: Any) -> str:
+    """The run the daemon launches for ``request`` (with its partition tag), ended with ``status``."""
+    tags = {**request.tags, **({PARTITION_NAME_TAG: request.partition_key} if request.partition_key else {})}
+    return create_run_for_test(instance, job_name="__ASSET_JOB", status=status, tags=tags,
+                               asset_selection=frozenset(request.asset_selection or ()), **run).run_id
+
+
+def _windows_of(request: RunRequest) -> str:
+    if request.partition_key:
+        return request.partition_key
+    assert request.partition_key_range is not None
+    return f"{request.partition_key_range.start}...{request.partition_key_range.end}"
 
 
 def _slice(instance: DagsterInstance, env: CdcEnv, coll: str, start: datetime) -> None:
@@ -293,7 +318,7 @@ def test_windows_left_behind_are_landed_again_a_bounded_number_of_times_and_are_
     (request,) = result.run_requests  # holey's two windows, in one run; nothing for the others
     assert request.asset_selection == [env.key("holey", "slices")]
     assert request.partition_key_range == PartitionKeyRange(key(8), key(7))
-    assert request.tags["mongocdc/reason"] == "gap" and request.tags[MAX_RETRIES_TAG] == "2"
+    assert request.tags["mongocdc/reason"] == "gap" and MAX_RETRIES_TAG not in request.tags  # the sensor retries
     (lost,) = [e for e in result.asset_events if isinstance(e, AssetCheckEvaluation)]
     assert (lost.asset_key, lost.check_name) == (env.key("lost", "slices"), "no_gap_since_snapshot")
     assert not lost.passed and lost.severity == AssetCheckSeverity.ERROR
@@ -306,23 +331,111 @@ def test_windows_left_behind_are_landed_again_a_bounded_number_of_times_and_are_
     again = _evaluate(sensor, instance, resource, result.cursor)  # its repair not launched here: requested again,
     assert [r.run_key for r in again.run_requests] == [request.run_key]  # with the same key (launched once)
     assert not [e for e in again.asset_events if isinstance(e, AssetCheckEvaluation)]  # the error is reported once
-    for _ in range(MAX_REPAIRS):  # its repairs fail
-        create_run_for_test(instance, job_name="__ASSET_JOB", status=DagsterRunStatus.FAILURE,
-                            tags=request.tags, asset_selection=frozenset(request.asset_selection or ()))
-        retry = _evaluate(sensor, instance, resource, result.cursor)
-        assert len(retry.run_requests) <= 1 and all(r.run_key != request.run_key for r in retry.run_requests)
-    given_up = _evaluate(sensor, instance, resource, result.cursor)
-    assert not given_up.run_requests
-    (holey,) = [e for e in given_up.asset_events
+    # a repair run terminated (CANCELED) is no failed attempt, and does not block the next request's key
+    _launch(instance, request, DagsterRunStatus.CANCELED)
+    (request,) = _evaluate(sensor, instance, resource, result.cursor).run_requests
+    assert request.run_key != again.run_requests[0].run_key and _windows_of(request) == f"{key(8)}...{key(7)}"
+    # its repairs fail: each window is requested again after a pause, alone (one always failing does not sink
+    # its neighbour), until it failed MAX_REPAIRS times; exactly one request at a time
+    requested = [_windows_of(request)]
+    while True:
+        _launch(instance, request, DagsterRunStatus.FAILURE)
+        ended = datetime.now(UTC)
+        with freeze_time(ended + timedelta(seconds=30)):  # right after a failure: its windows wait
+            assert not _evaluate(sensor, instance, resource, result.cursor).run_requests
+        at = ended + REPAIR_BACKOFF * 2 ** MAX_REPAIRS
+        with freeze_time(at):
+            retry = _evaluate(sensor, instance, resource, result.cursor)
+        if not retry.run_requests:
+            break
+        (request,) = retry.run_requests
+        requested.append(_windows_of(request))
+    assert requested == [f"{key(8)}...{key(7)}", key(8), key(8), key(7), key(7)]
+    (holey,) = [e for e in retry.asset_events
                 if isinstance(e, AssetCheckEvaluation) and e.asset_key == env.key("holey", "slices")]
     assert holey.severity == AssetCheckSeverity.ERROR and "given up" in (holey.description or "")
     assert sorted(cast(dict[str, str], holey.metadata["lost_windows"].value)) == [key(8), key(7)]
-    # the continuity check, run on its own schedule, says the same (whatever this MongoDB's oplog holds)
-    evaluations = _run_checks(env, instance)
-    checked = evaluations[env.key("holey", "slices")]
-    assert not checked.passed and checked.severity == AssetCheckSeverity.ERROR
-    assert sorted(cast(dict[str, str], checked.metadata["lost_windows"].value)) == [key(8), key(7)]
-    assert evaluations[env.key("whole", "slices")].metadata["lost_count"].value == 0
+    with freeze_time(at):
+        # the continuity check, run on its own schedule, says the same (whatever this MongoDB's oplog holds)
+        evaluations = _run_checks(env, instance)
+        checked = evaluations[env.key("holey", "slices")]
+        assert not checked.passed and checked.severity == AssetCheckSeverity.ERROR
+        assert sorted(cast(dict[str, str], checked.metadata["lost_windows"].value)) == [key(8), key(7)]
+        assert evaluations[env.key("whole", "slices")].metadata["lost_count"].value == 0
+        # fixed (a new snapshot covers the windows): the sensor says so at once, not at the next hourly check
+        _snapshot(instance, env, "holey", at - timedelta(minutes=1))
+        fixed = _evaluate(sensor, instance, resource, retry.cursor)
+    (passing,) = [e for e in fixed.asset_events if isinstance(e, AssetCheckEvaluation)]
+    assert passing.asset_key == env.key("holey", "slices") and passing.passed
+
+
+def test_a_failed_repair_awaiting_dagsters_retry_is_in_flight_and_its_retries_are_one_attempt(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    """Were a repair run retried by Dagster (run retries copy its tags), the sensor requests nothing while that
+    retry is due, and the run with its retries count as one attempt; a run of an older window size is left
+    out, not a crash."""
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    env = make_env(tmp_path, mongo_uri, db, ["holey"], start=(now - timedelta(hours=4)).isoformat())
+    _snapshot(instance, env, "holey", now - timedelta(minutes=6, seconds=-20))
+    for minutes_ago in (6, 5, 3, 2):
+        _slice(instance, env, "holey", now - timedelta(minutes=minutes_ago))
+    resource = FixedOplog(config_path=env.mongocdc.config_path, home=env.mongocdc.home,
+                          first_s=int((now - timedelta(minutes=30)).timestamp()), last_s=int(now.timestamp()))
+    sensor = build_slice_gaps_sensor(30, env.cdc)
+    (request,) = _evaluate(sensor, instance, resource).run_requests
+    hourly = RunRequest(partition_key="2026-11-22-10", tags=request.tags, asset_selection=request.asset_selection)
+    _launch(instance, hourly, DagsterRunStatus.FAILURE)  # from when the windows were hours: not these windows
+    failed = _launch(instance, request, DagsterRunStatus.FAILURE)
+    instance.add_run_tags(failed, {WILL_RETRY_TAG: "true"})  # as Dagster marks a run it will retry
+    with freeze_time(datetime.now(UTC) + REPAIR_BACKOFF * 3):
+        waiting = _evaluate(sensor, instance, resource)
+    assert not waiting.run_requests and failed in _skip_text(waiting)
+    _launch(instance, request, DagsterRunStatus.FAILURE, root_run_id=failed, parent_run_id=failed)  # its retry
+    # one attempt: due again after one back-off (two attempts would wait twice as long)
+    with freeze_time(datetime.now(UTC) + REPAIR_BACKOFF * 1.5):
+        (again,) = _evaluate(sensor, instance, resource).run_requests
+    assert again.partition_key == request.partition_key
+
+
+def test_no_repair_is_requested_while_the_oplog_cannot_be_read(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    """During an outage a repair would only fail and use its attempts up: none is requested, and nothing is
+    judged (the windows are not told lost or landable) until the oplog can be read again."""
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    env = make_env(tmp_path, mongo_uri, db, ["holey"], start=(now - timedelta(hours=4)).isoformat())
+    _snapshot(instance, env, "holey", now - timedelta(minutes=6, seconds=-20))
+    for minutes_ago in (6, 5, 3, 2):
+        _slice(instance, env, "holey", now - timedelta(minutes=minutes_ago))
+    args = {"config_path": env.mongocdc.config_path, "home": env.mongocdc.home,
+            "first_s": int((now - timedelta(minutes=30)).timestamp()), "last_s": int(now.timestamp())}
+    sensor = build_slice_gaps_sensor(30, env.cdc)
+    outage = sensor(build_sensor_context(instance=instance, resources={"mongocdc": FixedOplog(**args, unreadable=True)}))
+    assert isinstance(outage, SkipReason) and "cannot be read" in _skip_text(outage)
+    assert len(_evaluate(sensor, instance, FixedOplog(**args)).run_requests) == 1  # back: requested
+
+
+def test_dropped_and_excluded_collections_are_never_in_a_repair_and_their_check_passes(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    """A collection dropped (or, the definitions not reloaded yet, left out by the filters) has windows missing
+    that will never land: no repair names it (it would fail or land nothing, every collection's windows with
+    it), and a dropped one's continuity check passes."""
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    env = make_env(tmp_path, mongo_uri, db, ["holey", "gone", "excluded"], start=(now - timedelta(hours=4)).isoformat())
+    for coll in ("holey", "gone", "excluded"):
+        _snapshot(instance, env, coll, now - timedelta(minutes=6, seconds=-20))
+        for minutes_ago in (6, 5, 3, 2):
+            _slice(instance, env, coll, now - timedelta(minutes=minutes_ago))
+    env.cdc.dropped[env.ns("gone")] = now - timedelta(minutes=1)
+    config = Path(env.mongocdc.config_path)
+    connector = orjson.loads(config.read_bytes())
+    connector["config"]["collection.exclude.list"] = env.ns("excluded")
+    config.write_bytes(orjson.dumps(connector))
+    resource = FixedOplog(config_path=env.mongocdc.config_path, home=env.mongocdc.home,
+                          first_s=int((now - timedelta(minutes=30)).timestamp()), last_s=int(now.timestamp()))
+    (request,) = _evaluate(build_slice_gaps_sensor(30, env.cdc), instance, resource).run_requests
+    assert request.asset_selection == [env.key("holey", "slices")]
+    verdict = judge(instance, env.cdc, env.ns("gone"), now, None, [])
+    assert verdict.passed and verdict.metadata["verdict"] == "dropped"
 
 
 def test_schedule_lands_the_latest_closed_window_of_every_collection_in_one_run(
@@ -393,11 +506,13 @@ def test_schedule_waits_for_its_run_in_flight_then_lands_every_window_closed_mea
 def test_continuity_check_finds_windows_missing_since_the_snapshot(
         tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
     base = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=6)
-    env = make_env(tmp_path, mongo_uri, db, ["holey", "whole"], start=(base - timedelta(hours=1)).isoformat())
+    env = make_env(tmp_path, mongo_uri, db, ["holey", "whole", "behind"], start=(base - timedelta(hours=1)).isoformat())
     check = build_gap_check(env.cdc)
     assert check is not None
-    _snapshot(instance, env, "holey", base + timedelta(seconds=20))
-    _snapshot(instance, env, "whole", base + timedelta(seconds=20))
+    for coll in ("holey", "whole", "behind"):
+        _snapshot(instance, env, coll, base + timedelta(seconds=20))
+    for minute in range(3):
+        _slice(instance, env, "behind", base + timedelta(minutes=minute))
     for minute in range(7):  # through the window open now, so it is landed if it closes before the check runs
         _slice(instance, env, "whole", base + timedelta(minutes=minute))
         if minute != 2:
@@ -409,11 +524,16 @@ def test_continuity_check_finds_windows_missing_since_the_snapshot(
     assert gap in (holey.description or "")
     whole = evaluations[env.key("whole", "slices")]
     missing = cast(list[str], whole.metadata["missing_windows"].value)
-    assert whole.passed == (not missing)
+    assert whole.passed
     # only windows after the last one landed may be missing: those that closed while the test ran (none
     # unless it ran past the next minute), never one the history holds
     last_landed = (base + timedelta(minutes=6)).strftime("%Y-%m-%d-%H:%M")
     assert all(key > last_landed for key in missing), missing
+    # windows closed since the last landed one are the schedule's next run's: they pass (a healthy deployment
+    # whose check runs on the tick a window closes), counted
+    behind = evaluations[env.key("behind", "slices")]
+    assert behind.passed and cast(int, behind.metadata["pending_count"].value) >= 3, behind.description
+    assert "schedule's next run" in (behind.description or "")
 
 
 def test_the_continuity_checks_run_hourly_beside_minute_windows_and_once_per_longer_window(
