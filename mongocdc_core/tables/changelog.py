@@ -183,6 +183,15 @@ def look(spark: SparkSession, location: str) -> TableLook:
     return TableLook(version, properties, int(size), str(metadata.schemaString()))
 
 
+def size_at(spark: SparkSession, location: str, version: int) -> int | None:
+    """The table's size in bytes at ``version``, from that commit's checksum file (no Spark job); None
+    when the log keeps no checksum for it (written without one, or cleaned up since)."""
+    jvm: Any = spark._jvm
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, location)  # type: ignore[attr-defined]
+    checksum = log.readChecksum(version, jvm.scala.Option.empty())
+    return int(checksum.get().tableSizeBytes()) if checksum.isDefined() else None
+
+
 def table_properties(spark: SparkSession, location: str) -> dict[str, str]:
     """The Delta table properties at ``location`` (empty when there is no table)."""
     return look(spark, location).properties

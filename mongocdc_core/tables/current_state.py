@@ -54,6 +54,7 @@ from mongocdc_core.tables.changelog import (
     look,
     position_seconds,
     set_properties,
+    size_at,
     table_exists,
     table_properties,
 )
@@ -459,10 +460,14 @@ def _small_plans(spark: SparkSession, small: bool) -> Iterator[None]:
     """For the block, when ``small``: plans without adaptive query execution (which runs each shuffle
     stage as a Spark job of its own) or broadcast joins (a job each, to collect the small side).
 
-    For an incremental refresh of a small table, the usual one of a quiet collection: it then starts 8
-    Spark jobs instead of 19, and each job costs its scheduling whatever it carries. Only for a small
-    table: without a broadcast, the MERGE shuffles the whole table to join it with the changes, which
-    for a large one costs more than the jobs saved."""
+    For an incremental refresh of a small table with few changes, the usual one of a quiet collection: it
+    then starts 8 Spark jobs instead of 19, and each job costs its scheduling whatever it carries. Only
+    when both are small: without a broadcast, the MERGE shuffles the whole table and the changes to join
+    them, which for a large one costs more than the jobs saved.
+
+    The settings are the session's while the block runs, as the shuffle partitions are: other threads
+    planning in the same session meanwhile plan with them (``collection.concurrently`` gives each refresh
+    a session of its own)."""
     if not small:
         yield
         return
@@ -508,8 +513,11 @@ def refresh(
     events = None if rebuild else _changes(spark, changelog_location, since, log_version)
     if events is None:
         rebuild, old, table_position, applied, events = True, None, None, None, changelog
-    nbytes = log.size_bytes if rebuild else state.size_bytes
-    with sized_shuffles(spark, nbytes), _small_plans(spark, not rebuild and state.size_bytes <= _SMALL_TABLE_BYTES):
+    # an incremental refresh handles the table and what the changelog gained since (its size then, from the
+    # log; unknown: the whole changelog): a small table fed a bulk load is not planned as a small refresh
+    added = log.size_bytes - (0 if rebuild else (size_at(spark, changelog_location, since) or 0))
+    nbytes = log.size_bytes if rebuild else max(state.size_bytes, added)
+    with sized_shuffles(spark, nbytes), _small_plans(spark, not rebuild and nbytes <= _SMALL_TABLE_BYTES):
         result, shape = _merge(
             spark, namespace, state_location, layout, changelog, events.select(*_EVENT_COLUMNS), old,
             table_position, snapshot, rebuild,

@@ -40,8 +40,7 @@ const RELAXED: Settings = Settings { relaxed: true, sep: b", " };
 
 /// The Debezium 3.x format of the parts; `printable` is a bit per BMP code point (bit `c & 7` of
 /// byte `c >> 3`), set where the driver writes the character as it is.
-/// With `rules`, the collection's field rules apply to whole documents (an update is the Python
-/// path's then).
+/// With `rules`, the collection's field rules apply to whole documents and to `updatedFields`' paths.
 pub(crate) struct Debezium3<'a> {
     printable: &'a [u8],
     rules: Option<&'a FieldRules>,

@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.bench
 @pytest.mark.timeout(1800)  # Spark and the Kafka broker start inside; a loaded machine is slow
-@pytest.mark.xdist_group("bench")
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_benchmark_runs_at_ci_size_and_writes_its_results(name: str, tmp_path: Path) -> None:
     results = tmp_path / "results.json"

@@ -48,8 +48,9 @@ from mongocdc_dagster.partitions import floor_to
 from tests.dagster.cdc_helpers import write_config
 from tests.dagster.time_travel import travelling_replica_set
 
-# One stack per module: every test runs on the same xdist worker, in order (the later ones build on the earlier).
-pytestmark = [pytest.mark.slow, pytest.mark.daemon, pytest.mark.fault, pytest.mark.timeout(2400), pytest.mark.xdist_group("e2e")]
+# One stack per module: every test runs on the same xdist worker, in order (the later ones build on the earlier;
+# tests/conftest.py keeps a file's tests on one worker).
+pytestmark = [pytest.mark.slow, pytest.mark.daemon, pytest.mark.fault, pytest.mark.timeout(2400)]
 
 BIN = Path(sys.executable).parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -32,8 +32,7 @@ from pymongo import MongoClient
 REPO = Path(__file__).resolve().parents[2]
 PY = Path(sys.executable)
 
-pytestmark = [pytest.mark.slow, pytest.mark.packaging, pytest.mark.timeout(1800),
-              pytest.mark.xdist_group("packaging")]
+pytestmark = [pytest.mark.slow, pytest.mark.packaging, pytest.mark.timeout(1800)]
 
 
 def _free_port() -> int:

@@ -15,8 +15,7 @@ import pytest
 
 from benchmarks import soak
 
-pytestmark = [pytest.mark.slow, pytest.mark.daemon, pytest.mark.fault, pytest.mark.soak, pytest.mark.timeout(2400),
-              pytest.mark.xdist_group("soak")]
+pytestmark = [pytest.mark.slow, pytest.mark.daemon, pytest.mark.fault, pytest.mark.soak, pytest.mark.timeout(2400)]
 
 
 def test_the_deployment_stays_green_under_writers_and_faults(tmp_path: Path) -> None:

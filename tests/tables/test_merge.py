@@ -25,7 +25,7 @@ from mongocdc_core.tables import (
     refresh_changelog,
     refresh_current_state,
 )
-from mongocdc_core.tables.changelog import latest_version
+from mongocdc_core.tables.changelog import latest_version, look
 
 from .support import build, comparable, read_file
 from .workload import DB, Event, Workload, converter, slice_records, snapshot_records, write_landing
@@ -291,6 +291,34 @@ def test_a_few_changes_into_a_small_table_take_few_spark_jobs(spark: SparkSessio
     assert spark._jsc.sc().dagScheduler().nextJobId() - before <= 10  # type: ignore[union-attr]
     rows = read_current_state(spark, tables.current_state).where("_id BETWEEN 6 AND 8").collect()
     assert {r["_id"]: r["qty"] for r in rows} == {6: 6, 7: -7, 8: 8}
+
+
+def test_a_bulk_load_into_a_small_table_is_not_planned_as_a_small_refresh(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without broadcast joins both sides of the MERGE are shuffled, into one partition for a small table:
+    a collection snapshotted nearly empty and then fed an import must keep the plan that scales with the
+    changes. (The bound is lowered to this table's size, so that a few thousand changes count as a bulk load.)"""
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    files = [read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": i, "qty": i} for i in range(200)], Position(100, 1))]
+    build(spark, tables, *files)
+    monkeypatch.setattr(current_state, "_SMALL_TABLE_BYTES", look(spark, tables.current_state).size_bytes)
+    bulk = [_event("insert", 1000 + i, Position(200, i + 1), {"_id": 1000 + i, "qty": i, "note": "x" * 40})
+            for i in range(3000)]  # fmt: skip
+    files.append(_changes(tmp_path, "bulk", bulk))
+    refresh_changelog(spark, tables, [str(f) for f in files])
+    seen: list[str | None] = []
+    original = current_state._merge
+
+    def watched(session: SparkSession, *args: Any, **kwargs: Any) -> Any:
+        seen.append(session.conf.get("spark.sql.adaptive.enabled", None))
+        return original(session, *args, **kwargs)
+
+    monkeypatch.setattr(current_state, "_merge", watched)
+    assert refresh_current_state(spark, tables).upserted == 3000
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"  # the session's own
+    assert seen == ["true"]  # planned with it, not as a small refresh
+    assert read_current_state(spark, tables.current_state).count() == 3200
 
 
 def test_every_core_gets_a_shuffle_partition_once_the_data_is_worth_it(spark: SparkSession) -> None:
