@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+import math
 import os
+import warnings
 from collections.abc import Callable
 
 from dagster import (
+    AssetKey,
     AssetSelection,
     AutomationConditionSensorDefinition,
+    BetaWarning,
     DagsterInstance,
     DefaultSensorStatus,
     Definitions,
@@ -16,7 +21,7 @@ from dagster import (
 )
 
 from mongocdc_dagster.assets.cdc import build_cdc_assets
-from mongocdc_dagster.assets.tables import build_table_assets
+from mongocdc_dagster.assets.tables import TableAssets, build_table_assets
 from mongocdc_dagster.checks import build_gap_check, build_reconciliation_check
 from mongocdc_dagster.discovery import DiscoveryState
 from mongocdc_dagster.jobs import build_maintenance, build_plan_job
@@ -26,6 +31,14 @@ from mongocdc_dagster.schedules import build_continuity_schedule, build_latest_w
 from mongocdc_dagster.sensors import build_sensors
 from mongocdc_dagster.settings import ENV_PASSWORD, CdcSettings
 from mongocdc_dagster.translator import MongoCdcTranslator
+
+#: How many collections' tables one table automation sensor targets, on average: Dagster refuses a tick of an
+#: automation sensor evaluated in the code location that targets more than 500 assets and checks having an
+#: automation condition (``MAX_ENTITIES`` of its ``automation_condition_sensor_definition``), 2 per collection
+#: today (changelog and current_state; ``matches_source`` has no condition of its own), 3 if its check got one.
+TABLE_AUTOMATION_CHUNK = 100
+#: The most collections one sensor may target: 3 entities each stays under Dagster's 500.
+_MAX_CHUNK = 500 // 3
 
 
 def build_definitions(settings: CdcSettings, state: DiscoveryState, translator: MongoCdcTranslator | None = None,
@@ -55,12 +68,7 @@ def build_definitions(settings: CdcSettings, state: DiscoveryState, translator: 
             maintenance_job, maintenance_schedule = build_maintenance(tables.tables, names)
             jobs.append(maintenance_job)
             schedules.append(maintenance_schedule)
-            sensors.append(AutomationConditionSensorDefinition(
-                names.of("table_automation"), target=AssetSelection.assets(*tables.changelog_keys, *tables.current_state_keys),
-                default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=settings.sensor_interval_seconds,
-                # the tables' condition is the translator's own (PoolInProgress): the code location evaluates it
-                use_user_code_server=True,
-                description="Refreshes changelog and current_state when slices or snapshots land."))
+            sensors += build_table_automation(tables, settings.sensor_interval_seconds)
     use_for_runs_without_loggers()  # the UI's and the automation's runs name no logger
     return Definitions(
         assets=assets,
@@ -73,3 +81,49 @@ def build_definitions(settings: CdcSettings, state: DiscoveryState, translator: 
         # a run's steps share one process: a step subprocess would only add start-up time (and a JVM per step)
         executor=in_process_executor,
     )
+
+
+def table_automation_chunks(namespaces: list[str]) -> list[list[str]]:
+    """The collections each table automation sensor targets: one chunk per :data:`TABLE_AUTOMATION_CHUNK`
+    collections, each collection in the chunk that ranks highest for it (rendezvous hashing of its namespace), so a
+    collection added or dropped moves no other, and a further chunk takes a share of each but moves none between
+    the others (a collection that moves starts with no condition state in its new sensor: it waits for its
+    next landing). A chunk that draws more than :data:`_MAX_CHUNK` adds a chunk (never in practice)."""
+
+    def rank(namespace: str, chunk: int) -> bytes:
+        return hashlib.blake2b(f"{chunk}/{namespace}".encode(), digest_size=8).digest()
+
+    count = max(1, math.ceil(len(namespaces) / TABLE_AUTOMATION_CHUNK))
+    while True:
+        chunks: list[list[str]] = [[] for _ in range(count)]
+        for namespace in sorted(namespaces):
+            chunks[max(range(count), key=lambda chunk: rank(namespace, chunk))].append(namespace)
+        if max(len(chunk) for chunk in chunks) <= _MAX_CHUNK:
+            return chunks
+        count += 1
+
+
+def build_table_automation(tables: TableAssets, interval_seconds: int) -> list[AutomationConditionSensorDefinition]:
+    """The sensors that evaluate the tables' automation conditions, one per chunk of collections
+    (:func:`table_automation_chunks`), a collection's changelog and current_state (and their checks) in one.
+    The first keeps the name one sensor always had (``<connector>_table_automation``), so a deployment of up to
+    :data:`TABLE_AUTOMATION_CHUNK` collections keeps its single sensor and cursor; the others add ``_2``, ``_3``…"""
+    names = tables.names
+    keys_of: dict[str, list[AssetKey]] = {}
+    for key, namespace in [*tables.changelog_keys.items(), *tables.current_state_keys.items()]:
+        keys_of.setdefault(namespace, []).append(key)
+    chunks = table_automation_chunks(list(keys_of))
+    sensors = []
+    for index, chunk in enumerate(chunks):
+        keys = [key for namespace in chunk for key in keys_of[namespace]]
+        part = f" (part {index + 1} of {len(chunks)}: {len(chunk)} collections)" if len(chunks) > 1 else ""
+        with warnings.catch_warnings():
+            # `use_user_code_server` is beta in Dagster 1.13 and says so on every load: we need it (the tables'
+            # condition is the translator's own, PoolInProgress, which only the code location can evaluate)
+            warnings.filterwarnings("ignore", category=BetaWarning, message=".*`use_user_code_server`")
+            sensors.append(AutomationConditionSensorDefinition(
+                names.of("table_automation") + (f"_{index + 1}" if index else ""), target=AssetSelection.assets(*keys),
+                default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=interval_seconds,
+                use_user_code_server=True,
+                description=f"Refreshes changelog and current_state when slices or snapshots land{part}."))
+    return sensors

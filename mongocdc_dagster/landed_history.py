@@ -5,11 +5,16 @@ on, its slices must be landed without a gap. A blocking snapshot's reads carry t
 before the copy; an incremental snapshot holds every change until its end position; a range plan
 is complete when all its ranges landed, and holds from its earliest range's position. Filtered
 snapshots copy part of a collection and never count.
+
+The oplog-window sensor, the gap sensor and the continuity check each read every collection's history; a
+history is read again only when one of its assets was materialised since (one query per collection says
+so), as the tick of a sensor over hundreds of collections would otherwise read them all each time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import sys
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -71,10 +76,55 @@ class CollectionHistory:
         return None if self.snapshot is None else position_datetime(self.snapshot)
 
 
+#: What a history was read from: the latest materialisation's storage id and wipe time of each of its assets.
+_Stamp = tuple[tuple[int | None, float | None], ...]
+#: The histories read, by event storage and slices asset: the oplog-window sensor, the gap sensor and the
+#: continuity check each read every collection's; read again only once one of its assets changed.
+_READ: dict[tuple[Hashable, AssetKey], tuple[_Stamp, tuple[AssetKey, ...], SliceWindows, CollectionHistory]] = {}
+
+
+def _storage_of(instance: DagsterInstance) -> Hashable | None:
+    """Where the instance's events are stored: the same for every instance made from one instance ref (a sensor
+    tick in a code server or the daemon gets a new one each time); None for an ephemeral instance (not cached)."""
+    return None if instance.is_ephemeral else instance.get_ref().event_storage_data
+
+
+def _stamp(instance: DagsterInstance, keys: Sequence[AssetKey]) -> _Stamp:
+    """One query: the latest materialisation (and wipe) of each asset a history is read from; any new one changes
+    it (storage ids only grow)."""
+    entries = {record.asset_entry.asset_key: record.asset_entry for record in instance.get_asset_records(list(keys))}
+    stamp = []
+    for key in keys:
+        entry = entries.get(key)
+        latest = entry.last_materialization_record if entry is not None else None
+        details = entry.asset_details if entry is not None else None
+        stamp.append((latest.storage_id if latest is not None else None,
+                      details.last_wipe_timestamp if details is not None else None))
+    return tuple(stamp)
+
+
 def collection_history(instance: DagsterInstance, namespace: str, snapshot_keys: Iterable[AssetKey],
                        slices_key: AssetKey, windows: SliceWindows) -> CollectionHistory:
+    """The collection's history, read from the instance only when one of its assets was materialised (or wiped)
+    since it was last read in this process: otherwise one query says it is unchanged."""
+    snapshots = tuple(snapshot_keys)
+    storage = _storage_of(instance)
+    if storage is None:
+        return _read_history(instance, namespace, snapshots, slices_key, windows)
+    stamp = _stamp(instance, (slices_key, *snapshots))  # before the read: one landing during it is read again
+    read = _READ.get((storage, slices_key))
+    if read is not None and read[:3] == (stamp, snapshots, windows) and read[3].namespace == namespace:
+        return read[3]
+    history = _read_history(instance, namespace, snapshots, slices_key, windows)
+    _READ[(storage, slices_key)] = (stamp, snapshots, windows, history)
+    return history
+
+
+def _read_history(instance: DagsterInstance, namespace: str, snapshot_keys: Sequence[AssetKey], slices_key: AssetKey,
+                  windows: SliceWindows) -> CollectionHistory:
     keys = sorted(instance.get_materialized_partitions(slices_key), key=lambda k: windows.window(k).start)
-    return CollectionHistory(namespace, snapshot_position(instance, snapshot_keys), tuple(keys))
+    # the same window keys for every collection: held once, not once per collection in the cache
+    return CollectionHistory(namespace, snapshot_position(instance, snapshot_keys), tuple(map(sys.intern, keys)))
 
 
 def needed_window_start(history: CollectionHistory, windows: SliceWindows) -> datetime | None:

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Literal
+from weakref import WeakKeyDictionary
 
 from dagster import (
     AssetDep,
@@ -38,6 +39,8 @@ from dagster import (
     TableColumn,
     TableSchema,
 )
+from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView
+from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGraph
 
 from mongocdc_core.sinks.parquet import LANDING_SCHEMA
 
@@ -129,16 +132,30 @@ class PoolInProgress(AutomationCondition[AssetKey]):
     # Dagster awaits an evaluate that is a coroutine function (its in-progress look-ups are coroutines)
     async def evaluate(self, context: AutomationContext[AssetKey]) -> AutomationResult[AssetKey]:  # type: ignore[override]
         graph, view = context.asset_graph, context.asset_graph_view
-        pools = graph.get(context.key).pools or set()
+        pools = frozenset(graph.get(context.key).pools or ())
         if context.candidate_subset.is_empty or not pools:
             return AutomationResult(context, context.get_empty_subset())
-        for key in sorted(graph.materializable_asset_keys, key=lambda k: k.to_user_string()):
-            if not pools & (graph.get(key).pools or set()):
-                continue
-            running = await view.compute_run_in_progress_subset(key=key, from_subset=view.get_full_subset(key=key))
-            if not running.is_empty:
-                return AutomationResult(context, context.candidate_subset)
-        return AutomationResult(context, context.get_empty_subset())
+        # the same for every asset of the pool in one tick (one view each; runs are launched after it): looked up
+        # once, not once per candidate (a tick where hundreds of collections landed looked them all up for each)
+        busy = _POOLS_BUSY.setdefault(view, {})
+        if pools not in busy:  # (set once looked up: an evaluation awaiting meanwhile looks up too)
+            busy[pools] = await _pool_in_progress(graph, view, pools)
+        return AutomationResult(context, context.candidate_subset if busy[pools] else context.get_empty_subset())
+
+
+#: Per automation tick (its asset graph view), pools -> whether a run of an asset of them is queued or running.
+_POOLS_BUSY: WeakKeyDictionary[AssetGraphView, dict[frozenset[str], bool]] = WeakKeyDictionary()
+
+
+async def _pool_in_progress(graph: BaseAssetGraph, view: AssetGraphView, pools: frozenset[str]) -> bool:
+    """Whether a run that is to materialise an asset of ``pools`` is queued or running."""
+    for key in sorted(graph.materializable_asset_keys, key=lambda k: k.to_user_string()):
+        if not pools & (graph.get(key).pools or set()):
+            continue
+        running = await view.compute_run_in_progress_subset(key=key, from_subset=view.get_full_subset(key=key))
+        if not running.is_empty:
+            return True
+    return False
 
 
 class MongoCdcTranslator:

@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,21 @@ from typing import Any
 import orjson
 import pytest
 import yaml
+from dagster import (
+    AssetKey,
+    AssetMaterialization,
+    AssetSelection,
+    AutomationConditionSensorDefinition,
+    DagsterInstance,
+    DagsterRunStatus,
+    Definitions,
+    build_sensor_context,
+    define_asset_job,
+)
 from pymongo.database import Database
 
 from mongocdc_dagster import local_stack
+from mongocdc_dagster.build import build_definitions
 from mongocdc_dagster.discovery import CollectionInfo, DiscoveryState, discover
 from mongocdc_dagster.resources import MongoCdcResource
 from mongocdc_dagster.settings import CdcSettings, SettingsError
@@ -225,3 +238,78 @@ def test_a_named_connector_without_a_home_of_its_own_writes_under_its_name(tmp_p
     with pytest.raises(SettingsError, match="name='mongocdc' is what the project's default connector"):
         CdcSettings.resolve(connector_properties=props, environ=env, name="mongocdc")
 
+
+
+def test_the_table_automation_of_hundreds_of_collections_stays_under_dagsters_limit_per_sensor(tmp_path: Path) -> None:
+    """Dagster refuses, on every tick, an automation sensor evaluated in the code location that targets more than
+    500 assets and checks with a condition: one sensor over every collection's tables never refreshed a deployment
+    of more than 250 collections. The tables are split over several sensors, each collection in exactly one, and a
+    refresh started by one sensor holds the others' back as it held the one sensor's (the tables' pool)."""
+    config = write_config(tmp_path / "connector.json", "mongodb://127.0.0.1:9/", "big")
+    settings = CdcSettings.resolve(connector_config=str(config), home=str(tmp_path / "home"), slice_granularity="1min",
+                                   slice_start="2026-01-01T00:00:00+00:00", tables=True, environ={})
+    defs = build_definitions(settings, DiscoveryState.of([f"big.c{i:03d}" for i in range(300)]))
+    repository = defs.get_repository_def()
+    graph = repository.asset_graph
+    tables = {spec.key for spec in defs.resolve_all_asset_specs()
+              if spec.tags.get("mongocdc/kind") in ("changelog", "current_state")}
+    assert len(tables) == 600
+    sensors = [s for s in repository.sensor_defs if isinstance(s, AutomationConditionSensorDefinition)]
+    assert len(sensors) > 1 and sensors[0].name == "mongocdc_table_automation"
+    targeted = Counter(key for sensor in sensors for key in sensor.asset_selection.resolve(graph))
+    assert set(targeted) == tables and set(targeted.values()) == {1}  # each table in exactly one sensor
+    for sensor in sensors:  # a collection's changelog and current_state together
+        keys = sensor.asset_selection.resolve(graph)
+        assert {AssetKey([*key.path[:-1], kind]) for key in keys for kind in ("changelog", "current_state")} == keys
+    with DagsterInstance.ephemeral() as instance:
+
+        def tick(sensor: AutomationConditionSensorDefinition, cursor: str | None) -> tuple[set[AssetKey], str]:
+            result = sensor.evaluate_tick(build_sensor_context(instance=instance, repository_def=repository,
+                                                               cursor=cursor))
+            assert result.cursor is not None, sensor.name
+            return {key for request in result.run_requests or [] for key in request.asset_selection or ()}, result.cursor
+
+        cursors = []
+        for sensor in sensors:  # one tick each: Dagster's limit is checked when a tick evaluates
+            requested, cursor = tick(sensor, None)
+            assert requested == set(), sensor.name
+            cursors.append(cursor)
+        first, second = (sorted(sensor.asset_selection.resolve(graph))[0] for sensor in sensors[:2])
+        for table in (first, second):  # a snapshot of a collection of each of the first two sensors lands
+            instance.report_runless_asset_event(AssetMaterialization(AssetKey([*table.path[:-1], "snapshot"])))
+        requested, cursors[0] = tick(sensors[0], cursors[0])
+        refresh = {AssetKey([*first.path[:-1], kind]) for kind in ("changelog", "current_state")}
+        assert requested == refresh
+        job = Definitions.merge(defs, Definitions(jobs=[define_asset_job("refresh", AssetSelection.assets(*refresh))]))
+        running = instance.create_run_for_job(job.resolve_job_def("refresh"), status=DagsterRunStatus.STARTED,
+                                              asset_selection=frozenset(refresh))
+        requested, cursors[1] = tick(sensors[1], cursors[1])
+        assert requested == set(), "the second sensor queued a refresh behind the first one's"
+        instance.report_run_canceled(running)
+        requested, cursors[1] = tick(sensors[1], cursors[1])
+        assert requested == {AssetKey([*second.path[:-1], kind]) for kind in ("changelog", "current_state")}
+
+
+def test_a_few_collections_keep_the_one_table_automation_sensor(tmp_path: Path) -> None:
+    """A deployment under the split size keeps its single sensor (and its cursor) under the name it always had;
+    adding collections moves none from the sensor it is in unless the number of sensors grows."""
+    config = write_config(tmp_path / "connector.json", "mongodb://127.0.0.1:9/", "big")
+    settings = CdcSettings.resolve(connector_config=str(config), home=str(tmp_path / "home"), slice_granularity="1min",
+                                   slice_start="2026-01-01T00:00:00+00:00", tables=True, environ={})
+
+    def sensors(count: int) -> dict[str, set[AssetKey]]:
+        defs = build_definitions(settings, DiscoveryState.of([f"big.c{i:03d}" for i in range(count)]))
+        repository = defs.get_repository_def()
+        return {s.name: set(s.asset_selection.resolve(repository.asset_graph)) for s in repository.sensor_defs
+                if isinstance(s, AutomationConditionSensorDefinition)}
+
+    few = sensors(20)
+    assert list(few) == ["mongocdc_table_automation"] and len(few["mongocdc_table_automation"]) == 40
+    hundred, more, many = sensors(100), sensors(101), sensors(180)
+    assert list(hundred) == ["mongocdc_table_automation"]
+    assert list(more) == list(many) == ["mongocdc_table_automation", "mongocdc_table_automation_2"]
+    # the second sensor takes a share of the first; collections added later join one and move none
+    added = {AssetKey(["big", "c100", kind]) for kind in ("changelog", "current_state")}
+    assert more["mongocdc_table_automation"] - added < hundred["mongocdc_table_automation"]
+    assert 40 < len(more["mongocdc_table_automation_2"]) < 160
+    assert all(more[name] <= many[name] for name in more)

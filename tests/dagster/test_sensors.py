@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import orjson
+import pytest
 from bson import ObjectId, Timestamp
 from dagster import (
     AssetCheckKey,
@@ -367,6 +368,41 @@ def test_windows_left_behind_are_landed_again_a_bounded_number_of_times_and_are_
         fixed = _evaluate(sensor, instance, resource, retry.cursor)
     (passing,) = [e for e in fixed.asset_events if isinstance(e, AssetCheckEvaluation)]
     assert passing.asset_key == env.key("holey", "slices") and passing.passed
+
+
+def test_the_gap_sensor_reads_no_history_the_oplog_sensor_read_unchanged_and_sees_a_landing_at_once(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both sensors judge every collection's landed history each tick: over hundreds of collections two full
+    reads of them all per interval. A history unchanged since it was read is not read again (one query says
+    so); one whose slices or snapshot landed since is, at once."""
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    env = make_env(tmp_path, mongo_uri, db, ["holey", "whole"], start=(now - timedelta(hours=4)).isoformat())
+    for coll in ("holey", "whole"):
+        _snapshot(instance, env, coll, now - timedelta(minutes=6, seconds=-20))
+        for minutes_ago in (6, 5, 4, 3, 2):
+            if coll == "whole" or minutes_ago != 5:
+                _slice(instance, env, coll, now - timedelta(minutes=minutes_ago))
+    reads: list[AssetKey] = []
+    partitions = DagsterInstance.get_materialized_partitions
+
+    def counted(self: DagsterInstance, asset_key: AssetKey, *args: Any, **kwargs: Any) -> set[str]:
+        reads.append(asset_key)
+        return partitions(self, asset_key, *args, **kwargs)
+
+    monkeypatch.setattr(DagsterInstance, "get_materialized_partitions", counted)
+    resource = FixedOplog(config_path=env.mongocdc.config_path, home=env.mongocdc.home,
+                          first_s=int((now - timedelta(minutes=30)).timestamp()), last_s=int(now.timestamp()))
+    oplog = _evaluate(build_oplog_window_sensor(30, env.cdc), instance, resource)
+    assert oplog.skip_reason is not None and sorted(reads) == [env.key("holey", "slices"), env.key("whole", "slices")]
+    gaps = build_slice_gaps_sensor(30, env.cdc)
+    (request,) = _evaluate(gaps, instance, resource).run_requests
+    assert request.partition_key == env.cdc.windows.key_containing(now - timedelta(minutes=5))
+    assert len(reads) == 2, "the gap sensor read the histories the oplog sensor had just read"
+    _slice(instance, env, "holey", now - timedelta(minutes=5))  # the window lands (a repair, a backfill)
+    result = _evaluate(gaps, instance, resource)
+    assert not result.run_requests and _skip_text(result) == "no window left behind"
+    assert reads[2:] == [env.key("holey", "slices")]  # that collection's alone
 
 
 def test_a_failed_repair_awaiting_dagsters_retry_is_in_flight_and_its_retries_are_one_attempt(
