@@ -176,6 +176,29 @@ class _DisconnectListener(monitoring.ConnectionPoolListener):
         """Not counted."""
 
 
+class _AnswerListener(monitoring.CommandListener):
+    """Reports MongoDB answering the connector: every command of the client that succeeded (a connection's
+    check, a change stream opened or read, a snapshot's reads), each with when it was asked
+    (``ConnectorMetrics.connection_asked`` as it was sent), so that a reply read just after the loss was
+    reported does not end the loss it came before."""
+
+    def __init__(self, metrics: ConnectorMetrics) -> None:
+        self.metrics = metrics
+        self._asked: dict[int, int] = {}  # by request id, the commands sent and not answered yet
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self._asked[event.request_id] = self.metrics.connection_asked()
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        asked = self._asked.pop(event.request_id, None)
+        if asked is not None:
+            self.metrics.connection_restored(asked)
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        """An error is no answer that MongoDB serves again."""
+        self._asked.pop(event.request_id, None)
+
+
 _SERVING = (SERVER_TYPE.RSPrimary, SERVER_TYPE.Mongos)
 
 
@@ -184,7 +207,8 @@ class _PrimaryListener(monitoring.ServerHeartbeatListener):
     heartbeats: the last of them failing or stepping down is a loss, and a primary's ``electionId`` goes to
     ``ConnectorMetrics.primary_seen`` (which counts elections). A heartbeat ends a loss only with a new
     ``topologyVersion`` (a restarted server, a primary elected again): a reply still in flight when a
-    server goes down carries the old one. Otherwise the connector's own next read ends it.
+    server goes down carries the old one. Otherwise MongoDB answering the connector's own commands ends it
+    (:class:`_AnswerListener`).
 
     Heartbeat replies arrive in the monitor's own thread. A server-description listener would say the
     same, but only through the driver's event thread, which ``MongoClient.close`` waits for (half a
@@ -217,7 +241,7 @@ class _PrimaryListener(monitoring.ServerHeartbeatListener):
             previous = self._versions.get(event.connection_id)
             self._versions[event.connection_id] = reply.topology_version
         if previous is not None and reply.topology_version != previous:
-            self.metrics.connection_restored()
+            self.metrics.connection_restored(None)
         if reply.server_type == SERVER_TYPE.RSPrimary and reply.election_id is not None:
             self.metrics.primary_seen(reply.replica_set_name or "", reply.election_id)
 
@@ -244,6 +268,8 @@ def open_client(cfg: ConnectorConfig, metrics: ConnectorMetrics | None = None, *
     kwargs.update(overrides)
     listeners = list(kwargs.pop("event_listeners", []))
     listeners += [_PrimaryListener(metrics), _DisconnectListener(metrics)]
+    if metrics is not None:
+        listeners.append(_AnswerListener(metrics))
     return MongoClient(cfg.mongodb_connection_string, event_listeners=listeners, **kwargs)
 
 
@@ -423,5 +449,4 @@ def connect(
         raise
     if metrics is not None:
         metrics.streaming.Connected = True
-        metrics.connection_restored()
     return client, topology

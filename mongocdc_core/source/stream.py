@@ -424,12 +424,8 @@ class ChangeStreamReader(threading.Thread):
                         stream = self._open()
                         if self.metrics is not None:
                             self.metrics.streaming.Connected = True
-                            self.metrics.connection_restored()
                     doc = stream.try_next()
                     failures = 0
-                    if doc is None and self.metrics is not None:
-                        # The server answered a getMore (a document may come from the driver's buffer).
-                        self.metrics.connection_restored()
                 except PyMongoError as exc:
                     if stream is not None:
                         stream.close()
