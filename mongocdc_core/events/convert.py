@@ -170,7 +170,7 @@ class _Values(Protocol):
         """The writer's ``l`` slot of an event of a transaction (``lsid`` decoded)."""
 
     def transaction_id(self, lsid: Session | None, txn_number: int | None) -> str | None:
-        """The transaction records' id of an event (None outside a transaction): a :class:`_TransactionIds`."""
+        """The transaction records' id of an event (None outside a transaction): a :meth:`_TransactionIds.of`."""
 
     def transaction_ms(self, wall_ms: int | None, seconds: int) -> int:
         """The time (ms) of an event in transaction records, from its ``wallTime`` (ms) and clusterTime."""
@@ -207,7 +207,8 @@ class _TransactionIds:
     """A format's transaction ids of events (None outside a transaction), as ``form`` writes them from a
     session and a txnNumber, cached for the consecutive events of one transaction. Their session is
     one object when the compiled path decoded it (:meth:`EventConverter.session_of`), an equal one
-    when the Python path did."""
+    when the Python path did. A format's ``transaction_id`` is the bound :meth:`of` (a call of a callable
+    object costs twice a method's, once per event)."""
 
     __slots__ = ("_form", "_last")
 
@@ -215,11 +216,11 @@ class _TransactionIds:
         self._form = form
         self._last: tuple[Session | None, int | None, str | None] = (None, None, None)
 
-    def __call__(self, lsid: Session | None, txn_number: int | None) -> str | None:
+    def of(self, lsid: Session | None, txn_number: int | None) -> str | None:
         if lsid is None or txn_number is None:
             return None
         last_lsid, last_number, last_id = self._last
-        if txn_number == last_number and (lsid is last_lsid or lsid == last_lsid):
+        if (lsid is last_lsid or lsid == last_lsid) and txn_number == last_number:
             return last_id
         txn_id = self._form(lsid, txn_number)
         self._last = (lsid, txn_number, txn_id)
@@ -243,7 +244,7 @@ class _ChangeStreamsValues:
     transaction_ms = staticmethod(_cluster_ms)
 
     def __init__(self, options: EventOptions) -> None:
-        self.transaction_id = _TransactionIds(transaction_id)
+        self.transaction_id = _TransactionIds(transaction_id).of
         self._pre_image = options.pre_image
         self._update_full = options.update_full
         self._last_lsid: Session | None = None
@@ -325,7 +326,7 @@ class _OplogValues:
     transaction_ms = staticmethod(_cluster_ms)
 
     def __init__(self) -> None:
-        self.transaction_id = _TransactionIds(transaction_id)
+        self.transaction_id = _TransactionIds(transaction_id).of
 
     def session(self, lsid: Session | None, txn_number: int | None) -> bytes:
         """``source.stxnid`` (null outside a transaction)."""
@@ -372,7 +373,7 @@ class _Debezium3Values:
         self._pre_image = options.pre_image
         self._update_full = options.update_full
         self._last_lsid: tuple[Session | None, str, bytes] = (None, "", b"")  # an lsid, its text, that as a JSON string
-        self.transaction_id = _TransactionIds(self._transaction_id)
+        self.transaction_id = _TransactionIds(self._transaction_id).of
 
     @staticmethod
     def heartbeat_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
