@@ -229,7 +229,9 @@ class ConnectorMetrics:
         self.streaming = StreamingMetrics()
         self._connection_lock = threading.Lock()
         self._reachable = False  # MongoDB answered since the last loss (nothing is lost before a first answer)
-        self._losses = 0  # the losses counted so far: what an answer's question was asked after
+        #: The losses counted so far: read as the connector asks MongoDB something, and handed with the
+        #: answer to :meth:`connection_restored` (an int, read without the lock).
+        self.losses = 0
         self._election_ids: dict[str, Any] = {}  # the highest electionId seen per replica set
         self._file: JsonFileExporter | None = None
 
@@ -246,18 +248,13 @@ class ConnectorMetrics:
         tags = "".join(f",{key}={value}" for key, value in self.tags.items())
         return f"debezium.mongodb:type=connector-metrics,context={context},server={self.server},task=0{tags}"
 
-    def connection_asked(self) -> int:
-        """Taken as the connector asks MongoDB something, and handed with the answer to
-        :meth:`connection_restored`."""
-        return self._losses
-
     def connection_restored(self, asked: int | None) -> None:
-        """MongoDB answered the connector again. ``asked``: :meth:`connection_asked` when the question was
-        sent; the answer to a question sent before the last loss was counted ends nothing (a reply read
-        just as the server went away, while the driver's monitor already reported the loss). None: an
-        answer that cannot be an old one (a heartbeat with a new ``topologyVersion``)."""
+        """MongoDB answered the connector again. ``asked``: :attr:`losses` when the question was sent; the
+        answer to a question sent before the last loss was counted ends nothing (a reply read just as the
+        server went away, while the driver's monitor already reported the loss). None: an answer that is
+        taken as new (a heartbeat with a new ``topologyVersion``; documents a snapshot read)."""
         with self._connection_lock:
-            if asked is None or asked == self._losses:
+            if asked is None or asked == self.losses:
                 self._reachable = True
 
     def connection_lost(self) -> None:
@@ -268,7 +265,7 @@ class ConnectorMetrics:
             if not self._reachable:
                 return
             self._reachable = False
-            self._losses += 1
+            self.losses += 1
             context = self.snapshot if self.snapshot.SnapshotRunning else self.streaming
             context.NumberOfDisconnects += 1
 

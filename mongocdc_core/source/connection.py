@@ -176,29 +176,6 @@ class _DisconnectListener(monitoring.ConnectionPoolListener):
         """Not counted."""
 
 
-class _AnswerListener(monitoring.CommandListener):
-    """Reports MongoDB answering the connector: every command of the client that succeeded (a connection's
-    check, a change stream opened or read, a snapshot's reads), each with when it was asked
-    (``ConnectorMetrics.connection_asked`` as it was sent), so that a reply read just after the loss was
-    reported does not end the loss it came before."""
-
-    def __init__(self, metrics: ConnectorMetrics) -> None:
-        self.metrics = metrics
-        self._asked: dict[int, int] = {}  # by request id, the commands sent and not answered yet
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        self._asked[event.request_id] = self.metrics.connection_asked()
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        asked = self._asked.pop(event.request_id, None)
-        if asked is not None:
-            self.metrics.connection_restored(asked)
-
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        """An error is no answer that MongoDB serves again."""
-        self._asked.pop(event.request_id, None)
-
-
 _SERVING = (SERVER_TYPE.RSPrimary, SERVER_TYPE.Mongos)
 
 
@@ -207,8 +184,7 @@ class _PrimaryListener(monitoring.ServerHeartbeatListener):
     heartbeats: the last of them failing or stepping down is a loss, and a primary's ``electionId`` goes to
     ``ConnectorMetrics.primary_seen`` (which counts elections). A heartbeat ends a loss only with a new
     ``topologyVersion`` (a restarted server, a primary elected again): a reply still in flight when a
-    server goes down carries the old one. Otherwise MongoDB answering the connector's own commands ends it
-    (:class:`_AnswerListener`).
+    server goes down carries the old one. Otherwise the connector's own next read ends it.
 
     Heartbeat replies arrive in the monitor's own thread. A server-description listener would say the
     same, but only through the driver's event thread, which ``MongoClient.close`` waits for (half a
@@ -268,8 +244,6 @@ def open_client(cfg: ConnectorConfig, metrics: ConnectorMetrics | None = None, *
     kwargs.update(overrides)
     listeners = list(kwargs.pop("event_listeners", []))
     listeners += [_PrimaryListener(metrics), _DisconnectListener(metrics)]
-    if metrics is not None:
-        listeners.append(_AnswerListener(metrics))
     return MongoClient(cfg.mongodb_connection_string, event_listeners=listeners, **kwargs)
 
 
@@ -439,6 +413,7 @@ def connect(
     Raises :class:`Stopped` when ``stop`` is set before a connection was made.
     """
     client = open_client(cfg, metrics)
+    asked = metrics.losses if metrics is not None else 0
     try:
         topology = Backoff.from_config(cfg).run(
             lambda: check_topology(client), what="connecting", stop=stop, on_retry=on_retry,
@@ -449,4 +424,5 @@ def connect(
         raise
     if metrics is not None:
         metrics.streaming.Connected = True
+        metrics.connection_restored(asked)
     return client, topology
