@@ -27,6 +27,7 @@ MARKER = re.compile(r'\{\{\s*(ratio|value|baseline)\("([^"]+)",\s*"([^"]+)"\)\s*
 TABLES = "{{ benchmark_tables }}"
 PROPERTIES = "{{ property_reference }}"
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+_NOTED = re.compile(r"(.+) \([^()]*\)")  # a row's name, then a note of its run in parentheses
 
 
 class FigureError(Exception):
@@ -44,9 +45,15 @@ class Results:
         return cls(json.loads(path.read_text()))
 
     def row(self, benchmark: str, name: str) -> dict[str, Any]:
-        for row in self.data["rows"]:
-            if row["benchmark"] == benchmark and row["name"] == name:
+        """The row of that name; else the one row whose name is that and a note of the run in parentheses
+        (such as the spread of its rounds), which a page cannot name as it changes with every run."""
+        rows = [row for row in self.data["rows"] if row["benchmark"] == benchmark]
+        for row in rows:
+            if row["name"] == name:
                 return dict(row)
+        noted = [row for row in rows if (match := _NOTED.fullmatch(row["name"])) is not None and match[1] == name]
+        if len(noted) == 1:
+            return dict(noted[0])
         raise FigureError(f"benchmarks/results.json has no row {name!r} in benchmark {benchmark!r}")
 
     def benchmarks(self) -> list[str]:

@@ -258,7 +258,7 @@ class Dispatcher:
         self._snapshot_copied[chunk.namespace] = copied
         if n:
             self.metrics.snapshot.rows(chunk.namespace, n, position.to_str())
-            self.metrics.connection_restored()  # documents were read: MongoDB answers
+            self.metrics.connection_restored(None)  # documents were read: MongoDB answers
         state = self._snapshot_state
         if state is not None:
             state.record_part(chunk.namespace, chunk.part, chunk.after, chunk.part_done, chunk.final)

@@ -48,6 +48,7 @@ from mongocdc_core.events.schema import (
 )
 from mongocdc_core.events.transactions import (
     DEFAULT_FORMAT,
+    Session,
     TransactionFormat,
     TransactionTracker,
     transaction_id,
@@ -165,11 +166,11 @@ class _Values(Protocol):
     def key_id(self, document_id: Any) -> bytes:
         """The key's ``id`` as a JSON string."""
 
-    def session(self, lsid: Any, txn_number: Any) -> bytes:
+    def session(self, lsid: Session, txn_number: int | None) -> bytes:
         """The writer's ``l`` slot of an event of a transaction (``lsid`` decoded)."""
 
-    def transaction_id(self, lsid: Any, txn_number: Any) -> str | None:
-        """The transaction records' id of an event (None outside a transaction)."""
+    def transaction_id(self, lsid: Session | None, txn_number: int | None) -> str | None:
+        """The transaction records' id of an event (None outside a transaction): a :meth:`_TransactionIds.of`."""
 
     def transaction_ms(self, wall_ms: int | None, seconds: int) -> int:
         """The time (ms) of an event in transaction records, from its ``wallTime`` (ms) and clusterTime."""
@@ -202,20 +203,26 @@ def _cluster_ms(wall_ms: int | None, seconds: int) -> int:
     return seconds * 1000
 
 
-class _SessionTransactionIds:
-    """The default and 1.x formats' transaction ids (:func:`transaction_id`: ``<lsid id as UUID>:<txnNumber>``),
-    cached for the consecutive events of one transaction."""
+class _TransactionIds:
+    """A format's transaction ids of events (None outside a transaction), as ``form`` writes them from a
+    session and a txnNumber, cached for the consecutive events of one transaction. Their session is
+    one object when the compiled path decoded it (:meth:`EventConverter.session_of`), an equal one
+    when the Python path did. A format's ``transaction_id`` is the bound :meth:`of` (a call of a callable
+    object costs twice a method's, once per event)."""
 
-    def __init__(self) -> None:
-        self._last: tuple[Any, Any, str | None] = (None, None, None)
+    __slots__ = ("_form", "_last")
 
-    def __call__(self, lsid: Any, txn_number: Any) -> str | None:
+    def __init__(self, form: Callable[[Session, int], str | None]) -> None:
+        self._form = form
+        self._last: tuple[Session | None, int | None, str | None] = (None, None, None)
+
+    def of(self, lsid: Session | None, txn_number: int | None) -> str | None:
         if lsid is None or txn_number is None:
             return None
         last_lsid, last_number, last_id = self._last
-        if txn_number == last_number and lsid == last_lsid:
+        if (lsid is last_lsid or lsid == last_lsid) and txn_number == last_number:
             return last_id
-        txn_id = transaction_id(lsid, txn_number)
+        txn_id = self._form(lsid, txn_number)
         self._last = (lsid, txn_number, txn_id)
         return txn_id
 
@@ -237,15 +244,15 @@ class _ChangeStreamsValues:
     transaction_ms = staticmethod(_cluster_ms)
 
     def __init__(self, options: EventOptions) -> None:
-        self.transaction_id = _SessionTransactionIds()
+        self.transaction_id = _TransactionIds(transaction_id).of
         self._pre_image = options.pre_image
         self._update_full = options.update_full
-        self._last_lsid: Any = None
+        self._last_lsid: Session | None = None
         self._last_lsid_json = NULL
         self._times_seconds = -1
         self._times = b""
 
-    def session(self, lsid: Any, txn_number: Any) -> bytes:
+    def session(self, lsid: Session, txn_number: int | None) -> bytes:
         """``source.lsid``: the session document's text as a JSON string (cached: a transaction's
         events share one session)."""
         if lsid == self._last_lsid:
@@ -319,10 +326,10 @@ class _OplogValues:
     transaction_ms = staticmethod(_cluster_ms)
 
     def __init__(self) -> None:
-        self.transaction_id = _SessionTransactionIds()
+        self.transaction_id = _TransactionIds(transaction_id).of
 
-    def session(self, lsid: Any, txn_number: Any) -> bytes:
-        """``source.stxnid``."""
+    def session(self, lsid: Session | None, txn_number: int | None) -> bytes:
+        """``source.stxnid`` (null outside a transaction)."""
         return orjson.dumps(self.transaction_id(lsid, txn_number))
 
     def change_value(self, ctx: _Collection, change: Mapping[str, Any], op: str, seconds: int, position: Position,
@@ -365,8 +372,8 @@ class _Debezium3Values:
     def __init__(self, options: EventOptions) -> None:
         self._pre_image = options.pre_image
         self._update_full = options.update_full
-        self._last_lsid: tuple[Any, str, bytes] = (None, "", b"")  # an lsid, its text, that text as a JSON string
-        self._last_txn: tuple[Any, Any, str] = (None, None, "")  # an lsid, a txnNumber, their transaction id
+        self._last_lsid: tuple[Session | None, str, bytes] = (None, "", b"")  # an lsid, its text, that as a JSON string
+        self.transaction_id = _TransactionIds(self._transaction_id).of
 
     @staticmethod
     def heartbeat_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -381,7 +388,7 @@ class _Debezium3Values:
     def key_id(document_id: Any) -> bytes:
         return orjson.dumps(debezium3.key_id(document_id))
 
-    def _lsid(self, lsid: Any) -> tuple[str, bytes]:
+    def _lsid(self, lsid: Session) -> tuple[str, bytes]:
         """:func:`debezium3.lsid_json` of a session and that text as a JSON string (cached: a transaction's
         events share one session)."""
         last, text, json = self._last_lsid
@@ -391,21 +398,14 @@ class _Debezium3Values:
             self._last_lsid = (lsid, text, json)
         return text, json
 
-    def session(self, lsid: Any, txn_number: Any) -> bytes:
+    def session(self, lsid: Session, txn_number: int | None) -> bytes:
         """``source.lsid``: the session id document's strict JSON as a JSON string."""
         last = self._last_lsid
         return last[2] if lsid is last[0] else self._lsid(lsid)[1]
 
-    def transaction_id(self, lsid: Any, txn_number: Any) -> str | None:
-        """``<lsid as strict JSON>:<txnNumber>`` (cached for the consecutive events of one transaction)."""
-        if lsid is None or txn_number is None:
-            return None
-        last_lsid, last_number, last_id = self._last_txn
-        if lsid is last_lsid and txn_number == last_number:
-            return last_id
-        txn_id = f"{self._lsid(lsid)[0]}:{int(txn_number)}"
-        self._last_txn = (lsid, txn_number, txn_id)
-        return txn_id
+    def _transaction_id(self, lsid: Session, txn_number: int) -> str:
+        """``<lsid as strict JSON>:<txnNumber>`` (the session's text shared with :meth:`session`'s cache)."""
+        return f"{self._lsid(lsid)[0]}:{int(txn_number)}"
 
     @staticmethod
     def transaction_ms(wall_ms: int | None, seconds: int) -> int:
@@ -497,13 +497,13 @@ class EventConverter:
             Serializer.schema_prefix(heartbeat_key_schema_), {"serverName": options.topic_prefix}
         )
         self._heartbeat_prefix = Serializer.schema_prefix(heartbeat_value_schema_)
-        self._last_session: tuple[bytes | None, Any] = (None, None)  # a raw lsid's BSON and its decoded form
+        self._last_session: tuple[bytes | None, Session | None] = (None, None)  # a raw lsid's BSON and its decoded form
         self._pre_image = options.pre_image
         self._update_full = options.update_full
         self._tombstones = options.tombstones_on_delete
         self._now_ns = options.now_ns
 
-    def transaction_id(self, lsid: Any, txn_number: Any) -> str | None:
+    def transaction_id(self, lsid: Session | None, txn_number: int | None) -> str | None:
         """The id of an event's transaction (None outside one), as the format writes it in its records: the
         ``LastTransactionId`` metric's (Debezium's is the records' id: in 3.x ``source.lsid:txnNumber``)."""
         return self._values.transaction_id(lsid, txn_number)
@@ -640,7 +640,7 @@ class EventConverter:
             records.append(Record(ctx.topic, key, None, position, ctx.namespace, None, ctx.heads, row))
         return records
 
-    def session_of(self, change: RawChange) -> Any:
+    def session_of(self, change: RawChange) -> Session | None:
         """The decoded ``lsid`` of a raw event with a header, or None outside a transaction (cached:
         a transaction's events share one session)."""
         lsid_bson = change.header.lsid if change.header is not None else None

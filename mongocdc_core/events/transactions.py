@@ -25,9 +25,13 @@ from mongocdc_core.events.records import Record
 from mongocdc_core.events.schema import Serializer, transaction_key_schema, transaction_value_schema
 from mongocdc_core.positions import Position
 
+#: A change event's ``lsid``: its session's document as decoded (``{"id": <UUID>, "uid": <hash>}``).
+Session = Mapping[str, object]
 
-def transaction_id(lsid: Any, txn_number: Any) -> str | None:
-    """``<lsid id as UUID>:<txnNumber>`` as Debezium forms it, or None outside a transaction."""
+
+def transaction_id(lsid: Session | None, txn_number: int | None) -> str | None:
+    """``<lsid id as UUID>:<txnNumber>`` as Debezium forms it, or None outside a transaction. ``lsid`` is
+    checked: a decoded event's is whatever the event holds."""
     if lsid is None or txn_number is None:
         return None
     if not isinstance(lsid, Mapping) or "id" not in lsid:

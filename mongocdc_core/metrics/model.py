@@ -229,6 +229,9 @@ class ConnectorMetrics:
         self.streaming = StreamingMetrics()
         self._connection_lock = threading.Lock()
         self._reachable = False  # MongoDB answered since the last loss (nothing is lost before a first answer)
+        #: The losses counted so far: read as the connector asks MongoDB something, and handed with the
+        #: answer to :meth:`connection_restored` (an int, read without the lock).
+        self.losses = 0
         self._election_ids: dict[str, Any] = {}  # the highest electionId seen per replica set
         self._file: JsonFileExporter | None = None
 
@@ -245,10 +248,14 @@ class ConnectorMetrics:
         tags = "".join(f",{key}={value}" for key, value in self.tags.items())
         return f"debezium.mongodb:type=connector-metrics,context={context},server={self.server},task=0{tags}"
 
-    def connection_restored(self) -> None:
-        """MongoDB answers the connector again: a connection was made, a change stream opened, documents were read."""
+    def connection_restored(self, asked: int | None) -> None:
+        """MongoDB answered the connector again. ``asked``: :attr:`losses` when the question was sent; the
+        answer to a question sent before the last loss was counted ends nothing (a reply read just as the
+        server went away, while the driver's monitor already reported the loss). None: an answer that is
+        taken as new (a heartbeat with a new ``topologyVersion``; documents a snapshot read)."""
         with self._connection_lock:
-            self._reachable = True
+            if asked is None or asked == self.losses:
+                self._reachable = True
 
     def connection_lost(self) -> None:
         """The connector lost MongoDB: ``NumberOfDisconnects`` counts the first report of each loss (the
@@ -258,6 +265,7 @@ class ConnectorMetrics:
             if not self._reachable:
                 return
             self._reachable = False
+            self.losses += 1
             context = self.snapshot if self.snapshot.SnapshotRunning else self.streaming
             context.NumberOfDisconnects += 1
 

@@ -217,7 +217,7 @@ class _PrimaryListener(monitoring.ServerHeartbeatListener):
             previous = self._versions.get(event.connection_id)
             self._versions[event.connection_id] = reply.topology_version
         if previous is not None and reply.topology_version != previous:
-            self.metrics.connection_restored()
+            self.metrics.connection_restored(None)
         if reply.server_type == SERVER_TYPE.RSPrimary and reply.election_id is not None:
             self.metrics.primary_seen(reply.replica_set_name or "", reply.election_id)
 
@@ -413,6 +413,7 @@ def connect(
     Raises :class:`Stopped` when ``stop`` is set before a connection was made.
     """
     client = open_client(cfg, metrics)
+    asked = metrics.losses if metrics is not None else 0
     try:
         topology = Backoff.from_config(cfg).run(
             lambda: check_topology(client), what="connecting", stop=stop, on_retry=on_retry,
@@ -423,5 +424,5 @@ def connect(
         raise
     if metrics is not None:
         metrics.streaming.Connected = True
-        metrics.connection_restored()
+        metrics.connection_restored(asked)
     return client, topology

@@ -428,12 +428,13 @@ class _Prefetch:
             self._put(exc)
 
     def _put(self, item: object) -> bool:
+        """Queue ``item``; False once closed (the cursor is then closed, never read on)."""
         while not self._closed.is_set():
             try:
                 self._queue.put(item, timeout=0.1)
-                return True
             except queue.Full:
                 continue
+            return not self._closed.is_set()
         return False
 
     def next(self) -> RawDocuments | None:
@@ -454,8 +455,13 @@ class _Prefetch:
         return None
 
     def close(self) -> None:
-        """Stop reading and wait (a while) for the thread to kill the cursor, before the client may close."""
+        """Stop reading and wait (a while) for the thread to kill the cursor, before the client may close.
+        The batches read ahead are dropped, so that a reader waiting to queue one goes on at once (rather
+        than at its next look at the clock) and finds the copy closed."""
         self._closed.set()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._queue.get_nowait()
         self._thread.join(_CLOSE_WAIT_S)
 
 

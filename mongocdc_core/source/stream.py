@@ -420,16 +420,20 @@ class ChangeStreamReader(threading.Thread):
         try:
             while not self.stop_event.is_set():
                 try:
+                    # What counts as MongoDB answering again is an answer to a question asked after the
+                    # last loss was counted (ConnectorMetrics.losses when it was asked).
                     if stream is None:
+                        asked = self.metrics.losses if self.metrics is not None else 0
                         stream = self._open()
                         if self.metrics is not None:
                             self.metrics.streaming.Connected = True
-                            self.metrics.connection_restored()
+                            self.metrics.connection_restored(asked)
+                    asked = self.metrics.losses if self.metrics is not None else 0
                     doc = stream.try_next()
                     failures = 0
                     if doc is None and self.metrics is not None:
                         # The server answered a getMore (a document may come from the driver's buffer).
-                        self.metrics.connection_restored()
+                        self.metrics.connection_restored(asked)
                 except PyMongoError as exc:
                     if stream is not None:
                         stream.close()

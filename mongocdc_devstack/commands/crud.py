@@ -327,8 +327,14 @@ def _validate_projection(projection: Any) -> None:
         matching.project({}, projection)
 
 
-def _oplog_entries(query: Mapping[str, Any], sort: Mapping[str, Any] | None, oplog: Any) -> list[dict[str, Any]]:
-    """Oplog reads: a ``ts`` range narrows by binary search, the rest is filtered normally."""
+def _oplog_entries(
+    query: Mapping[str, Any], sort: Mapping[str, Any] | None, oplog: Any, needed: int = 0,
+) -> list[dict[str, Any]]:
+    """Oplog reads: a ``ts`` range narrows by binary search, the rest is filtered normally. ``needed``: how
+    many entries the read can return at most (skip + limit; 0: no limit). Read in oplog order with no
+    condition but a lower ``ts`` bound, only those are read, as mongod's scan stops at its limit (the
+    connector's check of its position reads the oldest entry at every start: the whole oplog copied
+    for it took half a second with a million entries)."""
     lower: Timestamp | None = None
     inclusive = True
     cond = query.get("ts")
@@ -339,7 +345,10 @@ def _oplog_entries(query: Mapping[str, Any], sort: Mapping[str, Any] | None, opl
             lower, inclusive = cond["$gt"], False
     elif isinstance(cond, Timestamp):
         lower, inclusive = cond, True
-    entries = oplog.read(lower, inclusive=inclusive) if lower is not None else list(oplog.entries())
+    bound_only = not query or (set(query) == {"ts"} and lower is not None and (not isinstance(cond, Mapping) or len(cond) == 1))
+    in_order = not sort or (set(sort) == {"$natural"} and sort["$natural"] >= 0)
+    limit = needed if needed > 0 and bound_only and in_order else None
+    entries = oplog.read(lower, inclusive=inclusive, limit=limit)
     if query:
         entries = matching.filter_documents(entries, query)
     if sort:
@@ -403,7 +412,7 @@ def find(ctx: Context) -> dict[str, Any]:
         cursor: Any = _tailable_cursor(ctx, name, query, projection, bool(cmd.get("awaitData")), skip, limit)
         return _cursor_reply(ctx, cursor, ns, batch_size, single, "firstBatch")
     if ctx.db == "local" and name == "oplog.rs":
-        entries = _oplog_entries(query, sort, ctx.state.oplog)[skip:]
+        entries = _oplog_entries(query, sort, ctx.state.oplog, skip + limit if limit else 0)[skip:]
         cursor = ListCursor(ns, entries, lambda doc: bson.encode(matching.project(doc, projection)), limit)
         return _cursor_reply(ctx, cursor, ns, batch_size, single, "firstBatch")
     hint = cmd.get("hint")

@@ -77,3 +77,22 @@ def test_ts_range_and_natural_order(mongo_client: MongoClient, fresh_db: Databas
     newest_first = list(_oplog(mongo_client).find({"ns": ns}).sort("$natural", -1).limit(2))
     assert [e["o"]["_id"] for e in newest_first] == [4, 3]
     assert _oplog(mongo_client).count_documents({"ts": {"$lt": third}, "ns": ns, "op": "i"}) == 2
+
+
+def test_limited_reads_in_oplog_order_read_what_the_whole_oplog_gives(mongo_client: MongoClient, fresh_db: Database) -> None:
+    """A find with a limit in oplog order reads only what it returns (the oldest entry, read at every start of
+    the connector, costs the same with a million entries as with ten); it returns what the whole read gives."""
+    fresh_db.c.insert_many([{"_id": i} for i in range(6)])
+    oplog = _oplog(mongo_client)
+    every = list(oplog.find({}))
+    assert len(every) > 6
+    assert oplog.find_one({}, {"ts": 1}, sort=[("$natural", 1)])["ts"] == every[0]["ts"]
+    assert [e["ts"] for e in oplog.find({}).limit(3)] == [e["ts"] for e in every[:3]]
+    third = every[2]["ts"]
+    assert [e["ts"] for e in oplog.find({"ts": {"$gt": third}}).skip(1).limit(2)] == [e["ts"] for e in every[4:6]]
+    assert [e["ts"] for e in oplog.find({"ts": third}).limit(1)] == [third]
+    inserts = [e for e in every if e.get("ns") == f"{fresh_db.name}.c" and e["op"] == "i"]
+    # other conditions than the lower bound filter the whole range before the limit
+    assert [e["o"]["_id"] for e in oplog.find({"ts": {"$gte": third}, "ns": f"{fresh_db.name}.c", "op": "i"}).limit(2)] == \
+        [e["o"]["_id"] for e in inserts if e["ts"] >= third][:2]
+    assert [e["ts"] for e in oplog.find({}).sort("$natural", -1).limit(2)] == [e["ts"] for e in every[::-1][:2]]

@@ -30,6 +30,18 @@ def test_markers_render_the_row_and_a_missing_row_fails_the_build() -> None:
         render('{{ value("sinks", "parquet sinks") }}', results)
 
 
+def test_a_marker_names_a_row_whose_name_carries_a_note_of_its_run_without_the_note() -> None:
+    """A row such as "time lost ... (0 docs read twice; median of 7 rounds, 0.05–0.21)" changes its note with
+    every run: a page names it without the note, and only a row that has just that name and a note matches."""
+    row = {**RESULTS["rows"][0], "benchmark": "snapshot", "name": "time lost (0 docs read twice; 0.05–0.21)",
+           "ratio": 0.1}
+    results = Results({**RESULTS, "rows": [row]})
+    assert render('{{ ratio("snapshot", "time lost") }}', results) == "0.10×"
+    for other in ("time", "time lost (0 docs read twice; 0.05–0.21) more", "0 docs read twice; 0.05–0.21"):
+        with pytest.raises(FigureError, match="no row"):
+            render(f'{{{{ ratio("snapshot", "{other}") }}}}', results)
+
+
 def test_every_marker_of_the_docs_names_a_row_of_results_json() -> None:
     results = Results.load()
     pages = sorted((ROOT / "docs").glob("*.md"))
