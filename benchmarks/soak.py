@@ -15,7 +15,8 @@ At the end the writers stop at a recorded cluster time, the deployment catches u
 - every current_state equals its collection (every key compared; the source is quiet by then),
 - every changelog holds exactly the source's events up to that time (read from an independent change
   stream of the whole run: the same keys, operations and positions, none missing, none twice),
-- ``mongocdc check`` passes every blocking check,
+- every blocking check passes (as the deployment evaluated each table's latest version, or else
+  ``mongocdc check``), and so does every no-gap check (no window missing),
 - every failed run is explained by an injected fault.
 
 Printed, and written to ``benchmarks/soak.json``: runs launched / succeeded / failed (with the fault
@@ -24,25 +25,32 @@ current_state version that holds it: p50, p95, p99), the machine's CPU share, an
 per slice run (the run's wall time less its one step's). ``SOAK_MINUTES`` (default 30) sets how long the
 writers write.
 
-Status: not passing yet, so ``make test`` leaves its CI-size test (marker ``soak``) out. The table
-automation now refreshes every collection with something new in one run per tick (it used to split them
-into runs of their own, each starting a Spark session), and a run's reconciliations run several at once.
-The best CI-size trial (17:37 UTC on 2026-12-05; 4 minutes of writers and faults, 8 collections, load
-average 12-20 from other work on the shared 2-core machine, 20.5 minutes in all) caught up in 574 s:
-every current_state equal to its collection with every key compared, every changelog the source's
-events (4005 on the hot collection), every blocking check passing at the end. It failed on one run: 29
-launched, 24 succeeded, 4 failed, 1 under way at the verdict. Three failures are the faults' (a run worker
-killed; two runs interrupted by a signal just after the code location reload of the added collection, put
-down to the killed daemon and the step-down by rules that have since been tightened: runs the daemon's own
-code server started do not survive the first reload of the location here, in both trials, and the cause
-is not found). The fourth is a refresh whose tables held positions of 17:39 and whose reconciliations ran
-at 17:46: outside the server's 5-minute snapshot history, too many keys changed since were left out, NOT
-VERIFIED, a blocking failure. Freshness p50 / p95 / p99: 572 / 677 / 687 s (4127 writes); CPU share 1.0
-of the machine, 0.25 used by the deployment; a slice run's overhead 0.9 s in its run (median of 18), 24 s
-queued and starting. The trial before (17:03, load 27-41, sequential reconciliations) did not catch up in
-20 minutes: one refresh of 9 collections took 102 s to start Spark, 6 minutes for the changelogs, 6 for the
-current_states and 10 for the reconciliations. A catch-up that does not reach the source by its deadline is
-a FAILED verdict with the runs and figures, written to ``benchmarks/soak.json`` all the same.
+Status: not yet seen passing, so ``make test`` leaves its CI-size test (marker ``soak``) out. The CI-size
+test is now 5 collections and 2.5 minutes of writers with every fault injected in them, and its verdict
+starts no Spark session of its own per collection nor a ``mongocdc check`` of every reconciliation: the
+blocking ``matches_source`` results are the deployment's own evaluations of each table's latest version
+(``mongocdc check`` only for a table whose latest version it did not evaluate), the no-gap checks run in
+one ``mongocdc check`` while the tables are compared in one Spark session, several at once; each phase's
+seconds are in ``phases_s``. The lead's trial before that (20:14 UTC on 2026-12-05; 8 collections, 4
+minutes, load 5-14) took 16 minutes: about 1 for the deployment and the first snapshots, 4 of writers
+and faults, a catch-up of 315 s, a verdict of about 7 (3.3 of them ``mongocdc check``); every
+current_state equal to its collection with every key compared, every changelog the source's events, the
+final blocking checks passing, but one refresh's reconciliations ran more than 5 minutes after its
+tables' position (NOT VERIFIED, a blocking failure of an unexplained failed run); freshness p50 / p95 /
+p99 254 / 387 / 396 s. The CI-size trial at 20:40 (load 17-37: other engineers' Spark suites) had the
+deployment and the first snapshots up in 51 s, the writers and faults took 3.6 minutes (the faults run in
+turn and overran the 2.5 minutes: the added collection's snapshot run waited 97 s to start), and the
+catch-up 1174 s: a table refresh run waited over 2 minutes to start its first step and took 5 more, at that
+load. Its verdict stopped on a defect since fixed (a check execution still under way read as a result);
+the verdict alone, against a deployment of 2 collections at load 25, then took 213 s, both reconciliations
+run again by ``mongocdc check`` because the refresh's own were still under way (it now waits for them).
+In that trial the two runs interrupted soon after the added collection's code location reload were the
+daemon restart's: the restart first ends the killed daemon's process group, its code server and the run
+workers that server started, executing or still starting (20:43:10 and 20:43:18, 5 s after the SIGKILL,
+which the fault plan puts right after the added collection's snapshot); ``_explain`` puts them down to the
+killed daemon. The interruptions earlier trials saw seconds after that reload are likely the same. A catch-up that does not reach the source by
+its deadline is a FAILED verdict with the runs and figures, written to ``benchmarks/soak.json`` all the
+same.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -510,8 +519,6 @@ def reload_location(d: Deployment) -> Fault:
 
 def _run_worker_pid(instance: Any, run_id: str) -> int | None:
     """The pid of a run's worker process, from the engine event that reported its start."""
-    import re
-
     for entry in instance.all_logs(run_id):
         found = re.search(r"Started process for run \(pid: (\d+)\)", entry.message or "")
         if found:
@@ -583,6 +590,8 @@ class SoakResult:
     problems: list[str]  # what failed the soak; empty when it passed
     catch_up_s: float = 0.0  # from the writers' stop until every current_state reflected the last change
     deployment_cpu_share: float = 0.0  # the machine's CPU the deployment itself used (see _deployment_cpu_seconds)
+    #: wall seconds of each phase: deployment_up, first_snapshots, writers_and_faults, catch_up, verdict
+    phases_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -646,12 +655,23 @@ def run(minutes: float, *, collections: int = 20, sharded: bool = False, root: P
     dropped, added = names[-1], "added_late"
     workdir = root or Path(tempfile.mkdtemp(prefix="mongocdc-soak-"))
     busy0, total0 = _cpu_jiffies()
+    phases: dict[str, float] = {}
+    phase_began = time.monotonic()
+
+    def phase(name: str) -> None:
+        nonlocal phase_began
+        now = time.monotonic()
+        phases[name] = round(now - phase_began, 1)
+        phase_began = now
+
     with deployment(workdir, names, sharded=sharded) as d, d.client() as client:
+        phase("deployment_up")
         begin = cluster_time(client)
         spent0, wall0 = _deployment_cpu_seconds(d.env["DAGSTER_PG_PORT"]), time.monotonic()
         say(f"deployment up: MongoDB {d.uri}, Dagster on :{d.port} (PostgreSQL instance), {len(names)} collections")
         snapshot_run = d.launch([[DB, n, "snapshot"] for n in names])
         wait_for("the first snapshots", lambda: _run_done(d, snapshot_run), 900, d)
+        phase("first_snapshots")
         writers = Writers(client, list(names))
         started = time.time()
         threads = writers.start()
@@ -681,6 +701,7 @@ def run(minutes: float, *, collections: int = 20, sharded: bool = False, root: P
         for thread in threads:
             thread.join(60)
         end = cluster_time(client)
+        phase("writers_and_faults")
         say(f"writers stopped at cluster time {end.time}.{end.inc} after {len(writers.written)} writes; catching up")
         live = list(writers.collections)
         events = source_events(client, begin, end)
@@ -691,8 +712,11 @@ def run(minutes: float, *, collections: int = 20, sharded: bool = False, root: P
         except SoakFailure as exc:  # a verdict all the same: the figures say why it could not catch up
             caught_up, behind = catch_up_timeout, str(exc)
             say(f"{behind}; the verdict without the tables")
+        phase("catch_up")
         busy1, total1 = _cpu_jiffies()
         result = _verdict(d, live, dropped, begin, end, events, writers, faults, minutes, sharded, behind)
+        phase("verdict")
+        result.phases_s = phases
         result.cpu_share = round((busy1 - busy0) / max(1, total1 - total0), 3)
         result.deployment_cpu_share = round((_deployment_cpu_seconds(d.env["DAGSTER_PG_PORT"]) - spent0)
                                             / ((time.monotonic() - wall0) * (os.cpu_count() or 1)), 3)
@@ -927,7 +951,10 @@ def _verdict(d: Deployment, live: list[str], dropped: str, begin: Timestamp, end
         for r in runs:
             if r.status in (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED):
                 reason = _explain(r, instance.get_run_record_by_id(r.run_id), _launched(instance, r.run_id), faults)
-                failures.append({"run": r.run_id, "job": r.job_name, "explained_by": reason})
+                # a run Dagster retried (dagster/will_retry) is judged as any other, and so is its retry
+                failures.append({"run": r.run_id, "job": r.job_name, "explained_by": reason,
+                                 "retry_of": r.tags.get("dagster/parent_run_id", ""),
+                                 "retried": r.tags.get("dagster/will_retry", "")})
                 if not reason:
                     problems.append(f"run {r.run_id} ({r.job_name}) failed and no injected fault explains it")
         overhead = _slice_overhead(instance, runs)
@@ -943,20 +970,122 @@ def _verdict(d: Deployment, live: list[str], dropped: str, begin: Timestamp, end
 def _checks_and_tables(d: Deployment, live: list[str], dropped: str, begin: Timestamp, end: Timestamp,
                        events: dict[str, list[SourceEvent]], problems: list[str],
                        ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
-    """``mongocdc check`` over every collection, and each table against the source."""
+    """The checks and each table against the source. The blocking ``matches_source`` as the deployment last
+    evaluated it (once the refreshes under way have), where that evaluation is of the table's latest version
+    (a refresh runs it right after its merge), else by ``mongocdc check``; the no-gap checks (hourly in the deployment) by ``mongocdc check``.
+    The commands run while this process compares the tables, in one Spark session, several at once."""
     from mongocdc_core.tables import spark_session
+    from mongocdc_core.tables.collection import concurrently
+    from mongocdc_dagster.checks import RECONCILE_CHECK
+    from mongocdc_dagster.gaps import GAP_CHECK
 
-    check = subprocess.run([str(BIN / "mongocdc"), "check", "--collection", f"{DB}.*"], cwd=REPO, env=d.env,
-                           capture_output=True, text=True, timeout=1800, check=False)
-    checks = {" ".join(line.split()[1:3]): line.split()[0] + " " + " ".join(line.split()[3:])
-              for line in check.stdout.splitlines() if line.startswith(("PASS", "FAIL"))}
-    if check.returncode != 0 or not checks:
-        problems.append(f"mongocdc check exited {check.returncode}: {check.stdout[-2000:]}{check.stderr[-2000:]}")
+    _evaluations_settled(d, live, RECONCILE_CHECK)
+    checks, stale = _latest_evaluations(d, [*live, dropped], RECONCILE_CHECK)
+    # the dropped collection's check run now would only say "dropped": nothing left to compare with
+    stale = [name for name in stale if name in live]
+    commands = [_mongocdc_check(d, "gaps", ["--check", GAP_CHECK, "--collection", f"{DB}.*"])]
+    if stale:
+        commands.append(_mongocdc_check(d, "stale", ["--check", RECONCILE_CHECK, *[
+            arg for name in stale for arg in ("--collection", f"{DB}.{name}")]]))
     spark = spark_session()
-    tables = {name: _table_figures(spark, d, name, events.get(name, []), begin, end, True, problems)
-              for name in live}
-    tables[dropped] = _table_figures(spark, d, dropped, events.get(dropped, []), begin, end, False, problems)
+
+    def figures(session: Any, item: tuple[str, bool]) -> dict[str, Any]:
+        name, is_live = item
+        return _table_figures(session, d, name, events.get(name, []), begin, end, is_live, problems)
+
+    tables: dict[str, dict[str, Any]] = {}
+    for (name, _), found in concurrently(spark, [*[(name, True) for name in live], (dropped, False)], figures):
+        if isinstance(found, Exception):
+            problems.append(f"{name}: its tables could not be compared with the source: {found!r}")
+        else:
+            tables[name] = found
+    for command in commands:
+        checks |= _check_lines(command, problems)
+    for key, result in sorted(checks.items()):
+        # every blocking check passes (a warning blocks nothing, as for mongocdc check); a no-gap check (not
+        # blocking) passes too: a gap is a FAILED soak
+        status, blocking = result.split()[:2]
+        if (blocking == "blocking" and status in ("FAIL", "UNVERIFIED", "ERROR")) or (
+                key.endswith(GAP_CHECK) and status != "PASS"):
+            problems.append(f"check {key}: {result}")
     return checks, tables
+
+
+def _evaluations_settled(d: Deployment, names: list[str], check: str, timeout: float = 600) -> None:
+    """Wait until no collection's ``check`` is under way in a run still going: the refresh that brought a
+    table to the source's last change evaluates it right after its merge, and the catch-up ends at the merge.
+    (A run that ended without evaluating it leaves it planned; after ``timeout`` it is judged as it is.)"""
+    from dagster import AssetCheckKey, AssetKey
+    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus as Status
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with d.instance() as instance:
+            planned = [record.run_id for name in names for record in
+                       instance.event_log_storage.get_asset_check_execution_history(
+                           AssetCheckKey(AssetKey([DB, name, "current_state"]), check), limit=1)
+                       if record.status == Status.PLANNED]
+            going = [run_id for run_id in planned
+                     if (run := instance.get_run_by_id(run_id)) is not None and not run.is_finished]
+        if not going:
+            return
+        time.sleep(5.0)
+
+
+def _latest_evaluations(d: Deployment, names: list[str], check: str) -> tuple[dict[str, str], list[str]]:
+    """Each collection's ``check`` on its current_state as the deployment last evaluated it, as
+    ``mongocdc check`` prints it ("PASS blocking ..."), when that evaluation is of the table's latest
+    materialisation; and the collections where it is not (or that have no table)."""
+    from dagster import AssetCheckKey, AssetCheckSeverity, AssetKey
+    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus as Status
+
+    evaluated = {Status.SUCCEEDED, Status.FAILED}  # a PLANNED execution is still under way in its run
+    found: dict[str, str] = {}
+    stale: list[str] = []
+    with d.instance() as instance:
+        for name in names:
+            key = AssetKey([DB, name, "current_state"])
+            latest = instance.fetch_materializations(key, limit=1).records
+            history = instance.event_log_storage.get_asset_check_execution_history(
+                AssetCheckKey(key, check), limit=1, status=evaluated)
+            evaluation = history[0].evaluation if history else None
+            target = evaluation.target_materialization_data if evaluation is not None else None
+            if evaluation is None or target is None or not latest or target.storage_id != latest[0].storage_id:
+                stale.append(name)
+                continue
+            verdict = evaluation.metadata.get("verdict")
+            status = ("PASS" if evaluation.passed else "UNVERIFIED" if verdict is not None and verdict.value == "unverified"
+                      else "WARN" if evaluation.severity == AssetCheckSeverity.WARN else "FAIL")
+            found[f"{key.to_user_string()} {check}"] = (
+                f"{status} {'blocking' if evaluation.blocking else 'non-blocking'} {evaluation.description or ''} "
+                f"(in run {history[0].run_id})")
+    return found, stale
+
+
+def _mongocdc_check(d: Deployment, name: str, args: list[str]) -> tuple[str, Path, subprocess.Popen[bytes]]:
+    """``mongocdc check`` started against the deployment (its command line, its output in the logs as
+    check-<name>.log, the process) for :func:`_check_lines`."""
+    log = d.logs / f"check-{name}.log"
+    with open(log, "wb") as out:  # a file, not a pipe: nothing waits on a reader while the tables are compared
+        started = subprocess.Popen([str(BIN / "mongocdc"), "check", *args], cwd=REPO, env=d.env, stdout=out,
+                                   stderr=subprocess.STDOUT)
+    return " ".join(["mongocdc check", *args]), log, started
+
+
+#: A result line of ``mongocdc check`` (its output file also holds its log lines)
+_CHECK_LINE = re.compile(r"(PASS|FAIL|WARN|UNVERIFIED|ERROR) +\S+  \S+  (blocking|non-blocking)  ")
+
+
+def _check_lines(started: tuple[str, Path, subprocess.Popen[bytes]], problems: list[str]) -> dict[str, str]:
+    """A finished ``mongocdc check``'s results: check ("asset/key check") -> status, blocking or not, text."""
+    what, log, command = started
+    command.wait(timeout=1800)
+    out = log.read_text(errors="replace")
+    found = {" ".join(line.split()[1:3]): line.split()[0] + " " + " ".join(line.split()[3:])
+             for line in out.splitlines() if _CHECK_LINE.match(line)}
+    if command.returncode != 0 or not found:
+        problems.append(f"{what} exited {command.returncode}: {out[-4000:]}")
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -973,7 +1102,7 @@ def main(argv: list[str] | None = None) -> int:
     data = asdict(result) | {"passed": result.passed, "recorded_at": datetime.now(UTC).isoformat(timespec="seconds")}
     args.out.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
     print(json.dumps({k: data[k] for k in ("runs", "freshness_s", "cpu_share", "deployment_cpu_share",
-                                        "slice_run_overhead_s", "catch_up_s")}, indent=2))
+                                        "slice_run_overhead_s", "catch_up_s", "phases_s")}, indent=2))
     print(f"checks: {sum(v.startswith('PASS') for v in result.checks.values())} passed, "
           f"{sum(v.startswith('FAIL') for v in result.checks.values())} failed; written to {args.out}")
     for problem in result.problems:

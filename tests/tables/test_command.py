@@ -90,6 +90,9 @@ def test_refresh_check_and_maintain_from_the_command_line(spark: SparkSession, t
     failed = [line for line in lines if "FAIL  " in line]
     assert len(failed) == 1 and f"{db}.customers" in failed[0] and "DIFFERS at 1 key(s)" in failed[0], lines
     assert "6 of 6 keys compared (100%)" in failed[0], lines
+    # the update left a deletion vector: Delta's harmless ERROR on each scan of such a table is not printed
+    # (mongocdc's log4j2 profile turns its logger off)
+    assert not any("Failed to translate filter" in line for line in lines), lines
 
     code, lines = _mongocdc(["tables", "maintain", "--tables", tables.as_uri(), "--collection", f"{db}.orders"],
                             tmp_path, "maintain")
