@@ -121,10 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             unverified = verdict is not None and verdict.value == "unverified"
             status = ("PASS" if evaluation.passed else "UNVERIFIED" if unverified else "WARN" if warn else "FAIL")
             text = evaluation.description or ""
-            if not evaluation.passed and key in blocking and not warn:  # a warning blocks nothing
-                if unverified:
+            if not evaluation.passed and key in blocking:
+                if unverified:  # a warning in Dagster (it blocks nothing), but the command was asked to verify
                     unverified_blocking += 1
-                else:
+                elif not warn:  # a warning blocks nothing
                     failed_blocking += 1
         print(f"{status:<5} {key.asset_key.to_user_string()}  {key.name}  {kind}  {text}", flush=True)
     print(f"{len(selected)} check(s), {failed_blocking} blocking failure(s), {unverified_blocking} not verified",

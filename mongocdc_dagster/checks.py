@@ -3,9 +3,11 @@
 - ``matches_source`` on each ``current_state`` (blocking): the table equals the MongoDB collection as it
   was at the table's position (``reconcile_at_position``), so it holds while writes continue and still
   fails on a corrupted row; one result per collection. It says how many keys it compared, and is no
-  pass below ``min_coverage`` of them (run config). Having no automation condition of its own, it rides
-  along in every run that refreshes its current_state, right after the refresh: at a position the server
-  still holds, so it compares every key even on a hot collection. Before anything of the collection
+  pass below ``min_coverage`` of them (run config): a WARN then (nothing is known to be wrong), a
+  difference an ERROR. Having no automation condition of its own, it rides along in every run that
+  refreshes its current_state, right after the refresh, comparing with the source read when the
+  changelog was refreshed (``source_reads.py``): at a position the server still holds, so it compares
+  every key even on a hot collection. Before anything of the collection
   landed there is no table to compare: a warning (not a pass, not blocking) says to snapshot it. A dropped
   collection's passes (``verdict: dropped``): nothing is wrong, there is nothing to compare with.
 - ``no_gap_since_snapshot`` on each collection's slices (not blocking, on its own schedule): every closed
@@ -46,8 +48,7 @@ from mongocdc_dagster.gaps import GAP_CHECK, failed_repairs, judge, readable_opl
 from mongocdc_dagster.metadata import position_time
 from mongocdc_dagster.pools import Pools
 from mongocdc_dagster.resources import MongoCdcResource, resource_of
-
-RECONCILE_CHECK = "matches_source"
+from mongocdc_dagster.source_reads import EARLY_READS, RECONCILE_CHECK
 
 
 class ReconcileConfig(Config):
@@ -104,36 +105,53 @@ def build_reconciliation_check(tables: TableAssets) -> AssetChecksDefinition | N
             work.append((check_key, namespace))
 
         def reconcile(session: SparkSession, item: tuple[AssetCheckKey, str]) -> Reconciliation:
+            early = EARLY_READS.take(context.run.run_id, item[1])  # read when its changelog was refreshed
+            if isinstance(early, Exception):
+                context.log.warning(f"{item[1]}: the source's read after the changelog refresh failed "
+                                    f"({type(early).__name__}: {early}); reading it now")
+                early = None
             return reconcile_at_position(session, tables.tables[item[1]], cfg, progress=context.log.info,
-                                         min_coverage=config.min_coverage)
+                                         min_coverage=config.min_coverage, source=early)
 
         # several collections at once, as their refresh does: one after another, the last ones' positions
         # left the server's snapshot history (5 minutes) on a loaded machine and were NOT VERIFIED
-        for (check_key, namespace), result in each_finished(context, spark, work, reconcile, lambda item: item[1]):
-            where = position_time(result.position) or "no position (empty table)"
-            yield AssetCheckResult(
-                asset_key=check_key.asset_key,
-                check_name=RECONCILE_CHECK,
-                passed=result.passed,
-                severity=AssetCheckSeverity.ERROR,
-                description=(f"{namespace} at {where}: table {result.table_rows} rows, source {result.source_rows} "
-                             f"({result.method}); {result.summary()}"),
-                metadata={
-                    "collection": namespace,
-                    "position": where,
-                    "method": result.method,
-                    "verdict": result.verdict,
-                    "table_rows": result.table_rows,
-                    "source_rows": result.source_rows,
-                    "keys_compared": result.keys_compared,
-                    "keys_excluded": result.keys_excluded,
-                    "coverage": round(result.coverage, 4),
-                    "min_coverage": result.min_coverage,
-                    "mismatching_keys": MetadataValue.json(list(result.mismatching_keys)),
-                },
-            )
+        try:
+            yield from (_result(check_key, namespace, result) for (check_key, namespace), result
+                        in each_finished(context, spark, work, reconcile, lambda item: item[1]))
+        finally:
+            EARLY_READS.drop(context.run.run_id)
 
     return reconciliation
+
+
+def _result(check_key: AssetCheckKey, namespace: str, result: Reconciliation) -> AssetCheckResult:
+    """``matches_source``'s result: a difference found is an ERROR (blocking); no difference found with too
+    few keys compared (the table's position left the server's snapshot history and most keys changed since)
+    is no pass but a WARN: nothing is known to be wrong, so it neither fails the run nor blocks what is
+    downstream, and its metadata says how much was compared (``verdict: unverified``, ``coverage``)."""
+    where = position_time(result.position) or "no position (empty table)"
+    return AssetCheckResult(
+        asset_key=check_key.asset_key,
+        check_name=RECONCILE_CHECK,
+        passed=result.passed,
+        severity=AssetCheckSeverity.WARN if result.verdict == "unverified" else AssetCheckSeverity.ERROR,
+        description=(f"{namespace} at {where}: table {result.table_rows} rows, source {result.source_rows} "
+                     f"({result.method}); {result.summary()}"),
+        metadata={
+            "collection": namespace,
+            "position": where,
+            "method": result.method,
+            "verdict": result.verdict,
+            "table_rows": result.table_rows,
+            "source_rows": result.source_rows,
+            "keys_compared": result.keys_compared,
+            "keys_excluded": result.keys_excluded,
+            "coverage": round(result.coverage, 4),
+            "min_coverage": result.min_coverage,
+            "mismatching_keys": MetadataValue.json(list(result.mismatching_keys)),
+            "source_read": "after the changelog refresh" if result.read_early else "at the check",
+        },
+    )
 
 
 def build_gap_check(cdc: CdcAssets) -> AssetChecksDefinition | None:

@@ -38,6 +38,7 @@ from mongocdc_core.tables import changelog as _changelog
 from mongocdc_core.tables import current_state as _state
 from mongocdc_core.tables import reconcile as _reconcile
 from mongocdc_core.tables.changelog import TableInputError, table_exists
+from mongocdc_core.tables.reconcile import SourceRead
 from mongocdc_core.tables.spark_progress import Report, SparkWork, reporting
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,7 @@ class Reconciliation:
     mismatching_keys: list[str]  # first few, as a user would read them
     keys_compared: int  # keys of either side compared (the rest were left out)
     min_coverage: float = _reconcile.DEFAULT_MIN_COVERAGE
+    read_early: bool = False  # the source was read right after the changelog's refresh (``read_source_at``)
 
     @property
     def coverage(self) -> float:
@@ -336,16 +338,28 @@ def refresh_collections(
         yield outcome if isinstance(outcome, CollectionRefresh) else CollectionRefresh(tables.namespace, error=outcome)
 
 
+def read_source_at(spark: SparkSession, tables: CollectionTables, cfg: ConnectorConfig) -> SourceRead:
+    """The collection read at the position the next refresh of current_state gives the table (the
+    changelog's highest position at its latest version): call it right after :func:`refresh_changelog`,
+    while the server still holds that position (its snapshot history, 300 s by default), and give it to
+    :func:`reconcile_at_position` once current_state is refreshed. It holds the collection's rows in Arrow
+    form (about the size of its documents as JSON) until dropped; one Spark job and a read through pymongo.
+    A refresh of current_state from a later changelog version makes it stale: it is then not used."""
+    return _reconcile.read_source(spark, tables.namespace, tables.changelog, cfg)
+
+
 def reconcile_at_position(
     spark: SparkSession, tables: CollectionTables, cfg: ConnectorConfig, *, progress: Report | None = None,
-    min_coverage: float = _reconcile.DEFAULT_MIN_COVERAGE,
+    min_coverage: float = _reconcile.DEFAULT_MIN_COVERAGE, source: SourceRead | None = None,
 ) -> Reconciliation:
     """Compare current_state with the MongoDB collection as it was at the table's position (passes
     under continuous writes, fails on a corrupted row, is not verified below ``min_coverage`` of the keys
-    compared); see :mod:`mongocdc_core.tables.reconcile`. ``progress`` as for :func:`refresh_changelog`."""
+    compared); see :mod:`mongocdc_core.tables.reconcile`. ``progress`` as for :func:`refresh_changelog`.
+    ``source``: the collection read early (:func:`read_source_at`), used when it is for the changelog
+    version and position the table now holds (``read_early``); otherwise it is read now."""
     _reconcile.coverage_share(min_coverage)
     with reporting(spark, f"reconciliation of {tables.namespace}", progress):
-        found = _reconcile.compare(spark, tables.namespace, tables.changelog, tables.current_state, cfg)
+        found = _reconcile.compare(spark, tables.namespace, tables.changelog, tables.current_state, cfg, source)
     return Reconciliation(
         namespace=tables.namespace,
         matches=not found.mismatching_keys,
@@ -357,6 +371,7 @@ def reconcile_at_position(
         mismatching_keys=found.mismatching_keys,
         keys_compared=found.keys_compared,
         min_coverage=min_coverage,
+        read_early=found.read_early,
     )
 
 

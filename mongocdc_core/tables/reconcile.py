@@ -23,6 +23,11 @@ Every comparison says how much it verified: the keys compared of all keys of bot
 out are not verified). A comparison that verified less than ``min_coverage`` of them is no pass, even
 with no difference found: where every key changed since the table's position, it compared nothing.
 
+The source may be read early (:func:`read_source`), right after the changelog's refresh: the position
+the next current_state refresh gives the table is then known (that changelog version's highest), and
+the server still holds it; :func:`compare` uses that read when the table it compares was folded from
+the same changelog version to the same position, and reads the source itself otherwise.
+
 MongoDB is read only through :mod:`mongocdc_core.api`.
 """
 
@@ -32,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import orjson
+import pyarrow as pa
 from bson import Timestamp
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -49,16 +55,19 @@ from mongocdc_core.tables.changelog import (
     SNAPSHOT_PROPERTY,
     TableInputError,
     changelog_rows,
-    table_exists,
-    table_properties,
+    look,
+    size_at,
 )
 from mongocdc_core.tables.current_state import (
+    _SMALL_TABLE_BYTES,
     KINDS_PROPERTY,
     OPTIONS_PROPERTY,
     VERSION_PROPERTY,
     Layout,
     Shape,
+    _small_plans,
     columns,
+    sized_shuffles,
 )
 
 MAX_REPORTED_KEYS = 20
@@ -85,6 +94,7 @@ class Comparison:
     keys_excluded: int
     keys_compared: int
     mismatching_keys: list[str]
+    read_early: bool = False  # the source was read right after the changelog's refresh (:func:`read_source`)
 
 
 class _Rows:
@@ -112,24 +122,31 @@ def _layout(props: dict[str, str]) -> Layout:
     return Layout(data["delete_handling"], tuple(data["add_fields"]))
 
 
-def _reflected_time(log: DataFrame, position: str) -> tuple[Timestamp, str]:
-    """The cluster time whose state a table at ``position`` holds, and how to say it.
+def _table_time(log: DataFrame, position: str) -> tuple[Timestamp, str, bool]:
+    """The cluster time whose state a table at ``position`` holds, how to say it, and whether a blocking
+    snapshot's read in ``log`` may have been made after it (:func:`_read_late`): one Spark job.
 
     After a change event at ``position`` it is that event's clusterTime: every event up to it was
     applied. When only a blocking snapshot's reads are at ``position`` it is the tick before: a
     snapshot's position is where its change stream starts, mongod's latest operation time plus one
     tick, so the next write takes that very time; its reads hold the state before it, and a write at
     that time comes from the stream (sorted after the reads). Incremental snapshot reads take the
-    position of their close watermark, an event that came after the state they hold."""
+    position of their close watermark, an event that came after the state they hold. Where no read was
+    made late, no key changed since is uncertain (none is asked for)."""
     at = Position.parse(position).timestamp
-    event = log.where(
-        (F.col("__position") == position)
-        & ((F.col("__op") != "r") | F.coalesce(F.col("snapshot") == "incremental", F.lit(False)))
-    )
-    if event.limit(1).count():
-        return at, f"{at.time}.{at.inc}"
     before = Timestamp(at.time, at.inc - 1) if at.inc else Timestamp(at.time - 1, 0xFFFFFFFF)
-    return before, f"{before.time}.{before.inc} (the tick before the snapshot's position {at.time}.{at.inc}, where its stream starts)"
+    event = (F.col("__position") == position) & (
+        (F.col("__op") != "r") | F.coalesce(F.col("snapshot") == "incremental", F.lit(False)))
+    facts = log.agg(
+        F.max(event).alias("event"),
+        F.max(_blocking_read() & _read_late(at)).alias("late_at"),
+        F.max(_blocking_read() & _read_late(before)).alias("late_before"),
+    ).first()
+    assert facts is not None  # a global aggregation has one row
+    if facts["event"]:
+        return at, f"{at.time}.{at.inc}", bool(facts["late_at"])
+    said = f"{before.time}.{before.inc} (the tick before the snapshot's position {at.time}.{at.inc}, where its stream starts)"
+    return before, said, bool(facts["late_before"])
 
 
 def _changed_since(cfg: ConnectorConfig, namespace: str, at: Timestamp) -> set[str]:
@@ -144,37 +161,62 @@ def _changed_since(cfg: ConnectorConfig, namespace: str, at: Timestamp) -> set[s
 
 
 @dataclass(frozen=True)
-class _Left:
-    """Keys changed since the table's time, to leave out of the comparison. ``fuzzy_at`` (the table's time,
-    where the source was read at it): only those a blocking snapshot's copy may have read after that time,
-    where they differ from the source at that time."""
+class SourceRead:
+    """The collection read for a table at ``position`` folded from changelog version ``changelog_version``
+    (:func:`read_source`): its landing rows (Arrow, columnar: about the size of the collection's documents
+    as JSON), the keys to leave out, and how it was read. ``changed``: keys changed since the table's time
+    to leave out; ``fuzzy_at`` (the table's time, where the source was read at it): of those, only the ones
+    a blocking snapshot's copy may have read after that time, where they differ from the source then."""
 
-    changed: set[str]
+    changelog_version: int
+    position: str | None
+    rows: pa.Table
+    changed: frozenset[str]
     fuzzy_at: Timestamp | None
+    method: str
+
+    def holds(self, changelog_version: int, position: str | None) -> bool:
+        """Whether this read is for a table folded from ``changelog_version`` up to ``position``."""
+        return (self.changelog_version, self.position) == (changelog_version, position)
 
 
-def _source(cfg: ConnectorConfig, namespace: str, position: str | None, log: DataFrame) -> tuple[_Rows, _Left, str]:
-    """The collection at ``position``: its read rows, the keys to leave out, and how it was read."""
+def read_source(spark: SparkSession, namespace: str, changelog: str, cfg: ConnectorConfig) -> SourceRead:
+    """The collection as it was at the position a refresh of current_state from ``changelog``'s latest
+    version gives the table (that version's highest position, the table property the changelog's refresh
+    recorded), read now: right after the changelog's refresh, the server still holds that position
+    (its snapshot history, 300 s by default) while current_state is refreshed and a check runs later.
+    :func:`compare` uses it when the table it compares was folded from that version."""
+    found = look(spark, changelog)
+    if found.version < 0:
+        raise TableInputError(f"{namespace}: no changelog table at {changelog}: refresh it first")
+    log = spark.read.format("delta").option("versionAsOf", found.version).load(changelog)
+    return _read(cfg, namespace, found.version, found.properties.get(POSITION_PROPERTY), log)
+
+
+def _read(cfg: ConnectorConfig, namespace: str, version: int, position: str | None, log: DataFrame) -> SourceRead:
+    """The collection at ``position`` (the highest of ``log``, changelog version ``version``)."""
     rows = _Rows()
     if position is None:
         api.snapshot_collection(cfg, namespace, rows, filter={})
-        return rows, _Left(set(), fuzzy_at=None), "read now (the table has no position yet)"
-    at, said = _reflected_time(log, position)
+        return SourceRead(version, position, landing_table(rows.records), frozenset(), None,
+                          "read now (the table has no position yet)")
+    at, said, late = _table_time(log, position)
     try:
         api.snapshot_collection(cfg, namespace, rows, filter={}, at_cluster_time=at)
     except api.SnapshotReadUnavailable as exc:
         reason = str(exc)
     else:
-        changed = _changed_since(cfg, namespace, at) if _copy_read_late(log, at) else set()
-        return rows, _Left(changed, fuzzy_at=at), f"snapshot read at {said}" + (
+        changed = frozenset(_changed_since(cfg, namespace, at)) if late else frozenset()
+        return SourceRead(version, position, landing_table(rows.records), changed, at, f"snapshot read at {said}" + (
             "; keys changed since that differ where the table holds them as a blocking snapshot's copy read them "
             "after that time, or lacks them while the copy read after it, left out (the copy may have read them "
-            "after that time)" if changed else "")
+            "after that time)" if changed else ""))
     rows = _Rows()
     api.snapshot_collection(cfg, namespace, rows, filter={})
     # changed since: every event after the time the table holds (the snapshot's own position included)
-    changed = _changed_since(cfg, namespace, at)
-    return rows, _Left(changed, fuzzy_at=None), f"keys changed since {position} left out ({len(changed)} keys; {reason})"
+    changed = frozenset(_changed_since(cfg, namespace, at))
+    return SourceRead(version, position, landing_table(rows.records), changed, None,
+                      f"keys changed since {position} left out ({len(changed)} keys; {reason})")
 
 
 #: How far the connector's clock, which stamps a read's processing time (``__ts_ms``), may run behind the
@@ -201,29 +243,6 @@ def _blocking_read() -> Column:
     return (F.col("__op") == "r") & ~F.coalesce(F.col("snapshot") == "incremental", F.lit(False))
 
 
-def _late_blocking_reads(log: DataFrame, at: Timestamp) -> DataFrame:
-    """The keys whose winning event in ``log`` is a blocking snapshot's read made late (:func:`_read_late`)."""
-    order = F.struct(F.col("__position"), F.when(F.col("__op") == "r", 0).otherwise(1))
-    winners = log.groupBy("__key").agg(F.max_by(_blocking_read() & _read_late(at), order).alias("late"))
-    return winners.where(F.col("late")).select("__key")
-
-
-def _uncertain(log: DataFrame, changed: DataFrame, at: Timestamp) -> DataFrame:
-    """Of the keys ``changed`` since the table's time ``at`` (``__key``), those a fuzzy copy may have read
-    after it: the table holds them as a blocking snapshot's read made late, or lacks them (a copy may miss
-    a key deleted before it came to it; only asked where the copy's newest read was late,
-    :func:`_copy_read_late`). A key a change event wrote, or a read made before ``at``, is exact at the
-    table's position."""
-    late = changed.join(_late_blocking_reads(log, at), "__key", "left_semi")
-    return late.union(changed.join(log.select("__key").distinct(), "__key", "left_anti"))
-
-
-def _copy_read_late(log: DataFrame, at: Timestamp) -> bool:
-    """Whether any blocking snapshot's read in ``log`` was made late (:func:`_read_late`): the newest read's
-    processing time. Where none was, no key is uncertain (no key changed since is asked for)."""
-    return bool(log.where(_blocking_read() & _read_late(at)).limit(1).count())
-
-
 def _signature(frame: DataFrame, names: list[str]) -> Column:
     """One comparable string of the columns a user reads (variants as their JSON)."""
     types = dict(frame.dtypes)
@@ -235,79 +254,103 @@ def _readable(key: Column) -> Column:
     return typed_columns.key_text(key)
 
 
-def _state_winners(changelog: DataFrame, snapshot: str | None, rewrite: bool) -> DataFrame:
-    """Per key, the winning event's metadata as the table should show it (pending keys left out)."""
+def _per_key(spark: SparkSession, namespace: str, table: DataFrame, layout: Layout, source: DataFrame,
+             log: DataFrame, snapshot: str | None, read: SourceRead, names: list[str]) -> DataFrame:
+    """One row per key of the table, the source or the changelog, with what both comparisons need: one
+    aggregation over the union of the three (and the keys changed since), no join.
+
+    ``t``/``s``: the signature of the table's live row and of the source's; ``mt``/``ms``: the metadata
+    the table shows and the winning event's (the key's latest event with a full document or a delete;
+    pending keys and, dropping deletes, deleted ones have none); ``left_out``: changed since the table's
+    time and not verifiable (:class:`SourceRead`); ``compared``/``mismatch`` from those."""
+    live = ~F.col("__deleted") if layout.delete_handling == "rewrite" else F.lit(True)
+    meta = ["__position", *[c for c in layout.metadata_columns if c != "__collection"]]
+    wrong = F.col("__collection") != namespace if "__collection" in table.columns else F.lit(False)
     order = F.struct(F.col("__position"), F.when(F.col("__op") == "r", 0).otherwise(1))
-    full = (F.col("__op") == "d") | F.col("after").isNotNull()
-    per_key = changelog.groupBy("__key").agg(
-        F.max_by(F.struct("__op", "__position", "__source_ts_ms"), order).alias("w"),
-        F.max(F.when(full, 1)).alias("based"),
-    ).where(F.col("based").isNotNull())
-    ghost = F.lit(snapshot).isNotNull() & (F.col("w.__position") < F.lit(snapshot))
-    deleted = (F.col("w.__op") == "d") | ghost
-    winners = per_key.select(
-        "__key", F.col("w.__op").alias("__op"), F.col("w.__position").alias("__position"),
-        F.col("w.__source_ts_ms").alias("__source_ts_ms"), deleted.alias("__deleted"),
+    late = _blocking_read() & _read_late(read.fuzzy_at) if read.fuzzy_at is not None else F.lit(False)
+    parts = [
+        table.select("__key", F.when(live, _signature(table, names)).alias("t"), F.to_json(F.struct(*meta)).alias("mt"),
+                     wrong.alias("wrong"), live.cast("int").alias("live"), F.lit(1).alias("rows")),
+        source.select("__key", _signature(source, names).alias("s")),
+        log.select("__key", F.struct("__op", "__position", "__source_ts_ms", late.alias("late")).alias("event"),
+                   order.alias("order"), ((F.col("__op") == "d") | F.col("after").isNotNull()).alias("full")),
+    ]
+    if read.changed:
+        keys = spark.createDataFrame([(k,) for k in sorted(read.changed)], T.StructType([T.StructField("__key", T.StringType())]))
+        parts.append(keys.select("__key", F.lit(True).alias("changed")))
+    union = parts[0]
+    for part in parts[1:]:
+        union = union.unionByName(part, allowMissingColumns=True)
+    per_key = union.groupBy("__key").agg(
+        F.max("t").alias("t"), F.max("s").alias("s"), F.max("mt").alias("mt"), F.max("wrong").alias("wrong"),
+        F.sum("live").alias("live"), F.sum("rows").alias("rows"),
+        F.max_by("event", "order").alias("w"),  # rows of the table and the source have no order: not counted
+        F.max(F.when(F.col("full"), True)).alias("based"),
+        (F.max("changed") if read.changed else F.lit(False)).alias("changed"),
     )
-    return winners if rewrite else winners.where(~F.col("__deleted"))
+    ghost = F.col("w.__position") < F.lit(snapshot) if snapshot is not None else F.lit(False)
+    deleted = (F.col("w.__op") == "d") | ghost
+    expected = {"__position": F.col("w.__position"), "__op": F.col("w.__op"),
+                "__source_ts_ms": F.col("w.__source_ts_ms"), "__deleted": deleted}
+    shown = F.col("based").isNotNull() & (F.lit(layout.delete_handling == "rewrite") | ~deleted)
+    ms = F.when(shown, F.to_json(F.struct(*[expected[c].alias(c) for c in meta])))
+    data_key = F.col("t").isNotNull() | F.col("s").isNotNull()
+    differs = ~F.col("t").eqNullSafe(F.col("s"))
+    changed = F.coalesce(F.col("changed"), F.lit(False))
+    if read.fuzzy_at is not None:  # a key the table holds as a late read, or lacks, and that differs
+        changed = changed & (F.coalesce(F.col("w.late"), F.lit(False)) | F.col("w").isNull()) & differs
+    left_out = data_key & changed
+    compared = data_key & ~left_out
+    mismatch = ((compared & differs) | ~F.col("mt").eqNullSafe(ms) | F.coalesce(F.col("wrong"), F.lit(False))
+                | (F.coalesce(F.col("rows"), F.lit(0)) > 1))
+    return per_key.select("__key", F.coalesce(F.col("live"), F.lit(0)).alias("live"), left_out.alias("left_out"),
+                          compared.alias("compared"), mismatch.alias("mismatch"))
 
 
-def compare(spark: SparkSession, namespace: str, changelog: str, state: str, cfg: ConnectorConfig) -> Comparison:
-    """Both comparisons of the module doc for one collection."""
-    if not table_exists(spark, state):
+def compare(spark: SparkSession, namespace: str, changelog: str, state: str, cfg: ConnectorConfig,
+            source: SourceRead | None = None) -> Comparison:
+    """Both comparisons of the module doc for one collection: one Spark job to find the table's time (unless
+    ``source``, a :func:`read_source` for the changelog version and position the table holds, read it
+    already; another is read now) and one aggregation that gives every count; the mismatching keys are
+    collected only where there are some. Small tables are planned without adaptive execution or broadcasts
+    (current_state's small plans: each is a Spark job of its own)."""
+    found = look(spark, state)
+    if found.version < 0:
         raise TableInputError(f"{namespace}: no current_state table at {state}: refresh it first")
-    props = table_properties(spark, state)
+    props = found.properties
     if KINDS_PROPERTY not in props:
         raise TableInputError(f"{namespace}: {state} was not written by mongocdc (no {KINDS_PROPERTY} property)")
     shape, layout = Shape.from_json(props[KINDS_PROPERTY]), _layout(props)
-    position = props.get(POSITION_PROPERTY)
+    position, version = props.get(POSITION_PROPERTY), int(props[VERSION_PROPERTY])
     table = spark.read.format("delta").load(state)
-    if layout.delete_handling == "rewrite":
-        live = table.where(~F.col("__deleted"))
-    else:
-        live = table
-    log = spark.read.format("delta").option("versionAsOf", int(props[VERSION_PROPERTY])).load(changelog)
-    rows, excluded, method = _source(cfg, namespace, position, log)
+    log = spark.read.format("delta").option("versionAsOf", version).load(changelog)
+    early = source is not None and source.holds(version, position)
+    read = source if source is not None and early else _read(cfg, namespace, version, position, log)
 
-    landing = spark.createDataFrame(landing_table(rows.records))
-    events = changelog_rows(landing, F.lit("reconciliation"), namespace)
+    events = changelog_rows(spark.createDataFrame(read.rows), F.lit("reconciliation"), namespace)
     doc = typed_columns.document(F.col("after"))
     state_columns = {c: F.col(c) for c in ("__position", "__op", "__source_ts_ms")} | {"__deleted": F.lit(False)}
-    source = events.select(*columns(shape, layout, namespace, doc, F.col("__key"), state_columns, strict=False))
+    rows = events.select(*columns(shape, layout, namespace, doc, F.col("__key"), state_columns, strict=False))
     names = ["_id", *[f.column for f in shape.user_columns()], "__doc"]
-    left = live.select("__key", _signature(live, names).alias("t"))
-    right = source.select("__key", _signature(source, names).alias("s"))
-    joined = left.join(right, "__key", "full_outer")
-    keys_excluded = 0
-    if excluded.changed:
-        leave_out = spark.createDataFrame([(k,) for k in excluded.changed],
-                                          T.StructType([T.StructField("__key", T.StringType())]))
-        if excluded.fuzzy_at is not None:  # of those, the ones that differ: a key equal to the source is verified
-            differing = joined.where(~F.col("t").eqNullSafe(F.col("s")))
-            leave_out = _uncertain(log, leave_out, excluded.fuzzy_at).join(differing, "__key", "left_semi")
-        keys_excluded = leave_out.join(joined, "__key", "left_semi").count()
-        joined = joined.join(leave_out, "__key", "left_anti")
-    keys_compared = joined.count()
-    data_mismatch = joined.where(~F.col("t").eqNullSafe(F.col("s"))).select("__key")
-
-    expected = _state_winners(log, props.get(SNAPSHOT_PROPERTY), layout.delete_handling == "rewrite")
-    meta = ["__position", *[c for c in layout.metadata_columns if c != "__collection"]]
-    meta_left = table.select("__key", F.to_json(F.struct(*meta)).alias("t"))
-    meta_right = expected.select("__key", F.to_json(F.struct(*meta)).alias("s"))
-    meta_mismatch = meta_left.join(meta_right, "__key", "full_outer").where(~F.col("t").eqNullSafe(F.col("s")))
-    wrong_collection = (
-        table.where(F.col("__collection") != namespace).select("__key") if "__collection" in table.columns else None
-    )
-    mismatches = data_mismatch.union(meta_mismatch.select("__key"))
-    if wrong_collection is not None:
-        mismatches = mismatches.union(wrong_collection)
-    found = mismatches.distinct().select(_readable(F.col("__key")).alias("id")).orderBy("id").limit(MAX_REPORTED_KEYS)
+    nbytes = found.size_bytes + (size_at(spark, changelog, version) or 0) + read.rows.nbytes
+    with sized_shuffles(spark, nbytes), _small_plans(spark, nbytes <= _SMALL_TABLE_BYTES):
+        per_key = _per_key(spark, namespace, table, layout, rows, log, props.get(SNAPSHOT_PROPERTY), read, names)
+        figures = per_key.agg(
+            F.sum("live").alias("table_rows"), F.count_if("left_out").alias("excluded"),
+            F.count_if("compared").alias("compared"), F.count_if("mismatch").alias("mismatches"),
+        ).first()
+        assert figures is not None  # a global aggregation has one row
+        mismatching: list[str] = []
+        if figures["mismatches"]:
+            found_keys = per_key.where("mismatch").select(_readable(F.col("__key")).alias("id"))
+            mismatching = [r["id"] for r in found_keys.orderBy("id").limit(MAX_REPORTED_KEYS).collect()]
     return Comparison(
         position=position,
-        method=method,
-        table_rows=live.count(),
-        source_rows=len(rows.records),
-        keys_excluded=keys_excluded,
-        keys_compared=keys_compared,
-        mismatching_keys=[r["id"] for r in found.collect()],
+        method=read.method + ("; read right after the changelog's refresh" if early else ""),
+        table_rows=int(figures["table_rows"] or 0),
+        source_rows=read.rows.num_rows,
+        keys_excluded=int(figures["excluded"]),
+        keys_compared=int(figures["compared"]),
+        mismatching_keys=mismatching,
+        read_early=early,
     )

@@ -12,7 +12,8 @@ with nothing new since its last refresh costs no Spark job: its materialisation 
 (the table is up to date, so its freshness holds). Several collections refresh at once, each in its own
 Spark session and FAIR scheduler pool (``collection.concurrently``). Whether
 ``current_state`` equals the source is checked at the table's position by ``checks.py`` (blocking), in
-the refresh's run, so it holds while writes go on.
+the refresh's run, so it holds while writes go on; the changelog step starts reading each collection
+at the position its table is about to get, in the background, for that check (``source_reads.py``).
 
 The table functions are the tables package's per-collection API (``mongocdc_core.tables.collection``).
 
@@ -22,11 +23,13 @@ No ``from __future__ import annotations``: Dagster resolves the resource annotat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeVar
 
 import pyarrow.parquet as pq
 from dagster import (
     AssetCheckExecutionContext,
+    AssetCheckKey,
     AssetExecutionContext,
     AssetKey,
     AssetsDefinition,
@@ -49,6 +52,7 @@ from mongocdc_core.tables.collection import (
     CollectionTables,
     StateRefresh,
     concurrently,
+    read_source_at,
     refresh_changelog,
     refresh_current_state,
 )
@@ -59,6 +63,7 @@ from mongocdc_dagster.metadata import position_metadata, spark_schema
 from mongocdc_dagster.naming import DEFAULT_NAMES, ConnectorNames
 from mongocdc_dagster.resources import MongoCdcResource, resource_of
 from mongocdc_dagster.settings import CdcSettings
+from mongocdc_dagster.source_reads import EARLY_READS, RECONCILE_CHECK, checks_in_run
 from mongocdc_dagster.translator import CDC_KINDS, MongoCdcTranslator
 
 #: Table columns made from landing columns of another name (the rest map to the landing column of their own
@@ -214,9 +219,17 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
             return refresh_changelog(session, out.tables[out.changelog_keys[item[0]]], item[1],
                                      progress=context.log.info)
 
+        checked = checks_in_run(context) if work else set()
+        cfg = None
         for (key, files), done in each_finished(context, spark, work, refresh,
                                                 lambda item: out.changelog_keys[item[0]]):
             namespace = out.changelog_keys[key]
+            if (done.files_read and namespace not in out.dropped
+                    and AssetCheckKey(out.key(namespace, "current_state"), RECONCILE_CHECK) in checked):
+                # its check in this run compares the table at the position it now gets: read the source there
+                # while the server holds it (source_reads.py)
+                cfg = cfg or mongocdc.load_config()
+                EARLY_READS.start(context.run.run_id, namespace, partial(read_source_at, spark, out.tables[namespace], cfg))
             if done.files_read:
                 context.log.info(f"{namespace}: {done.files_read} new or re-written landing file(s) of {len(files)}, "
                                  f"{done.rows_added} rows added, {done.row_count} in the table")

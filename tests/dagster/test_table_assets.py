@@ -33,6 +33,7 @@ from pyspark.sql import functions as F
 
 from mongocdc_core.tables import spark_session
 from mongocdc_dagster import check_cli
+from mongocdc_dagster.source_reads import EARLY_READS
 from tests.dagster.cdc_helpers import CdcEnv, checks_of, make_env, materialization_metadata
 from tests.dagster.time_travel import travelling_replica_set
 
@@ -147,6 +148,7 @@ def test_a_hot_collection_reconciled_in_its_refreshs_run_compares_every_key(
     meta = {k: v.value for k, v in check.metadata.items()}
     assert check.passed, check.description
     assert meta["method"].startswith("snapshot read at"), meta  # at a position the server still holds
+    assert meta["source_read"] == "after the changelog refresh", meta  # read once its changelog was refreshed
     assert meta["keys_compared"] == 200 and meta["keys_excluded"] == 0 and meta["coverage"] == 1.0, meta
     assert "200 of 200 keys compared (100%); matches" in (check.description or "")
 
@@ -182,6 +184,8 @@ def test_a_check_that_compared_no_key_is_not_a_pass_in_dagster_nor_on_the_comman
         (check,) = _reconcile(env, instance, ["orders"]).values()
         meta = {k: v.value for k, v in check.metadata.items()}
         assert not check.passed and meta["verdict"] == "unverified", check.description
+        # nothing is known to be wrong: a warning, which fails no run and blocks nothing downstream
+        assert check.severity == AssetCheckSeverity.WARN and meta["source_read"] == "at the check", meta
         assert (meta["keys_compared"], meta["keys_excluded"], meta["coverage"]) == (0, 40, 0.0), meta
         assert "0 of 40 keys compared (0%), below the 90% required: NOT VERIFIED" in (check.description or "")
 
@@ -192,6 +196,44 @@ def test_a_check_that_compared_no_key_is_not_a_pass_in_dagster_nor_on_the_comman
         assert "UNVERIFIED hist/orders/current_state  matches_source  blocking" in unverified
         assert "1 check(s), 0 blocking failure(s), 1 not verified" in unverified
         assert lenient == 0 and "PASS  hist/orders/current_state" in passing, passing
+
+
+@pytest.mark.fault
+def test_the_check_in_a_refresh_run_compares_with_the_source_read_after_the_changelog_refresh(
+        tmp_path: Path, instance: DagsterInstance, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The changelog step reads each collection at the position its current_state is about to get, in the
+    background; the check in the same run compares with that read. Here the run takes longer than the
+    server's snapshot history before its check (the emulator's clock jumps past its 300 s once the read is
+    done) and every key changed meanwhile: the check still compares every key, and passes; reconciled on its
+    own afterwards, reading the source then, it compares none (a warning, not a pass)."""
+    with travelling_replica_set(behind_s=3600) as (uri, clock), MongoClient(uri) as client:
+        db = client["early"]
+        db.create_collection("signals")
+        db.orders.insert_many([{"_id": i, "qty": i} for i in range(40)])
+        env = make_env(tmp_path, uri, db, ["orders"])
+        assert env.materialize(instance, [env.key("orders", "snapshot")]).success
+        take = EARLY_READS.take
+
+        def history_lost_before_the_check(run_id: str, namespace: str) -> Any:
+            read = take(run_id, namespace)  # the read is done
+            db.orders.update_many({}, {"$inc": {"qty": 1}})
+            now = db.command("ping")["operationTime"]
+            clock.jump_to(datetime.fromtimestamp(now.time + 400, UTC))
+            db.other.insert_one({"_id": 1})  # the cluster time moves on
+            return read
+
+        monkeypatch.setattr(EARLY_READS, "take", history_lost_before_the_check)
+        result = _refresh_with_checks(env, instance, ["orders"], ("changelog", "current_state"))
+        assert result.success
+        (check,) = [e for e in result.get_asset_check_evaluations() if e.check_name == "matches_source"]
+        meta = {k: v.value for k, v in check.metadata.items()}
+        assert check.passed and meta["source_read"] == "after the changelog refresh", check.description
+        assert (meta["keys_compared"], meta["keys_excluded"], meta["coverage"]) == (40, 0, 1.0), meta
+        monkeypatch.undo()
+
+        (alone,) = _reconcile(env, instance, ["orders"]).values()
+        meta = {k: v.value for k, v in alone.metadata.items()}
+        assert not alone.passed and alone.severity == AssetCheckSeverity.WARN and meta["keys_compared"] == 0, meta
 
 
 def test_the_table_automation_refreshes_what_landed_once_and_queues_none_behind_a_running_refresh(

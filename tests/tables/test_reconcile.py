@@ -24,6 +24,7 @@ from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.sinks.parquet import ParquetSink
 from mongocdc_core.tables import (
     CollectionTables,
+    read_source_at,
     reconcile,
     reconcile_at_position,
     refresh_changelog,
@@ -377,3 +378,76 @@ def test_a_table_built_before_any_data_takes_its_types_from_the_first_data(
     assert result.matches, result
     assert result.method.startswith("snapshot read at") and result.keys_excluded == 0, result
     assert result.table_rows == result.source_rows == 4, result
+
+
+def _snapshot_into(cfg: ConnectorConfig, namespace: str, path: Path) -> None:
+    sink = ParquetSink.to_file(path)
+    api.snapshot_collection(cfg, namespace, sink)
+    sink.close()
+
+
+@pytest.mark.fault
+def test_the_source_read_right_after_the_changelog_refresh_verifies_a_position_the_server_no_longer_holds(
+    spark: SparkSession, tmp_path: Path,
+) -> None:
+    """The position current_state gets is known once its changelog is refreshed: the source read then, while
+    the server holds it, compares every key after the position left the server's snapshot history and every
+    key changed since (read at the check, it compared none), and still finds a corrupted row."""
+    with travelling_replica_set(behind_s=3600) as (uri, clock), MongoClient(uri) as client:
+        db = client["early"]
+        namespace = "early.orders"
+        cfg = ConnectorConfig.from_dict({
+            "mongodb.connection.string": uri, "topic.prefix": "dbz", "collection.include.list": namespace,
+        })
+        db.orders.insert_many([{"_id": i, "qty": i} for i in range(29)] + [{"_id": 29, "qty": "x"}])
+        snap_path = tmp_path / "landing" / "snapshot" / namespace / "snapshot.parquet"
+        _snapshot_into(cfg, namespace, snap_path)
+        tables = CollectionTables.under(str(tmp_path / "tables"), namespace)
+        refresh_changelog(spark, tables, [str(snap_path)])
+        early = read_source_at(spark, tables, cfg)
+        refresh_current_state(spark, tables)
+        assert early.position == table_properties(spark, tables.current_state)["mongocdc.position"]
+
+        db.orders.update_many({}, {"$set": {"later": 1}})  # every key changes after the table's position
+        now = api.current_cluster_time(cfg)
+        clock.jump_to(datetime.fromtimestamp(now.time + 400, UTC))  # past the 300 s history window
+        db.other.insert_one({"_id": 1})  # the cluster time moves on
+        late = reconcile_at_position(spark, tables, cfg)
+        assert not late.read_early and late.verdict == "unverified" and late.keys_compared == 0, late
+
+        found = reconcile_at_position(spark, tables, cfg, source=early)
+        assert found.read_early and found.method.startswith("snapshot read at"), found
+        assert found.passed and (found.keys_compared, found.keys_excluded, found.coverage) == (30, 0, 1.0), found
+        spark.sql(f"UPDATE delta.`{tables.current_state}` SET qty = parse_json('999') WHERE _id = '4'")
+        corrupted = reconcile_at_position(spark, tables, cfg, source=early)
+        assert corrupted.read_early and not corrupted.matches and corrupted.mismatching_keys == ["4"], corrupted
+
+
+def test_a_source_read_for_another_changelog_version_is_not_used(
+    spark: SparkSession, tmp_path: Path, mongo_uri: str, fresh_db: Database,
+) -> None:
+    """A read made after an earlier changelog refresh is for an older position than the table's once more
+    landed: the check reads the source itself (compared with the old read, the updated key would differ)."""
+    namespace = f"{fresh_db.name}.orders"
+    cfg = ConnectorConfig.from_dict({
+        "mongodb.connection.string": mongo_uri, "topic.prefix": "dbz", "collection.include.list": namespace,
+    })
+    fresh_db.orders.insert_many([{"_id": i, "qty": i} for i in range(10)])
+    landing = tmp_path / "landing"
+    snap_path = landing / "snapshot" / namespace / "snapshot.parquet"
+    sink = ParquetSink.to_file(snap_path)
+    snap = api.snapshot_collection(cfg, namespace, sink)
+    sink.close()
+    tables = CollectionTables.under(str(tmp_path / "tables"), namespace)
+    refresh_changelog(spark, tables, [str(snap_path)])
+    stale = read_source_at(spark, tables, cfg)
+
+    fresh_db.orders.update_one({"_id": 1}, {"$set": {"qty": 100}})
+    slice_path = landing / "stream_slice" / namespace / "1.parquet"
+    out = ParquetSink.to_file(slice_path)
+    api.stream_window(cfg, namespace, snap.position.timestamp, _after(api.current_cluster_time(cfg)), out)
+    out.close()
+    build(spark, tables, snap_path, slice_path)
+    result = reconcile_at_position(spark, tables, cfg, source=stale)
+    assert result.position is not None and stale.position is not None and stale.position < result.position
+    assert not result.read_early and result.passed and result.keys_compared == 10, result
