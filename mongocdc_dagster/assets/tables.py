@@ -220,7 +220,7 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
                                      progress=context.log.info)
 
         checked = checks_in_run(context) if work else set()
-        cfg = None
+        connector = None
         for (key, files), done in each_finished(context, spark, work, refresh,
                                                 lambda item: out.changelog_keys[item[0]]):
             namespace = out.changelog_keys[key]
@@ -228,8 +228,9 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
                     and AssetCheckKey(out.key(namespace, "current_state"), RECONCILE_CHECK) in checked):
                 # its check in this run compares the table at the position it now gets: read the source there
                 # while the server holds it (source_reads.py)
-                cfg = cfg or mongocdc.load_config()
-                EARLY_READS.start(context.run.run_id, namespace, partial(read_source_at, spark, out.tables[namespace], cfg))
+                connector = connector or mongocdc.load_config()
+                EARLY_READS.start(context.run.run_id, namespace,
+                                  partial(read_source_at, spark, out.tables[namespace], connector))
             if done.files_read:
                 context.log.info(f"{namespace}: {done.files_read} new or re-written landing file(s) of {len(files)}, "
                                  f"{done.rows_added} rows added, {done.row_count} in the table")
