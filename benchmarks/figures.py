@@ -27,7 +27,6 @@ MARKER = re.compile(r'\{\{\s*(ratio|value|baseline)\("([^"]+)",\s*"([^"]+)"\)\s*
 TABLES = "{{ benchmark_tables }}"
 PROPERTIES = "{{ property_reference }}"
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
-_NOTED = re.compile(r"(.+) \([^()]*\)")  # a row's name, then a note of its run in parentheses
 
 
 class FigureError(Exception):
@@ -45,15 +44,10 @@ class Results:
         return cls(json.loads(path.read_text()))
 
     def row(self, benchmark: str, name: str) -> dict[str, Any]:
-        """The row of that name; else the one row whose name is that and a note of the run in parentheses
-        (such as the spread of its rounds), which a page cannot name as it changes with every run."""
-        rows = [row for row in self.data["rows"] if row["benchmark"] == benchmark]
-        for row in rows:
-            if row["name"] == name:
+        """The row of exactly that name (a row's ``note`` of its run is no part of it)."""
+        for row in self.data["rows"]:
+            if row["benchmark"] == benchmark and row["name"] == name:
                 return dict(row)
-        noted = [row for row in rows if (match := _NOTED.fullmatch(row["name"])) is not None and match[1] == name]
-        if len(noted) == 1:
-            return dict(noted[0])
         raise FigureError(f"benchmarks/results.json has no row {name!r} in benchmark {benchmark!r}")
 
     def benchmarks(self) -> list[str]:
@@ -86,7 +80,7 @@ def tables(results: Results) -> str:
                 "| row | value | baseline | ratio | goal |", "| --- | ---: | ---: | ---: | --- |"]
         for r in rows:
             goal = "" if r["target"] is None else f"{r['op']} {r['target']} ({'met' if r['met'] else 'NOT met'})"
-            name = r["name"].replace("|", "\\|")
+            name = (f"{r['name']}; {r['note']}" if r.get("note") else r["name"]).replace("|", "\\|")
             out.append(f"| {name} | {number(r['value'], r['unit'])} | {number(r['baseline_value'], r['unit'])} "
                        f"| {r['ratio']:.2f}× | {goal} |")
         out.append("")

@@ -41,6 +41,9 @@ class Row:
 
     ``ratio`` is oriented so that the goal reads ``ratio <op> target`` (``op`` is ``>=`` or
     ``<=``); ``target`` None marks a figure reported without a goal (e.g. bytes per record).
+    ``note`` says what varies from run to run (such as the spread of its rounds), shown next to the name
+    but no part of it: the docs name a row by its name, which a run does not change unless what it
+    guarantees does.
     """
 
     benchmark: str
@@ -52,6 +55,7 @@ class Row:
     ratio: float
     target: float | None = None
     op: str = ">="
+    note: str = ""
 
     @property
     def met(self) -> bool | None:
@@ -83,7 +87,7 @@ def table(rows: list[Row], title: str) -> Table:
     for row in rows:
         goal = "" if row.target is None else f"{row.op} {row.target:g}"
         met = {True: "[green]met[/]", False: "[red]not met[/]", None: ""}[row.met]
-        out.add_row(row.benchmark, row.name, f"{row.value:,.4g} {row.unit}", f"{row.baseline_value:,.4g} {row.unit}",
+        out.add_row(row.benchmark, f"{row.name}; {row.note}" if row.note else row.name, f"{row.value:,.4g} {row.unit}", f"{row.baseline_value:,.4g} {row.unit}",
                     f"{row.ratio:.2f}", goal, met)
     return out
 

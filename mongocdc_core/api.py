@@ -398,7 +398,7 @@ def incremental_snapshot_collection(
         query = filter if filter is not None else collection_filter(cfg, namespace)
         output = StandaloneOutput(dispatcher, state_file)
         snapshotter = IncrementalSnapshotter(
-            client, cfg, output, metrics=pipeline.metrics.snapshot, state=stored, progress=progress,
+            client, cfg, output, metrics=pipeline.metrics.snapshot, connection=pipeline.metrics, state=stored, progress=progress,
         )
         if stored is None:
             snapshotter.start(f"api-{uuid.uuid4()}", [namespace], {namespace: query} if query else {})

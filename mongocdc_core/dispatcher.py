@@ -31,6 +31,7 @@ from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events import EventConverter, Record, ejson
 from mongocdc_core.events.raw import RawChange, change_namespace, plain
 from mongocdc_core.events.records import RecordRun
+from mongocdc_core.events.transactions import Session
 from mongocdc_core.failures import CHANGE_EVENT, SNAPSHOT_READ, FailedEvent, FailurePolicy, quote_key
 from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.offsets import Offset, OffsetStore, SnapshotState
@@ -258,7 +259,7 @@ class Dispatcher:
         self._snapshot_copied[chunk.namespace] = copied
         if n:
             self.metrics.snapshot.rows(chunk.namespace, n, position.to_str())
-            self.metrics.connection_restored(None)  # documents were read: MongoDB answers
+            self.metrics.connection_restored(chunk.asked)  # documents were read: MongoDB answered
         state = self._snapshot_state
         if state is not None:
             state.record_part(chunk.namespace, chunk.part, chunk.after, chunk.part_done, chunk.final)
@@ -454,7 +455,10 @@ class Dispatcher:
         kind = f"{doc.get('operationType')} {CHANGE_EVENT}" if isinstance(doc.get("operationType"), str) else CHANGE_EVENT
         self.failures.failed(FailedEvent("process", kind, namespace, key, position, _cause(exc)))
 
-    def _count(self, op: str, position: Position, seconds: int, lsid: Any, txn_number: Any, token: dict[str, Any]) -> None:
+    def _count(
+        self, op: str, position: Position, seconds: int, lsid: Session | None, txn_number: int | None,
+        token: dict[str, Any],
+    ) -> None:
         self.events += 1
         self.counts[op] = self.counts.get(op, 0) + 1
         unreported = self._unreported

@@ -29,7 +29,9 @@ class SnapshotChunk:
     (:class:`~mongocdc_core.events.raw.RawDocuments`), decoded only where needed. ``records`` are
     the chunk's records when they were converted ahead of its turn (a copier's ``prepare``, run by
     each range's worker in parallel); None (not prepared, or its preparation failed): the
-    receiver converts the documents itself.
+    receiver converts the documents itself. ``asked``: :attr:`~mongocdc_core.metrics.ConnectorMetrics.losses`
+    when its documents were asked for (they may be handed over long after, as an incremental
+    snapshot's chunk when the stream closes its window); None: read just before they are handed over.
     """
 
     namespace: str
@@ -40,6 +42,7 @@ class SnapshotChunk:
     part_done: bool = False
     after: str | None = None
     records: Sequence[Record] | None = None
+    asked: int | None = None
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from mongocdc_dagster.translator import MongoCdcTranslator
 #: automation sensor evaluated in the code location that targets more than 500 assets and checks having an
 #: automation condition (``MAX_ENTITIES`` of its ``automation_condition_sensor_definition``), 2 per collection
 #: today (changelog and current_state; ``matches_source`` has no condition of its own), 3 if its check got one.
-TABLE_AUTOMATION_CHUNK = 100
+TABLE_AUTOMATION_CHUNK = 120
 #: The most collections one sensor may target: 3 entities each stays under Dagster's 500.
 _MAX_CHUNK = 500 // 3
 

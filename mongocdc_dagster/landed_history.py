@@ -14,6 +14,8 @@ so), as the tick of a sensor over hundreds of collections would otherwise read t
 from __future__ import annotations
 
 import sys
+import threading
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -76,11 +78,21 @@ class CollectionHistory:
         return None if self.snapshot is None else position_datetime(self.snapshot)
 
 
-#: What a history was read from: the latest materialisation's storage id and wipe time of each of its assets.
-_Stamp = tuple[tuple[int | None, float | None], ...]
+#: What a history was read from, per asset: the latest materialisation's storage id, time and partition, and the
+#: asset's wipe time. The storage id alone is not enough: a wipe of the whole instance deletes the asset rows (no
+#: wipe time survives) and SQLite then hands out the same ids again, so as many landings after it would look
+#: unchanged; their time and partition differ. A storage id lower than the one read (it went down) differs too.
+_Stamp = tuple[tuple[int | None, float | None, str | None, float | None], ...]
+_Read = tuple[_Stamp, tuple[AssetKey, ...], SliceWindows, CollectionHistory]
+#: The most histories held (least recently used dropped first): a few per collection of every storage in use.
+_READ_LIMIT = 4096
 #: The histories read, by event storage and slices asset: the oplog-window sensor, the gap sensor and the
-#: continuity check each read every collection's; read again only once one of its assets changed.
-_READ: dict[tuple[Hashable, AssetKey], tuple[_Stamp, tuple[AssetKey, ...], SliceWindows, CollectionHistory]] = {}
+#: continuity check each read every collection's; read again only once one of its assets changed. Sensor ticks
+#: and checks may run in threads of one process: the lock makes each look-up and update of the cache whole (the
+#: reads themselves run outside it; two threads reading one history at once both read it, and the one stored
+#: last, stamped before its read, is as good as the other).
+_READ: OrderedDict[tuple[Hashable, AssetKey], _Read] = OrderedDict()
+_READ_LOCK = threading.Lock()
 
 
 def _storage_of(instance: DagsterInstance) -> Hashable | None:
@@ -91,15 +103,18 @@ def _storage_of(instance: DagsterInstance) -> Hashable | None:
 
 def _stamp(instance: DagsterInstance, keys: Sequence[AssetKey]) -> _Stamp:
     """One query: the latest materialisation (and wipe) of each asset a history is read from; any new one changes
-    it (storage ids only grow)."""
+    it."""
     entries = {record.asset_entry.asset_key: record.asset_entry for record in instance.get_asset_records(list(keys))}
-    stamp = []
+    stamp: list[tuple[int | None, float | None, str | None, float | None]] = []
     for key in keys:
         entry = entries.get(key)
         latest = entry.last_materialization_record if entry is not None else None
         details = entry.asset_details if entry is not None else None
-        stamp.append((latest.storage_id if latest is not None else None,
-                      details.last_wipe_timestamp if details is not None else None))
+        wiped = details.last_wipe_timestamp if details is not None else None
+        if latest is None:
+            stamp.append((None, None, None, wiped))
+        else:
+            stamp.append((latest.storage_id, latest.timestamp, latest.partition_key, wiped))
     return tuple(stamp)
 
 
@@ -112,11 +127,18 @@ def collection_history(instance: DagsterInstance, namespace: str, snapshot_keys:
     if storage is None:
         return _read_history(instance, namespace, snapshots, slices_key, windows)
     stamp = _stamp(instance, (slices_key, *snapshots))  # before the read: one landing during it is read again
-    read = _READ.get((storage, slices_key))
-    if read is not None and read[:3] == (stamp, snapshots, windows) and read[3].namespace == namespace:
-        return read[3]
+    entry = (storage, slices_key)
+    with _READ_LOCK:
+        read = _READ.get(entry)
+        if read is not None and read[:3] == (stamp, snapshots, windows) and read[3].namespace == namespace:
+            _READ.move_to_end(entry)
+            return read[3]
     history = _read_history(instance, namespace, snapshots, slices_key, windows)
-    _READ[(storage, slices_key)] = (stamp, snapshots, windows, history)
+    with _READ_LOCK:
+        _READ[entry] = (stamp, snapshots, windows, history)
+        _READ.move_to_end(entry)
+        while len(_READ) > _READ_LIMIT:
+            _READ.popitem(last=False)
     return history
 
 

@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from weakref import WeakKeyDictionary
 
 from dagster import (
@@ -39,10 +39,12 @@ from dagster import (
     TableColumn,
     TableSchema,
 )
-from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView
-from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGraph
 
 from mongocdc_core.sinks.parquet import LANDING_SCHEMA
+
+if TYPE_CHECKING:  # private Dagster modules, named in annotations only (not evaluated at run time)
+    from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView
+    from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGraph
 
 CdcKind = Literal["snapshot", "incremental_snapshot", "slices", "changelog", "current_state"]
 CDC_KINDS: tuple[CdcKind, ...] = ("snapshot", "incremental_snapshot", "slices")

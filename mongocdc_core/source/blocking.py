@@ -175,7 +175,7 @@ class AdHocSnapshots:
         self.incremental: IncrementalSnapshotter | None = None
         if cfg.signal_data_collection or cfg.incremental_snapshot_watermarking_strategy == READ_ONLY:
             self.incremental = IncrementalSnapshotter(
-                client, cfg, ReceiverOutput(receiver), notifier=self.notifier, metrics=metrics.snapshot,
+                client, cfg, ReceiverOutput(receiver), notifier=self.notifier, metrics=metrics.snapshot, connection=metrics,
                 state=IncrementalState.from_json(stored_incremental) if stored_incremental else None,
             )
         self.processor = SignalProcessor(

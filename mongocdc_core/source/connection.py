@@ -413,11 +413,16 @@ def connect(
     Raises :class:`Stopped` when ``stop`` is set before a connection was made.
     """
     client = open_client(cfg, metrics)
-    asked = metrics.losses if metrics is not None else 0
+    asked = 0
+
+    def attempt() -> Topology:
+        nonlocal asked
+        asked = metrics.losses if metrics is not None else 0  # read as this attempt asks, not before the first
+        return check_topology(client)
+
     try:
         topology = Backoff.from_config(cfg).run(
-            lambda: check_topology(client), what="connecting", stop=stop, on_retry=on_retry,
-            hosts=hosts_of(client),
+            attempt, what="connecting", stop=stop, on_retry=on_retry, hosts=hosts_of(client),
         )
     except BaseException:
         client.close()

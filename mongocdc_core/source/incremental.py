@@ -55,7 +55,7 @@ from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 
 from mongocdc_core.config import ConnectorConfig
-from mongocdc_core.metrics import SnapshotMetrics
+from mongocdc_core.metrics import ConnectorMetrics, SnapshotMetrics
 from mongocdc_core.positions import Position
 from mongocdc_core.receiver import ProgressListener, SnapshotChunk, SnapshotReceiver
 from mongocdc_core.source.errors import CdcError
@@ -176,8 +176,11 @@ def read_chunk(
 class SnapshotOutput(Protocol):
     """Where emitted reads and progress go (the dispatcher, on its own thread)."""
 
-    def emit_reads(self, namespace: str, documents: Sequence[Mapping[str, Any]], position: Position) -> None:
-        """Write ``r`` records (marker ``incremental``) for ``documents`` at ``position``."""
+    def emit_reads(
+        self, namespace: str, documents: Sequence[Mapping[str, Any]], position: Position, asked: int | None,
+    ) -> None:
+        """Write ``r`` records (marker ``incremental``) for ``documents`` at ``position`` (``asked``:
+        :attr:`SnapshotChunk.asked`)."""
 
     def save_progress(self, state: dict[str, Any] | None) -> None:
         """Record the progress; it becomes durable with the next offset commit (after the sink flush)."""
@@ -189,9 +192,11 @@ class ReceiverOutput:
     def __init__(self, receiver: SnapshotReceiver) -> None:
         self.receiver = receiver
 
-    def emit_reads(self, namespace: str, documents: Sequence[Mapping[str, Any]], position: Position) -> None:
+    def emit_reads(
+        self, namespace: str, documents: Sequence[Mapping[str, Any]], position: Position, asked: int | None,
+    ) -> None:
         docs = [dict(d) for d in documents]
-        chunk = SnapshotChunk(namespace, docs, [MARKER] * len(docs), final=False)
+        chunk = SnapshotChunk(namespace, docs, [MARKER] * len(docs), final=False, asked=asked)
         self.receiver.snapshot_chunk(chunk, position, datetime.datetime.now(datetime.UTC))
 
     def save_progress(self, state: dict[str, Any] | None) -> None:
@@ -278,6 +283,7 @@ class _Window:
     low: Timestamp | None = None
     high: Timestamp | None = None
     done: bool = False  # the collection ends with this chunk
+    asked: int | None = None  # ConnectorMetrics.losses before the chunk was read (SnapshotChunk.asked)
     read_done: threading.Event = field(default_factory=threading.Event)
     emitted: threading.Event = field(default_factory=threading.Event)
     discarded: bool = False
@@ -302,6 +308,7 @@ class IncrementalSnapshotter:
         *,
         notifier: Notifier | None = None,
         metrics: SnapshotMetrics | None = None,
+        connection: ConnectorMetrics | None = None,
         state: IncrementalState | None = None,
         progress: ProgressListener | None = None,
     ) -> None:
@@ -316,6 +323,7 @@ class IncrementalSnapshotter:
         self.output = output
         self.notifier = notifier or LogNotifier(cfg.topic_prefix)
         self.metrics = metrics
+        self.connection = connection  # its losses tag each chunk's read (SnapshotChunk.asked)
         self.progress = progress
         self.chunk_size = int(cfg.incremental_snapshot_chunk_size)
         db, _, coll = (cfg.signal_data_collection or "").partition(".")
@@ -544,7 +552,7 @@ class IncrementalSnapshotter:
             reads = [doc for identity, doc in window.buffer.items() if identity not in stale]
             ns = window.namespace
         if reads:
-            self.output.emit_reads(ns, reads, position)
+            self.output.emit_reads(ns, reads, position, window.asked)
         with self._lock:
             state.rows[ns] = state.rows.get(ns, 0) + len(reads)
             done = window.done
@@ -645,6 +653,7 @@ class IncrementalSnapshotter:
                 last = state.last_keys.get(ns)
                 window = _Window(uuid.uuid4().hex, ns, self.chunk_size)
                 self._windows[window.id] = window
+            window.asked = self.connection.losses if self.connection is not None else None
             # Even an empty collection gets a (trivial) window, so every emission and every progress
             # update happens on the dispatcher's thread, in stream order.
             if self.strategy == READ_ONLY:
@@ -797,9 +806,11 @@ class StandaloneOutput:
         self.first: Position | None = None
         self.last: Position | None = None
 
-    def emit_reads(self, namespace: str, documents: Sequence[Mapping[str, Any]], position: Position) -> None:
+    def emit_reads(
+        self, namespace: str, documents: Sequence[Mapping[str, Any]], position: Position, asked: int | None,
+    ) -> None:
         docs = [dict(d) for d in documents]
-        chunk = SnapshotChunk(namespace, docs, [MARKER] * len(docs), final=False)
+        chunk = SnapshotChunk(namespace, docs, [MARKER] * len(docs), final=False, asked=asked)
         self.receiver.snapshot_chunk(chunk, position, datetime.datetime.now(datetime.UTC))
         self.first = self.first or position
         self.last = position

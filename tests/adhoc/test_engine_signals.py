@@ -94,6 +94,38 @@ def test_source_channel_signal_runs_an_incremental_snapshot(
     assert sink.data(f"{db}.signals") == []  # signals and watermarks never become data events
 
 
+def test_each_incremental_chunk_carries_the_losses_counted_when_it_was_read(
+    mongo_uri: str, fresh_db: Database[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk is handed over when the stream closes its window, long after its read: it carries
+    ConnectorMetrics.losses as read before its find, so that handing it over after a loss counted
+    meanwhile does not take MongoDB as answering again (see the dispatcher's test of that sequence)."""
+    from mongocdc_core.dispatcher import Dispatcher
+    from mongocdc_core.receiver import SnapshotChunk
+
+    db = fresh_db.name
+    fresh_db.items.insert_many([{"_id": i, "v": i} for i in range(45)])
+    cfg = engine_config(mongo_uri, db, **{"incremental.snapshot.chunk.size": 20})
+    asked: list[int | None] = []
+    handed = Dispatcher.snapshot_chunk
+
+    def spied(self: Dispatcher, chunk: SnapshotChunk, *args: Any) -> None:
+        asked.append(chunk.asked)
+        handed(self, chunk, *args)
+
+    monkeypatch.setattr(Dispatcher, "snapshot_chunk", spied)
+    sink = MemorySink()
+    engine = _start(cfg, sink)
+    try:
+        engine.engine.metrics.losses = 2  # as if two losses had been counted before the snapshot
+        fresh_db.signals.insert_one(_execute([f"{db}\\.items"]))
+        wait_for(lambda: "COMPLETED" in kinds(sink, SNAPSHOT), engine)
+    finally:
+        engine.stop()
+    assert read_ids(sink, f"{db}.items") == list(range(45))
+    assert asked == [2, 2, 2]
+
+
 def test_file_channel_and_additional_conditions(mongo_uri: str, fresh_db: Database[Any], tmp_path: Path) -> None:
     db = fresh_db.name
     fresh_db.products.insert_many([

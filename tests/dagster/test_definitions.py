@@ -30,7 +30,7 @@ from dagster import (
 from pymongo.database import Database
 
 from mongocdc_dagster import local_stack
-from mongocdc_dagster.build import build_definitions
+from mongocdc_dagster.build import TABLE_AUTOMATION_CHUNK, build_definitions
 from mongocdc_dagster.discovery import CollectionInfo, DiscoveryState, discover
 from mongocdc_dagster.resources import MongoCdcResource
 from mongocdc_dagster.settings import CdcSettings, SettingsError
@@ -305,11 +305,12 @@ def test_a_few_collections_keep_the_one_table_automation_sensor(tmp_path: Path) 
 
     few = sensors(20)
     assert list(few) == ["mongocdc_table_automation"] and len(few["mongocdc_table_automation"]) == 40
-    hundred, more, many = sensors(100), sensors(101), sensors(180)
-    assert list(hundred) == ["mongocdc_table_automation"]
+    size = TABLE_AUTOMATION_CHUNK
+    full, more, many = sensors(size), sensors(size + 1), sensors(size * 9 // 5)
+    assert list(full) == ["mongocdc_table_automation"]
     assert list(more) == list(many) == ["mongocdc_table_automation", "mongocdc_table_automation_2"]
     # the second sensor takes a share of the first; collections added later join one and move none
-    added = {AssetKey(["big", "c100", kind]) for kind in ("changelog", "current_state")}
-    assert more["mongocdc_table_automation"] - added < hundred["mongocdc_table_automation"]
-    assert 40 < len(more["mongocdc_table_automation_2"]) < 160
+    added = {AssetKey(["big", f"c{size:03d}", kind]) for kind in ("changelog", "current_state")}
+    assert more["mongocdc_table_automation"] - added < full["mongocdc_table_automation"]
+    assert 2 * (size + 1) // 5 < len(more["mongocdc_table_automation_2"]) < 8 * (size + 1) // 5
     assert all(more[name] <= many[name] for name in more)

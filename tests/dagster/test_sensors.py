@@ -405,6 +405,40 @@ def test_the_gap_sensor_reads_no_history_the_oplog_sensor_read_unchanged_and_see
     assert reads[2:] == [env.key("holey", "slices")]  # that collection's alone
 
 
+def test_a_history_is_read_again_after_a_whole_instance_wipe_and_after_a_snapshot_lands(
+        instance: DagsterInstance) -> None:
+    """The cache of landed histories is keyed by what the instance says of each asset's latest landing. A wipe
+    of the whole instance leaves no wipe time and SQLite hands out the same event ids again: as many landings
+    after it gave an equal stamp and the history read before the wipe (an earlier version). A snapshot landing
+    is read at once too."""
+    from dagster import TimeWindowPartitionsDefinition
+
+    from mongocdc_dagster.landed_history import collection_history
+    from mongocdc_dagster.partitions import SliceWindows
+
+    definition = TimeWindowPartitionsDefinition(start=datetime(2026, 1, 1, tzinfo=UTC), fmt="%Y-%m-%d-%H:%M",
+                                                cron_schedule="* * * * *", timezone="UTC")
+    windows = SliceWindows(definition, 60, "* * * * *")
+    slices, snapshot = AssetKey(["wiped", "c", "slices"]), AssetKey(["wiped", "c", "snapshot"])
+
+    def land(*partitions: str) -> None:
+        for partition in partitions:
+            instance.report_runless_asset_event(AssetMaterialization(slices, partition=partition))
+
+    def history() -> tuple[tuple[str, ...], Position | None]:
+        read = collection_history(instance, "wiped.c", [snapshot], slices, windows)
+        return read.window_keys, read.snapshot
+
+    land("2026-01-01-00:01", "2026-01-01-00:02")
+    assert history() == (("2026-01-01-00:01", "2026-01-01-00:02"), None)
+    instance.wipe()
+    land("2026-01-01-00:03", "2026-01-01-00:04")  # as many landings: the same event ids
+    assert history() == (("2026-01-01-00:03", "2026-01-01-00:04"), None)
+    position = Position(1_767_225_900, 1)
+    instance.report_runless_asset_event(AssetMaterialization(snapshot, metadata={COVERS_FROM: position.to_str()}))
+    assert history() == (("2026-01-01-00:03", "2026-01-01-00:04"), position)
+
+
 def test_a_failed_repair_awaiting_dagsters_retry_is_in_flight_and_its_retries_are_one_attempt(
         tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
     """Were a repair run retried by Dagster (run retries copy its tags), the sensor requests nothing while that

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import datetime
+import os
 import uuid
 from typing import Any
 
+import pytest
 from bson import Binary, Timestamp
 from pymongo import MongoClient
 from pymongo.database import Database
+
+from mongocdc_devstack.oplog import Oplog
+from tests.conftest import REAL_URI_ENV
 
 
 def _oplog(client: MongoClient) -> Any:
@@ -79,17 +84,35 @@ def test_ts_range_and_natural_order(mongo_client: MongoClient, fresh_db: Databas
     assert _oplog(mongo_client).count_documents({"ts": {"$lt": third}, "ns": ns, "op": "i"}) == 2
 
 
-def test_limited_reads_in_oplog_order_read_what_the_whole_oplog_gives(mongo_client: MongoClient, fresh_db: Database) -> None:
+def test_limited_reads_in_oplog_order_read_what_the_whole_oplog_gives(
+        mongo_client: MongoClient, fresh_db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
     """A find with a limit in oplog order reads only what it returns (the oldest entry, read at every start of
-    the connector, costs the same with a million entries as with ten); it returns what the whole read gives."""
+    the connector, costs the same with a million entries as with ten); it returns what the whole read gives.
+    On the emulator, its oplog reads show the limit handed down and only that many entries copied."""
     fresh_db.c.insert_many([{"_id": i} for i in range(6)])
     oplog = _oplog(mongo_client)
     every = list(oplog.find({}))
     assert len(every) > 6
+    emulated = not os.environ.get(REAL_URI_ENV)
+    reads: list[tuple[int | None, int]] = []  # (limit, entries copied) of each read of the emulator's oplog
+    read = Oplog.read
+
+    def counted(self: Oplog, after: Timestamp | None, inclusive: bool = False,
+                limit: int | None = None) -> list[dict[str, Any]]:
+        entries = read(self, after, inclusive, limit)
+        reads.append((limit, len(entries)))
+        return entries
+
+    monkeypatch.setattr(Oplog, "read", counted)
     assert oplog.find_one({}, {"ts": 1}, sort=[("$natural", 1)])["ts"] == every[0]["ts"]
+    assert not emulated or (1, 1) in reads
+    reads.clear()
     assert [e["ts"] for e in oplog.find({}).limit(3)] == [e["ts"] for e in every[:3]]
+    assert not emulated or (3, 3) in reads
     third = every[2]["ts"]
+    reads.clear()
     assert [e["ts"] for e in oplog.find({"ts": {"$gt": third}}).skip(1).limit(2)] == [e["ts"] for e in every[4:6]]
+    assert not emulated or (3, 3) in reads  # the skipped entry and the two returned
     assert [e["ts"] for e in oplog.find({"ts": third}).limit(1)] == [third]
     inserts = [e for e in every if e.get("ns") == f"{fresh_db.name}.c" and e["op"] == "i"]
     # other conditions than the lower bound filter the whole range before the limit

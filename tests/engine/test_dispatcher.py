@@ -407,3 +407,31 @@ def test_a_raw_chunk_reaches_the_sink_as_one_run_in_order_and_a_refused_read_in_
     keys = [r.key for r in sink.written]
     assert keys == [b'{"id":"1"}', *[b'{"id":"%d"}' % i for i in range(10, 20) if i != 12], b'{"id":"2"}']
     assert sink.batches == [list, RecordRun, RecordRun, list]  # the run, then what followed the refused read
+
+
+def test_an_incremental_chunk_read_before_a_loss_does_not_end_it() -> None:
+    """An incremental snapshot's chunk is handed over when a stream event closes its window, long after
+    its documents were read. The stream's reply carrying the close comes after the monitor counted the
+    loss (its own answer is ignored), and the chunk's documents were asked for before it too: handing
+    them over ends nothing, so the stream's next failed read is the same outage, one disconnect (an
+    earlier version took the chunk as MongoDB answering again and counted two). A chunk asked for after
+    the loss does end it."""
+    from mongocdc_core.receiver import SnapshotChunk
+
+    sink = LedgerSink()
+    dispatcher = _dispatcher(sink, CheckingStore(sink), _config(**{"max.batch.size": "100"}))
+    metrics = dispatcher.metrics
+    read_at = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+    metrics.connection_restored(0)  # connected
+    asked = metrics.losses  # the chunk's find and the stream's getMore are sent
+    metrics.connection_lost()  # the driver's monitor sees the server go
+    metrics.connection_restored(asked)  # the stream's late reply, which closes the window
+    chunk = SnapshotChunk("shop.orders", [{"_id": 1}], ["incremental"], False, asked=asked)
+    dispatcher.snapshot_chunk(chunk, Position(1_700_000_000, 1), read_at)
+    metrics.connection_lost()  # the stream's next getMore fails: the same outage
+    disconnects = metrics.streaming.NumberOfDisconnects + metrics.snapshot.NumberOfDisconnects
+    assert (disconnects, len(sink.written)) == (1, 1)
+    later = SnapshotChunk("shop.orders", [{"_id": 2}], ["incremental"], False, asked=metrics.losses)
+    dispatcher.snapshot_chunk(later, Position(1_700_000_000, 2), read_at)
+    metrics.connection_lost()
+    assert metrics.streaming.NumberOfDisconnects + metrics.snapshot.NumberOfDisconnects == 2
