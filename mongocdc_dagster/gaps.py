@@ -48,6 +48,7 @@ from mongocdc_dagster.logs import RUN_CONFIG
 from mongocdc_dagster.metadata import position_time
 from mongocdc_dagster.partitions import MAX_WINDOWS_PER_RUN, SliceWindows
 from mongocdc_dagster.resources import MongoCdcResource
+from mongocdc_dagster.retries import slice_max_runtime
 
 GAP_CHECK = "no_gap_since_snapshot"
 #: Runs that land missing windows again carry this tag (``mongocdc/reason``), with the value :data:`GAP`.
@@ -75,12 +76,14 @@ def run_span(run: DagsterRun, windows: SliceWindows) -> tuple[str, str] | None:
     return (first, last) if has(first) and has(last) else None
 
 
-def slice_request(run_key: str, keys: Sequence[str], selection: Sequence[AssetKey],
-                  tags: dict[str, str]) -> RunRequest:
+def slice_request(run_key: str, keys: Sequence[str], selection: Sequence[AssetKey], tags: dict[str, str],
+                  windows: SliceWindows) -> RunRequest:
     """The run landing ``keys`` (consecutive windows) of ``selection``'s slices with their envelope checks:
-    one partition, or a range in one run. The selection is named on the request so the run records it (the
-    Runs page's Target column shows a run of an implicit asset job by its asset selection)."""
+    one partition, or a range in one run, with its maximum run time (``retries.slice_max_runtime``). The
+    selection is named on the request so the run records it (the Runs page's Target column shows a run of
+    an implicit asset job by its asset selection)."""
     checks = [AssetCheckKey(key, ENVELOPE_CHECK) for key in selection]
+    tags = {**tags, **slice_max_runtime(len(keys) * windows.seconds)}
     if len(keys) == 1:
         return RunRequest(run_key=run_key, partition_key=keys[0], asset_selection=list(selection),
                           asset_check_keys=checks, tags=tags, run_config=RUN_CONFIG)
@@ -214,7 +217,7 @@ def repair_request(due: dict[str, Holes], cdc: CdcAssets, previous: str | None, 
     selection = [cdc.key(ns, "slices") for ns, holes in sorted(due.items()) if span & set(holes.due)]
     digest = hashlib.sha1(",".join(k.to_user_string() for k in selection).encode()).hexdigest()[:10]
     return slice_request(f"{GAP}:{keys[0]}...{keys[-1]}:{digest}:{previous or 'first'}", keys, selection,
-                         {**tags, TAG_REASON: GAP})
+                         {**tags, TAG_REASON: GAP}, windows)
 
 
 @dataclass(frozen=True)

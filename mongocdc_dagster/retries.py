@@ -12,6 +12,11 @@
 - A run still to finish (:func:`in_flight`): queued, starting or running, or failed and marked to be retried
   (Dagster's ``dagster/will_retry`` tag): the schedule and the gap sensor request nothing new behind it.
 - The gap sensor's repair runs get no run retries: the sensor is their retrier (``gaps.py``), with a back-off.
+- A slice run whose worker died with the code server that launched it (a daemon restarted with its own code
+  server, as under ``make dev``, ends its process group) would stay STARTED for ever: Dagster's default run
+  launcher cannot see its worker, and the schedule requests nothing behind a run in flight. So slice runs
+  carry a maximum run time (:func:`slice_max_runtime`), after which run monitoring terminates them and the
+  schedule lands their windows again.
 - A run that is terminated (the UI, a stop-snapshot signal) stops: :func:`stop_when_terminated` turns the
   interrupt Dagster raises in the step into a failure no policy retries (a ``RetryPolicy`` would otherwise
   run the step again in the terminated run, since Dagster retries an interrupted step under it).
@@ -24,7 +29,12 @@ from contextlib import contextmanager
 
 from dagster import AssetExecutionContext, Backoff, DagsterRun, DagsterRunStatus, Failure, Jitter, RetryPolicy
 from dagster._core.errors import DagsterExecutionInterruptedError
-from dagster._core.storage.tags import MAX_RETRIES_TAG, RETRY_ON_ASSET_OR_OP_FAILURE_TAG, WILL_RETRY_TAG
+from dagster._core.storage.tags import (
+    MAX_RETRIES_TAG,
+    MAX_RUNTIME_SECONDS_TAG,
+    RETRY_ON_ASSET_OR_OP_FAILURE_TAG,
+    WILL_RETRY_TAG,
+)
 
 #: Step retries of the snapshot and slice assets: 15 s, 45 s, then 105 s (about) after the failure; together
 #: longer than a replica set's election and a broker restart, shorter than a few one-minute windows.
@@ -33,6 +43,17 @@ STEP_RETRY_POLICY = RetryPolicy(max_retries=3, delay=15, backoff=Backoff.EXPONEN
 RUN_RETRIES = 2
 #: The tags of the runs mongocdc requests (slices, snapshots): run retries for run-level failures only.
 RUN_RETRY_TAGS = {MAX_RETRIES_TAG: str(RUN_RETRIES), RETRY_ON_ASSET_OR_OP_FAILURE_TAG: "false"}
+
+#: The least maximum run time of a slice run (:func:`slice_max_runtime`).
+MIN_SLICE_RUNTIME_S = 900
+
+
+def slice_max_runtime(span_seconds: int) -> dict[str, str]:
+    """The tag giving a slice run over windows spanning ``span_seconds`` its maximum run time: that span, at
+    least :data:`MIN_SLICE_RUNTIME_S`. A run streaming its windows slower than the source wrote them could not
+    catch up anyway; past it, the run is taken for one whose worker is gone, and run monitoring ends it."""
+    return {MAX_RUNTIME_SECONDS_TAG: str(max(MIN_SLICE_RUNTIME_S, span_seconds))}
+
 
 _TERMINATING = (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED)
 #: The statuses of a run not ended yet.

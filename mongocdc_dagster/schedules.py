@@ -81,7 +81,7 @@ def build_latest_window_schedule(cdc: CdcAssets) -> ScheduleDefinition:
         if len(keys) > 1:
             context.log.info(f"{len(keys)} windows closed since the previous run's: {keys[0]} to {keys[-1]} in one run")
         yield slice_request(keys[0] if len(keys) == 1 else f"{keys[0]}...{keys[-1]}", keys, selection,
-                            {TAG_KIND: "slices", **RUN_RETRY_TAGS})
+                            {TAG_KIND: "slices", **RUN_RETRY_TAGS}, cdc.windows)
 
     return latest_window
 

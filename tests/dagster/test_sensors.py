@@ -28,7 +28,13 @@ from dagster import (
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluation
 from dagster._core.events import DagsterEvent, DagsterEventType
 from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteRepositoryOrigin
-from dagster._core.storage.tags import MAX_RETRIES_TAG, PARTITION_NAME_TAG, SCHEDULE_NAME_TAG, WILL_RETRY_TAG
+from dagster._core.storage.tags import (
+    MAX_RETRIES_TAG,
+    MAX_RUNTIME_SECONDS_TAG,
+    PARTITION_NAME_TAG,
+    SCHEDULE_NAME_TAG,
+    WILL_RETRY_TAG,
+)
 from dagster._core.test_utils import create_run_for_test, freeze_time
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from pymongo.database import Database
@@ -36,6 +42,7 @@ from pymongo.database import Database
 from mongocdc_core.positions import Position
 from mongocdc_core.source.errors import CdcError
 from mongocdc_core.source.oplog import OplogWindow, OplogWindows
+from mongocdc_dagster import retries
 from mongocdc_dagster.checks import build_gap_check
 from mongocdc_dagster.gaps import MAX_REPAIRS, REPAIR_BACKOFF, judge
 from mongocdc_dagster.landed_history import COVERS_FROM, PARTIAL
@@ -320,6 +327,7 @@ def test_windows_left_behind_are_landed_again_a_bounded_number_of_times_and_are_
     assert request.asset_selection == [env.key("holey", "slices")]
     assert request.partition_key_range == PartitionKeyRange(key(8), key(7))
     assert request.tags["mongocdc/reason"] == "gap" and MAX_RETRIES_TAG not in request.tags  # the sensor retries
+    assert request.tags[MAX_RUNTIME_SECONDS_TAG] == str(retries.MIN_SLICE_RUNTIME_S)
     (lost,) = [e for e in result.asset_events if isinstance(e, AssetCheckEvaluation)]
     assert (lost.asset_key, lost.check_name) == (env.key("lost", "slices"), "no_gap_since_snapshot")
     assert not lost.passed and lost.severity == AssetCheckSeverity.ERROR
@@ -518,6 +526,8 @@ def test_schedule_lands_the_latest_closed_window_of_every_collection_in_one_run(
     assert request.partition_key == "2026-11-22-10:30"
     assert set(request.asset_selection or ()) == {env.key("a", "slices"), env.key("b", "slices")}  # the run's Target
     assert request.run_config == {"loggers": {"console": {}}}  # the run's console lines in mongocdc's format
+    # a run whose worker died with its code server ends (run monitoring), so the schedule goes on after it
+    assert request.tags[MAX_RUNTIME_SECONDS_TAG] == str(retries.MIN_SLICE_RUNTIME_S)
     selection = schedule.target.job_def.selection  # type: ignore[union-attr]
     assert selection.resolve(env.defs.resolve_asset_graph()) == {env.key("a", "slices"), env.key("b", "slices")}
 
