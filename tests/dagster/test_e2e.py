@@ -157,11 +157,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             clock.jump_to(start + timedelta(seconds=10))
             client[db].orders.insert_many([{"_id": 100 * (minute + 1) + i, "qty": i} for i in range(minute + 2)])
             client[db].orders.update_one({"_id": minute}, {"$inc": {"qty": 1000}})
-            # items: never snapshotted; each window inserts, updates and (after the first) deletes
-            client[db].items.insert_many([{"_id": f"w{minute}-{i}", "n": i} for i in range(3)])
-            client[db].items.update_one({"_id": f"w{minute}-0"}, {"$set": {"n": -1}})
-            if minute:
-                client[db].items.delete_one({"_id": f"w{minute - 1}-2"})
         clock.jump_to(datetime.now(UTC))  # from here on the cluster keeps real time
         client[db].orders.update_one({"_id": 11}, {"$set": {"qty": -11}})
         config = write_config(tmp / "connector.json", uri, db)
@@ -224,58 +219,6 @@ def test_backfill_of_one_collections_slices_through_graphql_is_one_run(stack: St
         path = stack.home / "landing" / "stream_slice" / f"{stack.db}.orders" / (start.strftime("%Y%m%dT%H%M%SZ") + ".parquet")
         ops = pq.read_table(path)["op"].to_pylist()
         assert (ops.count("c"), ops.count("u")) == (minute + 2, 1)
-
-
-def _launch_slice(stack: Stack, coll: str, window: datetime) -> str:
-    launched = stack.graphql(
-        """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) {
-             __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message stack } } }""",
-        {"params": {"selector": {"repositoryLocationName": "mongocdc", "repositoryName": "__repository__",
-                                 "jobName": "__ASSET_JOB", "assetSelection": [stack.key(coll, "slices")]},
-                    "executionMetadata": {"tags": [{"key": "dagster/partition", "value": window.strftime(KEY_FMT)}]}}},
-    )["launchRun"]
-    assert launched["__typename"] == "LaunchRunSuccess", launched
-    return str(launched["run"]["runId"])
-
-
-def test_a_window_left_behind_is_landed_again_by_the_gap_sensor_through_the_daemon(stack: Stack) -> None:
-    """items' first and third windows land, its second does not (its run never happened); the gap sensor, run by
-    the daemon, requests that window again and the run it launches lands exactly the oplog's events of it."""
-    first, hole, third = stack.windows
-    launched = [_launch_slice(stack, "items", window) for window in (first, third)]
-
-    def runs_done() -> bool:
-        with stack.instance() as instance:
-            return _succeeded([run for run_id in launched if (run := instance.get_run_by_id(run_id)) is not None])
-
-    items = {_asset_key(stack, "items", "slices")}
-
-    def items_repairs() -> list[Any] | None:
-        """The gap repairs of items (the module's stack may hold other collections' repairs)."""
-        runs = [run for run in stack.runs(**{"mongocdc/reason": "gap"}) if run.asset_selection == items]
-        return runs if _succeeded(runs) else None
-
-    wait_for("items' first and third windows", runs_done, 600, stack.logs)
-    (repair,) = wait_for("the gap sensor's repair of items' second window", items_repairs, 600, stack.logs)
-    assert repair.tags["dagster/partition"] == hole.strftime(KEY_FMT)
-    assert repair.tags["dagster/sensor_name"] == "mongocdc_slice_gaps"
-    end = hole + timedelta(minutes=1)
-    with stack.client() as client:  # the source's events of the window: its oplog entries for items
-        source = sorted(
-            (entry["ts"].time, entry["ts"].inc, {"i": "c", "u": "u", "d": "d"}[entry["op"]],
-             (entry["o2"] if entry["op"] == "u" else entry["o"])["_id"])
-            for entry in client.local["oplog.rs"].find({"ns": f"{stack.db}.items", "op": {"$in": ["i", "u", "d"]}})
-            if hole.timestamp() <= entry["ts"].time < end.timestamp())
-    assert sorted(op for _, _, op, _ in source) == ["c", "c", "c", "d", "u"]
-    path = (stack.home / "landing" / "stream_slice" / f"{stack.db}.items" /
-            (hole.strftime("%Y%m%dT%H%M%SZ") + ".parquet"))
-    rows = pq.read_table(path, columns=["pos_seconds", "pos_increment", "op", "key"]).to_pylist()
-    landed = sorted((row["pos_seconds"], row["pos_increment"], row["op"], json.loads(json.loads(row["key"])["id"]))
-                    for row in rows if row["op"] is not None)
-    assert landed == source
-    # and Debezium's tombstone after the delete, at its position
-    assert [(r["pos_seconds"], r["pos_increment"]) for r in rows if r["op"] is None] == [
-        (seconds, inc) for seconds, inc, op, _ in source if op == "d"]
 
 
 def test_one_launch_materialises_a_collection_end_to_end(stack: Stack) -> None:
