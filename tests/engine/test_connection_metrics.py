@@ -13,12 +13,15 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 from pymongo import MongoClient, monitoring
+from pymongo.database import Database
 from pymongo.errors import PyMongoError
 
 from mongocdc_core.coordinator import Engine
@@ -50,6 +53,48 @@ class Attempts(ProgressListener):
         self.states.append(state)
 
 
+@dataclass
+class StreamingEngine:
+    """An engine streaming a replica set's ``metrics`` database into memory, and a writer to that database."""
+
+    db: Database[Any]
+    offsets: MemoryOffsetStore
+    sink: MemorySink
+    attempts: Attempts
+    engine: Engine
+    background: Background
+
+    def delivered(self, marker: object) -> bool:
+        """Whether the insert of ``_id`` ``marker`` reached the sink (and the engine has not failed)."""
+        self.background.check()
+        return any(orjson.loads(v["after"])["_id"] == marker for v in self.sink.values() if v["op"] == "c")
+
+
+@contextmanager
+def streaming_engine(replica_set: EmulatedReplicaSet) -> Iterator[StreamingEngine]:
+    """The set-up of both streaming tests: no snapshot, a short server selection and few connection attempts, so
+    an outage soon restarts the connector with a new client. A context (not a fixture): a test may install
+    command listeners before the engine's clients are made."""
+    writer: MongoClient[Any] = MongoClient(replica_set.uri, serverSelectionTimeoutMS=30_000, retryWrites=True)
+    db = writer["metrics"]
+    db.warmup.insert_one({})  # a fresh emulator's oplog must not be empty
+    cfg = make_config(replica_set.uri, db.name, **{
+        "snapshot.mode": "no_data", "mongodb.server.selection.timeout.ms": 300, "connect.max.attempts": 2,
+        "retriable.restart.connector.wait.ms": 100,
+    })
+    offsets = MemoryOffsetStore()
+    sink = MemorySink()
+    attempts = Attempts()
+    engine = Engine(cfg, sink, offsets, progress=attempts)
+    background = Background(engine).start()
+    try:
+        yield StreamingEngine(db, offsets, sink, attempts, engine, background)
+    finally:
+        engine.stop()
+        background.wait()
+        writer.close()
+
+
 def step_down(emulator: EmulatedReplicaSet, attempts: Attempts) -> None:
     with MongoClient(emulator.uri, serverSelectionTimeoutMS=10_000) as client:
         try:
@@ -75,34 +120,14 @@ def long_restart(emulator: EmulatedReplicaSet, attempts: Attempts) -> None:
                          ids=["step-down", "step-down-twice", "restart", "restart-twice", "long-restart"])
 def test_each_loss_of_the_primary_is_one_disconnect_and_one_election(
         replica_set: EmulatedReplicaSet, fault: Callable[[EmulatedReplicaSet, Attempts], None], losses: int) -> None:
-    writer: MongoClient[Any] = MongoClient(replica_set.uri, serverSelectionTimeoutMS=30_000, retryWrites=True)
-    db = writer["metrics"]
-    db.warmup.insert_one({})  # a fresh emulator's oplog must not be empty
-    cfg = make_config(replica_set.uri, db.name, **{
-        "snapshot.mode": "no_data", "mongodb.server.selection.timeout.ms": 300, "connect.max.attempts": 2,
-        "retriable.restart.connector.wait.ms": 100,
-    })
-    offsets = MemoryOffsetStore()
-    sink = MemorySink()
-    attempts = Attempts()
-    engine = Engine(cfg, sink, offsets, progress=attempts)
-    bg = Background(engine).start()
-    try:
-        wait_for(lambda: offsets.load() is not None)
-        db.a.insert_one({"_id": "before"})
+    with streaming_engine(replica_set) as run:
+        wait_for(lambda: run.offsets.load() is not None)
+        run.db.a.insert_one({"_id": "before"})
         for loss in range(losses):
-            fault(replica_set, attempts)
-            db.a.insert_one({"_id": loss})  # written to the new primary: delivered once the stream resumed there
-
-            def delivered(marker: int = loss) -> bool:
-                bg.check()
-                return any(orjson.loads(v["after"])["_id"] == marker for v in sink.values() if v["op"] == "c")
-
-            wait_for(delivered, timeout=60)
-    finally:
-        engine.stop()
-        bg.wait()
-        writer.close()
+            fault(replica_set, run.attempts)
+            run.db.a.insert_one({"_id": loss})  # written to the new primary: delivered once the stream resumed there
+            wait_for(lambda marker=loss: run.delivered(marker), timeout=60)
+    engine = run.engine
     streaming, snapshot = engine.metrics.streaming, engine.metrics.snapshot
     assert (streaming.NumberOfDisconnects, snapshot.NumberOfDisconnects) == (losses, 0)
     assert streaming.NumberOfPrimaryElections == losses
@@ -140,41 +165,23 @@ def test_a_reply_read_as_the_server_went_away_does_not_end_the_loss(
     one disconnect (an earlier version took the late answer as MongoDB answering again and counted two)."""
     held = HeldReply()
     monkeypatch.setattr(monitoring, "_LISTENERS", monitoring._Listeners([held], [], [], [], []))  # clients made from now
-    writer: MongoClient[Any] = MongoClient(replica_set.uri, serverSelectionTimeoutMS=30_000, retryWrites=True)
-    db = writer["metrics"]
-    db.warmup.insert_one({})
-    cfg = make_config(replica_set.uri, db.name, **{
-        "snapshot.mode": "no_data", "mongodb.server.selection.timeout.ms": 300, "connect.max.attempts": 2,
-        "retriable.restart.connector.wait.ms": 100,
-    })
-    sink = MemorySink()
-    offsets = MemoryOffsetStore()
-    attempts = Attempts()
-    engine = Engine(cfg, sink, offsets, progress=attempts)
-    bg = Background(engine).start()
-
-    def delivered(marker: str) -> bool:
-        bg.check()
-        return any(orjson.loads(v["after"])["_id"] == marker for v in sink.values() if v["op"] == "c")
-
-    try:
-        wait_for(lambda: offsets.load() is not None)
-        db.a.insert_one({"_id": "before"})
-        wait_for(lambda: delivered("before"), timeout=60)
-        held.armed.set()
-        wait_for(held.holding.is_set, timeout=60)  # a getMore answered, its reply not handed over yet
-        replica_set.stop()
-        wait_for(lambda: engine.metrics.streaming.NumberOfDisconnects == 1, timeout=60)  # the monitor saw it go
-        held.release.set()
-        wait_for(lambda: len(attempts.states) >= 4, timeout=60)  # the stream's attempts, then the restart's
-        replica_set.start()
-        db.a.insert_one({"_id": "after"})
-        wait_for(lambda: delivered("after"), timeout=60)
-    finally:
-        held.release.set()
-        engine.stop()
-        bg.wait()
-        writer.close()
+    with streaming_engine(replica_set) as run:
+        engine = run.engine
+        try:
+            wait_for(lambda: run.offsets.load() is not None)
+            run.db.a.insert_one({"_id": "before"})
+            wait_for(lambda: run.delivered("before"), timeout=60)
+            held.armed.set()
+            wait_for(held.holding.is_set, timeout=60)  # a getMore answered, its reply not handed over yet
+            replica_set.stop()
+            wait_for(lambda: engine.metrics.streaming.NumberOfDisconnects == 1, timeout=60)  # the monitor saw it go
+            held.release.set()
+            wait_for(lambda: len(run.attempts.states) >= 4, timeout=60)  # the stream's attempts, then the restart's
+            replica_set.start()
+            run.db.a.insert_one({"_id": "after"})
+            wait_for(lambda: run.delivered("after"), timeout=60)
+        finally:
+            held.release.set()  # before the engine stops: a held reader would keep it from stopping
     assert (engine.metrics.streaming.NumberOfDisconnects, engine.metrics.snapshot.NumberOfDisconnects) == (1, 0)
 
 
