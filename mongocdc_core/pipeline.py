@@ -307,6 +307,7 @@ class CapturePipeline:
             self.client, self.cfg, list(namespaces), emit, threads=threads,
             chunk_size=min(self.cfg.max_batch_size, 1024), filters=filters, stop=threading.Event(),
             progress=progress, split_size=split_size, prepare=prepare, at_cluster_time=at_cluster_time,
+            connection=self.metrics,
         )
         forward = threading.Thread(target=_forward_stop, args=(self.stop_event, copier.stop), daemon=True)
         forward.start()

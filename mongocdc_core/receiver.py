@@ -31,7 +31,8 @@ class SnapshotChunk:
     each range's worker in parallel); None (not prepared, or its preparation failed): the
     receiver converts the documents itself. ``asked``: :attr:`~mongocdc_core.metrics.ConnectorMetrics.losses`
     when its documents were asked for (they may be handed over long after, as an incremental
-    snapshot's chunk when the stream closes its window); None: read just before they are handed over.
+    snapshot's chunk when the stream closes its window, or a snapshot copier's batch read ahead while the
+    previous one was delivered); None: read just before they are handed over.
     """
 
     namespace: str

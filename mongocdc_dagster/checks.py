@@ -172,8 +172,10 @@ def build_gap_check(cdc: CdcAssets) -> AssetChecksDefinition | None:
         # None: judged by the attempts alone; the oplog-window sensor reports the rest
         oplog_first = readable_oplog_start(resource_of(context, cdc.names.mongocdc, MongoCdcResource))
         failed = failed_repairs(context.instance, cdc.windows)
-        for check_key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.to_user_string()):
-            verdict = judge(context.instance, cdc, slices[check_key.asset_key], now, oplog_first, failed)
+        selected = sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.to_user_string())
+        histories = cdc.histories(context.instance, [slices[check_key.asset_key] for check_key in selected])
+        for check_key in selected:
+            verdict = judge(cdc, histories[slices[check_key.asset_key]], now, oplog_first, failed)
             yield verdict.result(check_key.asset_key)
 
     return continuity

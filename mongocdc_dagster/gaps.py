@@ -43,7 +43,7 @@ from pymongo.errors import PyMongoError
 
 from mongocdc_core.source.errors import CdcError
 from mongocdc_dagster.assets.cdc import ENVELOPE_CHECK, CdcAssets, plan_window_read
-from mongocdc_dagster.landed_history import CollectionHistory, collection_history, missing_windows
+from mongocdc_dagster.landed_history import CollectionHistory, missing_windows
 from mongocdc_dagster.logs import RUN_CONFIG
 from mongocdc_dagster.metadata import position_time
 from mongocdc_dagster.partitions import MAX_WINDOWS_PER_RUN, SliceWindows
@@ -186,14 +186,14 @@ def find_holes(history: CollectionHistory, windows: SliceWindows, key: AssetKey,
                  tuple(k for k in missing if windows.window(k).start >= last), tuple(due), frozenset(retried))
 
 
-def judge(instance: DagsterInstance, cdc: CdcAssets, namespace: str, now: datetime,
-          oplog_first: Timestamp | None, failed: Sequence[Attempt]) -> GapVerdict:
-    """``no_gap_since_snapshot`` of one collection now (a dropped one: passes, with nothing more to land)."""
-    key = cdc.key(namespace, "slices")
-    history = collection_history(instance, namespace, cdc.snapshot_keys(namespace), key, cdc.windows)
+def judge(cdc: CdcAssets, history: CollectionHistory, now: datetime, oplog_first: Timestamp | None,
+          failed: Sequence[Attempt]) -> GapVerdict:
+    """``no_gap_since_snapshot`` of one collection now, from its landed history (``CdcAssets.histories``, read
+    for all the collections judged at once); a dropped one passes, with nothing more to land."""
+    namespace = history.namespace
     if namespace in cdc.dropped:
         return GapVerdict(Holes(namespace), since_text(history), len(history.window_keys), cdc.dropped[namespace])
-    holes = find_holes(history, cdc.windows, key, now, oplog_first, failed)
+    holes = find_holes(history, cdc.windows, cdc.key(namespace, "slices"), now, oplog_first, failed)
     return GapVerdict(holes, since_text(history), len(history.window_keys))
 
 

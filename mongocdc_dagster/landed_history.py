@@ -7,8 +7,8 @@ is complete when all its ranges landed, and holds from its earliest range's posi
 snapshots copy part of a collection and never count.
 
 The oplog-window sensor, the gap sensor and the continuity check each read every collection's history; a
-history is read again only when one of its assets was materialised since (one query per collection says
-so), as the tick of a sensor over hundreds of collections would otherwise read them all each time.
+history is read again only when one of its assets was materialised since (one query for all the collections
+of a tick says so), as the tick of a sensor over hundreds of collections would otherwise read them all each time.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, TimeWindow
 
@@ -82,8 +83,8 @@ class CollectionHistory:
 #: asset's wipe time. The storage id alone is not enough: a wipe of the whole instance deletes the asset rows (no
 #: wipe time survives) and SQLite then hands out the same ids again, so as many landings after it would look
 #: unchanged; their time and partition differ. A storage id lower than the one read (it went down) differs too.
-_Stamp = tuple[tuple[int | None, float | None, str | None, float | None], ...]
-_Read = tuple[_Stamp, tuple[AssetKey, ...], SliceWindows, CollectionHistory]
+_Stamp = tuple[int | None, float | None, str | None, float | None]
+_Read = tuple[tuple[_Stamp, ...], tuple[AssetKey, ...], SliceWindows, CollectionHistory]
 #: The most histories held (least recently used dropped first): a few per collection of every storage in use.
 _READ_LIMIT = 4096
 #: The histories read, by event storage and slices asset: the oplog-window sensor, the gap sensor and the
@@ -101,45 +102,58 @@ def _storage_of(instance: DagsterInstance) -> Hashable | None:
     return None if instance.is_ephemeral else instance.get_ref().event_storage_data
 
 
-def _stamp(instance: DagsterInstance, keys: Sequence[AssetKey]) -> _Stamp:
-    """One query: the latest materialisation (and wipe) of each asset a history is read from; any new one changes
-    it."""
+class HistorySource(NamedTuple):
+    """The assets one collection's landed history is read from."""
+
+    namespace: str
+    snapshot_keys: tuple[AssetKey, ...]
+    slices_key: AssetKey
+
+
+def _stamps(instance: DagsterInstance, keys: Sequence[AssetKey]) -> dict[AssetKey, _Stamp]:
+    """One query for all ``keys`` (every collection of a tick): the latest materialisation (and wipe) of each
+    asset a history is read from; any new one changes its stamp."""
     entries = {record.asset_entry.asset_key: record.asset_entry for record in instance.get_asset_records(list(keys))}
-    stamp: list[tuple[int | None, float | None, str | None, float | None]] = []
+    stamps: dict[AssetKey, _Stamp] = {}
     for key in keys:
         entry = entries.get(key)
         latest = entry.last_materialization_record if entry is not None else None
         details = entry.asset_details if entry is not None else None
         wiped = details.last_wipe_timestamp if details is not None else None
-        if latest is None:
-            stamp.append((None, None, None, wiped))
-        else:
-            stamp.append((latest.storage_id, latest.timestamp, latest.partition_key, wiped))
-    return tuple(stamp)
+        stamps[key] = ((None, None, None, wiped) if latest is None
+                       else (latest.storage_id, latest.timestamp, latest.partition_key, wiped))
+    return stamps
 
 
-def collection_history(instance: DagsterInstance, namespace: str, snapshot_keys: Iterable[AssetKey],
-                       slices_key: AssetKey, windows: SliceWindows) -> CollectionHistory:
-    """The collection's history, read from the instance only when one of its assets was materialised (or wiped)
-    since it was last read in this process: otherwise one query says it is unchanged."""
-    snapshots = tuple(snapshot_keys)
+def collection_histories(instance: DagsterInstance, sources: Sequence[HistorySource],
+                         windows: SliceWindows) -> dict[str, CollectionHistory]:
+    """Each collection's history (by namespace), read from the instance only when one of its assets was
+    materialised (or wiped) since it was last read in this process: one query for all of them says which (a
+    sensor tick over hundreds of collections makes one, not one per collection)."""
     storage = _storage_of(instance)
     if storage is None:
-        return _read_history(instance, namespace, snapshots, slices_key, windows)
-    stamp = _stamp(instance, (slices_key, *snapshots))  # before the read: one landing during it is read again
-    entry = (storage, slices_key)
-    with _READ_LOCK:
-        read = _READ.get(entry)
-        if read is not None and read[:3] == (stamp, snapshots, windows) and read[3].namespace == namespace:
+        return {s.namespace: _read_history(instance, *s, windows) for s in sources}
+    # before the reads: one landing during them is read again
+    stamps = _stamps(instance, [key for s in sources for key in (s.slices_key, *s.snapshot_keys)])
+    histories: dict[str, CollectionHistory] = {}
+    for source in sources:
+        stamp = tuple(stamps[key] for key in (source.slices_key, *source.snapshot_keys))
+        entry = (storage, source.slices_key)
+        with _READ_LOCK:
+            read = _READ.get(entry)
+            if (read is not None and read[:3] == (stamp, source.snapshot_keys, windows)
+                    and read[3].namespace == source.namespace):
+                _READ.move_to_end(entry)
+                histories[source.namespace] = read[3]
+                continue
+        history = _read_history(instance, *source, windows)
+        with _READ_LOCK:
+            _READ[entry] = (stamp, source.snapshot_keys, windows, history)
             _READ.move_to_end(entry)
-            return read[3]
-    history = _read_history(instance, namespace, snapshots, slices_key, windows)
-    with _READ_LOCK:
-        _READ[entry] = (stamp, snapshots, windows, history)
-        _READ.move_to_end(entry)
-        while len(_READ) > _READ_LIMIT:
-            _READ.popitem(last=False)
-    return history
+            while len(_READ) > _READ_LIMIT:
+                _READ.popitem(last=False)
+        histories[source.namespace] = history
+    return histories
 
 
 def _read_history(instance: DagsterInstance, namespace: str, snapshot_keys: Sequence[AssetKey], slices_key: AssetKey,

@@ -50,7 +50,7 @@ from mongocdc_dagster.gaps import (
     readable_oplog_start,
     repair_request,
 )
-from mongocdc_dagster.landed_history import collection_history, needed_window_start
+from mongocdc_dagster.landed_history import needed_window_start
 from mongocdc_dagster.logs import RUN_CONFIG
 from mongocdc_dagster.metadata import position_time
 from mongocdc_dagster.partitions import ranges_partitions_name
@@ -387,10 +387,7 @@ def build_oplog_window_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefiniti
         at_risk: dict[str, list[str]] = {}
         lags: dict[str, float] = {}
         run_requests: list[RunRequest] = []
-        for namespace in cdc.namespaces:
-            slices_key = cdc.key(namespace, "slices")
-            history = collection_history(context.instance, namespace, cdc.snapshot_keys(namespace), slices_key,
-                                         cdc.windows)
+        for namespace, history in cdc.histories(context.instance, cdc.namespaces).items():
             if history.window_keys:
                 lags[namespace] = round((now - cdc.windows.window(history.window_keys[-1]).end).total_seconds(), 1)
             needed = needed_window_start(history, cdc.windows)
@@ -486,8 +483,8 @@ def build_slice_gaps_sensor(interval_s: int, cdc: CdcAssets) -> SensorDefinition
         due: dict[str, Holes] = {}
         waiting: list[str] = []
         verdicts: list[AssetCheckEvaluation] = []
-        for namespace in cdc.namespaces:
-            verdict = judge(context.instance, cdc, namespace, now, oplog_first, failed)
+        for namespace, history in cdc.histories(context.instance, cdc.namespaces).items():
+            verdict = judge(cdc, history, now, oplog_first, failed)
             holes = verdict.holes
             if holes.landable and cfg.collection_included(*namespace.split(".", 1)):
                 if holes.due:

@@ -79,18 +79,20 @@ def _bounds(data: bytes) -> list[int]:
 class RawDocuments(Sequence[dict[str, Any]]):
     """Documents ``lo..hi`` of raw BSON ``data`` (starts at ``bounds``), as a sequence of dicts.
 
-    Slicing shares the bytes; items are decoded on access with ``codec_options``.
+    Slicing shares the bytes (and ``asked``); items are decoded on access with ``codec_options``. ``asked``:
+    the connection losses counted when the batch was asked for (``SnapshotChunk.asked``), None when unknown.
     """
 
-    __slots__ = ("bounds", "codec_options", "data", "hi", "lo")
+    __slots__ = ("asked", "bounds", "codec_options", "data", "hi", "lo")
 
     def __init__(self, data: bytes, codec_options: CodecOptions[dict[str, Any]], bounds: list[int] | None = None,
-                 lo: int = 0, hi: int | None = None) -> None:
+                 lo: int = 0, hi: int | None = None, asked: int | None = None) -> None:
         self.data = data
         self.codec_options = codec_options
         self.bounds = _bounds(data) if bounds is None else bounds
         self.lo = lo
         self.hi = len(self.bounds) - 1 if hi is None else hi
+        self.asked = asked
 
     def __len__(self) -> int:
         return self.hi - self.lo
@@ -105,7 +107,7 @@ class RawDocuments(Sequence[dict[str, Any]]):
             if step != 1:
                 raise ValueError("raw documents slice only with step 1")
             return RawDocuments(self.data, self.codec_options, self.bounds, self.lo + start,
-                                self.lo + max(start, stop))
+                                self.lo + max(start, stop), self.asked)
         if index < 0:
             index += len(self)
         if not 0 <= index < len(self):

@@ -251,8 +251,9 @@ class ConnectorMetrics:
     def connection_restored(self, asked: int | None) -> None:
         """MongoDB answered the connector again. ``asked``: :attr:`losses` when the question was sent; the
         answer to a question sent before the last loss was counted ends nothing (a reply read just as the
-        server went away, while the driver's monitor already reported the loss). None: an answer that is
-        taken as new (a heartbeat with a new ``topologyVersion``; documents a snapshot read)."""
+        server went away, while the driver's monitor already reported the loss; a snapshot's batch read
+        ahead before the loss and handed over after it). None: an answer that is taken as new (a heartbeat
+        with a new ``topologyVersion``; documents read by a copier without metrics)."""
         with self._connection_lock:
             if asked is None or asked == self.losses:
                 self._reachable = True

@@ -31,6 +31,7 @@ from pymongo.topology_description import TOPOLOGY_TYPE
 
 from mongocdc_core.config import ConnectorConfig
 from mongocdc_core.events.raw import RawDocuments, native
+from mongocdc_core.metrics import ConnectorMetrics
 from mongocdc_core.offsets.model import SnapshotState
 from mongocdc_core.positions import Position
 from mongocdc_core.receiver import SnapshotChunk, StartPoint
@@ -253,20 +254,22 @@ def estimate_count(
 
 
 def read_at_cluster_time(
-    client: MongoClient[Any], namespace: str, at: Timestamp, query: dict[str, Any], batch_size: int
+    client: MongoClient[Any], namespace: str, at: Timestamp, query: dict[str, Any], batch_size: int,
+    connection: ConnectorMetrics | None = None,
 ) -> Iterator[RawDocuments]:
     """Batches of ``namespace`` as it was at cluster time ``at``, in ``_id`` order.
 
     One ``find`` with ``readConcern: {level: "snapshot", atClusterTime}`` and its ``getMore``s in one
-    session (:func:`_own_cursor`). Raises :class:`SnapshotReadUnavailable` when the server refuses (the
-    time has left its snapshot history, error 239) or answers without reading at that time (no
-    ``atClusterTime`` in the cursor: snapshot reads not supported).
+    session (:func:`_own_cursor`; ``connection``'s losses tag each batch, as in :func:`raw_batches`).
+    Raises :class:`SnapshotReadUnavailable` when the server refuses (the time has left its snapshot
+    history, error 239) or answers without reading at that time (no ``atClusterTime`` in the cursor:
+    snapshot reads not supported).
     """
     db, _, coll = namespace.partition(".")
     where = f"snapshot read of {namespace} at Timestamp({at.time}, {at.inc})"
     concern = {"level": "snapshot", "atClusterTime": at}
     try:
-        yield from _own_cursor(client[db][coll], query, max(1, batch_size), concern, at)
+        yield from _own_cursor(client[db][coll], query, max(1, batch_size), concern, at, connection)
     except OperationFailure as exc:
         raise SnapshotReadUnavailable(f"{where} refused: {exc.details.get('errmsg') if exc.details else exc}") from exc
     except _NotReadAtTime:
@@ -306,22 +309,33 @@ def _pinned(collection: Collection[Any]) -> bool:
     return client.topology_description.topology_type in _PINNED_TOPOLOGIES
 
 
-def raw_batches(collection: Collection[Any], query: dict[str, Any], batch_size: int) -> Iterator[RawDocuments]:
+def raw_batches(collection: Collection[Any], query: dict[str, Any], batch_size: int,
+                connection: ConnectorMetrics | None = None) -> Iterator[RawDocuments]:
     """The documents matching ``query`` in ``_id`` order, one :class:`RawDocuments` per server batch.
 
     Reading the primary of a replica set (or one server): :func:`_own_cursor`. Otherwise (mongos,
     secondary reads): pymongo's ``find_raw_batches``, which keeps its cursor on the server that
-    opened it.
+    opened it. Each batch is tagged with ``connection``'s losses when it was asked for
+    (``RawDocuments.asked``): a batch read ahead before a loss and handed over after it ends nothing.
     """
     if _pinned(collection):
         concern = collection.read_concern.document
-        yield from _own_cursor(collection, query, batch_size, concern or None, None)
+        yield from _own_cursor(collection, query, batch_size, concern or None, None, connection)
         return
     options = collection.codec_options
     cursor = collection.find_raw_batches(query, batch_size=batch_size, sort=[("_id", 1)])
     with cursor:
-        for batch in cursor:
-            yield RawDocuments(batch, options)
+        while True:
+            asked = _losses(connection)
+            batch = next(cursor, None)
+            if batch is None:
+                return
+            yield RawDocuments(batch, options, asked=asked)
+
+
+def _losses(connection: ConnectorMetrics | None) -> int | None:
+    """``ConnectorMetrics.losses`` as a read is sent (None without metrics: a read taken as new)."""
+    return connection.losses if connection is not None else None
 
 
 class _NotReadAtTime(Exception):
@@ -341,13 +355,14 @@ def _cut(reply: RawBSONDocument) -> tuple[int, bytes, list[int] | None, tuple[in
 
 def _own_cursor(
     collection: Collection[Any], query: dict[str, Any], batch_size: int, read_concern: dict[str, Any] | None,
-    at: Timestamp | None,
+    at: Timestamp | None, connection: ConnectorMetrics | None,
 ) -> Iterator[RawDocuments]:
     """``find`` (in ``_id`` order) and its ``getMore``s in one session, on the server it went to (the
     caller makes sure every command goes there); each reply's batch cut out of its BSON by the
     compiled module, with no Python object per document (pymongo's raw batch cursor builds one per
     document to join them). The ``find`` is retried once after a network error or a lost primary, as
     pymongo retries reads; a cursor left open is killed. With ``at``, a reply must say it read then.
+    Each batch carries ``connection``'s losses when its command was sent (``RawDocuments.asked``).
 
     After an election the next ``getMore`` goes to the new primary, which does not know the cursor
     (CursorNotFound): the copy fails and the connector's restart resumes it from its recorded
@@ -367,20 +382,23 @@ def _own_cursor(
     with client.start_session(causal_consistency=False) as session:
         cursor_id = 0
         try:
+            asked = _losses(connection)
             try:
                 reply = database.command(find, session=session, codec_options=raw_reply)
             except ConnectionFailure:
                 if not client.options.retry_reads:
                     raise
+                asked = _losses(connection)
                 reply = database.command(find, session=session, codec_options=raw_reply)
             cursor_id, data, bounds, read_at = _cut(reply)
             if at is not None and read_at != (at.time, at.inc):
                 raise _NotReadAtTime
             while True:
                 if data:
-                    yield RawDocuments(data, options, bounds)
+                    yield RawDocuments(data, options, bounds, asked=asked)
                 if not cursor_id:
                     return
+                asked = _losses(connection)
                 reply = database.command({"getMore": Int64(cursor_id), **more}, session=session,
                                          codec_options=raw_reply)
                 cursor_id, data, bounds, _ = _cut(reply)
@@ -517,6 +535,7 @@ class SnapshotCopier:
         split_size: int | None = None,
         prepare: PrepareFn | None = None,
         at_cluster_time: Timestamp | None = None,
+        connection: ConnectorMetrics | None = None,
     ) -> None:
         self.client = client
         self.cfg = cfg
@@ -530,13 +549,15 @@ class SnapshotCopier:
         self.split_size = int(cfg.mongocdc_snapshot_split_size if split_size is None else split_size)
         self.progress = progress
         self.at_cluster_time = at_cluster_time
+        self.connection = connection  # its losses tag each batch's read (SnapshotChunk.asked)
         self._collections = list(collections)
         self._pending: list[_Unit] = []
         self._parts_left: dict[str, int] = {}
         self._started: set[str] = set()
         self._emitted_any = progress is not None and progress.delivered
-        self._tails: dict[str, tuple[int, dict[str, Any]]] = {}  # a finished range's final record, per collection
-        self._last: tuple[str, int, dict[str, Any]] | None = None  # a finished collection's final record
+        # a finished range's final record, per collection (its part, the record, its batch's asked)
+        self._tails: dict[str, tuple[int, dict[str, Any], int | None]] = {}
+        self._last: tuple[str, int, dict[str, Any], int | None] | None = None  # a finished collection's final record
         self._lock = threading.Lock()
         self._errors: list[BaseException] = []
         # Chunks ordered under the lock wait here with their tickets until the worker that ordered
@@ -644,8 +665,9 @@ class SnapshotCopier:
 
         def open_cursor() -> Iterable[RawDocuments]:
             if at is not None:
-                return read_at_cluster_time(self.client, unit.namespace, at, unit.query, self.fetch_size or self.chunk_size)
-            return raw_batches(collection, unit.query, self.fetch_size)
+                return read_at_cluster_time(self.client, unit.namespace, at, unit.query,
+                                            self.fetch_size or self.chunk_size, self.connection)
+            return raw_batches(collection, unit.query, self.fetch_size, self.connection)
 
         batches = _Prefetch(open_cursor, self.stop, f"mongocdc-snapshot-read-{unit.namespace}-{unit.part}")
         size = self.chunk_size
@@ -671,7 +693,7 @@ class SnapshotCopier:
         finally:
             batches.close()
 
-    def _deliver(self, namespace: str, part: int, docs: Sequence[dict[str, Any]], *, part_done: bool) -> bool:
+    def _deliver(self, namespace: str, part: int, docs: RawDocuments, *, part_done: bool) -> bool:
         """A chunk of a range (``part_done``: the range's last): ordered under the lock, then handed over."""
         return self._ordered(lambda: self._order(namespace, part, docs, part_done=part_done))
 
@@ -721,20 +743,21 @@ class SnapshotCopier:
             raise failure
         return ok
 
-    def _order(self, namespace: str, part: int, docs: Sequence[dict[str, Any]], *, part_done: bool) -> bool:
+    def _order(self, namespace: str, part: int, docs: RawDocuments, *, part_done: bool) -> bool:
         """Decide the chunks of :meth:`_deliver` (under the lock); holds back final records (see the class)."""
+        asked = docs.asked
         if not part_done:
-            return self._enqueue(namespace, part, docs, part_done=False)
+            return self._enqueue(namespace, part, docs, part_done=False, asked=asked)
         tail = docs[-1] if docs else None
-        if tail is not None and not self._enqueue(namespace, part, docs[:-1], part_done=False):
+        if tail is not None and not self._enqueue(namespace, part, docs[:-1], part_done=False, asked=asked):
             return False
         if tail is None and not self._enqueue(namespace, part, [], part_done=True):
             return False
         if tail is not None:
             held = self._tails.pop(namespace, None)
-            if held is not None and not self._enqueue(namespace, held[0], [held[1]], part_done=True):
+            if held is not None and not self._enqueue(namespace, held[0], [held[1]], part_done=True, asked=held[2]):
                 return False
-            self._tails[namespace] = (part, tail)
+            self._tails[namespace] = (part, tail, asked)
         self._parts_left[namespace] -= 1
         if self._parts_left[namespace] > 0:
             return True
@@ -744,7 +767,7 @@ class SnapshotCopier:
             return self._enqueue(namespace, part, [], part_done=False, final=True)
         if not self._release_last(last=False):  # another collection's final record: not the last
             return False
-        self._last = (namespace, final[0], final[1])
+        self._last = (namespace, *final)
         return True
 
     def _release_last(self, *, last: bool) -> bool:
@@ -752,14 +775,15 @@ class SnapshotCopier:
         held, self._last = self._last, None
         if held is None:
             return True
-        namespace, part, doc = held
-        return self._enqueue(namespace, part, [doc], part_done=True, final=True, last=last)
+        namespace, part, doc, asked = held
+        return self._enqueue(namespace, part, [doc], part_done=True, final=True, last=last, asked=asked)
 
     def _enqueue(
         self, namespace: str, part: int, docs: Sequence[dict[str, Any]], *, part_done: bool, final: bool = False,
-        last: bool = False,
+        last: bool = False, asked: int | None = None,
     ) -> bool:
-        """Queue one chunk with its markers and the next ticket (under the lock); False once stopping."""
+        """Queue one chunk with its markers and the next ticket (under the lock); False once stopping. ``asked``:
+        the losses counted when its documents were read (:attr:`RawDocuments.asked`, :attr:`SnapshotChunk.asked`)."""
         if docs and self._last is not None and self._last[0] != namespace:
             if not self._release_last(last=False):  # another collection follows it: not the last record
                 return False
@@ -775,6 +799,7 @@ class SnapshotCopier:
             self._emitted_any = True
             self._started.add(namespace)
         after = encode_key(docs[-1]["_id"]) if docs else None
-        self._outbox.append((self._tickets, SnapshotChunk(namespace, docs, markers, final, part, part_done, after)))
+        self._outbox.append((self._tickets, SnapshotChunk(namespace, docs, markers, final, part, part_done, after,
+                                                          asked=asked)))
         self._tickets += 1
         return not self.stop.is_set()

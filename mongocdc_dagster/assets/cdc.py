@@ -37,6 +37,7 @@ from dagster import (
     AssetSpec,
     BackfillPolicy,
     Config,
+    DagsterInstance,
     Failure,
     MaterializeResult,
     MetadataValue,
@@ -56,7 +57,14 @@ from mongocdc_core.sinks.tee import TeeSink
 from mongocdc_core.source.errors import HistoryLostError
 from mongocdc_core.source.ranges import IdRange
 from mongocdc_dagster.discovery import KEEP_DROPPED, DiscoveryState
-from mongocdc_dagster.landed_history import COVERS_FROM, PARTIAL, snapshot_position
+from mongocdc_dagster.landed_history import (
+    COVERS_FROM,
+    PARTIAL,
+    CollectionHistory,
+    HistorySource,
+    collection_histories,
+    snapshot_position,
+)
 from mongocdc_dagster.landing_checks import (
     EnvelopeReport,
     Expectation,
@@ -359,6 +367,12 @@ class CdcAssets:
     @property
     def namespaces(self) -> list[str]:
         return sorted({ns for ns, _ in self.keys})
+
+    def histories(self, instance: DagsterInstance, namespaces: Sequence[str]) -> dict[str, CollectionHistory]:
+        """The landed histories of ``namespaces`` (one storage query for all of them when none changed)."""
+        return collection_histories(instance, [
+            HistorySource(ns, tuple(self.snapshot_keys(ns)), self.key(ns, "slices")) for ns in namespaces],
+            self.windows)
 
 
 def collection_props(kind: CdcKind, namespace: str, cfg: ConnectorConfig, settings: CdcSettings,

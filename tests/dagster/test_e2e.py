@@ -23,11 +23,11 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -46,6 +46,7 @@ from mongocdc_core.tables import spark_session
 from mongocdc_dagster import local_stack
 from mongocdc_dagster.partitions import floor_to
 from tests.dagster.cdc_helpers import write_config
+from tests.dagster.processes import stop, wait_for
 from tests.dagster.time_travel import travelling_replica_set
 
 # One stack per module: every test runs on the same xdist worker, in order (the later ones build on the earlier;
@@ -54,20 +55,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.daemon, pytest.mark.fault, pytest.ma
 
 BIN = Path(sys.executable).parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-T = TypeVar("T")
 KEY_FMT = "%Y-%m-%d-%H:%M"
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float, logs: list[Path]) -> T:
-    """Poll `probe` until it returns something truthy; on timeout fail with the process logs' tails."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(1.0)
-    tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in logs if p.exists())
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{tails}")
 
 
 @dataclass
@@ -128,17 +116,6 @@ def _server_up(port: int) -> bool:
         return False
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """Stop a process this test started, with the children it spawned (its own session)."""
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     if os.environ.get("MONGOCDC_TEST_MONGODB_URI"):
@@ -185,7 +162,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             yield stack
         finally:
             for process in processes:
-                _stop(process)
+                stop(process)
             client.close()
 
 

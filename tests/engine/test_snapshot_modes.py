@@ -359,6 +359,11 @@ def test_a_failing_prepare_stops_every_worker_and_is_raised(fresh_db: Any, mongo
     assert not emitted or emitted[0].markers[0] == "first"  # what was emitted is the start of the order
 
 
+def _raw(*docs: dict[str, Any]) -> RawDocuments:
+    """A raw batch, as the copier's cursors read them."""
+    return RawDocuments(b"".join(bson.encode(doc) for doc in docs), CodecOptions())
+
+
 def test_a_failure_while_ordering_chunks_leaves_no_turn_unpassed(fresh_db: Any, mongo_uri: str) -> None:
     """White-box: a worker that takes a ticket and then fails in the same locked section (here the
     held final record of collection x gets its ticket, then the chunk of y cannot be decoded) still
@@ -373,13 +378,13 @@ def test_a_failure_while_ordering_chunks_leaves_no_turn_unpassed(fresh_db: Any, 
     x, y = f"{fresh_db.name}.x", f"{fresh_db.name}.y"
     copier = SnapshotCopier(fresh_db.client, cfg, [x, y], emit, threads=2, filters={})
     copier._parts_left = {x: 1, y: 2}  # what run() plans: x in one range, y in two
-    assert copier._deliver(x, 0, [{"_id": 1}, {"_id": 2}], part_done=True)  # x's final record is now held
+    assert copier._deliver(x, 0, _raw({"_id": 1}, {"_id": 2}), part_done=True)  # x's final record is now held
     damaged = bytearray(bson.encode({"_id": 7, "s": "a"}))
     damaged[damaged.index(b"a\x00")] = 0xFF  # invalid UTF-8: decoding the chunk's last key fails
     with pytest.raises(bson.errors.InvalidBSON):
         copier._deliver(y, 0, RawDocuments(bytes(damaged), CodecOptions()), part_done=False)
     assert copier.stop.is_set()
-    other_worker = threading.Thread(target=copier._deliver, args=(y, 1, [{"_id": 9}]), kwargs={"part_done": False},
+    other_worker = threading.Thread(target=copier._deliver, args=(y, 1, _raw({"_id": 9})), kwargs={"part_done": False},
                                     daemon=True)
     other_worker.start()
     other_worker.join(60)
