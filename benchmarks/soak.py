@@ -36,11 +36,13 @@ A catch-up that does not reach the source by its deadline is a FAILED verdict wi
 written to ``benchmarks/soak.json`` all the same.
 
 Status: not yet seen passing, so ``make test`` leaves the CI-size test (marker ``soak``) out. Its last
-trial (2026-12-06 00:20 UTC, load 20-27 from other work on the 2 cores) caught up in 722 s: a table refresh
-took 7-9 minutes there (its Spark session 105 s to start), so its reconciliations read the source after the
-server's 5-minute snapshot history (NOT VERIFIED: a warning), and a refresh under way when a collection was
-dropped failed that collection's blocking check (DIFFERS at every key; fixed since: the keys of a collection
-dropped since are left out).
+trial (2026-12-06 00:20 UTC, load 20-42 from other work on the 2 cores) took 37 minutes (up 48 s, first
+snapshots 21 s, writers and faults 206 s, catch-up 722 s, verdict 1190 s, 600 of them waiting for refreshes
+queued after the catch-up, no longer waited for): every table equal to its collection, every changelog the
+source's events, no gap, the daemon's SIGKILL failing no run; it failed only on the collection dropped while
+a refresh ran (DIFFERS at every key, a blocking failure; fixed since: the keys of a collection dropped after
+the table's position are left out). Freshness p50 / p95 / p99 812 / 909 / 916 s: a table refresh waited
+107 s to start and ran 339 s (median; its Spark session took 105 s to start at that load).
 """
 
 from __future__ import annotations
