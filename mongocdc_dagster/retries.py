@@ -12,11 +12,12 @@
 - A run still to finish (:func:`in_flight`): queued, starting or running, or failed and marked to be retried
   (Dagster's ``dagster/will_retry`` tag): the schedule and the gap sensor request nothing new behind it.
 - The gap sensor's repair runs get no run retries: the sensor is their retrier (``gaps.py``), with a back-off.
-- A slice run whose worker died with the code server that launched it (a daemon restarted with its own code
-  server, as under ``make dev``, ends its process group) would stay STARTED for ever: Dagster's default run
-  launcher cannot see its worker, and the schedule requests nothing behind a run in flight. So slice runs
-  carry a maximum run time (:func:`slice_max_runtime`), after which run monitoring terminates them and the
-  schedule lands their windows again.
+- A slice run whose worker died with the code server that launched it (the one a daemon started for itself
+  from a ``python_module`` workspace, ended with that daemon; a deployment's own code server, docs/dagster.md,
+  outlives a daemon restart) would stay STARTED for ever: Dagster's default run launcher cannot see its worker,
+  and the schedule requests nothing behind a run in flight. So slice runs carry a maximum run time
+  (:func:`slice_max_runtime`), after which run monitoring terminates them and the schedule lands their windows
+  again.
 - A run that is terminated (the UI, a stop-snapshot signal) stops: :func:`stop_when_terminated` turns the
   interrupt Dagster raises in the step into a failure no policy retries (a ``RetryPolicy`` would otherwise
   run the step again in the terminated run, since Dagster retries an interrupted step under it).

@@ -213,8 +213,12 @@ def _read(cfg: ConnectorConfig, namespace: str, version: int, position: str | No
             "after that time)" if changed else ""))
     rows = _Rows()
     api.snapshot_collection(cfg, namespace, rows, filter={})
-    # changed since: every event after the time the table holds (the snapshot's own position included)
+    # changed since: every event after the time the table holds (the snapshot's own position included); a
+    # collection dropped since changed every key it had, which the drop's one event does not name
     changed = frozenset(_changed_since(cfg, namespace, at))
+    if namespace not in api.list_captured_collections(cfg):
+        changed |= {row["__key"] for row in log.select("__key").distinct().collect()}
+        reason += "; the collection was dropped since"
     return SourceRead(version, position, landing_table(rows.records), changed, None,
                       f"keys changed since {position} left out ({len(changed)} keys; {reason})")
 

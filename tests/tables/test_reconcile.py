@@ -380,6 +380,32 @@ def test_a_table_built_before_any_data_takes_its_types_from_the_first_data(
     assert result.table_rows == result.source_rows == 4, result
 
 
+@pytest.mark.fault
+def test_a_collection_dropped_after_the_tables_position_is_no_difference(spark: SparkSession, tmp_path: Path) -> None:
+    """The table's position left the server's snapshot history and the collection was dropped since (the soak
+    drops one while its refresh runs): the drop changed every key, though its one event names none, so no
+    key is compared with the empty collection read now; before, every key DIFFERED (a blocking failure)."""
+    with travelling_replica_set(behind_s=3600) as (uri, clock):
+        client: MongoClient = MongoClient(uri)
+        namespace = "gone.orders"
+        cfg = ConnectorConfig.from_dict({
+            "mongodb.connection.string": uri, "topic.prefix": "dbz", "collection.include.list": namespace,
+        })
+        client.gone.orders.insert_many([{"_id": i, "qty": i} for i in range(30)])
+        snap_path = tmp_path / "landing" / "snapshot" / namespace / "snapshot.parquet"
+        _snapshot_into(cfg, namespace, snap_path)
+        tables = CollectionTables.under(str(tmp_path / "tables"), namespace)
+        build(spark, tables, snap_path)
+        client.gone.drop_collection("orders")
+        clock.jump_to(datetime.fromtimestamp(api.current_cluster_time(cfg).time + 400, UTC))  # past the history
+        client.gone.other.insert_one({"_id": 1})  # the cluster time moves on
+        found = reconcile_at_position(spark, tables, cfg)
+        assert "the collection was dropped since" in found.method, found
+        assert (found.keys_compared, found.keys_excluded, found.mismatching_keys) == (0, 30, []), found
+        assert found.verdict == "unverified" and not found.passed, found
+        client.close()
+
+
 def _snapshot_into(cfg: ConnectorConfig, namespace: str, path: Path) -> None:
     sink = ParquetSink.to_file(path)
     api.snapshot_collection(cfg, namespace, sink)
