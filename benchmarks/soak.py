@@ -264,6 +264,16 @@ class Writers:
             thread.start()
         return threads
 
+    def add(self, collection: str) -> None:
+        """Write to ``collection`` from now on (one added mid-run, once it is snapshotted)."""
+        with self._lock:
+            self.collections.append(collection)
+
+    def remove(self, collection: str) -> None:
+        """Write no more to ``collection`` (one about to be dropped)."""
+        with self._lock:
+            self.collections.remove(collection)
+
     def _record(self, collection: str, key: Any, op: str, session: Any) -> None:
         ts: Timestamp = session.operation_time
         with self._lock:
@@ -808,8 +818,7 @@ def _add_collection(d: Deployment, writers: Writers, name: str, waits: list[thre
 
     def write_once_snapshotted() -> None:
         wait_for(f"the snapshot of {name}", lambda: _run_done(d, run_id), 900, d)
-        with writers._lock:
-            writers.collections.append(name)
+        writers.add(name)
 
     waits.append(threading.Thread(target=write_once_snapshotted, name="added-collection", daemon=True))
     waits[-1].start()
@@ -817,8 +826,7 @@ def _add_collection(d: Deployment, writers: Writers, name: str, waits: list[thre
 
 
 def _drop_collection(d: Deployment, writers: Writers, name: str) -> Fault:
-    with writers._lock:
-        writers.collections.remove(name)
+    writers.remove(name)
     time.sleep(3)  # a write of the quiet writer under way ends first
     with d.client() as client:
         client[DB].drop_collection(name)
