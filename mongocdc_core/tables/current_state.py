@@ -437,12 +437,12 @@ def sized_shuffles(spark: SparkSession, nbytes: int) -> Iterator[int]:
     cores = max(1, spark.sparkContext.defaultParallelism)
     sized = min(math.ceil(nbytes / _TARGET_PARTITION_BYTES), 4 * cores)
     partitions = max(1, sized, min(cores, nbytes // _MIN_PARTITION_BYTES))
-    with _setting(spark, "spark.sql.shuffle.partitions", str(partitions)):
+    with session_setting(spark, "spark.sql.shuffle.partitions", str(partitions)):
         yield partitions
 
 
 @contextmanager
-def _setting(spark: SparkSession, key: str, value: str) -> Iterator[None]:
+def session_setting(spark: SparkSession, key: str, value: str) -> Iterator[None]:
     """The session's ``key`` set to ``value`` for the block, then as the session had it (unset included)."""
     before = spark.conf.get(key, None)
     spark.conf.set(key, value)
@@ -473,7 +473,7 @@ def _small_plans(spark: SparkSession, small: bool) -> Iterator[None]:
         return
     with ExitStack() as settings:
         for key, value in _SMALL_PLANS.items():
-            settings.enter_context(_setting(spark, key, value))
+            settings.enter_context(session_setting(spark, key, value))
         yield
 
 
@@ -804,7 +804,7 @@ def _apply(spark: SparkSession, location: str, layout: Layout, source: DataFrame
     # The MERGE reads its source twice (to find the rows it touches, then to write them). Delta copies a
     # source that is not a plain Delta scan first, in case it changes in between; ours is a local
     # checkpoint, which cannot, so the copy is skipped (about half a second of a 10k-change refresh).
-    with _setting(spark, _MATERIALIZE_SOURCE, "none"):
+    with session_setting(spark, _MATERIALIZE_SOURCE, "none"):
         metrics = merge.execute().first()  # this MERGE's own figures (the history's latest may be another writer's)
     inserted, updated, deleted = (
         (int(metrics["num_inserted_rows"]), int(metrics["num_updated_rows"]), int(metrics["num_deleted_rows"]))

@@ -3,6 +3,7 @@ compacted and removed, what a user reads is unchanged, and refreshes stay increm
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,10 @@ def test_maintenance_compacts_and_vacuums_without_changing_what_users_read(spark
     kept = maintain(spark, tables, progress=said.append)  # the default week: compaction, nothing old enough to vacuum
     assert [line.split(": done in ")[0] for line in said if ": done in " in line] == [
         f"maintenance of {DB}.orders {kind}" for kind in ("changelog", "current_state")]
+    # VACUUM lists each table's one directory in a few tasks, not in Spark's default 10,000 (30 s each on two cores)
+    tasks = [int(re.search(r"(\d+) task\(s\)", line)[1]) for line in said if ": done in " in line]  # type: ignore[index]
+    assert all(0 < n < 200 for n in tasks), said
+    assert spark.conf.get("spark.sql.sources.parallelPartitionDiscovery.parallelism", None) is None  # restored
     assert kept["current_state_files_added"] >= 1 and kept["current_state_files_removed"] >= 2, kept
     assert kept["current_state_files_vacuumed"] == 0 and kept["changelog_files_vacuumed"] == 0, kept
     gone = maintain(spark, tables, retention_hours=0)  # an operator's choice below Delta's safety check
