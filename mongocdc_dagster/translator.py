@@ -45,6 +45,7 @@ from mongocdc_core.sinks.parquet import LANDING_SCHEMA
 if TYPE_CHECKING:  # private Dagster modules, named in annotations only (not evaluated at run time)
     from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView
     from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGraph
+    from dagster._core.definitions.events import AssetKeyPartitionKey
 
 CdcKind = Literal["snapshot", "incremental_snapshot", "slices", "changelog", "current_state"]
 CDC_KINDS: tuple[CdcKind, ...] = ("snapshot", "incremental_snapshot", "slices")
@@ -160,6 +161,43 @@ async def _pool_in_progress(graph: BaseAssetGraph, view: AssetGraphView, pools: 
     return False
 
 
+#: Materialisation metadata: whether it brought data its downstream tables have not seen (False: a slice window
+#: that held no event, a changelog refresh that found nothing new). Absent means it may have.
+NEW_DATA = "new_data"
+
+
+class BroughtData(AutomationCondition[AssetKey]):
+    """True for the asset partitions whose latest materialisation brought data (``new_data`` not False).
+
+    Evaluated on a table's dependencies after ``newly_updated``: a window that landed empty, the usual one of a
+    quiet collection, requests no refresh of its tables (hundreds of quiet collections each asked for one
+    every window). A snapshot always counts: even an empty one removes the rows its collection no longer has.
+    One event-log read per partition updated since the last tick."""
+
+    @property
+    def name(self) -> str:
+        return "brought_data"
+
+    @property
+    def description(self) -> str:
+        return "its latest materialisation brought new data"
+
+    @property
+    def requires_cursor(self) -> bool:
+        return False
+
+    def evaluate(self, context: AutomationContext[AssetKey]) -> AutomationResult[AssetKey]:  # type: ignore[override]
+        view = context.asset_graph_view
+        queryer = view.get_inner_queryer_for_back_compat()
+        brought: set[AssetKeyPartitionKey] = set()
+        for partition in context.candidate_subset.expensively_compute_asset_partitions():
+            record = queryer.get_latest_materialization_or_observation_record(partition)
+            said = record.asset_materialization.metadata.get(NEW_DATA) if record and record.asset_materialization else None
+            if said is None or said.value is not False:
+                brought.add(partition)
+        return AutomationResult(context, view.get_asset_subset_from_asset_partitions(context.key, brought))
+
+
 class MongoCdcTranslator:
     """Default naming: keys ``<db>/<coll>/<kind>``, group ``<db>``, kinds mongodb+parquet or spark+delta.
 
@@ -239,8 +277,8 @@ class MongoCdcTranslator:
         return None
 
     def get_automation_condition(self, props: MongoCdcAssetProps) -> AutomationCondition | None:
-        """Tables refresh when what they read was updated (a slice landed, a snapshot finished), and again
-        after a failed refresh (``failed_refresh_retry_cron``)."""
+        """Tables refresh when what they read was updated with data (a slice that held an event landed, a
+        snapshot finished), and again after a failed refresh (``failed_refresh_retry_cron``)."""
         if props.kind in TABLE_KINDS:
             # One run for every collection with something new: none is requested while a refresh of any
             # collection is queued or running (the tables' pool, one run at a time), so the next tick takes
@@ -257,7 +295,14 @@ class MongoCdcTranslator:
             # that may never come): its latest execution failed and a tick of the back-off schedule passed
             # since it was last requested or seen failing (a failed launch by hand waits too), so a refresh
             # that always fails is requested once per period.
-            landed = AutomationCondition.newly_missing() | AutomationCondition.any_deps_updated()
+            # A dependency's update counts when it brought data (BroughtData): Dagster's any_deps_updated, but a
+            # window that landed empty asks for nothing.
+            updated = AutomationCondition.any_deps_match(
+                (AutomationCondition.newly_updated() & ~AutomationCondition.executed_with_root_target()
+                 & BroughtData()).with_label("newly_updated_with_data_without_root")
+                | AutomationCondition.will_be_requested()
+            ).with_label("any_deps_updated_with_data")
+            landed = AutomationCondition.newly_missing() | updated
             handled = (AutomationCondition.newly_requested() & ~landed) | AutomationCondition.initial_evaluation()
             failed = AutomationCondition.execution_failed()
             backed_off = AutomationCondition.cron_tick_passed(self.failed_refresh_retry_cron).since(

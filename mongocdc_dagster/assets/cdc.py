@@ -86,7 +86,14 @@ from mongocdc_dagster.resources import (
 from mongocdc_dagster.retries import STEP_RETRY_POLICY, stop_when_terminated
 from mongocdc_dagster.routing import RouteTarget, WindowRouter
 from mongocdc_dagster.settings import CdcSettings
-from mongocdc_dagster.translator import CDC_KINDS, CdcKind, MongoCdcAssetProps, MongoCdcTranslator, name_part
+from mongocdc_dagster.translator import (
+    CDC_KINDS,
+    NEW_DATA,
+    CdcKind,
+    MongoCdcAssetProps,
+    MongoCdcTranslator,
+    name_part,
+)
 
 ENVELOPE_CHECK = "landing_envelopes"
 COUNT_CHECK = "source_count"
@@ -806,6 +813,7 @@ def _slices_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str], cdc: CdcAs
                         "read_from": read.read_from(),
                         **position_metadata("read_start", Position.from_timestamp(read.start)),
                         "dagster/row_count": target.events,
+                        NEW_DATA: target.events > 0,  # an empty window asks for no table refresh
                         "dagster/uri": MetadataValue.path(str(target.path)),
                         **{f"op_{op}": count for op, count in sorted(target.counts.items())},
                         **position_metadata("first_position", target.first),

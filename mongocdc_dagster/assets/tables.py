@@ -64,7 +64,7 @@ from mongocdc_dagster.naming import DEFAULT_NAMES, ConnectorNames
 from mongocdc_dagster.resources import MongoCdcResource, resource_of
 from mongocdc_dagster.settings import CdcSettings
 from mongocdc_dagster.source_reads import EARLY_READS, RECONCILE_CHECK, checks_in_run
-from mongocdc_dagster.translator import CDC_KINDS, MongoCdcTranslator
+from mongocdc_dagster.translator import CDC_KINDS, NEW_DATA, MongoCdcTranslator
 
 #: Table columns made from landing columns of another name (the rest map to the landing column of their own
 #: name, when one exists). Only columns that exist on both sides are ever named in the lineage.
@@ -244,7 +244,7 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
                 "dagster/row_count": done.row_count,
                 "dagster/column_schema": spark_schema(done.schema),
                 "dagster/column_lineage": changelog_lineage(done.schema, upstream[namespace]),
-                "new_data": bool(done.files_read),
+                NEW_DATA: bool(done.files_read),
                 "landing_files": len(files),
                 "landing_files_read": done.files_read,
                 "rows_added": done.rows_added,
@@ -288,7 +288,7 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
                 "dagster/column_schema": spark_schema(done.schema),
                 "dagster/column_lineage": state_lineage(done.schema, look(spark, tables.changelog).schema,
                                                         out.key(namespace, "changelog")),
-                "new_data": new_data,
+                NEW_DATA: new_data,
                 "keys_merged": done.keys_merged,
                 "rows_upserted": done.upserted,
                 "rows_deleted": done.deleted,

@@ -33,8 +33,15 @@ from pyspark.sql import functions as F
 
 from mongocdc_core.tables import spark_session
 from mongocdc_dagster import check_cli
+from mongocdc_dagster.partitions import floor_to
 from mongocdc_dagster.source_reads import EARLY_READS
-from tests.dagster.cdc_helpers import CdcEnv, checks_of, make_env, materialization_metadata
+from tests.dagster.cdc_helpers import (
+    CdcEnv,
+    checks_of,
+    make_env,
+    materialization_metadata,
+    partition_metadata,
+)
 from tests.dagster.time_travel import travelling_replica_set
 
 
@@ -456,3 +463,38 @@ def test_a_failed_refresh_is_retried_after_its_back_off_without_a_new_landing(
     requested = ticks(20)
     assert len(requested) == 4, requested  # once per back-off period of the 20 minutes, not every tick
     assert all((at.minute % 5, at.second) == (0, 10) for at in requested), requested
+
+
+def test_a_window_that_landed_empty_requests_no_refresh(tmp_path: Path, instance: DagsterInstance) -> None:
+    """Issue 37, defect 6: a quiet collection's slices land every window, nearly all of them empty, and each
+    asked for a refresh of its tables. Only a window that held an event does now (real slice runs)."""
+    with travelling_replica_set(behind_s=3600) as (uri, clock), MongoClient(uri) as client:
+        db = client["quietly"]
+        db.create_collection("signals")
+        db.orders.insert_many([{"_id": i, "qty": i} for i in range(3)])
+        first = floor_to(clock.now(), 60) + timedelta(minutes=1)
+        env = make_env(tmp_path, uri, db, ["orders"], start=first.isoformat())
+        orders = {env.key("orders", "changelog"), env.key("orders", "current_state")}
+        slices = env.key("orders", "slices")
+        tick = evaluate_automation_conditions(defs=env.defs, instance=instance)
+        assert env.materialize(instance, [env.key("orders", "snapshot")]).success
+        tick = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=tick.cursor)
+        assert {k for k in orders if tick.get_num_requested(k)} == orders  # the snapshot landed
+        tick = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=tick.cursor)
+        assert tick.total_requested == 0
+
+        clock.jump_to(first + timedelta(minutes=1, seconds=5))  # window 0 passes without a write
+        db.other.insert_one({"_id": "tick"})
+        assert env.materialize(instance, [slices], partition_key=first.strftime("%Y-%m-%d-%H:%M")).success
+        assert partition_metadata(instance, slices, first.strftime("%Y-%m-%d-%H:%M"))["new_data"] is False
+        tick = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=tick.cursor)
+        assert tick.total_requested == 0, "an empty window requested a refresh"
+
+        db.orders.update_one({"_id": 1}, {"$set": {"qty": 10}})  # window 1 holds a change
+        clock.jump_to(first + timedelta(minutes=2, seconds=5))
+        db.other.insert_one({"_id": "tock"})
+        second = (first + timedelta(minutes=1)).strftime("%Y-%m-%d-%H:%M")
+        assert env.materialize(instance, [slices], partition_key=second).success
+        assert partition_metadata(instance, slices, second)["dagster/row_count"] == 1
+        tick = evaluate_automation_conditions(defs=env.defs, instance=instance, cursor=tick.cursor)
+        assert {k for k in orders if tick.get_num_requested(k)} == orders
