@@ -25,7 +25,8 @@ numbers, a decimal, a date, an array and a sub-document.
 3. Many collections, few changes: a refresh cycle (``refresh_collections``, several collections at once)
    over 20 and 100 collections that got one change each, against one collection's refresh of as many
    changes (goal <= 3x), and the Spark jobs each collection's refresh started against that one refresh's
-   (current_state's share of them, and how far the collections' refreshes overlapped); then the same
+   (current_state's share of them, and how far the collections' refreshes overlapped), and the Delta commits
+   each table's refresh made (goal: one, its data with the refresh's state); then the same
    cycle with nothing new: seconds, and Spark jobs started (goal: none). At CI size only the 20: the
    first builds of a hundred collections' tables took over 5 of the CI stage's minutes for rows that mean
    nothing at that size (tests/tables/test_cycle.py proves that a quiet cycle starts no Spark job).
@@ -314,6 +315,13 @@ def _jobs_started(spark: SparkSession) -> int:
     return int(spark._jsc.sc().dagScheduler().nextJobId())  # type: ignore[union-attr]
 
 
+def _versions(spark: SparkSession, home: Path, namespaces: Sequence[str]) -> int:
+    """The latest Delta versions of the collections' tables under ``home``, summed (commits made since: their
+    difference)."""
+    tables = [CollectionTables.under(str(home / "tables"), ns) for ns in namespaces]
+    return sum(latest_version(spark, t.changelog) + latest_version(spark, t.current_state) for t in tables)
+
+
 def many_collections(spark: SparkSession, root: Path, count: int) -> list[harness.Row]:
     """A refresh cycle (``refresh_collections``) over ``count`` collections of ``CYCLE_KEYS`` documents
     that got one change each, against one such collection's refresh of ``count`` changes, with what each
@@ -343,9 +351,11 @@ def many_collections(spark: SparkSession, root: Path, count: int) -> list[harnes
     for ns in namespaces:
         files[ns].append(_changes(home / f"{ns}.parquet", range(1), CYCLE_KEYS, 1_700_002_000, namespace=ns))
     started = _jobs_started(spark)
+    committed = _versions(spark, home, namespaces)
     done: list[CollectionRefresh] = []
     many = _timed(lambda: done.extend(cycle(namespaces)))
     many_jobs = _jobs_started(spark) - started
+    commits = (_versions(spark, home, namespaces) - committed) / (2 * count)
     state_jobs = sum(r.current_state.work.jobs for r in done if r.current_state is not None)
     busy = sum(r.changelog.work.seconds + r.current_state.work.seconds
                for r in done if r.changelog is not None and r.current_state is not None)  # fmt: skip
@@ -362,6 +372,8 @@ def many_collections(spark: SparkSession, root: Path, count: int) -> list[harnes
         harness.Row(NAME, f"current_state's Spark jobs per collection in a cycle over {count} collections x 1 change",
                     "all the Spark jobs per collection (changelog + current_state)", state_jobs / count,
                     many_jobs / count, "jobs", state_jobs / many_jobs),
+        harness.Row(NAME, f"Delta commits per table in a cycle over {count} collections x 1 change",
+                    "one commit (its data, with the refresh's state)", commits, 1, "commits", commits, 1.0, "<="),
         harness.Row(NAME, f"overlap in a cycle over {count} collections x 1 change: their refreshes' seconds "
                     "summed against the cycle's", "the cycle's seconds", busy, many, "s", busy / many),
         harness.Row(NAME, f"nothing new: a cycle over {count} collections", baseline, quiet, single, "s",

@@ -9,7 +9,7 @@ and current_state.
 Freshness of an event: its Kafka timestamp (the producer's create time) to the commit time of the
 first current_state version whose recorded position (``mongocdc.position``) covers it. Both come
 from facts: the timestamps from reading the topics back, the commit times and positions from each
-table's Delta log (``commitInfo.timestamp``, ``metaData.configuration``), never from sleeps.
+table's Delta log (``commitInfo.timestamp``, the state a refresh records in its commit), never from sleeps.
 
 Baseline, in the same process at the same rate: a hand-written Structured Streaming query of the
 same topics appending the raw records to one Delta table (no per-collection tables, no
@@ -44,7 +44,7 @@ from mongocdc_core.events.options import EventOptions
 from mongocdc_core.positions import Position
 from mongocdc_core.sinks.kafka import POSITION_HEADER, KafkaSink, KafkaSinkSettings
 from mongocdc_core.tables import CollectionTables
-from mongocdc_core.tables.changelog import POSITION_PROPERTY
+from mongocdc_core.tables.changelog import POSITION_PROPERTY, recorded_state
 from mongocdc_core.tables.session import spark_session
 from mongocdc_core.tables.streaming import StreamSettings, start_stream
 from mongocdc_devstack.kafka_broker import KafkaBroker
@@ -155,14 +155,16 @@ def _commits(location: str) -> list[tuple[int, int, str | None, list[str]]]:
     position: str | None = None
     for path in sorted(Path(location, "_delta_log").glob("*.json")):
         stamp, added = 0, []
-        for line in path.read_bytes().splitlines():
+        text = path.read_text()
+        for line in text.splitlines():
             action = orjson.loads(line)
             if "commitInfo" in action:
                 stamp = int(action["commitInfo"]["timestamp"])
-            elif "metaData" in action:
+            elif "metaData" in action:  # tables written before the state went with the commit
                 position = action["metaData"].get("configuration", {}).get(POSITION_PROPERTY, position)
             elif "add" in action:
                 added.append(action["add"]["path"])
+        position = (recorded_state(text, int(path.stem)) or {}).get(POSITION_PROPERTY, position)
         out.append((int(path.stem), stamp, position, added))
     return out
 

@@ -963,7 +963,9 @@ def _position(text: str) -> tuple[int, int]:
 
 def _freshness(d: Deployment, writes: list[Write], live: list[str]) -> dict[str, float]:
     """A write's wall time to the commit of the first current_state version whose position holds it,
-    read from the tables' Delta logs (commit timestamps and the ``mongocdc.position`` property)."""
+    read from the tables' Delta logs (commit timestamps and the ``mongocdc.position`` each refresh records)."""
+    from mongocdc_core.tables.changelog import POSITION_PROPERTY, recorded_state
+
     latencies: list[float] = []
     after_close: list[float] = []
     for name in live:
@@ -971,12 +973,14 @@ def _freshness(d: Deployment, writes: list[Write], live: list[str]) -> dict[str,
         commits: list[tuple[tuple[int, int], float]] = []
         for entry in sorted(log_dir.glob("*.json")):
             stamp, position = None, None
-            for line in entry.read_bytes().splitlines():
+            text = entry.read_text()
+            for line in text.splitlines():
                 action = orjson.loads(line)
                 if "commitInfo" in action:
                     stamp = action["commitInfo"]["timestamp"] / 1000
-                if "metaData" in action:
-                    position = action["metaData"].get("configuration", {}).get("mongocdc.position")
+                if "metaData" in action:  # tables written before the state went with the commit
+                    position = action["metaData"].get("configuration", {}).get(POSITION_PROPERTY)
+            position = (recorded_state(text, int(entry.stem)) or {}).get(POSITION_PROPERTY, position)
             if stamp is not None and position:
                 commits.append((_position(position), stamp))
         for write in (w for w in writes if w.collection == name):

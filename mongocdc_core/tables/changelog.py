@@ -11,6 +11,11 @@ Which landing files were read (path and version) is kept in a small manifest Del
 changelog directory (``_mongocdc_landing``, ignored by Delta readers and VACUUM), so a refresh opens
 only new or re-written files. The manifest also decides when a full snapshot is complete (see
 :func:`snapshot_part` for the file names that count).
+
+What a refresh knows of the table (its highest position, row count, the landing files it was given; for
+current_state its shape and changelog version) goes with the refresh's own commit, in the commit's
+``userMetadata`` (:class:`Recording`): one commit per refresh, read back from the log without a Spark job
+(:func:`look`). Tables written before kept it in table properties, which are read as before.
 """
 
 from __future__ import annotations
@@ -21,13 +26,17 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 from delta.tables import DeltaTable
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -95,10 +104,14 @@ LANDING_PROPERTY = "mongocdc.landing.digest"
 ROWS_PROPERTY = "mongocdc.rows"
 ROWS_VERSION_PROPERTY = "mongocdc.rows.version"
 MANIFEST_DIR = "_mongocdc_landing"
+#: The member of a commit's ``userMetadata`` JSON holding the state a refresh recorded (:class:`Recording`).
+STATE_KEY = "mongocdc.state"
+#: Delta's session setting for the ``userMetadata`` of the commits that take no write option (MERGE, ALTER).
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 #: Delta writes a checkpoint of a table's log every ``delta.checkpointInterval`` commits (its default 10)
-#: in the commit that reaches it. A refresh commits its data and then its properties, so the default
-#: put a checkpoint on every fifth refresh of each table; at 100 one falls every fiftieth, and a reader
-#: opening the table replays at most 99 small commit files. Set on every table mongocdc writes.
+#: in the commit that reaches it. A refresh makes one commit (its state goes with its data, :class:`Recording`),
+#: so at 100 a checkpoint falls on every hundredth refresh of a table, and a reader opening the table
+#: replays at most 99 small commit files. Set on every table mongocdc writes.
 LOG_OPTIONS = {"delta.checkpointInterval": "100"}
 _SMALL_FILE_BYTES = 16 * 1024  # below this a landing file's footer says whether it holds a row at all
 _MANIFEST_SCHEMA = T.StructType(
@@ -138,13 +151,16 @@ def table_exists(spark: SparkSession, location: str) -> bool:
 
 @dataclass(frozen=True)
 class TableLook:
-    """What one look at a Delta table's log tells: its version (-1: no table there), its properties,
-    its size in bytes and its schema (Delta's JSON, empty without a table)."""
+    """What one look at a Delta table's log tells: its version (-1: no table there), its properties (the
+    state its last refresh recorded among them), its size in bytes, its schema (Delta's JSON, empty
+    without a table) and the version of its latest commit that may have changed rows (earlier than
+    ``version`` when only maintenance, OPTIMIZE or VACUUM, followed the last refresh)."""
 
     version: int
     properties: dict[str, str]
     size_bytes: int
     schema_json: str = ""
+    changed_at: int = -1
 
     @property
     def schema(self) -> T.StructType:
@@ -153,25 +169,27 @@ class TableLook:
 
     @property
     def recorded_rows(self) -> int | None:
-        """The row count the table's properties record, when it describes this version (None otherwise:
-        another writer committed since, or none was recorded)."""
+        """The row count the recorded state holds, when it describes this version (None otherwise: another
+        writer committed since, or none was recorded)."""
         rows, at = self.properties.get(ROWS_PROPERTY), self.properties.get(ROWS_VERSION_PROPERTY)
         return int(rows) if rows is not None and at == str(self.version) else None
 
 
-def look(spark: SparkSession, location: str) -> TableLook:
-    """The table at ``location`` as its Delta log describes it now.
+def look(spark: SparkSession, location: str, *, recorded: bool = True) -> TableLook:
+    """The table at ``location`` as its Delta log describes it now; its properties include the state its
+    last refresh recorded in its commit (:func:`recorded_state`; ``recorded=False``: the table's own only).
 
-    Read from the log's latest snapshot (milliseconds once the log is cached), not through
-    ``DESCRIBE HISTORY``, ``SHOW TBLPROPERTIES`` or ``DESCRIBE DETAIL``, each of which runs a Spark job
-    (0.1–2 s, paid several times per refresh). The size comes from the commit's checksum file, which
-    Delta writes with every commit; only a table written without one is summed file by file. The
-    properties are those stored on the table (not the protocol's ``delta.minReaderVersion`` and the
-    like, which ``SHOW TBLPROPERTIES`` adds).
+    Read from the log's latest snapshot (milliseconds once the log is cached) and that commit's file (once
+    per version), not through ``DESCRIBE HISTORY``, ``SHOW TBLPROPERTIES`` or ``DESCRIBE DETAIL``, each of
+    which runs a Spark job (0.1–2 s, paid several times per refresh). The size comes from the commit's
+    checksum file, which Delta writes with every commit; only a table written without one is summed file
+    by file. The properties are those stored on the table (not the protocol's ``delta.minReaderVersion``
+    and the like, which ``SHOW TBLPROPERTIES`` adds).
     """
     jvm: Any = spark._jvm
     none = jvm.scala.Option.empty()
-    snapshot = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, location).update(False, none, none)  # type: ignore[attr-defined]
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, location)  # type: ignore[attr-defined]
+    snapshot = log.update(False, none, none)
     version = int(snapshot.version())
     if version < 0:
         return TableLook(-1, {}, 0)
@@ -180,7 +198,169 @@ def look(spark: SparkSession, location: str) -> TableLook:
     checksum = snapshot.checksumOpt()
     size = checksum.get().tableSizeBytes() if checksum.isDefined() else snapshot.sizeInBytes()
     properties = {str(k): str(v) for k, v in configuration.items()}
-    return TableLook(version, properties, int(size), str(metadata.schemaString()))
+    changed_at = version
+    if recorded:
+        state, changed_at = _found_state(spark, log, str(metadata.id()), version)
+        if state is not None:  # recorded in a commit: it, not what an older mongocdc left in the properties
+            kept = {k: v for k, v in properties.items() if k not in (ROWS_PROPERTY, ROWS_VERSION_PROPERTY)}
+            properties = kept | state
+    return TableLook(version, properties, int(size), str(metadata.schemaString()), changed_at)
+
+
+@dataclass(frozen=True)
+class Recording:
+    """The state a refresh records with its table: carried by its (last) commit as the commit's
+    ``userMetadata`` (JSON), so a refresh makes one commit, not its data and then its properties.
+
+    ``properties``: the state, named as table properties (what :func:`look` reports); ``rows``: the
+    table's row count at version ``rows_at``, to which the reader adds what the carrying commit's own
+    metrics say it inserted and deleted (known only once it is written; valid only when that commit is
+    ``rows_at + 1``: no other writer in between); ``highest``: a column whose highest value among the
+    rows the commit adds raises ``mongocdc.position`` (read from the commit's file statistics)."""
+
+    properties: dict[str, str]
+    rows: int | None = None
+    rows_at: int = -1
+    highest: str | None = None
+
+    def to_json(self) -> str:
+        state: dict[str, object] = {"properties": self.properties}
+        if self.rows is not None:
+            state |= {"rows": self.rows, "rows_at": self.rows_at}
+        if self.highest is not None:
+            state["highest"] = self.highest
+        return json.dumps({STATE_KEY: state}, separators=(",", ":"), sort_keys=True)
+
+
+#: Commits read back from the latest at most to find the state (past OPTIMIZE, VACUUM, a user's ALTER).
+_STATE_SEARCH = 20
+_STATE_CACHE: dict[tuple[str, int], tuple[dict[str, str] | None, int]] = {}  # (table id, version)
+_STATE_CACHE_SIZE = 4096
+#: Operations that change no row: the row count recorded before them still holds after them (maintenance
+#: between two refreshes leaves a quiet refresh free).
+_ROWLESS = frozenset({
+    "SET TBLPROPERTIES", "UNSET TBLPROPERTIES", "ADD COLUMNS", "CREATE TABLE", "OPTIMIZE", "VACUUM START", "VACUUM END",
+})
+#: Delta truncates string statistics longer than this (``dataSkippingStringPrefixLength``): not a maximum then.
+_STATS_PREFIX = 32
+
+
+def recorded_state(commit: str, version: int) -> dict[str, str] | None:
+    """The state recorded in one commit file's text (the JSON actions of ``version``): the
+    :class:`Recording`'s properties with ``mongocdc.rows`` and ``mongocdc.rows.version`` where the
+    commit tells them; ``{}`` for a commit of an older mongocdc, which set its state as table
+    properties (they hold it then); None for a commit that records none (look further back)."""
+    return _state_of(*_actions(commit), version)
+
+
+def _actions(commit: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A commit file's ``commitInfo`` and ``add`` actions."""
+    info: dict[str, Any] = {}
+    adds: list[dict[str, Any]] = []
+    for line in commit.splitlines():
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        if "commitInfo" in action:
+            info = action["commitInfo"]
+        elif "add" in action:
+            adds.append(action["add"])
+    return info, adds
+
+
+def _state_of(info: dict[str, Any], adds: list[dict[str, Any]], version: int) -> dict[str, str] | None:
+    """:func:`recorded_state` of a commit's ``commitInfo`` and ``add`` actions."""
+    operation = str(info.get("operation", ""))
+    try:
+        state = json.loads(info.get("userMetadata") or "null")
+    except ValueError:
+        state = None
+    if not isinstance(state, dict) or not isinstance(state.get(STATE_KEY), dict):
+        parameters = info.get("operationParameters") or {}
+        set_by_older = operation == "SET TBLPROPERTIES" and "mongocdc." in str(parameters.get("properties"))
+        return {} if set_by_older else None
+    state = state[STATE_KEY]
+    properties = {str(k): str(v) for k, v in dict(state.get("properties") or {}).items()}
+    column = state.get("highest")
+    if column is not None:
+        values = [_stat_max(a, str(column)) for a in adds]
+        if any(v is None for v in values):  # the statistics cannot tell: neither position nor rows is known
+            return {k: v for k, v in properties.items() if k != POSITION_PROPERTY}
+        found = max(filter(None, [properties.get(POSITION_PROPERTY), *values]), default=None)
+        if found is not None:
+            properties[POSITION_PROPERTY] = found
+    rows = _rows_after(state, info, version)
+    if rows is not None:
+        properties |= {ROWS_PROPERTY: str(rows), ROWS_VERSION_PROPERTY: str(version)}
+    return properties
+
+
+def _stat_max(add: dict[str, Any], column: str) -> str | None:
+    """The highest value of ``column`` in one added file, from its statistics ("" for a file without
+    rows; None when they cannot tell)."""
+    try:
+        stats = json.loads(add.get("stats") or "null")
+    except ValueError:
+        return None
+    if not isinstance(stats, dict):
+        return None
+    if stats.get("numRecords") == 0:
+        return ""
+    value = (stats.get("maxValues") or {}).get(column)
+    return value if isinstance(value, str) and len(value) < _STATS_PREFIX else None
+
+
+def _rows_after(state: dict[str, Any], info: dict[str, Any], version: int) -> int | None:
+    """The table's row count after the commit carrying ``state`` (None when it cannot be told)."""
+    operation = str(info.get("operation", ""))
+    metrics = info.get("operationMetrics") or {}
+    if operation == "WRITE" and str((info.get("operationParameters") or {}).get("mode")) == "Overwrite":
+        return int(metrics["numOutputRows"]) if "numOutputRows" in metrics else None
+    if state.get("rows") is None or state.get("rows_at") != version - 1:
+        return None  # not recorded, or another writer committed in between
+    rows = int(state["rows"])
+    if operation in _ROWLESS:
+        return rows
+    if operation in ("WRITE", "STREAMING UPDATE") and "numOutputRows" in metrics:
+        return rows + int(metrics["numOutputRows"])
+    if operation == "MERGE" and "numTargetRowsInserted" in metrics:
+        return rows + int(metrics["numTargetRowsInserted"]) - int(metrics.get("numTargetRowsDeleted") or 0)
+    return None
+
+
+def _found_state(spark: SparkSession, log: Any, table_id: str, version: int) -> tuple[dict[str, str] | None, int]:
+    """The state recorded in the latest commit up to ``version`` that records one (None: none found
+    within :data:`_STATE_SEARCH` commits, or an older mongocdc's commit first: the properties tell), and
+    the version of the latest commit that may have changed rows (that commit's, when only commits that
+    change none follow it). Kept per table (its id: a table created again at the same place is another)
+    and version."""
+    key = (table_id, version)
+    if key in _STATE_CACHE:
+        return _STATE_CACHE[key]
+    jvm: Any = spark._jvm
+    found: dict[str, str] | None = None
+    changed_at = version
+    rowless = True  # every commit after the one found changed no row
+    for at in range(version, max(-1, version - _STATE_SEARCH), -1):
+        path = jvm.org.apache.hadoop.fs.Path(log.logPath(), f"{at:020d}.json")
+        try:
+            lines = jvm.scala.jdk.javaapi.CollectionConverters.asJava(log.store().read(path, log.newDeltaHadoopConf()))
+        except Py4JJavaError:  # the commit file was cleaned up (or never written): nothing older to find
+            break
+        info, adds = _actions(str(jvm.java.lang.String.join("\n", lines)))
+        state = _state_of(info, adds, at)
+        if state is not None:
+            found = state or None
+            if rowless:
+                changed_at = at
+                if found is not None and found.get(ROWS_VERSION_PROPERTY) == str(at):
+                    found[ROWS_VERSION_PROPERTY] = str(version)
+            break
+        rowless = rowless and info.get("operation") in _ROWLESS
+    if len(_STATE_CACHE) >= _STATE_CACHE_SIZE:
+        _STATE_CACHE.clear()
+    _STATE_CACHE[key] = found, changed_at
+    return found, changed_at
 
 
 def size_at(spark: SparkSession, location: str, version: int) -> int | None:
@@ -198,16 +378,93 @@ def table_properties(spark: SparkSession, location: str) -> dict[str, str]:
 
 
 def set_properties(spark: SparkSession, location: str, properties: dict[str, str]) -> None:
-    """Record ``properties`` on the table (one Delta commit)."""
+    """Set ``properties`` on the table (one Delta commit)."""
     if not properties:
         return
     assignments = ", ".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in sorted(properties.items()))
     spark.sql(f"ALTER TABLE delta.{typed_columns.quote(location)} SET TBLPROPERTIES ({assignments})")
 
 
+@contextmanager
+def setting(spark: SparkSession, key: str, value: str) -> Iterator[None]:
+    """The session's ``key`` set to ``value`` for the block, then as the session had it (unset included)."""
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+
+
+_SESSION_LOCKS: weakref.WeakKeyDictionary[SparkSession, threading.Lock] = weakref.WeakKeyDictionary()
+_SESSION_LOCKS_LOCK = threading.Lock()
+
+
+@contextmanager
+def recording(spark: SparkSession, state: Recording | None) -> Iterator[None]:
+    """The Delta commits made in the block (a MERGE, an ALTER TABLE: those that take no write option)
+    carry ``state`` (nothing when None), through the session's ``userMetadata`` setting.
+
+    The setting is the session's: refreshes of other tables running in other threads of the same session
+    would carry it too, so one block at a time holds it per session (``collection.concurrently`` gives
+    each refresh a session of its own: there they never wait)."""
+    if state is None:
+        yield
+        return
+    with _SESSION_LOCKS_LOCK:
+        lock = _SESSION_LOCKS.setdefault(spark, threading.Lock())
+    with lock, setting(spark, USER_METADATA_CONF, state.to_json()):
+        yield
+
+
+def record(spark: SparkSession, location: str, state: Recording) -> None:
+    """Record ``state`` in a commit of its own: for a refresh that wrote nothing, or whose last commit could
+    not carry it (a full build, rows dropped after a new snapshot). The commit also sets
+    :data:`LOG_OPTIONS` (tables built before they were set get them here)."""
+    with recording(spark, state):
+        set_properties(spark, location, LOG_OPTIONS)
+
+
+def changelog_state(
+    namespace: str, before: TableLook, *, rows: int, highest: str | None, landing: str, snapshot_position: str | None = None
+) -> Recording:
+    """The state a changelog refresh records (its append's commit raises the position to the highest it
+    appends, :func:`append_events`): the source collection, the highest position (``highest``: the table's,
+    where a writer counted it, :func:`held`), the latest full snapshot, the digest of the landing files it
+    was given (:func:`landing_digest`; ``""`` from a writer of other rows, the stream, so the landing
+    shortcuts cannot take its commit for the last landing refresh's) and ``rows``, the table's row count
+    at version ``before.version``."""
+    properties = {COLLECTION_PROPERTY: namespace, LANDING_PROPERTY: landing}
+    position = max(filter(None, [before.properties.get(POSITION_PROPERTY), highest]), default=None)
+    snapshot = snapshot_position or before.properties.get(SNAPSHOT_PROPERTY)
+    properties |= {POSITION_PROPERTY: position} if position is not None else {}
+    properties |= {SNAPSHOT_PROPERTY: snapshot} if snapshot is not None else {}
+    return Recording(properties, rows, before.version)
+
+
+def append_recorded(
+    spark: SparkSession, location: str, namespace: str, rows: DataFrame, before: TableLook, state: Recording, *,
+    unique: bool = False, new: bool = False,
+) -> tuple[Appended, TableLook]:
+    """:func:`append_events` whose commit records ``state``, and the table after it. When no commit was
+    made (nothing to append) or the table lacks :data:`LOG_OPTIONS`, :func:`record` makes one."""
+    appended = append_events(spark, location, namespace, rows, unique=unique, new=new, state=state)
+    after = look(spark, location)
+    if after.version == before.version or any(after.properties.get(k) != v for k, v in LOG_OPTIONS.items()):
+        position = max(filter(None, [state.properties.get(POSITION_PROPERTY), appended.max_position]), default=None)
+        extra = {POSITION_PROPERTY: position} if position is not None else {}
+        record(spark, location, replace(state, properties=state.properties | extra, rows=after.recorded_rows
+                                        if after.version > before.version else state.rows, rows_at=after.version))
+        after = look(spark, location)
+    return appended, after
+
+
 def latest_version(spark: SparkSession, location: str) -> int:
     """The table's latest committed version (-1 when there is no table)."""
-    return look(spark, location).version
+    return look(spark, location, recorded=False).version
 
 
 def _sql_string(text: str) -> str:
@@ -466,11 +723,14 @@ def may_repeat(files: Sequence[str]) -> bool:
 
 
 def append_events(
-    spark: SparkSession, location: str, namespace: str, rows: DataFrame, *, unique: bool = False, new: bool = False
+    spark: SparkSession, location: str, namespace: str, rows: DataFrame, *, unique: bool = False, new: bool = False,
+    state: Recording | None = None,
 ) -> Appended:
     """Append the events of ``rows`` the changelog does not hold yet (by ``__key, __position, __op``).
     ``unique``: the caller knows ``rows`` holds each event once (no deduplication among them); ``new``:
-    the caller knows the changelog holds none of them (no look at the table's events)."""
+    the caller knows the changelog holds none of them (no look at the table's events). ``state``: what the
+    append's commit records, its position raised to the highest of ``rows`` (known before the write where
+    the batch's bounds are looked up, else read by :func:`recorded_state` from the commit's statistics)."""
     exists = table_exists(spark, location)
     bounds = None
     if exists and not new:  # the positions and dates the batch spans (the same before and after deduplication)
@@ -500,6 +760,13 @@ def append_events(
         *[F.count(F.when(F.col("__op") == op, 1)).alias(f"op_{op}") for op in DATA_OPS],
     )
     writer = observed.write.format("delta").mode("append").partitionBy(PARTITION_COLUMN)
+    if state is not None:
+        if bounds is not None:
+            position = max(filter(None, [state.properties.get(POSITION_PROPERTY), bounds["hi"]]))
+            state = replace(state, properties=state.properties | {POSITION_PROPERTY: position})
+        else:
+            state = replace(state, highest="__position")
+        writer = writer.option("userMetadata", state.to_json())
     if not exists:
         writer = writer.option("delta.enableChangeDataFeed", "true").options(**LOG_OPTIONS)
     writer.save(location)
@@ -511,8 +778,8 @@ def append_events(
 
 def held(spark: SparkSession, location: str) -> tuple[int, str | None]:
     """The table's row count and highest position, read from the table (one Spark job): for a writer
-    whose look found the properties not describing the table's version (another writer, or one
-    stopped before :func:`record`, appended since), so the position it records covers those rows too."""
+    whose look found the recorded state not describing the table's version (another writer appended
+    since, or the state could not tell), so the position it records covers those rows too."""
     found = spark.read.format("delta").load(location).agg(F.count(F.lit(1)), F.max("__position")).first()
     assert found is not None
     return int(found[0]), found[1]
@@ -536,41 +803,6 @@ def _repeats(rows: DataFrame) -> bool:
     return bool(rows.groupBy(identity).count().where(F.col("count") > 1).limit(1).collect())
 
 
-def record(
-    spark: SparkSession,
-    location: str,
-    namespace: str,
-    appended: Appended,
-    snapshot_position: str | None = None,
-    properties: dict[str, str] | None = None,
-    *,
-    rows: int | None = None,
-    highest: str | None = None,
-    landing: str | None = None,
-) -> str | None:
-    """Keep the source collection, the highest position and the latest full snapshot as table
-    properties (one commit, only when something changed); returns the highest position. ``rows``: the
-    table's row count now (recorded with the version of this commit); ``highest``: the table's highest
-    position where it was read (:func:`held`); ``landing``: the digest of the landing files this refresh
-    was given (:func:`landing_digest`), ``""`` from a writer of other rows (the stream), so the landing
-    shortcuts cannot take its commit for the last landing refresh's."""
-    properties = table_properties(spark, location) if properties is None else properties
-    given = [properties.get(POSITION_PROPERTY), appended.max_position, highest]
-    position = max(filter(None, given), default=None)
-    updates = {COLLECTION_PROPERTY: namespace} | LOG_OPTIONS
-    if position is not None:
-        updates[POSITION_PROPERTY] = position
-    if snapshot_position is not None:
-        updates[SNAPSHOT_PROPERTY] = snapshot_position
-    if landing is not None:
-        updates[LANDING_PROPERTY] = landing
-    if rows is not None:  # true of the commit below (a writer committing first makes it stale: recounted)
-        updates |= {ROWS_PROPERTY: str(rows), ROWS_VERSION_PROPERTY: str(latest_version(spark, location) + 1)}
-    if any(properties.get(k) != v for k, v in updates.items()):
-        set_properties(spark, location, updates)
-    return position
-
-
 # --------------------------------------------------------------------------- manifest and refresh
 
 
@@ -588,7 +820,7 @@ def _manifest(spark: SparkSession, location: str) -> DataFrame | None:
     """The manifest table (None before the first landing file is read). Its own log decides: Delta
     takes a directory inside the changelog for part of the changelog, so ``table_exists`` is true there."""
     path = f"{location.rstrip('/')}/{MANIFEST_DIR}"
-    return spark.read.format("delta").load(path) if look(spark, path).version >= 0 else None
+    return spark.read.format("delta").load(path) if look(spark, path, recorded=False).version >= 0 else None
 
 
 def _snapshot_positions(spark: SparkSession, namespace: str, files: list[str], landing: DataFrame) -> dict[str, str]:
@@ -652,15 +884,15 @@ def _completed_snapshot(entries: Sequence[tuple[str | None, int | None, int | No
 
 
 def _unread_by_properties(namespace: str, files: list[str], versions: dict[str, str], before: TableLook) -> list[str] | None:
-    """The files not read yet, decided by the table's properties alone (no read of the manifest, a
+    """The files not read yet, decided by the recorded state alone (no read of the manifest, a
     Delta table whose scan costs several Spark jobs), or None when they cannot tell.
 
     They tell in the usual refresh: the table is at the version the last refresh left (no other
     writer: the stream's commits record an empty digest), the files later than its highest position
     are new (had one been read, that position would be at least its events': a writer that found the
     properties stale counted the table and recorded its highest position), and the others are exactly
-    the files (and versions) the last refresh was given, which it read (its digest is recorded in the
-    commit after its append). A new part of a full snapshot needs the manifest's other parts, so it
+    the files (and versions) the last refresh was given, which it read (its digest is recorded in its
+    append's commit). A new part of a full snapshot needs the manifest's other parts, so it
     leaves the decision to it.
     """
     if before.recorded_rows is None or not before.properties.get(LANDING_PROPERTY):
@@ -677,8 +909,8 @@ def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[
     """Append the events of new or re-written landing files of ``namespace`` (see the module doc).
 
     When the files are those the last refresh was given, unchanged (files holding no row left out), and
-    the table is still at the version it left, nothing is read and no Spark job runs (the table's
-    properties decide)."""
+    the table is still at the version it left, nothing is read and no Spark job runs (the state its last
+    commit recorded decides)."""
     files = [f for f in landing_files(paths) if holds_events(f, namespace)]
     versions = {f: file_version(spark, f) for f in files}
     digest = landing_digest(versions)
@@ -690,23 +922,28 @@ def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[
     new_table = before.version < 0
     listed: list[tuple[str, str, str | None, int | None, int | None, str | None]] = []
     todo = _unread_by_properties(namespace, files, versions, before)
-    if todo is None:  # the properties cannot tell: the manifest decides
+    if todo is None:  # the recorded state cannot tell: the manifest decides
         manifest = _manifest(spark, location)
         if manifest is not None and files:
             listed = [tuple(r) for r in manifest.select("path", "version", "plan", "part", "parts", "position").collect()]
         seen = {(path, version) for path, version, *_ in listed}
         todo = [f for f in files if (f, versions[f]) not in seen]
-    appended = Appended(0, {}, None)
     properties = before.properties
     snapshot_position = properties.get(SNAPSHOT_PROPERTY)
+    # the rows the table holds before this refresh's commit, and their highest position where it was counted
+    # (another writer committed since the last refresh, or one stopped before recording: their rows count too)
+    known, highest = (0, None) if new_table else (before.recorded_rows, None)
+    if known is None:
+        known, highest = held(spark, location)
     read: DataFrame | None = None
+    rows: DataFrame | None = None
+    fresh = False
     if todo:
         landing = spark.read.schema(LANDING_SPARK_SCHEMA).parquet(*todo)
         rows = changelog_rows(landing, F.col("_metadata.file_path"), namespace)
         # files later than the highest position the table recorded, in the commit that is still its latest
         # (no writer appended since), hold no event the table has: nothing to look up in it
         fresh = before.recorded_rows is not None and later_than(todo, properties.get(POSITION_PROPERTY))
-        appended = append_events(spark, location, namespace, rows, unique=not may_repeat(todo), new=fresh)
         positions = _snapshot_positions(spark, namespace, todo, landing)
         now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
         entries = []
@@ -718,21 +955,22 @@ def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[
             completed = _completed_snapshot([e[2:6] for e in [*listed, *entries]])
             if completed is not None and (snapshot_position is None or completed > snapshot_position):
                 snapshot_position = completed
-    elif new_table:  # no landing data yet: an empty table, so readers find one
-        append_events(spark, location, namespace, spark.createDataFrame([], CHANGELOG_SCHEMA))
-    # a new table holds just what was appended; one this refresh alone appended to, what it held and that
-    known = before.recorded_rows
-    highest = None
-    if new_table:
-        row_count = appended.rows
-    elif known is not None and latest_version(spark, location) == before.version + (1 if todo else 0):
-        row_count = known + appended.rows
-    else:  # another writer committed, or one stopped before recording: its rows' positions count too
-        row_count, highest = held(spark, location)
-    # the digest goes with the commit below, the manifest after it: a refresh stopped in between reads
-    # the files again once new ones come (appending no event twice)
-    position = record(spark, location, namespace, appended, snapshot_position, properties, rows=row_count,
-                      highest=highest, landing=digest)
+    # the state (the digest among it) goes with the append's commit, the manifest after it: a refresh stopped
+    # in between reads the files again once the recorded state cannot tell (appending no event twice)
+    state = changelog_state(namespace, before, rows=known, highest=highest, landing=digest,
+                            snapshot_position=snapshot_position)
+    if todo or new_table:  # without landing data a new table is empty, so readers find one
+        rows = rows if rows is not None else spark.createDataFrame([], CHANGELOG_SCHEMA)
+        appended, after = append_recorded(spark, location, namespace, rows, before, state,
+                                          unique=not may_repeat(todo), new=fresh)
+    else:  # nothing to read, yet the state changed (other files given, or counted): recorded alone
+        appended = Appended(0, {}, None)
+        record(spark, location, state)
+        after = look(spark, location)
+    position, row_count = after.properties.get(POSITION_PROPERTY), after.recorded_rows
+    if row_count is None:  # another writer committed after this refresh's commit
+        row_count, counted = held(spark, location)
+        position = max(filter(None, [position, counted]), default=None)
     if read is not None:  # last: a refresh stopped before this reads the files again (appending no event twice)
         read.write.format("delta").mode("append").options(**LOG_OPTIONS).save(f"{location.rstrip('/')}/{MANIFEST_DIR}")
-    return ChangelogResult(len(todo), appended, position, snapshot_position, row_count, look(spark, location).schema)
+    return ChangelogResult(len(todo), appended, position, snapshot_position, row_count, after.schema)

@@ -323,8 +323,9 @@ def refresh_collections(
     """One refresh cycle over many collections: for each ``(tables, landing files)`` its changelog, then its
     current_state, several collections at once (see :func:`concurrently`), yielded as each finishes.
 
-    A collection whose landing files are those its last refresh read, unchanged, costs no Spark job
-    (its tables' properties decide), so a cycle costs what landed, not how many collections there are.
+    A collection whose landing files are those its last refresh read, unchanged, costs no Spark job (the
+    state its tables' last commits recorded decides), so a cycle costs what landed, not how many collections
+    there are.
     One collection's failure is its :class:`CollectionRefresh`'s ``error``; the others go on.
     """
 
@@ -416,12 +417,12 @@ def _vacuum_settings(spark: SparkSession, retention_hours: int) -> Iterator[None
     chose the retention, so it is off for this call (with a warning) and restored after it."""
     with ExitStack() as settings:
         cores = max(1, spark.sparkContext.defaultParallelism)
-        settings.enter_context(_state.session_setting(spark, _LISTING_PARALLELISM, str(cores)))
+        settings.enter_context(_changelog.setting(spark, _LISTING_PARALLELISM, str(cores)))
         if retention_hours < SAFE_RETENTION_HOURS:
             log.warning("VACUUM with %d hours of retention (Delta's default is %d): readers of older versions and a "
                         "refresh that has not run for that long lose the files they need", retention_hours, SAFE_RETENTION_HOURS)  # fmt: skip
             settings.enter_context(
-                _state.session_setting(spark, "spark.databricks.delta.retentionDurationCheck.enabled", "false"))
+                _changelog.setting(spark, "spark.databricks.delta.retentionDurationCheck.enabled", "false"))
         yield
 
 

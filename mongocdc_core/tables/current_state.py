@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -49,15 +49,18 @@ from mongocdc_core.tables.changelog import (
     ROWS_PROPERTY,
     ROWS_VERSION_PROPERTY,
     SNAPSHOT_PROPERTY,
+    Recording,
     TableInputError,
     latest_version,
     look,
     position_seconds,
-    set_properties,
+    record,
+    recording,
     size_at,
     table_exists,
     table_properties,
 )
+from mongocdc_core.tables.changelog import setting as _setting
 from mongocdc_core.tables.kinds import Kind
 
 # Executors get fold.py inside the job instead of importing it (mongocdc need not be installed there).
@@ -134,6 +137,7 @@ class StateResult:
     removed: int = 0  # rows the table lost
     commits: int = 0  # Delta commits an incremental refresh made to the table (ALTERs, MERGE)
     recount: bool = False  # the commits made are not known exactly: count the table
+    recorded: bool = False  # the refresh's state went with its MERGE's commit
 
 
 # --------------------------------------------------------------------------- winners
@@ -437,22 +441,8 @@ def sized_shuffles(spark: SparkSession, nbytes: int) -> Iterator[int]:
     cores = max(1, spark.sparkContext.defaultParallelism)
     sized = min(math.ceil(nbytes / _TARGET_PARTITION_BYTES), 4 * cores)
     partitions = max(1, sized, min(cores, nbytes // _MIN_PARTITION_BYTES))
-    with session_setting(spark, "spark.sql.shuffle.partitions", str(partitions)):
+    with _setting(spark, "spark.sql.shuffle.partitions", str(partitions)):
         yield partitions
-
-
-@contextmanager
-def session_setting(spark: SparkSession, key: str, value: str) -> Iterator[None]:
-    """The session's ``key`` set to ``value`` for the block, then as the session had it (unset included)."""
-    before = spark.conf.get(key, None)
-    spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        if before is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, before)
 
 
 @contextmanager
@@ -473,7 +463,7 @@ def _small_plans(spark: SparkSession, small: bool) -> Iterator[None]:
         return
     with ExitStack() as settings:
         for key, value in _SMALL_PLANS.items():
-            settings.enter_context(session_setting(spark, key, value))
+            settings.enter_context(_setting(spark, key, value))
         yield
 
 
@@ -505,14 +495,29 @@ def refresh(
     table_position = None if rebuild else props.get(POSITION_PROPERTY)
     applied = None if rebuild else props.get(SNAPSHOT_PROPERTY)
     known = None if rebuild else _recorded_rows(props)
-    if not rebuild and since >= log_version and applied == snapshot:
-        valid = known is not None and state.version == known[1]
-        unchanged = StateResult(position=table_position, row_count=known[0] if known and valid else 0)
-        return _result(spark, state_location, unchanged, counted=valid)
+    if not rebuild and (known is None or known[1] != state.version):  # another writer committed since the last
+        # refresh (or it recorded no count): counted once, at that version, so this refresh's commit records it
+        known = (_read_at(spark, state_location, state.version).count(), state.version)
+    if not rebuild and since >= log.changed_at and applied == snapshot:  # nothing since, maintenance at most
+        assert known is not None and old is not None
+        if props.get(ROWS_VERSION_PROPERTY) != str(state.version):  # counted above: recorded for the next cycles
+            record(spark, state_location, _state(namespace, since, layout, old, table_position, applied, known))
+        return _result(spark, state_location, StateResult(position=table_position, row_count=known[0]), counted=True)
     changelog = spark.read.format("delta").option("versionAsOf", log_version).load(changelog_location)
     events = None if rebuild else _changes(spark, changelog_location, since, log_version)
     if events is None:
         rebuild, old, table_position, applied, events = True, None, None, None, changelog
+    ghosts = snapshot is not None and not rebuild and (applied is None or snapshot > applied)
+
+    def carried(result: StateResult, shape: Shape) -> Recording | None:
+        """The state the MERGE's commit records: not when a later commit of this refresh follows (rows older
+        than a new snapshot dropped), or the table lacks :data:`LOG_OPTIONS` (that later commit sets them)."""
+        if rebuild or ghosts or result.recount or known is None or any(props.get(k) != v for k, v in LOG_OPTIONS.items()):
+            return None
+        # the table held known[0] rows at known[1]; this refresh's commits so far (ADD COLUMNS) changed none
+        rows = (known[0], known[1] + result.commits)
+        return _state(namespace, log_version, layout, shape, result.position, snapshot, rows)
+
     # an incremental refresh handles the table and what the changelog gained since (its size then, from the
     # log; unknown: the whole changelog): a small table fed a bulk load is not planned as a small refresh
     added = log.size_bytes - (0 if rebuild else (size_at(spark, changelog_location, since) or 0))
@@ -520,9 +525,9 @@ def refresh(
     with sized_shuffles(spark, nbytes), _small_plans(spark, not rebuild and nbytes <= _SMALL_TABLE_BYTES):
         result, shape = _merge(
             spark, namespace, state_location, layout, changelog, events.select(*_EVENT_COLUMNS), old,
-            table_position, snapshot, rebuild,
+            table_position, snapshot, rebuild, carried,
         )
-        if snapshot is not None and not rebuild and (applied is None or snapshot > applied):
+        if ghosts and snapshot is not None:
             _drop_ghosts(spark, state_location, layout, snapshot, result)
     version = latest_version(spark, state_location)
     if not rebuild:
@@ -530,20 +535,32 @@ def refresh(
             result.row_count = known[0] + result.inserted - result.removed
         else:
             result.row_count = spark.read.format("delta").load(state_location).count()
-    updates = {
+    if not result.recorded:  # no commit of this refresh could carry its state: one of its own
+        record(spark, state_location,
+               _state(namespace, log_version, layout, shape, result.position, snapshot, (result.row_count, version)))
+    return _result(spark, state_location, result, counted=True)
+
+
+def _state(
+    namespace: str, log_version: int, layout: Layout, shape: Shape, position: str | None, snapshot: str | None,
+    rows: tuple[int, int],
+) -> Recording:
+    """The state a refresh records: the changelog version it reflects, its layout and shape, the position
+    and the latest full snapshot applied, and ``rows``: the table's row count at a version."""
+    properties = {
         COLLECTION_PROPERTY: namespace,
         VERSION_PROPERTY: str(log_version),
         OPTIONS_PROPERTY: layout.to_json(),
         KINDS_PROPERTY: shape.to_json(),
-        ROWS_PROPERTY: str(result.row_count),
-        ROWS_VERSION_PROPERTY: str(version + 1),  # this commit's (a writer committing first makes it stale)
-    } | LOG_OPTIONS  # tables built before it was set get it here
-    if result.position is not None:
-        updates[POSITION_PROPERTY] = result.position
-    if snapshot is not None:
-        updates[SNAPSHOT_PROPERTY] = snapshot
-    set_properties(spark, state_location, updates)
-    return _result(spark, state_location, result, counted=True)
+    }
+    properties |= {POSITION_PROPERTY: position} if position is not None else {}
+    properties |= {SNAPSHOT_PROPERTY: snapshot} if snapshot is not None else {}
+    return Recording(properties, rows[0], rows[1])
+
+
+def _read_at(spark: SparkSession, location: str, version: int) -> DataFrame:
+    """The table as it was at ``version``."""
+    return spark.read.format("delta").option("versionAsOf", version).load(location)
 
 
 def _recorded_rows(props: dict[str, str]) -> tuple[int, int] | None:
@@ -597,7 +614,10 @@ def _merge(
     table_position: str | None,
     snapshot: str | None,
     rebuild: bool,
+    carried: Callable[[StateResult, Shape], Recording | None],
 ) -> tuple[StateResult, Shape]:
+    """``carried``: the state the MERGE's commit records, given what the refresh found (None: a later commit
+    records it)."""
     result = StateResult(position=table_position)
     # The usual case in one pass: every winner has a full document and is newer than the table.
     top = _per_key(events).select(
@@ -646,7 +666,7 @@ def _merge(
         result.recount = True  # rare (a type changed); the table is counted rather than its commits
     else:
         result.commits += _add_columns(spark, location, old, [(p, t) for p, t in added if p not in present])
-    _apply(spark, location, layout, source, result)
+    _apply(spark, location, layout, source, result, carried(result, shape))
     return result, shape
 
 
@@ -787,8 +807,11 @@ def _replace(spark: SparkSession, location: str, rows: DataFrame) -> None:
     spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
 
 
-def _apply(spark: SparkSession, location: str, layout: Layout, source: DataFrame, result: StateResult) -> None:
-    """One MERGE of the winners: newer events replace (or delete) rows, older ones change nothing."""
+def _apply(
+    spark: SparkSession, location: str, layout: Layout, source: DataFrame, result: StateResult, state: Recording | None
+) -> None:
+    """One MERGE of the winners: newer events replace (or delete) rows, older ones change nothing. Its commit
+    records ``state`` (when given)."""
     columns = [c for c in source.columns if not c.startswith("__merge_")]
     assignments: dict[str, str | Column] = {typed_columns.quote(c): F.col(f"s.{typed_columns.quote(c)}") for c in columns}
     newer = "(s.__position > t.__position OR (s.__position = t.__position AND s.__merge_op <> 'r'))"
@@ -804,7 +827,7 @@ def _apply(spark: SparkSession, location: str, layout: Layout, source: DataFrame
     # The MERGE reads its source twice (to find the rows it touches, then to write them). Delta copies a
     # source that is not a plain Delta scan first, in case it changes in between; ours is a local
     # checkpoint, which cannot, so the copy is skipped (about half a second of a 10k-change refresh).
-    with session_setting(spark, _MATERIALIZE_SOURCE, "none"):
+    with _setting(spark, _MATERIALIZE_SOURCE, "none"), recording(spark, state):
         metrics = merge.execute().first()  # this MERGE's own figures (the history's latest may be another writer's)
     inserted, updated, deleted = (
         (int(metrics["num_inserted_rows"]), int(metrics["num_updated_rows"]), int(metrics["num_deleted_rows"]))
@@ -815,6 +838,8 @@ def _apply(spark: SparkSession, location: str, layout: Layout, source: DataFrame
     result.commits += 1
     if not (inserted or updated or deleted):  # Delta may skip the commit of a MERGE that changed nothing
         result.recount = True
+    else:
+        result.recorded = state is not None
 
 
 def _drop_ghosts(spark: SparkSession, location: str, layout: Layout, snapshot: str, result: StateResult) -> None:

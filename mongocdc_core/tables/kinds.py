@@ -6,7 +6,8 @@ when the type varies. Kinds come from Spark's ``schema_of_variant_agg`` over the
 Extended JSON (:func:`from_variant_schema`), are refined by value statistics (date range, decimal
 scale, binary subtype), and merge across refreshes (:func:`merge`): a new field adds a column, int and
 double widen to double, any other change makes the field ``variant``. The table keeps its kinds as
-JSON in a table property, so the next refresh merges with what the table already holds.
+JSON in the state each refresh records (``mongocdc.kinds``), so the next refresh merges with what the
+table already holds.
 
 Column names: the field's own name, except names the table reserves (``__doc``, ``__key`` …: one more
 leading underscore) and names that differ only by case from a column already there (Delta columns are

@@ -182,7 +182,7 @@ class SourceRead:
 
 def read_source(spark: SparkSession, namespace: str, changelog: str, cfg: ConnectorConfig) -> SourceRead:
     """The collection as it was at the position a refresh of current_state from ``changelog``'s latest
-    version gives the table (that version's highest position, the table property the changelog's refresh
+    version gives the table (that version's highest position, as the changelog's refresh
     recorded), read now: right after the changelog's refresh, the server still holds that position
     (its snapshot history, 300 s by default) while current_state is refreshed and a check runs later.
     :func:`compare` uses it when the table it compares was folded from that version."""

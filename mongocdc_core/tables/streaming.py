@@ -38,7 +38,6 @@ from mongocdc_core.tables.changelog import (
     POSITION_PROPERTY,
     TableInputError,
     changelog_rows,
-    latest_version,
     look,
 )
 from mongocdc_core.tables.collection import (
@@ -202,17 +201,12 @@ def _write_collection(settings: StreamSettings, view: str, parts: Mapping[str, _
     before = look(spark, tables.changelog)
     recorded = before.properties.get(POSITION_PROPERTY)
     fresh = before.version < 0 or (before.recorded_rows is not None and recorded is not None and part.first > recorded)
-    appended = _changelog.append_events(spark, tables.changelog, namespace, rows, unique=part.unique, new=fresh)
-    highest = None
-    if before.version < 0:
-        count = appended.rows
-    elif before.recorded_rows is not None and latest_version(spark, tables.changelog) == before.version + 1:
-        count = before.recorded_rows + appended.rows
-    else:  # another writer committed, or one stopped before recording, or a table from before row counts
-        count, highest = _changelog.held(spark, tables.changelog)  # were recorded: counted once
+    known, highest = (0, None) if before.version < 0 else (before.recorded_rows, None)
+    if known is None:  # another writer committed, or one stopped before recording, or a table from before row
+        known, highest = _changelog.held(spark, tables.changelog)  # counts were recorded: counted once
     # landing="": the landing refresh's shortcuts must not take this commit for its own
-    _changelog.record(spark, tables.changelog, namespace, appended, properties=before.properties, rows=count,
-                      highest=highest, landing="")
+    state = _changelog.changelog_state(namespace, before, rows=known, highest=highest, landing="")
+    _changelog.append_recorded(spark, tables.changelog, namespace, rows, before, state, unique=part.unique, new=fresh)
     refresh_current_state(spark, tables, settings.options)
 
 

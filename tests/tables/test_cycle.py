@@ -8,6 +8,7 @@ gets a change, a cycle refreshes that one only, and its tables hold the change.
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -15,8 +16,15 @@ import pytest
 from pyspark.sql import SparkSession
 
 from mongocdc_core.tables import CollectionRefresh, CollectionTables, read_current_state, refresh_collections
-from mongocdc_core.tables.changelog import landing_by_collection
+from mongocdc_core.tables.changelog import (
+    ROWS_VERSION_PROPERTY,
+    STATE_KEY,
+    landing_by_collection,
+    look,
+    set_properties,
+)
 from mongocdc_core.tables.collection import concurrently
+from mongocdc_core.tables.current_state import VERSION_PROPERTY
 
 from .workload import DB, Workload, converter, slice_records, snapshot_records, write_landing
 
@@ -78,6 +86,79 @@ def test_a_cycle_with_nothing_new_starts_no_spark_job(spark: SparkSession, tmp_p
     assert c02.current_state.position == changed.position.to_str()
     state = read_current_state(spark, CollectionTables.under(root, f"{DB}.c02").current_state)
     assert state.count() == 3 and state.where(f"__position = '{changed.position.to_str()}'").count() == 1
+
+
+def _commits(location: str) -> list[dict[str, object]]:
+    """The ``commitInfo`` of each commit in the table's Delta log, oldest first."""
+    infos = []
+    for path in sorted(Path(location, "_delta_log").glob("*.json")):
+        infos += [json.loads(line)["commitInfo"] for line in path.read_text().splitlines() if '"commitInfo"' in line]
+    return infos
+
+
+def test_a_refresh_makes_one_commit_per_table_and_tables_of_earlier_versions_are_read(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Each table's refresh records its state (positions, digest, kinds, row count) in its data commit's
+    ``userMetadata``, not in a second commit of table properties; a quiet cycle reads it back without a
+    Spark job. One collection's tables are first turned into what an earlier mongocdc left: the state as
+    table properties, set by a commit of their own; they are read as such, refreshed incrementally, and
+    recorded the new way from then on."""
+    names = ["c00", "c01"]
+    wl = Workload(random.Random(41), collections=names, full_document=True)
+    for name in names:
+        for _ in range(3):
+            wl.insert(name, wl._tick())
+    conv = converter("change_streams_update_full")
+    landing = tmp_path / "landing"
+    for name in names:
+        write_landing(landing / "snapshot" / f"{DB}.{name}" / "snapshot.parquet", snapshot_records(conv, wl, name))
+    root = str(tmp_path / "tables")
+    tables = {name: CollectionTables.under(root, f"{DB}.{name}") for name in names}
+
+    def cycle() -> dict[str, CollectionRefresh]:
+        found = landing_by_collection([landing])
+        done = {r.namespace.split(".")[1]: r for r in refresh_collections(
+            spark, [(tables[name], found[f"{DB}.{name}"]) for name in names])}
+        assert not [r.error for r in done.values() if r.error is not None]
+        return done
+
+    cycle()
+    old = tables["c01"]
+    for location in (old.changelog, old.current_state):  # the state as an earlier version kept it (current_state
+        found = look(spark, location)  # then recorded the changelog's version after its properties' commit)
+        recorded = {k: v for k, v in found.properties.items() if k.startswith("mongocdc.")}
+        recorded[ROWS_VERSION_PROPERTY] = str(found.version + 1)
+        if location == old.current_state:
+            recorded[VERSION_PROPERTY] = str(look(spark, old.changelog).version)
+        set_properties(spark, location, recorded)
+        assert look(spark, location).properties == found.properties | recorded
+    before = jobs_started(spark)
+    quiet = cycle()
+    assert jobs_started(spark) == before and not any(r.new_data for r in quiet.values())
+
+    for name in names:  # a delete: no new field, so no column added (a commit of its own) either
+        wl.delete(name, wl._tick())
+        write_landing(landing / "stream_slice" / f"{DB}.{name}" / "slice-1.parquet", slice_records(conv, [wl.events[-1]]))
+    counts = {(name, kind): len(_commits(getattr(tables[name], kind))) for name in names
+              for kind in ("changelog", "current_state")}  # fmt: skip
+    changed = cycle()
+    for name in names:
+        done = changed[name]
+        assert (done.changelog.rows_added, done.changelog.row_count) == (1, 4)
+        assert (done.current_state.keys_merged, done.current_state.row_count) == (1, 2)
+        assert done.changelog.position == done.current_state.position == wl.events[-1 if name == "c01" else -2].position.to_str()
+        for kind in ("changelog", "current_state"):
+            infos = _commits(getattr(tables[name], kind))
+            assert len(infos) == counts[(name, kind)] + 1, (name, kind)  # one commit per table and refresh
+            assert infos[-1]["operation"] == ("WRITE" if kind == "changelog" else "MERGE")
+            assert STATE_KEY in json.loads(str(infos[-1]["userMetadata"]))
+    before = jobs_started(spark)
+    quiet = cycle()
+    assert jobs_started(spark) == before
+    for name in names:
+        assert (quiet[name].changelog.row_count, quiet[name].current_state.row_count) == (4, 2)
+        assert quiet[name].changelog.position == changed[name].changelog.position
 
 
 def test_concurrent_sessions_keep_the_settings_made_at_run_time(spark: SparkSession) -> None:

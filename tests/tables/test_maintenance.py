@@ -63,6 +63,11 @@ def test_maintenance_compacts_and_vacuums_without_changing_what_users_read(spark
     assert spark.conf.get("spark.databricks.delta.retentionDurationCheck.enabled", "true") == "true"  # restored
     assert comparable(read_current_state(spark, tables.current_state)) == state_before
     assert comparable(read_changelog(spark, tables.changelog)) == log_before
+    # maintenance changes no row: the state the last refreshes recorded still holds, and nothing new costs no job
+    quiet_log = refresh_changelog(spark, tables, [str(f) for f in files])
+    quiet_state = refresh_current_state(spark, tables)
+    assert (quiet_log.work.jobs, quiet_log.files_read, quiet_state.work.jobs, quiet_state.keys_merged) == (0, 0, 0, 0)
+    assert (quiet_log.row_count, quiet_state.row_count) == (60, 30)
 
     files.append(_updates(tmp_path, "after", 300, range(5)))
     refresh_changelog(spark, tables, [str(f) for f in files])

@@ -440,14 +440,17 @@ def test_log_checkpoints_do_not_fall_on_every_fifth_refresh(spark: SparkSession,
     tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
     files = [read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": i, "qty": i} for i in range(5)], Position(100, 1))]
     build(spark, tables, *files)
-    for n in range(5):  # each refresh commits twice to each table (its data, then its properties)
-        files.append(_changes(tmp_path, f"s{n}", [_event("update", n, Position(200 + n, 1), {"_id": n, "qty": -n})]))
+    logs = {"changelog": tables.changelog, "current_state": tables.current_state}
+    for n in range(10):  # each refresh commits once to each table: its data, with its state
+        files.append(_changes(tmp_path, f"s{n}", [_event("update", n % 5, Position(200 + n, 1), {"_id": n % 5, "qty": -n})]))
+        built = {name: latest_version(spark, location) for name, location in logs.items()}
         refresh_changelog(spark, tables, [str(f) for f in files])
         assert refresh_current_state(spark, tables).keys_merged == 1
-    logs = {"changelog": tables.changelog, "current_state": tables.current_state}
+        assert {name: latest_version(spark, location) for name, location in logs.items()} == {
+            name: version + 1 for name, version in built.items()}
     assert all(latest_version(spark, location) >= 10 for location in logs.values())  # Delta's default: one there
     assert {name: sorted(p.name for p in Path(location, "_delta_log").glob("*.checkpoint*"))
             for name, location in logs.items()} == {"changelog": [], "current_state": []}  # fmt: skip
     assert {r["_id"]: r["qty"] for r in read_current_state(spark, tables.current_state).collect()} == {
-        0: 0, 1: -1, 2: -2, 3: -3, 4: -4
+        0: -5, 1: -6, 2: -7, 3: -8, 4: -9
     }
