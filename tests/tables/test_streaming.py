@@ -314,11 +314,11 @@ def test_a_replayed_micro_batch_records_the_position_of_the_events_it_was_given(
 def test_a_landing_refresh_after_a_micro_batch_does_not_take_its_commit_for_its_own(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A landing refresh stopped between its append and its properties commit, then a micro-batch of
-    earlier events (the stream lagging the landing zone) recording its row count: the next landing
-    refresh neither takes the batch's commit for its own (the digest) nor the recorded position for the
-    table's highest (the batch counted the table, so its position covers the stopped append): the file
-    is looked up, each event once."""
+    """A landing refresh stopped between its append (whose commit records its state) and its manifest,
+    then a micro-batch of earlier events (the stream lagging the landing zone) recording its row count:
+    the next landing refresh neither takes the batch's commit for its own (the digest) nor the recorded
+    position for the table's highest (the batch counted the table, so its position covers the stopped
+    append): the file is looked up, each event once."""
     wl = Workload(random.Random(43), collections=("orders",), full_document=True)
     conv = converter("change_streams_update_full")
     wl.run(9)
@@ -329,11 +329,14 @@ def test_a_landing_refresh_after_a_micro_batch_does_not_take_its_commit_for_its_
     s1 = str(write_landing(tmp_path / "s1.parquet", slice_records(conv, wl.events[6:])))
     assert refresh_changelog(spark, tables, [s0]).row_count == 6
 
-    def stop(*args: object, **kwargs: object) -> None:
-        raise KeyboardInterrupt("stopped before the properties commit")
+    append = changelog.append_recorded
+
+    def stop(*args: Any, **kwargs: Any) -> None:
+        append(*args, **kwargs)
+        raise KeyboardInterrupt("stopped after the append, before the manifest")
 
     with monkeypatch.context() as patched:
-        patched.setattr(changelog, "record", stop)
+        patched.setattr(changelog, "append_recorded", stop)
         with pytest.raises(KeyboardInterrupt):
             refresh_changelog(spark, tables, [s0, s1])
     assert read_changelog(spark, tables.changelog).count() == total  # appended, not recorded
