@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from mongocdc_core.events.convert import EventConverter
 from mongocdc_core.tables import CollectionRefresh, CollectionTables, read_current_state, refresh_collections
 from mongocdc_core.tables.changelog import (
     ROWS_VERSION_PROPERTY,
@@ -38,9 +39,9 @@ def jobs_started(spark: SparkSession) -> int:
     return int(spark._jsc.sc().dagScheduler().nextJobId())  # type: ignore[union-attr]
 
 
-def test_a_cycle_with_nothing_new_starts_no_spark_job(spark: SparkSession, tmp_path: Path) -> None:
-    names = [f"c{i:02d}" for i in range(COLLECTIONS)]
-    wl = Workload(random.Random(39), collections=names, full_document=True)
+def _snapshotted(tmp_path: Path, names: list[str], seed: int) -> tuple[Workload, EventConverter, Path]:
+    """Three documents in each collection, landed as its snapshot under ``tmp_path/landing``."""
+    wl = Workload(random.Random(seed), collections=names, full_document=True)
     for name in names:
         for _ in range(3):
             wl.insert(name, wl._tick())
@@ -48,6 +49,12 @@ def test_a_cycle_with_nothing_new_starts_no_spark_job(spark: SparkSession, tmp_p
     landing = tmp_path / "landing"
     for name in names:
         write_landing(landing / "snapshot" / f"{DB}.{name}" / "snapshot.parquet", snapshot_records(conv, wl, name))
+    return wl, conv, landing
+
+
+def test_a_cycle_with_nothing_new_starts_no_spark_job(spark: SparkSession, tmp_path: Path) -> None:
+    names = [f"c{i:02d}" for i in range(COLLECTIONS)]
+    wl, conv, landing = _snapshotted(tmp_path, names, seed=39)
     root = str(tmp_path / "tables")
 
     def cycle() -> dict[str, CollectionRefresh]:
@@ -105,14 +112,7 @@ def test_a_refresh_makes_one_commit_per_table_and_tables_of_earlier_versions_are
     table properties, set by a commit of their own; they are read as such, refreshed incrementally, and
     recorded the new way from then on."""
     names = ["c00", "c01"]
-    wl = Workload(random.Random(41), collections=names, full_document=True)
-    for name in names:
-        for _ in range(3):
-            wl.insert(name, wl._tick())
-    conv = converter("change_streams_update_full")
-    landing = tmp_path / "landing"
-    for name in names:
-        write_landing(landing / "snapshot" / f"{DB}.{name}" / "snapshot.parquet", snapshot_records(conv, wl, name))
+    wl, conv, landing = _snapshotted(tmp_path, names, seed=41)
     root = str(tmp_path / "tables")
     tables = {name: CollectionTables.under(root, f"{DB}.{name}") for name in names}
 
