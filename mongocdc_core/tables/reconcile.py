@@ -14,8 +14,11 @@
    if the copy made it after that time, so where the table still holds a key as a read made then (its
    processing time, ``__ts_ms``, :func:`_read_late`) and the key changed after the table's time, or lacks
    a key while the copy's newest read was made then, a difference there is uncertain: the key is left
-   out and counted too (equal, it is verified). A read made before the table's time, and a key a change
-   event wrote, are exact at its position: a difference there is one.
+   out and counted too (equal, it is verified). An update's full document is fuzzy the same way: the change
+   stream looks it up when it reads the event (``updateLookup``), so it may show writes made after the
+   update, and after the table's time when it was read after that time. A read made before the table's
+   time, an insert's, a delete's and an update read before the table's time are exact at its position: a
+   difference there is one.
 2. **The metadata columns** (``__position``, ``__op``, ``__source_ts_ms``, ``__deleted``) against the
    winning event of each key in the changelog version the table reflects.
 
@@ -122,9 +125,11 @@ def _layout(props: dict[str, str]) -> Layout:
     return Layout(data["delete_handling"], tuple(data["add_fields"]))
 
 
-def _table_time(log: DataFrame, position: str) -> tuple[Timestamp, str, bool]:
-    """The cluster time whose state a table at ``position`` holds, how to say it, and whether a blocking
-    snapshot's read in ``log`` may have been made after it (:func:`_read_late`): one Spark job.
+def _table_time(log: DataFrame, position: str) -> tuple[Timestamp, str, bool, bool]:
+    """The cluster time whose state a table at ``position`` holds, how to say it, whether a blocking
+    snapshot's read in ``log`` may have been made after it, and whether any document that may show later
+    writes (such a read, an update's looked-up document: :func:`_fuzzy_document`) was (:func:`_read_late`):
+    one Spark job.
 
     After a change event at ``position`` it is that event's clusterTime: every event up to it was
     applied. When only a blocking snapshot's reads are at ``position`` it is the tick before: a
@@ -139,14 +144,16 @@ def _table_time(log: DataFrame, position: str) -> tuple[Timestamp, str, bool]:
         (F.col("__op") != "r") | F.coalesce(F.col("snapshot") == "incremental", F.lit(False)))
     facts = log.agg(
         F.max(event).alias("event"),
-        F.max(_blocking_read() & _read_late(at)).alias("late_at"),
-        F.max(_blocking_read() & _read_late(before)).alias("late_before"),
+        F.max(_blocking_read() & _read_late(at)).alias("copy_at"),
+        F.max(_blocking_read() & _read_late(before)).alias("copy_before"),
+        F.max(_fuzzy_document() & _read_late(at)).alias("late_at"),
+        F.max(_fuzzy_document() & _read_late(before)).alias("late_before"),
     ).first()
     assert facts is not None  # a global aggregation has one row
     if facts["event"]:
-        return at, f"{at.time}.{at.inc}", bool(facts["late_at"])
+        return at, f"{at.time}.{at.inc}", bool(facts["copy_at"]), bool(facts["late_at"])
     said = f"{before.time}.{before.inc} (the tick before the snapshot's position {at.time}.{at.inc}, where its stream starts)"
-    return before, said, bool(facts["late_before"])
+    return before, said, bool(facts["copy_before"]), bool(facts["late_before"])
 
 
 def _changed_since(cfg: ConnectorConfig, namespace: str, at: Timestamp) -> set[str]:
@@ -166,7 +173,8 @@ class SourceRead:
     (:func:`read_source`): its landing rows (Arrow, columnar: about the size of the collection's documents
     as JSON), the keys to leave out, and how it was read. ``changed``: keys changed since the table's time
     to leave out; ``fuzzy_at`` (the table's time, where the source was read at it): of those, only the ones
-    a blocking snapshot's copy may have read after that time, where they differ from the source then."""
+    the table holds as a document read after that time (a blocking snapshot's copy, an update's looked-up
+    document) or, where the copy read after it (``copy_late``), lacks, where they differ from the source then."""
 
     changelog_version: int
     position: str | None
@@ -174,6 +182,7 @@ class SourceRead:
     changed: frozenset[str]
     fuzzy_at: Timestamp | None
     method: str
+    copy_late: bool = False  # a blocking snapshot's copy read after ``fuzzy_at``: a key it lacks is uncertain
 
     def holds(self, changelog_version: int, position: str | None) -> bool:
         """Whether this read is for a table folded from ``changelog_version`` up to ``position``."""
@@ -200,7 +209,7 @@ def _read(cfg: ConnectorConfig, namespace: str, version: int, position: str | No
         api.snapshot_collection(cfg, namespace, rows, filter={})
         return SourceRead(version, position, landing_table(rows.records), frozenset(), None,
                           "read now (the table has no position yet)")
-    at, said, late = _table_time(log, position)
+    at, said, copy_late, late = _table_time(log, position)
     try:
         api.snapshot_collection(cfg, namespace, rows, filter={}, at_cluster_time=at)
     except api.SnapshotReadUnavailable as exc:
@@ -208,9 +217,9 @@ def _read(cfg: ConnectorConfig, namespace: str, version: int, position: str | No
     else:
         changed = frozenset(_changed_since(cfg, namespace, at)) if late else frozenset()
         return SourceRead(version, position, landing_table(rows.records), changed, at, f"snapshot read at {said}" + (
-            "; keys changed since that differ where the table holds them as a blocking snapshot's copy read them "
-            "after that time, or lacks them while the copy read after it, left out (the copy may have read them "
-            "after that time)" if changed else ""))
+            "; keys changed since that differ where the table holds them as a blocking snapshot's copy or an "
+            "update's looked-up document read them after that time, or lacks them while the copy read after it, "
+            "left out (the copy may have read them after that time)" if changed else ""), copy_late)
     rows = _Rows()
     api.snapshot_collection(cfg, namespace, rows, filter={})
     # changed since: every event after the time the table holds (the snapshot's own position included); a
@@ -231,7 +240,7 @@ _UNKNOWN_TIME = 2**63 - 1
 
 
 def _read_late(at: Timestamp) -> Column:
-    """Whether a blocking snapshot's read (a changelog row) may have been made after cluster time ``at``,
+    """Whether a fuzzy document (a changelog row, :func:`_fuzzy_document`) may have been read after cluster time ``at``,
     and so may show a write made after it: its processing time (``__ts_ms``, the connector's clock when it
     made the record, after the server answered the read) is at or after the start of ``at``'s second,
     less :data:`CLOCK_SKEW_MS`. A write after ``at`` takes a cluster time of ``at``'s second or later,
@@ -245,6 +254,13 @@ def _read_late(at: Timestamp) -> Column:
 
 def _blocking_read() -> Column:
     return (F.col("__op") == "r") & ~F.coalesce(F.col("snapshot") == "incremental", F.lit(False))
+
+
+def _fuzzy_document() -> Column:
+    """A changelog row whose document may show writes made after its position: a blocking snapshot's
+    read, or an update's full document, which the change stream looks up when it reads the event
+    (``updateLookup``: the document as it is then, not as the update left it)."""
+    return _blocking_read() | ((F.col("__op") == "u") & F.col("after").isNotNull())
 
 
 def _signature(frame: DataFrame, names: list[str]) -> Column:
@@ -271,7 +287,7 @@ def _per_key(spark: SparkSession, namespace: str, table: DataFrame, layout: Layo
     meta = ["__position", *[c for c in layout.metadata_columns if c != "__collection"]]
     wrong = F.col("__collection") != namespace if "__collection" in table.columns else F.lit(False)
     order = F.struct(F.col("__position"), F.when(F.col("__op") == "r", 0).otherwise(1))
-    late = _blocking_read() & _read_late(read.fuzzy_at) if read.fuzzy_at is not None else F.lit(False)
+    late = _fuzzy_document() & _read_late(read.fuzzy_at) if read.fuzzy_at is not None else F.lit(False)
     parts = [
         table.select("__key", F.when(live, _signature(table, names)).alias("t"), F.to_json(F.struct(*meta)).alias("mt"),
                      wrong.alias("wrong"), live.cast("int").alias("live"), F.lit(1).alias("rows")),
@@ -302,7 +318,8 @@ def _per_key(spark: SparkSession, namespace: str, table: DataFrame, layout: Layo
     differs = ~F.col("t").eqNullSafe(F.col("s"))
     changed = F.coalesce(F.col("changed"), F.lit(False))
     if read.fuzzy_at is not None:  # a key the table holds as a late read, or lacks, and that differs
-        changed = changed & (F.coalesce(F.col("w.late"), F.lit(False)) | F.col("w").isNull()) & differs
+        changed = changed & (F.coalesce(F.col("w.late"), F.lit(False)) | (F.col("w").isNull() & F.lit(read.copy_late))
+                             ) & differs
     left_out = data_key & changed
     compared = data_key & ~left_out
     mismatch = ((compared & differs) | ~F.col("mt").eqNullSafe(ms) | F.coalesce(F.col("wrong"), F.lit(False))

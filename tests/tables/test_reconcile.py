@@ -477,3 +477,43 @@ def test_a_source_read_for_another_changelog_version_is_not_used(
     result = reconcile_at_position(spark, tables, cfg, source=stale)
     assert result.position is not None and stale.position is not None and stale.position < result.position
     assert not result.read_early and result.passed and result.keys_compared == 10, result
+
+
+def test_an_updates_looked_up_document_that_shows_a_later_write_is_no_difference(
+    spark: SparkSession, tmp_path: Path, mongo_uri: str, fresh_db: Database,
+) -> None:
+    """An update's full document is looked up when the change stream reads the event (``updateLookup``),
+    so a slice read after a later write shows that write in the earlier update's document (the soak's
+    step-down cut a writer's sequence on a few keys across a window's end, and its table refresh failed on
+    them with DIFFERS). Reconciled at the table's position, such a key is left out and counted, not a
+    difference; every other key is compared, and a corrupted row is still one."""
+    namespace = f"{fresh_db.name}.orders"
+    cfg = ConnectorConfig.from_dict({
+        "mongodb.connection.string": mongo_uri, "topic.prefix": "dbz", "collection.include.list": namespace,
+    })
+    fresh_db.orders.insert_many([{"_id": i, "qty": i} for i in range(10)])
+    landing = tmp_path / "landing"
+    snap_path = landing / "snapshot" / namespace / "snapshot.parquet"
+    sink = ParquetSink.to_file(snap_path)
+    snap = api.snapshot_collection(cfg, namespace, sink)
+    sink.close()
+    fresh_db.orders.update_one({"_id": 1}, {"$set": {"qty": 100}})
+    fresh_db.orders.update_one({"_id": 2}, {"$set": {"qty": 200}})
+    end = _after(api.current_cluster_time(cfg))  # the slice ends after both updates: the table's time
+    fresh_db.orders.update_one({"_id": 1}, {"$set": {"qty": 101}})  # after it, before the stream reads
+    slice_path = landing / "stream_slice" / namespace / "1.parquet"
+    out = ParquetSink.to_file(slice_path)
+    api.stream_window(cfg, namespace, snap.position.timestamp, end, out)
+    out.close()
+    documents = [json_util.loads(a) for a in pq.read_table(slice_path, columns=["after"])["after"].to_pylist() if a]
+    assert {d["_id"]: d["qty"] for d in documents} == {1: 101, 2: 200}  # the first update's document shows the later write
+
+    tables = CollectionTables.under(str(tmp_path / "tables"), namespace)
+    build(spark, tables, snap_path, slice_path)
+    found = reconcile_at_position(spark, tables, cfg)
+    assert found.matches and found.passed, found
+    assert (found.keys_compared, found.keys_excluded) == (9, 1), found  # _id 1 uncertain, the others verified
+    assert "looked-up document" in found.method, found
+    spark.sql(f"UPDATE delta.`{tables.current_state}` SET qty = parse_json('999') WHERE _id = '2'")
+    corrupted = reconcile_at_position(spark, tables, cfg)
+    assert not corrupted.matches and corrupted.mismatching_keys == ["2"], corrupted
