@@ -449,11 +449,11 @@ def test_the_source_read_right_after_the_changelog_refresh_verifies_a_position_t
         assert corrupted.read_early and not corrupted.matches and corrupted.mismatching_keys == ["4"], corrupted
 
 
-def test_a_source_read_for_another_changelog_version_is_not_used(
-    spark: SparkSession, tmp_path: Path, mongo_uri: str, fresh_db: Database,
-) -> None:
-    """A read made after an earlier changelog refresh is for an older position than the table's once more
-    landed: the check reads the source itself (compared with the old read, the updated key would differ)."""
+def _ten_orders_snapshotted(
+    tmp_path: Path, mongo_uri: str, fresh_db: Database,
+) -> tuple[str, ConnectorConfig, Path, Path, api.SnapshotResult]:
+    """Ten documents in ``orders``, snapshotted into ``tmp_path/landing``: the namespace, its config, the
+    landing zone, the snapshot file and the snapshot's result."""
     namespace = f"{fresh_db.name}.orders"
     cfg = ConnectorConfig.from_dict({
         "mongodb.connection.string": mongo_uri, "topic.prefix": "dbz", "collection.include.list": namespace,
@@ -464,6 +464,15 @@ def test_a_source_read_for_another_changelog_version_is_not_used(
     sink = ParquetSink.to_file(snap_path)
     snap = api.snapshot_collection(cfg, namespace, sink)
     sink.close()
+    return namespace, cfg, landing, snap_path, snap
+
+
+def test_a_source_read_for_another_changelog_version_is_not_used(
+    spark: SparkSession, tmp_path: Path, mongo_uri: str, fresh_db: Database,
+) -> None:
+    """A read made after an earlier changelog refresh is for an older position than the table's once more
+    landed: the check reads the source itself (compared with the old read, the updated key would differ)."""
+    namespace, cfg, landing, snap_path, snap = _ten_orders_snapshotted(tmp_path, mongo_uri, fresh_db)
     tables = CollectionTables.under(str(tmp_path / "tables"), namespace)
     refresh_changelog(spark, tables, [str(snap_path)])
     stale = read_source_at(spark, tables, cfg)
@@ -487,16 +496,7 @@ def test_an_updates_looked_up_document_that_shows_a_later_write_is_no_difference
     step-down cut a writer's sequence on a few keys across a window's end, and its table refresh failed on
     them with DIFFERS). Reconciled at the table's position, such a key is left out and counted, not a
     difference; every other key is compared, and a corrupted row is still one."""
-    namespace = f"{fresh_db.name}.orders"
-    cfg = ConnectorConfig.from_dict({
-        "mongodb.connection.string": mongo_uri, "topic.prefix": "dbz", "collection.include.list": namespace,
-    })
-    fresh_db.orders.insert_many([{"_id": i, "qty": i} for i in range(10)])
-    landing = tmp_path / "landing"
-    snap_path = landing / "snapshot" / namespace / "snapshot.parquet"
-    sink = ParquetSink.to_file(snap_path)
-    snap = api.snapshot_collection(cfg, namespace, sink)
-    sink.close()
+    namespace, cfg, landing, snap_path, snap = _ten_orders_snapshotted(tmp_path, mongo_uri, fresh_db)
     fresh_db.orders.update_one({"_id": 1}, {"$set": {"qty": 100}})
     fresh_db.orders.update_one({"_id": 2}, {"$set": {"qty": 200}})
     end = _after(api.current_cluster_time(cfg))  # the slice ends after both updates: the table's time
