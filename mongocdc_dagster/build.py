@@ -27,6 +27,7 @@ from mongocdc_dagster.discovery import DiscoveryState
 from mongocdc_dagster.jobs import build_maintenance, build_plan_job
 from mongocdc_dagster.logs import LOGGERS, use_for_runs_without_loggers
 from mongocdc_dagster.resources import MongoCdcKafkaResource, MongoCdcResource, build_pyspark_resource
+from mongocdc_dagster.retries import RUN_RETRY_TAGS
 from mongocdc_dagster.schedules import build_continuity_schedule, build_latest_window_schedule
 from mongocdc_dagster.sensors import build_sensors
 from mongocdc_dagster.settings import ENV_PASSWORD, CdcSettings
@@ -107,7 +108,9 @@ def build_table_automation(tables: TableAssets, interval_seconds: int) -> list[A
     """The sensors that evaluate the tables' automation conditions, one per chunk of collections
     (:func:`table_automation_chunks`), a collection's changelog and current_state (and their checks) in one.
     The first keeps the name one sensor always had (``<connector>_table_automation``), so a deployment of up to
-    :data:`TABLE_AUTOMATION_CHUNK` collections keeps its single sensor and cursor; the others add ``_2``, ``_3``…"""
+    :data:`TABLE_AUTOMATION_CHUNK` collections keeps its single sensor and cursor; the others add ``_2``, ``_3``…
+    Their runs carry the run-retry tags (``retries.RUN_RETRY_TAGS``): a refresh whose worker was killed runs again
+    at once, not at the failed-refresh back-off (which stays for a refresh whose step failed)."""
     names = tables.names
     keys_of: dict[str, list[AssetKey]] = {}
     for key, namespace in [*tables.changelog_keys.items(), *tables.current_state_keys.items()]:
@@ -124,6 +127,6 @@ def build_table_automation(tables: TableAssets, interval_seconds: int) -> list[A
             sensors.append(AutomationConditionSensorDefinition(
                 names.of("table_automation") + (f"_{index + 1}" if index else ""), target=AssetSelection.assets(*keys),
                 default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=interval_seconds,
-                use_user_code_server=True,
+                use_user_code_server=True, run_tags=RUN_RETRY_TAGS,
                 description=f"Refreshes changelog and current_state when slices or snapshots land{part}."))
     return sensors

@@ -6,9 +6,11 @@
   step retries skip it, and running it again would only fail the same way.
 - A run that fails as a whole (its worker killed, the daemon restarted under it, a run that never started)
   is run again by Dagster's run retries (``run_retries: enabled`` in dagster.yaml) for the runs tagged with
-  :data:`RUN_RETRY_TAGS`: the latest-window schedule's slice runs and the sensors' snapshot runs. The tags
-  say "not after a step failure" (``dagster/retry_on_asset_or_op_failure: false``): the step's own policy has
-  already retried what was worth retrying, so a run failed by its step is not run twice more.
+  :data:`RUN_RETRY_TAGS`: the latest-window schedule's slice runs, the sensors' snapshot runs and the table
+  automation's refreshes. The tags say "not after a step failure" (``dagster/retry_on_asset_or_op_failure:
+  false``): a slice or snapshot step's own policy has already retried what was worth retrying, and a table
+  refresh whose step failed is requested again by the automation after its back-off
+  (``MongoCdcTranslator.failed_refresh_retry_cron``), so a run failed by its step is not run twice more.
 - A run still to finish (:func:`in_flight`): queued, starting or running, or failed and marked to be retried
   (Dagster's ``dagster/will_retry`` tag): the schedule and the gap sensor request nothing new behind it.
 - The gap sensor's repair runs get no run retries: the sensor is their retrier (``gaps.py``), with a back-off.
@@ -42,7 +44,8 @@ from dagster._core.storage.tags import (
 STEP_RETRY_POLICY = RetryPolicy(max_retries=3, delay=15, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
 #: How often a run that failed as a whole is run again.
 RUN_RETRIES = 2
-#: The tags of the runs mongocdc requests (slices, snapshots): run retries for run-level failures only.
+#: The tags of the runs mongocdc requests (slices, snapshots, table refreshes): run retries for run-level failures
+#: only.
 RUN_RETRY_TAGS = {MAX_RETRIES_TAG: str(RUN_RETRIES), RETRY_ON_ASSET_OR_OP_FAILURE_TAG: "false"}
 
 #: The least maximum run time of a slice run (:func:`slice_max_runtime`).

@@ -10,11 +10,18 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from dagster import DagsterInstance, RetryPolicy, RunRequest, build_schedule_context, instance_for_test
+from dagster import (
+    DagsterInstance,
+    RetryPolicy,
+    RunRequest,
+    build_schedule_context,
+    build_sensor_context,
+    instance_for_test,
+)
 from dagster._core.errors import DagsterExecutionInterruptedError
 from dagster._core.events import DagsterEventType, RunFailureReason
 from dagster._core.execution.retries import auto_reexecution_should_retry_run
-from dagster._core.storage.tags import RUN_FAILURE_REASON_TAG, WILL_RETRY_TAG
+from dagster._core.storage.tags import MAX_RETRIES_TAG, RUN_FAILURE_REASON_TAG, WILL_RETRY_TAG
 from pymongo.database import Database
 from pymongo.errors import AutoReconnect
 
@@ -111,3 +118,31 @@ def test_a_terminated_run_stops_instead_of_retrying_its_step(
                              tags=request.tags, raise_on_error=False)
     assert not result.success and len(calls) == 1
     assert [e for e in result.all_events if e.event_type == DagsterEventType.STEP_UP_FOR_RETRY] == []
+
+
+def test_a_table_refresh_whose_worker_was_killed_is_run_again_one_whose_step_failed_is_not(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], retrying_instance: DagsterInstance) -> None:
+    """The soak's killed run worker was a first table refresh: the changelog committed, current_state never did,
+    and only the failed-refresh back-off (up to five minutes) would have requested it again. The automation's
+    refreshes carry the run-retry tags now; a refresh failed by its step (an unreadable landing file) is left
+    to that back-off."""
+    db.orders.insert_many([{"_id": i} for i in range(3)])
+    env = make_env(tmp_path, mongo_uri, db, ["orders"])
+    (sensor,) = [s for s in env.defs.sensors if s.name.endswith("_table_automation")]
+    first = sensor.evaluate_tick(build_sensor_context(instance=retrying_instance, definitions=env.defs))
+    env.materialize(retrying_instance, [env.key("orders", "snapshot")])
+    tick = sensor.evaluate_tick(build_sensor_context(instance=retrying_instance, definitions=env.defs,
+                                                     cursor=first.cursor))
+    (request,) = tick.run_requests or []
+    assert set(request.asset_selection or ()) == {env.key("orders", "changelog"), env.key("orders", "current_state")}
+    assert request.tags[MAX_RETRIES_TAG] == "2"
+
+    (landing,) = [Path(f) for f in env.mongocdc.landing_files(env.ns("orders"))]
+    landing.write_bytes(landing.read_bytes()[:100])  # torn: the changelog's step fails
+    result = env.materialize(retrying_instance, list(request.asset_selection or ()), tags=request.tags,
+                             raise_on_error=False)
+    assert not result.success
+    run = retrying_instance.get_run_by_id(result.run_id)
+    assert run is not None and run.tags[RUN_FAILURE_REASON_TAG] == RunFailureReason.STEP_FAILURE.value
+    assert run.tags[WILL_RETRY_TAG] == "false"
+    assert auto_reexecution_should_retry_run(retrying_instance, run, RunFailureReason.UNEXPECTED_TERMINATION)
