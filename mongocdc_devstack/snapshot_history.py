@@ -6,6 +6,11 @@ and every multi-document transaction reads the data as of its start. The emulato
 committed change to a document, the version it replaced, keyed by the change's cluster time; a
 collection as of time T is the current collection with every change after T undone. Reads older
 than the window answer SnapshotTooOld (239), as mongod does.
+
+The catalog is read at that time too (mongod 7.0's point-in-time catalog lookups): a collection dropped or
+renamed after T is read under the name it had at T, and a name that came to a collection after T (a
+rename's target) held nothing then. A collection created after T needs no record: every insert into it
+is undone.
 """
 
 from __future__ import annotations
@@ -31,6 +36,18 @@ MAX_CHANGES = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
+class CatalogChange:
+    """A name's collection changing: at ``ts`` the namespace stopped (a drop, a rename's source or dropped
+    target) or started (a rename's target) naming ``collection``."""
+
+    ts: TsKey
+    db: str
+    name: str
+    collection: Collection
+    started: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Change:
     """One committed change of one document: the version it replaced (None: it did not exist)."""
 
@@ -46,6 +63,7 @@ class History:
     def __init__(self, window_seconds: float = DEFAULT_WINDOW_SECONDS) -> None:
         self.window_seconds = window_seconds
         self._changes: deque[Change] = deque()
+        self._catalog: deque[CatalogChange] = deque()
         self._oldest: TsKey = (0, 0)  # snapshots at or after this time are complete
 
     def start(self, now: Timestamp) -> None:
@@ -56,8 +74,15 @@ class History:
         self._changes.append(Change(ts_key(ts), collection, key, before))
         self._prune(ts.time)
 
+    def record_catalog(self, ts: Timestamp, db: str, name: str, collection: Collection, *, started: bool) -> None:
+        """``db.name`` stopped (or, ``started``, began) naming ``collection`` at ``ts``."""
+        self._catalog.append(CatalogChange(ts_key(ts), db, name, collection, started))
+        self._prune(ts.time)
+
     def _prune(self, now_seconds: int) -> None:
         horizon = now_seconds - self.window_seconds
+        while self._catalog and self._catalog[0].ts[0] < horizon:
+            self._catalog.popleft()
         changes = self._changes
         while changes and (changes[0].ts[0] < horizon or len(changes) > MAX_CHANGES):
             self._oldest = changes.popleft().ts
@@ -81,6 +106,17 @@ class History:
                 f"Read timestamp Timestamp({at.time}, {at.inc}) is older than the oldest available timestamp "
                 f"Timestamp({oldest.time}, {oldest.inc}).",
             )
+
+    def named_at(self, db: str, name: str, current: Collection | None, at: Timestamp) -> Collection | None:
+        """The collection ``db.name`` named at ``at``, from the one it names now (``current``)."""
+        at_key = ts_key(at)
+        named = current
+        for change in reversed(self._catalog):
+            if change.ts <= at_key:
+                break
+            if (change.db, change.name) == (db, name):
+                named = None if change.started else change.collection
+        return named
 
     def as_of(self, collection: Collection, at: Timestamp) -> Collection:
         """``collection`` as it was at cluster time ``at`` (itself when nothing changed since)."""

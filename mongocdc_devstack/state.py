@@ -622,7 +622,9 @@ class ServerState:
             if not self.catalog[db]:
                 del self.catalog[db]
             self._journal({"k": "drop", "db": db, "name": name})
-            self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", {"drop": name}, ui=coll.ui, from_migrate=from_migrate)])
+            ts = self._next_ts()
+            self.history.record_catalog(ts, db, name, coll, started=False)
+            self._append([self._entry(ts, "c", f"{db}.$cmd", {"drop": name}, ui=coll.ui, from_migrate=from_migrate)])
             self.flush_journal()
             return len(coll.indexes)
 
@@ -634,7 +636,9 @@ class ServerState:
             for name in colls:
                 coll = self.catalog[db].pop(name)
                 self._journal({"k": "drop", "db": db, "name": name})
-                self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", {"drop": name}, ui=coll.ui)])
+                ts = self._next_ts()
+                self.history.record_catalog(ts, db, name, coll, started=False)
+                self._append([self._entry(ts, "c", f"{db}.$cmd", {"drop": name}, ui=coll.ui)])
             self.catalog.pop(db, None)
             self._append([self._entry(self._next_ts(), "c", f"{db}.$cmd", {"dropDatabase": 1})])
             self.flush_journal()
@@ -652,11 +656,9 @@ class ServerState:
             if source == target:
                 raise command_error(ILLEGAL_OPERATION, "Can't rename a collection to itself")
             existing = self.catalog.get(tdb, {}).get(tname)
-            dropped: Binary | None = None
             if existing is not None:
                 if not drop_target:
                     raise command_error(NAMESPACE_EXISTS, "target namespace exists")
-                dropped = existing.ui
                 del self.catalog[tdb][tname]
                 self._journal({"k": "drop", "db": tdb, "name": tname})
             del self.catalog[sdb][sname]
@@ -668,9 +670,13 @@ class ServerState:
             self.catalog.setdefault(tdb, {})[tname] = coll
             self._journal({"k": "rename", "from": source, "to": target, "uuid": Binary.from_uuid(coll.uuid)})
             o: dict[str, Any] = {"renameCollection": source, "to": target, "stayTemp": stay_temp}
-            if dropped is not None:
-                o["dropTarget"] = dropped  # mongod 7.0 logs it only when a target was dropped
-            self._append([self._entry(self._next_ts(), "c", f"{sdb}.$cmd", o, ui=coll.ui)])
+            ts = self._next_ts()
+            if existing is not None:
+                o["dropTarget"] = existing.ui  # mongod 7.0 logs it only when a target was dropped
+                self.history.record_catalog(ts, tdb, tname, existing, started=False)
+            self.history.record_catalog(ts, sdb, sname, coll, started=False)
+            self.history.record_catalog(ts, tdb, tname, coll, started=True)
+            self._append([self._entry(ts, "c", f"{sdb}.$cmd", o, ui=coll.ui)])
             self.flush_journal()
 
     def coll_mod(self, db: str, name: str, changes: dict[str, Any]) -> None:

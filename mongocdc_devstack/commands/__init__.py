@@ -40,10 +40,11 @@ class Context:
     def read_collection(self, name: str) -> Collection | None:
         """The collection a read sees: the transaction's snapshot, a snapshot read's time, or now."""
         coll = self.state.get_collection(self.db, name, self.txn)
-        if coll is None or self.read_at is None:
+        if self.read_at is None:
             return coll
         with self.state.lock:
-            return self.state.history.as_of(coll, self.read_at)
+            coll = self.state.history.named_at(self.db, name, coll, self.read_at)
+            return None if coll is None else self.state.history.as_of(coll, self.read_at)
 
     @property
     def state(self) -> ServerState:

@@ -50,6 +50,32 @@ def test_snapshot_read_errors(fresh_db: Database) -> None:
         fresh_db.command("insert", "c", documents=[{"_id": 2}], readConcern={"level": "snapshot"})
 
 
+def test_snapshot_reads_see_the_catalog_as_of_their_time(fresh_db: Database) -> None:
+    """mongod 7.0's point-in-time catalog lookups: a collection renamed or dropped after the read's time is
+    read under the name it had then (the reconciliation of a collection dropped since reads it so), a
+    name given after that time held nothing then, and a name dropped and created again reads its first
+    collection before the drop and its second after."""
+
+    def read(name: str, at: Timestamp) -> list[Any]:
+        found = fresh_db.command("find", name, readConcern={"level": "snapshot", "atClusterTime": at})
+        return sorted(d["_id"] for d in found["cursor"]["firstBatch"])
+
+    fresh_db.c.insert_many([{"_id": 1}, {"_id": 2}])
+    two = fresh_db.command("ping")["operationTime"]
+    fresh_db.c.rename("renamed")
+    renamed = fresh_db.command("ping")["operationTime"]
+    fresh_db.drop_collection("renamed")
+    fresh_db.c.insert_one({"_id": 3})  # the name again, a new collection
+    again = fresh_db.command("ping")["operationTime"]
+    assert read("c", two) == [1, 2] and read("renamed", two) == []
+    assert read("c", renamed) == [] and read("renamed", renamed) == [1, 2]
+    assert read("c", again) == [3] and read("renamed", again) == []
+    fresh_db.gone.insert_one({"_id": "x"})
+    before = fresh_db.command("ping")["operationTime"]
+    fresh_db.command("dropDatabase")
+    assert read("gone", before) == ["x"] and read("c", before) == [3]
+
+
 # -- transactions -----------------------------------------------------------------------------------------
 
 
