@@ -32,7 +32,8 @@ numbers, a decimal, a date, an array and a sub-document.
    nothing at that size (tests/tables/test_cycle.py proves that a quiet cycle starts no Spark job).
 
 ``--only build|refresh|cycle`` (repeatable) measures only those sections.
-``MONGOCDC_BENCH_SMALL=1``: 20k records, tables of 5k and 20k rows, 500 changes, 20 collections x 1 change.
+``MONGOCDC_BENCH_SMALL=1``: 20k records, tables of 5k and 20k rows, 500 changes, 20 collections x 1 change, one
+round of each.
 """
 
 from __future__ import annotations
@@ -235,19 +236,19 @@ def _documents_schema(spark: SparkSession, files: list[str]) -> T.StructType:
     return spark.read.json(sample.select("after").rdd.map(lambda row: row[0])).schema
 
 
-def full_build(spark: SparkSession, root: Path, records: int) -> list[harness.Row]:
+def full_build(spark: SparkSession, root: Path, records: int, rounds_count: int) -> list[harness.Row]:
     """The full build against the plain write, each table's share of it and the floor (no goal): medians
-    of ``ROUNDS`` interleaved rounds over the same landing files, after an untimed round on a few records
+    of ``rounds_count`` interleaved rounds over the same landing files, after an untimed round on a few records
     (the baseline, timed first, would pay the session's warm-up alone)."""
     warm_up = _landing_zone(root / "warm-up", WARM_UP)
     _build(spark, warm_up, root / "warm-up" / "out", _documents_schema(spark, warm_up))
     files = _landing_zone(root / "landing", records)
     schema = _documents_schema(spark, files)
-    rounds = [_build(spark, files, root / f"build-{i}", schema) for i in range(ROUNDS)]
+    rounds = [_build(spark, files, root / f"build-{i}", schema) for i in range(rounds_count)]
     baseline, log, state, floor, hand = (statistics.median(r[i] for r in rounds) for i in range(5))
     build = statistics.median(r[1] + r[2] for r in rounds)
     ratio = statistics.median((r[1] + r[2]) / r[0] for r in rounds)
-    plain = f"a plain Delta write of the same landing rows (medians of {ROUNDS} rounds)"
+    plain = f"a plain Delta write of the same landing rows (medians of {rounds_count} rounds)"
     return [
         harness.Row(NAME, f"full build (changelog + current_state) from {records:,} landing records", plain,
                     build, baseline, "s", ratio),
@@ -260,7 +261,7 @@ def full_build(spark: SparkSession, root: Path, records: int) -> list[harness.Ro
         harness.Row(NAME, "hand-written build of the two tables (schema given; no idempotence, inference, "
                     "metadata or checks)", plain, hand, baseline, "s", statistics.median(r[4] / r[0] for r in rounds)),
         harness.Row(NAME, "full build against the hand-written build of the same landing rows",
-                    f"the hand-written build (medians of {ROUNDS} rounds)", build, hand, "s",
+                    f"the hand-written build (medians of {rounds_count} rounds)", build, hand, "s",
                     statistics.median((r[1] + r[2]) / r[4] for r in rounds), 1.25, "<="),
     ]  # fmt: skip
 
@@ -275,7 +276,8 @@ def _hand_merge(spark: SparkSession, location: str, rows: DataFrame) -> None:
      .execute())  # fmt: skip
 
 
-def incremental(spark: SparkSession, root: Path, size: int, changes_count: int) -> tuple[float, list[harness.Row]]:
+def incremental(spark: SparkSession, root: Path, size: int, changes_count: int, rounds_count: int,
+                ) -> tuple[float, list[harness.Row]]:
     home = root / f"inc-{size}"
     tables = CollectionTables.under(str(home / "tables"), NAMESPACE)
     files = [_snapshot(home, size)]
@@ -284,7 +286,7 @@ def incremental(spark: SparkSession, root: Path, size: int, changes_count: int) 
     copy = str(home / "copy")
     spark.sql(f"CREATE TABLE delta.`{copy}` SHALLOW CLONE delta.`{tables.current_state}`")
     logs, states, merges = [], [], []
-    for round_ in range(ROUNDS):
+    for round_ in range(rounds_count):
         version = latest_version(spark, tables.current_state)
         files.append(_changes(home / f"changes-{round_}.parquet", range(changes_count), size,
                               1_700_001_000 + 100_000 * round_, changes_count * round_))  # fmt: skip
@@ -300,7 +302,7 @@ def incremental(spark: SparkSession, root: Path, size: int, changes_count: int) 
         merges.append(_timed(partial(_hand_merge, spark, copy, rows)))
     log, state, merge = statistics.median(logs), statistics.median(states), statistics.median(merges)
     what = f"{changes_count:,} changes into {size:,} rows"
-    merge_line = f"a hand-written Delta MERGE of the same rows into a copy of the table (medians of {ROUNDS} rounds)"
+    merge_line = f"a hand-written Delta MERGE of the same rows into a copy of the table (medians of {rounds_count} rounds)"
     return state, [
         harness.Row(NAME, f"current_state refresh, {what}", merge_line, state, merge, "s", state / merge, 1.2, "<="),
         harness.Row(NAME, f"changelog + current_state refresh, {what}", merge_line, log + state, merge, "s",
@@ -390,16 +392,17 @@ def run(small: bool, parts: Sequence[str] = PARTS) -> list[harness.Row]:
     records = 20_000 if small else 1_000_000
     sizes = (5_000, 20_000) if small else (100_000, 1_000_000)
     changes = 500 if small else 10_000
+    rounds_count = 1 if small else ROUNDS  # at CI size the rows only prove the benchmark runs
     spark = spark_session()
     root = Path(tempfile.mkdtemp(prefix="bench-tables-"))
     rows: list[harness.Row] = []
     times = []
     try:
         if "build" in parts:
-            rows += full_build(spark, root, records)
+            rows += full_build(spark, root, records, rounds_count)
         if "refresh" in parts:
             for size in sizes:
-                elapsed, got = incremental(spark, root, size, changes)
+                elapsed, got = incremental(spark, root, size, changes, rounds_count)
                 times.append(elapsed)
                 rows += got
         if "cycle" in parts:
