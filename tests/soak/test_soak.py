@@ -4,8 +4,8 @@ Every fact the full soak checks is checked here (tables equal to the source with
 changelogs equal to the source's events, blocking checks pass, no gap, every failed run explained by a fault);
 its figures (freshness, CPU share, Dagster's overhead per slice run, each phase's seconds) are printed, not
 asserted. Smaller than ``make soak``: 5 collections and 2.5 minutes of writers, with every fault injected in
-them (``SOAK_TEST_MINUTES`` sets the minutes). ``make test`` leaves it out (marker ``soak``) until it passes
-reliably; see the Status in benchmarks/soak.py.
+them (``SOAK_TEST_MINUTES`` sets the minutes). ``make test`` runs it (marker ``soak``) after the other tests,
+alone: the deployment fills the machine.
 """
 
 from __future__ import annotations
