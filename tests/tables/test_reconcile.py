@@ -387,15 +387,7 @@ def test_a_collection_dropped_after_the_tables_position_is_no_difference(spark: 
     key is compared with the empty collection read now; before, every key DIFFERED (a blocking failure)."""
     with travelling_replica_set(behind_s=3600) as (uri, clock):
         client: MongoClient = MongoClient(uri)
-        namespace = "gone.orders"
-        cfg = ConnectorConfig.from_dict({
-            "mongodb.connection.string": uri, "topic.prefix": "dbz", "collection.include.list": namespace,
-        })
-        client.gone.orders.insert_many([{"_id": i, "qty": i} for i in range(30)])
-        snap_path = tmp_path / "landing" / "snapshot" / namespace / "snapshot.parquet"
-        _snapshot_into(cfg, namespace, snap_path)
-        tables = CollectionTables.under(str(tmp_path / "tables"), namespace)
-        build(spark, tables, snap_path)
+        cfg, tables = _thirty_orders_built(spark, tmp_path, uri, client.gone)
         client.gone.drop_collection("orders")
         clock.jump_to(datetime.fromtimestamp(api.current_cluster_time(cfg).time + 400, UTC))  # past the history
         client.gone.other.insert_one({"_id": 1})  # the cluster time moves on
@@ -407,31 +399,34 @@ def test_a_collection_dropped_after_the_tables_position_is_no_difference(spark: 
 
 
 def test_a_collection_dropped_after_the_tables_position_within_the_history_is_compared_key_by_key(
-        spark: SparkSession, tmp_path: Path) -> None:
+        spark: SparkSession, tmp_path: Path, mongo_uri: str, fresh_db: Database) -> None:
     """The soak's collection dropped while its refresh ran: the server still holds the table's position, and
     mongod 7.0 reads a collection dropped since at that time (its point-in-time catalog), so every key is
     compared and the check passes; a corrupted row still fails it (before, the emulator read nothing there
     and every key DIFFERED)."""
-    with travelling_replica_set(behind_s=3600) as (uri, _clock):
-        client: MongoClient = MongoClient(uri)
-        namespace = "gone.orders"
-        cfg = ConnectorConfig.from_dict({
-            "mongodb.connection.string": uri, "topic.prefix": "dbz", "collection.include.list": namespace,
-        })
-        client.gone.orders.insert_many([{"_id": i, "qty": i} for i in range(30)])
-        snap_path = tmp_path / "landing" / "snapshot" / namespace / "snapshot.parquet"
-        _snapshot_into(cfg, namespace, snap_path)
-        tables = CollectionTables.under(str(tmp_path / "tables"), namespace)
-        build(spark, tables, snap_path)
-        client.gone.drop_collection("orders")
-        found = reconcile_at_position(spark, tables, cfg)
-        assert (found.keys_compared, found.keys_excluded, found.mismatching_keys) == (30, 0, []), found
-        assert found.passed, found
-        assert found.method.startswith("snapshot read at"), found
-        spark.sql(f"UPDATE delta.`{tables.current_state}` SET qty = parse_json('999') WHERE _id = '7'")
-        corrupted = reconcile_at_position(spark, tables, cfg)
-        assert not corrupted.matches and corrupted.mismatching_keys == ["7"], corrupted
-        client.close()
+    cfg, tables = _thirty_orders_built(spark, tmp_path, mongo_uri, fresh_db)
+    fresh_db.drop_collection("orders")
+    found = reconcile_at_position(spark, tables, cfg)
+    assert (found.keys_compared, found.keys_excluded, found.mismatching_keys) == (30, 0, []), found
+    assert found.passed and found.method.startswith("snapshot read at"), found
+    spark.sql(f"UPDATE delta.`{tables.current_state}` SET qty = parse_json('999') WHERE _id = '7'")
+    corrupted = reconcile_at_position(spark, tables, cfg)
+    assert not corrupted.matches and corrupted.mismatching_keys == ["7"], corrupted
+
+
+def _thirty_orders_built(spark: SparkSession, tmp_path: Path, uri: str, db: Database,
+                         ) -> tuple[ConnectorConfig, CollectionTables]:
+    """Thirty documents in ``db.orders``, snapshotted and built into tables under ``tmp_path``."""
+    namespace = f"{db.name}.orders"
+    cfg = ConnectorConfig.from_dict({
+        "mongodb.connection.string": uri, "topic.prefix": "dbz", "collection.include.list": namespace,
+    })
+    db.orders.insert_many([{"_id": i, "qty": i} for i in range(30)])
+    snap_path = tmp_path / "landing" / "snapshot" / namespace / "snapshot.parquet"
+    _snapshot_into(cfg, namespace, snap_path)
+    tables = CollectionTables.under(str(tmp_path / "tables"), namespace)
+    build(spark, tables, snap_path)
+    return cfg, tables
 
 
 def _snapshot_into(cfg: ConnectorConfig, namespace: str, path: Path) -> None:
