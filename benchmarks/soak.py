@@ -83,7 +83,8 @@ from pymongo.errors import PyMongoError
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+#: Where Debian installs each PostgreSQL major version's server programs (``<version>/bin``).
+PG_LIB = Path("/usr/lib/postgresql")
 OUT = REPO / "benchmarks" / "soak.json"
 DB = "shop"
 HOT = "orders"
@@ -101,14 +102,32 @@ def _free_port() -> int:
     return free_port("127.0.0.1")
 
 
+def _postgres_programs() -> Path:
+    """The newest installed PostgreSQL server's programs, installed from Debian's packages when there are
+    none (with the package lists fetched first when the install finds no package)."""
+
+    def newest() -> Path | None:
+        found = sorted(PG_LIB.glob("*/bin/initdb"), key=lambda path: int(path.parts[-3]) if path.parts[-3].isdigit() else 0)
+        return found[-1].parent if found else None
+
+    if (found := newest()) is not None:
+        return found
+    install = ["apt-get", "install", "-y", "-qq", "postgresql"]
+    if subprocess.run(install, check=False, stdout=subprocess.DEVNULL).returncode != 0:
+        subprocess.run(["apt-get", "update", "-qq"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(install, check=True, stdout=subprocess.DEVNULL)
+    if (found := newest()) is None:
+        raise SystemExit(f"the postgresql package installed no server under {PG_LIB}")
+    return found
+
+
 @contextmanager
 def postgres() -> Iterator[dict[str, str]]:
     """A PostgreSQL server on loopback for the Dagster instance; yields the DAGSTER_PG_* variables.
 
     The server refuses to run as root, so as root it runs as Debian's ``postgres`` user, in a directory of
     its own under the system's temporary directory (a test's tmp_path is not open to other users)."""
-    if not (PG_BIN / "initdb").exists():
-        subprocess.run(["apt-get", "install", "-y", "-qq", "postgresql"], check=True, stdout=subprocess.DEVNULL)
+    pg_bin = _postgres_programs()
     root = Path(tempfile.mkdtemp(prefix="mongocdc-soak-pg-"))
     data, sockets = root / "pgdata", root / "pgsock"
     data.mkdir()
@@ -121,19 +140,19 @@ def postgres() -> Iterator[dict[str, str]]:
         as_user = ["runuser", "-u", "postgres", "--"]
     port = _free_port()
     try:  # stopped however far it got (a signal can come while it starts)
-        subprocess.run([*as_user, str(PG_BIN / "initdb"), "-D", str(data), "-U", "dagster", "--auth=trust",
+        subprocess.run([*as_user, str(pg_bin / "initdb"), "-D", str(data), "-U", "dagster", "--auth=trust",
                         "-E", "UTF8"], check=True, stdout=subprocess.DEVNULL)
         log = data / "postgres.log"
-        subprocess.run([*as_user, str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "start", "-o",
+        subprocess.run([*as_user, str(pg_bin / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "start", "-o",
                         f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c max_connections=200"],
                        check=True, stdout=subprocess.DEVNULL)
-        subprocess.run([str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "dagster", "dagster"],
+        subprocess.run([str(pg_bin / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "dagster", "dagster"],
                        check=True)
         yield {"DAGSTER_PG_HOST": "127.0.0.1", "DAGSTER_PG_PORT": str(port), "DAGSTER_PG_USER": "dagster",
                "DAGSTER_PG_PASSWORD": "", "DAGSTER_PG_DB": "dagster"}
     finally:
         if (data / "postmaster.pid").exists():
-            subprocess.run([*as_user, str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
+            subprocess.run([*as_user, str(pg_bin / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
                            check=False, stdout=subprocess.DEVNULL)
         shutil.rmtree(root, ignore_errors=True)
 
