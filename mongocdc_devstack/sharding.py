@@ -550,14 +550,31 @@ def _raw(doc: Any) -> bytes:
     return bytes(doc.raw) if isinstance(doc, RawBSONDocument) else bson.encode(doc)
 
 
-def _cursor_reply(ctx: MongosContext, ns: str, docs: Sequence[Any], batch_size: Any, single: bool = False) -> dict[str, Any]:
+def _cursor_reply(ctx: MongosContext, ns: str, docs: Sequence[Any], batch_size: Any, single: bool = False,
+                  read_at: Timestamp | None = None) -> dict[str, Any]:  # fmt: skip
+    """The first batch of ``docs`` (the rest kept for getMore); ``read_at``: the time a snapshot read read at,
+    which the reply reports as mongos does (``cursor.atClusterTime``)."""
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, (int, float)) or batch_size < 0):
         raise command_error(BAD_VALUE, "batchSize must be a non-negative number")
     size = DEFAULT_FIRST_BATCH if batch_size is None else int(batch_size)
     cursor = ListCursor(ns, docs, _raw)
     batch = cursor.next_batch(size, 0) if size else []
     cursor_id = 0 if single or cursor.exhausted else ctx.server.cursors.register(cursor)
-    return {"cursor": cursor_document(cursor_id, ns, "firstBatch", batch)}
+    extra = {"atClusterTime": read_at} if read_at is not None else None
+    return {"cursor": cursor_document(cursor_id, ns, "firstBatch", batch, extra)}
+
+
+def _snapshot_time(ctx: MongosContext) -> Timestamp | None:
+    """For a snapshot read outside a transaction, the one cluster time every shard reads at: the client's
+    ``atClusterTime``, else the mongos' latest cluster time, which it then forwards (None for other reads)."""
+    concern = ctx.cmd.get("readConcern")
+    if ctx.txn is not None or not isinstance(concern, Mapping) or concern.get("level") != "snapshot":
+        return None
+    at = concern.get("atClusterTime")
+    if not isinstance(at, Timestamp):
+        at = ctx.server.cluster_time
+        ctx.cmd["readConcern"] = {**concern, "atClusterTime": at}
+    return at
 
 
 def _batch_size(ctx: MongosContext) -> Any:
@@ -955,6 +972,7 @@ def find(ctx: MongosContext) -> dict[str, Any]:
     limit = abs(int(cmd.get("limit") or 0))
     if cmd.get("tailable"):
         raise command_error(matching.NOT_IMPLEMENTED, "tailable find cursors are not supported by the emulator")
+    read_at = None if ctx.db == "config" else _snapshot_time(ctx)
     if ctx.db == "config":
         docs: list[Any] = matching.filter_documents(_config_collection(ctx, coll), query)
         docs = matching.sort_documents(docs, sort) if sort else docs
@@ -964,7 +982,7 @@ def find(ctx: MongosContext) -> dict[str, Any]:
         if len(shards) == 1:
             body.update({k: cmd[k] for k in ("skip", "limit") if k in cmd})
             docs = ctx.exhaust(shards[0], body)
-            return _cursor_reply(ctx, ns, docs, cmd.get("batchSize"), bool(cmd.get("singleBatch")))
+            return _cursor_reply(ctx, ns, docs, cmd.get("batchSize"), bool(cmd.get("singleBatch")), read_at)
         if limit:
             body["limit"] = skip + limit
         if sort and projection:
@@ -977,7 +995,7 @@ def find(ctx: MongosContext) -> dict[str, Any]:
         docs = docs[:limit]
     if projection and (sort or ctx.db == "config"):
         docs = [matching.project(_plain(d), projection) for d in docs]
-    return _cursor_reply(ctx, ns, docs, cmd.get("batchSize"), bool(cmd.get("singleBatch")))
+    return _cursor_reply(ctx, ns, docs, cmd.get("batchSize"), bool(cmd.get("singleBatch")), read_at)
 
 
 @mongos_command("getMore")
@@ -1063,11 +1081,12 @@ def aggregate(ctx: MongosContext) -> dict[str, Any]:
         docs = matching.run_pipeline(_config_collection(ctx, coll), pipeline)
         return _cursor_reply(ctx, ns, docs, opts.get("batchSize"))
     leading = pipeline[0].get("$match") if pipeline and isinstance(pipeline[0].get("$match"), Mapping) else None
+    read_at = _snapshot_time(ctx)
     shards = _read_targets(ctx, ns, leading)
     body = {k: v for k, v in ctx.cmd.items() if k in ("aggregate", "allowDiskUse", "hint", "let", "collation")}
     if len(shards) == 1:
         single = ctx.exhaust(shards[0], {**body, "pipeline": pipeline, "cursor": {}})
-        return _cursor_reply(ctx, ns, single, opts.get("batchSize"))
+        return _cursor_reply(ctx, ns, single, opts.get("batchSize"), read_at=read_at)
     split = 0
     while split < len(pipeline) and next(iter(pipeline[split])) in _SHARD_LOCAL_STAGES:
         split += 1
@@ -1081,7 +1100,7 @@ def aggregate(ctx: MongosContext) -> dict[str, Any]:
         return [_plain(d) for s in ctx.layout.owners(other) for d in ctx.exhaust(s, {"find": name})]
 
     docs = matching.run_pipeline(merged, pipeline[split:], resolve)
-    return _cursor_reply(ctx, ns, docs, opts.get("batchSize"))
+    return _cursor_reply(ctx, ns, docs, opts.get("batchSize"), read_at=read_at)
 
 
 # -- writes ---------------------------------------------------------------------------------------------

@@ -92,6 +92,31 @@ def test_a_transaction_across_shards_commits_at_one_cluster_time(sharded: Sharde
     assert len({(e["txnNumber"], e["lsid"]["id"]) for e in events}) == 1
 
 
+def test_a_snapshot_read_through_mongos_reads_every_shard_at_one_time_and_says_which(
+        sharded: ShardedDeployment, spread: Database) -> None:
+    """mongos reports the time a snapshot read read at (``cursor.atClusterTime``: the client's, or one it
+    chose for every shard), as a reader pinned to a time checks; the emulated mongos left it out, so the
+    reconciliation of a sharded cluster never read at the table's position. An unsharded collection dropped
+    since is read as it was then (mongod 7.0's point-in-time catalog on its shard)."""
+    spread.orders.insert_many([{"_id": i} for i in (5, 1000)])
+    spread.notes.insert_one({"_id": "n"})
+    chosen = spread.command("find", "orders", readConcern={"level": "snapshot"})["cursor"]
+    at = chosen["atClusterTime"]
+    assert isinstance(at, Timestamp) and sorted(d["_id"] for d in chosen["firstBatch"]) == [5, 1000]
+    spread.orders.insert_one({"_id": 5000})
+    spread.drop_collection("notes")
+
+    def read(name: str) -> tuple[Timestamp, list[object]]:
+        found = spread.command("find", name, readConcern={"level": "snapshot", "atClusterTime": at})["cursor"]
+        return found["atClusterTime"], sorted(d["_id"] for d in found["firstBatch"])
+
+    assert read("orders") == (at, [5, 1000])
+    assert read("notes") == (at, ["n"])
+    counted = spread.command("aggregate", "orders", pipeline=[{"$count": "n"}], cursor={},
+                             readConcern={"level": "snapshot", "atClusterTime": at})["cursor"]
+    assert counted["atClusterTime"] == at and counted["firstBatch"] == [{"n": 2}]
+
+
 def test_dropping_a_sharded_collection_reports_one_drop(sharded: ShardedDeployment, spread: Database) -> None:
     spread.orders.insert_many([{"_id": 1}, {"_id": 2000}])
     with spread.orders.watch() as stream:
