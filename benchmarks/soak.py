@@ -114,8 +114,8 @@ def _postgres_programs() -> Path:
     none (with the package lists fetched first when the install finds no package)."""
 
     def newest() -> Path | None:
-        found = sorted(PG_LIB.glob("*/bin/initdb"), key=lambda path: int(path.parts[-3]) if path.parts[-3].isdigit() else 0)
-        return found[-1].parent if found else None
+        found = [path for path in PG_LIB.glob("*/bin/initdb") if path.parts[-3].isdigit()]
+        return max(found, key=lambda path: int(path.parts[-3])).parent if found else None
 
     if (found := newest()) is not None:
         return found

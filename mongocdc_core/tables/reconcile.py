@@ -318,8 +318,8 @@ def _per_key(spark: SparkSession, namespace: str, table: DataFrame, layout: Layo
     differs = ~F.col("t").eqNullSafe(F.col("s"))
     changed = F.coalesce(F.col("changed"), F.lit(False))
     if read.fuzzy_at is not None:  # a key the table holds as a late read, or lacks, and that differs
-        changed = changed & (F.coalesce(F.col("w.late"), F.lit(False)) | (F.col("w").isNull() & F.lit(read.copy_late))
-                             ) & differs
+        lacks = F.col("w").isNull() if read.copy_late else F.lit(False)
+        changed = changed & (F.coalesce(F.col("w.late"), F.lit(False)) | lacks) & differs
     left_out = data_key & changed
     compared = data_key & ~left_out
     mismatch = ((compared & differs) | ~F.col("mt").eqNullSafe(ms) | F.coalesce(F.col("wrong"), F.lit(False))
