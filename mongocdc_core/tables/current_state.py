@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
+import re
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
@@ -66,6 +68,8 @@ from mongocdc_core.tables.kinds import Kind
 
 # Executors get fold.py inside the job instead of importing it (mongocdc need not be installed there).
 cloudpickle.register_pickle_by_value(fold)
+
+log = logging.getLogger(__name__)
 
 VERSION_PROPERTY = "mongocdc.changelog.version"
 KINDS_PROPERTY = "mongocdc.kinds"
@@ -734,6 +738,37 @@ def _remove(spark: SparkSession, location: str) -> None:
     jvm.org.apache.spark.sql.delta.DeltaLog.invalidateCache(spark._jsparkSession, path)  # type: ignore[attr-defined]
 
 
+#: What a Delta table's directory holds: its log, data files and deletion vectors (and their checksums).
+_DELTA_FILE = re.compile(r"(\.?part-.*\.parquet|\.?deletion_vector_.*\.bin)(\.crc)?")
+
+
+def _clear_leftover(spark: SparkSession, location: str) -> None:
+    """Remove what a killed refresh left where no Delta table is, so the table can be created there.
+
+    ``CREATE TABLE`` makes ``_delta_log`` before it commits, and :func:`_remove` deletes file by file: a
+    run killed in between leaves a directory Delta refuses to create a table in (TABLE_OR_VIEW_ALREADY_EXISTS
+    for an empty log), and every later refresh of the collection would fail. Only Delta's own files are
+    removed: a location holding anything else is someone's data, named in the error."""
+    jvm: Any = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(location)
+    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+    if not fs.exists(path):
+        return
+    files, foreign = fs.listFiles(path, True), []
+    prefix = len(str(fs.makeQualified(path).toString()).rstrip("/")) + 1
+    while files.hasNext():
+        relative = str(files.next().getPath().toString())[prefix:]
+        if not relative.startswith("_delta_log/") and not _DELTA_FILE.fullmatch(relative.rsplit("/", 1)[-1]):
+            foreign.append(relative)
+    if foreign:
+        raise TableInputError(
+            f"{location} is not a Delta table but holds other files ({', '.join(sorted(foreign)[:3])}"
+            f"{', ...' if len(foreign) > 3 else ''}): move them, or name the current_state table differently"
+        )
+    log.warning("%s: removing what an interrupted refresh left there (no Delta table was committed)", location)
+    _remove(spark, location)
+
+
 def _typing(kind: Kind) -> Kind:
     """``kind`` without what does not change how values convert (a decimal's integer digits)."""
     return replace(
@@ -806,6 +841,7 @@ def _replace(spark: SparkSession, location: str, rows: DataFrame) -> None:
     """
     table = f"delta.{typed_columns.quote(location)}"
     if not table_exists(spark, location):
+        _clear_leftover(spark, location)
         properties = ", ".join(f"'{k}' = '{v}'" for k, v in _TABLE_OPTIONS.items())
         columns_ddl = ", ".join(f"{typed_columns.quote(f.name)} {_ddl(f.dataType)}" for f in rows.schema.fields)
         spark.sql(f"CREATE TABLE {table} ({columns_ddl}) USING delta TBLPROPERTIES ({properties})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from mongocdc_core.tables import (
     refresh_changelog,
     refresh_current_state,
 )
-from mongocdc_core.tables.changelog import latest_version, look
+from mongocdc_core.tables.changelog import TableInputError, latest_version, look
 
 from .support import build, comparable, read_file
 from .workload import DB, Event, Workload, converter, slice_records, snapshot_records, write_landing
@@ -426,6 +427,40 @@ def test_a_column_an_interrupted_refresh_added_with_another_type_is_rewritten(sp
     state = read_current_state(spark, tables.current_state)
     assert dict(state.dtypes)["note"] == "string"
     assert {r["_id"]: r["note"] for r in state.collect()} == {0: None, 1: None, 2: "a text", 3: None, 4: None}
+
+
+@pytest.mark.parametrize("leftover", ["empty log", "half removed", "someone's file"])
+def test_what_an_interrupted_first_refresh_left_is_cleared_and_nothing_else(
+    spark: SparkSession, tmp_path: Path, leftover: str
+) -> None:
+    """A run killed inside ``CREATE TABLE`` leaves an empty ``_delta_log`` (Delta then refuses to create the
+    table there); one killed while removing a mistyped first build leaves some of its files. The next refresh
+    builds the table; a location holding anyone else's file is an error that names it and deletes nothing."""
+    docs = [{"_id": i, "qty": i} for i in range(5)]
+    snap = read_file(tmp_path / "snap.parquet", DB, "orders", docs, Position(100, 1))
+    reference = CollectionTables.under(str(tmp_path / "reference"), f"{DB}.orders")
+    build(spark, reference, snap)
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    location = Path(tables.current_state)
+    (location / "_delta_log").mkdir(parents=True)
+    if leftover == "half removed":
+        for part in Path(reference.current_state).glob("*part-*.parquet*"):
+            shutil.copy(part, location / part.name)
+        (location / "_delta_log" / ".00000000000000000001.json.crc").write_text("")
+    elif leftover == "someone's file":
+        (location / "notes.txt").write_text("mine")
+    refresh_changelog(spark, tables, [str(snap)])
+    if leftover == "someone's file":
+        with pytest.raises(TableInputError, match=r"is not a Delta table but holds other files \(notes.txt\)"):
+            refresh_current_state(spark, tables)
+        assert (location / "notes.txt").read_text() == "mine"
+        return
+    refresh_current_state(spark, tables)
+    assert _docs(spark, tables) == _docs(spark, reference)
+    def operations(t: CollectionTables) -> list[str]:
+        return [r.operation for r in DeltaTable.forPath(spark, t.current_state).history().orderBy("version").collect()]
+
+    assert operations(tables) == operations(reference)  # built as if nothing had been there
 
 
 def test_a_refresh_that_keeps_losing_its_commit_fails_with_the_conflict(monkeypatch: pytest.MonkeyPatch) -> None:
