@@ -27,7 +27,7 @@ from mongocdc_dagster.discovery import DiscoveryState
 from mongocdc_dagster.jobs import build_maintenance, build_plan_job
 from mongocdc_dagster.logs import LOGGERS, use_for_runs_without_loggers
 from mongocdc_dagster.resources import MongoCdcKafkaResource, MongoCdcResource, build_pyspark_resource
-from mongocdc_dagster.retries import RUN_RETRY_TAGS
+from mongocdc_dagster.retries import table_run_tags
 from mongocdc_dagster.schedules import build_continuity_schedule, build_latest_window_schedule
 from mongocdc_dagster.sensors import build_sensors
 from mongocdc_dagster.settings import ENV_PASSWORD, CdcSettings
@@ -69,7 +69,7 @@ def build_definitions(settings: CdcSettings, state: DiscoveryState, translator: 
             maintenance_job, maintenance_schedule = build_maintenance(tables.tables, names)
             jobs.append(maintenance_job)
             schedules.append(maintenance_schedule)
-            sensors += build_table_automation(tables, settings.sensor_interval_seconds)
+            sensors += build_table_automation(tables, settings.sensor_interval_seconds, translator)
     use_for_runs_without_loggers()  # the UI's and the automation's runs name no logger
     return Definitions(
         assets=assets,
@@ -104,18 +104,22 @@ def table_automation_chunks(namespaces: list[str]) -> list[list[str]]:
         count += 1
 
 
-def build_table_automation(tables: TableAssets, interval_seconds: int) -> list[AutomationConditionSensorDefinition]:
+def build_table_automation(
+    tables: TableAssets, interval_seconds: int, translator: MongoCdcTranslator
+) -> list[AutomationConditionSensorDefinition]:
     """The sensors that evaluate the tables' automation conditions, one per chunk of collections
     (:func:`table_automation_chunks`), a collection's changelog and current_state (and their checks) in one.
     The first keeps the name one sensor always had (``<connector>_table_automation``), so a deployment of up to
     :data:`TABLE_AUTOMATION_CHUNK` collections keeps its single sensor and cursor; the others add ``_2``, ``_3``…
-    Their runs carry the run-retry tags (``retries.RUN_RETRY_TAGS``): a refresh whose worker was killed runs again
-    at once, not at the failed-refresh back-off (which stays for a refresh whose step failed)."""
+    Their runs carry the run-retry tags (``retries.table_run_tags``): a refresh whose worker was killed runs again
+    at once, not at the failed-refresh back-off (which stays for a refresh whose step failed); and a maximum run
+    time (``MongoCdcTranslator.table_run_max_runtime_seconds``), so one whose worker is gone without a trace ends."""
     names = tables.names
     keys_of: dict[str, list[AssetKey]] = {}
     for key, namespace in [*tables.changelog_keys.items(), *tables.current_state_keys.items()]:
         keys_of.setdefault(namespace, []).append(key)
     chunks = table_automation_chunks(list(keys_of))
+    run_tags = table_run_tags(translator.table_run_max_runtime_seconds)
     sensors = []
     for index, chunk in enumerate(chunks):
         keys = [key for namespace in chunk for key in keys_of[namespace]]
@@ -127,6 +131,6 @@ def build_table_automation(tables: TableAssets, interval_seconds: int) -> list[A
             sensors.append(AutomationConditionSensorDefinition(
                 names.of("table_automation") + (f"_{index + 1}" if index else ""), target=AssetSelection.assets(*keys),
                 default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=interval_seconds,
-                use_user_code_server=True, run_tags=RUN_RETRY_TAGS,
+                use_user_code_server=True, run_tags=run_tags,
                 description=f"Refreshes changelog and current_state when slices or snapshots land{part}."))
     return sensors

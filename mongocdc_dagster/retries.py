@@ -19,7 +19,8 @@
   outlives a daemon restart) would stay STARTED for ever: Dagster's default run launcher cannot see its worker,
   and the schedule requests nothing behind a run in flight. So slice runs carry a maximum run time
   (:func:`slice_max_runtime`), after which run monitoring terminates them and the schedule lands their windows
-  again.
+  again. The table automation's refreshes, which would hold the tables' pool as long, carry one too
+  (:func:`table_run_tags`); the failed run is then run again by the run retries.
 - A run that is terminated (the UI, a stop-snapshot signal) stops: :func:`stop_when_terminated` turns the
   interrupt Dagster raises in the step into a failure no policy retries (a ``RetryPolicy`` would otherwise
   run the step again in the terminated run, since Dagster retries an interrupted step under it).
@@ -57,6 +58,11 @@ def slice_max_runtime(span_seconds: int) -> dict[str, str]:
     least :data:`MIN_SLICE_RUNTIME_S`. A run streaming its windows slower than the source wrote them could not
     catch up anyway; past it, the run is taken for one whose worker is gone, and run monitoring ends it."""
     return {MAX_RUNTIME_SECONDS_TAG: str(max(MIN_SLICE_RUNTIME_S, span_seconds))}
+
+
+def table_run_tags(max_runtime_seconds: int) -> dict[str, str]:
+    """The tags of the table automation's refresh runs: :data:`RUN_RETRY_TAGS` and their maximum run time."""
+    return RUN_RETRY_TAGS | {MAX_RUNTIME_SECONDS_TAG: str(max_runtime_seconds)}
 
 
 _TERMINATING = (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED)

@@ -204,10 +204,17 @@ class MongoCdcTranslator:
     ``failed_refresh_retry_cron`` is the back-off of a failed table refresh: the automation requests it
     again at the first tick of this schedule after its last request, so at most once per period (every
     five minutes by default) while it keeps failing, and no longer once it succeeds.
+
+    ``table_run_max_runtime_seconds`` bounds the automation's refresh runs (Dagster's ``dagster/max_runtime``):
+    a run whose worker died with the code server that launched it would otherwise stay STARTED for ever and,
+    holding the tables' pool, stop every collection's refresh. Past it, run monitoring fails the run and Dagster's
+    run retries start it again. Six hours by default: far above a first build of a large collection; raise
+    it in a subclass for tables whose first build takes longer.
     """
 
     key_prefix: Sequence[str] = ()
     failed_refresh_retry_cron: str = "*/5 * * * *"
+    table_run_max_runtime_seconds: int = 6 * 3600
 
     def get_asset_key(self, props: MongoCdcAssetProps) -> AssetKey:
         return AssetKey([*self.key_prefix, props.database, props.collection, props.kind])

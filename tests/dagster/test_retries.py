@@ -3,6 +3,8 @@ that failed as a whole, never a retry of a step that said it may not be retried.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -19,9 +21,18 @@ from dagster import (
     instance_for_test,
 )
 from dagster._core.errors import DagsterExecutionInterruptedError
-from dagster._core.events import DagsterEventType, RunFailureReason
+from dagster._core.events import DagsterEvent, DagsterEventType, RunFailureReason
+from dagster._core.events.log import EventLogEntry
 from dagster._core.execution.retries import auto_reexecution_should_retry_run
-from dagster._core.storage.tags import MAX_RETRIES_TAG, RUN_FAILURE_REASON_TAG, WILL_RETRY_TAG
+from dagster._core.storage.dagster_run import DagsterRunStatus
+from dagster._core.storage.tags import (
+    MAX_RETRIES_TAG,
+    MAX_RUNTIME_SECONDS_TAG,
+    RUN_FAILURE_REASON_TAG,
+    WILL_RETRY_TAG,
+)
+from dagster._core.test_utils import create_run_for_test
+from dagster._daemon.monitoring.run_monitoring import check_run_timeout
 from pymongo.database import Database
 from pymongo.errors import AutoReconnect
 
@@ -29,6 +40,7 @@ from mongocdc_core.source.oplog import OplogWindow
 from mongocdc_dagster.assets import cdc
 from mongocdc_dagster.resources import MongoCdcResource
 from mongocdc_dagster.schedules import build_latest_window_schedule
+from mongocdc_dagster.translator import MongoCdcTranslator
 from tests.dagster.cdc_helpers import CdcEnv, make_env
 
 
@@ -136,6 +148,7 @@ def test_a_table_refresh_whose_worker_was_killed_is_run_again_one_whose_step_fai
     (request,) = tick.run_requests or []
     assert set(request.asset_selection or ()) == {env.key("orders", "changelog"), env.key("orders", "current_state")}
     assert request.tags[MAX_RETRIES_TAG] == "2"
+    assert request.tags[MAX_RUNTIME_SECONDS_TAG] == str(6 * 3600)  # a refresh whose worker vanished ends
 
     (landing,) = [Path(f) for f in env.mongocdc.landing_files(env.ns("orders"))]
     landing.write_bytes(landing.read_bytes()[:100])  # torn: the changelog's step fails
@@ -146,3 +159,33 @@ def test_a_table_refresh_whose_worker_was_killed_is_run_again_one_whose_step_fai
     assert run is not None and run.tags[RUN_FAILURE_REASON_TAG] == RunFailureReason.STEP_FAILURE.value
     assert run.tags[WILL_RETRY_TAG] == "false"
     assert auto_reexecution_should_retry_run(retrying_instance, run, RunFailureReason.UNEXPECTED_TERMINATION)
+
+
+def test_a_table_refresh_whose_worker_vanished_fails_at_its_maximum_run_time_and_is_run_again(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], retrying_instance: DagsterInstance) -> None:
+    """A refresh whose worker died with the code server that launched it stays STARTED, holding the tables' pool:
+    the automation's runs carry the translator's maximum run time, past which run monitoring fails the run, and the
+    run retries start it again (the daemon's check, called here on a run started that long ago)."""
+
+    class Brief(MongoCdcTranslator):
+        table_run_max_runtime_seconds = 1
+
+    db.orders.insert_many([{"_id": i} for i in range(3)])
+    env = make_env(tmp_path, mongo_uri, db, ["orders"], translator=Brief())
+    (sensor,) = [s for s in env.defs.sensors if s.name.endswith("_table_automation")]
+    first = sensor.evaluate_tick(build_sensor_context(instance=retrying_instance, definitions=env.defs))
+    env.materialize(retrying_instance, [env.key("orders", "snapshot")])
+    tick = sensor.evaluate_tick(build_sensor_context(instance=retrying_instance, definitions=env.defs,
+                                                     cursor=first.cursor))
+    (request,) = tick.run_requests or []
+    assert request.tags[MAX_RUNTIME_SECONDS_TAG] == "1"
+    run = create_run_for_test(retrying_instance, job_name="__ASSET_JOB", tags=request.tags)
+    retrying_instance.handle_new_event(  # the worker started it, then vanished without a word
+        EventLogEntry(error_info=None, level="DEBUG", user_message="", run_id=run.run_id, timestamp=time.time() - 60,
+                      dagster_event=DagsterEvent(DagsterEventType.RUN_START.value, job_name="__ASSET_JOB")))
+    record = retrying_instance.get_run_record_by_id(run.run_id)
+    assert record is not None and record.dagster_run.status == DagsterRunStatus.STARTED
+    check_run_timeout(retrying_instance, record, logging.getLogger("test"), default_timeout_seconds=0)
+    ended = retrying_instance.get_run_by_id(run.run_id)
+    assert ended is not None and ended.status == DagsterRunStatus.FAILURE
+    assert auto_reexecution_should_retry_run(retrying_instance, ended, RunFailureReason.UNEXPECTED_TERMINATION)
