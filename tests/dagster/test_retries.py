@@ -132,20 +132,29 @@ def test_a_terminated_run_stops_instead_of_retrying_its_step(
     assert [e for e in result.all_events if e.event_type == DagsterEventType.STEP_UP_FOR_RETRY] == []
 
 
+def _orders(tmp_path: Path, uri: str, db: Database[Any], translator: MongoCdcTranslator | None = None) -> CdcEnv:
+    db.orders.insert_many([{"_id": i} for i in range(3)])
+    return make_env(tmp_path, uri, db, ["orders"], translator=translator)
+
+
+def _refresh_request(env: CdcEnv, instance: DagsterInstance) -> RunRequest:
+    """The table automation's request once the snapshot of ``orders`` landed."""
+    (sensor,) = [s for s in env.defs.sensors if s.name.endswith("_table_automation")]
+    first = sensor.evaluate_tick(build_sensor_context(instance=instance, definitions=env.defs))
+    env.materialize(instance, [env.key("orders", "snapshot")])
+    tick = sensor.evaluate_tick(build_sensor_context(instance=instance, definitions=env.defs, cursor=first.cursor))
+    (request,) = tick.run_requests or []
+    return request
+
+
 def test_a_table_refresh_whose_worker_was_killed_is_run_again_one_whose_step_failed_is_not(
         tmp_path: Path, mongo_uri: str, db: Database[Any], retrying_instance: DagsterInstance) -> None:
     """The soak's killed run worker was a first table refresh: the changelog committed, current_state never did,
     and only the failed-refresh back-off (up to five minutes) would have requested it again. The automation's
     refreshes carry the run-retry tags now; a refresh failed by its step (an unreadable landing file) is left
     to that back-off."""
-    db.orders.insert_many([{"_id": i} for i in range(3)])
-    env = make_env(tmp_path, mongo_uri, db, ["orders"])
-    (sensor,) = [s for s in env.defs.sensors if s.name.endswith("_table_automation")]
-    first = sensor.evaluate_tick(build_sensor_context(instance=retrying_instance, definitions=env.defs))
-    env.materialize(retrying_instance, [env.key("orders", "snapshot")])
-    tick = sensor.evaluate_tick(build_sensor_context(instance=retrying_instance, definitions=env.defs,
-                                                     cursor=first.cursor))
-    (request,) = tick.run_requests or []
+    env = _orders(tmp_path, mongo_uri, db)
+    request = _refresh_request(env, retrying_instance)
     assert set(request.asset_selection or ()) == {env.key("orders", "changelog"), env.key("orders", "current_state")}
     assert request.tags[MAX_RETRIES_TAG] == "2"
     assert request.tags[MAX_RUNTIME_SECONDS_TAG] == str(6 * 3600)  # a refresh whose worker vanished ends
@@ -170,14 +179,8 @@ def test_a_table_refresh_whose_worker_vanished_fails_at_its_maximum_run_time_and
     class Brief(MongoCdcTranslator):
         table_run_max_runtime_seconds = 1
 
-    db.orders.insert_many([{"_id": i} for i in range(3)])
-    env = make_env(tmp_path, mongo_uri, db, ["orders"], translator=Brief())
-    (sensor,) = [s for s in env.defs.sensors if s.name.endswith("_table_automation")]
-    first = sensor.evaluate_tick(build_sensor_context(instance=retrying_instance, definitions=env.defs))
-    env.materialize(retrying_instance, [env.key("orders", "snapshot")])
-    tick = sensor.evaluate_tick(build_sensor_context(instance=retrying_instance, definitions=env.defs,
-                                                     cursor=first.cursor))
-    (request,) = tick.run_requests or []
+    env = _orders(tmp_path, mongo_uri, db, Brief())
+    request = _refresh_request(env, retrying_instance)
     assert request.tags[MAX_RUNTIME_SECONDS_TAG] == "1"
     run = create_run_for_test(retrying_instance, job_name="__ASSET_JOB", tags=request.tags)
     retrying_instance.handle_new_event(  # the worker started it, then vanished without a word
