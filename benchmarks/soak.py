@@ -54,6 +54,10 @@ reads (a trial before that was UNVERIFIED on the dropped collection: every recon
 Twenty collections for 10 minutes (08:48, a quiet machine) passed as well: 11027 writes, 41 checks, 30 runs
 (the killed worker's the one failure, retried), catch-up 263 s; but freshness p50 / p95 / p99 197 / 359 / 384
 s, twice the goal, with the machine 97 % busy and a table refresh run of 20 collections taking 145 s (median).
+Stop 49's CI run then failed: the killed worker had been inside a first current_state build's ``CREATE TABLE``,
+whose empty ``_delta_log`` every later refresh of that collection failed on (TABLE_OR_VIEW_ALREADY_EXISTS) until
+the catch-up's deadline. A refresh now clears what a killed build left (d25c45e); a CI-size trial after that
+(10:26) passed: catch-up 196 s, freshness p50 / p95 / p99 184 / 234 / 240 s, the machine 91 % busy.
 The full size (20 collections, 30 minutes) has not been run since.
 """
 
