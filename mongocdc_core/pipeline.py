@@ -347,6 +347,7 @@ class CapturePipeline:
         reader = ChangeStreamReader(
             self.client, cfg, start, queue, metrics=self.metrics, stop_at=stop_at, stop_inclusive=inclusive,
             target=target, pipeline=pipeline, on_retry=self._on_retry,
+            sharded=self.topology is not None and self.topology.kind == "sharded",
         )
         poll_s = cfg.poll_interval_ms / 1000
         counted_from = dispatcher.events

@@ -288,6 +288,7 @@ class ChangeStreamReader(threading.Thread):
         target: Any = None,
         pipeline: list[dict[str, Any]] | None = None,
         on_retry: Callable[[ConnectionState], None] | None = None,
+        sharded: bool = False,
     ) -> None:
         super().__init__(name="mongocdc-change-stream", daemon=True)
         self.client = client
@@ -296,6 +297,7 @@ class ChangeStreamReader(threading.Thread):
         self.metrics = metrics
         self.stop_at = stop_at
         self.stop_inclusive = stop_inclusive
+        self.sharded = sharded  # through mongos (see _past_stop)
         self.on_retry = on_retry
         self.stop_event = threading.Event()
         # Liveness for the idle bound: when the server last answered, and since when every answer
@@ -488,13 +490,16 @@ class ChangeStreamReader(threading.Thread):
         An inclusive stop is covered by a scan that reached it, unless the last event was part of a
         transaction committed at that very time: the transaction's other events (on another shard,
         or in the next batch) share the time and must still come, so then only a scan past it ends.
+        Through mongos only a scan past it ends either: each shard's clock is its own, so two shards
+        can write at one time, and the router's token once one shard's scan reached that time is a
+        high-water mark there, which sorts before the other shard's events of that time still to come.
         """
         if self.stop_at is None or at is None:
             return False
         stop = (self.stop_at.time, self.stop_at.inc)
         if self.stop_inclusive and not scanned:
             return at > stop
-        if self.stop_inclusive and at == stop and self._transaction_at == self.stop_at:
+        if self.stop_inclusive and at == stop and (self.sharded or self._transaction_at == self.stop_at):
             return False
         return at >= stop
 

@@ -68,6 +68,35 @@ def test_snapshot_and_streaming_across_shards(sharded: ShardedDeployment, spread
     assert streamed == sorted(streamed) and len(set(streamed)) == len(streamed)
 
 
+def test_a_stop_at_a_time_two_shards_wrote_at_delivers_both_shards_writes(sharded: ShardedDeployment, spread: Database) -> None:
+    """Each shard's clock is its own, so two shards can write at one clusterTime. A run told to stop there must
+    deliver an event of that time even when mongos has already merged the other shard's scan to it: its post-batch
+    token is then a high-water mark at that time, which sorts before the events of that time (CI once lost the
+    last insert of test_snapshot_and_streaming_across_shards so). Here the second shard's entry at the insert's
+    time is a no-op written at it."""
+    if sharded.emulated is None:
+        pytest.skip("sets a shard's clock to write a no-op at the time another shard wrote")
+    first, second = sharded.shards[:2]
+    cfg = make_config(sharded.uri, spread.name)
+    sink, offsets = MemorySink(), MemoryOffsetStore()
+    run_engine(cfg, sink, offsets)
+    oplogs = {name: MongoClient(sharded.shard_host(name)).local["oplog.rs"] for name in (first, second)}
+    other = sharded.emulated.shard(second)
+    for attempt in range(20):
+        spread.notes.insert_one({"_id": attempt})  # the first shard (notes is unsharded there)
+        at = oplogs[first].find_one({"ns": f"{spread.name}.notes", "o._id": attempt})["ts"]
+        with other.state.lock:
+            other.oplog.clock.advance_to(Timestamp(at.time, at.inc - 1))
+            other.state.write_noop("the other shard at the insert's time")
+        if oplogs[second].find_one({"ts": at}) is not None:
+            break
+    else:
+        pytest.fail("the second shard never wrote at the time of an insert on the first")
+    summary = run_engine(cfg, sink, offsets, stop_at=at)
+    assert summary.counts["c"] == attempt + 1
+    assert replay(sink.records, f"{spread.name}.notes") == source_state(spread.notes)
+
+
 def test_restart_resumes_without_loss_or_repeat(sharded: ShardedDeployment, spread: Database) -> None:
     cfg = make_config(sharded.uri, spread.name, **{"snapshot.mode": "no_data"})
     offsets = MemoryOffsetStore()
