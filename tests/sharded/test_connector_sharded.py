@@ -80,18 +80,18 @@ def test_a_stop_at_a_time_two_shards_wrote_at_delivers_both_shards_writes(sharde
     cfg = make_config(sharded.uri, spread.name)
     sink, offsets = MemorySink(), MemoryOffsetStore()
     run_engine(cfg, sink, offsets)
-    oplogs = {name: MongoClient(sharded.shard_host(name)).local["oplog.rs"] for name in (first, second)}
     other = sharded.emulated.shard(second)
-    for attempt in range(20):
-        spread.notes.insert_one({"_id": attempt})  # the first shard (notes is unsharded there)
-        at = oplogs[first].find_one({"ns": f"{spread.name}.notes", "o._id": attempt})["ts"]
-        with other.state.lock:
-            other.oplog.clock.advance_to(Timestamp(at.time, at.inc - 1))
-            other.state.write_noop("the other shard at the insert's time")
-        if oplogs[second].find_one({"ts": at}) is not None:
-            break
-    else:
-        pytest.fail("the second shard never wrote at the time of an insert on the first")
+    with MongoClient(sharded.shard_host(first)) as one, MongoClient(sharded.shard_host(second)) as two:
+        for attempt in range(20):
+            spread.notes.insert_one({"_id": attempt})  # the first shard (notes is unsharded there)
+            at = one.local["oplog.rs"].find_one({"ns": f"{spread.name}.notes", "o._id": attempt})["ts"]
+            with other.state.lock:
+                other.oplog.clock.advance_to(Timestamp(at.time, at.inc - 1))
+                other.state.write_noop("the other shard at the insert's time")
+            if two.local["oplog.rs"].find_one({"ts": at}) is not None:
+                break
+        else:
+            pytest.fail("the second shard never wrote at the time of an insert on the first")
     summary = run_engine(cfg, sink, offsets, stop_at=at)
     assert summary.counts["c"] == attempt + 1
     assert replay(sink.records, f"{spread.name}.notes") == source_state(spread.notes)

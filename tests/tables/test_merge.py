@@ -457,6 +457,7 @@ def test_what_an_interrupted_first_refresh_left_is_cleared_and_nothing_else(
         return
     refresh_current_state(spark, tables)
     assert _docs(spark, tables) == _docs(spark, reference)
+
     def operations(t: CollectionTables) -> list[str]:
         return [r.operation for r in DeltaTable.forPath(spark, t.current_state).history().orderBy("version").collect()]
 
