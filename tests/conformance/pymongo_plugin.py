@@ -4,6 +4,11 @@ For a unified-format test skipped by its ``runOnRequirements`` it also records w
 MongoDB 7.0 single-member replica set (no auth, no CSFLE) would satisfy those requirements, so
 the runner can tell "the real server skips it too" from "the emulator looks wrong to pymongo".
 It is loaded with ``-p tests.conformance.pymongo_plugin`` and writes to ``$MONGOCDC_CONFORMANCE_OUT``.
+
+Two adjustments keep the run about the server, not the machine it runs on: a client opened without
+a host (``MongoClient()``, as a few of pymongo's tests do) reaches the deployment under test rather
+than whatever holds port 27017, and the known not-applicable failures, each a 30-second server
+selection timeout, are skipped with their reason instead of being waited for.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pymongo
 import pytest
+
+from tests.conformance.not_applicable import NOT_APPLICABLE_FAILURES
 
 #: What a real single-member replica set of the emulated version answers to runOnRequirements.
 REAL_VERSION = (7, 0, 14)
@@ -87,6 +95,25 @@ def _write(record: dict[str, Any]) -> None:
         return
     with open(path, "a", encoding="utf-8") as out:
         out.write(json.dumps(record) + "\n")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Point the clients' default address at the deployment pymongo's run was given (DB_IP, DB_PORT)."""
+    host, port = os.environ.get("DB_IP"), os.environ.get("DB_PORT")
+    for client in (pymongo.MongoClient, pymongo.AsyncMongoClient):
+        if host:
+            client.HOST = host
+        if port:
+            client.PORT = int(port)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the failures known not to apply: they fail on a real single-member replica set too."""
+    for item in items:
+        file = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+        reason = NOT_APPLICABLE_FAILURES.get(f"{file}::{item.nodeid.split('::', 1)[-1]}")
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=f"not applicable: {reason}"))
 
 
 @pytest.hookimpl(tryfirst=True)
