@@ -167,8 +167,10 @@ def find_holes(history: CollectionHistory, windows: SliceWindows, key: AssetKey,
     lost: dict[str, str] = {}
     for window_key in behind:
         if oplog_first is not None:
-            read = plan_window_read(window_key, windows.window(window_key), oplog_first, history.snapshot,
-                                    landed_before=True)
+            # the newest snapshot alone decides whether the window is lost: an older one the oplog holds is older
+            # than it, so the oplog holds the newest too
+            snapshots = [history.snapshot] if history.snapshot is not None else []
+            read = plan_window_read(window_key, windows.window(window_key), oplog_first, snapshots, landed_before=True)
             if read.gap is not None:
                 lost[window_key] = read.gap
                 continue

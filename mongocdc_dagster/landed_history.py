@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NamedTuple
@@ -32,8 +32,9 @@ COVERS_FROM = "covers_from_raw"
 PARTIAL = "partial"
 
 
-def _covers_from(instance: DagsterInstance, key: AssetKey, limit: int = 50) -> Position | None:
-    """The newest materialisation of ``key`` (any partition) that covers the whole collection."""
+def _covering(instance: DagsterInstance, key: AssetKey, limit: int = 50) -> Iterator[Position]:
+    """The positions from which the newest ``limit`` materialisations of ``key`` (any partition) that cover
+    the whole collection cover it, newest first (read a page at a time, as far as the caller takes them)."""
     cursor: str | None = None
     seen = 0
     while seen < limit:
@@ -49,16 +50,23 @@ def _covers_from(instance: DagsterInstance, key: AssetKey, limit: int = 50) -> P
                 continue
             covers = meta.get(COVERS_FROM)
             if covers is not None and isinstance(covers.value, str):
-                return Position.parse(covers.value)
+                yield Position.parse(covers.value)
         if not result.has_more:
-            return None
+            return
         cursor = result.cursor
-    return None
+
+
+def snapshot_positions(instance: DagsterInstance, snapshot_keys: Iterable[AssetKey]) -> list[Position]:
+    """Every position from which one of the collection's recent snapshots covers it, oldest first (empty:
+    never snapshotted). A slice whose window start left the oplog reads from the oldest of them the oplog
+    still holds (``plan_window_read``): a later one, such as an incremental snapshot taken since, would skip
+    the changes made between the two."""
+    return sorted(p for key in snapshot_keys for p in _covering(instance, key))
 
 
 def snapshot_position(instance: DagsterInstance, snapshot_keys: Iterable[AssetKey]) -> Position | None:
     """The newest position from which one of the collection's snapshots covers it (None: never snapshotted)."""
-    found = [p for p in (_covers_from(instance, key) for key in snapshot_keys) if p is not None]
+    found = [p for p in (next(_covering(instance, key), None) for key in snapshot_keys) if p is not None]
     return max(found) if found else None
 
 

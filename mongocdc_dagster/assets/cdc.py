@@ -63,7 +63,7 @@ from mongocdc_dagster.landed_history import (
     CollectionHistory,
     HistorySource,
     collection_histories,
-    snapshot_position,
+    snapshot_positions,
 )
 from mongocdc_dagster.landing_checks import (
     EnvelopeReport,
@@ -312,27 +312,30 @@ class WindowRead:
 
 
 def plan_window_read(window_key: str, window: TimeWindow, oplog_first: Timestamp,
-                     snapshot: Position | None, *, landed_before: bool) -> WindowRead:
-    """A window reads from its start while the oplog holds it. When the start has left the oplog, the
-    collection's snapshot covers the window if its position is inside or after the window (and the oplog
-    still holds the snapshot position): it reads from there. Before the collection's capture began (no
-    snapshot, no slice landed before the window: a fresh deployment) nothing can have been lost: it reads
-    from the oplog's start. Anything else is a real gap."""
+                     snapshots: Sequence[Position], *, landed_before: bool) -> WindowRead:
+    """A window reads from its start while the oplog holds it. When the start has left the oplog, a snapshot
+    of the collection (``snapshots``: the positions its snapshots cover it from) covers the window if its
+    position is inside or after the window and the oplog still holds it: the window reads from the oldest such
+    snapshot's position (a later one, an incremental snapshot taken since, would skip the changes made between
+    the two). Before the collection's capture began (no snapshot, no slice landed before the window: a fresh
+    deployment) nothing can have been lost: it reads from the oplog's start. Anything else is a real gap."""
     start = _ts(window.start)
     if _key(start) >= _key(oplog_first):
         return WindowRead(window_key, window, start)
-    if snapshot is None and not landed_before:
+    if not snapshots and not landed_before:
         first = min(oplog_first, _ts(window.end), key=_key)
         return WindowRead(window_key, window, first, before_capture=True)
-    if snapshot is not None and _key(snapshot.timestamp) >= _key(start):
+    held = [p for p in snapshots if _key(p.timestamp) >= _key(oplog_first)]  # so inside or after the window
+    if held:
+        snapshot = min(held)
         if _key(snapshot.timestamp) >= _key(_ts(window.end)):
             return WindowRead(window_key, window, _ts(window.end), from_snapshot=snapshot)
-        if _key(snapshot.timestamp) >= _key(oplog_first):
-            return WindowRead(window_key, window, snapshot.timestamp, from_snapshot=snapshot)
+        return WindowRead(window_key, window, snapshot.timestamp, from_snapshot=snapshot)
     oplog = datetime.fromtimestamp(oplog_first.time, UTC).isoformat()
-    why = ("the collection has no snapshot" if snapshot is None else
-           f"its snapshot at {position_time(snapshot)} is older than the window" if _key(snapshot.timestamp) < _key(start)
-           else f"its snapshot at {position_time(snapshot)} is older than the oplog")
+    newest = max(snapshots, default=None)
+    why = ("the collection has no snapshot" if newest is None else
+           f"its snapshot at {position_time(newest)} is older than the window" if _key(newest.timestamp) < _key(start)
+           else f"its snapshot at {position_time(newest)} is older than the oplog")
     return WindowRead(window_key, window, start, gap=(
         f"history lost: the oplog starts at {oplog}, after the window's start {window.start.isoformat()}, and {why}; "
         "snapshot the collection again (its snapshot then covers the lost window)"))
@@ -754,14 +757,14 @@ def _slices_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str], cdc: CdcAs
             oplog_first = mongocdc.oplog_window().first
             reads: dict[tuple[str, int], WindowRead] = {}
             for namespace in namespaces:
-                snap = snapshot_position(context.instance, cdc.snapshot_keys(namespace))
+                snaps = snapshot_positions(context.instance, cdc.snapshot_keys(namespace))
                 # the collection's capture began with its first landed slice (when it has no snapshot)
-                landed = [] if snap is not None else [
+                landed = [] if snaps else [
                     windows.window(k).start for k in context.instance.get_materialized_partitions(ns_key[namespace])]
                 for index, window_key in enumerate(window_keys):
                     window = windows.window(window_key)
                     reads[(namespace, index)] = plan_window_read(
-                        window_key, window, oplog_first, snap, landed_before=any(t < window.start for t in landed))
+                        window_key, window, oplog_first, snaps, landed_before=any(t < window.start for t in landed))
             gaps = {k: r for k, r in reads.items() if r.gap is not None}
             todo = {k: r for k, r in reads.items() if r.gap is None}
             starts = [Position.from_timestamp(_ts(windows.window(k).start)) for k in window_keys]

@@ -47,21 +47,34 @@ def _ts(when: datetime, inc: int = 0) -> Timestamp:
 
 
 def test_a_window_reads_from_its_start_while_the_oplog_holds_it() -> None:
-    read = plan_window_read("k", _window(5), _ts(T0), None, landed_before=True)
+    read = plan_window_read("k", _window(5), _ts(T0), [], landed_before=True)
     assert read.gap is None and read.start == _ts(T0 + timedelta(minutes=5)) and read.read_from() == "window start"
 
 
 def test_a_window_whose_start_left_the_oplog_reads_from_a_snapshot_inside_it() -> None:
     snapshot = Position(int((T0 + timedelta(minutes=5, seconds=20)).timestamp()), 3)
-    read = plan_window_read("k", _window(5), _ts(T0 + timedelta(minutes=5, seconds=10)), snapshot, landed_before=False)
+    read = plan_window_read("k", _window(5), _ts(T0 + timedelta(minutes=5, seconds=10)), [snapshot], landed_before=False)
     assert read.gap is None and read.start == snapshot.timestamp and read.from_snapshot == snapshot
     assert "the snapshot position" in read.read_from() and "left the oplog" in read.read_from()
 
 
 def test_a_window_before_the_snapshot_is_covered_and_empty() -> None:
     snapshot = Position(int((T0 + timedelta(minutes=9)).timestamp()), 1)
-    read = plan_window_read("k", _window(5), _ts(T0 + timedelta(minutes=8)), snapshot, landed_before=False)
+    read = plan_window_read("k", _window(5), _ts(T0 + timedelta(minutes=8)), [snapshot], landed_before=False)
     assert read.gap is None and read.start == read.end and "covers the window" in read.read_from()
+
+
+def test_a_window_whose_start_left_the_oplog_reads_from_the_oldest_snapshot_the_oplog_holds() -> None:
+    """A snapshot taken since (an incremental one, say) covers from later: reading from it would skip the
+    changes made between the two snapshots; one the oplog no longer holds cannot be read from."""
+    left = Position(int((T0 + timedelta(minutes=5, seconds=5)).timestamp()), 1)
+    first = Position(int((T0 + timedelta(minutes=5, seconds=20)).timestamp()), 3)
+    later = Position(int((T0 + timedelta(minutes=6, seconds=8)).timestamp()), 7)
+    oplog_first = _ts(T0 + timedelta(minutes=5, seconds=10))
+    read = plan_window_read("k", _window(5), oplog_first, [later, left, first], landed_before=True)
+    assert read.gap is None and read.start == first.timestamp and read.from_snapshot == first
+    after = plan_window_read("k", _window(5), oplog_first, [left, later], landed_before=True)
+    assert after.gap is None and after.start == after.end and after.from_snapshot == later
 
 
 @pytest.mark.parametrize(("snapshot_minute", "why"), [
@@ -70,8 +83,8 @@ def test_a_window_before_the_snapshot_is_covered_and_empty() -> None:
     (5.2, "older than the oplog"),
 ])
 def test_a_real_gap_says_why(snapshot_minute: float | None, why: str) -> None:
-    snapshot = None if snapshot_minute is None else Position(int((T0 + timedelta(minutes=snapshot_minute)).timestamp()), 1)
-    read = plan_window_read("k", _window(5), _ts(T0 + timedelta(minutes=5, seconds=30)), snapshot, landed_before=True)
+    snapshots = [] if snapshot_minute is None else [Position(int((T0 + timedelta(minutes=snapshot_minute)).timestamp()), 1)]
+    read = plan_window_read("k", _window(5), _ts(T0 + timedelta(minutes=5, seconds=30)), snapshots, landed_before=True)
     assert read.gap is not None and "history lost" in read.gap and why in read.gap
 
 
@@ -79,10 +92,10 @@ def test_before_a_collections_capture_began_a_window_reads_from_the_oplogs_start
     """No snapshot and no slice landed before the window (a fresh deployment): nothing was captured, so
     nothing can have been lost; the window reads what the oplog holds of it."""
     oplog_first = _ts(T0 + timedelta(minutes=5, seconds=30))
-    read = plan_window_read("k", _window(5), oplog_first, None, landed_before=False)
+    read = plan_window_read("k", _window(5), oplog_first, [], landed_before=False)
     assert read.gap is None and read.before_capture and read.start == oplog_first
     assert "before the collection's capture began" in read.read_from()
-    wholly_before = plan_window_read("k", _window(2), oplog_first, None, landed_before=False)
+    wholly_before = plan_window_read("k", _window(2), oplog_first, [], landed_before=False)
     assert wholly_before.gap is None and wholly_before.start == wholly_before.end  # nothing to read
 
 
@@ -277,3 +290,45 @@ def test_a_window_in_which_a_collection_was_dropped_lands_every_collection(
     assert [e.asset_key for e in skipped.get_asset_materialization_events()] == [slices[0]]
     warnings = [e.user_message for e in instance.all_logs(skipped.run_id) if "skipped" in e.user_message]
     assert warnings and env.ns("customers") in warnings[0] and "include/exclude" in warnings[0]
+
+
+@pytest.mark.fault
+def test_an_incremental_snapshot_taken_since_does_not_hide_the_changes_before_it(
+        tmp_path: Path, travel: tuple[MongoClient[Any], TravelClock, str], instance: DagsterInstance) -> None:
+    """A fresh deployment (the oplog starts inside the first window) snapshots a collection, then an ad hoc
+    incremental snapshot of it runs before the window is landed: the window reads from the first snapshot's
+    position, so the changes between the two snapshots land too (the soak lost two inserts this way)."""
+    client, clock, uri = travel
+    first = floor_to(clock.now(), 60) + timedelta(minutes=1)
+    env = _env(tmp_path, uri, client, first)
+    db = client["travel"]
+    clock.jump_to(first + timedelta(seconds=10))
+    db.other.insert_one({"_id": "the oplog starts here"})
+    start = client.local["oplog.rs"].find_one({"o._id": "the oplog starts here"})
+    assert start is not None
+    client.admin.command("mongocdcTruncateOplog", before=start["ts"])
+    db.orders.insert_many([{"_id": i} for i in range(3)])
+    clock.jump_to(first + timedelta(seconds=20))
+    assert env.materialize(instance, [env.key("orders", "snapshot")]).success
+    clock.jump_to(first + timedelta(seconds=30))
+    db.orders.insert_one({"_id": "between the snapshots"})
+    db.orders.update_one({"_id": 1}, {"$set": {"qty": 1}})
+    clock.jump_to(first + timedelta(seconds=40))
+    assert env.materialize(instance, [env.key("orders", "incremental_snapshot")]).success
+    clock.jump_to(first + timedelta(seconds=50))
+    db.orders.insert_one({"_id": "after both"})
+    clock.jump_to(first + timedelta(minutes=1, seconds=5))
+    db.other.insert_one({"_id": "tick"})
+    _wait_for_cluster_time(client, first + timedelta(minutes=1))
+    snapshot = Position.parse(materialization_metadata(instance, env.key("orders", "snapshot"))["position_raw"])
+    later = Position.parse(materialization_metadata(instance, env.key("orders", "incremental_snapshot"))["covers_from_raw"])
+    assert snapshot < later
+    orders = env.key("orders", "slices")
+    window = first.strftime("%Y-%m-%d-%H:%M")
+    assert env.materialize(instance, [orders], partition_key=window).success
+    meta = partition_metadata(instance, orders, window)
+    assert "the snapshot position" in meta["read_from"]
+    assert Position.parse(meta["read_start_raw"]) == Position.from_timestamp(snapshot.timestamp)
+    table = pq.read_table(Path(meta["dagster/uri"]))
+    assert sorted(zip(table["op"].to_pylist(), table["key"].to_pylist(), strict=True)) == [
+        ("c", '{"id":"\\"after both\\""}'), ("c", '{"id":"\\"between the snapshots\\""}'), ("u", '{"id":"1"}')]
