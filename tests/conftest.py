@@ -30,9 +30,9 @@ _RELIABILITY_ROWS: list[dict[str, object]] = []
 #: Fixtures that put a test in a stage of its own (``make test-fast`` leaves these stages out).
 STAGE_FIXTURES = {"kafka_broker": "kafka", "kafka_bootstrap": "kafka", "spark": "spark"}
 
-#: Rough seconds one test of a long stage takes in CI (2 workers on 2 cores); a test of no stage counts 1.
+#: Rough seconds one test of a long stage takes in CI (3 workers on 2 cores); a test of no stage counts 1.
 #: Only the order in which groups are handed to the workers follows from these: the longest first, so that
-#: short files fill in at the end and neither worker waits alone for a long group.
+#: short files fill in at the end and no worker waits alone for a long group.
 STAGE_SECONDS = {"soak": 600, "conformance": 600, "daemon": 120, "packaging": 120, "slow": 60, "bench": 40,
                  "compat": 40, "reliability": 30, "spark": 20, "kafka": 15}
 #: The same for a fixture that makes a test long without a stage: a Dagster instance (tests/dagster) runs jobs
