@@ -127,6 +127,16 @@ def _write_windows(db: Database[Any], clock: TravelClock, first: datetime, count
     db.other.insert_one({"_id": "after the last window"})  # the cluster time is now past every window
 
 
+def _oplog_starts_at(client: MongoClient[Any], clock: TravelClock, when: datetime) -> Timestamp:
+    """Purge the oplog up to a write made at ``when``, as if the server had started then; its time."""
+    clock.jump_to(when)
+    client["travel"].other.insert_one({"_id": "the oplog starts here"})
+    start = client.local["oplog.rs"].find_one({"o._id": "the oplog starts here"})
+    assert start is not None
+    client.admin.command("mongocdcTruncateOplog", before=start["ts"])
+    return cast(Timestamp, start["ts"])
+
+
 def _wait_for_cluster_time(client: MongoClient[Any], when: datetime) -> None:
     deadline = time.monotonic() + 30
     while client.admin.command("ping")["$clusterTime"]["clusterTime"].time < when.timestamp():
@@ -230,11 +240,7 @@ def test_a_fresh_deployments_first_schedule_tick_before_any_snapshot_lands_its_w
     first = floor_to(clock.now(), 60) + timedelta(minutes=1)
     env = _env(tmp_path, uri, client, first)
     db = client["travel"]
-    clock.jump_to(first + timedelta(seconds=20))
-    db.other.insert_one({"_id": "the oplog starts here"})
-    start = client.local["oplog.rs"].find_one({"o._id": "the oplog starts here"})
-    assert start is not None
-    client.admin.command("mongocdcTruncateOplog", before=start["ts"])
+    start = _oplog_starts_at(client, clock, first + timedelta(seconds=20))
     clock.jump_to(first + timedelta(seconds=30))
     db.orders.insert_one({"_id": "first"})
     db.create_collection("customers")  # a quiet collection
@@ -250,7 +256,7 @@ def test_a_fresh_deployments_first_schedule_tick_before_any_snapshot_lands_its_w
     assert result.success
     orders = partition_metadata(instance, slices[0], request.partition_key)
     assert "before the collection's capture began" in orders["read_from"] and orders["dagster/row_count"] == 1
-    assert Position.parse(orders["read_start_raw"]).timestamp == start["ts"]
+    assert Position.parse(orders["read_start_raw"]).timestamp == start
     customers = partition_metadata(instance, slices[1], request.partition_key)
     assert customers["dagster/row_count"] == 0
 
@@ -302,11 +308,7 @@ def test_an_incremental_snapshot_taken_since_does_not_hide_the_changes_before_it
     first = floor_to(clock.now(), 60) + timedelta(minutes=1)
     env = _env(tmp_path, uri, client, first)
     db = client["travel"]
-    clock.jump_to(first + timedelta(seconds=10))
-    db.other.insert_one({"_id": "the oplog starts here"})
-    start = client.local["oplog.rs"].find_one({"o._id": "the oplog starts here"})
-    assert start is not None
-    client.admin.command("mongocdcTruncateOplog", before=start["ts"])
+    _oplog_starts_at(client, clock, first + timedelta(seconds=10))
     db.orders.insert_many([{"_id": i} for i in range(3)])
     clock.jump_to(first + timedelta(seconds=20))
     assert env.materialize(instance, [env.key("orders", "snapshot")]).success
