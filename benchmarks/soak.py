@@ -31,9 +31,9 @@ code server of its own (``dagster code-server start``, as docs/dagster.md tells 
 daemon's SIGKILL ends no run; SIGTERM or SIGINT stops every process the soak started. The verdict takes the
 blocking ``matches_source`` results from the deployment's own evaluations of each table's latest version
 (``mongocdc check`` for one it did not evaluate, and for the no-gap checks) while it compares the tables in
-one Spark session, with the daemon stopped once those evaluations are in; ``phases_s`` has each phase's seconds, ``run_seconds`` each kind of run's wait and length.
-A catch-up that does not reach the source by its deadline is a FAILED verdict with the runs and figures,
-written to ``benchmarks/soak.json`` all the same.
+one Spark session, with the daemon stopped once those evaluations are in; ``phases_s`` has each phase's
+seconds, ``run_seconds`` each kind of run's wait and length. A catch-up that does not reach the source
+by its deadline is a FAILED verdict with the runs and figures, written to ``benchmarks/soak.json`` all the same.
 
 Status: passing at CI size, so ``make test`` runs the CI-size test (marker ``soak``) after the other tests.
 Two trials of 2026-12-06 (06:43 and 06:52 UTC, a quiet machine, about 7 minutes each) passed: every final
