@@ -22,7 +22,7 @@ from typing import Any
 import pymongo
 import pytest
 
-from tests.conformance.not_applicable import NOT_APPLICABLE_FAILURES
+from tests.conformance.not_applicable import known_failure
 
 #: What a real single-member replica set of the emulated version answers to runOnRequirements.
 REAL_VERSION = (7, 0, 14)
@@ -110,9 +110,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip the failures known not to apply: they fail on a real single-member replica set too."""
     for item in items:
-        file = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-        reason = NOT_APPLICABLE_FAILURES.get(f"{file}::{item.nodeid.split('::', 1)[-1]}")
-        if reason is not None:
+        if (reason := known_failure(item.nodeid)) is not None:
             item.add_marker(pytest.mark.skip(reason=f"not applicable: {reason}"))
 
 

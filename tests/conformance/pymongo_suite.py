@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from tests.conformance.not_applicable import NOT_APPLICABLE_FAILURES, REAL_SKIP_REASONS
+from tests.conformance.not_applicable import REAL_SKIP_REASONS, known_failure
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".local" / "conformance"
@@ -181,8 +181,7 @@ def classify(name: str, outcomes: list[Outcome], seconds: float, exit_code: int)
         elif outcome.outcome == "xfailed":
             result.not_applicable.append((outcome, "pymongo marks it an expected failure"))
         elif outcome.outcome == "skipped":
-            known = NOT_APPLICABLE_FAILURES.get(f"{name}::{_short_id(outcome.nodeid)}")
-            reason = outcome.real_skip or known or next(
+            reason = outcome.real_skip or known_failure(outcome.nodeid) or next(
                 (why for pattern, why in REAL_SKIP_REASONS if re.search(pattern, outcome.detail)), None
             )
             if reason is None:
@@ -190,7 +189,7 @@ def classify(name: str, outcomes: list[Outcome], seconds: float, exit_code: int)
             else:
                 result.not_applicable.append((outcome, reason))
         else:
-            reason = NOT_APPLICABLE_FAILURES.get(f"{name}::{_short_id(outcome.nodeid)}")
+            reason = known_failure(outcome.nodeid)
             if reason is None:
                 result.failed.append(outcome)
             else:
