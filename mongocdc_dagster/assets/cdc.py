@@ -756,10 +756,13 @@ def _slices_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str], cdc: CdcAs
             window_keys = sorted(context.partition_keys, key=lambda k: windows.window(k).start)
             oplog_first = mongocdc.oplog_window().first
             reads: dict[tuple[str, int], WindowRead] = {}
+            # a collection's snapshots and landed windows matter only to a window whose start left the oplog: read
+            # them for such runs alone, not in every run of every collection
+            left = any(_key(_ts(windows.window(k).start)) < _key(oplog_first) for k in window_keys)
             for namespace in namespaces:
-                snaps = snapshot_positions(context.instance, cdc.snapshot_keys(namespace))
+                snaps = snapshot_positions(context.instance, cdc.snapshot_keys(namespace)) if left else []
                 # the collection's capture began with its first landed slice (when it has no snapshot)
-                landed = [] if snaps else [
+                landed = [] if snaps or not left else [
                     windows.window(k).start for k in context.instance.get_materialized_partitions(ns_key[namespace])]
                 for index, window_key in enumerate(window_keys):
                     window = windows.window(window_key)
