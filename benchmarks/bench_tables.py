@@ -27,13 +27,13 @@ numbers, a decimal, a date, an array and a sub-document.
    changes (goal <= 3x), and the Spark jobs each collection's refresh started against that one refresh's
    (current_state's share of them, and how far the collections' refreshes overlapped), and the Delta commits
    each table's refresh made (goal: one, its data with the refresh's state); then the same
-   cycle with nothing new: seconds, and Spark jobs started (goal: none). At CI size only 5 collections: the
+   cycle with nothing new: seconds, and Spark jobs started (goal: none). At CI size only 3 collections: the
    first builds of many collections' tables take minutes of the CI stage for rows that mean nothing at that
    size (tests/tables/test_cycle.py proves that a quiet cycle starts no Spark job).
 
 ``--only build|refresh|cycle`` (repeatable) measures only those sections.
-``MONGOCDC_BENCH_SMALL=1``: 20k records, tables of 5k and 20k rows, 500 changes, 5 collections x 1 change, one
-round of each.
+``MONGOCDC_BENCH_SMALL=1``: 5k records, tables of 2k and 5k rows, 200 changes, 3 collections x 1 change, one
+round of each and no warm-up round.
 """
 
 from __future__ import annotations
@@ -236,12 +236,14 @@ def _documents_schema(spark: SparkSession, files: list[str]) -> T.StructType:
     return spark.read.json(sample.select("after").rdd.map(lambda row: row[0])).schema
 
 
-def full_build(spark: SparkSession, root: Path, records: int, rounds_count: int) -> list[harness.Row]:
+def full_build(spark: SparkSession, root: Path, records: int, rounds_count: int, warm_up_records: int = WARM_UP,
+               ) -> list[harness.Row]:  # fmt: skip
     """The full build against the plain write, each table's share of it and the floor (no goal): medians
-    of ``rounds_count`` interleaved rounds over the same landing files, after an untimed round on a few records
-    (the baseline, timed first, would pay the session's warm-up alone)."""
-    warm_up = _landing_zone(root / "warm-up", WARM_UP)
-    _build(spark, warm_up, root / "warm-up" / "out", _documents_schema(spark, warm_up))
+    of ``rounds_count`` interleaved rounds over the same landing files, after an untimed round on
+    ``warm_up_records`` records (the baseline, timed first, would pay the session's warm-up alone; none: no such round)."""
+    if warm_up_records:
+        warm_up = _landing_zone(root / "warm-up", warm_up_records)
+        _build(spark, warm_up, root / "warm-up" / "out", _documents_schema(spark, warm_up))
     files = _landing_zone(root / "landing", records)
     schema = _documents_schema(spark, files)
     rounds = [_build(spark, files, root / f"build-{i}", schema) for i in range(rounds_count)]
@@ -389,24 +391,25 @@ def many_collections(spark: SparkSession, root: Path, count: int) -> list[harnes
 
 def run(small: bool, parts: Sequence[str] = PARTS) -> list[harness.Row]:
     """The rows of ``parts`` (``--only build``, ``refresh`` or ``cycle``: sections 1, 2 and 3 above)."""
-    records = 20_000 if small else 1_000_000
-    sizes = (5_000, 20_000) if small else (100_000, 1_000_000)
-    changes = 500 if small else 10_000
-    rounds_count = 1 if small else ROUNDS  # at CI size the rows only prove the benchmark runs
+    # at CI size the rows only prove the benchmark runs: one round of each, no warm-up round
+    records = 5_000 if small else 1_000_000
+    sizes = (2_000, 5_000) if small else (100_000, 1_000_000)
+    changes = 200 if small else 10_000
+    rounds_count = 1 if small else ROUNDS
     spark = spark_session()
     root = Path(tempfile.mkdtemp(prefix="bench-tables-"))
     rows: list[harness.Row] = []
     times = []
     try:
         if "build" in parts:
-            rows += full_build(spark, root, records, rounds_count)
+            rows += full_build(spark, root, records, rounds_count, 0 if small else WARM_UP)
         if "refresh" in parts:
             for size in sizes:
                 elapsed, got = incremental(spark, root, size, changes, rounds_count)
                 times.append(elapsed)
                 rows += got
         if "cycle" in parts:
-            for count in (5,) if small else (20, 100):
+            for count in (3,) if small else (20, 100):
                 rows += many_collections(spark, root, count)
     finally:
         spark.stop()

@@ -35,6 +35,11 @@ PY = Path(sys.executable)
 pytestmark = [pytest.mark.slow, pytest.mark.packaging, pytest.mark.timeout(1800)]
 
 
+#: pip's options for the user's installs: no byte-compiling of every installed module (Python compiles what it
+#: imports; on two cores that is a third of an install of mongocdc[all], and it changes nothing the tests see).
+_PIP_INSTALL = ("--quiet", "--no-compile")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -59,7 +64,7 @@ def user(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     assert [w.split("-")[0] for w in wheels] == ["mongocdc", "mongocdc_native"], wheels
     base = Path(getattr(sys, "_base_executable", sys.executable))
     _run([str(base), "-m", "venv", str(venv)], root, env)
-    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--find-links", str(dist),
+    _run([str(venv / "bin" / "python"), "-m", "pip", "install", *_PIP_INSTALL, "--find-links", str(dist),
           "mongocdc[all]"], root, env, timeout=1500)
     yield {"root": root, "venv": venv, "env_path": venv / "bin"}
 
@@ -85,7 +90,7 @@ def devstack_user(user: dict[str, Path]) -> dict[str, Path]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     root.mkdir()
     _run([str(Path(getattr(sys, "_base_executable", sys.executable))), "-m", "venv", str(venv)], root, env)
-    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--find-links", str(user["root"] / "dist"),
+    _run([str(venv / "bin" / "python"), "-m", "pip", "install", *_PIP_INSTALL, "--find-links", str(user["root"] / "dist"),
           "mongocdc[devstack]"], root, env, timeout=1500)
     return {"root": root, "venv": venv, "env_path": venv / "bin"}
 
