@@ -311,6 +311,11 @@ class WindowRead:
                 "and the snapshot covers what came before it")
 
 
+def left_oplog(window: TimeWindow, oplog_first: Timestamp) -> bool:
+    """Whether the window's start has left the oplog (its first entry, ``oplog_first``, is later)."""
+    return _key(_ts(window.start)) < _key(oplog_first)
+
+
 def plan_window_read(window_key: str, window: TimeWindow, oplog_first: Timestamp,
                      snapshots: Sequence[Position], *, landed_before: bool) -> WindowRead:
     """A window reads from its start while the oplog holds it. When the start has left the oplog, a snapshot
@@ -320,7 +325,7 @@ def plan_window_read(window_key: str, window: TimeWindow, oplog_first: Timestamp
     the two). Before the collection's capture began (no snapshot, no slice landed before the window: a fresh
     deployment) nothing can have been lost: it reads from the oplog's start. Anything else is a real gap."""
     start = _ts(window.start)
-    if _key(start) >= _key(oplog_first):
+    if not left_oplog(window, oplog_first):
         return WindowRead(window_key, window, start)
     if not snapshots and not landed_before:
         first = min(oplog_first, _ts(window.end), key=_key)
@@ -753,24 +758,28 @@ def _slices_asset(specs: list[AssetSpec], ns_of: dict[AssetKey, str], cdc: CdcAs
             namespaces = _included(context, cfg, sorted(ns_of[k] for k in context.selected_asset_keys))
             selected = [cdc.key(ns, "slices") for ns in namespaces]
             ns_key = {ns_of[k]: k for k in selected}
-            window_keys = sorted(context.partition_keys, key=lambda k: windows.window(k).start)
+            window_of = {k: windows.window(k) for k in context.partition_keys}
+            window_keys = sorted(window_of, key=lambda k: window_of[k].start)
             oplog_first = mongocdc.oplog_window().first
             reads: dict[tuple[str, int], WindowRead] = {}
             # a collection's snapshots and landed windows matter only to a window whose start left the oplog: read
             # them for such runs alone, not in every run of every collection
-            left = any(_key(_ts(windows.window(k).start)) < _key(oplog_first) for k in window_keys)
+            left = any(left_oplog(window_of[k], oplog_first) for k in window_keys)
             for namespace in namespaces:
-                snaps = snapshot_positions(context.instance, cdc.snapshot_keys(namespace)) if left else []
-                # the collection's capture began with its first landed slice (when it has no snapshot)
-                landed = [] if snaps or not left else [
-                    windows.window(k).start for k in context.instance.get_materialized_partitions(ns_key[namespace])]
+                snaps: list[Position] = []
+                landed: list[datetime] = []
+                if left:
+                    snaps = snapshot_positions(context.instance, cdc.snapshot_keys(namespace))
+                    if not snaps:  # the collection's capture began with its first landed slice
+                        landed = [windows.window(k).start
+                                  for k in context.instance.get_materialized_partitions(ns_key[namespace])]
                 for index, window_key in enumerate(window_keys):
-                    window = windows.window(window_key)
+                    window = window_of[window_key]
                     reads[(namespace, index)] = plan_window_read(
                         window_key, window, oplog_first, snaps, landed_before=any(t < window.start for t in landed))
             gaps = {k: r for k, r in reads.items() if r.gap is not None}
             todo = {k: r for k, r in reads.items() if r.gap is None}
-            starts = [Position.from_timestamp(_ts(windows.window(k).start)) for k in window_keys]
+            starts = [Position.from_timestamp(_ts(window_of[k].start)) for k in window_keys]
             targets = {
                 (ns, i): RouteTarget(mongocdc.slice_path(ns, r.window.start), Position.from_timestamp(r.start))
                 for (ns, i), r in todo.items()
