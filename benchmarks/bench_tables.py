@@ -425,8 +425,9 @@ def _hand_cycles(spark: SparkSession, home: Path, files: dict[str, list[str]], o
                  ) -> tuple[float, float]:  # fmt: skip
     """Seconds of the hand-written refresh (:func:`_hand_refresh`) of ``one``'s last landing file, and of the
     ``namespaces``' last files, as many at once as a cycle refreshes (:func:`concurrently`), each into tables
-    built by hand from the collection's earlier files (untimed). The cycle's floor: whatever a refresh
-    derives, it ends in one Delta append and one MERGE per collection."""
+    built by hand from the collection's earlier files (untimed), then checked to hold what the cycle's tables
+    hold (keys and values). The cycle's floor: whatever a refresh derives, it ends in one Delta append and one
+    MERGE per collection."""
     schema = _documents_schema(spark, files[one][:1])
     for ns in [one, *namespaces]:
         _hand_build(spark, files[ns][:-1], home / "hand" / ns, schema)
@@ -439,7 +440,14 @@ def _hand_cycles(spark: SparkSession, home: Path, files: dict[str, list[str]], o
             if isinstance(outcome, Exception):
                 raise RuntimeError(f"the hand-written refresh of {ns} failed") from outcome
 
-    return _timed(lambda: every([one])), _timed(lambda: every(namespaces))
+    timed = _timed(lambda: every([one])), _timed(lambda: every(namespaces))
+    for ns in [one, *namespaces]:  # the same work as the cycle's: its tables end with the same documents
+        ours = spark.read.format("delta").load(CollectionTables.under(str(home / "tables"), ns).current_state)
+        hand = spark.read.format("delta").load(str(home / "hand" / ns / "hand-current"))
+        rows = ours.select("__key", "qty"), hand.select("__key", "qty")
+        if rows[0].count() != rows[1].count() or not rows[0].exceptAll(rows[1]).isEmpty():
+            raise RuntimeError(f"the hand-written tables of {ns} do not hold the cycle's documents")
+    return timed
 
 
 def run(small: bool, parts: Sequence[str] = PARTS) -> list[harness.Row]:
