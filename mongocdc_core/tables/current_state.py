@@ -54,6 +54,7 @@ from mongocdc_core.tables.changelog import (
     SNAPSHOT_PROPERTY,
     Recording,
     TableInputError,
+    interpreted,
     latest_version,
     look,
     position_seconds,
@@ -535,7 +536,8 @@ def refresh(
     # log; unknown: the whole changelog): a small table fed a bulk load is not planned as a small refresh
     added = log.size_bytes - (0 if rebuild else (size_at(spark, changelog_location, since) or 0))
     nbytes = log.size_bytes if rebuild else max(state.size_bytes, added)
-    with sized_shuffles(spark, nbytes), _small_plans(spark, not rebuild and nbytes <= _SMALL_TABLE_BYTES):
+    with (sized_shuffles(spark, nbytes), _small_plans(spark, not rebuild and nbytes <= _SMALL_TABLE_BYTES),
+          interpreted(spark, nbytes)):
         result, shape = _merge(
             spark, namespace, state_location, layout, changelog, events.select(*_EVENT_COLUMNS), old,
             table_position, snapshot, rebuild, carried,

@@ -58,6 +58,7 @@ from mongocdc_core.tables.changelog import (
     SNAPSHOT_PROPERTY,
     TableInputError,
     changelog_rows,
+    interpreted,
     look,
     size_at,
 )
@@ -354,7 +355,7 @@ def compare(spark: SparkSession, namespace: str, changelog: str, state: str, cfg
     rows = events.select(*columns(shape, layout, namespace, doc, F.col("__key"), state_columns, strict=False))
     names = ["_id", *[f.column for f in shape.user_columns()], "__doc"]
     nbytes = found.size_bytes + (size_at(spark, changelog, version) or 0) + read.rows.nbytes
-    with sized_shuffles(spark, nbytes), _small_plans(spark, nbytes <= _SMALL_TABLE_BYTES):
+    with sized_shuffles(spark, nbytes), _small_plans(spark, nbytes <= _SMALL_TABLE_BYTES), interpreted(spark, nbytes):
         per_key = _per_key(spark, namespace, table, layout, rows, log, props.get(SNAPSHOT_PROPERTY), read, names)
         figures = per_key.agg(
             F.sum("live").alias("table_rows"), F.count_if("left_out").alias("excluded"),

@@ -43,6 +43,10 @@ def spark_conf(*, local_tuning: bool = True) -> dict[str, str]:
         # jobs of different scheduler pools share the executors in turn (collection.concurrently gives each
         # collection refreshed at once its own pool); jobs without a pool run first come, first served
         "spark.scheduler.mode": "FAIR",
+        # Spark keeps 100 compiled classes by default, and a refresh of a collection's tables compiles about 70
+        # of the tables' own shape (a small one none: changelog.interpreted): in a cycle over a few collections
+        # every refresh compiled all of its own again
+        "spark.sql.codegen.cache.maxEntries": "2000",
         # dates before 1582 are written as they are (proleptic Gregorian), never rebased or refused
         "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
         "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",

@@ -6,6 +6,7 @@ import random
 import shutil
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from mongocdc_core.positions import Position
 from mongocdc_core.tables import (
     CollectionTables,
     TableOptions,
+    changelog,
     collection,
     current_state,
     read_current_state,
@@ -265,10 +267,10 @@ def test_shuffle_partitions_are_sized_from_the_data(spark: SparkSession, tmp_pat
 
 def test_the_merge_leaves_the_sessions_settings_as_they_were(spark: SparkSession, tmp_path: Path) -> None:
     """The MERGE skips Delta's copy of its (checkpointed) source, and a small table's refresh plans without
-    adaptive execution and broadcasts, for its own work only: a user's setting of each, or its absence,
-    is the same after a refresh."""
-    keys = ("spark.databricks.delta.merge.materializeSource", *current_state._SMALL_PLANS)
-    user = {keys[0]: "auto", keys[1]: "true", keys[2]: "1048576", keys[3]: "true"}
+    adaptive execution and broadcasts and runs interpreted, for its own work only: a user's setting of each, or
+    its absence, is the same after a refresh."""
+    keys = ("spark.databricks.delta.merge.materializeSource", *current_state._SMALL_PLANS, *changelog._INTERPRETED)
+    user = dict(zip(keys, ("auto", "true", "1048576", "true", "true", "FALLBACK"), strict=True))
     tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
     snap = read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": i, "qty": i} for i in range(5)], Position(100, 1))
     build(spark, tables, snap)
@@ -307,6 +309,26 @@ def test_a_one_change_refresh_of_a_small_table_runs_seven_spark_jobs(spark: Spar
     assert (middle - before, started() - middle) == (2, 5)
     rows = read_current_state(spark, tables.current_state).where("_id BETWEEN 6 AND 8").collect()
     assert {r["_id"]: r["qty"] for r in rows} == {6: 6, 7: -7, 8: 8}
+
+
+def test_a_small_refresh_compiles_no_code(spark: SparkSession, tmp_path: Path) -> None:
+    """A refresh of a few changes into a small table runs its expressions interpreted: compiling the Java code
+    of its plans, each of the table's own shape, cost more than the rows it carries (some 60 classes and a
+    quarter of a one-change refresh's time, in a fresh JVM as every Dagster run's, or once Spark's cache of
+    compiled classes had dropped them). Counted by Spark's metric of compilations, for a table with a field
+    no other test's table has, so no compiled class of another refresh could serve it."""
+    field = f"f_{uuid.uuid4().hex[:10]}"
+    tables = CollectionTables.under(str(tmp_path / "tables"), f"{DB}.orders")
+    files = [read_file(tmp_path / "snap.parquet", DB, "orders", [{"_id": i, field: i} for i in range(200)], Position(100, 1))]
+    build(spark, tables, *files)
+    files.append(_changes(tmp_path, "one", [_event("update", 7, Position(200, 1), {"_id": 7, field: -7})]))
+    compiled = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount  # type: ignore[union-attr]
+    before = compiled()
+    assert refresh_changelog(spark, tables, [str(f) for f in files]).rows_added == 1
+    assert refresh_current_state(spark, tables).upserted == 1
+    assert compiled() - before <= 5  # 3 here; 69 when Spark compiled code for these plans
+    rows = read_current_state(spark, tables.current_state).where("_id BETWEEN 6 AND 8").collect()
+    assert {r["_id"]: r[field] for r in rows} == {6: 6, 7: -7, 8: 8}
 
 
 def test_a_bulk_load_into_a_small_table_is_not_planned_as_a_small_refresh(
