@@ -38,14 +38,20 @@ STAGE_SECONDS = {"soak": 600, "conformance": 600, "daemon": 120, "packaging": 12
 #: The same for a fixture that makes a test long without a stage: a Dagster instance (tests/dagster) runs jobs
 #: in the test's process, the table assets' jobs with Spark.
 FIXTURE_SECONDS = {"instance": 20}
+#: Files of tests/tables that run apart from the others' Spark JVM, in groups of their own, with their rough
+#: seconds in CI: as one group, tests/tables kept one worker busy about 7 minutes after the other two had
+#: finished, the run's one long tail. Each of these starts a Spark JVM (and a Kafka broker) of its own, about a
+#: minute of work, to take some 14 minutes off that tail.
+TABLES_APART = {"tests/tables/test_cluster.py": 500, "tests/tables/test_command.py": 360}
 
 
 def xdist_group(nodeid: str) -> str:
     """The group a test runs in under pytest-xdist (``make test``): one worker runs a group's tests in order, so a
     file's module fixtures are built once and its later tests see what its earlier ones did; every test of
-    tests/tables, where the ``spark`` fixture lives, is one group, so the run starts one Spark JVM for them."""
+    tests/tables, where the ``spark`` fixture lives, is one group, so the run starts one Spark JVM for them (but
+    for the long files of :data:`TABLES_APART`, a group each)."""
     path = nodeid.split("::", 1)[0]
-    return "tests/tables" if path.startswith("tests/tables/") else path
+    return "tests/tables" if path.startswith("tests/tables/") and path not in TABLES_APART else path
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -92,9 +98,11 @@ def _longest_groups_first(items: list[pytest.Item]) -> None:
         return max([1, *(s for stage, s in STAGE_SECONDS.items() if item.get_closest_marker(stage)),
                     *(s for fixture, s in FIXTURE_SECONDS.items() if fixture in fixtures)])
 
-    length: dict[str, int] = {}
+    length: dict[str, int] = dict(TABLES_APART)
     for item in items:
-        length[xdist_group(item.nodeid)] = length.get(xdist_group(item.nodeid), 0) + seconds(item)
+        group = xdist_group(item.nodeid)
+        if group not in TABLES_APART:
+            length[group] = length.get(group, 0) + seconds(item)
     items.sort(key=lambda item: -length[xdist_group(item.nodeid)])
 
 
