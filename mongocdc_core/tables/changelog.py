@@ -412,12 +412,16 @@ def interpreted(spark: SparkSession, nbytes: int) -> Iterator[None]:
     A one-change refresh of a small table compiled 69 classes, its plans' code of the table's own shape, which
     a fresh JVM (every Dagster run's) holds none of and Spark's cache of compiled classes soon drops: about a
     quarter of the refresh's time. For a few thousand rows, interpreting costs less than compiling."""
-    if nbytes > INTERPRETED_BYTES:
+    with settings(spark, _INTERPRETED if nbytes <= INTERPRETED_BYTES else {}):
         yield
-        return
-    with ExitStack() as settings:
-        for key, value in _INTERPRETED.items():
-            settings.enter_context(setting(spark, key, value))
+
+
+@contextmanager
+def settings(spark: SparkSession, values: dict[str, str]) -> Iterator[None]:
+    """:func:`setting` of each of ``values`` for the block."""
+    with ExitStack() as stack:
+        for key, value in values.items():
+            stack.enter_context(setting(spark, key, value))
         yield
 
 

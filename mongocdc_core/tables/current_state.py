@@ -31,7 +31,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -60,6 +60,7 @@ from mongocdc_core.tables.changelog import (
     position_seconds,
     record,
     recording,
+    settings,
     size_at,
     table_exists,
     table_properties,
@@ -472,12 +473,7 @@ def _small_plans(spark: SparkSession, small: bool) -> Iterator[None]:
     The settings are the session's while the block runs, as the shuffle partitions are: other threads
     planning in the same session meanwhile plan with them (``collection.concurrently`` gives each refresh
     a session of its own)."""
-    if not small:
-        yield
-        return
-    with ExitStack() as settings:
-        for key, value in _SMALL_PLANS.items():
-            settings.enter_context(_setting(spark, key, value))
+    with settings(spark, _SMALL_PLANS if small else {}):
         yield
 
 
