@@ -91,9 +91,10 @@ $(CONFORMANCE_STAMP): $(STAMP)
 # The whole suite on three workers (on two cores: much of it waits on brokers, daemons and Spark jobs; 31
 # minutes against 38 on two workers). A file, and the tests of tests/tables (the Spark tests) but for its two
 # longest files, stay on one worker each, and the longest of these groups are handed out first
-# (tests/conftest.py groups and orders them; --no-loadscope-reorder keeps that order). Every run prints its 30 slowest tests. The soak's CI-size test
-# (marker soak, tests/soak: about 6 minutes) runs after the rest, alone: it runs a whole deployment that
-# fills the machine, and its figures (freshness, CPU share) are of that deployment, not of other tests.
+# (tests/conftest.py groups and orders them; --no-loadscope-reorder keeps that order). Every run prints its 30
+# slowest tests. The soak's CI-size test (marker soak, tests/soak: about 6 minutes) runs after the rest, alone:
+# it runs a whole deployment that fills the machine, and its figures (freshness, CPU share) are of that
+# deployment, not of other tests.
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 3 --dist loadgroup --no-loadscope-reorder --durations=30
 
 test: setup

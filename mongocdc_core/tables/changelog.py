@@ -562,6 +562,11 @@ def file_version(spark: SparkSession, path: str) -> str:
     return f"{status.getLen()}:{status.getModificationTime()}"
 
 
+def version_bytes(version: str) -> int:
+    """The size in bytes of a file version from :func:`file_version`."""
+    return int(version.split(":", 1)[0])
+
+
 def holds_events(path: str, namespace: str) -> bool:
     """Whether a landing file may hold events: not a local file that holds no row (every quiet collection
     gets one per window), unless it is part of a full snapshot (an empty range still counts as read).
@@ -987,7 +992,7 @@ def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[
                             snapshot_position=snapshot_position)
     if todo or new_table:  # without landing data a new table is empty, so readers find one
         rows = rows if rows is not None else spark.createDataFrame([], CHANGELOG_SCHEMA)
-        with interpreted(spark, sum(int(versions[f].split(":", 1)[0]) for f in todo)):
+        with interpreted(spark, sum(version_bytes(versions[f]) for f in todo)):
             appended, after = append_recorded(spark, location, namespace, rows, before, state,
                                               unique=not may_repeat(todo), new=fresh)
     else:  # nothing to read, yet the state changed (other files given, or counted): recorded alone

@@ -313,7 +313,7 @@ def test_a_one_change_refresh_of_a_small_table_runs_seven_spark_jobs(spark: Spar
 
 def test_a_small_refresh_compiles_no_code(spark: SparkSession, tmp_path: Path) -> None:
     """A refresh of a few changes into a small table runs its expressions interpreted: compiling the Java code
-    of its plans, each of the table's own shape, cost more than the rows it carries (some 60 classes and a
+    of its plans, each of the table's own shape, cost more than the rows it carries (69 classes and a
     quarter of a one-change refresh's time, in a fresh JVM as every Dagster run's, or once Spark's cache of
     compiled classes had dropped them). Counted by Spark's metric of compilations, for a table with a field
     no other test's table has, so no compiled class of another refresh could serve it."""
