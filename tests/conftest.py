@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import HealthCheck, settings
 from pymongo import MongoClient
 from pymongo.database import Database
 
@@ -24,6 +25,12 @@ if TYPE_CHECKING:
     from xdist.scheduler import Scheduling
 
 REAL_URI_ENV = "MONGOCDC_TEST_MONGODB_URI"
+
+# The property tests judge what they generate, never how fast: on a loaded CI machine (three workers, Spark
+# JVMs and brokers on two cores) a stalled first draw failed Hypothesis's input-speed health check
+# (test_signals, 1 input in 1.5 s), and a stalled example its deadline.
+settings.register_profile("mongocdc", suppress_health_check=[HealthCheck.too_slow], deadline=None)
+settings.load_profile("mongocdc")
 _RELIABILITY_ROWS: list[dict[str, object]] = []
 
 
