@@ -1,10 +1,10 @@
 """The sources read early for a run's reconciliations (``matches_source``).
 
-A table refresh run refreshes the changelogs, then current_state, then reconciles each table with its
-collection at the table's position. That position is known once a collection's changelog is refreshed
-(current_state folds it up to its latest version), and the server still holds it then; by the time the
+A table refresh run refreshes each collection's changelog, then its current_state, then reconciles each
+table with its collection at the table's position. That position is known once a collection's changelog is
+refreshed (current_state folds it up to its latest version), and the server still holds it then; by the time the
 check runs, minutes later on a busy machine, it may not (its snapshot history, 300 s by default), and a
-hot collection's check would compare too few keys. So the changelog step starts each collection's read
+hot collection's check would compare too few keys. So the tables step starts each collection's read
 (``read_source_at``, through pymongo, in the background) as soon as its changelog is refreshed, and the
 check step takes it; ``compare`` uses it only when the table holds that changelog version and position.
 
@@ -80,5 +80,5 @@ class EarlyReads:
                 self._reads.pop(key).cancel()
 
 
-#: The process's early reads (the changelog step starts them, the reconciliation step takes them).
+#: The process's early reads (the tables step starts them, the reconciliation step takes them).
 EARLY_READS = EarlyReads()

@@ -13,7 +13,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -228,7 +228,8 @@ def refresh_current_state(
 
 @dataclass(frozen=True)
 class CollectionRefresh:
-    """One collection's part of a cycle: its two refreshes, or the error that stopped them."""
+    """One collection's part of a cycle: its two refreshes (those it was given), or the error that stopped
+    them (after its changelog's refresh, when that one is set)."""
 
     namespace: str
     changelog: ChangelogRefresh | None = None
@@ -314,25 +315,42 @@ def _run_time_settings(spark: SparkSession) -> dict[str, str]:
 
 def refresh_collections(
     spark: SparkSession,
-    work: Sequence[tuple[CollectionTables, Sequence[str]]],
+    work: Sequence[tuple[CollectionTables, Sequence[str] | None]],
     options: TableOptions | None = None,
     *,
     concurrency: int | None = None,
     progress: Report | None = None,
+    states: Collection[str] | None = None,
+    after_changelog: Callable[[CollectionTables, ChangelogRefresh], None] | None = None,
 ) -> Iterator[CollectionRefresh]:
     """One refresh cycle over many collections: for each ``(tables, landing files)`` its changelog, then its
-    current_state, several collections at once (see :func:`concurrently`), yielded as each finishes.
+    current_state, several collections at once (see :func:`concurrently`), yielded as each finishes. Each
+    collection's current_state follows its own changelog, not every collection's: the first collections'
+    tables are up to date while the others still refresh.
 
     A collection whose landing files are those its last refresh read, unchanged, costs no Spark job (the
     state its tables' last commits recorded decides), so a cycle costs what landed, not how many collections
-    there are.
-    One collection's failure is its :class:`CollectionRefresh`'s ``error``; the others go on.
+    there are. Landing files None: that collection's changelog is not refreshed; ``states``: the namespaces
+    whose current_state is (default all). ``after_changelog(tables, refresh)`` runs right after a
+    collection's changelog refresh, before its current_state's (to read the source at the position
+    current_state is about to get: :func:`read_source_at`).
+    One collection's failure is its :class:`CollectionRefresh`'s ``error`` (with its changelog's refresh when
+    only its current_state's failed); the others go on.
     """
 
-    def both(session: SparkSession, item: tuple[CollectionTables, Sequence[str]]) -> CollectionRefresh:
+    def both(session: SparkSession, item: tuple[CollectionTables, Sequence[str] | None]) -> CollectionRefresh:
         tables, files = item
-        log_refresh = refresh_changelog(session, tables, files, progress=progress)
-        state = refresh_current_state(session, tables, options, progress=progress)
+        log_refresh = None
+        if files is not None:
+            log_refresh = refresh_changelog(session, tables, files, progress=progress)
+            if after_changelog is not None:
+                after_changelog(tables, log_refresh)
+        if states is not None and tables.namespace not in states:
+            return CollectionRefresh(tables.namespace, log_refresh)
+        try:
+            state = refresh_current_state(session, tables, options, progress=progress)
+        except Exception as exc:  # the changelog's refresh stands; the caller reports both
+            return CollectionRefresh(tables.namespace, log_refresh, error=exc)
         return CollectionRefresh(tables.namespace, log_refresh, state)
 
     for (tables, _), outcome in concurrently(spark, work, both, concurrency=concurrency):

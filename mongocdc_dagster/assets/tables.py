@@ -2,18 +2,22 @@
 
 ``changelog`` reads the collection's landing files (snapshots, range files, incremental snapshots,
 slices) that are new or were re-written since it last ran; ``current_state`` merges what the changelog
-gained. Both are subsettable multi-assets over every collection, refreshed automatically when what
-they read lands (the translator's ``automation_condition``). A collection's tables are built once
-something has landed for it (a landing file holding a row): before that a refresh records that nothing
-is built (``built: false``) and writes no table, so no empty table fixes column types, and no check
+gained. Both kinds of every collection are one subsettable multi-asset (one step, as dagster-sling and
+dagster-dlt have it), refreshed automatically when what they read lands (the translator's
+``automation_condition``): each collection's current_state follows its own changelog's refresh
+(``collection.refresh_collections``), so the first collections' tables are up to date while the others
+still refresh, instead of every current_state waiting for the last changelog. A collection's tables are
+built once something has landed for it (a landing file holding a row): before that a refresh records that
+nothing is built (``built: false``) and writes no table, so no empty table fixes column types, and no check
 compares an empty table with a collection never copied. (It still materialises: leaving one collection's
 output out of a multi-asset would skip the next step for every collection of the run.) A collection
 with nothing new since its last refresh costs no Spark job: its materialisation says ``new_data: false``
 (the table is up to date, so its freshness holds). Several collections refresh at once, each in its own
 Spark session and FAIR scheduler pool (``collection.concurrently``). Whether
 ``current_state`` equals the source is checked at the table's position by ``checks.py`` (blocking), in
-the refresh's run, so it holds while writes go on; the changelog step starts reading each collection
-at the position its table is about to get, in the background, for that check (``source_reads.py``).
+the refresh's run, so it holds while writes go on; right after a collection's changelog refresh the step
+starts reading it at the position its table is about to get, in the background, for that check
+(``source_reads.py``).
 
 The table functions are the tables package's per-collection API (``mongocdc_core.tables.collection``).
 
@@ -53,8 +57,7 @@ from mongocdc_core.tables.collection import (
     StateRefresh,
     concurrently,
     read_source_at,
-    refresh_changelog,
-    refresh_current_state,
+    refresh_collections,
 )
 from mongocdc_core.tables.spark_progress import SparkWork
 from mongocdc_dagster.assets.cdc import CdcAssets, collection_props, mark_dropped
@@ -153,6 +156,21 @@ def not_built(namespace: str, why: str) -> dict[str, Any]:
                          "or a change lands; snapshot the collection to copy what it holds"}
 
 
+def failed(context: AssetExecutionContext | AssetCheckExecutionContext, namespace: str,
+           error: Exception) -> tuple[str, Exception]:
+    """A collection's failure, logged with its name as it happens."""
+    context.log.error(f"{namespace}: failed: {type(error).__name__}: {error}")
+    return namespace, error
+
+
+def failure(failures: Sequence[tuple[str, Exception]]) -> Failure:
+    """The step's failure once the other collections are done, naming every collection that failed (raised
+    from the first one's error)."""
+    lines = [f"{namespace}: {type(exc).__name__}: {exc}" for namespace, exc in failures]
+    return Failure(description=f"{len(failures)} collection(s) failed:\n" + "\n".join(lines),
+                   metadata={"failed": MetadataValue.json([ns for ns, _ in failures])})
+
+
 def each_finished(context: AssetExecutionContext | AssetCheckExecutionContext, spark: SparkSession,
                   items: Sequence[_T], refresh: Callable[[SparkSession, _T], _R], namespace_of: Callable[[_T], str],
                   ) -> Iterator[tuple[_T, _R]]:  # fmt: skip
@@ -162,14 +180,11 @@ def each_finished(context: AssetExecutionContext | AssetCheckExecutionContext, s
     failures: list[tuple[str, Exception]] = []
     for item, outcome in concurrently(spark, items, refresh):
         if isinstance(outcome, Exception):
-            failures.append((namespace_of(item), outcome))
-            context.log.error(f"{failures[-1][0]}: failed: {type(outcome).__name__}: {outcome}")
+            failures.append(failed(context, namespace_of(item), outcome))
         else:
             yield item, outcome
     if failures:
-        lines = [f"{namespace}: {type(exc).__name__}: {exc}" for namespace, exc in failures]
-        raise Failure(description=f"{len(failures)} collection(s) failed:\n" + "\n".join(lines),
-                      metadata={"failed": MetadataValue.json([ns for ns, _ in failures])}) from failures[0][1]
+        raise failure(failures) from failures[0][1]
 
 
 def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, translator: MongoCdcTranslator,
@@ -195,108 +210,118 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
     upstream = {ns: [cdc.key(ns, kind) for kind in CDC_KINDS] for ns in state.namespaces}
 
     names = cdc.names
+    log_key = {ns: key for key, ns in out.changelog_keys.items()}
+    state_key = {ns: key for key, ns in out.current_state_keys.items()}
 
-    @multi_asset(name=names.of("changelog"), specs=log_specs, can_subset=True, pool=cdc.pools.tables,
+    @multi_asset(name=names.of("tables"), specs=[*log_specs, *state_specs], can_subset=True, pool=cdc.pools.tables,
                  required_resource_keys={names.mongocdc, names.pyspark},
-                 description="Refreshes the selected collections' changelog tables from their landing files.")
-    def changelog_asset(context: AssetExecutionContext) -> Iterator[MaterializeResult]:
+                 description="Refreshes the selected collections' changelog tables from their landing files and "
+                             "merges what each changelog gained into its current_state, collection by collection.")
+    def tables_asset(context: AssetExecutionContext) -> Iterator[MaterializeResult]:
         mongocdc = resource_of(context, names.mongocdc, MongoCdcResource)
         pyspark = resource_of(context, names.pyspark, PySparkResource)
         spark: SparkSession = pyspark.spark_session
-        work: list[tuple[AssetKey, list[str]]] = []
-        for key in sorted(context.selected_asset_keys, key=lambda k: out.changelog_keys[k]):
-            namespace = out.changelog_keys[key]
-            files = mongocdc.landing_files(namespace)
-            if not table_exists(spark, out.tables[namespace].changelog) and not landed_anything(files):
+        selected = context.selected_asset_keys
+        logs = {out.changelog_keys[k] for k in selected if k in out.changelog_keys}
+        states = {out.current_state_keys[k] for k in selected if k in out.current_state_keys}
+        work: list[tuple[CollectionTables, list[str] | None]] = []
+        for namespace in sorted(logs | states):
+            tables = out.tables[namespace]
+            files = mongocdc.landing_files(namespace) if namespace in logs else None
+            if table_exists(spark, tables.changelog) or (files is not None and landed_anything(files)):
+                work.append((tables, files))
+                continue
+            if files is not None:
                 context.log.info(f"{namespace}: nothing landed yet ({len(files)} empty landing file(s)); no table built")
-                yield MaterializeResult(asset_key=key, metadata={
+                yield MaterializeResult(asset_key=log_key[namespace], metadata={
                     **not_built(namespace, f"{len(files)} landing file(s), none holding a row"),
                     "landing_files": len(files)})
-                continue
-            work.append((key, files))
-
-        def refresh(session: SparkSession, item: tuple[AssetKey, list[str]]) -> ChangelogRefresh:
-            return refresh_changelog(session, out.tables[out.changelog_keys[item[0]]], item[1],
-                                     progress=context.log.info)
+            if namespace in states:
+                context.log.info(f"{namespace}: no changelog yet (nothing landed); no table built")
+                yield MaterializeResult(asset_key=state_key[namespace], metadata=not_built(namespace, "no changelog"))
 
         checked = checks_in_run(context) if work else set()
-        connector = None
-        for (key, files), done in each_finished(context, spark, work, refresh,
-                                                lambda item: out.changelog_keys[item[0]]):
-            namespace = out.changelog_keys[key]
-            if (done.files_read and namespace not in out.dropped
-                    and AssetCheckKey(out.key(namespace, "current_state"), RECONCILE_CHECK) in checked):
-                # its check in this run compares the table at the position it now gets: read the source there
-                # while the server holds it (source_reads.py)
-                connector = connector or mongocdc.load_config()
-                EARLY_READS.start(context.run.run_id, namespace,
-                                  partial(read_source_at, spark, out.tables[namespace], connector))
-            if done.files_read:
-                context.log.info(f"{namespace}: {done.files_read} new or re-written landing file(s) of {len(files)}, "
-                                 f"{done.rows_added} rows added, {done.row_count} in the table")
-            else:
-                context.log.info(f"{namespace}: nothing new landed (all {len(files)} landing file(s) read before); "
-                                 f"{done.work.jobs or 'no'} Spark job(s)")
-            yield MaterializeResult(asset_key=key, metadata={
-                "collection": namespace,
-                **({"dagster/table_name": out.table_names[key]} if key in out.table_names else {}),
-                "dagster/uri": MetadataValue.path(out.tables[namespace].changelog),
-                "dagster/row_count": done.row_count,
-                "dagster/column_schema": spark_schema(done.schema),
-                "dagster/column_lineage": changelog_lineage(done.schema, upstream[namespace]),
-                NEW_DATA: bool(done.files_read),
-                "landing_files": len(files),
-                "landing_files_read": done.files_read,
-                "rows_added": done.rows_added,
-                "rows_added_by_op": MetadataValue.json(dict(done.counts)),
-                **work_metadata(done.work, rows_added_per_s=done.rows_added),
-                **position_metadata("position", done.position),
-            })
+        # its check in this run compares the table at the position it is about to get: read the source there
+        # while the server holds it (source_reads.py)
+        reconciled = {ns for ns in states if ns not in out.dropped
+                      and AssetCheckKey(state_key[ns], RECONCILE_CHECK) in checked}
+        connector = mongocdc.load_config() if reconciled else None
 
-    @multi_asset(name=names.of("current_state"), specs=state_specs, can_subset=True, pool=cdc.pools.tables,
-                 required_resource_keys={names.pyspark},
-                 description="Merges what each selected collection's changelog gained into its current_state table.")
-    def current_state_asset(context: AssetExecutionContext) -> Iterator[MaterializeResult]:
-        pyspark = resource_of(context, names.pyspark, PySparkResource)
-        spark: SparkSession = pyspark.spark_session
-        work: list[AssetKey] = []
-        for key in sorted(context.selected_asset_keys, key=lambda k: out.current_state_keys[k]):
-            namespace = out.current_state_keys[key]
-            if not table_exists(spark, out.tables[namespace].changelog):
-                context.log.info(f"{namespace}: no changelog yet (nothing landed); no table built")
-                yield MaterializeResult(asset_key=key, metadata=not_built(namespace, "no changelog"))
-                continue
-            work.append(key)
+        def read_early(tables: CollectionTables, done: ChangelogRefresh) -> None:
+            if done.files_read and tables.namespace in reconciled and connector is not None:
+                EARLY_READS.start(context.run.run_id, tables.namespace,
+                                  partial(read_source_at, spark, tables, connector))
 
-        def refresh(session: SparkSession, key: AssetKey) -> StateRefresh:
-            return refresh_current_state(session, out.tables[out.current_state_keys[key]], progress=context.log.info)
+        given = {tables.namespace: files for tables, files in work}
+        failures: list[tuple[str, Exception]] = []
+        for done in refresh_collections(spark, work, progress=context.log.info, states=states,
+                                        after_changelog=read_early):
+            namespace = done.namespace
+            if done.changelog is not None:
+                yield _changelog_result(context, out, log_key[namespace], done.changelog, len(given[namespace] or ()),
+                                        upstream[namespace])
+            if done.current_state is not None:
+                yield _state_result(context, spark, out, state_key[namespace], done.current_state)
+            if done.error is not None:
+                failures.append(failed(context, namespace, done.error))
+        if failures:
+            raise failure(failures) from failures[0][1]
 
-        for key, done in each_finished(context, spark, work, refresh, lambda key: out.current_state_keys[key]):
-            namespace = out.current_state_keys[key]
-            tables = out.tables[namespace]
-            for change in done.schema_changes:
-                context.log.warning(f"{namespace}: {change}")
-            new_data = bool(done.keys_merged)
-            if not new_data:
-                context.log.info(f"{namespace}: nothing new in the changelog since the table's version; "
-                                 f"{done.work.jobs or 'no'} Spark job(s)")
-            yield MaterializeResult(asset_key=key, metadata={
-                "collection": namespace,
-                **({"dagster/table_name": out.table_names[key]} if key in out.table_names else {}),
-                "dagster/uri": MetadataValue.path(tables.current_state),
-                "dagster/row_count": done.row_count,
-                "dagster/column_schema": spark_schema(done.schema),
-                "dagster/column_lineage": state_lineage(done.schema, look(spark, tables.changelog).schema,
-                                                        out.key(namespace, "changelog")),
-                NEW_DATA: new_data,
-                "keys_merged": done.keys_merged,
-                "rows_upserted": done.upserted,
-                "rows_deleted": done.deleted,
-                "schema_changes": MetadataValue.json(list(done.schema_changes)),
-                **work_metadata(done.work, keys_merged_per_s=done.keys_merged),
-                **position_metadata("position", done.position),
-            })
-
-    out.definitions = [changelog_asset, current_state_asset]
+    out.definitions = [tables_asset]
     return out
 
+
+def _changelog_result(context: AssetExecutionContext, out: TableAssets, key: AssetKey, done: ChangelogRefresh,
+                      given: int, upstream: Sequence[AssetKey]) -> MaterializeResult:
+    """A changelog's materialisation from its refresh of ``given`` landing files (what it did logged)."""
+    namespace = done.namespace
+    if done.files_read:
+        context.log.info(f"{namespace}: {done.files_read} new or re-written landing file(s) of {given}, "
+                         f"{done.rows_added} rows added, {done.row_count} in the table")
+    else:
+        context.log.info(f"{namespace}: nothing new landed (all {given} landing file(s) read before); "
+                         f"{done.work.jobs or 'no'} Spark job(s)")
+    return MaterializeResult(asset_key=key, metadata={
+        "collection": namespace,
+        **({"dagster/table_name": out.table_names[key]} if key in out.table_names else {}),
+        "dagster/uri": MetadataValue.path(out.tables[namespace].changelog),
+        "dagster/row_count": done.row_count,
+        "dagster/column_schema": spark_schema(done.schema),
+        "dagster/column_lineage": changelog_lineage(done.schema, upstream),
+        NEW_DATA: bool(done.files_read),
+        "landing_files": given,
+        "landing_files_read": done.files_read,
+        "rows_added": done.rows_added,
+        "rows_added_by_op": MetadataValue.json(dict(done.counts)),
+        **work_metadata(done.work, rows_added_per_s=done.rows_added),
+        **position_metadata("position", done.position),
+    })
+
+
+def _state_result(context: AssetExecutionContext, spark: SparkSession, out: TableAssets, key: AssetKey,
+                  done: StateRefresh) -> MaterializeResult:
+    """A current_state's materialisation from its refresh (its schema changes logged as warnings)."""
+    namespace = done.namespace
+    tables = out.tables[namespace]
+    for change in done.schema_changes:
+        context.log.warning(f"{namespace}: {change}")
+    new_data = bool(done.keys_merged)
+    if not new_data:
+        context.log.info(f"{namespace}: nothing new in the changelog since the table's version; "
+                         f"{done.work.jobs or 'no'} Spark job(s)")
+    return MaterializeResult(asset_key=key, metadata={
+        "collection": namespace,
+        **({"dagster/table_name": out.table_names[key]} if key in out.table_names else {}),
+        "dagster/uri": MetadataValue.path(tables.current_state),
+        "dagster/row_count": done.row_count,
+        "dagster/column_schema": spark_schema(done.schema),
+        "dagster/column_lineage": state_lineage(done.schema, look(spark, tables.changelog).schema,
+                                                out.key(namespace, "changelog")),
+        NEW_DATA: new_data,
+        "keys_merged": done.keys_merged,
+        "rows_upserted": done.upserted,
+        "rows_deleted": done.deleted,
+        "schema_changes": MetadataValue.json(list(done.schema_changes)),
+        **work_metadata(done.work, keys_merged_per_s=done.keys_merged),
+        **position_metadata("position", done.position),
+    })

@@ -189,7 +189,7 @@ def test_two_connectors_load_in_one_project_each_with_its_own_names(
     pools = {a.node_def.name: a.node_def.pool for a in repository.assets_defs_by_key.values()}
     assert pools["mongocdc_slices"] == "mongocdc_slices" and pools["mongocdc_cdc2_slices"] == "mongocdc_cdc2_slices"
     assert pools["mongocdc_cdc2_snapshot"] == "mongocdc_cdc2_snapshots"
-    assert pools["mongocdc_cdc2_changelog"] == "mongocdc_cdc2_tables"
+    assert pools["mongocdc_tables"] == "mongocdc_tables" and pools["mongocdc_cdc2_tables"] == "mongocdc_cdc2_tables"
     for kind in ("snapshot", "slices", "current_state"):
         assert {f"{db.name}/orders/{kind}", f"cdc2/{db.name}/orders/{kind}"} <= {
             k.to_user_string() for k in repository.assets_defs_by_key}

@@ -160,7 +160,7 @@ def test_a_table_refresh_whose_worker_was_killed_is_run_again_one_whose_step_fai
     assert request.tags[MAX_RUNTIME_SECONDS_TAG] == str(6 * 3600)  # a refresh whose worker vanished ends
 
     (landing,) = [Path(f) for f in env.mongocdc.landing_files(env.ns("orders"))]
-    landing.write_bytes(landing.read_bytes()[:100])  # torn: the changelog's step fails
+    landing.write_bytes(landing.read_bytes()[:100])  # torn: the tables step fails
     result = env.materialize(retrying_instance, list(request.asset_selection or ()), tags=request.tags,
                              raise_on_error=False)
     assert not result.success

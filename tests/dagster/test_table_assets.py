@@ -126,6 +126,26 @@ def _refresh_with_checks(env: CdcEnv, instance: DagsterInstance, colls: list[str
     return defs.resolve_job_def("refresh").execute_in_process(instance=instance)
 
 
+def test_each_collections_current_state_is_refreshed_right_after_its_changelog_in_one_step(
+        tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
+    """The changelogs and current_states of every collection are one step, and a collection's current_state
+    is materialised as soon as its own changelog is refreshed, not once every changelog is: the run's first
+    current_state materialisation comes before its last changelog materialisation."""
+    colls = ["orders", "customers"]
+    for name in colls:
+        db[name].insert_many([{"_id": i, "n": i} for i in range(3)])
+    env = make_env(tmp_path, mongo_uri, db, colls)
+    result = _refresh_with_checks(env, instance, colls)
+    assert result.success and all(checks_of(result).values())
+    tables = {env.key(c, kind): kind for c in colls for kind in ("changelog", "current_state")}
+    made = [e for e in result.all_events if e.event_type == DagsterEventType.ASSET_MATERIALIZATION
+            and e.asset_key in tables]
+    assert sorted(tables[e.asset_key] for e in made) == sorted(tables.values())
+    assert len({e.step_key for e in made}) == 1
+    kinds = [tables[e.asset_key] for e in made]
+    assert kinds.index("current_state") < len(kinds) - 1 - kinds[::-1].index("changelog"), kinds
+
+
 def test_a_hot_collection_reconciled_in_its_refreshs_run_compares_every_key(
         tmp_path: Path, mongo_uri: str, db: Database[Any], instance: DagsterInstance) -> None:
     db.orders.insert_many([{"_id": i, "qty": i} for i in range(200)])

@@ -16,7 +16,13 @@ import pytest
 from pyspark.sql import SparkSession
 
 from mongocdc_core.events.convert import EventConverter
-from mongocdc_core.tables import CollectionRefresh, CollectionTables, read_current_state, refresh_collections
+from mongocdc_core.tables import (
+    ChangelogRefresh,
+    CollectionRefresh,
+    CollectionTables,
+    read_current_state,
+    refresh_collections,
+)
 from mongocdc_core.tables.changelog import (
     ROWS_VERSION_PROPERTY,
     STATE_KEY,
@@ -174,3 +180,50 @@ def test_concurrent_sessions_keep_the_settings_made_at_run_time(spark: SparkSess
         spark.conf.unset("fs.mongocdc-probe.key")
         spark.conf.unset("spark.sql.session.timeZone")
     assert seen == {"a": (True, "secret", "Asia/Tokyo"), "b": (True, "secret", "Asia/Tokyo")}
+
+
+def test_each_collections_current_state_follows_its_own_changelog(spark: SparkSession, tmp_path: Path) -> None:
+    """In a cycle a collection's current_state is refreshed right after its changelog, not once every
+    changelog is: one at a time, the first collection's current_state commit comes before the second's
+    changelog commit (Delta's commit timestamps). Right after a changelog's refresh the ``after_changelog``
+    hook sees that changelog's new version and its current_state not yet refreshed; a collection given no
+    landing files has only its current_state refreshed, one left out of ``states`` only its changelog; and a
+    current_state that fails leaves its changelog's refresh in the result beside the error."""
+    names = ["c00", "c01", "c02"]
+    wl, conv, landing = _snapshotted(tmp_path, names, seed=43)
+    root = str(tmp_path / "tables")
+    tables = {name: CollectionTables.under(root, f"{DB}.{name}") for name in names}
+    found = landing_by_collection([landing])
+    hooked: dict[str, tuple[int, bool]] = {}
+
+    def after_changelog(done_tables: CollectionTables, refresh: ChangelogRefresh) -> None:
+        assert refresh.namespace == done_tables.namespace and refresh.rows_added == 3
+        hooked[done_tables.namespace] = (look(spark, done_tables.changelog).version,
+                                         look(spark, done_tables.current_state).version >= 0)
+
+    work = [(tables[name], found[f"{DB}.{name}"]) for name in names[:2]]
+    done = list(refresh_collections(spark, work, concurrency=1, after_changelog=after_changelog))
+    assert [r.namespace for r in done] == [f"{DB}.c00", f"{DB}.c01"] and all(r.error is None for r in done)
+    assert hooked == {f"{DB}.c00": (0, False), f"{DB}.c01": (0, False)}
+    stamp = {(name, kind): int(_commits(getattr(tables[name], kind))[-1]["timestamp"])  # type: ignore[call-overload]
+             for name in names[:2] for kind in ("changelog", "current_state")}
+    assert stamp[("c00", "changelog")] <= stamp[("c00", "current_state")] <= stamp[("c01", "changelog")]
+    assert stamp[("c01", "changelog")] <= stamp[("c01", "current_state")]
+
+    # c02: its changelog only; then its current_state only
+    only_log = list(refresh_collections(spark, [(tables["c02"], found[f"{DB}.c02"])], states=set()))
+    assert only_log[0].changelog is not None and only_log[0].current_state is None and only_log[0].error is None
+    assert look(spark, tables["c02"].current_state).version < 0
+    only_state = list(refresh_collections(spark, [(tables["c02"], None)]))
+    assert only_state[0].changelog is None and only_state[0].current_state is not None
+    assert only_state[0].current_state.row_count == 3
+
+    # a current_state that cannot be refreshed (its table's log is torn) keeps the changelog's refresh
+    wl.update("c00", wl._tick())
+    write_landing(landing / "stream_slice" / f"{DB}.c00" / "slice-0.parquet", slice_records(conv, [wl.events[-1]]))
+    log_dir = Path(tables["c00"].current_state, "_delta_log")
+    for entry in log_dir.glob("*.json"):
+        entry.write_text("{not json")
+    failed = list(refresh_collections(spark, [(tables["c00"], landing_by_collection([landing])[f"{DB}.c00"])]))
+    assert failed[0].error is not None and failed[0].current_state is None
+    assert failed[0].changelog is not None and failed[0].changelog.rows_added == 1
