@@ -73,7 +73,16 @@ machine 97 % busy: a table refresh run of 20 collections took 166 s (median; 13 
 waits for up to two of them. The goal needs the tables' cost per collection cut (the tables issue). Small
 refreshes have since run interpreted instead of compiling code for their plans (2026-12-07): the CI-size trial of
 a clean-clone CI run after that passed in 5:57, freshness p50 / p95 / p99 126 / 170 / 184 s, a table refresh run
-of 5 collections 60 s (median); the full size has not run since.
+of 5 collections 60 s (median). The full size then ran again (2026-12-07 02:40, a quiet machine) and passed:
+27306 writes, 53 runs (one failed: the killed worker's, retried), 41 checks, every table and changelog equal
+to the source, catch-up 246 s; but freshness p50 / p95 / p99 234 / 354 / 408 s, the machine 98 % busy and a
+table refresh run of 20 collections 183 s (median; 12 runs): small refreshes running interpreted did not
+shorten it there. Such a run spent about 25 s waiting for the previous one, 12 s starting (Spark's JVM
+included), 55 s on the changelogs, 74 s on the current_states and 35 s reconciling; its fresh JVM spends 7
+CPU seconds per collection on a one-change refresh (3 in a warm one), mostly planning and analysing queries
+(a C1-only JIT did not change that). A collection's current_state has since been refreshed right after its own
+changelog, in one step (``mongocdc_tables``), instead of after every collection's changelog; the full size has
+not run since.
 """
 
 from __future__ import annotations
