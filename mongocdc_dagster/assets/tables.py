@@ -210,8 +210,6 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
     upstream = {ns: [cdc.key(ns, kind) for kind in CDC_KINDS] for ns in state.namespaces}
 
     names = cdc.names
-    log_key = {ns: key for key, ns in out.changelog_keys.items()}
-    state_key = {ns: key for key, ns in out.current_state_keys.items()}
 
     @multi_asset(name=names.of("tables"), specs=[*log_specs, *state_specs], can_subset=True, pool=cdc.pools.tables,
                  required_resource_keys={names.mongocdc, names.pyspark},
@@ -233,18 +231,19 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
                 continue
             if files is not None:
                 context.log.info(f"{namespace}: nothing landed yet ({len(files)} empty landing file(s)); no table built")
-                yield MaterializeResult(asset_key=log_key[namespace], metadata={
+                yield MaterializeResult(asset_key=out.key(namespace, "changelog"), metadata={
                     **not_built(namespace, f"{len(files)} landing file(s), none holding a row"),
                     "landing_files": len(files)})
             if namespace in states:
                 context.log.info(f"{namespace}: no changelog yet (nothing landed); no table built")
-                yield MaterializeResult(asset_key=state_key[namespace], metadata=not_built(namespace, "no changelog"))
+                yield MaterializeResult(asset_key=out.key(namespace, "current_state"),
+                                        metadata=not_built(namespace, "no changelog"))
 
         checked = checks_in_run(context) if work else set()
         # its check in this run compares the table at the position it is about to get: read the source there
         # while the server holds it (source_reads.py)
         reconciled = {ns for ns in states if ns not in out.dropped
-                      and AssetCheckKey(state_key[ns], RECONCILE_CHECK) in checked}
+                      and AssetCheckKey(out.key(ns, "current_state"), RECONCILE_CHECK) in checked}
         connector = mongocdc.load_config() if reconciled else None
 
         def read_early(tables: CollectionTables, done: ChangelogRefresh) -> None:
@@ -258,10 +257,12 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
                                         after_changelog=read_early):
             namespace = done.namespace
             if done.changelog is not None:
-                yield _changelog_result(context, out, log_key[namespace], done.changelog, len(given[namespace] or ()),
-                                        upstream[namespace])
+                yield _changelog_result(context, out, done.changelog, len(given[namespace] or ()), upstream[namespace])
             if done.current_state is not None:
-                yield _state_result(context, spark, out, state_key[namespace], done.current_state)
+                # the changelog's schema as its refresh in this run left it (else as its table has it)
+                log_schema = (done.changelog.schema if done.changelog is not None
+                              else look(spark, out.tables[namespace].changelog).schema)
+                yield _state_result(context, out, done.current_state, log_schema)
             if done.error is not None:
                 failures.append(failed(context, namespace, done.error))
         if failures:
@@ -271,10 +272,11 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
     return out
 
 
-def _changelog_result(context: AssetExecutionContext, out: TableAssets, key: AssetKey, done: ChangelogRefresh,
-                      given: int, upstream: Sequence[AssetKey]) -> MaterializeResult:
+def _changelog_result(context: AssetExecutionContext, out: TableAssets, done: ChangelogRefresh, given: int,
+                      upstream: Sequence[AssetKey]) -> MaterializeResult:
     """A changelog's materialisation from its refresh of ``given`` landing files (what it did logged)."""
     namespace = done.namespace
+    key = out.key(namespace, "changelog")
     if done.files_read:
         context.log.info(f"{namespace}: {done.files_read} new or re-written landing file(s) of {given}, "
                          f"{done.rows_added} rows added, {done.row_count} in the table")
@@ -298,10 +300,12 @@ def _changelog_result(context: AssetExecutionContext, out: TableAssets, key: Ass
     })
 
 
-def _state_result(context: AssetExecutionContext, spark: SparkSession, out: TableAssets, key: AssetKey,
-                  done: StateRefresh) -> MaterializeResult:
-    """A current_state's materialisation from its refresh (its schema changes logged as warnings)."""
+def _state_result(context: AssetExecutionContext, out: TableAssets, done: StateRefresh,
+                  changelog: T.StructType) -> MaterializeResult:
+    """A current_state's materialisation from its refresh (its schema changes logged as warnings), its lineage
+    from the ``changelog`` schema."""
     namespace = done.namespace
+    key = out.key(namespace, "current_state")
     tables = out.tables[namespace]
     for change in done.schema_changes:
         context.log.warning(f"{namespace}: {change}")
@@ -315,8 +319,7 @@ def _state_result(context: AssetExecutionContext, spark: SparkSession, out: Tabl
         "dagster/uri": MetadataValue.path(tables.current_state),
         "dagster/row_count": done.row_count,
         "dagster/column_schema": spark_schema(done.schema),
-        "dagster/column_lineage": state_lineage(done.schema, look(spark, tables.changelog).schema,
-                                                out.key(namespace, "changelog")),
+        "dagster/column_lineage": state_lineage(done.schema, changelog, out.key(namespace, "changelog")),
         NEW_DATA: new_data,
         "keys_merged": done.keys_merged,
         "rows_upserted": done.upserted,
