@@ -78,6 +78,11 @@ def repository(chosen: str | None = None) -> str:
     return chosen or os.environ.get(ENV_REPOSITORY) or MAVEN_CENTRAL
 
 
+def user_cache_dir() -> Path:
+    """mongocdc's directory in the user's cache: ``$XDG_CACHE_HOME/mongocdc``, or ``~/.cache/mongocdc``."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mongocdc"
+
+
 @dataclass(frozen=True)
 class JarSet:
     """The jars one pom lists, and where they are looked for (see the module docstring)."""
@@ -108,8 +113,7 @@ class JarSet:
 
     def user_cache(self) -> Path:
         """Where :attr:`command` puts the jars when no directory is named."""
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        return base / "mongocdc" / f"{self.name}-jars"
+        return user_cache_dir() / f"{self.name}-jars"
 
     def missing(self, folder: Path) -> list[Artifact]:
         """The pom's artifacts that ``folder`` lacks (all of them when it does not exist)."""

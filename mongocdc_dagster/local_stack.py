@@ -25,6 +25,7 @@ import orjson
 import yaml
 from pymongo.errors import PyMongoError
 
+from mongocdc_core.java import AOT_CACHE_JAVA, SPARK_JAVAS, installed_jdks, version_key
 from mongocdc_core.logs import command_logging
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +46,15 @@ log = logging.getLogger("mongocdc.dev")
 def emulator_uri(port: int = EMULATOR_PORT) -> str:
     """The connection string of the local emulator."""
     return f"mongodb://{EMULATOR_HOST}:{port}/?replicaSet={REPLICA_SET}"
+
+
+def newest_java_home(installed: Path = Path("/usr/lib/jvm")) -> str | None:
+    """The newest JDK installed where Debian puts them that Spark runs on, when it is recent enough for an
+    ahead-of-time cache (Java 25): the stack's Spark runs there unless ``JAVA_HOME`` is set, as each run's fresh
+    driver then starts from the cache (:mod:`mongocdc_core.tables.aot`)."""
+    usable = [(version_key(runtime), home) for home, runtime in installed_jdks(installed) if runtime.major in SPARK_JAVAS]
+    newest = max(usable, default=None)
+    return str(newest[1]) if newest is not None and newest[0][0] >= AOT_CACHE_JAVA else None
 
 
 def wait_for_port(host: str, port: int, timeout: float, server: subprocess.Popen[bytes] | None = None) -> None:
@@ -296,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         if shutdown.requested:
             return 0
         env = dict(os.environ, DAGSTER_HOME=str(dagster_home), MONGOCDC_HOME=str(home))
+        if "JAVA_HOME" not in env and (java_home := newest_java_home()) is not None:
+            env["JAVA_HOME"] = java_home
+            log.info(f"Spark runs on {java_home} (the newest Java here; set JAVA_HOME for another)")
         if "MONGOCDC_CONFIG" not in env:
             env["MONGOCDC_CONFIG"] = str(write_local_config(home / "connector.json", args.port))
         dagster = subprocess.Popen(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from bson import Timestamp
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, InitResourceContext
 from dagster_pyspark import PySparkResource
 from pydantic import Field
 from pymongo import MongoClient
@@ -187,12 +187,23 @@ class MongoCdcKafkaResource(ConfigurableResource):  # type: ignore[misc]
         return open_sink(f"kafka:{self.bootstrap_servers}", cfg)
 
 
+class MongoCdcPySparkResource(PySparkResource):  # type: ignore[misc]
+    """dagster-pyspark's resource, its session started as :func:`mongocdc_core.tables.session.start_session`
+    starts one: the driver from an ahead-of-time cache on Java 25 and newer, chosen as the run starts its
+    session (not when the code location loads), and a :class:`SparkSetupError` naming why it could not."""
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        from mongocdc_core.tables.session import start_session
+
+        self._spark_session = start_session({key: str(value) for key, value in self.spark_config.items()})
+
+
 def build_pyspark_resource(settings: CdcSettings) -> PySparkResource:
     """Local-mode Spark by default; the same assets run on a cluster by changing ``spark_master``."""
     from mongocdc_core.tables import spark_conf
 
     master = settings.spark_master
-    return PySparkResource(
+    return MongoCdcPySparkResource(
         spark_config={
             **spark_conf(local_tuning=master.startswith("local")),
             "spark.master": master,

@@ -17,7 +17,6 @@ import errno
 import fcntl
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -32,6 +31,7 @@ from types import TracebackType
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from mongocdc_core.java import java_executable
 from mongocdc_core.logs import add_log_format_option, command_logging
 from mongocdc_core.maven import JarsError, JarSet, add_download_arguments, download_command
 
@@ -126,12 +126,7 @@ def find_jars(named: Path | None = None) -> Path:
 
 def find_java() -> str:
     """The ``java`` executable: ``$JAVA_HOME/bin/java`` when that exists, else ``java`` on PATH."""
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home:
-        candidate = Path(java_home) / "bin" / "java"
-        if os.access(candidate, os.X_OK):
-            return str(candidate)
-    found = shutil.which("java")
+    found = java_executable()
     if found is None:
         raise KafkaBrokerError(
             "cannot start the Kafka broker: no `java` executable on PATH (and JAVA_HOME is not set to a JDK); "

@@ -33,6 +33,10 @@ settings.register_profile("mongocdc", suppress_health_check=[HealthCheck.too_slo
 settings.load_profile("mongocdc")
 _RELIABILITY_ROWS: list[dict[str, object]] = []
 
+# The suite's Spark sessions leave the user's ahead-of-time cache alone (a JAVA_HOME of Java 25 would record
+# into ~/.cache): tests/tables/test_aot.py gives its sessions a directory of their own.
+os.environ.setdefault("MONGOCDC_SPARK_AOT_CACHE", "off")
+
 
 #: Fixtures that put a test in a stage of its own (``make test-fast`` leaves these stages out).
 STAGE_FIXTURES = {"kafka_broker": "kafka", "kafka_bootstrap": "kafka", "spark": "spark"}

@@ -33,7 +33,7 @@ from mongocdc_core.tables.collection import (
 )
 from mongocdc_core.tables.current_state import read_current_state
 from mongocdc_core.tables.jars import SparkSetupError
-from mongocdc_core.tables.session import spark_conf, spark_session
+from mongocdc_core.tables.session import spark_conf, spark_session, start_session
 from mongocdc_core.tables.typed_columns import quote
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "refresh_current_state",
     "spark_conf",
     "spark_session",
+    "start_session",
 ]
 
 

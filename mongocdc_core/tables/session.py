@@ -7,14 +7,17 @@ A checkout's ``make setup`` copies the jars into ``.jars/spark``; a pip-installe
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from pyspark import SparkContext
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
+from mongocdc_core.tables.aot import driver_started, with_start_cache
 from mongocdc_core.tables.jars import SparkSetupError, packages_failure, spark_jars_conf
 
 ENV_MASTER = "MONGOCDC_SPARK_MASTER"
@@ -28,9 +31,11 @@ def spark_conf(*, local_tuning: bool = True) -> dict[str, str]:
     """Spark properties for Delta Lake tables and the Kafka source (e.g. ``PySparkResource.spark_config``).
 
     ``local_tuning`` keeps shuffles and Delta state reconstruction small (2 partitions, no UI) and
-    runs Python workers with this interpreter (it has pyarrow), which is what local mode on a laptop
-    or CI runner wants; cluster deployments pass ``False``. Executors need no mongocdc: the tables
-    run Spark SQL, and their one Python function is shipped with the job (it needs pyarrow only).
+    runs Python workers with this interpreter (it has pyarrow) and the driver with the throughput
+    collector, which is what local mode on a laptop or CI runner wants; cluster deployments pass ``False``.
+    Executors need no mongocdc: the tables run Spark SQL, and their one Python function is shipped with
+    the job (it needs pyarrow only). :func:`start_session` adds, as the session starts, the option that
+    starts the driver from an ahead-of-time cache on Java 25 and newer.
     """
     log_file = os.environ.get(ENV_SPARK_LOG)
     conf = spark_jars_conf() | {
@@ -66,6 +71,11 @@ def spark_conf(*, local_tuning: bool = True) -> dict[str, str]:
             "spark.sql.adaptive.enabled": "true",
             "spark.driver.memory": "2g",
         }
+        # the throughput collector: G1's concurrent work competes with the tasks on a small machine (a first cycle
+        # of 20 collections × 1 change in a fresh JVM: 75 s against 83–88 s, an eighth less CPU); not when the
+        # environment already chooses a collector (two are a JVM that does not start)
+        if not any(re.search(r"-XX:\+Use\w+GC\b", os.environ.get(name, "")) for name in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS")):
+            conf["spark.driver.extraJavaOptions"] += " -XX:+UseParallelGC"
     return conf
 
 
@@ -89,8 +99,17 @@ def _jvm_output_to(path: str | None) -> Iterator[None]:
 def spark_session(master: str | None = None, app_name: str = "mongocdc-tables") -> SparkSession:
     """A (shared) SparkSession for the tables; master from the argument, ``MONGOCDC_SPARK_MASTER`` or local[2]."""
     chosen = master or os.environ.get(ENV_MASTER) or DEFAULT_MASTER
-    builder = SparkSession.builder.master(chosen).appName(app_name)
-    conf = spark_conf(local_tuning=chosen.startswith("local"))
+    return start_session(spark_conf(local_tuning=chosen.startswith("local")) | {
+        "spark.master": chosen, "spark.app.name": app_name})
+
+
+def start_session(conf: dict[str, str]) -> SparkSession:
+    """The SparkSession of ``conf`` (the process's, if one runs): its driver JVM started from an ahead-of-time
+    cache where there is one (:func:`.aot.with_start_cache`), its own output in ``MONGOCDC_SPARK_LOG``, and a
+    :class:`SparkSetupError` naming why when it cannot start."""
+    if SparkContext._active_spark_context is None:  # a running driver keeps the options it started with
+        conf = with_start_cache(conf)
+    builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
     try:
@@ -105,4 +124,5 @@ def spark_session(master: str | None = None, app_name: str = "mongocdc-tables") 
             raise packages_failure(exc) from exc
         raise SparkSetupError(f"Spark did not start ({exc})" + (f"; its output is in {log_file}" if log_file else "")) from exc
     session.sparkContext.setLogLevel("ERROR")
+    driver_started(conf, session._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[attr-defined,union-attr]
     return session
