@@ -40,6 +40,8 @@ UNUSED_S = 30 * 86_400.0
 CLASS_PATH_ENV = ("SPARK_HOME", "SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH",
                   "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS")
 CLASS_PATH_CONF = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath", "spark.driver.defaultJavaOptions")
+#: pyspark's own Spark installation (its launcher and jars).
+PYSPARK_HOME = Path(pyspark.__file__).resolve().parent
 
 
 def with_start_cache(conf: dict[str, str]) -> dict[str, str]:
@@ -61,11 +63,10 @@ def with_start_cache(conf: dict[str, str]) -> dict[str, str]:
 def _spark_runtime() -> JavaRuntime | None:
     """The Java pyspark's own launcher runs: None when another Spark installation or its ``spark-env.sh`` (which
     may set another JAVA_HOME) decides it, as the guess could then name options that Java refuses."""
-    own = Path(pyspark.__file__).resolve().parent
     spark_home = os.environ.get("SPARK_HOME")
-    if spark_home and Path(spark_home).resolve() != own:
+    if spark_home and Path(spark_home).resolve() != PYSPARK_HOME:
         return None
-    conf_dir = Path(os.environ.get("SPARK_CONF_DIR") or own / "conf")
+    conf_dir = Path(os.environ.get("SPARK_CONF_DIR") or PYSPARK_HOME / "conf")
     if (conf_dir / "spark-env.sh").exists():
         return None
     java = java_executable(fallback_to_path=False)
@@ -120,7 +121,7 @@ def driver_started(conf: dict[str, str], jvm_pid: int) -> None:
 def _key(conf: dict[str, str], runtime: JavaRuntime) -> str:
     """What the JVM's cached classes and flags depend on (not, say, the log file a ``-D`` property names)."""
     options = [o for o in conf.get("spark.driver.extraJavaOptions", "").split() if o.startswith("-XX:")]
-    identity = "\n".join([runtime.java, runtime.build, str(Path(pyspark.__file__).resolve().parent), *options,
+    identity = "\n".join([runtime.java, runtime.build, str(PYSPARK_HOME), *options,
                           *(f"{k}={conf.get(k, '')}" for k in CLASS_PATH_CONF),
                           *(f"{k}={os.environ.get(k, '')}" for k in CLASS_PATH_ENV)])
     return f"java{runtime.major}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
