@@ -13,10 +13,11 @@ import logging
 import random
 import re
 import time
+from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Literal, TypeVar
 
@@ -57,6 +58,10 @@ _CONFLICTS = (
 )  # fmt: skip
 #: The most collections refreshed at once by default (each keeps a driver thread busy between its jobs).
 MAX_CONCURRENCY = 16
+#: A collection whose changelog refresh in a cycle added at least this many rows is refreshed again in that
+#: cycle when more of it landed meanwhile (:func:`refresh_collections`): a hot collection's new windows do
+#: not wait for the next cycle behind the quiet ones, and a quiet one does not pay a refresh twice.
+AGAIN_ROWS = 500
 
 
 @dataclass(frozen=True)
@@ -235,11 +240,44 @@ class CollectionRefresh:
     changelog: ChangelogRefresh | None = None
     current_state: StateRefresh | None = None
     error: Exception | None = None
+    landing_files: Sequence[str] | None = None  # the landing files its (last) changelog refresh was given
 
     @property
     def new_data(self) -> bool:
         """Whether the cycle found anything new for this collection (a landing file read, a key merged)."""
         return bool((self.changelog and self.changelog.files_read) or (self.current_state and self.current_state.keys_merged))
+
+    def then(self, later: CollectionRefresh | Exception) -> CollectionRefresh:
+        """This refresh followed by a ``later`` one in the same cycle (or the error that stopped it): the
+        figures of both summed, the table's state (rows, position, schema) as the later left it."""
+        if isinstance(later, Exception):
+            return replace(self, error=later)
+        return CollectionRefresh(
+            self.namespace,
+            _then_log(self.changelog, later.changelog),
+            _then_state(self.current_state, later.current_state),
+            later.error,
+            later.landing_files,
+        )
+
+
+def _work(first: SparkWork, later: SparkWork) -> SparkWork:
+    return SparkWork(first.jobs + later.jobs, first.tasks + later.tasks, first.seconds + later.seconds)
+
+
+def _then_log(first: ChangelogRefresh | None, later: ChangelogRefresh | None) -> ChangelogRefresh | None:
+    if first is None or later is None:
+        return later or first
+    return replace(later, files_read=first.files_read + later.files_read, rows_added=first.rows_added + later.rows_added,
+                   counts=dict(Counter(first.counts) + Counter(later.counts)), work=_work(first.work, later.work))
+
+
+def _then_state(first: StateRefresh | None, later: StateRefresh | None) -> StateRefresh | None:
+    if first is None or later is None:
+        return later or first
+    return replace(later, keys_merged=first.keys_merged + later.keys_merged, upserted=first.upserted + later.upserted,
+                   deleted=first.deleted + later.deleted, schema_changes=[*first.schema_changes, *later.schema_changes],
+                   work=_work(first.work, later.work))
 
 
 def default_concurrency(spark: SparkSession) -> int:
@@ -249,7 +287,9 @@ def default_concurrency(spark: SparkSession) -> int:
 
 
 def concurrently(
-    spark: SparkSession, items: Sequence[_T], action: Callable[[SparkSession, _T], _R], *, concurrency: int | None = None
+    spark: SparkSession, items: Sequence[_T], action: Callable[[SparkSession, _T], _R], *, concurrency: int | None = None,
+    again: Callable[[_T, _R], Callable[[], bool] | None] | None = None,
+    combine: Callable[[_R, _R | Exception], _R] | None = None,
 ) -> Iterator[tuple[_T, _R | Exception]]:
     """``action(session, item)`` for every item, up to ``concurrency`` at once (default
     :func:`default_concurrency`), yielded as each finishes: its result, or the exception it raised.
@@ -260,20 +300,20 @@ def concurrently(
     turns it on). Each such session starts with the SQL settings ``spark`` has, those set at run time
     too (credentials such as ``fs.s3a.*`` given with ``spark.conf.set``). With a concurrency of 1 the
     items run one after another in ``spark``.
+
+    ``again(item, result)`` (with ``combine``), asked of each item done without error while others are queued
+    or running: None, or a probe saying whether the item should run once more. Such an item is held back
+    and its probe asked whenever a slot frees while other items are queued or running; once it says so, the
+    item runs again in that slot, ahead of the queued items, and is yielded after that, as
+    ``combine(first result, second result or the exception it raised)``. An item whose probe never says
+    so is yielded when no other item is queued or running.
     """
     if concurrency is not None and concurrency < 1:
         raise TableInputError(f"concurrency must be at least 1, got {concurrency}")
     width = min(len(items), concurrency or default_concurrency(spark))
-    if width <= 1:
-        for item in items:
-            try:
-                yield item, action(spark, item)
-            except Exception as exc:  # the caller decides what one item's failure means
-                yield item, exc
-        return
     context = spark.sparkContext
     slots = list(range(width))
-    settings = _run_time_settings(spark)
+    settings = _run_time_settings(spark) if width > 1 else {}
 
     def run(item: _T) -> _R:
         slot = slots.pop()
@@ -288,21 +328,59 @@ def concurrently(
             context.setLocalProperty("spark.scheduler.pool", kept)  # type: ignore[arg-type]  # None removes it
             slots.append(slot)
 
-    pool = ThreadPoolExecutor(width, thread_name_prefix="mongocdc-tables")
+    pool = ThreadPoolExecutor(width, thread_name_prefix="mongocdc-tables") if width > 1 else None
+
+    def start(index: int) -> Future[_R]:
+        if pool is not None:
+            return pool.submit(run, items[index])
+        done: Future[_R] = Future()  # one at a time: run here, in ``spark``
+        try:
+            done.set_result(action(spark, items[index]))
+        except Exception as exc:  # the caller decides what one item's failure means
+            done.set_exception(exc)
+        return done
+
+    queued = deque(range(len(items)))
+    held: dict[int, _R] = {}  # first results of the items that may run again or are running again
+    probes: dict[int, Callable[[], bool]] = {}  # of the held items not running again, in the order they finished
+    running: dict[Future[_R], int] = {}
     try:
-        running: dict[Future[_R], _T] = {pool.submit(run, item): item for item in items}
-        while running:
+        while True:
+            while len(running) < width:  # a free slot: a held item that should run again, else the next queued
+                index = next((i for i, grown in probes.items() if grown()), None) if queued or running else None
+                if index is not None:
+                    del probes[index]
+                elif queued:
+                    index = queued.popleft()
+                else:
+                    break
+                running[start(index)] = index
+            if not queued and not running:  # the others are done: the held items run no more
+                for index in list(probes):
+                    del probes[index]
+                    yield items[index], held.pop(index)
+                return
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
-                item = running.pop(future)
+                index = running.pop(future)
                 error = future.exception()
                 if error is not None and not isinstance(error, Exception):  # an interrupt stops the cycle
                     raise error
-                yield item, error if error is not None else future.result()
+                outcome = error if error is not None else future.result()
+                if index in held:  # its second run
+                    assert combine is not None
+                    yield items[index], combine(held.pop(index), outcome)
+                    continue
+                probe = again(items[index], future.result()) if again and error is None and (queued or running) else None
+                if probe is not None:
+                    held[index], probes[index] = future.result(), probe
+                else:
+                    yield items[index], outcome
     finally:
         # an interrupt, a caller that stops early or a run terminated: the queued collections never start
         # (the running ones finish their Spark jobs), instead of the whole cycle running to its end first
-        pool.shutdown(wait=False, cancel_futures=True)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _run_time_settings(spark: SparkSession) -> dict[str, str]:
@@ -322,6 +400,8 @@ def refresh_collections(
     progress: Report | None = None,
     states: Collection[str] | None = None,
     after_changelog: Callable[[CollectionTables, ChangelogRefresh], None] | None = None,
+    landed: Callable[[CollectionTables], Sequence[str]] | None = None,
+    again_rows: int = AGAIN_ROWS,
 ) -> Iterator[CollectionRefresh]:
     """One refresh cycle over many collections: for each ``(tables, landing files)`` its changelog, then its
     current_state, several collections at once (see :func:`concurrently`), yielded as each finishes. Each
@@ -334,26 +414,59 @@ def refresh_collections(
     whose current_state is (default all). ``after_changelog(tables, refresh)`` runs right after a
     collection's changelog refresh, before its current_state's (to read the source at the position
     current_state is about to get: :func:`read_source_at`).
+
+    ``landed(tables)``: the collection's landing files as they are now. Given, a hot collection (its changelog
+    refresh added at least ``again_rows`` rows) is refreshed once more, ahead of the collections still queued,
+    when a new landing file holding events came while other collections were still queued or refreshing: its
+    new windows do not wait behind the quiet ones for the next cycle. It is yielded after that, the figures
+    of both refreshes summed (:meth:`CollectionRefresh.then`), or, when nothing more came, once the others
+    are done.
     One collection's failure is its :class:`CollectionRefresh`'s ``error`` (with its changelog's refresh when
     only its current_state's failed); the others go on.
     """
+    given = {tables.namespace: files for tables, files in work}  # the files each one's latest refresh is given
 
     def both(session: SparkSession, item: tuple[CollectionTables, Sequence[str] | None]) -> CollectionRefresh:
-        tables, files = item
+        tables = item[0]
+        files = given[tables.namespace]
         log_refresh = None
         if files is not None:
             log_refresh = refresh_changelog(session, tables, files, progress=progress)
             if after_changelog is not None:
                 after_changelog(tables, log_refresh)
         if states is not None and tables.namespace not in states:
-            return CollectionRefresh(tables.namespace, log_refresh)
+            return CollectionRefresh(tables.namespace, log_refresh, landing_files=files)
         try:
             state = refresh_current_state(session, tables, options, progress=progress)
         except Exception as exc:  # the changelog's refresh stands; the caller reports both
-            return CollectionRefresh(tables.namespace, log_refresh, error=exc)
-        return CollectionRefresh(tables.namespace, log_refresh, state)
+            return CollectionRefresh(tables.namespace, log_refresh, error=exc, landing_files=files)
+        return CollectionRefresh(tables.namespace, log_refresh, state, landing_files=files)
 
-    for (tables, _), outcome in concurrently(spark, work, both, concurrency=concurrency):
+    def hot(item: tuple[CollectionTables, Sequence[str] | None], first: CollectionRefresh) -> Callable[[], bool] | None:
+        """A probe for a collection whose refresh added at least ``again_rows`` rows (None for the others)."""
+        log_refresh, files = first.changelog, given[item[0].namespace]
+        if landed is None or files is None or first.error is not None or log_refresh is None \
+                or log_refresh.rows_added < again_rows:
+            return None
+        return partial(grown, item[0], files)
+
+    def grown(tables: CollectionTables, files: Sequence[str]) -> bool:
+        """Whether a landing file holding events came since the collection's refresh was given ``files``
+        (then its next refresh is given them all)."""
+        namespace = tables.namespace
+        try:
+            now = list(landed(tables)) if landed is not None else []
+            fresh = any(_changelog.holds_events(f, namespace) for f in set(now) - set(files))
+        except (OSError, TableInputError) as exc:  # the next cycle lists them again
+            log.warning("%s: its landing files could not be listed again in this cycle (%s)", namespace, exc)
+            return False
+        if fresh:
+            given[namespace] = now
+            (progress or log.info)(f"{namespace}: more of it landed meanwhile; refreshed again in this cycle")
+        return fresh
+
+    for (tables, _), outcome in concurrently(spark, work, both, concurrency=concurrency,
+                                             again=hot, combine=CollectionRefresh.then):
         yield outcome if isinstance(outcome, CollectionRefresh) else CollectionRefresh(tables.namespace, error=outcome)
 
 

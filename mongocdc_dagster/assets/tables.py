@@ -6,7 +6,10 @@ gained. Both kinds of every collection are one subsettable multi-asset (one step
 dagster-dlt have it), refreshed automatically when what they read lands (the translator's
 ``automation_condition``): each collection's current_state follows its own changelog's refresh
 (``collection.refresh_collections``), so the first collections' tables are up to date while the others
-still refresh, instead of every current_state waiting for the last changelog. A collection's tables are
+still refresh, instead of every current_state waiting for the last changelog; a hot collection (500 rows
+or more in its refresh) of which another window landed meanwhile is refreshed once more in the same step, so
+its new windows do not wait behind the quiet collections for the next run (its materialisation, after that,
+reports both refreshes). A collection's tables are
 built once something has landed for it (a landing file holding a row): before that a refresh records that
 nothing is built (``built: false``) and writes no table, so no empty table fixes column types, and no check
 compares an empty table with a collection never copied. (It still materialises: leaving one collection's
@@ -251,13 +254,12 @@ def build_table_assets(settings: CdcSettings, cfg: Any, state: DiscoveryState, t
                 EARLY_READS.start(context.run.run_id, tables.namespace,
                                   partial(read_source_at, spark, tables, connector))
 
-        given = {tables.namespace: files for tables, files in work}
         failures: list[tuple[str, Exception]] = []
         for done in refresh_collections(spark, work, progress=context.log.info, states=states,
-                                        after_changelog=read_early):
+                                        after_changelog=read_early, landed=lambda t: mongocdc.landing_files(t.namespace)):
             namespace = done.namespace
             if done.changelog is not None:
-                yield _changelog_result(context, out, done.changelog, len(given[namespace] or ()), upstream[namespace])
+                yield _changelog_result(context, out, done.changelog, len(done.landing_files or ()), upstream[namespace])
             if done.current_state is not None:
                 # the changelog's schema as its refresh in this run left it (else as its table has it)
                 log_schema = (done.changelog.schema if done.changelog is not None

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import random
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -182,6 +184,31 @@ def test_concurrent_sessions_keep_the_settings_made_at_run_time(spark: SparkSess
     assert seen == {"a": (True, "secret", "Asia/Tokyo"), "b": (True, "secret", "Asia/Tokyo")}
 
 
+def test_an_item_runs_again_in_a_slot_that_frees_while_others_still_run(spark: SparkSession) -> None:
+    """Several at once: an item whose probe says so runs again in the next slot that frees, ahead of the
+    queued ones, and is yielded once, both results combined; b waits for that second run, so it ran while
+    b was still running."""
+    second = threading.Event()
+    runs: list[str] = []
+    polls: list[str] = []
+
+    def action(_: SparkSession, item: str) -> str:
+        runs.append(item)
+        if item == "b":
+            assert second.wait(120)
+        if runs.count("a") == 2 and item == "a":
+            second.set()
+        return item
+
+    def again(item: str, _: str) -> Callable[[], bool] | None:
+        return (lambda: not polls.append(item)) if item == "a" else None
+
+    out = list(concurrently(spark, ["a", "b", "c"], action, concurrency=2, again=again,
+                            combine=lambda first, later: f"{first}+{later}"))
+    assert out[0] == ("a", "a+a") and sorted(out[1:]) == [("b", "b"), ("c", "c")]
+    assert runs.count("a") == 2 and polls == ["a"] and runs.index("c") > 2
+
+
 def test_each_collections_current_state_follows_its_own_changelog(spark: SparkSession, tmp_path: Path) -> None:
     """In a cycle a collection's current_state is refreshed right after its changelog, not once every
     changelog is: one at a time, the first collection's current_state commit comes before the second's
@@ -227,3 +254,65 @@ def test_each_collections_current_state_follows_its_own_changelog(spark: SparkSe
     failed = list(refresh_collections(spark, [(tables["c00"], landing_by_collection([landing])[f"{DB}.c00"])]))
     assert failed[0].error is not None and failed[0].current_state is None
     assert failed[0].changelog is not None and failed[0].changelog.rows_added == 1
+
+
+def test_a_hot_collection_is_refreshed_again_when_more_of_it_lands_during_the_cycle(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A collection whose refresh added at least ``again_rows`` rows, and of which a window holding events
+    landed while the cycle went on, is refreshed once more before the collections still queued, and yielded
+    once, both refreshes summed; a window that landed empty, or a collection below ``again_rows``, is not.
+    One at a time: c00 twice; c01 (hot, but its window landed empty) is held back while c02 refreshes, in
+    case more of it lands, and yielded after it."""
+    names = ["c00", "c01", "c02"]
+    wl, conv, landing = _snapshotted(tmp_path, names, seed=47)
+    root = str(tmp_path / "tables")
+    tables = {name: CollectionTables.under(root, f"{DB}.{name}") for name in names}
+    found = landing_by_collection([landing])
+    slices = {name: landing / "stream_slice" / f"{DB}.{name}" for name in names}
+    listed: list[str] = []
+    finished: list[str] = []
+
+    def landed(done: CollectionTables) -> list[str]:
+        """c00's next window lands (2 updates) once its first refresh is done; c01's lands empty."""
+        name = done.namespace.split(".")[1]
+        listed.append(name)
+        if name == "c00" and not (slices[name] / "w1.parquet").exists():
+            for _ in range(2):
+                wl.update(name, wl._tick())
+            write_landing(slices[name] / "w1.parquet", slice_records(conv, wl.events[-2:]))
+        if name == "c01":
+            write_landing(slices[name] / "w1.parquet", [])
+        return sorted(str(p) for p in (landing / "snapshot" / done.namespace).glob("*.parquet")) + sorted(
+            str(p) for p in slices[name].glob("*.parquet"))
+
+    def progress(line: str) -> None:
+        if "refreshed again" in line:
+            finished.append(line)
+
+    done = list(refresh_collections(spark, [(tables[name], found[f"{DB}.{name}"]) for name in names],
+                                    concurrency=1, landed=landed, again_rows=3, progress=progress))
+    assert [r.namespace for r in done] == [f"{DB}.c00", f"{DB}.c02", f"{DB}.c01"]
+    assert all(r.error is None for r in done)
+    hot = done[0]
+    assert hot.changelog is not None and hot.current_state is not None
+    assert (hot.changelog.files_read, hot.changelog.rows_added, hot.changelog.row_count) == (2, 5, 5)
+    assert hot.changelog.counts == {"r": 3, "u": 2} and hot.changelog.work.jobs > 0
+    assert hot.current_state.row_count == 3 and hot.current_state.position == wl.events[-1].position.to_str()
+    assert hot.landing_files is not None and any(f.endswith("w1.parquet") for f in hot.landing_files)
+    assert len(_commits(tables["c00"].changelog)) == 2 and len(_commits(tables["c00"].current_state)) >= 2
+    assert finished == [f"{DB}.c00: more of it landed meanwhile; refreshed again in this cycle"]
+    # listed: c00 once its first refresh was done (it had grown), c01 once its own was, c02 queued (its window
+    # empty: not again); c02 ran last, nothing queued or running beside it, so not asked
+    assert listed == ["c00", "c01"]
+    assert [r.changelog.rows_added for r in done[1:] if r.changelog is not None] == [3, 3]
+    assert done[2].landing_files == found[f"{DB}.c01"]  # given what it was given, not the listing that found nothing
+
+    # below again_rows: listed never, refreshed once
+    listed.clear()
+    wl.update("c00", wl._tick())
+    write_landing(slices["c00"] / "w2.parquet", slice_records(conv, wl.events[-1:]))
+    again = list(refresh_collections(spark, [(tables[name], landed(tables[name])) for name in names],
+                                     concurrency=1, landed=landed, again_rows=3))
+    listed_by_cycle = listed[len(names):]
+    assert listed_by_cycle == [] and [r.changelog.rows_added for r in again if r.changelog is not None] == [1, 0, 0]
