@@ -425,6 +425,7 @@ def refresh_collections(
     only its current_state's failed); the others go on.
     """
     given = {tables.namespace: files for tables, files in work}  # the files each one's latest refresh is given
+    unlisted: set[str] = set()  # collections whose landing files could not be looked at again (said once)
 
     def both(session: SparkSession, item: tuple[CollectionTables, Sequence[str] | None]) -> CollectionRefresh:
         tables = item[0]
@@ -454,11 +455,15 @@ def refresh_collections(
         """Whether a landing file holding events came since the collection's refresh was given ``files``
         (then its next refresh is given them all)."""
         namespace = tables.namespace
+        if namespace in unlisted:
+            return False
         try:
             now = list(landed(tables)) if landed is not None else []
             fresh = any(_changelog.holds_events(f, namespace) for f in set(now) - set(files))
-        except (OSError, TableInputError) as exc:  # the next cycle lists them again
-            log.warning("%s: its landing files could not be listed again in this cycle (%s)", namespace, exc)
+        except Exception as exc:  # no second refresh; the next cycle reads the files, and says what is wrong
+            unlisted.add(namespace)
+            (progress or log.warning)(f"{namespace}: its landing files could not be looked at again in this cycle "
+                                      f"({type(exc).__name__}: {exc}); the next refresh reads them")
             return False
         if fresh:
             given[namespace] = now

@@ -316,3 +316,21 @@ def test_a_hot_collection_is_refreshed_again_when_more_of_it_lands_during_the_cy
                                      concurrency=1, landed=landed, again_rows=3))
     listed_by_cycle = listed[len(names):]
     assert listed_by_cycle == [] and [r.changelog.rows_added for r in again if r.changelog is not None] == [1, 0, 0]
+
+    # a listing that fails: no second refresh, said, and the cycle goes on
+    for _ in range(3):
+        wl.update("c00", wl._tick())
+    write_landing(slices["c00"] / "w3.parquet", slice_records(conv, wl.events[-3:]))
+    said: list[str] = []
+
+    def unreadable(_: CollectionTables) -> list[str]:
+        raise PermissionError("landing zone unreadable")
+
+    failing = list(refresh_collections(spark, [(tables[name], landed(tables[name])) for name in names],
+                                       concurrency=1, landed=unreadable, again_rows=3, progress=said.append))
+    assert [(r.namespace, r.changelog.rows_added) for r in failing if r.changelog is not None] == [
+        (f"{DB}.c01", 0), (f"{DB}.c02", 0), (f"{DB}.c00", 3)]  # c00 held back while the others refreshed
+    assert all(r.error is None for r in failing)
+    assert [line for line in said if "looked at again" in line] == [
+        f"{DB}.c00: its landing files could not be looked at again in this cycle (PermissionError: landing zone "
+        "unreadable); the next refresh reads them"]
