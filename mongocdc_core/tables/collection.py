@@ -449,22 +449,25 @@ def refresh_collections(
         if landed is None or files is None or first.error is not None or log_refresh is None \
                 or log_refresh.rows_added < again_rows:
             return None
-        return partial(grown, item[0], files)
+        return partial(grown, item[0], landed, set(files))
 
-    def grown(tables: CollectionTables, files: Sequence[str]) -> bool:
-        """Whether a landing file holding events came since the collection's refresh was given ``files``
-        (then its next refresh is given them all)."""
+    def grown(tables: CollectionTables, listing: Callable[[CollectionTables], Sequence[str]], seen: set[str]) -> bool:
+        """Whether a landing file holding events came since the collection's refresh was given its files
+        (then its next refresh is given them all). ``seen``: the files looked at so far (those it was given,
+        then the empty ones found), so each poll reads only the footers of files it has not seen."""
         namespace = tables.namespace
         if namespace in unlisted:
             return False
         try:
-            now = list(landed(tables)) if landed is not None else []
-            fresh = any(_changelog.holds_events(f, namespace) for f in set(now) - set(files))
+            now = list(listing(tables))
+            new = [f for f in now if f not in seen]
+            fresh = any(_changelog.holds_events(f, namespace) for f in new)
         except Exception as exc:  # no second refresh; the next cycle reads the files, and says what is wrong
             unlisted.add(namespace)
             (progress or log.warning)(f"{namespace}: its landing files could not be looked at again in this cycle "
                                       f"({type(exc).__name__}: {exc}); the next refresh reads them")
             return False
+        seen.update(new)
         if fresh:
             given[namespace] = now
             (progress or log.info)(f"{namespace}: more of it landed meanwhile; refreshed again in this cycle")
