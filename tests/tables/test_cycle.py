@@ -205,8 +205,9 @@ def test_an_item_runs_again_in_a_slot_that_frees_while_others_still_run(spark: S
 
     out = list(concurrently(spark, ["a", "b", "c"], action, concurrency=2, again=again,
                             combine=lambda first, later: f"{first}+{later}"))
-    assert out[0] == ("a", "a+a") and sorted(out[1:]) == [("b", "b"), ("c", "c")]
-    assert runs.count("a") == 2 and polls == ["a"] and runs.index("c") > 2
+    # (b's thread may append to runs after a's runs, and finish in the same moment as a's second run)
+    assert sorted(out) == [("a", "a+a"), ("b", "b"), ("c", "c")]
+    assert [r for r in runs if r != "b"] == ["a", "a", "c"] and polls == ["a"]
 
 
 def test_each_collections_current_state_follows_its_own_changelog(spark: SparkSession, tmp_path: Path) -> None:
