@@ -58,7 +58,7 @@ _CONFLICTS = (
 )  # fmt: skip
 #: The most collections refreshed at once by default (each keeps a driver thread busy between its jobs).
 MAX_CONCURRENCY = 16
-#: A collection whose changelog refreshes in a cycle added at least this many rows is refreshed again in that
+#: A collection whose changelog refresh in a cycle added at least this many rows is refreshed again in that
 #: cycle when more of it landed meanwhile (:func:`refresh_collections`): a hot collection's new windows do
 #: not wait for the next cycle behind the quiet ones, and a quiet one does not pay a refresh twice.
 AGAIN_ROWS = 500
@@ -301,12 +301,12 @@ def concurrently(
     too (credentials such as ``fs.s3a.*`` given with ``spark.conf.set``). With a concurrency of 1 the
     items run one after another in ``spark``.
 
-    ``again(item, result)`` (with ``combine``), asked of each item done without error: None, or a probe saying
-    whether the item should run once more. Such an item is held back and its probe asked whenever a slot
-    frees while other items are queued or running; once it says so, the item runs again in that slot, ahead
-    of the queued items, its result ``combine(results so far, the new one or the exception it raised)``, and
-    is asked ``again`` after that. When no other item is queued or running, each held item's probe is asked
-    a last time: the item runs once more if it says so, and is yielded then.
+    ``again(item, result)`` (with ``combine``), asked of each item done without error while others are queued
+    or running: None, or a probe saying whether the item should run once more. Such an item is held back
+    and its probe asked whenever a slot frees while other items are queued or running; once it says so, the
+    item runs again in that slot, ahead of the queued items, and is yielded after that, as
+    ``combine(first result, second result or the exception it raised)``. An item whose probe never says
+    so is yielded when no other item is queued or running.
     """
     if concurrency is not None and concurrency < 1:
         raise TableInputError(f"concurrency must be at least 1, got {concurrency}")
@@ -341,9 +341,8 @@ def concurrently(
         return done
 
     queued = deque(range(len(items)))
-    held: dict[int, _R] = {}  # results so far of the items that may run again or are running again
+    held: dict[int, _R] = {}  # first results of the items that may run again or are running again
     probes: dict[int, Callable[[], bool]] = {}  # of the held items not running again, in the order they finished
-    last: set[int] = set()  # items running once more after the others were done: yielded when they finish
     running: dict[Future[_R], int] = {}
     try:
         while True:
@@ -356,39 +355,27 @@ def concurrently(
                 else:
                     break
                 running[start(index)] = index
-            if not queued and not running:  # the others are done: each held item's last chance
-                for index, grown in list(probes.items()):
+            if not queued and not running:  # the others are done: the held items run no more
+                for index in list(probes):
                     del probes[index]
-                    if grown():
-                        last.add(index)
-                        running[start(index)] = index
-                    else:
-                        yield items[index], held.pop(index)
-                if not running:
-                    return
+                    yield items[index], held.pop(index)
+                return
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 index = running.pop(future)
                 error = future.exception()
                 if error is not None and not isinstance(error, Exception):  # an interrupt stops the cycle
                     raise error
-                if index in held:  # a run again: combined with its results so far
+                outcome = error if error is not None else future.result()
+                if index in held:  # its second run
                     assert combine is not None
-                    before = held.pop(index)
-                    if error is not None:
-                        yield items[index], combine(before, error)
-                        continue
-                    result = combine(before, future.result())
-                elif error is not None:
-                    yield items[index], error
+                    yield items[index], combine(held.pop(index), outcome)
                     continue
-                else:
-                    result = future.result()
-                probe = again(items[index], result) if again is not None and index not in last else None
+                probe = again(items[index], future.result()) if again and error is None and (queued or running) else None
                 if probe is not None:
-                    held[index], probes[index] = result, probe
+                    held[index], probes[index] = future.result(), probe
                 else:
-                    yield items[index], result
+                    yield items[index], outcome
     finally:
         # an interrupt, a caller that stops early or a run terminated: the queued collections never start
         # (the running ones finish their Spark jobs), instead of the whole cycle running to its end first
@@ -429,11 +416,11 @@ def refresh_collections(
     current_state is about to get: :func:`read_source_at`).
 
     ``landed(tables)``: the collection's landing files as they are now. Given, a hot collection (its changelog
-    refreshes added at least ``again_rows`` rows) is refreshed again, ahead of the collections still queued,
-    each time a new landing file holding events came while other collections were still queued or
-    refreshing, and a last time once they are done if one came since: its new windows do not wait behind
-    the quiet ones, nor for the next cycle. It is yielded after its last refresh, the figures of all its
-    refreshes summed (:meth:`CollectionRefresh.then`).
+    refresh added at least ``again_rows`` rows) is refreshed once more, ahead of the collections still queued,
+    when a new landing file holding events came while other collections were still queued or refreshing: its
+    new windows do not wait behind the quiet ones for the next cycle. It is yielded after that, the figures
+    of both refreshes summed (:meth:`CollectionRefresh.then`), or, when nothing more came, once the others
+    are done.
     One collection's failure is its :class:`CollectionRefresh`'s ``error`` (with its changelog's refresh when
     only its current_state's failed); the others go on.
     """
@@ -456,11 +443,10 @@ def refresh_collections(
             return CollectionRefresh(tables.namespace, log_refresh, error=exc, landing_files=files)
         return CollectionRefresh(tables.namespace, log_refresh, state, landing_files=files)
 
-    def hot(item: tuple[CollectionTables, Sequence[str] | None], so_far: CollectionRefresh) -> Callable[[], bool] | None:
-        """A probe for a collection whose refreshes in this cycle added at least ``again_rows`` rows (None for
-        the others)."""
-        log_refresh, files = so_far.changelog, given[item[0].namespace]
-        if landed is None or files is None or so_far.error is not None or log_refresh is None \
+    def hot(item: tuple[CollectionTables, Sequence[str] | None], first: CollectionRefresh) -> Callable[[], bool] | None:
+        """A probe for a collection whose refresh added at least ``again_rows`` rows (None for the others)."""
+        log_refresh, files = first.changelog, given[item[0].namespace]
+        if landed is None or files is None or first.error is not None or log_refresh is None \
                 or log_refresh.rows_added < again_rows:
             return None
         return partial(grown, item[0], landed, set(files))

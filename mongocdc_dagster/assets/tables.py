@@ -7,9 +7,9 @@ dagster-dlt have it), refreshed automatically when what they read lands (the tra
 ``automation_condition``): each collection's current_state follows its own changelog's refresh
 (``collection.refresh_collections``), so the first collections' tables are up to date while the others
 still refresh, instead of every current_state waiting for the last changelog; a hot collection (500 rows
-or more in its refreshes) is refreshed again in the same step each time another window of it landed while
-the others refresh, and a last time after them if one landed since, so its new windows wait neither behind
-the quiet collections nor for the next run (its materialisation, after its last refresh, reports them all). A collection's tables are
+or more in its refresh) of which another window landed meanwhile is refreshed once more in the same step, so
+its new windows do not wait behind the quiet collections for the next run (its materialisation, after that,
+reports both refreshes). A collection's tables are
 built once something has landed for it (a landing file holding a row): before that a refresh records that
 nothing is built (``built: false``) and writes no table, so no empty table fixes column types, and no check
 compares an empty table with a collection never copied. (It still materialises: leaving one collection's

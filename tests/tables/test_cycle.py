@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -185,12 +186,11 @@ def test_concurrent_sessions_keep_the_settings_made_at_run_time(spark: SparkSess
 
 def test_an_item_runs_again_in_a_slot_that_frees_while_others_still_run(spark: SparkSession) -> None:
     """Several at once: an item whose probe says so runs again in the next slot that frees, ahead of the
-    queued ones, and is yielded once, its results combined; b waits for that second run, so it ran while
-    b was still running. Its probe says so once (one window landed): held again after that, it is yielded
-    when the others are done."""
+    queued ones, and is yielded once, both results combined; b waits for that second run, so it ran while
+    b was still running."""
     second = threading.Event()
     runs: list[str] = []
-    landings = [1]  # windows landed since a's last run, one during its first
+    polls: list[str] = []
 
     def action(_: SparkSession, item: str) -> str:
         runs.append(item)
@@ -200,63 +200,14 @@ def test_an_item_runs_again_in_a_slot_that_frees_while_others_still_run(spark: S
             second.set()
         return item
 
-    def grown() -> bool:
-        found, landings[0] = landings[0] > 0, 0
-        return found
+    def again(item: str, _: str) -> Callable[[], bool] | None:
+        return (lambda: not polls.append(item)) if item == "a" else None
 
-    out = list(concurrently(spark, ["a", "b", "c"], action, concurrency=2,
-                            again=lambda item, _: grown if item == "a" else None,
-                            combine=lambda so_far, later: f"{so_far}+{later}"))
+    out = list(concurrently(spark, ["a", "b", "c"], action, concurrency=2, again=again,
+                            combine=lambda first, later: f"{first}+{later}"))
     # (b's thread may append to runs after a's runs, and finish in the same moment as a's second run)
     assert sorted(out) == [("a", "a+a"), ("b", "b"), ("c", "c")]
-    assert [r for r in runs if r != "b"] == ["a", "a", "c"]
-    assert out[-1] == ("a", "a+a")  # held until the others were done
-
-
-def test_an_item_runs_again_each_time_its_probe_says_so_and_a_last_time_after_the_others(
-    spark: SparkSession,
-) -> None:
-    """One at a time: a's probe says so after its first run (a window landed during it), so it runs again
-    before b; b's run lands another, so a runs again before c; c's run lands a third, so once c is done a
-    runs a last time, and a window landing during that last run makes no further run. a is yielded once,
-    after its last run, all its results combined."""
-    runs: list[str] = []
-    landings = [1]
-    polls: list[bool] = []
-
-    def action(_: SparkSession, item: str) -> str:
-        runs.append(item)
-        if item != "a" or runs.count("a") == 4:
-            landings[0] += 1
-        return item
-
-    def grown() -> bool:
-        found, landings[0] = landings[0] > 0, 0
-        polls.append(found)
-        return found
-
-    out = list(concurrently(spark, ["a", "b", "c"], action, concurrency=1,
-                            again=lambda item, _: grown if item == "a" else None,
-                            combine=lambda so_far, later: f"{so_far}+{later}"))
-    assert runs == ["a", "a", "b", "a", "c", "a"]
-    assert out == [("b", "b"), ("c", "c"), ("a", "a+a+a+a")]
-    assert polls == [True, False, True, False, True]  # the last run is not asked again
-    assert landings == [1]  # the window of a's last run is the next cycle's
-
-    # an error in a run again ends its runs: yielded with it, combined with what ran before
-    def failing(_: SparkSession, item: str) -> str:
-        runs.append(item)
-        if item == "a" and runs.count("a") == 2:
-            raise RuntimeError("second refresh failed")
-        return item
-
-    runs.clear()
-    landings[0] = 1
-    out2 = list(concurrently(spark, ["a", "b"], failing, concurrency=1,
-                             again=lambda item, _: grown if item == "a" else None,
-                             combine=lambda so_far, later: f"{so_far}+{later!r}"))
-    assert runs == ["a", "a", "b"]
-    assert out2 == [("a", "a+RuntimeError('second refresh failed')"), ("b", "b")]
+    assert [r for r in runs if r != "b"] == ["a", "a", "c"] and polls == ["a"]
 
 
 def test_each_collections_current_state_follows_its_own_changelog(spark: SparkSession, tmp_path: Path) -> None:
@@ -310,10 +261,10 @@ def test_a_hot_collection_is_refreshed_again_when_more_of_it_lands_during_the_cy
     spark: SparkSession, tmp_path: Path
 ) -> None:
     """A collection whose refresh added at least ``again_rows`` rows, and of which a window holding events
-    landed while the cycle went on, is refreshed again before the collections still queued, and yielded
-    once, after the others, its refreshes summed; a window that landed empty, or a collection below
-    ``again_rows``, is not. One at a time: c00 twice; c01 (hot, but its window landed empty) and c02 (hot)
-    are held back, in case more of them lands, and yielded once the cycle found nothing more of any."""
+    landed while the cycle went on, is refreshed once more before the collections still queued, and yielded
+    once, both refreshes summed; a window that landed empty, or a collection below ``again_rows``, is not.
+    One at a time: c00 twice; c01 (hot, but its window landed empty) is held back while c02 refreshes, in
+    case more of it lands, and yielded after it."""
     names = ["c00", "c01", "c02"]
     wl, conv, landing = _snapshotted(tmp_path, names, seed=47)
     root = str(tmp_path / "tables")
@@ -342,7 +293,7 @@ def test_a_hot_collection_is_refreshed_again_when_more_of_it_lands_during_the_cy
 
     done = list(refresh_collections(spark, [(tables[name], found[f"{DB}.{name}"]) for name in names],
                                     concurrency=1, landed=landed, again_rows=3, progress=progress))
-    assert [r.namespace for r in done] == [f"{DB}.c00", f"{DB}.c01", f"{DB}.c02"]
+    assert [r.namespace for r in done] == [f"{DB}.c00", f"{DB}.c02", f"{DB}.c01"]
     assert all(r.error is None for r in done)
     hot = done[0]
     assert hot.changelog is not None and hot.current_state is not None
@@ -352,11 +303,11 @@ def test_a_hot_collection_is_refreshed_again_when_more_of_it_lands_during_the_cy
     assert hot.landing_files is not None and any(f.endswith("w1.parquet") for f in hot.landing_files)
     assert len(_commits(tables["c00"].changelog)) == 2 and len(_commits(tables["c00"].current_state)) >= 2
     assert finished == [f"{DB}.c00: more of it landed meanwhile; refreshed again in this cycle"]
-    # listed: c00 once its first refresh was done (it had grown), then at each free slot while c01 and c02
-    # were queued (c01's window empty: not again), and each held one a last time once all were done
-    assert listed == ["c00", "c00", "c00", "c01", "c00", "c01", "c02"]
+    # listed: c00 once its first refresh was done (it had grown), c01 once its own was, c02 queued (its window
+    # empty: not again); c02 ran last, nothing queued or running beside it, so not asked
+    assert listed == ["c00", "c01"]
     assert [r.changelog.rows_added for r in done[1:] if r.changelog is not None] == [3, 3]
-    assert done[1].landing_files == found[f"{DB}.c01"]  # given what it was given, not the listing that found nothing
+    assert done[2].landing_files == found[f"{DB}.c01"]  # given what it was given, not the listing that found nothing
 
     # below again_rows: listed never, refreshed once
     listed.clear()
