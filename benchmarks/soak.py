@@ -101,7 +101,11 @@ machine) passed: 28681 writes, 60 runs (the killed worker's the one failure, ret
 daemon dequeuing every second, since reverted: a slice run's wait stayed 10.6 s) passed with p50 / p95 / p99
 88 / 165 / 202 s, its tail one window the primary step-down delayed (146 s from its close to its visibility)
 on a busier machine (98 %, a table run 116 s): the p99 is set by the worst one or two windows of the hot
-collection in the whole trial, which the faults decide more than the steady state does.
+collection in the whole trial, which the faults decide more than the steady state does. Refreshing the hot
+collection again each time more of it landed, and a last time after the others (2026-12-07 13:04, reverted),
+made it worse: every table run paid the extra refreshes (and their reads of the source for the check), a
+table run 134 s (median) and a slice run's wait 13.4 s on a machine 97 % busy, freshness p50 / p95 / p99
+94 / 206 / 232 s.
 """
 
 from __future__ import annotations
