@@ -105,7 +105,9 @@ collection in the whole trial, which the faults decide more than the steady stat
 collection again each time more of it landed, and a last time after the others (2026-12-07 13:04, reverted),
 made it worse: every table run paid the extra refreshes (and their reads of the source for the check), a
 table run 134 s (median) and a slice run's wait 13.4 s on a machine 97 % busy, freshness p50 / p95 / p99
-94 / 206 / 232 s.
+94 / 206 / 232 s, against 89 / 169 / 204 s (a table run 117 s, a slice run's wait 13.3 s, the tail a window
+the step-down delayed: 147 s from its close to its visibility) for the code without it, run right after on
+the same machine. Freshness here follows the CPU a table run spends more than the order of its refreshes.
 """
 
 from __future__ import annotations
