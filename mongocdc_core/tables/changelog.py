@@ -103,6 +103,9 @@ LANDING_PROPERTY = "mongocdc.landing.digest"
 #: the table again (and one that adds nothing reports it uncounted), as long as no other writer committed.
 ROWS_PROPERTY = "mongocdc.rows"
 ROWS_VERSION_PROPERTY = "mongocdc.rows.version"
+#: The rows the append that recorded the state added (told by its commit's metrics, as :func:`look` reports it):
+#: how busy the collection was at its latest refresh that found something, when the current one finds nothing.
+APPENDED_PROPERTY = "mongocdc.rows.appended"
 MANIFEST_DIR = "_mongocdc_landing"
 #: The member of a commit's ``userMetadata`` JSON holding the state a refresh recorded (:class:`Recording`).
 STATE_KEY = "mongocdc.state"
@@ -295,6 +298,10 @@ def _state_of(info: dict[str, Any], adds: list[dict[str, Any]], version: int) ->
     rows = _rows_after(state, info, version)
     if rows is not None:
         properties |= {ROWS_PROPERTY: str(rows), ROWS_VERSION_PROPERTY: str(version)}
+    metrics = info.get("operationMetrics") or {}
+    mode = str((info.get("operationParameters") or {}).get("mode"))
+    if operation in ("WRITE", "STREAMING UPDATE") and mode != "Overwrite" and "numOutputRows" in metrics:
+        properties[APPENDED_PROPERTY] = str(int(metrics["numOutputRows"]))
     return properties
 
 
@@ -845,6 +852,12 @@ class ChangelogResult:
     snapshot_position: str | None
     row_count: int
     schema: T.StructType
+    latest_append: int = 0  # rows of the table's latest append: this refresh's, or where it added none, the one before
+
+
+def _appended(found: TableLook) -> int:
+    """The rows the append that recorded the table's state added (0 when its commit does not tell)."""
+    return int(found.properties.get(APPENDED_PROPERTY, 0))
 
 
 def _manifest(spark: SparkSession, location: str) -> DataFrame | None:
@@ -949,7 +962,7 @@ def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[
     if before.version >= 0 and before.properties.get(LANDING_PROPERTY) == digest and before.recorded_rows is not None:
         props = before.properties
         return ChangelogResult(0, Appended(0, {}, None), props.get(POSITION_PROPERTY), props.get(SNAPSHOT_PROPERTY),
-                               before.recorded_rows, before.schema)  # fmt: skip
+                               before.recorded_rows, before.schema, _appended(before))  # fmt: skip
     new_table = before.version < 0
     listed: list[tuple[str, str, str | None, int | None, int | None, str | None]] = []
     todo = _unread_by_properties(namespace, files, versions, before)
@@ -1006,4 +1019,5 @@ def refresh(spark: SparkSession, namespace: str, location: str, paths: Sequence[
     if read is not None:  # last: a refresh stopped before this reads the files again (appending no event twice)
         with interpreted(spark, 0):  # a few rows
             read.write.format("delta").mode("append").options(**LOG_OPTIONS).save(f"{location.rstrip('/')}/{MANIFEST_DIR}")
-    return ChangelogResult(len(todo), appended, position, snapshot_position, row_count, after.schema)
+    return ChangelogResult(len(todo), appended, position, snapshot_position, row_count, after.schema,
+                           appended.rows or _appended(before))

@@ -58,9 +58,10 @@ _CONFLICTS = (
 )  # fmt: skip
 #: The most collections refreshed at once by default (each keeps a driver thread busy between its jobs).
 MAX_CONCURRENCY = 16
-#: A collection whose changelog refresh in a cycle added at least this many rows is refreshed again in that
-#: cycle when more of it landed meanwhile (:func:`refresh_collections`): a hot collection's new windows do
-#: not wait for the next cycle behind the quiet ones, and a quiet one does not pay a refresh twice.
+#: A collection whose changelog's latest append (its refresh's in a cycle, or where that found nothing new, the
+#: one before) added at least this many rows is refreshed again in that cycle when more of it landed meanwhile
+#: (:func:`refresh_collections`): a hot collection's new windows do not wait for the next cycle behind the quiet
+#: ones, and a quiet one does not pay a refresh twice.
 AGAIN_ROWS = 500
 
 
@@ -115,6 +116,8 @@ class ChangelogRefresh:
     position: str | None  # highest event position in the table (Position.to_str()), None when empty
     schema: T.StructType
     work: SparkWork = field(default_factory=SparkWork)  # the Spark jobs and tasks it ran, and its duration
+    # rows the table's latest append added: this refresh's, or where it added none, the one before (how busy it is)
+    latest_append: int = 0
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,7 @@ def refresh_changelog(
         position=result.position,
         schema=result.schema,
         work=work,
+        latest_append=result.latest_append,
     )
 
 
@@ -415,8 +419,10 @@ def refresh_collections(
     collection's changelog refresh, before its current_state's (to read the source at the position
     current_state is about to get: :func:`read_source_at`).
 
-    ``landed(tables)``: the collection's landing files as they are now. Given, a hot collection (its changelog
-    refresh added at least ``again_rows`` rows) is refreshed once more, ahead of the collections still queued,
+    ``landed(tables)``: the collection's landing files as they are now. Given, a hot collection (its changelog's
+    latest append added at least ``again_rows`` rows: this refresh's, or where it found nothing new, the one
+    before, so a cycle that starts just before a hot collection's next window lands still waits for it) is
+    refreshed once more, ahead of the collections still queued,
     when a new landing file holding events came while other collections were still queued or refreshing: its
     new windows do not wait behind the quiet ones for the next cycle. It is yielded after that, the figures
     of both refreshes summed (:meth:`CollectionRefresh.then`), or, when nothing more came, once the others
@@ -444,10 +450,11 @@ def refresh_collections(
         return CollectionRefresh(tables.namespace, log_refresh, state, landing_files=files)
 
     def hot(item: tuple[CollectionTables, Sequence[str] | None], first: CollectionRefresh) -> Callable[[], bool] | None:
-        """A probe for a collection whose refresh added at least ``again_rows`` rows (None for the others)."""
+        """A probe for a collection whose changelog's latest append added at least ``again_rows`` rows (None
+        for the others)."""
         log_refresh, files = first.changelog, given[item[0].namespace]
         if landed is None or files is None or first.error is not None or log_refresh is None \
-                or log_refresh.rows_added < again_rows:
+                or log_refresh.latest_append < again_rows:
             return None
         return partial(grown, item[0], landed, set(files))
 

@@ -260,9 +260,10 @@ def test_each_collections_current_state_follows_its_own_changelog(spark: SparkSe
 def test_a_hot_collection_is_refreshed_again_when_more_of_it_lands_during_the_cycle(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    """A collection whose refresh added at least ``again_rows`` rows, and of which a window holding events
-    landed while the cycle went on, is refreshed once more before the collections still queued, and yielded
-    once, both refreshes summed; a window that landed empty, or a collection below ``again_rows``, is not.
+    """A collection whose changelog's latest append added at least ``again_rows`` rows (its refresh's, or where
+    that found nothing new, the one before), and of which a window holding events landed while the cycle went
+    on, is refreshed once more before the collections still queued, and yielded once, both refreshes summed; a
+    window that landed empty, or a collection below ``again_rows``, is not.
     One at a time: c00 twice; c01 (hot, but its window landed empty) is held back while c02 refreshes, in
     case more of it lands, and yielded after it."""
     names = ["c00", "c01", "c02"]
@@ -309,14 +310,17 @@ def test_a_hot_collection_is_refreshed_again_when_more_of_it_lands_during_the_cy
     assert [r.changelog.rows_added for r in done[1:] if r.changelog is not None] == [3, 3]
     assert done[2].landing_files == found[f"{DB}.c01"]  # given what it was given, not the listing that found nothing
 
-    # below again_rows: listed never, refreshed once
+    # c00 below again_rows: listed never, refreshed once; c01 and c02 found nothing new, yet their latest
+    # append (their snapshot's 3 rows) keeps them hot: c01 is listed (nothing came), c02 ran last, not asked
     listed.clear()
     wl.update("c00", wl._tick())
     write_landing(slices["c00"] / "w2.parquet", slice_records(conv, wl.events[-1:]))
     again = list(refresh_collections(spark, [(tables[name], landed(tables[name])) for name in names],
                                      concurrency=1, landed=landed, again_rows=3))
     listed_by_cycle = listed[len(names):]
-    assert listed_by_cycle == [] and [r.changelog.rows_added for r in again if r.changelog is not None] == [1, 0, 0]
+    assert listed_by_cycle == ["c01"]
+    assert [(r.namespace, r.changelog.rows_added, r.changelog.latest_append) for r in again if r.changelog] == [
+        (f"{DB}.c00", 1, 1), (f"{DB}.c02", 0, 3), (f"{DB}.c01", 0, 3)]
 
     # a listing that fails: no second refresh, said, and the cycle goes on
     for _ in range(3):
@@ -329,9 +333,33 @@ def test_a_hot_collection_is_refreshed_again_when_more_of_it_lands_during_the_cy
 
     failing = list(refresh_collections(spark, [(tables[name], landed(tables[name])) for name in names],
                                        concurrency=1, landed=unreadable, again_rows=3, progress=said.append))
+    # c00 and c01 (hot) held back while the others refreshed, each listing's failure said once
     assert [(r.namespace, r.changelog.rows_added) for r in failing if r.changelog is not None] == [
-        (f"{DB}.c01", 0), (f"{DB}.c02", 0), (f"{DB}.c00", 3)]  # c00 held back while the others refreshed
+        (f"{DB}.c02", 0), (f"{DB}.c00", 3), (f"{DB}.c01", 0)]
     assert all(r.error is None for r in failing)
     assert [line for line in said if "looked at again" in line] == [
-        f"{DB}.c00: its landing files could not be looked at again in this cycle (PermissionError: landing zone "
-        "unreadable); the next refresh reads them"]
+        f"{DB}.{name}: its landing files could not be looked at again in this cycle (PermissionError: landing zone "
+        "unreadable); the next refresh reads them" for name in ("c00", "c01")]
+
+    # a hot collection whose refresh found nothing new (the cycle started just before its next window landed),
+    # still waits for that window: it lands while c01 and c02 refresh, and c00 is refreshed again in the cycle
+    finished.clear()
+    current = {name: landed(tables[name]) for name in names}
+    late: list[str] = []
+
+    def lands_late(done: CollectionTables) -> list[str]:
+        name = done.namespace.split(".")[1]
+        if name == "c00" and not late:
+            for _ in range(2):
+                wl.update(name, wl._tick())
+            write_landing(slices[name] / "w4.parquet", slice_records(conv, wl.events[-2:]))
+            late.append(name)
+        return landed(done)
+
+    caught = list(refresh_collections(spark, [(tables[name], current[name]) for name in names], concurrency=1,
+                                      landed=lands_late, again_rows=3, progress=progress))
+    first = next(r for r in caught if r.namespace == f"{DB}.c00")
+    assert first.changelog is not None and first.current_state is not None and first.error is None
+    assert (first.changelog.files_read, first.changelog.rows_added, first.changelog.latest_append) == (1, 2, 2)
+    assert first.current_state.position == wl.events[-1].position.to_str()
+    assert finished == [f"{DB}.c00: more of it landed meanwhile; refreshed again in this cycle"]
