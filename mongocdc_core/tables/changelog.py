@@ -583,6 +583,12 @@ def holds_events(path: str, namespace: str) -> bool:
     return bool(pq.read_metadata(path).num_rows)
 
 
+def landed_rows(path: str) -> int | None:
+    """The rows a local landing file holds (its Parquet footer; a file of several collections counts theirs
+    too), or None for a file behind a URI (not read here)."""
+    return None if "://" in path else int(pq.read_metadata(path).num_rows)
+
+
 def landing_digest(versions: dict[str, str]) -> str:
     """A digest of landing files and their versions (:func:`file_version`), whatever their order."""
     text = "\n".join(f"{path}\t{version}" for path, version in sorted(versions.items()))

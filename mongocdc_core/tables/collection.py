@@ -59,9 +59,10 @@ _CONFLICTS = (
 #: The most collections refreshed at once by default (each keeps a driver thread busy between its jobs).
 MAX_CONCURRENCY = 16
 #: A collection whose changelog's latest append (its refresh's in a cycle, or where that found nothing new, the
-#: one before) added at least this many rows is refreshed again in that cycle when more of it landed meanwhile
-#: (:func:`refresh_collections`): a hot collection's new windows do not wait for the next cycle behind the quiet
-#: ones, and a quiet one does not pay a refresh twice.
+#: one before) added at least this many rows is refreshed again in that cycle when more of it landed meanwhile,
+#: and one whose changelog the cycle built when this many rows of it landed meanwhile (:func:`refresh_collections`):
+#: a hot collection's new windows do not wait for the next cycle behind the quiet ones, and a quiet one does not
+#: pay a refresh twice.
 AGAIN_ROWS = 500
 
 
@@ -419,14 +420,15 @@ def refresh_collections(
     collection's changelog refresh, before its current_state's (to read the source at the position
     current_state is about to get: :func:`read_source_at`).
 
-    ``landed(tables)``: the collection's landing files as they are now. Given, a hot collection (its changelog's
-    latest append added at least ``again_rows`` rows: this refresh's, or where it found nothing new, the one
-    before, so a cycle that starts just before a hot collection's next window lands still waits for it) is
-    refreshed once more, ahead of the collections still queued,
-    when a new landing file holding events came while other collections were still queued or refreshing: its
-    new windows do not wait behind the quiet ones for the next cycle. It is yielded after that, the figures
-    of both refreshes summed (:meth:`CollectionRefresh.then`), or, when nothing more came, once the others
-    are done.
+    ``landed(tables)``: the collection's landing files as they are now. Given, a busy collection is refreshed
+    once more, ahead of the collections still queued, when more of it landed while other collections were
+    still queued or refreshing: its new windows do not wait behind the quiet ones for the next cycle. Busy:
+    its changelog's latest append added at least ``again_rows`` rows (this refresh's, or where it found nothing
+    new, the one before, so a cycle that starts just before its next window lands still waits for it), and
+    then a landing file holding events is more of it; or its changelog was built by this refresh (nothing
+    tells yet how busy it is, as in a deployment's first cycle, which its snapshot starts), and then only
+    landing files holding ``again_rows`` rows in all are. It is yielded after that, the figures of both
+    refreshes summed (:meth:`CollectionRefresh.then`), or, when no more came, once the others are done.
     One collection's failure is its :class:`CollectionRefresh`'s ``error`` (with its changelog's refresh when
     only its current_state's failed); the others go on.
     """
@@ -450,31 +452,39 @@ def refresh_collections(
         return CollectionRefresh(tables.namespace, log_refresh, state, landing_files=files)
 
     def hot(item: tuple[CollectionTables, Sequence[str] | None], first: CollectionRefresh) -> Callable[[], bool] | None:
-        """A probe for a collection whose changelog's latest append added at least ``again_rows`` rows (None
-        for the others)."""
+        """A probe for a busy collection (None for the others): the rows that must land for a second refresh."""
         log_refresh, files = first.changelog, given[item[0].namespace]
-        if landed is None or files is None or first.error is not None or log_refresh is None \
-                or log_refresh.latest_append < again_rows:
+        if landed is None or files is None or first.error is not None or log_refresh is None:
             return None
-        return partial(grown, item[0], landed, set(files))
+        if log_refresh.latest_append >= again_rows:
+            least = 1
+        elif 0 < log_refresh.rows_added == log_refresh.row_count:  # its table was built by this refresh
+            least = again_rows
+        else:
+            return None
+        return partial(grown, item[0], landed, frozenset(files), least, {})
 
-    def grown(tables: CollectionTables, listing: Callable[[CollectionTables], Sequence[str]], seen: set[str]) -> bool:
-        """Whether a landing file holding events came since the collection's refresh was given its files
-        (then its next refresh is given them all). ``seen``: the files looked at so far (those it was given,
-        then the empty ones found), so each poll reads only the footers of files it has not seen."""
+    def grown(tables: CollectionTables, listing: Callable[[CollectionTables], Sequence[str]], had: frozenset[str],
+              least: int, rows: dict[str, int | None]) -> bool:
+        """Whether landing files holding at least ``least`` rows in all came since the collection's refresh was
+        given the files ``had`` (then its next refresh is given them all). ``rows``: those of each new file
+        looked at so far (None where its footer is not read here: a file behind a URI, which counts as holding
+        events but no number of rows), so each poll reads only the footers of files it has not seen."""
         namespace = tables.namespace
         if namespace in unlisted:
             return False
         try:
             now = list(listing(tables))
-            new = [f for f in now if f not in seen]
-            fresh = any(_changelog.holds_events(f, namespace) for f in new)
+            for path in now:
+                if path not in had and path not in rows:
+                    rows[path] = _changelog.landed_rows(path)
         except Exception as exc:  # no second refresh; the next cycle reads the files, and says what is wrong
             unlisted.add(namespace)
             (progress or log.warning)(f"{namespace}: its landing files could not be looked at again in this cycle "
                                       f"({type(exc).__name__}: {exc}); the next refresh reads them")
             return False
-        seen.update(new)
+        came = [rows[path] for path in now if path not in had]
+        fresh = any(n is None or n > 0 for n in came) if least == 1 else sum(n or 0 for n in came) >= least
         if fresh:
             given[namespace] = now
             (progress or log.info)(f"{namespace}: more of it landed meanwhile; refreshed again in this cycle")

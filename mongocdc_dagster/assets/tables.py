@@ -7,9 +7,9 @@ dagster-dlt have it), refreshed automatically when what they read lands (the tra
 ``automation_condition``): each collection's current_state follows its own changelog's refresh
 (``collection.refresh_collections``), so the first collections' tables are up to date while the others
 still refresh, instead of every current_state waiting for the last changelog; a hot collection (500 rows
-or more in its changelog's latest append) of which another window landed meanwhile is refreshed once more in
-the same step, so its new windows do not wait behind the quiet collections for the next run (its materialisation, after that,
-reports both refreshes). A collection's tables are
+or more in its changelog's latest append) of which another window landed meanwhile (in the step that builds its
+tables, 500 rows or more) is refreshed once more in the same step, so its new windows do not wait behind the
+quiet collections for the next run (its materialisation, after that, reports both refreshes). A collection's tables are
 built once something has landed for it (a landing file holding a row): before that a refresh records that
 nothing is built (``built: false``) and writes no table, so no empty table fixes column types, and no check
 compares an empty table with a collection never copied. (It still materialises: leaving one collection's

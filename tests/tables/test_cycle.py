@@ -363,3 +363,55 @@ def test_a_hot_collection_is_refreshed_again_when_more_of_it_lands_during_the_cy
     assert (first.changelog.files_read, first.changelog.rows_added, first.changelog.latest_append) == (1, 2, 2)
     assert first.current_state.position == wl.events[-1].position.to_str()
     assert finished == [f"{DB}.c00: more of it landed meanwhile; refreshed again in this cycle"]
+
+
+def test_a_collection_whose_tables_the_cycle_builds_is_refreshed_again_when_a_busy_window_lands(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A deployment's first cycle starts with the collections' snapshots, so nothing tells yet which one is
+    busy: a collection whose changelog the cycle builds is refreshed again in it when landing files holding
+    ``again_rows`` rows in all came meanwhile (c00's first window, 4 updates), not when fewer did (c01's, 2);
+    c01 is yielded once the others are done. In the next cycle (nothing built) a collection whose latest
+    append is below ``again_rows`` (c01's 2 rows) is refreshed once: its landing files are not looked at again."""
+    names = ["c00", "c01", "c02"]
+    wl, conv, landing = _snapshotted(tmp_path, names, seed=53)
+    root = str(tmp_path / "tables")
+    tables = {name: CollectionTables.under(root, f"{DB}.{name}") for name in names}
+    slices = {name: landing / "stream_slice" / f"{DB}.{name}" for name in names}
+    windows: dict[str, list[int]] = {"c00": [4], "c01": [2]}  # the updates of each window still to land
+    last: dict[str, str] = {}  # each collection's latest position
+    said: list[str] = []
+
+    def landed(done: CollectionTables) -> list[str]:
+        """A collection's next window lands when its landing files are looked at (c02 gets none)."""
+        name = done.namespace.split(".")[1]
+        if windows.get(name):
+            count = windows[name].pop(0)
+            for _ in range(count):
+                wl.update(name, wl._tick())
+            last[name] = wl.events[-1].position.to_str()
+            write_landing(slices[name] / f"w{len(list(slices[name].glob('*.parquet')))}.parquet",
+                          slice_records(conv, wl.events[-count:]))
+        return sorted(str(p) for p in (landing / "snapshot" / done.namespace).glob("*.parquet")) + sorted(
+            str(p) for p in slices[name].glob("*.parquet"))
+
+    found = landing_by_collection([landing])
+    done = list(refresh_collections(spark, [(tables[name], found[f"{DB}.{name}"]) for name in names],
+                                    concurrency=1, landed=landed, again_rows=4, progress=said.append))
+    assert [r.namespace for r in done] == [f"{DB}.c00", f"{DB}.c02", f"{DB}.c01"]
+    assert all(r.error is None for r in done)
+    figures = {r.namespace.split(".")[1]: (r.changelog.files_read, r.changelog.rows_added) for r in done if r.changelog}
+    assert figures == {"c00": (2, 7), "c01": (1, 3), "c02": (1, 3)}
+    assert done[0].current_state is not None and done[0].current_state.position == last["c00"]
+    assert [line for line in said if "refreshed again" in line] == [
+        f"{DB}.c00: more of it landed meanwhile; refreshed again in this cycle"]
+
+    # built before: c01's latest append (its first window's 2 rows) is below again_rows
+    windows["c01"] = [4]
+    said.clear()
+    given = {name: sorted(str(p) for p in (landing / "snapshot" / f"{DB}.{name}").glob("*.parquet")) + sorted(
+        str(p) for p in slices[name].glob("*.parquet")) for name in ("c01", "c02")}
+    later = list(refresh_collections(spark, [(tables["c01"], given["c01"]), (tables["c02"], given["c02"])],
+                                     concurrency=1, landed=landed, again_rows=4, progress=said.append))
+    assert [(r.namespace, r.changelog.rows_added) for r in later if r.changelog] == [(f"{DB}.c01", 2), (f"{DB}.c02", 0)]
+    assert not [line for line in said if "refreshed again" in line] and windows["c01"] == [4]
