@@ -108,6 +108,21 @@ table run 134 s (median) and a slice run's wait 13.4 s on a machine 97 % busy, f
 94 / 206 / 232 s, against 89 / 169 / 204 s (a table run 117 s, a slice run's wait 13.3 s, the tail a window
 the step-down delayed: 147 s from its close to its visibility) for the code without it, run right after on
 the same machine. Freshness here follows the CPU a table run spends more than the order of its refreshes.
+That tail, read again in the runs' logs (2026-12-07 16:20), was a race in the 13:04 and 14:21 trials, not the step-down: a table
+run and the next window's slice run started in the same daemon tick, the table run found nothing new of the hot
+collection a second before its window landed, and a refresh that added nothing did not count as hot, so the
+window waited for the whole next run. Hotness has since been the changelog's latest append (the refresh's, or
+the one before). The full size with that (16:30) passed: 28180 writes, 58 runs (the killed worker's the one
+failure, retried), 41 checks, catch-up 190 s, freshness p50 / p95 / p99 86 / 155 / 189 s, a table run 107 s
+(median); its tail was the soak's first window (152 s from its close to its visibility): the first table run,
+started by the snapshots a second before that window landed, held only the hot collection's 50-row snapshot.
+A collection whose tables a cycle builds has since been refreshed again in it when 500 rows of it land
+meanwhile. The full size with both (17:13) passed: 27172 writes, 55 runs (the killed worker's the one failure,
+retried), 41 checks, catch-up 220 s, the first window visible 34 s after its close; but on a slower machine
+(its verdict 122 s against 101 s, a slice run 8.5 s against 6.9 s, a table run 142 s against 107 s, the
+deployment's CPU share 39 % against 36 %) freshness p50 / p95 / p99 102 / 183 / 227 s, its tail two windows
+that landed just after the run's one second refresh of the hot collection, in runs made longer by the faults
+(a collection dropped and the code location reloaded; a backfill re-landing three windows of every collection).
 """
 
 from __future__ import annotations
