@@ -9,7 +9,9 @@
   changelog was refreshed (``source_reads.py``): at a position the server still holds, so it compares
   every key even on a hot collection. Before anything of the collection
   landed there is no table to compare: a warning (not a pass, not blocking) says to snapshot it. A dropped
-  collection's passes (``verdict: dropped``): nothing is wrong, there is nothing to compare with.
+  collection's passes (``verdict: dropped``): nothing is wrong, there is nothing to compare with; so does
+  one a run reconciles after the drop and before discovery found it gone, once the server no longer holds
+  the table's position (the reconciliation then finds it gone itself).
 - ``no_gap_since_snapshot`` on each collection's slices (not blocking, on its own schedule): every closed
   window since the collection's snapshot is landed. Cross-window, so it reads the instance, not a run. A
   window that cannot be landed any more (see ``gaps.py``) is an ERROR, one behind the last landed window

@@ -148,6 +148,9 @@ class Reconciliation:
     keys_compared: int  # keys of either side compared (the rest were left out)
     min_coverage: float = _reconcile.DEFAULT_MIN_COVERAGE
     read_early: bool = False  # the source was read right after the changelog's refresh (``read_source_at``)
+    #: The collection was dropped after the table's position, which the server no longer holds: nothing to
+    #: compare the data with (the same verdict as a collection discovery already found gone)
+    dropped: bool = False
 
     @property
     def coverage(self) -> float:
@@ -162,13 +165,17 @@ class Reconciliation:
 
     @property
     def passed(self) -> bool:
-        """Equal to the source, having compared at least ``min_coverage`` of the keys."""
-        return self.matches and self.verified
+        """Equal to the source, having compared at least ``min_coverage`` of the keys; or no difference found
+        in what is left of a dropped collection to compare (its metadata with the changelog)."""
+        return self.matches and (self.verified or self.dropped)
 
     @property
     def verdict(self) -> str:
-        """``matches``, ``differs`` or ``unverified`` (no difference found, too few keys compared)."""
-        return "differs" if not self.matches else "matches" if self.verified else "unverified"
+        """``matches``, ``differs``, ``unverified`` (no difference found, too few keys compared) or ``dropped``
+        (no difference found; no collection left to compare the data with)."""
+        if not self.matches:
+            return "differs"
+        return "matches" if self.verified else "dropped" if self.dropped else "unverified"
 
     def summary(self) -> str:
         """How much was verified and the outcome, in one line."""
@@ -176,6 +183,9 @@ class Reconciliation:
         covered = f"{self.keys_compared} of {total} keys compared ({self.coverage:.0%})"
         if not self.matches:
             return f"{covered}; DIFFERS at {len(self.mismatching_keys)} key(s): {', '.join(self.mismatching_keys[:5])}"
+        if not self.verified and self.dropped:
+            return (f"{covered}: the collection was dropped after the table's position, which the server no longer "
+                    "holds; no collection to compare the data with, its metadata matches the changelog")
         if not self.verified:
             return (f"{covered}, below the {self.min_coverage:.0%} required: NOT VERIFIED (no difference found, "
                     "but the table's position left the server's snapshot history and too many keys changed since; "
@@ -529,6 +539,7 @@ def reconcile_at_position(
         keys_compared=found.keys_compared,
         min_coverage=min_coverage,
         read_early=found.read_early,
+        dropped=found.dropped,
     )
 
 

@@ -24,7 +24,10 @@
 
 Every comparison says how much it verified: the keys compared of all keys of both sides (the keys left
 out are not verified). A comparison that verified less than ``min_coverage`` of them is no pass, even
-with no difference found: where every key changed since the table's position, it compared nothing.
+with no difference found: where every key changed since the table's position, it compared nothing. One
+exception: a collection dropped after that position, which the server no longer holds, has no data to
+compare the table with (its verdict is ``dropped``, as when discovery already found it gone); its metadata
+is still compared with the changelog.
 
 The source may be read early (:func:`read_source`), right after the changelog's refresh: the position
 the next current_state refresh gives the table is then known (that changelog version's highest), and
@@ -99,6 +102,7 @@ class Comparison:
     keys_compared: int
     mismatching_keys: list[str]
     read_early: bool = False  # the source was read right after the changelog's refresh (:func:`read_source`)
+    dropped: bool = False  # the collection is gone and the server no longer holds the table's position
 
 
 class _Rows:
@@ -184,6 +188,9 @@ class SourceRead:
     fuzzy_at: Timestamp | None
     method: str
     copy_late: bool = False  # a blocking snapshot's copy read after ``fuzzy_at``: a key it lacks is uncertain
+    #: The collection was dropped after the table's position, which the server no longer holds: there is no
+    #: collection to compare the data with (every key left out), only the metadata with the changelog.
+    dropped: bool = False
 
     def holds(self, changelog_version: int, position: str | None) -> bool:
         """Whether this read is for a table folded from ``changelog_version`` up to ``position``."""
@@ -226,11 +233,12 @@ def _read(cfg: ConnectorConfig, namespace: str, version: int, position: str | No
     # changed since: every event after the time the table holds (the snapshot's own position included); a
     # collection dropped since changed every key it had, which the drop's one event does not name
     changed = frozenset(_changed_since(cfg, namespace, at))
-    if namespace not in api.list_captured_collections(cfg):
+    dropped = namespace not in api.list_captured_collections(cfg)
+    if dropped:
         changed |= {row["__key"] for row in log.select("__key").distinct().collect()}
         reason += "; the collection was dropped since"
     return SourceRead(version, position, landing_table(rows.records), changed, None,
-                      f"keys changed since {position} left out ({len(changed)} keys; {reason})")
+                      f"keys changed since {position} left out ({len(changed)} keys; {reason})", dropped=dropped)
 
 
 #: How far the connector's clock, which stamps a read's processing time (``__ts_ms``), may run behind the
@@ -375,4 +383,5 @@ def compare(spark: SparkSession, namespace: str, changelog: str, state: str, cfg
         keys_compared=int(figures["compared"]),
         mismatching_keys=mismatching,
         read_early=early,
+        dropped=read.dropped,
     )
