@@ -14,9 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 
 from mongocdc_core.java import java_runtime
 from mongocdc_core.tables import aot
+from mongocdc_core.tables.session import COMPILE_THRESHOLD_SCALING
 from mongocdc_dagster.local_stack import newest_java_home
 
 CONF = {"spark.jars": "/j/delta.jar", "spark.driver.extraJavaOptions": "-Dlog=/a -XX:+UseParallelGC"}
@@ -218,3 +220,14 @@ def test_a_real_driver_records_the_cache_and_the_next_one_starts_from_it(tmp_pat
     assert used.startswith("-XX:AOTCache="), second.stdout
     assert _path(used).stat().st_size > 10_000_000
     assert "][aot]" not in second.stdout + second.stderr  # the JVM mapped the cache it was given, without a word
+
+
+def test_a_local_driver_runs_with_scaled_jit_thresholds(spark: SparkSession) -> None:
+    """The JIT thresholds ``spark_conf`` gives local mode's driver reach its JVM (they cut a table run's CPU: see
+    ``session.spark_conf``); the JVM reports the flags it runs with."""
+    bean = spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()  # type: ignore[union-attr]
+    arguments = list(bean.getInputArguments())
+    assert f"-XX:CompileThresholdScaling={COMPILE_THRESHOLD_SCALING}" in arguments, arguments
+    flags = spark._jvm.java.lang.management.ManagementFactory.getPlatformMXBean(  # type: ignore[union-attr]
+        spark._jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))  # type: ignore[union-attr]
+    assert float(flags.getVMOption("CompileThresholdScaling").getValue()) == COMPILE_THRESHOLD_SCALING
