@@ -826,33 +826,40 @@ class CpuMeter:
     def _sample(self, first: bool = False) -> None:
         """Add what each process spent since the last sample (all of it for one started since; none of the
         time the processes alive at the first sample spent before it)."""
-        for pid in deployment_pids(self._pg_port, self._root):
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):  # the process ended meanwhile
-                continue
+        processes = _processes()
+        for pid in deployment_pids(self._pg_port, self._root, processes):
+            fields = processes[pid][1]
             key, ticks = (pid, int(fields[19])), int(fields[11]) + int(fields[12])  # start time; utime + stime
             before = self._seen.get(key, ticks if first else 0)
             self._spent += max(0, ticks - before)
             self._seen[key] = ticks
 
 
-def deployment_pids(pg_port: str, root: int = 0) -> set[int]:
-    """The processes of the soak running in this process (or ``root``): its descendants, MongoDB, Dagster and
-    the runs they start, and the PostgreSQL server on ``pg_port`` (started by ``pg_ctl``, it is no child) with
-    its own processes."""
-    parents: dict[int, int] = {}
-    names: dict[int, str] = {}
+#: A process's name and its ``/proc/<pid>/stat`` fields after the name (state, ppid, ..., utime at 11, stime at
+#: 12, start time at 19).
+_Stat = tuple[str, list[str]]
+
+
+def _processes() -> dict[int, _Stat]:
+    """Every process running now (those ending meanwhile left out)."""
+    found: dict[int, _Stat] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
         except OSError:  # the process ended meanwhile
             continue
-        pid = int(stat.parent.name)
-        names[pid] = text[text.index("(") + 1:text.rindex(")")]
-        parents[pid] = int(text[text.rindex(")") + 2:].split()[1])
+        found[int(stat.parent.name)] = (text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split())
+    return found
+
+
+def deployment_pids(pg_port: str, root: int = 0, processes: dict[int, _Stat] | None = None) -> set[int]:
+    """The processes of the soak running in this process (or ``root``): its descendants, MongoDB, Dagster and
+    the runs they start, and the PostgreSQL server on ``pg_port`` (started by ``pg_ctl``, it is no child) with
+    its own processes; among ``processes`` when given (:func:`_processes`)."""
+    processes = _processes() if processes is None else processes
+    parents = {pid: int(fields[1]) for pid, (_, fields) in processes.items()}
     root = root or os.getpid()
-    ours = {root} | {pid for pid, name in names.items()  # the postmaster (its children's command lines differ)
+    ours = {root} | {pid for pid, (name, _) in processes.items()  # the postmaster (its children's command lines differ)
                      if name == "postgres" and f"\0-p\0{pg_port}\0".encode() in _cmdline(pid)}
     grown = True
     while grown:
