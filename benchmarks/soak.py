@@ -760,7 +760,7 @@ class SoakResult:
     problems: list[str]  # what failed the soak; empty when it passed
     #: per kind of run (the last part of its assets' keys: slices, snapshot, changelog+current_state, ...): how
     #: many ended, and the median and largest seconds from creation to start and from start to end
-    run_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
+    run_seconds: dict[str, dict[str, Any]] = field(default_factory=dict)
     catch_up_s: float = 0.0  # from the writers' stop until every current_state reflected the last change
     deployment_cpu_share: float = 0.0  # the machine's CPU the deployment itself used (see CpuMeter)
     #: wall seconds of each phase: deployment_up, first_snapshots, writers_and_faults, catch_up, verdict
@@ -1177,10 +1177,12 @@ def _freshness(d: Deployment, writes: list[Write], live: list[str]) -> dict[str,
             "after_window_close_p50": round(statistics.median(after_close), 1), "after_window_close_p99": round(after[98], 1)}
 
 
-def _run_seconds(instance: Any, runs: list[Any]) -> dict[str, dict[str, float]]:
-    """Where a run's time goes, by kind of run: queued and starting (created to started), and running."""
+def _run_seconds(instance: Any, runs: list[Any]) -> dict[str, dict[str, Any]]:
+    """Where a run's time goes, by kind of run: queued and starting (created to started), running, and each
+    of its steps (``steps_p50``: a table run's refreshes and its reconciliations apart)."""
     waits: dict[str, list[float]] = {}
     spans: dict[str, list[float]] = {}
+    steps: dict[str, dict[str, list[float]]] = {}
     for run in runs:
         record = instance.get_run_record_by_id(run.run_id)
         if record is None or record.start_time is None or record.end_time is None:
@@ -1188,9 +1190,15 @@ def _run_seconds(instance: Any, runs: list[Any]) -> dict[str, dict[str, float]]:
         kind = "+".join(sorted({k.path[-1] for k in run.asset_selection or ()})) or run.job_name
         waits.setdefault(kind, []).append(record.start_time - record.create_timestamp.timestamp())
         spans.setdefault(kind, []).append(record.end_time - record.start_time)
+        for step in instance.get_run_step_stats(run.run_id):
+            if step.start_time is not None and step.end_time is not None:
+                steps.setdefault(kind, {}).setdefault(step.step_key, []).append(step.end_time - step.start_time)
     return {kind: {"runs": len(waits[kind]), "wait_p50": round(statistics.median(waits[kind]), 1),
                    "wait_max": round(max(waits[kind]), 1), "run_p50": round(statistics.median(spans[kind]), 1),
-                   "run_max": round(max(spans[kind]), 1)} for kind in sorted(waits)}
+                   "run_max": round(max(spans[kind]), 1),
+                   "steps_p50": {step: round(statistics.median(seconds), 1)
+                                 for step, seconds in sorted(steps.get(kind, {}).items())}}
+            for kind in sorted(waits)}
 
 
 def _slice_overhead(instance: Any, runs: list[Any]) -> dict[str, float]:
