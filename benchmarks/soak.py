@@ -134,6 +134,13 @@ killed worker's the one failure, retried), 41 checks, catch-up 146 s, freshness 
 198 s, a table run 114 s (median), verdict 94 s; the goal (p99 at most 180 s) is still not met reliably.
 Another (21:45, with the deployment's CPU sampled while its processes live) passed with p50 / p95 / p99 93 / 178 /
 213 s, a table run 126 s, catch-up 213 s, the deployment 80 % of the machine's CPU (96 % busy).
+Two 12-minute trials (2026-12-07 23:09 and 23:47, on a slower machine) measured what a Spark driver kept warm
+across table runs would give. The first, the code as it lands, passed with freshness p50 / p95 / p99 150 / 285 /
+352 s, a table run 191 s (median), catch-up 322 s. The second passed with 81 / 144 / 191 s and a table run of 127 s
+(its refreshes' step 85 s, its reconciliations' 36 s: ``steps_p50``), every table run attached to one driver
+started before the deployment (an experiment over Py4J, not kept): but that driver's heap filled with the query
+plans the ended runs' processes had left referenced (old generation full, 118 full collections taking 363 s), and
+its catch-up took 501 s. A driver shared by runs has to free each run's objects when the run ends.
 """
 
 from __future__ import annotations
