@@ -166,7 +166,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 from bson import ObjectId
@@ -749,6 +749,18 @@ def migrate_chunk(d: Deployment) -> Fault:
 # ----------------------------------------------------------------------------------------------- the run
 
 
+class RunFigures(TypedDict):
+    """One kind of run's figures in ``run_seconds``: runs ended, seconds from creation to start (median,
+    largest) and from start to end (median, largest), and each step's median seconds."""
+
+    runs: int
+    wait_p50: float
+    wait_max: float
+    run_p50: float
+    run_max: float
+    steps_p50: dict[str, float]
+
+
 @dataclass
 class SoakResult:
     minutes: float
@@ -766,8 +778,9 @@ class SoakResult:
     slice_run_overhead_s: dict[str, float]
     problems: list[str]  # what failed the soak; empty when it passed
     #: per kind of run (the last part of its assets' keys: slices, snapshot, changelog+current_state, ...): how
-    #: many ended, and the median and largest seconds from creation to start and from start to end
-    run_seconds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: many ended, the median and largest seconds from creation to start and from start to end, and each step's
+    #: median seconds (``steps_p50``)
+    run_seconds: dict[str, RunFigures] = field(default_factory=dict)
     catch_up_s: float = 0.0  # from the writers' stop until every current_state reflected the last change
     deployment_cpu_share: float = 0.0  # the machine's CPU the deployment itself used (see CpuMeter)
     #: wall seconds of each phase: deployment_up, first_snapshots, writers_and_faults, catch_up, verdict
@@ -1184,7 +1197,7 @@ def _freshness(d: Deployment, writes: list[Write], live: list[str]) -> dict[str,
             "after_window_close_p50": round(statistics.median(after_close), 1), "after_window_close_p99": round(after[98], 1)}
 
 
-def _run_seconds(instance: Any, runs: list[Any]) -> dict[str, dict[str, Any]]:
+def _run_seconds(instance: Any, runs: list[Any]) -> dict[str, RunFigures]:
     """Where a run's time goes, by kind of run: queued and starting (created to started), running, and each
     of its steps (``steps_p50``: a table run's refreshes and its reconciliations apart)."""
     waits: dict[str, list[float]] = {}
@@ -1200,11 +1213,11 @@ def _run_seconds(instance: Any, runs: list[Any]) -> dict[str, dict[str, Any]]:
         for step in instance.get_run_step_stats(run.run_id):
             if step.start_time is not None and step.end_time is not None:
                 steps.setdefault(kind, {}).setdefault(step.step_key, []).append(step.end_time - step.start_time)
-    return {kind: {"runs": len(waits[kind]), "wait_p50": round(statistics.median(waits[kind]), 1),
-                   "wait_max": round(max(waits[kind]), 1), "run_p50": round(statistics.median(spans[kind]), 1),
-                   "run_max": round(max(spans[kind]), 1),
-                   "steps_p50": {step: round(statistics.median(seconds), 1)
-                                 for step, seconds in sorted(steps.get(kind, {}).items())}}
+    return {kind: RunFigures(runs=len(waits[kind]), wait_p50=round(statistics.median(waits[kind]), 1),
+                             wait_max=round(max(waits[kind]), 1), run_p50=round(statistics.median(spans[kind]), 1),
+                             run_max=round(max(spans[kind]), 1),
+                             steps_p50={step: round(statistics.median(seconds), 1)
+                                        for step, seconds in sorted(steps.get(kind, {}).items())})
             for kind in sorted(waits)}
 
 
