@@ -1197,22 +1197,46 @@ def _freshness(d: Deployment, writes: list[Write], live: list[str]) -> dict[str,
             "after_window_close_p50": round(statistics.median(after_close), 1), "after_window_close_p99": round(after[98], 1)}
 
 
-def _run_seconds(instance: Any, runs: list[Any]) -> dict[str, RunFigures]:
+@dataclass(frozen=True)
+class RunTiming:
+    """One ended run's times, read once from the instance for both :func:`_run_seconds` and
+    :func:`_slice_overhead`: its kind (the last part of its assets' keys, else its job's name), whether it
+    succeeded, its wait (created to started), its length, and each step's seconds."""
+
+    kind: str
+    succeeded: bool
+    wait: float
+    length: float
+    steps: dict[str, float]
+
+
+def _run_timings(instance: Any, runs: list[Any]) -> list[RunTiming]:
+    """The timings of the ``runs`` that ended (one run record and one step listing each)."""
+    timings = []
+    for run in runs:
+        record = instance.get_run_record_by_id(run.run_id)
+        if record is None or record.start_time is None or record.end_time is None:
+            continue
+        steps = {step.step_key: step.end_time - step.start_time for step in instance.get_run_step_stats(run.run_id)
+                 if step.start_time is not None and step.end_time is not None}
+        timings.append(RunTiming(
+            kind="+".join(sorted({k.path[-1] for k in run.asset_selection or ()})) or run.job_name,
+            succeeded=run.status.value == "SUCCESS", wait=record.start_time - record.create_timestamp.timestamp(),
+            length=record.end_time - record.start_time, steps=steps))
+    return timings
+
+
+def _run_seconds(timings: list[RunTiming]) -> dict[str, RunFigures]:
     """Where a run's time goes, by kind of run: queued and starting (created to started), running, and each
     of its steps (``steps_p50``: a table run's refreshes and its reconciliations apart)."""
     waits: dict[str, list[float]] = {}
     spans: dict[str, list[float]] = {}
     steps: dict[str, dict[str, list[float]]] = {}
-    for run in runs:
-        record = instance.get_run_record_by_id(run.run_id)
-        if record is None or record.start_time is None or record.end_time is None:
-            continue
-        kind = "+".join(sorted({k.path[-1] for k in run.asset_selection or ()})) or run.job_name
-        waits.setdefault(kind, []).append(record.start_time - record.create_timestamp.timestamp())
-        spans.setdefault(kind, []).append(record.end_time - record.start_time)
-        for step in instance.get_run_step_stats(run.run_id):
-            if step.start_time is not None and step.end_time is not None:
-                steps.setdefault(kind, {}).setdefault(step.step_key, []).append(step.end_time - step.start_time)
+    for timing in timings:
+        waits.setdefault(timing.kind, []).append(timing.wait)
+        spans.setdefault(timing.kind, []).append(timing.length)
+        for step, seconds in timing.steps.items():
+            steps.setdefault(timing.kind, {}).setdefault(step, []).append(seconds)
     return {kind: RunFigures(runs=len(waits[kind]), wait_p50=round(statistics.median(waits[kind]), 1),
                              wait_max=round(max(waits[kind]), 1), run_p50=round(statistics.median(spans[kind]), 1),
                              run_max=round(max(spans[kind]), 1),
@@ -1221,25 +1245,14 @@ def _run_seconds(instance: Any, runs: list[Any]) -> dict[str, RunFigures]:
             for kind in sorted(waits)}
 
 
-def _slice_overhead(instance: Any, runs: list[Any]) -> dict[str, float]:
-    waits, overheads = [], []
-    for run in runs:
-        keys = run.asset_selection or set()
-        if not keys or not all(k.path[-1] == "slices" for k in keys) or run.status.value != "SUCCESS":
-            continue
-        stats = instance.get_run_stats(run.run_id)
-        steps = instance.get_run_step_stats(run.run_id)
-        if stats.start_time is None or stats.end_time is None:
-            continue
-        busy = sum((s.end_time or 0) - (s.start_time or 0) for s in steps)
-        overheads.append(stats.end_time - stats.start_time - busy)
-        record = instance.get_run_record_by_id(run.run_id)
-        if record is not None:
-            waits.append(stats.start_time - record.create_timestamp.timestamp())
-    if not overheads:
+def _slice_overhead(timings: list[RunTiming]) -> dict[str, float]:
+    """Dagster's part of a successful slice run: its length less its steps' (median), and its wait."""
+    slices = [timing for timing in timings if timing.kind == "slices" and timing.succeeded]
+    if not slices:
         return {"slice_runs": 0}
-    return {"slice_runs": len(overheads), "in_run_median": round(statistics.median(overheads), 1),
-            "queue_and_start_median": round(statistics.median(waits), 1) if waits else 0.0}
+    return {"slice_runs": len(slices),
+            "in_run_median": round(statistics.median(t.length - sum(t.steps.values()) for t in slices), 1),
+            "queue_and_start_median": round(statistics.median(t.wait for t in slices), 1)}
 
 
 def _verdict(d: Deployment, live: list[str], dropped: str, begin: Timestamp, end: Timestamp,
@@ -1268,8 +1281,8 @@ def _verdict(d: Deployment, live: list[str], dropped: str, begin: Timestamp, end
                 if not reason:
                     problems.append(f"run {r.run_id} ({r.job_name}) failed and no injected fault explains it: "
                                     + _failure_detail(instance, r.run_id))
-        overhead = _slice_overhead(instance, runs)
-        run_seconds = _run_seconds(instance, runs)
+        timings = _run_timings(instance, runs)
+        overhead, run_seconds = _slice_overhead(timings), _run_seconds(timings)
     return SoakResult(
         minutes=minutes, sharded=sharded, collections=len(live) + 1, writes=len(writers.written),
         write_errors=dict(writers.errors), faults=[asdict(f) for f in faults],

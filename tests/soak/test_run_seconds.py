@@ -29,7 +29,7 @@ def test_each_kind_of_run_reports_its_steps() -> None:
             assert defs.resolve_job_def("both").execute_in_process(instance=instance).success
         assert defs.resolve_job_def("one").execute_in_process(instance=instance).success
         runs = list(instance.get_runs())
-        figures = soak._run_seconds(instance, runs)
+        figures = soak._run_seconds(soak._run_timings(instance, runs))
     assert set(figures) == {"both", "one"}  # runs without an asset selection go by their job's name
     both = figures["both"]
     assert both["runs"] == 3
